@@ -1,0 +1,58 @@
+"""``podbay``: the command line. Each subcommand lives in ``commands/<name>.py``
+and is imported only when used, so ``podbay agent`` starts fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import click
+
+#: subcommand → module defining a click command or group named ``command``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("podbay.cli.commands.agent", "Run the sandbox agent (inside a sandbox)."),
+    "serve": ("podbay.cli.commands.serve", "Run the whole platform on this machine."),
+    "deployment": ("podbay.cli.commands.deployment", "Register deployments, issue tokens."),
+    "sandbox": ("podbay.cli.commands.sandbox", "Use sandboxes: exec, run, cp, ls..."),
+    "doctor": ("podbay.cli.commands.doctor", "Check this host can run sandboxes."),
+    "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
+    "dev": ("podbay.cli.commands.dev", "Local development: real sandboxes for your agent."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, (module, _) in COMMANDS.items() if _exists(module))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None or not _exists(entry[0]):
+            return None
+        command: Any = importlib.import_module(entry[0]).command
+        return command  # type: ignore[no-any-return]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _exists(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="podbay")
+def cli() -> None:
+    """podbay: self-hostable sandboxes for AI agents."""
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Runtime drivers: the isolated machines sandboxes run in (see :mod:`.base`)."""

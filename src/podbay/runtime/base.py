@@ -1,0 +1,125 @@
+"""The runtime-driver interface: what the control plane and gateway need of a machine.
+
+A *machine* is the isolated computer behind one sandbox incarnation. The
+control plane names it (``machine_id``) and decides what should exist; a
+driver makes it so and reports what it observes. Nothing OCI-specific
+belongs here, so that a VM or Kubernetes driver fits the same seam.
+
+States a driver reports::
+
+    absent ──create──► stopped ──start──► running ──suspend──► suspended
+       ▲                  ▲  ◄──stop──────┘  ▲ ◄──resume────────┘
+       └──destroy─────────┴──────────────────┴─────────(from any)
+
+Every call is idempotent: repeating one that already took effect succeeds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+#: Machine ids are host path and cgroup components: keep them dull.
+MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+_MACHINE_ID = re.compile(MACHINE_ID_PATTERN)
+
+
+def check_machine_id(machine_id: str) -> str:
+    if not _MACHINE_ID.fullmatch(machine_id):
+        raise ValueError(f"invalid machine id {machine_id!r}")
+    return machine_id
+
+
+class MachineState(StrEnum):
+    ABSENT = "absent"  # nothing of it exists
+    STOPPED = "stopped"  # files kept, nothing runs
+    RUNNING = "running"  # the agent answers
+    SUSPENDED = "suspended"  # every process frozen, memory and files intact
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    memory_bytes: int
+    cpus: float
+    pids: int
+    disk_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineSpec:
+    """What to build. Stored by the driver with the machine, so a restart can adopt it."""
+
+    machine_id: str
+    hostname: str
+    limits: Limits
+    #: Set for every command the agent runs (the sandbox section's ``env``).
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Read-only layers above the base image, lowest first (prepared environments).
+    layers: tuple[Path, ...] = ()
+    #: Opaque to the driver; returned by :meth:`Driver.adopt`.
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_machine_id(self.machine_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a driver can do, declared rather than discovered by failure."""
+
+    suspend: bool  # freeze with memory intact
+    stop_keeps_files: bool  # a stopped machine starts again with its files
+    network: bool  # outbound internet
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObservedMachine:
+    machine_id: str
+    state: MachineState
+    labels: Mapping[str, str]
+
+
+class DriverError(Exception):
+    """A machine operation failed; ``message`` is meant for an operator."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    async def prepare(self) -> None:
+        """Check the host and make the base image ready (built once, then cached)."""
+
+    async def create(self, spec: MachineSpec) -> None:
+        """Allocate the machine's storage; it is then ``stopped``."""
+
+    async def start(self, machine_id: str) -> None:
+        """Boot it; returns once the agent answers on :meth:`agent_socket`."""
+
+    async def suspend(self, machine_id: str) -> None: ...
+
+    async def resume(self, machine_id: str) -> None: ...
+
+    async def stop(self, machine_id: str) -> None:
+        """End every process and release compute; files stay."""
+
+    async def destroy(self, machine_id: str) -> None:
+        """Leave nothing behind: processes, mounts, cgroups, namespaces, files."""
+
+    async def state(self, machine_id: str) -> MachineState: ...
+
+    def agent_socket(self, machine_id: str) -> Path:
+        """Host path of a unix socket that reaches the machine's agent."""
+        ...
+
+    async def adopt(self) -> list[ObservedMachine]:
+        """Every machine this driver's data directory holds, as it is now."""
+        ...
+
+    async def close(self) -> None:
+        """Release the driver's own resources; machines keep running."""

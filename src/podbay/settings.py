@@ -1,0 +1,138 @@
+"""One typed settings tree, built once in ``main()`` and passed down.
+
+Nothing reads the environment at import. :meth:`Settings.load` starts from
+the defaults, applies ``PODBAY_<SECTION>_<FIELD>`` environment variables
+(``PODBAY_LIFECYCLE_IDLE_SECONDS=30``), then the command line's flags.
+
+>>> s = Settings.load(environ={"PODBAY_CAPS_PER_DEPLOYMENT": "5"})
+>>> s.caps.per_deployment
+5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .wire.limits import CREDENTIAL_TTL_SECONDS, DEFAULT_DEPLOYMENT_SANDBOX_CAP
+
+GIB = 1024**3
+
+
+def default_data_dir() -> Path:
+    """``/var/lib/podbay`` as root, ``~/.local/share/podbay`` otherwise."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/podbay")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "podbay"
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8700
+    #: Base URL clients use: the identity token's ``iss`` and the endpoint prefix.
+    #: Empty means ``http://{host}:{port}``.
+    public_url: str = ""
+
+    def base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+@dataclass
+class RuntimeSettings:
+    driver: str = "oci"
+    #: OCI runtime binary: runc (default), crun or runsc where installed.
+    oci_runtime: str = "runc"
+    memory_bytes: int = 1 * GIB
+    cpus: float = 1.0
+    pids: int = 256
+    disk_bytes: int = 10 * GIB
+    #: First host uid/gid that sandbox uid 0 maps to; 65536 ids from there.
+    uid_base: int = 1_000_000
+    #: Outbound internet through slirp4netns; off gives a loopback-only sandbox.
+    network: bool = True
+    #: Ready sandboxes kept per environment so that a new attach need not boot one.
+    warm_pool: int = 2
+
+
+@dataclass
+class LifecycleSettings:
+    idle_seconds: float = 15 * 60
+    suspended_ttl_seconds: float = 60 * 60
+    max_age_seconds: float = 8 * 60 * 60
+    #: How often the lifecycle pass runs.
+    interval_seconds: float = 10.0
+
+
+@dataclass
+class CapsSettings:
+    per_deployment: int = DEFAULT_DEPLOYMENT_SANDBOX_CAP
+    per_account: int = 100
+
+
+@dataclass
+class CredentialSettings:
+    ttl_seconds: int = CREDENTIAL_TTL_SECONDS
+    #: Identity tokens carry no ``exp`` unless this is set.
+    identity_ttl_seconds: int = 0
+
+
+@dataclass
+class Settings:
+    data_dir: Path = field(default_factory=default_data_dir)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    caps: CapsSettings = field(default_factory=CapsSettings)
+    credentials: CredentialSettings = field(default_factory=CredentialSettings)
+    log_level: str = "info"
+
+    @classmethod
+    def load(
+        cls, *, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Defaults, then ``PODBAY_*`` variables, then ``overrides`` (``None`` skipped)."""
+        settings = cls()
+        env = os.environ if environ is None else environ
+        _apply_env(settings, env, "PODBAY")
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            section, _, name = key.partition("__")
+            target = getattr(settings, section) if name else settings
+            attr = name or section
+            if not hasattr(target, attr):
+                raise ValueError(f"unknown setting {key}")
+            setattr(target, attr, _coerce(type(getattr(target, attr)), value, key))
+        return settings
+
+
+def _apply_env(obj: Any, env: Mapping[str, str], prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        name = f"{prefix}_{f.name.upper()}"
+        if dataclasses.is_dataclass(value):
+            _apply_env(value, env, name)
+        elif name in env:
+            setattr(obj, f.name, _coerce(type(value), env[name], name))
+
+
+def _coerce(kind: type, raw: Any, name: str) -> Any:
+    if not isinstance(raw, str) or kind is str:
+        return raw
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError(raw)
+            return lowered in {"1", "true", "yes", "on"}
+        if issubclass(kind, Path):
+            return Path(raw)
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None

@@ -1,0 +1,112 @@
+"""Refusal codes and the HTTP status each one travels with.
+
+A refusal's body is always ``{"error": "<sentence>", "code": "<CODE>"}``.
+The control plane, the gateway and the agent answer with these codes; the
+client maps them back to its exception classes. Codes are the reference's
+UPPER_SNAKE names where the reference names one.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    # -- any endpoint ------------------------------------------------------
+    REQUEST_INVALID = "REQUEST_INVALID"  # malformed JSON, wrong types, unknown fields
+    ROUTE_NOT_FOUND = "ROUTE_NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    INTERNAL = "INTERNAL"
+
+    # -- control plane -----------------------------------------------------
+    IDENTITY_TOKEN_INVALID = "IDENTITY_TOKEN_INVALID"  # missing, forged, expired, unknown
+    SANDBOX_NAME_INVALID = "SANDBOX_NAME_INVALID"
+    SANDBOX_LIMIT_REACHED = "SANDBOX_LIMIT_REACHED"
+    SANDBOX_NOT_FOUND = "SANDBOX_NOT_FOUND"
+    SANDBOXES_NOT_CONFIGURED = "SANDBOXES_NOT_CONFIGURED"
+    SANDBOX_NOT_DECLARED = "SANDBOX_NOT_DECLARED"
+    SANDBOX_CLASS_UNKNOWN = "SANDBOX_CLASS_UNKNOWN"
+    SANDBOX_PREPARE_FAILED = "SANDBOX_PREPARE_FAILED"
+    SANDBOX_APPLY_FAILED = "SANDBOX_APPLY_FAILED"
+    SANDBOX_START_FAILED = "SANDBOX_START_FAILED"
+    SANDBOXES_UNAVAILABLE = "SANDBOXES_UNAVAILABLE"
+
+    # -- gateway (credentials) ---------------------------------------------
+    CREDENTIAL_INVALID = "CREDENTIAL_INVALID"  # missing, expired, forged
+    #: The sandbox the credential names is not running any more (stopped,
+    #: suspended or reclaimed). 401 so that every client re-attaches, which
+    #: resumes or recreates it, and repeats the call.
+    SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
+    CREDENTIAL_WRONG_SANDBOX = "CREDENTIAL_WRONG_SANDBOX"
+    AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
+
+    # -- agent: commands and processes -------------------------------------
+    COMMAND_START_FAILED = "COMMAND_START_FAILED"
+    PROCESS_LIMIT_REACHED = "PROCESS_LIMIT_REACHED"
+    PROCESS_NOT_FOUND = "PROCESS_NOT_FOUND"
+    SIGNAL_INVALID = "SIGNAL_INVALID"
+
+    # -- agent: files ------------------------------------------------------
+    PATH_INVALID = "PATH_INVALID"
+    PATH_NOT_FOUND = "PATH_NOT_FOUND"
+    PATH_IS_DIRECTORY = "PATH_IS_DIRECTORY"
+    PATH_NOT_DIRECTORY = "PATH_NOT_DIRECTORY"
+    PATH_EXISTS = "PATH_EXISTS"
+    PATH_ACCESS_DENIED = "PATH_ACCESS_DENIED"
+    DIRECTORY_NOT_EMPTY = "DIRECTORY_NOT_EMPTY"
+    DIGEST_MISMATCH = "DIGEST_MISMATCH"
+    DIGEST_MISSING = "DIGEST_MISSING"
+    NO_SPACE = "NO_SPACE"
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this code is sent with."""
+        return STATUS[self]
+
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.REQUEST_INVALID: 400,
+    ErrorCode.ROUTE_NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.IDENTITY_TOKEN_INVALID: 401,
+    ErrorCode.SANDBOX_NAME_INVALID: 400,
+    ErrorCode.SANDBOX_LIMIT_REACHED: 402,
+    ErrorCode.SANDBOX_NOT_FOUND: 404,
+    ErrorCode.SANDBOXES_NOT_CONFIGURED: 409,
+    ErrorCode.SANDBOX_NOT_DECLARED: 409,
+    ErrorCode.SANDBOX_CLASS_UNKNOWN: 409,
+    ErrorCode.SANDBOX_PREPARE_FAILED: 409,
+    ErrorCode.SANDBOX_APPLY_FAILED: 409,
+    ErrorCode.SANDBOX_START_FAILED: 502,
+    ErrorCode.SANDBOXES_UNAVAILABLE: 503,
+    ErrorCode.CREDENTIAL_INVALID: 401,
+    ErrorCode.SANDBOX_NOT_RUNNING: 401,
+    ErrorCode.CREDENTIAL_WRONG_SANDBOX: 403,
+    ErrorCode.AGENT_UNREACHABLE: 502,
+    ErrorCode.COMMAND_START_FAILED: 400,
+    ErrorCode.PROCESS_LIMIT_REACHED: 429,
+    ErrorCode.PROCESS_NOT_FOUND: 404,
+    ErrorCode.SIGNAL_INVALID: 400,
+    ErrorCode.PATH_INVALID: 400,
+    ErrorCode.PATH_NOT_FOUND: 404,
+    ErrorCode.PATH_IS_DIRECTORY: 400,
+    ErrorCode.PATH_NOT_DIRECTORY: 400,
+    ErrorCode.PATH_EXISTS: 409,
+    # Not 403: a 403 tells clients to re-attach (credential for another sandbox).
+    ErrorCode.PATH_ACCESS_DENIED: 409,
+    ErrorCode.DIRECTORY_NOT_EMPTY: 409,
+    ErrorCode.DIGEST_MISMATCH: 422,
+    ErrorCode.DIGEST_MISSING: 400,
+    ErrorCode.NO_SPACE: 507,
+}
+
+#: The two codes for which clients raise ``SandboxNotEnabledError``.
+NOT_ENABLED_CODES: frozenset[str] = frozenset(
+    {ErrorCode.SANDBOXES_NOT_CONFIGURED, ErrorCode.SANDBOX_NOT_DECLARED}
+)
+
+
+def error_body(code: ErrorCode, message: str) -> dict[str, str]:
+    """The contract's refusal body."""
+    return {"error": message, "code": code.value}

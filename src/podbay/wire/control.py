@@ -1,0 +1,62 @@
+"""Control-plane models: sandboxes as a deployment sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from .limits import DEFAULT_SANDBOX_CLASS
+
+SandboxStateName = Literal["creating", "running", "suspended", "stopped"]
+#: How an attach got its running sandbox: tells an integration whether
+#: once-per-machine setup must run.
+StartKind = Literal["created", "resumed", "reused", "carried_over"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttachRequest:
+    """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""
+
+    class_: str = field(default=DEFAULT_SANDBOX_CLASS, metadata={"wire": "class"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxRecord:
+    """A sandbox without credentials (``GET``, ``list``)."""
+
+    name: str
+    class_: str = field(metadata={"wire": "class"})
+    state: SandboxStateName
+    created_at: datetime
+    last_active_at: datetime
+    ceiling_at: datetime | None = None  # absent while nothing runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxHandle(SandboxRecord):
+    """A running sandbox and how to reach it (attach's 200)."""
+
+    endpoint: str
+    headers: dict[str, str]
+    expires_at: datetime
+    start: StartKind | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preparing:
+    """Attach's 202 body while the declared environment is being prepared."""
+
+    name: str
+    state: Literal["creating"] = "creating"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxList:
+    sandboxes: list[SandboxRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorBody:
+    error: str
+    code: str

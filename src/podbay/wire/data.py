@@ -1,0 +1,116 @@
+"""Data-plane models: what the gateway relays between a client and an agent.
+
+Field names are the wire's snake_case names; times are aware ``datetime``
+objects (RFC 3339 UTC on the wire).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+ProcessState = Literal["running", "exited"]
+SignalName = Literal["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2"]
+FileType = Literal["file", "directory", "symlink", "other"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecRequest:
+    """``POST /v1/exec``: run argv to completion."""
+
+    command: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    truncated: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpawnRequest:
+    """``POST /v1/processes``: start argv and return at once."""
+
+    command: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessStatus:
+    process_id: str
+    command: list[str]
+    state: ProcessState
+    started_at: datetime
+    exit_code: int | None = None  # absent while running
+    exited_at: datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessOutput(ProcessStatus):
+    """``GET /v1/processes/{id}``: status plus output after the asked offsets."""
+
+    stdout: str = ""
+    stderr: str = ""
+    stdout_next: int = 0
+    stderr_next: int = 0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessList:
+    processes: list[ProcessStatus] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignalRequest:
+    """``POST /v1/processes/{id}/signal``; sent to the process group."""
+
+    signal: str = "TERM"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentInfo:
+    """``GET /v1/info``: what this agent is and what it can do beyond the reference."""
+
+    version: str
+    features: list[str] = field(default_factory=list)
+
+
+# -- native files (feature "files") -----------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileInfo:
+    """One directory entry or a ``stat`` answer. ``mode`` is the permission bits."""
+
+    name: str
+    path: str
+    type: FileType
+    size: int
+    mode: int
+    mtime: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirListing:
+    path: str
+    entries: list[FileInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MakeDirRequest:
+    """``POST /v1/files/mkdir``."""
+
+    path: str
+    parents: bool = True
+    mode: int | None = None

@@ -1,0 +1,59 @@
+"""Numbers the contract fixes: output caps, process counts, deadlines, names.
+
+Every piece (agent, gateway, control plane, client) imports these; none
+restates them. Lifecycle thresholds are operator settings, not contract, and
+live in :mod:`podbay.settings`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+MIB: Final = 1024 * 1024
+
+#: ``exec`` buffers at most this many bytes per stream, then sets ``truncated``.
+EXEC_OUTPUT_CAP: Final = 1 * MIB
+#: A spawned process keeps the newest this-many bytes per stream.
+PROCESS_OUTPUT_RETAINED: Final = 1 * MIB
+#: Tracked processes per sandbox (running, or exited and not yet killed).
+MAX_PROCESSES: Final = 64
+#: ``exec`` deadline when the request names none.
+EXEC_DEFAULT_TIMEOUT_MS: Final = 60_000
+#: Longest deadline an ``exec`` may ask for (one day).
+EXEC_MAX_TIMEOUT_MS: Final = 24 * 3600 * 1000
+#: Commands run here unless ``cwd`` says otherwise.
+WORKSPACE: Final = "/workspace"
+
+#: Signal names a client may send; the agent maps them to the OS numbers.
+SIGNAL_NAMES: Final = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
+DEFAULT_SIGNAL: Final = "TERM"
+
+#: The only sandbox class there is.
+DEFAULT_SANDBOX_CLASS: Final = "default"
+SANDBOX_CLASSES: Final = (DEFAULT_SANDBOX_CLASS,)
+
+#: Sandboxes one deployment may hold unless the operator says otherwise.
+DEFAULT_DEPLOYMENT_SANDBOX_CAP: Final = 20
+#: How long a data-plane credential lasts.
+CREDENTIAL_TTL_SECONDS: Final = 15 * 60
+#: ``Retry-After`` a client assumes when a 202 carries none.
+DEFAULT_RETRY_AFTER_SECONDS: Final = 5
+
+#: The reference client writes binary files through ``exec`` in chunks this big
+#: (base64 of 48 KiB stays far below Linux's 128 KiB per-argument limit).
+BASE64_WRITE_CHUNK: Final = 48 * 1024
+
+#: Sandbox names: what the reference accepts, nothing more.
+SANDBOX_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_SANDBOX_NAME = re.compile(SANDBOX_NAME_PATTERN)
+
+
+def is_valid_sandbox_name(name: str) -> bool:
+    """True when ``name`` is a sandbox name the contract accepts.
+
+    >>> is_valid_sandbox_name("thread-42"), is_valid_sandbox_name("../x")
+    (True, False)
+    """
+    # fullmatch: "$" alone would accept a trailing newline.
+    return _SANDBOX_NAME.fullmatch(name) is not None

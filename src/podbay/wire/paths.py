@@ -1,0 +1,50 @@
+"""URL paths and header names of the contract."""
+
+from __future__ import annotations
+
+from typing import Final
+from urllib.parse import quote
+
+# -- control plane (base URL = the identity token's ``iss``) -----------------
+API_PREFIX: Final = "/api/v1"
+SANDBOXES: Final = f"{API_PREFIX}/sandboxes"
+
+
+def sandbox_path(name: str) -> str:
+    """``/api/v1/sandboxes/{name}`` with the name escaped for a path segment."""
+    return f"{SANDBOXES}/{quote(name, safe='')}"
+
+
+def sandbox_stop_path(name: str) -> str:
+    return f"{sandbox_path(name)}/stop"
+
+
+# -- data plane (base URL = the handle's ``endpoint``) ------------------------
+INFO: Final = "/v1/info"
+EXEC: Final = "/v1/exec"
+PROCESSES: Final = "/v1/processes"
+FILES: Final = "/v1/files"  # GET read, PUT write, DELETE remove; ?path=
+FILES_STAT: Final = "/v1/files/stat"  # GET ?path=
+FILES_LIST: Final = "/v1/files/list"  # GET ?path=
+FILES_MKDIR: Final = "/v1/files/mkdir"  # POST MakeDirRequest
+
+
+def process_path(process_id: str) -> str:
+    return f"{PROCESSES}/{quote(process_id, safe='')}"
+
+
+def process_signal_path(process_id: str) -> str:
+    return f"{process_path(process_id)}/signal"
+
+
+# -- headers ----------------------------------------------------------------
+#: Hex SHA-256 of a file's bytes: sent by a writer (PUT), returned to a reader (GET).
+DIGEST_HEADER: Final = "X-Podbay-Sha256"
+#: Octal permission bits for a written file (PUT), e.g. ``0755``.
+MODE_HEADER: Final = "X-Podbay-Mode"
+#: The data-plane credential, as minted by the control plane and opaque to clients.
+CREDENTIAL_HEADER: Final = "X-Podbay-Credential"
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+
+#: Features an agent may advertise at ``/v1/info``.
+FEATURE_FILES: Final = "files"
