@@ -111,6 +111,12 @@ class Driver(Protocol):
     async def destroy(self, machine_id: str) -> None:
         """Leave nothing behind: processes, mounts, cgroups, namespaces, files."""
 
+    async def assign(
+        self, machine_id: str, *, hostname: str, labels: Mapping[str, str]
+    ) -> None:
+        """Give a machine (typically a ready one from a warm pool) its sandbox's
+        hostname and labels, without restarting it."""
+
     async def state(self, machine_id: str) -> MachineState: ...
 
     def agent_socket(self, machine_id: str) -> Path:
