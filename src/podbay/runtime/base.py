@@ -119,6 +119,11 @@ class Driver(Protocol):
 
     async def state(self, machine_id: str) -> MachineState: ...
 
+    async def export_layer(self, machine_id: str, dest: Path) -> None:
+        """Copy a stopped machine's own changes (its writable layer, deletions
+        included) to ``dest``, ready to serve other machines as a read-only
+        layer in :attr:`MachineSpec.layers`. How environments are cached."""
+
     def agent_socket(self, machine_id: str) -> Path:
         """Host path of a unix socket that reaches the machine's agent."""
         ...
