@@ -1,0 +1,241 @@
+"""Installed environments: built once per layer key, cached, shared.
+
+A sandbox section's installed result is a read-only *layer* over the base
+image. :class:`Environments` answers, for a section, whether its layer is
+ready (use it), being built (tell the client to come back: 202), or failed
+(409 ``SANDBOX_PREPARE_FAILED`` with the failing step and its output), and
+starts a build when none runs. Concurrent first attaches share one build.
+
+Where things live (one fact, one home): a built layer is the directory
+``<layers>/<key>/`` holding ``rootfs/`` and ``layer.json``; the directory
+appears by an atomic rename only when complete, so its presence *is* the
+cache. Builds in flight and recent failures are this process's memory.
+
+A build is a throwaway machine from the base image: the plan's steps run
+through its agent, it is stopped, its own changes are exported as the
+layer, and it is destroyed whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from podbay.runtime.base import Driver, Limits, MachineSpec
+
+from .agent_calls import agent_exec, tail
+from .plan import Step, plan
+from .spec import SandboxSection
+
+log = logging.getLogger("podbay.environment")
+
+#: A single build step may take this long before it is killed.
+STEP_TIMEOUT_S = 30 * 60
+#: A failed build is reported for this long before an attach may try again.
+FAILURE_MEMORY_S = 30.0
+#: Suggested ``Retry-After`` while a layer builds.
+RETRY_AFTER_S = 2
+
+
+class PrepareFailed(Exception):
+    """A build step failed; ``step`` names it and ``output`` ends with its last lines."""
+
+    def __init__(self, step: str, exit_code: int, output: str) -> None:
+        self.step = step
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"step '{step}' failed with exit code {exit_code}:\n{output}")
+
+
+@dataclass(frozen=True)
+class Ready:
+    layers: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Building:
+    retry_after: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: PrepareFailed
+
+
+class LayerCache:
+    """Built layers on disk, one directory per layer key."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def rootfs(self, key: str) -> Path:
+        return self.root / key / "rootfs"
+
+    def is_ready(self, key: str) -> bool:
+        return (self.root / key / "layer.json").is_file()
+
+    def staging(self, key: str) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f".{key}.{secrets.token_hex(4)}.partial"
+        path.mkdir()
+        return path
+
+    def publish(self, key: str, staged: Path, info: Mapping[str, object]) -> None:
+        (staged / "layer.json").write_text(json.dumps(dict(info), indent=2))
+        try:
+            staged.rename(self.root / key)
+        except OSError:
+            # Someone published the same key first: theirs is as good as ours.
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def sweep(self) -> None:
+        """Remove staging directories a crashed build left behind."""
+        if self.root.is_dir():
+            for leftover in self.root.glob(".*.partial"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+class LayerBuilder:
+    """Builds one layer in a throwaway machine."""
+
+    def __init__(self, driver: Driver, cache: LayerCache, limits: Limits) -> None:
+        self.driver = driver
+        self.cache = cache
+        self.limits = limits
+
+    async def build(self, section: SandboxSection) -> Path:
+        key = section.layer_key()
+        machine_id = f"build-{key[:12]}-{secrets.token_hex(3)}"
+        spec = MachineSpec(machine_id=machine_id, hostname="podbay-build", limits=self.limits,
+                           labels={"podbay.role": "builder", "podbay.layer": key})
+        started = time.monotonic()
+        log.info("building environment layer %s (%d steps)", key[:12], len(plan(section)))
+        await self.driver.create(spec)
+        try:
+            await self.driver.start(machine_id)
+            socket = self.driver.agent_socket(machine_id)
+            for step in plan(section):
+                await self._run(socket, step, key)
+            await self.driver.stop(machine_id)
+            staged = self.cache.staging(key)
+            try:
+                await self.driver.export_layer(machine_id, staged / "rootfs")
+                self.cache.publish(key, staged, {
+                    "key": key, "section": section.canonical(),
+                    "built_in_seconds": round(time.monotonic() - started, 3),
+                    "built_at": time.time()})
+            except BaseException:
+                shutil.rmtree(staged, ignore_errors=True)
+                raise
+        finally:
+            await self.driver.destroy(machine_id)
+        log.info("environment layer %s ready in %.1f s", key[:12], time.monotonic() - started)
+        return self.cache.rootfs(key)
+
+    async def _run(self, socket: Path, step: Step, key: str) -> None:
+        log.info("layer %s: %s", key[:12], step.name)
+        result = await agent_exec(socket, step.argv, env=step.env, cwd="/",
+                                  timeout_s=STEP_TIMEOUT_S)
+        output = (result.stdout + result.stderr).strip()
+        for line in output.splitlines()[-200:]:
+            log.debug("layer %s: %s | %s", key[:12], step.name, line)
+        if result.exit_code == 0:
+            return
+        if step.fallback is not None:
+            log.info("layer %s: %s failed; retrying with the build toolchain",
+                     key[:12], step.name)
+            for before in step.before_fallback:
+                await self._run(socket, before, key)
+            await self._run(socket, step.fallback, key)
+            return
+        raise PrepareFailed(step.name, result.exit_code, tail(output))
+
+
+class Environments:
+    """Which layers a section needs, building them at most once at a time."""
+
+    def __init__(self, builder: LayerBuilder) -> None:
+        self.builder = builder
+        self.cache = builder.cache
+        self._building: dict[str, asyncio.Task[Path]] = {}
+        self._failed: dict[str, tuple[float, PrepareFailed]] = {}
+        self.cache.sweep()
+
+    def status(self, section: SandboxSection) -> Ready | Building | Failed:
+        """Where ``section``'s layer stands; starts a build if none runs or is cached."""
+        if section.is_empty_install:
+            return Ready(layers=())
+        key = section.layer_key()
+        if self.cache.is_ready(key):
+            return Ready(layers=(self.cache.rootfs(key),))
+        failure = self._failed.get(key)
+        if failure is not None:
+            when, error = failure
+            if time.monotonic() - when < FAILURE_MEMORY_S:
+                return Failed(error)
+            del self._failed[key]
+        if key not in self._building:
+            task = asyncio.get_running_loop().create_task(self._build(key, section))
+            self._building[key] = task
+        return Building(retry_after=RETRY_AFTER_S)
+
+    async def wait(self, section: SandboxSection) -> Ready | Failed:
+        """Build if needed and wait for the outcome (tests, ``dev up``, pre-warming)."""
+        while True:
+            state = self.status(section)
+            if not isinstance(state, Building):
+                return state
+            task = self._building.get(section.layer_key())
+            if task is not None:
+                await asyncio.wait({task})
+            else:
+                await asyncio.sleep(0.05)
+
+    async def _build(self, key: str, section: SandboxSection) -> Path:
+        try:
+            return await self.builder.build(section)
+        except PrepareFailed as exc:
+            log.warning("environment layer %s failed: %s", key[:12], exc)
+            self._failed[key] = (time.monotonic(), exc)
+            raise
+        except Exception as exc:
+            log.exception("environment layer %s: build broke", key[:12])
+            self._failed[key] = (time.monotonic(),
+                                 PrepareFailed("start the build machine", -1, str(exc)))
+            raise
+        finally:
+            self._building.pop(key, None)
+
+    async def close(self) -> None:
+        for task in list(self._building.values()):
+            task.cancel()
+        await asyncio.gather(*self._building.values(), return_exceptions=True)
+
+
+class SetupFailed(Exception):
+    """A setup command failed in a fresh sandbox."""
+
+    def __init__(self, index: int, command: str, exit_code: int, output: str) -> None:
+        self.index = index
+        self.command = command
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"setup[{index}] `{command}` failed with exit code {exit_code}:\n"
+                         f"{output}")
+
+
+async def run_setup(socket: Path, section: SandboxSection, *, timeout_s: float = 600) -> None:
+    """Run the section's setup commands, in order, in /workspace of a fresh sandbox."""
+    for index, command in enumerate(section.setup):
+        result = await agent_exec(socket, ("/bin/sh", "-c", command), cwd="/workspace",
+                                  timeout_s=timeout_s)
+        if result.exit_code != 0:
+            raise SetupFailed(index, command, result.exit_code,
+                              tail(result.stdout + result.stderr))
