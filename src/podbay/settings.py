@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,8 +109,14 @@ class Settings:
             attr = name or section
             if not hasattr(target, attr):
                 raise ValueError(f"unknown setting {key}")
-            setattr(target, attr, _coerce(type(getattr(target, attr)), value, key))
+            setattr(target, attr, _coerce(_field_type(target, attr), value, key))
         return settings
+
+
+def _field_type(obj: Any, name: str) -> type:
+    """The declared type of a settings field (not the default's: 900 is a float field)."""
+    hint = typing.get_type_hints(type(obj))[name]
+    return typing.cast(type, hint)
 
 
 def _apply_env(obj: Any, env: Mapping[str, str], prefix: str) -> None:
@@ -119,7 +126,7 @@ def _apply_env(obj: Any, env: Mapping[str, str], prefix: str) -> None:
         if dataclasses.is_dataclass(value):
             _apply_env(value, env, name)
         elif name in env:
-            setattr(obj, f.name, _coerce(type(value), env[name], name))
+            setattr(obj, f.name, _coerce(_field_type(obj, f.name), env[name], name))
 
 
 def _coerce(kind: type, raw: Any, name: str) -> Any:
