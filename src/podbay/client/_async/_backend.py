@@ -1,0 +1,22 @@
+"""What the async client needs from its concurrency library (anyio: asyncio or trio).
+
+The sync twin, ``_sync/_backend.py``, offers the same names with threads and
+``time.sleep``; it is written by hand, not generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+
+sleep = anyio.sleep
+Lock = anyio.Lock
+
+#: A streamed request body.
+ByteStream = AsyncIterator[bytes]
+
+
+def shielded(seconds: float) -> anyio.CancelScope:
+    """Clean-up that must run even while the task is being cancelled, bounded in time."""
+    return anyio.move_on_after(seconds, shield=True)

@@ -1,0 +1,684 @@
+"""AsyncSandboxClient: every method of the reference client, awaitable.
+
+Written once, async: ``scripts/unasync.py`` generates the sync face
+(``_sync/client.py``) from ``_async/client.py``, and a test fails when the
+generated file is stale. All decisions (what to send, how to read the answer, which
+refusal means "re-attach") live in the sans-I/O :mod:`podbay.client._core`;
+this class only sends, sleeps and streams.
+
+>>> import asyncio
+>>> from podbay import AsyncSandboxClient
+>>> async def main():
+...     async with AsyncSandboxClient() as sandboxes:
+...         result = await sandboxes.exec("thread-42", ["python3", "-c", "print(2 + 2)"])
+...         return result.stdout
+>>> asyncio.run(main())  # doctest: +SKIP
+'4\\n'
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import os
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
+
+import httpx
+
+from podbay.errors import PodbayError, SandboxPreparingError, SandboxRequestError
+from podbay.wire import paths
+from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
+
+from .. import _files
+from .._core import (
+    DEFAULT_PREPARE_TIMEOUT_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    Core,
+    FilesMode,
+    resolve_config,
+    unavailable,
+)
+from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
+from .._run import RunAccumulator
+from ._backend import ByteStream, Lock, shielded, sleep
+
+OnOutput = Callable[[ProcessOutput], object]
+
+
+class AsyncSandboxClient:
+    """Sandboxes by name: commands, processes and files, plus the control plane.
+
+    With no arguments it reads ``ASTRO_AUTHZ_TOKEN`` and takes the server URL
+    from the token's ``iss`` claim (read without verification; the server
+    verifies it). ``transport`` is any ``httpx.AsyncBaseTransport``, e.g.
+    ``httpx.MockTransport`` in tests. ``files="base64"`` forces the
+    reference's exec+base64 file path even where the agent offers native files.
+
+    Handles are attached on first use, cached per name and renewed a minute
+    before they expire; a data-plane 401/403 re-attaches once and repeats the
+    call. A transport failure is never retried: :class:`SandboxUnavailableError`.
+    """
+
+    def __init__(
+        self,
+        *,
+        identity_token: str | None = None,
+        server_url: str | None = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS,
+        transport: httpx.AsyncBaseTransport | None = None,
+        files: FilesMode = "auto",
+    ) -> None:
+        config = resolve_config(identity_token, server_url, timeout_seconds,
+                                prepare_timeout_seconds, files)
+        self._core = Core(config)
+        self._http = httpx.AsyncClient(transport=transport,
+                                       timeout=httpx.Timeout(config.timeout_seconds),
+                                       follow_redirects=False)
+        self._locks: dict[str, Any] = {}
+
+    @property
+    def server_url(self) -> str:
+        return self._core.config.server_url
+
+    def sandbox(self, name: str) -> AsyncSandbox:
+        """A handle object bound to ``name``; no I/O until a method is called.
+
+        >>> async with client.sandbox("thread-42") as sb:  # doctest: +SKIP
+        ...     await sb.exec(["ls"])
+        """
+        return AsyncSandbox(self, name)
+
+    async def aclose(self) -> None:
+        """Close the transport (and its connections)."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- sending ------------------------------------------------------------------
+
+    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        try:
+            return await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise unavailable(request, exc) from exc
+
+    async def _data(
+        self,
+        name: str,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        headers: Mapping[str, str] | None = None,
+        body: Callable[[], Any] | None = None,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """One data-plane call; a 401/403 re-attaches ONCE and repeats it.
+
+        Those refusals come before anything runs, so repeating is safe; a
+        transport failure is not (the command may have run) and propagates.
+        ``body`` makes a fresh request body for each attempt.
+        """
+        handle = await self._handle(name)
+        for attempt in (1, 2):
+            request = self._core.data_request(handle, method, path, json=json, params=params,
+                                              headers=headers,
+                                              content=body() if body else None)
+            response = await self._send(request, stream=stream)
+            if attempt == 1 and self._core.is_credential_refusal(response):
+                await response.aclose()
+                handle = await self._handle(name, stale=handle)
+                continue
+            if stream and response.status_code >= 300:
+                await self._read(response)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _read(self, response: httpx.Response) -> None:
+        try:
+            await response.aread()
+        except httpx.TransportError as exc:
+            raise unavailable(response.request, exc) from exc
+
+    async def _control(self, request: httpx.Request) -> httpx.Response:
+        return await self._send(request)
+
+    # -- attach and handles ---------------------------------------------------------
+
+    async def attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
+        """Create, resume or reuse the sandbox ``name`` and return its handle.
+
+        Optional: ``exec``, ``run``, ``spawn`` and the file methods attach on
+        first use. While the declared environment is being prepared the server
+        answers 202; the client waits ``Retry-After`` (default 5 s) and asks
+        again until ``prepare_timeout_seconds``, then raises
+        :class:`SandboxPreparingError`.
+
+        >>> handle = await client.attach("thread-42")  # doctest: +SKIP
+        >>> handle.state, handle.start  # doctest: +SKIP
+        ('running', 'created')
+        """
+        async with self._lock(name):
+            return await self._attach(name, sandbox_class)
+
+    async def _attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
+        deadline = time.monotonic() + self._core.config.prepare_timeout_seconds
+        while True:
+            response = await self._control(self._core.attach_request(name, sandbox_class))
+            if response.status_code == 202:
+                wait = self._core.retry_after(response)
+                if time.monotonic() + wait > deadline:
+                    raise SandboxPreparingError(
+                        f"sandbox {name!r} is still being prepared after "
+                        f"{self._core.config.prepare_timeout_seconds:g} s; retry in {wait:g} s",
+                        wait)
+                await sleep(wait)
+                continue
+            handle = self._core.parse_handle(response)
+            self._core.store(name, handle)
+            return handle
+
+    def _lock(self, name: str) -> Any:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = Lock()
+        return lock
+
+    async def _handle(self, name: str, *, stale: SandboxHandle | None = None) -> SandboxHandle:
+        """The cached handle, or a fresh one; ``stale`` is a handle that was just refused."""
+        handle = self._core.cached(name)
+        if handle is not None and handle is not stale:
+            return handle
+        async with self._lock(name):
+            handle = self._core.cached(name)  # another caller may have renewed it
+            if handle is not None and handle is not stale:
+                return handle
+            return await self._attach(name)
+
+    # -- commands --------------------------------------------------------------------
+
+    async def exec(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> ExecResult:
+        """Run argv to completion and return its exit code and output (1 MiB per stream).
+
+        The deadline sent is ``timeout_ms`` bounded to one second under
+        ``timeout_seconds``, so a command never outlives the request waiting
+        for it. A non-zero ``exit_code`` is a result, not an exception.
+
+        >>> r = await client.exec("thread-42", ["python3", "-c", "print(2 + 2)"])  # doctest: +SKIP
+        >>> r.exit_code, r.stdout  # doctest: +SKIP
+        (0, '4\\n')
+        """
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms)
+        return self._core.parse_exec(await self._data(name, "POST", paths.EXEC, json=body))
+
+    async def exec_combined(self, name: str, command: str,
+                            timeout_ms: int | None = None) -> CombinedResult:
+        """Run a SHELL LINE with stderr folded into stdout, interleaved as a terminal shows it.
+
+        >>> r = await client.exec_combined("thread-42", "echo out; echo err >&2")  # doctest: +SKIP
+        >>> r.output  # doctest: +SKIP
+        'out\\nerr\\n'
+        """
+        result = await self.exec(name, _files.combined_command(command), timeout_ms=timeout_ms)
+        return _files.combined_result(result)
+
+    async def spawn(self, name: str, command: builtins.list[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> ProcessStatus:
+        """Start argv and return at once; read its output with :meth:`poll`.
+
+        >>> proc = await client.spawn("thread-42", ["sleep", "60"])  # doctest: +SKIP
+        >>> proc.state  # doctest: +SKIP
+        'running'
+        """
+        body = self._core.spawn_body(command, cwd=cwd, env=env)
+        return self._core.parse_status(await self._data(name, "POST", paths.PROCESSES, json=body))
+
+    async def poll(self, name: str, process_id: str, *, stdout_from: int = 0,
+                   stderr_from: int = 0) -> ProcessOutput:
+        """A process's status and its output after the given byte offsets.
+
+        Pass ``stdout_next``/``stderr_next`` back as the next offsets; a
+        non-zero ``*_dropped`` means output was lost to the 1 MiB retention.
+        """
+        params = {"stdout_from": stdout_from, "stderr_from": stderr_from}
+        response = await self._data(name, "GET", paths.process_path(process_id), params=params)
+        return self._core.parse_output(response)
+
+    async def processes(self, name: str) -> builtins.list[ProcessStatus]:
+        """Every process the sandbox tracks (running, or exited and not yet killed)."""
+        return self._core.parse_processes(await self._data(name, "GET", paths.PROCESSES))
+
+    async def signal(self, name: str, process_id: str, signal: str = "TERM") -> None:
+        """Send TERM, KILL, INT, HUP, QUIT, USR1 or USR2 to the process group."""
+        response = await self._data(name, "POST", paths.process_signal_path(process_id),
+                                    json={"signal": signal})
+        self._core.check(response, 200, 204)
+
+    async def kill(self, name: str, process_id: str) -> None:
+        """Stop the process if it still runs, then forget it (frees one of 64 slots)."""
+        response = await self._data(name, "DELETE", paths.process_path(process_id))
+        self._core.check(response, 200, 204)
+
+    async def run(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        interval_ms: int = 500,
+        on_output: OnOutput | None = None,
+        timeout_ms: int | None = None,
+        cancel: Cancel | None = None,
+    ) -> RunResult:
+        """Spawn argv and poll every ``interval_ms`` until it exits; no output cap.
+
+        ``on_output`` gets every poll that brought output. When ``timeout_ms``
+        passes or ``cancel.is_set()`` the process is killed and the result says
+        ``killed`` (and ``timed_out``). Cancelling the awaiting task kills the
+        process too, then the cancellation propagates. The finished process
+        is reaped.
+
+        >>> show = lambda chunk: print(chunk.stdout, end="")
+        >>> r = await client.run("thread-42", ["make"], on_output=show)  # doctest: +SKIP
+        >>> r.killed, r.exit_code  # doctest: +SKIP
+        (False, 0)
+        """
+        status = await self.spawn(name, command, cwd=cwd, env=env)
+        acc = RunAccumulator(status, on_output)
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        ending: str | None = None
+        try:
+            while True:
+                acc.add(await self.poll(name, status.process_id, stdout_from=acc.stdout_next,
+                                        stderr_from=acc.stderr_next))
+                if acc.exited:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    ending = "timeout"
+                    break
+                if cancel is not None and cancel.is_set():
+                    ending = "cancel"
+                    break
+                wait = interval_ms / 1000
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                await sleep(wait)
+        except BaseException:
+            with shielded(10):
+                await self._end_process(name, acc, quiet=True)
+            raise
+        if ending is None:
+            with contextlib.suppress(SandboxRequestError):
+                await self.kill(name, status.process_id)
+        else:
+            await self._end_process(name, acc)
+        return acc.result(timed_out=ending == "timeout", killed=ending is not None)
+
+    async def _end_process(self, name: str, acc: RunAccumulator, *, quiet: bool = False) -> None:
+        """KILL the group, collect what it still printed, then reap it."""
+        pid = acc.process_id
+        try:
+            with contextlib.suppress(SandboxRequestError):
+                await self.signal(name, pid, "KILL")
+            deadline = time.monotonic() + 5
+            while not acc.exited and time.monotonic() < deadline:
+                try:
+                    acc.add(await self.poll(name, pid, stdout_from=acc.stdout_next,
+                                            stderr_from=acc.stderr_next))
+                except SandboxRequestError:
+                    break
+                if not acc.exited:
+                    await sleep(0.05)
+            with contextlib.suppress(SandboxRequestError):
+                await self.kill(name, pid)
+        except PodbayError:
+            if not quiet:
+                raise
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def _native(self, name: str) -> bool:
+        """Whether to use the native files API (``/v1/info`` asked once per handle)."""
+        if self._core.config.files == "base64":
+            return False
+        await self._handle(name)
+        features = self._core.features(name)
+        if features is None:
+            features = self._core.parse_features(await self._data(name, "GET", paths.INFO))
+            self._core.store_features(name, features)
+        return self._core.wants_native_files(features)
+
+    async def read_file_bytes(self, name: str, path: str, *,
+                              progress: Progress | None = None) -> bytes:
+        """The bytes of ``path``; 404 :class:`SandboxRequestError` when it cannot be read.
+
+        Native files: streamed and checked against the agent's SHA-256 (a
+        mismatch raises; bad bytes are never returned). Fallback: base64
+        through exec, refused (not cut) above exec's 1 MiB output cap.
+        """
+        if await self._native(name):
+            buffer = bytearray()
+            await self._download(name, path, buffer.extend, progress)
+            return bytes(buffer)
+        result = await self.exec(name, _files.read_command(path))
+        data = _files.decode_read(result, path)
+        if progress is not None:
+            progress(len(data), len(data))
+        return data
+
+    async def read_file(self, name: str, path: str) -> str:
+        """``path`` as UTF-8 text (undecodable bytes replaced)."""
+        return (await self.read_file_bytes(name, path)).decode("utf-8", errors="replace")
+
+    async def write_file_bytes(self, name: str, path: str, contents: bytes, *,
+                               progress: Progress | None = None) -> None:
+        """Write ``contents`` to ``path`` (replacing it whole).
+
+        Native files: streamed with its SHA-256, which the agent checks before
+        the file becomes visible. Fallback: base64 through exec in 48 KiB chunks.
+
+        >>> await client.write_file_bytes("thread-42", "data.bin", b"\\x00\\xff")  # doctest: +SKIP
+        """
+        await self._put(name, path, io.BytesIO(bytes(contents)), progress)
+
+    async def write_file(self, name: str, path: str, contents: str) -> None:
+        """Write ``contents`` to ``path`` as UTF-8."""
+        await self.write_file_bytes(name, path, contents.encode("utf-8"))
+
+    async def list_dir(self, name: str, path: str = ".") -> builtins.list[DirEntry]:
+        """Entries of a directory (relative paths start at ``/workspace``)."""
+        if await self._native(name):
+            response = await self._data(name, "GET", paths.FILES_LIST, params={"path": path})
+            listing = self._core.expect(response, DirListing, 200)
+            return [DirEntry(name=e.name, is_directory=e.type == "directory")
+                    for e in listing.entries]
+        return _files.parse_list(await self.exec(name, _files.list_command(path)), path)
+
+    async def grep(self, name: str, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
+        """Lines matching a regular expression (``grep -rn``); no match is ``[]``.
+
+        >>> for m in await client.grep("thread-42", "TODO", "/workspace"):  # doctest: +SKIP
+        ...     print(f"{m.path}:{m.line}: {m.text}")
+        """
+        result = await self.exec(name, _files.grep_command(pattern, path))
+        return _files.grep_result(result, pattern, path)
+
+    async def upload(self, name: str, local_path: str | os.PathLike[str], remote_path: str, *,
+                     progress: Progress | None = None) -> None:
+        """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
+
+        A directory's contents land in ``remote_path`` (created if missing).
+        Memory stays constant whatever the size.
+        """
+        local = os.fspath(local_path)
+        # Local metadata and open() are microseconds; the bytes stream in chunks.
+        if not os.path.isdir(local):  # noqa: ASYNC240
+            with open(local, "rb") as source:  # noqa: ASYNC230
+                await self._put(name, remote_path, source, progress)
+            return
+        with tempfile.TemporaryFile() as archive:
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                tar.add(local, arcname=".")
+            archive.seek(0)
+            remote_archive = _files.remote_temp("upload")
+            await self._put(name, remote_archive, archive, progress)
+            result = await self.exec(name, _files.untar_command(remote_archive, remote_path))
+            _files.check_ok(result, f"unpacking into {remote_path}")
+
+    async def download(self, name: str, remote_path: str, local_path: str | os.PathLike[str], *,
+                       progress: Progress | None = None) -> None:
+        """Copy a sandbox file, or a whole directory (as a tar stream), to this machine.
+
+        A file is written to a temporary sibling and renamed into place once
+        its digest checks out; into an existing local directory it keeps its
+        name. A directory's contents land in ``local_path``.
+        """
+        local = os.fspath(local_path)
+        is_dir = (await self.exec(name, _files.is_dir_command(remote_path))).exit_code == 0
+        if not is_dir:
+            if os.path.isdir(local):  # noqa: ASYNC240
+                local = os.path.join(local, os.path.basename(remote_path.rstrip("/")))
+            await self._get(name, remote_path, local, progress)
+            return
+        remote_archive = _files.remote_temp("download")
+        result = await self.exec(name, _files.tar_command(remote_path, remote_archive))
+        try:
+            _files.check_ok(result, f"packing {remote_path}")
+            with tempfile.TemporaryDirectory() as scratch:
+                archive = os.path.join(scratch, "download.tar")
+                await self._get(name, remote_archive, archive, progress)
+                os.makedirs(local, exist_ok=True)
+                with tarfile.open(archive) as tar:
+                    tar.extractall(local, filter="data")
+        finally:
+            with contextlib.suppress(PodbayError):
+                await self.exec(name, _files.remove_command(remote_archive))
+
+    async def _put(self, name: str, path: str, source: BinaryIO,
+                   progress: Progress | None) -> None:
+        if await self._native(name):
+            await self._upload(name, path, source, progress)
+            return
+        _, total = _files.file_digest(source)
+        done = 0
+        try:
+            for command in _files.write_commands(path, source):
+                _files.check_write(await self.exec(name, command), path)
+                done = min(total, done + _files.BASE64_WRITE_CHUNK)
+                if progress is not None:
+                    progress(done, total)
+        except BaseException:
+            with shielded(10), contextlib.suppress(PodbayError):
+                await self.exec(name, _files.cleanup_command(path))
+            raise
+
+    async def _upload(self, name: str, path: str, source: BinaryIO,
+                      progress: Progress | None) -> None:
+        digest, size = _files.file_digest(source)
+        start = source.tell()
+
+        def body() -> ByteStream:
+            source.seek(start)
+            return _chunks(source, size, progress)
+
+        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(size),
+                   "Content-Type": "application/octet-stream"}
+        response = await self._data(name, "PUT", paths.FILES, params={"path": path},
+                                    headers=headers, body=body)
+        self._core.check(response, 200, 201, 204)
+
+    async def _get(self, name: str, remote: str, local: str,
+                   progress: Progress | None) -> None:
+        """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
+        directory = os.path.dirname(os.path.abspath(local))  # noqa: ASYNC240
+        fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as sink:
+                if await self._native(name):
+                    await self._download(name, remote, sink.write, progress)
+                else:
+                    result = await self.exec(name, _files.read_command(remote))
+                    data = _files.decode_read(result, remote)
+                    sink.write(data)
+                    if progress is not None:
+                        progress(len(data), len(data))
+            os.replace(temp, local)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+
+    async def _download(self, name: str, path: str, sink: Callable[[bytes], object],
+                        progress: Progress | None) -> None:
+        response = await self._data(name, "GET", paths.FILES, params={"path": path},
+                                    stream=True)
+        self._core.check(response, 200)
+        check = _files.DigestCheck(response.headers, path)
+        try:
+            async for chunk in response.aiter_bytes():
+                check.update(chunk)
+                sink(chunk)
+                if progress is not None:
+                    progress(check.size, check.total)
+        except httpx.TransportError as exc:
+            raise unavailable(response.request, exc) from exc
+        finally:
+            await response.aclose()
+        check.verify()
+
+    # -- control plane -----------------------------------------------------------------------
+
+    async def get(self, name: str) -> SandboxRecord:
+        """The sandbox's record (no credentials); 404 when there is none."""
+        return self._core.parse_record(await self._control(self._core.get_request(name)))
+
+    async def list(self) -> builtins.list[SandboxRecord]:
+        """Every sandbox of this deployment.
+
+        >>> for row in await client.list():  # doctest: +SKIP
+        ...     print(row.name, row.state, row.ceiling_at)
+        """
+        return self._core.parse_records(await self._control(self._core.list_request()))
+
+    async def stop(self, name: str) -> None:
+        """Suspend the sandbox's compute early; the next call resumes it."""
+        response = await self._control(self._core.stop_request(name))
+        self._core.forget(name)
+        self._core.check(response, 200, 202, 204)
+
+    async def delete(self, name: str) -> None:
+        """Drop the sandbox and its files."""
+        response = await self._control(self._core.delete_request(name))
+        self._core.forget(name)
+        self._core.check(response, 200, 202, 204)
+
+
+async def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> ByteStream:
+    done = 0
+    while chunk := source.read(_files.STREAM_CHUNK):
+        done += len(chunk)
+        yield chunk
+        if progress is not None:
+            progress(done, total)
+
+
+class AsyncSandbox:
+    """One sandbox by name: the client's methods without the ``name`` argument.
+
+    >>> async with AsyncSandboxClient() as client:  # doctest: +SKIP
+    ...     async with client.sandbox("thread-42") as sb:
+    ...         await sb.write_file("main.py", "print('hi')\\n")
+    ...         print((await sb.exec(["python3", "main.py"])).stdout)
+    hi
+    """
+
+    def __init__(self, client: AsyncSandboxClient, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.name!r})"
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def attach(self, sandbox_class: str | None = None) -> SandboxHandle:
+        return await self.client.attach(self.name, sandbox_class)
+
+    async def exec(self, command: builtins.list[str], *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None,
+                   timeout_ms: int | None = None) -> ExecResult:
+        return await self.client.exec(self.name, command, cwd=cwd, env=env,
+                                      timeout_ms=timeout_ms)
+
+    async def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
+        return await self.client.exec_combined(self.name, command, timeout_ms)
+
+    async def run(self, command: builtins.list[str], *, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None, interval_ms: int = 500,
+                  on_output: OnOutput | None = None, timeout_ms: int | None = None,
+                  cancel: Cancel | None = None) -> RunResult:
+        return await self.client.run(self.name, command, cwd=cwd, env=env,
+                                     interval_ms=interval_ms, on_output=on_output,
+                                     timeout_ms=timeout_ms, cancel=cancel)
+
+    async def spawn(self, command: builtins.list[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> ProcessStatus:
+        return await self.client.spawn(self.name, command, cwd=cwd, env=env)
+
+    async def poll(self, process_id: str, *, stdout_from: int = 0,
+                   stderr_from: int = 0) -> ProcessOutput:
+        return await self.client.poll(self.name, process_id, stdout_from=stdout_from,
+                                      stderr_from=stderr_from)
+
+    async def processes(self) -> builtins.list[ProcessStatus]:
+        return await self.client.processes(self.name)
+
+    async def signal(self, process_id: str, signal: str = "TERM") -> None:
+        await self.client.signal(self.name, process_id, signal)
+
+    async def kill(self, process_id: str) -> None:
+        await self.client.kill(self.name, process_id)
+
+    async def read_file_bytes(self, path: str, *, progress: Progress | None = None) -> bytes:
+        return await self.client.read_file_bytes(self.name, path, progress=progress)
+
+    async def read_file(self, path: str) -> str:
+        return await self.client.read_file(self.name, path)
+
+    async def write_file_bytes(self, path: str, contents: bytes, *,
+                               progress: Progress | None = None) -> None:
+        await self.client.write_file_bytes(self.name, path, contents, progress=progress)
+
+    async def write_file(self, path: str, contents: str) -> None:
+        await self.client.write_file(self.name, path, contents)
+
+    async def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
+        return await self.client.list_dir(self.name, path)
+
+    async def grep(self, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
+        return await self.client.grep(self.name, pattern, path)
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_path: str, *,
+                     progress: Progress | None = None) -> None:
+        await self.client.upload(self.name, local_path, remote_path, progress=progress)
+
+    async def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
+                       progress: Progress | None = None) -> None:
+        await self.client.download(self.name, remote_path, local_path, progress=progress)
+
+    async def get(self) -> SandboxRecord:
+        return await self.client.get(self.name)
+
+    async def stop(self) -> None:
+        await self.client.stop(self.name)
+
+    async def delete(self) -> None:
+        await self.client.delete(self.name)
+
+
+__all__ = ["AsyncSandbox", "AsyncSandboxClient"]

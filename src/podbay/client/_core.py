@@ -1,0 +1,341 @@
+"""The sans-I/O core both clients share: configuration, requests, answers, errors.
+
+Nothing here sends a byte. :class:`Core` builds ``httpx.Request`` objects,
+turns ``httpx.Response`` objects into results or exceptions, and keeps the
+per-name handle cache; the sync and async clients add only sending and
+sleeping. That keeps the two faces identical by construction, and lets every
+rule of the contract (the exec deadline, the 202 loop, which refusals mean
+"re-attach") be tested without a network.
+
+>>> core = Core(Config(identity_token="t", server_url="http://cp"))
+>>> core.exec_body(["ls"], timeout_ms=None)["timeout_ms"]  # one second under 30 s
+29000
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from podbay import __version__
+from podbay.errors import SandboxRequestError, SandboxUnavailableError, request_error
+from podbay.wire import codec, paths
+from podbay.wire.control import AttachRequest, SandboxHandle, SandboxList, SandboxRecord
+from podbay.wire.data import (
+    AgentInfo,
+    ExecRequest,
+    ExecResult,
+    ProcessList,
+    ProcessOutput,
+    ProcessStatus,
+    SpawnRequest,
+)
+from podbay.wire.limits import DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_SANDBOX_CLASS
+
+T = TypeVar("T")
+
+TOKEN_ENV = "ASTRO_AUTHZ_TOKEN"
+DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_PREPARE_TIMEOUT_SECONDS = 900.0
+#: A cached handle with less than this left before ``expires_at`` is renewed first.
+HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
+#: ``"auto"`` uses the native files API where ``/v1/info`` advertises it;
+#: ``"native"`` insists on it; ``"base64"`` forces the reference's exec path.
+FilesMode = Literal["auto", "native", "base64"]
+FILES_MODES: tuple[str, ...] = ("auto", "native", "base64")
+
+
+def token_issuer(token: str) -> str:
+    """The ``iss`` claim of a JWT, read WITHOUT verifying it (the client has no key).
+
+    >>> import base64, json
+    >>> body = base64.urlsafe_b64encode(json.dumps({"iss": "http://cp:8700"}).encode())
+    >>> token_issuer("e30." + body.decode().rstrip("=") + ".sig")
+    'http://cp:8700'
+    """
+    parts = token.strip().split(".")
+    if len(parts) != 3:
+        raise ValueError("identity token is not a JWT (expected three dot-separated parts)")
+    payload = parts[1] + "=" * (-len(parts[1]) % 4)
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload))
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError(f"identity token payload is not base64url JSON ({exc})") from None
+    issuer = claims.get("iss") if isinstance(claims, dict) else None
+    if not isinstance(issuer, str) or not issuer:
+        raise ValueError("identity token has no 'iss' claim; pass server_url=")
+    return issuer
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a client was built with. See :func:`resolve_config` for defaults."""
+
+    identity_token: str
+    server_url: str
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS
+    files: FilesMode = "auto"
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds <= 1:
+            raise ValueError("timeout_seconds must be above 1 (exec's deadline is 1 s under it)")
+        if self.prepare_timeout_seconds < 0:
+            raise ValueError("prepare_timeout_seconds must not be negative")
+        if self.files not in FILES_MODES:
+            raise ValueError(f"files must be one of {', '.join(FILES_MODES)}")
+        if not self.server_url.startswith(("http://", "https://")):
+            raise ValueError(f"server_url must start with http:// or https://: {self.server_url}")
+
+
+def resolve_config(
+    identity_token: str | None = None,
+    server_url: str | None = None,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS,
+    files: FilesMode = "auto",
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Fill the reference's defaults: the token from ``ASTRO_AUTHZ_TOKEN``,
+    the server URL from the token's ``iss``."""
+    env = os.environ if environ is None else environ
+    token = identity_token or env.get(TOKEN_ENV)
+    if not token:
+        raise ValueError(f"no identity token: pass identity_token= or set {TOKEN_ENV}")
+    url = server_url or token_issuer(token)
+    return Config(
+        identity_token=token,
+        server_url=url.rstrip("/"),
+        timeout_seconds=float(timeout_seconds),
+        prepare_timeout_seconds=float(prepare_timeout_seconds),
+        files=files,
+    )
+
+
+@dataclass
+class _Entry:
+    handle: SandboxHandle
+    features: frozenset[str] | None = None  # None: /v1/info not asked yet
+
+
+@dataclass
+class Core:
+    """Configuration plus the handle cache; builds requests and reads answers."""
+
+    config: Config
+    _handles: dict[str, _Entry] = field(default_factory=dict)
+
+    # -- requests -------------------------------------------------------------
+
+    @property
+    def user_agent(self) -> str:
+        return f"podbay-python/{__version__}"
+
+    def _control(self, method: str, path: str, *, json: Any = None) -> httpx.Request:
+        headers = {
+            "Authorization": f"Bearer {self.config.identity_token}",
+            "User-Agent": self.user_agent,
+        }
+        return httpx.Request(method, self.config.server_url + path, headers=headers, json=json)
+
+    def attach_request(self, name: str, class_: str | None = None) -> httpx.Request:
+        body = codec.encode(AttachRequest(class_=class_ or DEFAULT_SANDBOX_CLASS))
+        return self._control("PUT", paths.sandbox_path(name), json=body)
+
+    def get_request(self, name: str) -> httpx.Request:
+        return self._control("GET", paths.sandbox_path(name))
+
+    def list_request(self) -> httpx.Request:
+        return self._control("GET", paths.SANDBOXES)
+
+    def stop_request(self, name: str) -> httpx.Request:
+        return self._control("POST", paths.sandbox_stop_path(name))
+
+    def delete_request(self, name: str) -> httpx.Request:
+        return self._control("DELETE", paths.sandbox_path(name))
+
+    def data_request(
+        self,
+        handle: SandboxHandle,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """A data-plane request: the handle's endpoint plus its opaque headers."""
+        merged = {"User-Agent": self.user_agent, **handle.headers, **(headers or {})}
+        url = handle.endpoint.rstrip("/") + path
+        return httpx.Request(method, url, headers=merged, json=json, params=params,
+                             content=content)
+
+    def exec_timeout_ms(self, requested: int | None) -> int:
+        """The deadline exec sends: never later than one second under the request timeout."""
+        bound = int(self.config.timeout_seconds * 1000) - 1000
+        return bound if requested is None else max(1, min(int(requested), bound))
+
+    def exec_body(self, command: list[str], *, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None,
+                  timeout_ms: int | None = None) -> dict[str, Any]:
+        _check_argv(command)
+        return codec.encode(ExecRequest(command=list(command), cwd=cwd,
+                                        env=dict(env) if env is not None else None,
+                                        timeout_ms=self.exec_timeout_ms(timeout_ms)))
+
+    def spawn_body(self, command: list[str], *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        _check_argv(command)
+        return codec.encode(SpawnRequest(command=list(command), cwd=cwd,
+                                         env=dict(env) if env is not None else None))
+
+    # -- handle cache ----------------------------------------------------------
+
+    def cached(self, name: str, now: datetime | None = None) -> SandboxHandle | None:
+        """The cached handle, unless it is missing or within a minute of expiring."""
+        entry = self._handles.get(name)
+        if entry is None:
+            return None
+        now = now or datetime.now(UTC)
+        if entry.handle.expires_at - now < HANDLE_REFRESH_MARGIN:
+            return None
+        return entry.handle
+
+    def store(self, name: str, handle: SandboxHandle) -> None:
+        old = self._handles.get(name)
+        features = old.features if old and old.handle.endpoint == handle.endpoint else None
+        self._handles[name] = _Entry(handle, features)
+
+    def forget(self, name: str) -> None:
+        self._handles.pop(name, None)
+
+    def features(self, name: str) -> frozenset[str] | None:
+        entry = self._handles.get(name)
+        return entry.features if entry else None
+
+    def store_features(self, name: str, features: frozenset[str]) -> None:
+        entry = self._handles.get(name)
+        if entry is not None:
+            entry.features = features
+
+    def wants_native_files(self, features: frozenset[str] | None) -> bool:
+        mode = self.config.files
+        if mode == "base64":
+            return False
+        supported = features is not None and paths.FEATURE_FILES in features
+        if mode == "native" and not supported:
+            raise SandboxRequestError(
+                501, "this sandbox's agent does not offer native files (files='native')",
+                "FILES_UNSUPPORTED")
+        return supported
+
+    # -- answers ---------------------------------------------------------------
+
+    @staticmethod
+    def is_credential_refusal(response: httpx.Response) -> bool:
+        """401/403 from the data plane: answered before anything ran, so re-attach and repeat."""
+        return response.status_code in (401, 403)
+
+    @staticmethod
+    def retry_after(response: httpx.Response) -> float:
+        """Seconds a 202 asks us to wait (delta seconds or an HTTP date); default 5."""
+        raw = response.headers.get("Retry-After")
+        if raw:
+            try:
+                return max(0.0, float(raw))
+            except ValueError:
+                try:
+                    when = email.utils.parsedate_to_datetime(raw)
+                    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+                except (TypeError, ValueError):
+                    pass
+        return float(DEFAULT_RETRY_AFTER_SECONDS)
+
+    @staticmethod
+    def refusal(response: httpx.Response) -> SandboxRequestError:
+        """The exception for a non-2xx answer (``response`` must be read)."""
+        message, code = "", None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            if isinstance(body.get("error"), str):
+                message = body["error"]
+            if isinstance(body.get("code"), str):
+                code = body["code"]
+        if not message:
+            message = response.text.strip()[:500] or response.reason_phrase or "request refused"
+        return request_error(response.status_code, message, code)
+
+    def expect(self, response: httpx.Response, model: type[T], *status: int) -> T:
+        self.check(response, *status)
+        return decode(response, model)
+
+    def check(self, response: httpx.Response, *status: int) -> None:
+        if response.status_code not in (status or (200,)):
+            raise self.refusal(response)
+
+    def parse_handle(self, response: httpx.Response) -> SandboxHandle:
+        return self.expect(response, SandboxHandle, 200)
+
+    def parse_record(self, response: httpx.Response) -> SandboxRecord:
+        return self.expect(response, SandboxRecord, 200)
+
+    def parse_records(self, response: httpx.Response) -> list[SandboxRecord]:
+        return self.expect(response, SandboxList, 200).sandboxes
+
+    def parse_exec(self, response: httpx.Response) -> ExecResult:
+        return self.expect(response, ExecResult, 200)
+
+    def parse_status(self, response: httpx.Response) -> ProcessStatus:
+        return self.expect(response, ProcessStatus, 200, 201)
+
+    def parse_output(self, response: httpx.Response) -> ProcessOutput:
+        return self.expect(response, ProcessOutput, 200)
+
+    def parse_processes(self, response: httpx.Response) -> list[ProcessStatus]:
+        return self.expect(response, ProcessList, 200).processes
+
+    def parse_features(self, response: httpx.Response) -> frozenset[str]:
+        """``/v1/info``'s features; an agent without ``/v1/info`` (404/405) has none."""
+        if response.status_code in (404, 405):
+            return frozenset()
+        return frozenset(self.expect(response, AgentInfo, 200).features)
+
+
+def decode(response: httpx.Response, model: type[T]) -> T:
+    """Decode leniently (an old SDK must survive a newer server)."""
+    try:
+        return codec.loads(model, response.content, strict=False)
+    except codec.WireError as exc:
+        raise SandboxRequestError(
+            response.status_code,
+            f"unexpected answer from {response.request.method} {response.request.url}: {exc}",
+            "RESPONSE_INVALID") from None
+
+
+def unavailable(request: httpx.Request, exc: Exception) -> SandboxUnavailableError:
+    """The one translation of an httpx transport failure; never retried."""
+    kind = type(exc).__name__
+    detail = str(exc) or kind
+    return SandboxUnavailableError(
+        f"{request.method} {request.url.copy_with(query=None)} failed: {kind}: {detail}", exc)
+
+
+def _check_argv(command: Any) -> None:
+    if isinstance(command, str | bytes) or not command:
+        raise TypeError("command is argv (a non-empty list of strings), not a shell line;"
+                        ' use ["/bin/sh", "-c", line] or exec_combined()')
+    if not all(isinstance(a, str) for a in command):
+        raise TypeError("every argv element must be a str")

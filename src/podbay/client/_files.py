@@ -1,0 +1,239 @@
+"""Sans-I/O pieces of files, search and shell lines: commands to run and how to read them.
+
+Both clients use these for the reference's exec-based paths (base64 reads and
+chunked writes, ``ls``, ``grep``, ``exec 2>&1``) and for the native files
+API's digest checks. Commands pass data as positional parameters (``"$1"``),
+never by splicing it into the shell line, so no quoting can go wrong.
+
+>>> parse_grep("a.py\\x0012:x = 1: two\\n", "a.py")
+[GrepMatch(path='a.py', line=12, text='x = 1: two')]
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import posixpath
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
+
+from podbay.errors import SandboxRequestError, SandboxUnavailableError
+from podbay.wire.data import ExecResult
+from podbay.wire.limits import BASE64_WRITE_CHUNK, EXEC_OUTPUT_CAP
+from podbay.wire.paths import DIGEST_HEADER
+
+from ._models import CombinedResult, DirEntry, GrepMatch
+
+#: Bytes per read/write when streaming files through the native API.
+STREAM_CHUNK = 1024 * 1024
+SH = "/bin/sh"
+
+
+def combined_command(line: str) -> list[str]:
+    """argv for :meth:`exec_combined`: stderr joins stdout at the shell, so order is kept."""
+    return [SH, "-c", f"exec 2>&1\n{line}"]
+
+
+def combined_result(result: ExecResult) -> CombinedResult:
+    return CombinedResult(output=result.stdout, exit_code=result.exit_code,
+                          truncated=result.truncated, timed_out=result.timed_out)
+
+
+# -- base64 fallback ---------------------------------------------------------
+
+def read_command(path: str) -> list[str]:
+    return [SH, "-c", 'exec base64 -w 0 -- "$1"', "sh", path]
+
+
+def decode_read(result: ExecResult, path: str) -> bytes:
+    """Bytes of a base64 read; a truncated read is refused, never returned as a prefix."""
+    if result.exit_code != 0:
+        raise SandboxRequestError(404, f"cannot read {path}: {_reason(result)}",
+                                  "PATH_NOT_FOUND")
+    if result.truncated:
+        raise SandboxRequestError(
+            413,
+            f"{path} is too large for the exec+base64 path: its base64 exceeds exec's "
+            f"{EXEC_OUTPUT_CAP // (1024 * 1024)} MiB output cap (files above "
+            f"{EXEC_OUTPUT_CAP * 3 // 4 // 1024} KiB); this sandbox's agent has no native "
+            "files API",
+            "FILE_TOO_LARGE")
+    try:
+        return base64.b64decode("".join(result.stdout.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SandboxRequestError(502, f"reading {path}: base64 did not decode ({exc})",
+                                  "RESPONSE_INVALID") from None
+
+
+def write_commands(path: str, source: BinaryIO) -> Iterator[list[str]]:
+    """argv lists that write ``source`` to ``path`` in 48 KiB chunks.
+
+    Chunks go to a hidden sibling, appended; the last command renames it over
+    ``path``, so a reader never sees half a file and a failure leaves
+    ``path`` as it was.
+    """
+    directory, base = posixpath.split(path)
+    temp = posixpath.join(directory, f".{base}.podbay-{uuid.uuid4().hex[:12]}")
+    first = True
+    while True:
+        chunk = source.read(BASE64_WRITE_CHUNK)
+        if not chunk and not first:
+            break
+        redirect = ">" if first else ">>"
+        data = base64.b64encode(chunk).decode()
+        yield [SH, "-c", f'printf %s "$1" | base64 -d {redirect} "$2"', "sh", data, temp]
+        first = False
+        if len(chunk) < BASE64_WRITE_CHUNK:
+            break
+    yield [SH, "-c", 'mv -f -- "$1" "$2"', "sh", temp, path]
+
+
+def cleanup_command(path: str) -> list[str]:
+    """Remove the hidden write temporaries for ``path`` after a failure."""
+    directory, base = posixpath.split(path)
+    pattern = posixpath.join(directory or ".", f".{base}.podbay-")
+    return [SH, "-c", 'rm -f -- "$1"*', "sh", pattern]
+
+
+def check_write(result: ExecResult, path: str) -> None:
+    if result.exit_code != 0:
+        status, code = (404, "PATH_NOT_FOUND") if "No such file" in result.stderr else (
+            409, "PATH_ACCESS_DENIED")
+        raise SandboxRequestError(status, f"cannot write {path}: {_reason(result)}", code)
+
+
+# -- list_dir and grep ---------------------------------------------------------
+
+def list_command(path: str) -> list[str]:
+    return [SH, "-c", 'cd -- "$1" && exec ls -1Ap', "sh", path]
+
+
+def parse_list(result: ExecResult, path: str) -> list[DirEntry]:
+    if result.exit_code != 0:
+        raise SandboxRequestError(404, f"cannot list {path}: {_reason(result)}",
+                                  "PATH_NOT_FOUND")
+    entries = []
+    for line in result.stdout.splitlines():
+        if not line:
+            continue
+        is_dir = line.endswith("/")
+        entries.append(DirEntry(name=line[:-1] if is_dir else line, is_directory=is_dir))
+    return entries
+
+
+def grep_command(pattern: str, path: str) -> list[str]:
+    """``-H`` names the file even for a single file; ``-Z`` ends the name with NUL,
+    so colons in names and text cannot confuse the parse; ``-I`` skips binaries."""
+    return ["grep", "-rnHIZ", "-e", pattern, "--", path]
+
+
+def parse_grep(stdout: str, path: str, *, truncated: bool = False) -> list[GrepMatch]:
+    lines = stdout.split("\n")
+    if truncated or lines[-1]:
+        lines = lines[:-1]  # a cut last line is not a match we can trust
+    matches = []
+    for line in lines:
+        name, sep, rest = line.partition("\0")
+        if not sep:  # a grep without -Z: "path:line:text"
+            name, _, rest = line.partition(":")
+        number, _, text = rest.partition(":")
+        if not number.isdigit():
+            continue
+        matches.append(GrepMatch(path=name, line=int(number), text=text))
+    return matches
+
+
+def grep_result(result: ExecResult, pattern: str, path: str) -> list[GrepMatch]:
+    """Exit 1 is "no match" (an empty list); 2 is an error unless something matched."""
+    if result.exit_code == 1 and not result.stdout:
+        return []
+    matches = parse_grep(result.stdout, path, truncated=result.truncated)
+    if result.exit_code == 0 or matches:
+        return matches
+    if "No such file" in result.stderr:
+        raise SandboxRequestError(404, f"cannot search {path}: {_reason(result)}",
+                                  "PATH_NOT_FOUND")
+    raise SandboxRequestError(400, f"grep {pattern!r} in {path} failed: {_reason(result)}",
+                              "GREP_FAILED")
+
+
+# -- directories (tar) and remote temporaries ------------------------------------
+
+def remote_temp(kind: str) -> str:
+    return f"/tmp/.podbay-{kind}-{uuid.uuid4().hex}.tar"
+
+
+def is_dir_command(path: str) -> list[str]:
+    return ["test", "-d", path]
+
+
+def untar_command(archive: str, directory: str) -> list[str]:
+    return [SH, "-c", 'mkdir -p -- "$2" && tar -xf "$1" -C "$2"; s=$?; rm -f -- "$1"; exit $s',
+            "sh", archive, directory]
+
+
+def tar_command(directory: str, archive: str) -> list[str]:
+    return ["tar", "-C", directory, "-cf", archive, "."]
+
+
+def remove_command(path: str) -> list[str]:
+    return ["rm", "-f", "--", path]
+
+
+def check_ok(result: ExecResult, what: str) -> None:
+    if result.exit_code != 0:
+        raise SandboxRequestError(400, f"{what} failed: {_reason(result)}", "COMMAND_FAILED")
+
+
+def _reason(result: ExecResult) -> str:
+    text = (result.stderr or result.stdout).strip().splitlines()
+    return text[-1] if text else f"exit code {result.exit_code}"
+
+
+# -- digests -----------------------------------------------------------------------
+
+def file_digest(source: BinaryIO) -> tuple[str, int]:
+    """(hex SHA-256, size) of a seekable file, read from its current position, which
+    is restored afterwards."""
+    start = source.tell()
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := source.read(STREAM_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    source.seek(start)
+    return digest.hexdigest(), size
+
+
+class DigestCheck:
+    """Hashes a native read as it streams; :meth:`verify` refuses a mismatch.
+
+    The agent sends the file's SHA-256 in ``X-Podbay-Sha256`` before the
+    bytes; a read whose bytes do not hash to it (or that has no digest, or
+    ends short of ``Content-Length``) raises instead of returning.
+    """
+
+    def __init__(self, headers: Mapping[str, str], path: str) -> None:
+        self.path = path
+        self.expected = (headers.get(DIGEST_HEADER) or "").strip().lower()
+        length = headers.get("Content-Length")
+        self.total = int(length) if length and length.isdigit() else None
+        self.size = 0
+        self._digest = hashlib.sha256()
+
+    def update(self, chunk: bytes) -> None:
+        self._digest.update(chunk)
+        self.size += len(chunk)
+
+    def verify(self) -> None:
+        if not self.expected:
+            raise SandboxUnavailableError(
+                f"reading {self.path}: the agent sent no {DIGEST_HEADER} digest")
+        actual = self._digest.hexdigest()
+        if actual != self.expected:
+            raise SandboxUnavailableError(
+                f"reading {self.path}: SHA-256 mismatch after {self.size} bytes "
+                f"(agent {self.expected[:16]}..., received {actual[:16]}...); "
+                "the bytes were discarded")

@@ -1,0 +1,87 @@
+"""The client's result types: typed, frozen dataclasses with Pythonic names.
+
+Where the wire model already is the result a caller wants (``ExecResult``,
+``ProcessStatus``, ``ProcessOutput``, ``SandboxRecord``, ``SandboxHandle``)
+it is re-exported, not copied: the contract stays the one source of truth.
+The rest exist only on the client side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.data import ExecResult, ProcessOutput, ProcessStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class CombinedResult:
+    """:meth:`~podbay.SandboxClient.exec_combined`: stderr folded into stdout.
+
+    ``timed_out`` is an addition to the reference's three fields.
+    """
+
+    output: str
+    exit_code: int
+    truncated: bool
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult(ProcessOutput):
+    """:meth:`~podbay.SandboxClient.run`: a :class:`ProcessOutput` plus how it ended.
+
+    ``stdout``/``stderr`` hold the WHOLE output the client received (not
+    only the last poll's); ``stdout_dropped``/``stderr_dropped`` are the
+    totals lost to the agent's 1 MiB retention.
+    """
+
+    timed_out: bool = False  # ``timeout_ms`` elapsed
+    killed: bool = False  # stopped by ``timeout_ms`` or ``cancel`` rather than exiting
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirEntry:
+    """One entry of :meth:`~podbay.SandboxClient.list_dir`."""
+
+    name: str
+    is_directory: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrepMatch:
+    """One matching line of :meth:`~podbay.SandboxClient.grep` (``line`` is 1-based)."""
+
+    path: str
+    line: int
+    text: str
+
+
+class Progress(Protocol):
+    """A transfer progress callback: ``(bytes_done, bytes_total)``; total is
+    ``None`` when unknown."""
+
+    def __call__(self, done: int, total: int | None, /) -> None: ...
+
+
+class Cancel(Protocol):
+    """Anything with ``is_set()``: ``threading.Event``, ``asyncio.Event``,
+    ``anyio.Event``. :meth:`~podbay.SandboxClient.run` checks it every poll."""
+
+    def is_set(self) -> bool: ...
+
+
+__all__ = [
+    "Cancel",
+    "CombinedResult",
+    "DirEntry",
+    "ExecResult",
+    "GrepMatch",
+    "ProcessOutput",
+    "ProcessStatus",
+    "Progress",
+    "RunResult",
+    "SandboxHandle",
+    "SandboxRecord",
+]

@@ -1,0 +1,1 @@
+"""The sync client (generated from ``_async`` by scripts/unasync.py) and its backend."""
