@@ -59,6 +59,15 @@ class RuntimeSettings:
     network: bool = True
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
+    #: Base image cache; empty means ``<data_dir>/images`` (tests share one across runs).
+    image_dir: str = ""
+    #: Volatile per-machine state (sockets, mounts, runc's state); empty means
+    #: ``/run/podbay/<hash of data_dir>``. Keep it short: unix socket paths max 107 bytes.
+    run_dir: str = ""
+    #: Debian mirror the base image is built from.
+    image_mirror: str = "http://deb.debian.org/debian"
+    #: How long ``start`` waits for the agent to answer before giving up.
+    start_timeout_seconds: float = 30.0
 
 
 @dataclass
