@@ -87,6 +87,10 @@ class DriverError(Exception):
     """A machine operation failed; ``message`` is meant for an operator."""
 
 
+class MachineNotFound(DriverError):
+    """No machine with that id exists (it was never created, or was destroyed)."""
+
+
 @runtime_checkable
 class Driver(Protocol):
     name: str

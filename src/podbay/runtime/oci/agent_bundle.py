@@ -1,0 +1,120 @@
+"""Stage the agent's code where every sandbox can run it read-only.
+
+The agent is stdlib-only. Its files (``podbay/__init__.py`` as an empty stub,
+``podbay/wire/`` and ``podbay/agent/``) are copied from the installed podbay
+package to ``<data>/agent/<content hash>/`` and byte-compiled there (unchecked
+hash ``.pyc``, so the read-only copy never needs writing), then bound
+read-only into each sandbox at :data:`AGENT_DIR`. A new podbay version stages
+a new directory; running sandboxes keep theirs.
+
+The agent runs on the *pristine* base image's interpreter, through the
+image's own dynamic loader with the library cache ignored, so nothing a user
+does to ``/usr``, ``/lib`` or ``ld.so.cache`` in their overlay reaches it
+(see :func:`agent_argv`).
+"""
+
+from __future__ import annotations
+
+import compileall
+import hashlib
+import logging
+import os
+import py_compile
+import shutil
+from pathlib import Path
+
+from ..base import DriverError
+
+log = logging.getLogger("podbay.runtime.agent")
+
+#: Where, inside a sandbox, the pristine image and the agent's code are bound.
+IMAGE_DIR = "/.podbay/image"
+AGENT_DIR = "/.podbay/agent"
+ENV_FILE = "/.podbay/env.json"
+
+_PACKAGES = ("wire", "agent")
+
+
+def _source_root() -> Path:
+    import podbay
+
+    return Path(podbay.__file__).resolve().parent
+
+
+def _sources(root: Path) -> list[tuple[str, Path]]:
+    """(relative path inside the staged ``podbay/``, source file), sorted."""
+    files = []
+    for package in _PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                files.append((str(path.relative_to(root)), path))
+    if not (root / "agent" / "__main__.py").exists():
+        standin = root / "testing" / "standin_agent.py"
+        log.warning("podbay.agent.__main__ is missing: staging the test stand-in agent")
+        files.append(("agent/__main__.py", standin))
+    return files
+
+
+def stage_agent(data_dir: Path) -> Path:
+    """The staged agent directory for the installed podbay (created if missing)."""
+    root = _source_root()
+    files = _sources(root)
+    digest = hashlib.sha256()
+    for rel, path in files:
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = data_dir / "agent" / digest.hexdigest()[:16]
+    if (target / "complete").exists():
+        return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    package = tmp / "podbay"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for rel, path in files:
+        dest = package / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+    ok = compileall.compile_dir(
+        str(package), quiet=1,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    if not ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DriverError("the agent's code does not compile")
+    for dirpath, _, filenames in os.walk(tmp):
+        os.chmod(dirpath, 0o755)  # noqa: S103 - read-only code, readable by all
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    (tmp / "complete").write_text("")
+    try:
+        os.rename(tmp, target)
+    except OSError:  # staged concurrently by another process: theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
+    """The sandbox's first process: the image's python through the image's loader.
+
+    Paths are resolved inside the image on the host, because the image's own
+    ``/lib64/ld-linux-x86-64.so.2`` is an *absolute* symlink that would resolve
+    into the user's overlay inside the sandbox."""
+    libdirs = sorted(p for p in (image_rootfs / "usr" / "lib").glob("*-linux-gnu*")
+                     if p.is_dir() and not p.is_symlink())
+    loaders = [p for d in libdirs for p in d.glob("ld-linux*.so.*") if not p.is_symlink()]
+    pythons = sorted((image_rootfs / "usr" / "bin").glob("python3.[0-9]*"))
+    pythons = [p for p in pythons if p.name.replace("python3.", "").isdigit()
+               and not p.is_symlink()]
+    if not loaders or not pythons:
+        raise DriverError(f"base image at {image_rootfs} has no python3 or no dynamic loader")
+
+    def inside(path: Path) -> str:
+        return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
+
+    code = (f"import sys; sys.path.insert(0, {AGENT_DIR!r}); "
+            "from podbay.agent.__main__ import main; sys.exit(main())")
+    argv = [inside(loaders[0]), "--inhibit-cache",
+            "--library-path", ":".join(inside(d) for d in libdirs),
+            inside(pythons[-1]), "-I", "-S", "-c", code, "--fd", str(fd)]
+    if env_file:
+        argv += ["--env-file", ENV_FILE]
+    return argv

@@ -1,0 +1,157 @@
+"""The OCI ``config.json`` of one machine: namespaces, limits, mounts, hardening.
+
+Pure: a function from facts to a dict, so tests can read it without runc.
+What it sets and why:
+
+- user namespace mapping sandbox uid/gid 0..65535 to ``uid_base``..: root
+  inside owns the (shifted) image and nothing on the host;
+- pid, mount, ipc, uts, network and cgroup namespaces (network joins a
+  host-made namespace when one is given, else a fresh loopback-only one);
+- Docker's default capability set (no ``SYS_ADMIN``, no ``NET_ADMIN``),
+  ``noNewPrivileges``, our seccomp profile, runc's masked and read-only paths;
+- memory, CPU and pids limits on the machine's cgroup;
+- the pristine image and the agent bound read-only under ``/.podbay``.
+
+>>> cfg = config(BundleFacts(machine_id="m1", hostname="h", rootfs=Path("/r"),
+...     image_rootfs=Path("/i"), agent_dir=Path("/a"), files_dir=Path("/f"),
+...     argv=["/x"], uid_base=1000000, memory_bytes=1 << 30, cpus=1.0, pids=256,
+...     cgroup_path="/podbay/m1"))
+>>> cfg["linux"]["resources"]["pids"]
+{'limit': 256}
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import seccomp
+from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR
+
+ID_RANGE = 65536
+
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+]
+
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware", "/sys/devices/virtual/powercap",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+#: The container's own environment: the agent's. Commands get theirs from the agent.
+PROCESS_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "LANG=C.UTF-8", "HOME=/root"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleFacts:
+    machine_id: str
+    hostname: str
+    rootfs: Path
+    image_rootfs: Path
+    agent_dir: Path
+    #: Host dir with ``env.json``, ``hosts``, ``hostname``, ``resolv.conf``.
+    files_dir: Path
+    argv: list[str]
+    uid_base: int
+    memory_bytes: int
+    cpus: float
+    pids: int
+    cgroup_path: str
+    #: A network namespace made by the host; ``None`` gives a fresh loopback-only one.
+    netns: Path | None = None
+    resolv_conf: bool = False
+    #: Cap swap at zero too (the host's cgroup supports swap accounting).
+    limit_swap: bool = False
+
+
+def _bind(source: Path, destination: str, *options: str) -> dict[str, Any]:
+    return {"destination": destination, "type": "bind", "source": str(source),
+            "options": ["bind", "nosuid", "nodev", *options]}
+
+
+def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
+    found = [
+        {"destination": "/proc", "type": "proc", "source": "proc",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620",
+                     "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+    ]
+    if facts.netns is None:
+        # sysfs can only be mounted by a user namespace that owns the network namespace.
+        found.append({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                      "options": ["nosuid", "noexec", "nodev", "ro"]})
+    else:
+        found.append({"destination": "/sys", "type": "bind", "source": "/sys",
+                      "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]})
+    found += [
+        _bind(facts.image_rootfs, IMAGE_DIR, "ro"),
+        _bind(facts.agent_dir, AGENT_DIR, "ro"),
+        _bind(facts.files_dir / "env.json", ENV_FILE, "ro"),
+        _bind(facts.files_dir / "hostname", "/etc/hostname", "rw"),
+        _bind(facts.files_dir / "hosts", "/etc/hosts", "rw"),
+    ]
+    if facts.resolv_conf:
+        found.append(_bind(facts.files_dir / "resolv.conf", "/etc/resolv.conf", "rw"))
+    return found
+
+
+def config(facts: BundleFacts) -> dict[str, Any]:
+    namespaces: list[dict[str, str]] = [
+        {"type": t} for t in ("pid", "ipc", "uts", "mount", "user", "cgroup")]
+    namespaces.append({"type": "network", "path": str(facts.netns)} if facts.netns
+                      else {"type": "network"})
+    period = 100_000
+    # Set inside the user namespace, so it cannot exceed what the host process has.
+    nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    caps = list(CAPABILITIES)
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": facts.argv,
+            "env": PROCESS_ENV,
+            "cwd": "/",
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+            ],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": str(facts.rootfs), "readonly": False},
+        "hostname": facts.hostname,
+        "mounts": mounts(facts),
+        "linux": {
+            "uidMappings": [{"containerID": 0, "hostID": facts.uid_base, "size": ID_RANGE}],
+            "gidMappings": [{"containerID": 0, "hostID": facts.uid_base, "size": ID_RANGE}],
+            "namespaces": namespaces,
+            "cgroupsPath": facts.cgroup_path,
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                "memory": {"limit": facts.memory_bytes,
+                           **({"swap": facts.memory_bytes} if facts.limit_swap else {})},
+                "cpu": {"quota": max(1000, int(facts.cpus * period)), "period": period},
+                "pids": {"limit": facts.pids},
+            },
+            "rootfsPropagation": "private",
+            "seccomp": seccomp.profile(),
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+        },
+    }

@@ -1,0 +1,139 @@
+"""Cgroup facts the driver needs beyond what runc does: freezing, leftovers, host checks.
+
+Works on cgroup v2 (unified) and on v1, including the hybrid layout where
+v1 controllers sit beside an empty unified hierarchy. runc creates and
+limits the cgroup from ``config.json``; the driver freezes and thaws it by
+writing the freezer directly, which costs microseconds where ``runc
+pause``/``resume`` costs a process start (the resume budget is 20 ms), and
+runc reads the same freezer state, so the two views never disagree.
+
+>>> Cgroups(Path("/nonexistent")).version
+1
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+from ..base import DriverError
+
+ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+
+
+class Cgroups:
+    def __init__(self, root: Path = ROOT) -> None:
+        self.root = root
+        self.version = 2 if (root / "cgroup.controllers").exists() else 1
+
+    # -- paths ---------------------------------------------------------------
+    def dirs(self, path: str) -> list[Path]:
+        """Every directory a cgroup path (``/podbay/x/m1``) has on this host."""
+        rel = path.strip("/")
+        if self.version == 2:
+            return [self.root / rel]
+        found = []
+        for hierarchy in sorted(self.root.iterdir()):
+            if hierarchy.is_symlink() or not hierarchy.is_dir():
+                continue
+            found.append(hierarchy / rel)
+        return found
+
+    def freezer_file(self, path: str) -> Path:
+        rel = path.strip("/")
+        if self.version == 2:
+            return self.root / rel / "cgroup.freeze"
+        return self.root / "freezer" / rel / "freezer.state"
+
+    # -- freezing ------------------------------------------------------------
+    def frozen(self, path: str) -> bool:
+        try:
+            value = self.freezer_file(path).read_text().strip()
+        except FileNotFoundError:
+            return False
+        return value in ("1", "FROZEN", "FREEZING")
+
+    async def freeze(self, path: str, within: float = 10.0) -> None:
+        """Freeze every process of the cgroup; returns once they are all frozen."""
+        file = self.freezer_file(path)
+        self._write(file, "1" if self.version == 2 else "FROZEN")
+        deadline = asyncio.get_running_loop().time() + within
+        delay = 0.0005
+        while not self._settled_frozen(path):
+            if asyncio.get_running_loop().time() > deadline:
+                self._write(file, "0" if self.version == 2 else "THAWED")
+                raise DriverError(f"cgroup {path} did not freeze within {within:.0f} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            if self.version == 1:  # v1 retries the freeze on each write
+                self._write(file, "FROZEN")
+
+    def _settled_frozen(self, path: str) -> bool:
+        if self.version == 2:
+            events = (self.root / path.strip("/") / "cgroup.events").read_text()
+            return "frozen 1" in events
+        return self.freezer_file(path).read_text().strip() == "FROZEN"
+
+    def thaw(self, path: str) -> None:
+        self._write(self.freezer_file(path), "0" if self.version == 2 else "THAWED")
+
+    @staticmethod
+    def _write(file: Path, value: str) -> None:
+        try:
+            fd = os.open(file, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise DriverError(f"no cgroup at {file.parent}") from None
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    # -- leftovers -----------------------------------------------------------
+    def existing(self, path: str) -> list[Path]:
+        return [d for d in self.dirs(path) if d.is_dir()]
+
+    def remove(self, path: str) -> list[Path]:
+        """Remove the cgroup (and empty children) everywhere; the dirs that stayed."""
+        stayed = []
+        for top in self.existing(path):
+            for dirpath, _, _ in sorted(os.walk(top), key=lambda e: -len(e[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)
+            if top.exists():
+                stayed.append(top)
+        return stayed
+
+    def procs(self, path: str) -> list[int]:
+        pids: set[int] = set()
+        for d in self.existing(path):
+            for dirpath, _, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        text = Path(dirpath, "cgroup.procs").read_text()
+                        pids.update(int(x) for x in text.split())
+        return sorted(pids)
+
+    # -- host checks ---------------------------------------------------------
+    def missing_controllers(self) -> list[str]:
+        """Controllers podbay needs that this host lacks (empty when all present)."""
+        if self.version == 2:
+            try:
+                have = set((self.root / "cgroup.controllers").read_text().split())
+            except OSError:
+                have = set()
+            return [c for c in ("memory", "pids", "cpu") if c not in have]
+        missing = [c for c in V1_CONTROLLERS if not (self.root / c).is_dir()]
+        return missing
+
+    def swap_accounting(self) -> bool:
+        """Whether a swap limit can be set (so that memory limits are not swap-padded)."""
+        if self.version == 1:
+            return (self.root / "memory" / "memory.memsw.limit_in_bytes").exists()
+        try:
+            own = Path("/proc/self/cgroup").read_text().split("::", 1)[1].strip()
+        except (OSError, IndexError):
+            return False
+        return (self.root / own.lstrip("/") / "memory.swap.max").exists()

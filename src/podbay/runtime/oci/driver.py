@@ -1,0 +1,406 @@
+"""The ``oci`` driver: each machine is an OCI bundle run by runc (or crun, runsc).
+
+create  = sparse ext4 file for the writable layer, record written → stopped
+start   = loop-mount + overlay, bundle, host-made agent socket, ``runc run -d``,
+          ``GET /v1/info`` answers → running
+suspend = cgroup freezer (memory and files intact); resume = thaw
+stop    = ``runc delete --force``, unmount; the ext4 file stays → stopped
+destroy = all of stop, then the machine's directories → absent
+
+Independent steps of ``start`` run concurrently (storage in a thread while
+the bundle, the socket and the network are prepared). Each machine has an
+asyncio lock, so concurrent calls for one machine serialise and calls for
+different machines overlap. Every call is idempotent.
+
+>>> from podbay.settings import Settings
+>>> OciDriver(Settings()).name
+'oci'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...settings import Settings
+from ..base import (
+    Capabilities,
+    DriverError,
+    MachineNotFound,
+    MachineSpec,
+    MachineState,
+    ObservedMachine,
+    check_machine_id,
+)
+from . import agent_bundle, bundle, records, storage
+from .cgroups import Cgroups
+from .image import Image, ImageCache, Recipe
+from .layout import Layout, MachinePaths
+from .networking import MachineNetwork, load_network
+from .readiness import wait_ready
+from .runc import Runc
+
+log = logging.getLogger("podbay.runtime.oci")
+
+SOCKET_PATH_MAX = 107
+
+
+class OciDriver:
+    name = "oci"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.rt = settings.runtime
+        self.layout = Layout.from_settings(settings)
+        self.runc = Runc(self.rt.oci_runtime, self.layout.runc_root)
+        self.cgroups = Cgroups()
+        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base)
+        self.network: MachineNetwork = load_network(settings, self.layout)
+        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
+                                         network=self.network.enabled)
+        self._image: Image | None = None
+        self._agent_dir: Path | None = None
+        self._argv: list[str] | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._records: dict[str, records.MachineRecord] = {}
+
+    # -- set-up ---------------------------------------------------------------
+    async def prepare(self) -> None:
+        if self._argv is not None:
+            return
+        if os.geteuid() != 0:
+            raise DriverError("the oci driver needs root (user namespaces are set up by root)")
+        if self.runc.available() is None:
+            raise DriverError(f"OCI runtime {self.rt.oci_runtime!r} not found "
+                              "(apt-get install runc)")
+        image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
+        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir)
+        for d in (self.layout.machines, self.layout.runc_root):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
+        self._image, self._agent_dir = image, agent_dir
+        self._argv = agent_bundle.agent_argv(image.rootfs, fd=3, env_file=True)
+
+    def _lock(self, machine_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(machine_id, asyncio.Lock())
+
+    def _paths(self, machine_id: str) -> MachinePaths:
+        return self.layout.machine(check_machine_id(machine_id))
+
+    def _record(self, machine_id: str) -> records.MachineRecord:
+        record = self._records.get(machine_id)
+        if record is None:
+            record = records.read(self._paths(machine_id).home)
+            if record is None:
+                raise MachineNotFound(f"no machine {machine_id}")
+            self._records[machine_id] = record
+        return record
+
+    def _save(self, record: records.MachineRecord) -> None:
+        records.write(self._paths(record.spec.machine_id).home, record)
+        self._records[record.spec.machine_id] = record
+
+    # -- lifecycle ------------------------------------------------------------
+    async def create(self, spec: MachineSpec) -> None:
+        async with self._lock(spec.machine_id):
+            paths = self._paths(spec.machine_id)
+            if records.read(paths.home) is not None:
+                return
+            paths.home.mkdir(parents=True, exist_ok=True)
+            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes, self.rt.uid_base)
+            self._save(records.MachineRecord(spec, MachineState.STOPPED))
+
+    async def start(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = self._observe(machine_id)
+            if observed is MachineState.RUNNING:
+                return
+            if observed is MachineState.SUSPENDED:
+                self.cgroups.thaw(self._paths(machine_id).cgroup)
+                self._save(record.with_state(MachineState.RUNNING))
+                return
+            await self.prepare()
+            await self._teardown(machine_id)  # whatever a dead incarnation left
+            try:
+                await self._boot(record)
+            except BaseException:
+                await self._teardown(machine_id)
+                raise
+            self._save(record.with_state(MachineState.RUNNING))
+
+    async def _boot(self, record: records.MachineRecord) -> None:
+        spec = record.spec
+        paths = self._paths(spec.machine_id)
+        assert self._image is not None and self._agent_dir is not None and self._argv
+        if len(str(paths.socket)) > SOCKET_PATH_MAX:
+            raise DriverError(f"socket path {paths.socket} is too long; set a shorter "
+                              "runtime.run_dir")
+        paths.run.mkdir(parents=True, exist_ok=True)
+        lowers = [*reversed(spec.layers), self._image.rootfs]
+        mounted = asyncio.create_task(asyncio.to_thread(
+            _mount_storage, paths, lowers, self.rt.uid_base))
+        netns_task = asyncio.create_task(self.network.setup(paths.run, spec.machine_id))
+        try:
+            self._write_files(spec, paths)
+            listener = _listen(paths.socket)
+        except BaseException:
+            await asyncio.gather(mounted, netns_task, return_exceptions=True)
+            raise
+        try:
+            netns = (await asyncio.gather(mounted, netns_task))[1]
+            facts = bundle.BundleFacts(
+                machine_id=spec.machine_id, hostname=spec.hostname, rootfs=paths.rootfs,
+                image_rootfs=self._image.rootfs, agent_dir=self._agent_dir,
+                files_dir=paths.files, argv=self._argv, uid_base=self.rt.uid_base,
+                memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
+                pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
+                resolv_conf=netns is not None, limit_swap=self.cgroups.swap_accounting())
+            (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
+            await self.runc.run_detached(spec.machine_id, paths.run, listener.fileno(),
+                                         paths.console)
+        finally:
+            listener.close()
+        try:
+            await wait_ready(paths.socket, self.rt.start_timeout_seconds)
+        except DriverError as e:
+            raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
+
+    def _write_files(self, spec: MachineSpec, paths: MachinePaths) -> None:
+        paths.files.mkdir(parents=True, exist_ok=True)
+        (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
+        resolv = self.network.resolv_conf()
+        owned = {"hostname": spec.hostname + "\n", "hosts": _hosts(spec.hostname)}
+        if resolv is not None:
+            owned["resolv.conf"] = resolv
+        for name, text in owned.items():
+            path = paths.files / name
+            path.write_text(text)
+            os.chown(path, self.rt.uid_base, self.rt.uid_base)
+
+    async def suspend(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = self._observe(machine_id)
+            if observed is MachineState.SUSPENDED:
+                return
+            if observed is not MachineState.RUNNING:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not running")
+            await self.cgroups.freeze(self._paths(machine_id).cgroup)
+            self._save(record.with_state(MachineState.SUSPENDED))
+
+    async def resume(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = self._observe(machine_id)
+            if observed is MachineState.RUNNING:
+                return
+            if observed is not MachineState.SUSPENDED:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not suspended")
+            self.cgroups.thaw(self._paths(machine_id).cgroup)
+            self._save(record.with_state(MachineState.RUNNING))
+
+    async def stop(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            await self._teardown(machine_id)
+            if record.commanded is not MachineState.STOPPED:
+                self._save(record.with_state(MachineState.STOPPED))
+
+    async def destroy(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            paths = self._paths(machine_id)
+            await self._teardown(machine_id)
+            self._records.pop(machine_id, None)
+            await asyncio.to_thread(_remove_tree, paths.home)
+            await asyncio.to_thread(_remove_tree, paths.run)
+        self._locks.pop(machine_id, None)
+
+    async def _teardown(self, machine_id: str) -> None:
+        """End the incarnation: container, mounts, network, volatile files. Idempotent."""
+        paths = self._paths(machine_id)
+        if self.runc.state(machine_id) is not None:
+            if self.cgroups.frozen(paths.cgroup):
+                await self._kill_frozen(machine_id, paths)
+            await self.runc.delete(machine_id)
+        leftover = self.cgroups.remove(paths.cgroup)
+        if leftover:
+            log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
+        await asyncio.to_thread(_unmount_storage, paths)
+        await self.network.teardown(paths.run, machine_id)
+        for path in (paths.socket, paths.run / "config.json"):
+            path.unlink(missing_ok=True)
+        _remove_tree(paths.files)
+
+    async def _kill_frozen(self, machine_id: str, paths: MachinePaths) -> None:
+        # Killed while frozen, a process dies as it thaws without running user code.
+        await self.runc.call("kill", "--all", machine_id, "KILL", check=False)
+        self.cgroups.thaw(paths.cgroup)
+
+    async def assign(self, machine_id: str, *, hostname: str,
+                     labels: Mapping[str, str]) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            spec = record.spec
+            new = records.MachineRecord(
+                MachineSpec(machine_id=spec.machine_id, hostname=hostname, limits=spec.limits,
+                            env=spec.env, layers=spec.layers, labels=dict(labels)),
+                record.commanded)
+            state = self.runc.state(machine_id)
+            if state is not None and state.status == "running":
+                paths = self._paths(machine_id)
+                for name, text in (("hostname", hostname + "\n"), ("hosts", _hosts(hostname))):
+                    _rewrite_in_place(paths.files / name, text)
+                await _set_hostname(state.pid, hostname)
+            self._save(new)
+
+    # -- observation ----------------------------------------------------------
+    def _observe(self, machine_id: str) -> MachineState:
+        state = self.runc.state(machine_id)
+        if state is None or state.status != "running":
+            return MachineState.STOPPED
+        if self.cgroups.frozen(self._paths(machine_id).cgroup):
+            return MachineState.SUSPENDED
+        return MachineState.RUNNING
+
+    async def state(self, machine_id: str) -> MachineState:
+        try:
+            self._record(machine_id)
+        except MachineNotFound:
+            return MachineState.ABSENT
+        return self._observe(machine_id)
+
+    def agent_socket(self, machine_id: str) -> Path:
+        return self._paths(machine_id).socket
+
+    async def adopt(self) -> list[ObservedMachine]:
+        """Every machine of this data directory, as it is now; dead incarnations
+        (agent gone, mounts without a container) are cleaned up to ``stopped``."""
+        found: list[ObservedMachine] = []
+        known: set[str] = set()
+        try:
+            homes = sorted(p for p in self.layout.machines.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            homes = []
+        for home in homes:
+            record = records.read(home)
+            if record is None:
+                continue  # a create that never finished: gc removes it
+            machine_id = record.spec.machine_id
+            known.add(machine_id)
+            async with self._lock(machine_id):
+                self._records[machine_id] = record
+                observed = self._observe(machine_id)
+                if observed is MachineState.STOPPED:
+                    await self._teardown(machine_id)
+                if observed.value != record.commanded.value:
+                    self._save(record.with_state(observed))
+            found.append(ObservedMachine(machine_id=machine_id, state=observed,
+                                         labels=dict(record.spec.labels)))
+        for orphan in set(self.runc.container_ids()) - known:
+            log.warning("removing container %s, which has no machine record", orphan)
+            await self.runc.delete(orphan)
+        return found
+
+    def machine_ids(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.layout.machines.iterdir()
+                          if (p / records.RECORD).exists())
+        except FileNotFoundError:
+            return []
+
+    async def close(self) -> None:
+        self._records.clear()
+
+
+# -- helpers that serve only this module -----------------------------------------------
+
+def _mount_storage(paths: MachinePaths, lowers: list[Path], uid_base: int) -> None:
+    storage.mount_disk(paths.disk_image, paths.disk_mount)
+    upper, work = storage.prepare_upper(paths.disk_mount, uid_base)
+    storage.mount_overlay(paths.rootfs, lowers, upper, work)
+
+
+def _unmount_storage(paths: MachinePaths) -> None:
+    for target in (paths.rootfs, paths.disk_mount):
+        for attempt in range(50):
+            try:
+                if not storage.sys_umount(target):
+                    break
+            except DriverError:
+                if attempt == 49:
+                    storage.sys_umount(target, lazy=True)
+                    break
+                time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            target.rmdir()
+
+
+def _listen(path: Path) -> socket.socket:
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o660)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _hosts(hostname: str) -> str:
+    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"127.0.1.1\t{hostname}\n")
+
+
+def _rewrite_in_place(path: Path, text: str) -> None:
+    # Bind-mounted into the sandbox: the inode must stay. The file lives in a
+    # host-only directory, so its type cannot have been changed from inside.
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+async def _set_hostname(pid: int, hostname: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "nsenter", "--target", str(pid), "--uts", "--", "hostname", hostname,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        if storage.is_mounted(path) or any(m.startswith(f"{path}/")
+                                           for m in storage.mountpoints()):
+            raise DriverError(f"refusing to remove {path}: something is still mounted in it")
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(none)"
+    return " | ".join(text[-lines:]) or "(none)"
+
+
+def spec_summary(spec: MachineSpec) -> dict[str, Any]:
+    return records.spec_to_json(spec)

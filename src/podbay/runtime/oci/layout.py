@@ -1,0 +1,96 @@
+"""Where a data directory keeps what: one place that names every path.
+
+Persistent (survives reboots), under ``data_dir``::
+
+    images/<recipe>/rootfs        the shared base image (or ``runtime.image_dir``)
+    agent/<hash>/podbay/...       the staged agent
+    machines/<id>/machine.json    spec + commanded state
+    machines/<id>/disk.ext4       the writable layer's filesystem (sparse)
+
+Volatile (a reboot ends every machine), under ``run_dir`` — by default
+``/run/podbay/<hash of data_dir>``, short enough for unix socket paths::
+
+    runc/                         the OCI runtime's state (``--root``)
+    <id>/config.json, rootfs/     the bundle; rootfs is the overlay mount
+    <id>/disk/                    the ext4 mount: upper/ and work/
+    <id>/files/                   env.json, hosts, hostname, resolv.conf
+    <id>/agent.sock               the listening socket the agent serves on
+    <id>/console.log              the agent's stdout/stderr and runc's errors
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...settings import Settings
+
+
+def instance_id(data_dir: Path) -> str:
+    """Short stable name of a data directory (run dir and cgroup components)."""
+    return hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:10]
+
+
+@dataclass(frozen=True)
+class Layout:
+    data_dir: Path
+    image_dir: Path
+    run_dir: Path
+    instance: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Layout:
+        data_dir = settings.data_dir.resolve()
+        instance = instance_id(data_dir)
+        rt = settings.runtime
+        image_dir = Path(rt.image_dir) if rt.image_dir else data_dir / "images"
+        run_dir = Path(rt.run_dir) if rt.run_dir else Path("/run/podbay") / instance
+        return cls(data_dir, image_dir, run_dir, instance)
+
+    @property
+    def machines(self) -> Path:
+        return self.data_dir / "machines"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.run_dir / "runc"
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"/podbay/{self.instance}"
+
+    def machine(self, machine_id: str) -> MachinePaths:
+        return MachinePaths(self.machines / machine_id, self.run_dir / machine_id,
+                            f"{self.cgroup_parent}/{machine_id}")
+
+
+@dataclass(frozen=True)
+class MachinePaths:
+    home: Path  # persistent
+    run: Path  # volatile
+    cgroup: str
+
+    @property
+    def disk_image(self) -> Path:
+        return self.home / "disk.ext4"
+
+    @property
+    def disk_mount(self) -> Path:
+        return self.run / "disk"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.run / "rootfs"
+
+    @property
+    def files(self) -> Path:
+        return self.run / "files"
+
+    @property
+    def socket(self) -> Path:
+        return self.run / "agent.sock"
+
+    @property
+    def console(self) -> Path:
+        return self.run / "console.log"

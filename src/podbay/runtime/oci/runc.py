@@ -1,0 +1,149 @@
+"""A thin wrapper over an OCI runtime's command line (runc; crun and runsc share it).
+
+Each call is one subprocess with ``--root`` pointing at this data directory's
+own state, so two podbay installations never see each other's containers.
+``run`` spawns with :func:`os.posix_spawn` so that the agent's listening
+socket lands on fd 3 without a ``preexec_fn``, and waits on a pidfd.
+
+>>> Runc("runc", Path("/tmp/r")).argv("pause", "m1")
+['runc', '--root', '/tmp/r', 'pause', 'm1']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..base import DriverError
+
+#: The fd the container's first process finds the agent socket on.
+AGENT_FD = 3
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    status: str  # "created" | "running" | "paused" | "stopped"
+    pid: int
+
+
+class Runc:
+    def __init__(self, binary: str, root: Path) -> None:
+        self.binary = binary
+        self.root = root
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.binary, "--root", str(self.root), *args]
+
+    def available(self) -> str | None:
+        """The runtime's resolved path, or ``None`` when it is not installed."""
+        return shutil.which(self.binary)
+
+    async def call(self, *args: str, check: bool = True) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(*args), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        text = out.decode(errors="replace").strip()
+        code = proc.returncode or 0
+        if check and code != 0:
+            raise DriverError(f"{self.binary} {args[0]} {args[-1]} failed: {text}")
+        return code, text
+
+    async def run_detached(self, container_id: str, bundle: Path, agent_fd: int,
+                           log_path: Path) -> None:
+        """``runc run -d`` with ``agent_fd`` passed as fd 3; the container's own
+        stdout and stderr (and runc's errors) go to ``log_path``."""
+        argv = self.argv("run", "--detach", "--preserve-fds", "1", "--bundle", str(bundle),
+                         container_id)
+        exe = self.available()
+        if exe is None:
+            raise DriverError(f"OCI runtime {self.binary!r} not found on PATH")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pid = os.posix_spawn(exe, argv, _runtime_env(), file_actions=[  # noqa: ASYNC221
+                (os.POSIX_SPAWN_DUP2, null_fd, 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                (os.POSIX_SPAWN_DUP2, agent_fd, AGENT_FD),
+            ])
+        finally:
+            os.close(log_fd)
+            os.close(null_fd)
+        code = await wait_pid(pid)
+        if code != 0:
+            text = log_path.read_text(errors="replace")  # noqa: ASYNC240 - small, local
+            tail = text.strip().splitlines()[-3:]
+            raise DriverError(f"{self.binary} run {container_id} failed (exit {code}): "
+                              + " | ".join(tail))
+
+    def state(self, container_id: str) -> ContainerState | None:
+        """The container as runc recorded it, read from its state file (no subprocess).
+
+        ``status`` is runc's recorded view plus a liveness check of the init pid;
+        pause is reported by the cgroup freezer (see :mod:`.cgroups`)."""
+        try:
+            raw: dict[str, Any] = json.loads((self.root / container_id / "state.json").read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return ContainerState("stopped", 0)
+        pid = int(raw.get("init_process_pid") or 0)
+        start = raw.get("init_process_start")
+        return ContainerState("running" if _alive(pid, start) else "stopped", pid)
+
+    def container_ids(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    async def delete(self, container_id: str) -> None:
+        """Kill every process and forget the container; quiet when it is gone."""
+        if not (self.root / container_id).exists():
+            return
+        code, text = await self.call("delete", "--force", container_id, check=False)
+        if code != 0 and (self.root / container_id).exists():
+            raise DriverError(f"{self.binary} delete {container_id} failed: {text}")
+
+
+def _runtime_env() -> dict[str, str]:
+    # The runtime needs no secrets and gets none: a fixed, minimal environment.
+    return {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                                   "/sbin:/bin")}
+
+
+def _alive(pid: int, start: object) -> bool:
+    """True when ``pid`` is still the process runc started (same start time)."""
+    if pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":
+        return False
+    return start is None or str(fields[19]) == str(start)
+
+
+async def wait_pid(pid: int) -> int:
+    """Wait for a child without blocking the loop (pidfd), return its exit code."""
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(pid)
+    try:
+        done = loop.create_future()
+        loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+        try:
+            await done
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)  # noqa: ASYNC222 - the pidfd said it exited
+    return os.waitstatus_to_exitcode(status)

@@ -1,0 +1,176 @@
+"""A machine's disk: a sparse ext4 file, loop-mounted, holding the overlay's upper layer.
+
+The file is the hard size limit: a sandbox that fills it gets ENOSPC inside
+while the host's filesystem and other sandboxes are untouched. Stopping a
+machine unmounts it and keeps the file, so the next start finds every file
+and installed package again.
+
+Mounts are made with direct system calls (``LOOP_CONFIGURE``, ``mount(2)``)
+rather than ``mount(8)``: each subprocess would cost milliseconds of the
+create-to-ready budget. The loop device is auto-cleared on unmount.
+
+Layout under the mounted disk: ``upper/`` (sandbox root owns it) and ``work/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import struct
+from pathlib import Path
+
+from ..base import DriverError
+
+MS_NODEV = 4
+MS_NOSUID = 2
+MNT_DETACH = 2
+LOOP_CTL_GET_FREE = 0x4C82
+LOOP_CONFIGURE = 0x4C0A
+LO_FLAGS_AUTOCLEAR = 4
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def sys_mount(source: str, target: Path, fstype: str, flags: int = 0, data: str = "") -> None:
+    if _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), flags,
+                   data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise DriverError(f"mount {fstype} on {target} failed: {os.strerror(err)}")
+
+
+def sys_umount(target: Path, *, lazy: bool = False) -> bool:
+    """Unmount ``target``; ``False`` when nothing was mounted there."""
+    if _libc.umount2(os.fsencode(target), MNT_DETACH if lazy else 0) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOENT):
+            return False
+        raise DriverError(f"unmount {target} failed: {os.strerror(err)}")
+    return True
+
+
+def mountpoints() -> set[str]:
+    """Every mount point of this process's mount namespace."""
+    with open("/proc/self/mountinfo") as f:
+        return {_unescape(line.split()[4]) for line in f}
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def is_mounted(target: Path) -> bool:
+    return str(target) in mountpoints()
+
+
+async def make_disk(path: Path, size: int, uid_base: int) -> None:
+    """A sparse ``size``-byte ext4 file whose root belongs to the sandbox's root."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
+        f.truncate(size)
+    proc = await asyncio.create_subprocess_exec(
+        "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "podbay",
+        "-E", f"root_owner={uid_base}:{uid_base},lazy_itable_init=1,lazy_journal_init=1,"
+              "nodiscard",
+        str(tmp), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise DriverError(f"mkfs.ext4 failed: {out.decode(errors='replace').strip()}")
+    os.rename(tmp, path)
+
+
+def attach_loop(image: Path) -> tuple[str, int]:
+    """Bind ``image`` to a free loop device; its path and an open fd of it.
+
+    The device is auto-cleared when its last user goes, so the caller must
+    keep the fd open until the filesystem on it is mounted, then close it."""
+    backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for _ in range(32):
+                number = fcntl.ioctl(ctl, LOOP_CTL_GET_FREE)
+                device = f"/dev/loop{number}"
+                try:
+                    dev_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                configured = False
+                try:
+                    # struct loop_config { u32 fd; u32 block_size; loop_info64 info; u64 r[8]; }
+                    info = bytearray(232)
+                    struct.pack_into("=I", info, 52, LO_FLAGS_AUTOCLEAR)  # lo_flags
+                    name = os.fsencode(image)[:63]
+                    info[56:56 + len(name)] = name  # lo_file_name
+                    config = struct.pack("=II", backing, 0) + bytes(info) + bytes(64)
+                    try:
+                        fcntl.ioctl(dev_fd, LOOP_CONFIGURE, config)
+                    except OSError as e:
+                        if e.errno == errno.EBUSY:  # another process took it first
+                            continue
+                        raise
+                    configured = True
+                    return device, dev_fd
+                finally:
+                    if not configured:
+                        os.close(dev_fd)
+        finally:
+            os.close(ctl)
+    finally:
+        os.close(backing)
+    raise DriverError("no free loop device")
+
+
+def mount_disk(image: Path, target: Path) -> None:
+    """Loop-mount the machine's ext4 file at ``target`` (idempotent)."""
+    if is_mounted(target):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    device, fd = attach_loop(image)
+    try:
+        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID)
+    finally:
+        os.close(fd)  # the mount now holds the device; unmounting frees it
+
+
+def prepare_upper(disk_mount: Path, uid_base: int) -> tuple[Path, Path]:
+    """``upper/`` (owned by sandbox root) and ``work/`` on the mounted disk."""
+    upper, work = disk_mount / "upper", disk_mount / "work"
+    for path in (upper, work):
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            continue
+    os.lchown(upper, uid_base, uid_base)
+    return upper, work
+
+
+def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> None:
+    """The machine's root filesystem: ``lowers`` highest first (idempotent)."""
+    if is_mounted(target):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    options = (f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work},"
+               "index=off,metacopy=off")
+    sys_mount("overlay", target, "overlay", MS_NODEV, options)
+
+
+def loop_devices_for(paths: set[str]) -> list[str]:
+    """Loop devices whose backing file is one of ``paths`` (for gc and cleanup checks)."""
+    found = []
+    for entry in Path("/sys/block").glob("loop*"):
+        try:
+            backing = (entry / "loop" / "backing_file").read_text().strip()
+        except OSError:
+            continue
+        if backing.removesuffix(" (deleted)") in paths:
+            found.append(f"/dev/{entry.name}")
+    return found
