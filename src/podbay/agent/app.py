@@ -1,0 +1,177 @@
+"""The agent's routes: parse the request, call a service, serialize.
+
+Request bodies are decoded with the contract's codec, strictly (an unknown
+field is refused: a silently ignored option is a bug). Every refusal is
+``{"error": sentence, "code": CODE}`` with the code's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+from podbay.wire import paths
+from podbay.wire.codec import WireError, dumps, loads
+from podbay.wire.codes import ErrorCode, error_body
+from podbay.wire.data import (
+    AgentInfo,
+    ExecRequest,
+    MakeDirRequest,
+    ProcessList,
+    SignalRequest,
+    SpawnRequest,
+)
+
+from . import VERSION
+from .exec import run as run_exec
+from .files import Files, parse_digest, parse_mode
+from .http import Request, Response
+from .processes import ProcessTable
+from .reaper import Reaper
+from .refusal import Refusal
+
+#: Largest JSON request body (an argv near the kernel's limit fits).
+MAX_JSON_BODY = 8 * 1024 * 1024
+FEATURES = [paths.FEATURE_FILES]
+
+T = TypeVar("T")
+Route = Callable[[Request], Response]
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(status, dumps(obj))
+
+
+def refusal_response(code: ErrorCode, message: str) -> Response:
+    return Response(code.status, dumps(error_body(code, message)))
+
+
+def protocol_refusal(status: int, message: str) -> Response:
+    """How the HTTP layer's own faults are answered: in the contract's shape."""
+    code = ErrorCode.INTERNAL if status == 500 else ErrorCode.REQUEST_INVALID
+    return refusal_response(code, message)
+
+
+def _body(req: Request, model: type[T]) -> T:
+    return loads(model, req.body.read_all(MAX_JSON_BODY), strict=True)
+
+
+def _offset(req: Request, name: str) -> int:
+    raw = req.query.get(name, "0") or "0"
+    if not raw.isdigit() or len(raw) > 18:
+        raise Refusal(ErrorCode.REQUEST_INVALID, f"{name} must be a byte offset (0 or more)")
+    return int(raw)
+
+
+def _flag(req: Request, name: str) -> bool:
+    raw = req.query.get(name, "false").lower()
+    if raw in ("true", "1", "yes"):
+        return True
+    if raw in ("false", "0", "no", ""):
+        return False
+    raise Refusal(ErrorCode.REQUEST_INVALID, f"{name} must be true or false")
+
+
+class App:
+    """Routes data-plane calls to the exec, process and file services."""
+
+    def __init__(self, reaper: Reaper, workspace: str, declared_env: Mapping[str, str]) -> None:
+        self.reaper = reaper
+        self.workspace = workspace
+        self.declared_env = dict(declared_env)
+        self.processes = ProcessTable(reaper, workspace, self.declared_env)
+        self.files = Files(workspace)
+        self.routes: dict[str, dict[str, Route]] = {
+            paths.INFO: {"GET": self.info},
+            paths.EXEC: {"POST": self.exec},
+            paths.PROCESSES: {"GET": self.list_processes, "POST": self.spawn},
+            paths.FILES: {"GET": self.read_file, "PUT": self.write_file,
+                          "DELETE": self.delete_file},
+            paths.FILES_STAT: {"GET": self.stat_file},
+            paths.FILES_LIST: {"GET": self.list_dir},
+            paths.FILES_MKDIR: {"POST": self.mkdir},
+        }
+
+    def __call__(self, req: Request) -> Response:
+        try:
+            return self._dispatch(req)
+        except Refusal as exc:
+            return refusal_response(exc.code, exc.message)
+        except WireError as exc:
+            return refusal_response(ErrorCode.REQUEST_INVALID, f"invalid request body: {exc}")
+
+    def _dispatch(self, req: Request) -> Response:
+        methods = self.routes.get(req.path)
+        process_id = None
+        if methods is None and req.path.startswith(paths.PROCESSES + "/"):
+            rest = req.path[len(paths.PROCESSES) + 1 :]
+            raw_id, _, tail = rest.partition("/")
+            process_id = unquote(raw_id)
+            if process_id and tail == "signal":
+                methods = {"POST": self.signal}
+            elif process_id and "/" not in rest:
+                methods = {"GET": self.poll, "DELETE": self.kill}
+        if methods is None:
+            raise Refusal(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
+        handler = methods.get(req.method)
+        if handler is None:
+            allowed = ", ".join(sorted(methods))
+            resp = refusal_response(ErrorCode.METHOD_NOT_ALLOWED,
+                                    f"{req.method} is not allowed on {req.path}; use {allowed}")
+            resp.headers.append(("Allow", allowed))
+            return resp
+        req.params = {"process_id": process_id} if process_id else {}
+        return handler(req)
+
+    # -- info and exec -------------------------------------------------------
+    def info(self, req: Request) -> Response:
+        return json_response(AgentInfo(version=VERSION, features=list(FEATURES)))
+
+    def exec(self, req: Request) -> Response:
+        body = _body(req, ExecRequest)
+        return json_response(run_exec(self.reaper, self.workspace, self.declared_env, body))
+
+    # -- processes -----------------------------------------------------------
+    def spawn(self, req: Request) -> Response:
+        return json_response(self.processes.spawn(_body(req, SpawnRequest)))
+
+    def list_processes(self, req: Request) -> Response:
+        return json_response(ProcessList(processes=self.processes.list()))
+
+    def poll(self, req: Request) -> Response:
+        proc = self.processes.get(req.params["process_id"])
+        return json_response(proc.output(_offset(req, "stdout_from"), _offset(req, "stderr_from")))
+
+    def signal(self, req: Request) -> Response:
+        body = _body(req, SignalRequest)
+        self.processes.signal(req.params["process_id"], body.signal)
+        return Response(204, content_type=None)
+
+    def kill(self, req: Request) -> Response:
+        self.processes.forget(req.params["process_id"])
+        return Response(204, content_type=None)
+
+    # -- files ---------------------------------------------------------------
+    def read_file(self, req: Request) -> Response:
+        stream = self.files.open_read(req.query.get("path"))
+        return Response(200, stream, headers=[(paths.DIGEST_HEADER, stream.digest)],
+                        length=stream.length, content_type="application/octet-stream")
+
+    def write_file(self, req: Request) -> Response:
+        digest = parse_digest(req.headers.get(paths.DIGEST_HEADER.lower()))
+        mode = parse_mode(req.headers.get(paths.MODE_HEADER.lower()))
+        return json_response(self.files.write(req.query.get("path"), req.body.read, digest, mode))
+
+    def delete_file(self, req: Request) -> Response:
+        self.files.delete(req.query.get("path"), _flag(req, "recursive"))
+        return Response(204, content_type=None)
+
+    def stat_file(self, req: Request) -> Response:
+        return json_response(self.files.stat(req.query.get("path")))
+
+    def list_dir(self, req: Request) -> Response:
+        return json_response(self.files.list(req.query.get("path")))
+
+    def mkdir(self, req: Request) -> Response:
+        return json_response(self.files.mkdir(_body(req, MakeDirRequest)))

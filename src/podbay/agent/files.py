@@ -1,0 +1,295 @@
+"""Native files: streamed reads and writes checked by SHA-256, stat, list,
+delete, mkdir (the ``files`` feature).
+
+Bytes travel as they are (no base64) and never all at once: a read hashes
+the file in a first pass, sends the digest and length in the headers, then
+streams it in a second pass, re-hashing as it goes and holding back the last
+chunk until the digests agree. If the file changed between the passes the
+connection is cut rather than finishing a body that does not match its
+digest. A write streams the body into a temporary file beside the target,
+checks the writer's digest, and only then renames it into place: readers see
+the old content or the new, never a mix, and a mismatch leaves the old
+content untouched.
+
+Paths are the sandbox's own: absolute, or relative to the workspace. The
+agent is root in its sandbox and the sandbox is the boundary, so ``..`` is
+resolved by the kernel like any other component, not refused. Reads and
+writes follow symlinks (writing through a symlink replaces its target and
+keeps the link); stat, list entries and delete do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+from podbay.wire.codes import ErrorCode
+from podbay.wire.data import DirListing, FileInfo, FileType, MakeDirRequest
+
+from .http import Aborted
+from .refusal import Refusal, path_refusal
+
+CHUNK = 256 * 1024
+DEFAULT_FILE_MODE = 0o644
+DEFAULT_DIR_MODE = 0o755
+_HEX = frozenset("0123456789abcdef")
+
+
+def _file_type(mode: int) -> FileType:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def parse_digest(value: str | None) -> str:
+    """The writer's hex SHA-256, lower-cased; refused when absent or malformed."""
+    if value is None or not value.strip():
+        raise Refusal(ErrorCode.DIGEST_MISSING,
+                      "a write must carry the content's SHA-256 in X-Podbay-Sha256")
+    digest = value.strip().lower()
+    if len(digest) != 64 or not set(digest) <= _HEX:
+        raise Refusal(ErrorCode.REQUEST_INVALID, "X-Podbay-Sha256 must be 64 hex digits")
+    return digest
+
+
+def parse_mode(value: str | None) -> int | None:
+    """Octal permission bits (``0755``, ``644``); None when absent.
+
+    >>> parse_mode("0755"), parse_mode(None)
+    (493, None)
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not text or len(text) > 5 or any(c not in "01234567" for c in text):
+        raise Refusal(ErrorCode.REQUEST_INVALID, "X-Podbay-Mode must be octal bits like 0644")
+    return int(text, 8)
+
+
+def check_mode(mode: int) -> int:
+    if not 0 <= mode <= 0o7777:
+        raise Refusal(ErrorCode.REQUEST_INVALID, "mode must be permission bits (0 to 0o7777)")
+    return mode
+
+
+class FileStream:
+    """The second pass of a read: chunks of exactly ``length`` bytes whose
+    SHA-256 is ``digest``, or :class:`~podbay.agent.http.Aborted`."""
+
+    def __init__(self, fd: int, length: int, digest: str) -> None:
+        self.fd = fd
+        self.length = length
+        self.digest = digest
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            hasher = hashlib.sha256()
+            left = self.length
+            pending = b""
+            while left:
+                chunk = os.read(self.fd, min(CHUNK, left))
+                if not chunk:
+                    raise Aborted("the file shrank while it was being sent")
+                hasher.update(chunk)
+                left -= len(chunk)
+                if pending:
+                    yield pending
+                pending = chunk
+            if hasher.hexdigest() != self.digest:
+                raise Aborted("the file changed while it was being sent")
+            if pending:
+                yield pending
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+
+
+class Files:
+    """File operations on the sandbox's filesystem, relative to ``workspace``."""
+
+    def __init__(self, workspace: str) -> None:
+        self.workspace = workspace
+
+    # -- paths ---------------------------------------------------------------
+    def resolve(self, raw: str | None) -> tuple[str, str]:
+        """``(path to use, path to show)`` for a request's ``path``."""
+        if raw is None or raw == "":
+            raise Refusal(ErrorCode.PATH_INVALID, "path is required and must not be empty")
+        if "\0" in raw:
+            raise Refusal(ErrorCode.PATH_INVALID, "path must not contain NUL characters")
+        path = os.path.join(self.workspace, raw)
+        return path, os.path.normpath(path)
+
+    def info(self, path: str, shown: str, *, follow: bool = False) -> FileInfo:
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        return _info(st, shown)
+
+    # -- operations ----------------------------------------------------------
+    def stat(self, raw: str | None) -> FileInfo:
+        path, shown = self.resolve(raw)
+        return self.info(path, shown)
+
+    def list(self, raw: str | None) -> DirListing:
+        path, shown = self.resolve(raw)
+        entries = []
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed while listing
+                    entries.append(_info(st, os.path.join(shown, entry.name)))
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        entries.sort(key=lambda e: e.name)
+        return DirListing(path=shown, entries=entries)
+
+    def open_read(self, raw: str | None) -> FileStream:
+        """Hash the file (first pass) and return the stream for the second."""
+        path, shown = self.resolve(raw)
+        try:
+            # O_NONBLOCK: opening a FIFO must not hang; it is refused below.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise Refusal(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise Refusal(ErrorCode.PATH_INVALID, f"{shown} is not a regular file")
+            os.set_blocking(fd, True)
+            hasher = hashlib.sha256()
+            length = 0
+            while chunk := os.read(fd, CHUNK):
+                hasher.update(chunk)
+                length += len(chunk)
+        except OSError as exc:
+            os.close(fd)
+            raise path_refusal(exc, shown) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return FileStream(fd, length, hasher.hexdigest())
+
+    def write(self, raw: str | None, read: Callable[[int], bytes], digest: str,
+              mode: int | None) -> FileInfo:
+        """Stream ``read`` into place atomically once its SHA-256 is ``digest``."""
+        path, shown = self.resolve(raw)
+        if path.endswith("/"):
+            raise Refusal(ErrorCode.PATH_INVALID, f"{shown}: a file path cannot end with '/'")
+        # Writing through a symlink replaces its target and keeps the link.
+        target = os.path.realpath(path) if os.path.islink(path) else path
+        try:
+            old: os.stat_result | None = os.stat(target)
+        except FileNotFoundError:
+            old = None
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise Refusal(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
+        parent, name = os.path.split(target)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except FileExistsError:
+            raise Refusal(ErrorCode.PATH_NOT_DIRECTORY,
+                          f"{shown}: a parent is not a directory") from None
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        temp = os.path.join(parent, f".{name}.podbay-{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        try:
+            hasher = hashlib.sha256()
+            while chunk := read(CHUNK):
+                hasher.update(chunk)
+                _write_all(fd, chunk)
+            if hasher.hexdigest() != digest:
+                raise Refusal(ErrorCode.DIGEST_MISMATCH,
+                              f"{shown}: the content's SHA-256 is {hasher.hexdigest()}, "
+                              f"not {digest}; nothing was written")
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    os.fchown(fd, old.st_uid, old.st_gid)
+            keep = stat.S_IMODE(old.st_mode) if old is not None else DEFAULT_FILE_MODE
+            os.fchmod(fd, mode if mode is not None else keep)
+            os.close(fd)
+            fd = -1
+            os.rename(temp, target)
+        except BaseException as exc:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            if isinstance(exc, OSError):
+                raise path_refusal(exc, shown) from None
+            raise
+        return self.info(path, shown, follow=True)
+
+    def delete(self, raw: str | None, recursive: bool) -> None:
+        path, shown = self.resolve(raw)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(path)
+            elif recursive:
+                import shutil  # only here: deleting trees is rare
+
+                shutil.rmtree(path)
+            else:
+                os.rmdir(path)
+        except OSError as exc:
+            if exc.errno == 17:  # EEXIST: some filesystems say this for a non-empty rmdir
+                raise Refusal(ErrorCode.DIRECTORY_NOT_EMPTY,
+                              f"{shown}: directory not empty") from None
+            raise path_refusal(exc, shown) from None
+
+    def mkdir(self, req: MakeDirRequest) -> FileInfo:
+        path, shown = self.resolve(req.path)
+        mode = check_mode(req.mode) if req.mode is not None else DEFAULT_DIR_MODE
+        try:
+            if req.parents:
+                os.makedirs(path, mode=mode, exist_ok=True)
+            else:
+                os.mkdir(path, mode)
+            if req.mode is not None:
+                os.chmod(path, mode)  # exact bits, whatever the umask
+        except FileExistsError:
+            raise Refusal(ErrorCode.PATH_EXISTS, f"{shown} already exists") from None
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        return self.info(path, shown, follow=True)
+
+
+def _info(st: os.stat_result, shown: str) -> FileInfo:
+    return FileInfo(
+        name=os.path.basename(shown) or shown, path=shown, type=_file_type(st.st_mode),
+        size=st.st_size, mode=stat.S_IMODE(st.st_mode),
+        mtime=datetime.fromtimestamp(st.st_mtime, UTC),
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -1,0 +1,106 @@
+"""Start one command: argv only, clean environment, its own process group.
+
+Every command becomes the leader of a new session (and so of a new process
+group), so a deadline, a signal or a kill reaches everything it started (a
+shell's background grandchild too) with one ``killpg``. stdin is
+``/dev/null``; stdout and stderr are pipes the caller drains.
+
+A command that cannot be started at all (no such file, not executable,
+argument list too long, no such ``cwd``) is refused with
+``COMMAND_START_FAILED`` and the OS's reason: nothing ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from podbay.wire.codes import ErrorCode
+
+from .reaper import Reaper
+from .refusal import Refusal
+
+
+class Child:
+    """A started command. The reaper fills in ``code`` when it exits."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        # Kept until reaped, with its returncode set by us, so that neither
+        # Popen.__del__ nor subprocess._cleanup ever waits for it.
+        self.popen = popen
+        self.pid = popen.pid
+        self.code: int | None = None
+        self.exited_mono: float | None = None
+        self.exited = threading.Event()
+        self.on_exit: Callable[[Child], None] | None = None
+
+    def _reaped(self, code: int) -> None:
+        self.code = code
+        self.popen.returncode = code
+        self.exited_mono = time.monotonic()
+        self.exited.set()
+        if self.on_exit is not None:
+            self.on_exit(self)
+
+    def kill_group(self, signum: int = signal.SIGKILL) -> None:
+        """Send ``signum`` to the command's whole process group, if any is left."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signum)
+
+    def stdout_fd(self) -> int:
+        assert self.popen.stdout is not None
+        return self.popen.stdout.fileno()
+
+    def stderr_fd(self) -> int:
+        assert self.popen.stderr is not None
+        return self.popen.stderr.fileno()
+
+    def close_pipes(self) -> None:
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def check_command(argv: list[str], cwd: str | None) -> None:
+    """Refuse what cannot be an argv (empty, NUL characters) before forking."""
+    if not argv:
+        raise Refusal(ErrorCode.REQUEST_INVALID, "command must name at least the program")
+    if not argv[0]:
+        raise Refusal(ErrorCode.REQUEST_INVALID, "command[0] must not be empty")
+    if any("\0" in arg for arg in argv):
+        raise Refusal(ErrorCode.REQUEST_INVALID, "command must not contain NUL characters")
+    if cwd is not None and "\0" in cwd:
+        raise Refusal(ErrorCode.REQUEST_INVALID, "cwd must not contain NUL characters")
+
+
+def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
+           on_exit: Callable[[Child], None] | None = None) -> Child:
+    """Start ``argv`` in ``cwd`` with exactly ``env``; refuse when nothing ran."""
+    with reaper.lock:
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+                close_fds=True, bufsize=0,
+            )
+        except OSError as exc:
+            raise _start_failed(exc, argv, cwd) from None
+        except ValueError as exc:  # e.g. an environment the OS cannot take
+            raise Refusal(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
+        child = Child(popen)
+        child.on_exit = on_exit
+        reaper.register(popen.pid, child._reaped)
+    return child
+
+
+def _start_failed(exc: OSError, argv: list[str], cwd: str) -> Refusal:
+    reason = exc.strerror or str(exc)
+    if exc.filename == cwd and argv[0] != cwd:
+        return Refusal(ErrorCode.COMMAND_START_FAILED, f"cannot use cwd {cwd!r}: {reason}")
+    return Refusal(ErrorCode.COMMAND_START_FAILED, f"cannot start {argv[0]!r}: {reason}")

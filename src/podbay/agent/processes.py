@@ -1,0 +1,222 @@
+"""Spawned processes: start, poll output by offset, list, signal, forget.
+
+Each process has a pump thread that drains its two pipes into two
+:class:`~podbay.agent.ring.Ring` buffers (the newest 1 MiB per stream), always,
+whether anyone polls or not: a slow reader never blocks a process. Polls read
+the rings under the process's lock.
+
+A process counts as ``exited`` once the reaper has its status and its pipes
+are closed, or a short grace period after its exit if a background grandchild
+still holds them; so a reader that stops at ``exited`` has seen all the
+process wrote. The pump keeps collecting what such a grandchild writes until
+the pipes close.
+
+At most :data:`~podbay.wire.limits.MAX_PROCESSES` are tracked (running, or
+exited and not yet forgotten); an exited one keeps its exit code and times
+until ``DELETE`` forgets it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+
+from podbay.wire import limits
+from podbay.wire.codes import ErrorCode
+from podbay.wire.data import ProcessOutput, ProcessStatus, SpawnRequest
+
+from .environment import check_env, command_env
+from .exec import resolve_cwd
+from .launch import Child, check_command, launch
+from .reaper import Reaper
+from .refusal import Refusal
+from .ring import Ring
+
+READ_SIZE = 64 * 1024
+#: After the process exits, how long a poll waits for its pipes to close.
+EXIT_GRACE_SECONDS = 0.1
+
+SIGNALS: dict[str, int] = {name: getattr(signal, f"SIG{name}") for name in limits.SIGNAL_NAMES}
+
+
+class Process:
+    """One spawned command, its output and its fate."""
+
+    def __init__(self, process_id: str, argv: list[str]) -> None:
+        self.id = process_id
+        self.argv = argv
+        self.started_at = datetime.now(UTC)
+        self.started_mono = time.monotonic()
+        self.stdout = Ring(limits.PROCESS_OUTPUT_RETAINED)
+        self.stderr = Ring(limits.PROCESS_OUTPUT_RETAINED)
+        self.cond = threading.Condition()
+        self.open_streams = 2
+        self.forgotten = False
+        self.child: Child | None = None
+
+    def _exit_known(self) -> bool:
+        return self.child is not None and self.child.code is not None
+
+    def _settle(self) -> bool:
+        """True when the process counts as exited. Waits (briefly) for its
+        pipes after the exit so the last output is not reported after it."""
+        child = self.child
+        if child is None or child.code is None or child.exited_mono is None:
+            return False
+        if self.open_streams:
+            remaining = child.exited_mono + EXIT_GRACE_SECONDS - time.monotonic()
+            if remaining > 0:
+                self.cond.wait_for(lambda: self.open_streams == 0, remaining)
+        return True
+
+    def status(self) -> ProcessStatus:
+        with self.cond:
+            exited = self._settle()
+            return ProcessStatus(**self._status_fields(exited))
+
+    def output(self, stdout_from: int, stderr_from: int) -> ProcessOutput:
+        with self.cond:
+            exited = self._settle()
+            out, out_next, out_dropped = self.stdout.read_from(stdout_from, closed=exited)
+            err, err_next, err_dropped = self.stderr.read_from(stderr_from, closed=exited)
+            return ProcessOutput(
+                **self._status_fields(exited),
+                stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                stdout_next=out_next, stderr_next=err_next,
+                stdout_dropped=out_dropped, stderr_dropped=err_dropped,
+            )
+
+    def _status_fields(self, exited: bool) -> dict[str, object]:
+        fields: dict[str, object] = {
+            "process_id": self.id, "command": self.argv,
+            "state": "exited" if exited else "running", "started_at": self.started_at,
+        }
+        child = self.child
+        if exited and child is not None and child.exited_mono is not None:
+            fields["exit_code"] = child.code
+            elapsed = timedelta(seconds=child.exited_mono - self.started_mono)
+            fields["exited_at"] = self.started_at + elapsed
+        return fields
+
+    def pump(self) -> None:
+        """Drain both pipes into the rings until they close (the pump thread)."""
+        child = self.child
+        assert child is not None
+        rings = {child.stdout_fd(): self.stdout, child.stderr_fd(): self.stderr}
+        poller = select.poll()
+        for fd in rings:
+            poller.register(fd, select.POLLIN)
+        try:
+            while rings:
+                for fd, _ in poller.poll():
+                    data = os.read(fd, READ_SIZE)
+                    with self.cond:
+                        if data:
+                            if not self.forgotten:
+                                rings[fd].write(data)
+                            continue
+                        poller.unregister(fd)
+                        del rings[fd]
+                        self.open_streams -= 1
+                        self.cond.notify_all()
+        finally:
+            child.close_pipes()
+            with self.cond:
+                self.open_streams = 0
+                self.cond.notify_all()
+
+
+class ProcessTable:
+    """Every tracked process of this sandbox, by id."""
+
+    def __init__(self, reaper: Reaper, workspace: str, declared_env: Mapping[str, str]) -> None:
+        self._reaper = reaper
+        self._workspace = workspace
+        self._declared_env = declared_env
+        self._lock = threading.Lock()
+        self._procs: dict[str, Process] = {}
+
+    def spawn(self, req: SpawnRequest) -> ProcessStatus:
+        check_command(req.command, req.cwd)
+        if req.env and (problem := check_env(req.env, "env")):
+            raise Refusal(ErrorCode.REQUEST_INVALID, problem)
+        env = command_env(self._declared_env, req.env)
+        cwd = resolve_cwd(self._workspace, req.cwd)
+        with self._lock:
+            if len(self._procs) >= limits.MAX_PROCESSES:
+                raise Refusal(ErrorCode.PROCESS_LIMIT_REACHED,
+                              f"{limits.MAX_PROCESSES} processes are tracked already; "
+                              "kill (forget) one first")
+            proc = Process(_new_id(self._procs), list(req.command))
+            proc.child = launch(self._reaper, req.command, cwd, env, on_exit=self._on_exit(proc))
+            self._procs[proc.id] = proc
+        threading.Thread(target=proc.pump, name=f"pump-{proc.id}", daemon=True).start()
+        return proc.status()
+
+    @staticmethod
+    def _on_exit(proc: Process) -> Callable[[Child], None]:
+        def notify(_: Child) -> None:
+            with proc.cond:
+                proc.cond.notify_all()
+
+        return notify
+
+    def get(self, process_id: str) -> Process:
+        with self._lock:
+            proc = self._procs.get(process_id)
+        if proc is None:
+            raise Refusal(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
+        return proc
+
+    def list(self) -> list[ProcessStatus]:
+        with self._lock:
+            procs = list(self._procs.values())
+        return [p.status() for p in procs]
+
+    def signal(self, process_id: str, name: str) -> None:
+        """Send ``name`` to the process's group. An exited process's group is
+        left alone: its id may already belong to someone else."""
+        signum = SIGNALS.get(name)
+        if signum is None:
+            allowed = ", ".join(limits.SIGNAL_NAMES)
+            raise Refusal(ErrorCode.SIGNAL_INVALID,
+                          f"unknown signal {name!r}; use one of {allowed}")
+        proc = self.get(process_id)
+        child = proc.child
+        if child is not None and child.code is None:
+            child.kill_group(signum)
+
+    def forget(self, process_id: str) -> None:
+        """Kill the process's group if it is still running, then forget it."""
+        with self._lock:
+            proc = self._procs.pop(process_id, None)
+        if proc is None:
+            raise Refusal(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
+        child = proc.child
+        if child is not None and child.code is None:
+            child.kill_group(signal.SIGKILL)
+        with proc.cond:
+            proc.forgotten = True
+            # Free the output now; a pump still running discards what comes.
+            proc.stdout = Ring(limits.PROCESS_OUTPUT_RETAINED)
+            proc.stderr = Ring(limits.PROCESS_OUTPUT_RETAINED)
+
+    def kill_all(self) -> None:
+        """Shutdown: kill every running process group."""
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            if proc.child is not None and proc.child.code is None:
+                proc.child.kill_group(signal.SIGKILL)
+
+
+def _new_id(taken: Mapping[str, Process]) -> str:
+    while True:
+        candidate = os.urandom(5).hex()
+        if candidate not in taken:
+            return candidate
