@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import posixpath
+import tarfile
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
@@ -99,8 +101,8 @@ def cleanup_command(path: str) -> list[str]:
 
 def check_write(result: ExecResult, path: str) -> None:
     if result.exit_code != 0:
-        status, code = (404, "PATH_NOT_FOUND") if "No such file" in result.stderr else (
-            409, "PATH_ACCESS_DENIED")
+        missing = "No such file" in result.stderr or "nonexistent" in result.stderr
+        status, code = (404, "PATH_NOT_FOUND") if missing else (409, "PATH_ACCESS_DENIED")
         raise SandboxRequestError(status, f"cannot write {path}: {_reason(result)}", code)
 
 
@@ -163,6 +165,33 @@ def grep_result(result: ExecResult, pattern: str, path: str) -> list[GrepMatch]:
 
 def remote_temp(kind: str) -> str:
     return f"/tmp/.podbay-{kind}-{uuid.uuid4().hex}.tar"
+
+
+def safe_extract(tar: tarfile.TarFile, destination: str) -> None:
+    """Unpack an archive that came from a sandbox without letting it escape.
+
+    Python's ``data`` filter where available (3.11.4+); otherwise the same
+    rules by hand: regular files, directories and in-tree links only.
+    """
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(destination, filter="data")
+        return
+    root = os.path.realpath(destination)
+    members = tar.getmembers()
+    for member in members:
+        target = os.path.realpath(os.path.join(root, member.name))
+        if os.path.commonpath([root, target]) != root or os.path.isabs(member.name):
+            raise tarfile.TarError(f"archive member escapes the destination: {member.name}")
+        if member.issym() or member.islnk():
+            link = os.path.join(os.path.dirname(target), member.linkname) if member.issym() \
+                else os.path.join(root, member.linkname)
+            if os.path.commonpath([root, os.path.realpath(link)]) != root:
+                raise tarfile.TarError(f"archive link escapes the destination: {member.name}")
+        elif not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"archive member is not a file or directory: {member.name}")
+        member.mode &= 0o755
+        member.uid = member.gid = os.getuid()
+    tar.extractall(root, members=members)  # noqa: S202 - every member checked above
 
 
 def is_dir_command(path: str) -> list[str]:

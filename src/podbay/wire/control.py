@@ -38,7 +38,8 @@ class SandboxHandle(SandboxRecord):
     """A running sandbox and how to reach it (attach's 200)."""
 
     endpoint: str
-    headers: dict[str, str]
+    #: Opaque credentials: kept out of ``repr`` so they do not end up in logs.
+    headers: dict[str, str] = field(repr=False)
     expires_at: datetime
     start: StartKind | None = None
 

@@ -470,7 +470,7 @@ class AsyncSandboxClient:
                 await self._get(name, remote_archive, archive, progress)
                 os.makedirs(local, exist_ok=True)
                 with tarfile.open(archive) as tar:
-                    tar.extractall(local, filter="data")
+                    _files.safe_extract(tar, local)
         finally:
             with contextlib.suppress(PodbayError):
                 await self.exec(name, _files.remove_command(remote_archive))
