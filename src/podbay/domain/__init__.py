@@ -1,1 +1,17 @@
-"""podbay.domain"""
+"""Records and state machines of the control plane: dataclasses, no I/O.
+
+Separate from :mod:`podbay.wire` (what travels) on purpose: a record carries
+facts the wire never shows (machine id, incarnation, deployment id).
+"""
+
+from .deployment import Deployment
+from .sandbox import TRANSITIONS, Sandbox, SandboxState, StartKind, can_transition
+
+__all__ = [
+    "TRANSITIONS",
+    "Deployment",
+    "Sandbox",
+    "SandboxState",
+    "StartKind",
+    "can_transition",
+]

@@ -1,0 +1,182 @@
+"""``podbay deployment``: register deployments and issue identity tokens.
+
+Works on the data directory's store directly, so it works while ``podbay
+serve`` runs. ``create`` and ``token`` print the token alone on stdout's
+last line::
+
+    export ASTRO_AUTHZ_TOKEN=$(podbay deployment create my-agent --spec astropods.yml)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from podbay.cli.output import Output, fail
+
+T = TypeVar("T")
+
+data_dir_option = click.option(
+    "--data-dir", type=click.Path(path_type=Path), default=None,
+    help="The server's data directory (default /var/lib/podbay as root).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def _run(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Open the store and key ring, build the service, run ``work(service)``."""
+    from podbay.cli.commands.serve import section_validator
+    from podbay.control.keys import KeyRing
+    from podbay.control.services.deployments import (
+        PUBLIC_URL_KEY,
+        DeploymentError,
+        DeploymentService,
+    )
+    from podbay.settings import Settings
+    from podbay.store.sqlite import SqliteStore
+
+    settings = Settings.load(data_dir=data_dir)
+
+    async def main() -> T:
+        store = SqliteStore.open(settings.data_dir / "podbay.db")
+        try:
+            issuer = await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
+            service = DeploymentService(
+                store, KeyRing.open(settings.data_dir / "keys"), issuer=issuer,
+                identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
+                validate_section=section_validator())
+            return await work(service)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(main())
+    except DeploymentError as exc:
+        fail(str(exc))
+
+
+def _read_spec(spec: str | None) -> str:
+    if spec is None:
+        return ""
+    if spec == "-":
+        return sys.stdin.read()
+    try:
+        return Path(spec).read_text()
+    except OSError as exc:
+        fail(f"cannot read {spec}: {exc.strerror}")
+
+
+def _row(d: Any) -> dict[str, Any]:
+    return {"name": d.name, "id": d.id, "account": d.account,
+            "sandbox": d.declares_sandbox, "created_at": d.created_at}
+
+
+@click.group()
+def command() -> None:
+    """Register deployments and issue their identity tokens."""
+
+
+@command.command()
+@click.argument("name")
+@click.option("--spec", default=None, metavar="FILE|-", help="The deployment's astropods.yml.")
+@click.option("--account", default="default", help="Account the deployment counts against.")
+@data_dir_option
+@json_option
+def create(name: str, spec: str | None, account: str, data_dir: Path | None,
+           as_json: bool) -> None:
+    """Register NAME; print its identity token (last line of stdout)."""
+    text = _read_spec(spec)
+    deployment, token = _run(data_dir, lambda s: s.create(name, text, account))
+    out = Output(as_json=as_json)
+    if as_json:
+        out.value({**_row(deployment), "token": token})
+        return
+    if not deployment.declares_sandbox:
+        out.info(f"podbay: note: {name} declares no sandbox section; attach will answer 409")
+    out.line(token)
+
+
+@command.command()
+@click.argument("name")
+@click.option("--spec", required=True, metavar="FILE|-", help="The new astropods.yml.")
+@data_dir_option
+@json_option
+def update(name: str, spec: str, data_dir: Path | None, as_json: bool) -> None:
+    """Replace NAME's astropods.yml; new sandboxes use it."""
+    text = _read_spec(spec)
+    deployment = _run(data_dir, lambda s: s.update(name, text))
+    Output(as_json=as_json).value(_row(deployment), f"updated {name}")
+
+
+@command.command()
+@click.argument("name")
+@data_dir_option
+def token(name: str, data_dir: Path | None) -> None:
+    """Issue another identity token for NAME."""
+    Output().line(_run(data_dir, lambda s: s.token(name)))
+
+
+@command.command("list")
+@data_dir_option
+@json_option
+def list_(data_dir: Path | None, as_json: bool) -> None:
+    """Every registered deployment."""
+    deployments = _run(data_dir, lambda s: s.list())
+    rows = [_row(d) for d in deployments]
+    Output(as_json=as_json).table(
+        [(r["name"], r["account"], "yes" if r["sandbox"] else "no", r["id"]) for r in rows],
+        ["NAME", "ACCOUNT", "SANDBOX", "ID"], data=rows)
+
+
+@command.command()
+@click.argument("name")
+@data_dir_option
+def delete(name: str, data_dir: Path | None) -> None:
+    """Delete NAME: its tokens stop working, its sandboxes are destroyed."""
+    _run(data_dir, lambda s: s.delete(name))
+    Output().info(f"deleted {name}; a running server destroys its sandboxes on its next pass")
+
+
+@command.group()
+def keys() -> None:
+    """Signing keys of identity tokens and credentials."""
+
+
+def _keyring(data_dir: Path | None):  # type: ignore[no-untyped-def]
+    from podbay.control.keys import KeyRing
+    from podbay.settings import Settings
+
+    return KeyRing.open(Settings.load(data_dir=data_dir).data_dir / "keys")
+
+
+@keys.command("list")
+@data_dir_option
+def keys_list(data_dir: Path | None) -> None:
+    ring = _keyring(data_dir)
+    active = ring.active().kid
+    Output().table([(kid, "active" if kid == active else "") for kid in ring.kids()],
+                   ["KID", ""])
+
+
+@keys.command("rotate")
+@data_dir_option
+def keys_rotate(data_dir: Path | None) -> None:
+    """A new signing key; tokens signed by older keys keep verifying."""
+    Output().line(_keyring(data_dir).rotate())
+
+
+@keys.command("remove")
+@click.argument("kid")
+@data_dir_option
+def keys_remove(kid: str, data_dir: Path | None) -> None:
+    """Remove a key: tokens it signed stop verifying (within a second)."""
+    from podbay.control.keys import KeyError_
+
+    try:
+        _keyring(data_dir).remove(kid)
+    except KeyError_ as exc:
+        fail(str(exc))

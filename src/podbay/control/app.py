@@ -1,0 +1,182 @@
+"""Compose the platform: ``create_app(settings, store, drivers)``.
+
+One ASGI app serves the control plane (``/api/v1``, ``/healthz``,
+``/metrics``) and the gateway (``/sandbox/<id>/...``). Nothing is built at
+import; everything here is built by the caller (``podbay serve``, a test).
+
+Start-up runs in the background so ``/healthz`` can answer 503 meanwhile:
+driver ``prepare()`` (base image), then reconcile the store with what the
+driver adopts, then the warm pool fills and the lifecycle loop starts.
+Shutdown leaves sandboxes running; the next start adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.applications import Starlette
+
+from podbay.gateway.activity import ActivityTracker
+from podbay.gateway.app import PREFIX as GATEWAY_PREFIX
+from podbay.gateway.app import Gateway
+from podbay.gateway.credentials import CredentialVerifier, mint_credential
+from podbay.gateway.routes import RouteTable
+from podbay.runtime.base import Driver, Limits
+from podbay.settings import Settings
+from podbay.store.base import Store
+
+from . import errors
+from .keys import KeyRing
+from .logs import RequestIdMiddleware
+from .metrics import Metrics
+from .routes import health, sandboxes
+from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
+from .services.environment import EnvironmentService, PlainEnvironment, Prepared
+from .services.lifecycle import Lifecycle
+from .services.locks import NameLocks
+from .services.pool import WarmPool
+from .services.sandboxes import SandboxService
+from .services.transitions import Transitions
+
+log = logging.getLogger("podbay.serve")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Platform:
+    """Everything one ``podbay serve`` holds, and the ASGI entry point."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        drivers: Mapping[str, Driver],
+        *,
+        keys: KeyRing | None = None,
+        environment: EnvironmentService | None = None,
+        validate_section: SectionValidator | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.base_url = settings.server.base_url()
+        self.keys = keys or KeyRing.open(settings.data_dir / "keys")
+        self.metrics = Metrics()
+        self.driver = drivers.get(settings.runtime.driver)
+        self.activity = ActivityTracker(clock)
+        self.routes = RouteTable()
+        self.locks = NameLocks()
+        self.environment = environment or PlainEnvironment()
+        self.ready = False
+        self.startup_error: str | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        rt = settings.runtime
+        self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
+                             disk_bytes=rt.disk_bytes)
+        self.transitions: Transitions | None = None
+        self.pool: WarmPool | None = None
+        self.lifecycle: Lifecycle | None = None
+        if self.driver is not None:
+            self.transitions = Transitions(
+                store, self.driver, self.routes, self.metrics, clock,
+                timedelta(seconds=settings.lifecycle.max_age_seconds))
+            if rt.warm_pool > 0:
+                self.pool = WarmPool(self.driver, self.limits, rt.warm_pool,
+                                     on_change=self.metrics.warm_pool.set)
+            self.lifecycle = Lifecycle(store=store, transitions=self.transitions,
+                                       activity=self.activity, locks=self.locks,
+                                       settings=settings.lifecycle, clock=clock)
+        self.deployments = DeploymentService(
+            store, self.keys, issuer=self.base_url,
+            identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
+            validate_section=validate_section, clock=clock)
+        ttl = settings.credentials.ttl_seconds
+        self.sandboxes = SandboxService(
+            settings=settings, store=store, driver=self.driver, transitions=self.transitions,
+            environment=self.environment, activity=self.activity, locks=self.locks,
+            pool=self.pool, clock=clock,
+            mint=lambda sid, inc: mint_credential(self.keys, sandbox_id=sid, incarnation=inc,
+                                                  ttl_seconds=ttl),
+        )
+        self.gateway = Gateway(CredentialVerifier(self.keys), self.routes, self.activity,
+                               observe=self._observe_gateway)
+        self.control = Starlette(
+            routes=[*health.routes, *sandboxes.routes],
+            exception_handlers=errors.handlers,  # type: ignore[arg-type]
+            lifespan=self._lifespan,
+        )
+        self.control.state.platform = self
+        self._control = RequestIdMiddleware(self.control)
+
+    def _observe_gateway(self, kind: str, status: int, seconds: float) -> None:
+        if kind == "refused":
+            return
+        self.metrics.observe_gateway(kind, status, seconds)
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
+            await self.gateway(scope, receive, send)
+        else:
+            await self._control(scope, receive, send)
+
+    # -- readiness -----------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return {"ready": self.ready, "driver": self.driver.name if self.driver else None,
+                "error": self.startup_error}
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.store.set_meta(PUBLIC_URL_KEY, self.base_url)
+        self.sandboxes.ready = False
+        if self.driver is not None:
+            self._tasks.append(asyncio.create_task(self._start_runtime()))
+        try:
+            yield
+        finally:
+            await self.shutdown()
+
+    async def _start_runtime(self) -> None:
+        assert self.driver is not None and self.lifecycle is not None
+        try:
+            await self.driver.prepare()
+            await self.lifecycle.reconcile(await self.driver.adopt())
+        except Exception as exc:
+            log.exception("the runtime could not start")
+            self.startup_error = str(exc)
+            return
+        if self.pool is not None:
+            self.pool.refill(Prepared())
+            await self.pool.wait_filled()
+        self.ready = self.sandboxes.ready = True
+        log.info("ready: sandboxes can be created", extra={"driver": self.driver.name})
+        self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
+
+    async def shutdown(self) -> None:
+        """Stop background work; sandboxes keep running."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.lifecycle is not None:
+            with contextlib.suppress(Exception):
+                await self.lifecycle.flush_activity()
+        if self.pool is not None:
+            await self.pool.close(destroy=True)
+        await self.routes.close()
+        if self.driver is not None:
+            with contextlib.suppress(Exception):
+                await self.driver.close()
+
+
+def create_app(settings: Settings, store: Store, drivers: Mapping[str, Driver],
+               **options: Any) -> Platform:
+    """The whole platform as one ASGI app. ``options``: ``keys``, ``environment``,
+    ``validate_section``, ``clock`` (see :class:`Platform`)."""
+    return Platform(settings, store, drivers, **options)

@@ -1,0 +1,83 @@
+"""``/api/v1/sandboxes``: the control-plane API of DESIGN.md."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from podbay.domain import Deployment
+from podbay.errors import ApiError
+from podbay.wire.codec import WireError, dumps, loads
+from podbay.wire.codes import ErrorCode
+from podbay.wire.control import AttachRequest, Preparing, SandboxList
+from podbay.wire.paths import SANDBOXES
+
+from .. import views
+from ..services.environment import Preparing as PreparingResult
+from ..tokens import bearer
+
+JSON = "application/json"
+
+
+def _json(model: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(model), status_code=status, media_type=JSON, headers=headers)
+
+
+async def _deployment(request: Request) -> Deployment:
+    platform = request.app.state.platform
+    return await platform.deployments.authenticate(bearer(request.headers.get("authorization")))
+
+
+async def attach(request: Request) -> Response:
+    started = time.perf_counter()
+    platform = request.app.state.platform
+    deployment = await _deployment(request)
+    raw = await request.body()
+    try:
+        body = loads(AttachRequest, raw) if raw.strip() else AttachRequest()
+    except WireError as exc:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
+    result = await platform.sandboxes.attach(deployment, request.path_params["name"],
+                                             body.class_)
+    if isinstance(result, PreparingResult):
+        return _json(Preparing(name=request.path_params["name"]), 202,
+                     {"Retry-After": str(result.retry_after_seconds)})
+    platform.metrics.attach.labels(result.start).observe(time.perf_counter() - started)
+    return _json(views.handle(result, platform.base_url))
+
+
+async def get_one(request: Request) -> Response:
+    platform = request.app.state.platform
+    sandbox = await platform.sandboxes.get(await _deployment(request),
+                                           request.path_params["name"])
+    return _json(views.record(sandbox))
+
+
+async def list_all(request: Request) -> Response:
+    platform = request.app.state.platform
+    sandboxes = await platform.sandboxes.list(await _deployment(request))
+    return _json(SandboxList(sandboxes=[views.record(s) for s in sandboxes]))
+
+
+async def stop(request: Request) -> Response:
+    platform = request.app.state.platform
+    await platform.sandboxes.stop(await _deployment(request), request.path_params["name"])
+    return Response(status_code=204)
+
+
+async def delete(request: Request) -> Response:
+    platform = request.app.state.platform
+    await platform.sandboxes.delete(await _deployment(request), request.path_params["name"])
+    return Response(status_code=204)
+
+
+routes = [
+    Route(SANDBOXES, list_all, methods=["GET"]),
+    Route(SANDBOXES + "/{name}", attach, methods=["PUT"]),
+    Route(SANDBOXES + "/{name}", get_one, methods=["GET"]),
+    Route(SANDBOXES + "/{name}", delete, methods=["DELETE"]),
+    Route(SANDBOXES + "/{name}/stop", stop, methods=["POST"]),
+]

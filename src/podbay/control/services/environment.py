@@ -1,0 +1,55 @@
+"""The seam between sandboxes and declared environments (issue 6).
+
+The sandbox service asks an :class:`EnvironmentService` two things:
+
+* :meth:`~EnvironmentService.prepare` before a *fresh* machine is made:
+  the layers and env it needs (:class:`Prepared`), or "still building, come
+  back" (:class:`Preparing` → the attach answers 202 + ``Retry-After``), or
+  it raises ``ApiError(SANDBOX_PREPARE_FAILED, ...)``.
+* :meth:`~EnvironmentService.apply` once that fresh machine runs: setup
+  commands in ``/workspace``; raises ``ApiError(SANDBOX_APPLY_FAILED, ...)``,
+  after which the sandbox service destroys the machine and drops the row.
+
+:class:`PlainEnvironment` is the environment of a section without packages:
+nothing to build, nothing to apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from podbay.domain import Deployment
+from podbay.runtime.base import Driver
+
+
+@dataclass(frozen=True)
+class Prepared:
+    #: Identifies the built environment (layer hash); ``""`` for the plain base.
+    #: Machines in the warm pool are kept per key.
+    key: str = ""
+    layers: tuple[Path, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preparing:
+    retry_after_seconds: int
+
+
+class EnvironmentService(Protocol):
+    async def prepare(self, deployment: Deployment) -> Prepared | Preparing: ...
+
+    async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None: ...
+
+
+class PlainEnvironment:
+    """Every deployment gets the base image as is."""
+
+    async def prepare(self, deployment: Deployment) -> Prepared | Preparing:
+        return Prepared()
+
+    async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:
+        return None

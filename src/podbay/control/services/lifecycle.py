@@ -1,0 +1,157 @@
+"""The lifecycle pass and the start-up reconcile.
+
+The store says what should be; the driver reports what is; these close the
+gap. Both are idempotent and re-read each row under its name lock before
+acting, so a pass that dies halfway leaves rows the next pass completes.
+
+Thresholds (``settings.lifecycle``)::
+
+    running,   idle >= idle_seconds                 → suspended
+    running/suspended, now >= ceiling_at            → stopped (files kept; next
+                                                      attach carries them over)
+    suspended/stopped, untouched >= suspended_ttl   → reclaimed (destroyed, row gone)
+    deleting (e.g. the CLI deleted its deployment)  → destroyed, row gone
+    creating with nobody holding its lock           → rolled back
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from podbay.domain import Sandbox, SandboxState
+from podbay.gateway.activity import ActivityTracker
+from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.settings import LifecycleSettings
+from podbay.store.base import Store
+
+from .locks import NameLocks
+from .pool import POOL_LABEL
+from .transitions import Transitions
+
+log = logging.getLogger("podbay.lifecycle")
+S = SandboxState
+M = MachineState
+
+
+class Lifecycle:
+    def __init__(self, *, store: Store, transitions: Transitions, activity: ActivityTracker,
+                 locks: NameLocks, settings: LifecycleSettings,
+                 clock: Callable[[], datetime]) -> None:
+        self.store = store
+        self.transitions = transitions
+        self.activity = activity
+        self.locks = locks
+        self.settings = settings
+        self.clock = clock
+
+    async def flush_activity(self) -> None:
+        seen = self.activity.drain()
+        try:
+            await self.store.record_activity(seen)
+        except Exception:
+            self.activity.restore(seen)
+            raise
+
+    # -- the periodic pass -----------------------------------------------------------
+    async def run_pass(self) -> int:
+        """One pass over every sandbox; returns how many it changed."""
+        await self.flush_activity()
+        changed = 0
+        for row in await self.store.list_sandboxes():
+            if self._due(row) is None:
+                continue
+            try:
+                if await self._act(row):
+                    changed += 1
+            except Exception:
+                log.exception("lifecycle: sandbox %s failed; next pass retries", row.id)
+        return changed
+
+    def _due(self, row: Sandbox) -> str | None:
+        now = self.clock()
+        idle = now - row.last_active_at
+        ttl = timedelta(seconds=self.settings.suspended_ttl_seconds)
+        if row.state is S.DELETING:
+            return "delete"
+        if row.state is S.CREATING:
+            return None if self.locks.busy(row.deployment_id, row.name) else "rollback"
+        if row.state in (S.RUNNING, S.SUSPENDED) and row.ceiling_at and now >= row.ceiling_at:
+            return "ceiling"
+        if row.state is S.RUNNING and idle >= timedelta(seconds=self.settings.idle_seconds):
+            return "idle"
+        if row.state in (S.SUSPENDED, S.STOPPED) and idle >= ttl:
+            return "reclaim"
+        return None
+
+    async def _act(self, stale: Sandbox) -> bool:
+        async with self.locks.hold(stale.deployment_id, stale.name):
+            row = await self.store.get_sandbox(stale.deployment_id, stale.name)
+            if row is None or row.id != stale.id:
+                return False
+            why = self._due(row)
+            t = self.transitions
+            if why in ("delete", "rollback", "reclaim"):
+                return await t.destroy(row, why)
+            if why == "ceiling":
+                return await t.stop(row, why) is not None
+            if why == "idle":
+                return await t.suspend(row, why) is not None
+            return False
+
+    async def loop(self, on_pass: Callable[[], None] | None = None) -> None:
+        while True:
+            try:
+                await self.run_pass()
+                if on_pass is not None:
+                    on_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("lifecycle pass failed")
+            await asyncio.sleep(self.settings.interval_seconds)
+
+    # -- start-up ----------------------------------------------------------------------
+    async def reconcile(self, observed: list[ObservedMachine]) -> None:
+        """Make rows and machines agree after a (re)start. Rows win where they
+        state an intent; machines win where a row claims what cannot be had."""
+        machines = {m.machine_id: m for m in observed}
+        t = self.transitions
+        for row in await self.store.list_sandboxes():
+            machine = machines.pop(row.machine_id, None)
+            seen = machine.state if machine else M.ABSENT
+            try:
+                await self._reconcile_one(row, seen, t)
+            except Exception:
+                log.exception("reconcile: sandbox %s failed; the lifecycle pass retries",
+                              row.id)
+        for machine in machines.values():
+            # No row names it: a pooled machine from the last run, or an orphan.
+            kind = "pooled" if POOL_LABEL in machine.labels else "orphaned"
+            log.info("reconcile: destroying %s machine %s", kind, machine.machine_id)
+            try:
+                await t.driver.destroy(machine.machine_id)
+            except Exception:
+                log.exception("reconcile: could not destroy %s", machine.machine_id)
+
+    async def _reconcile_one(self, row: Sandbox, seen: MachineState, t: Transitions) -> None:
+        async with self.locks.hold(row.deployment_id, row.name):
+            if row.state in (S.CREATING, S.DELETING) or seen is M.ABSENT:
+                await t.destroy(row, f"reconcile: row {row.state}, machine {seen}")
+            elif row.state is S.RUNNING:
+                if seen is M.RUNNING:
+                    t.add_route(row)
+                elif seen is M.SUSPENDED:
+                    await t.driver.resume(row.machine_id)
+                    t.add_route(row)
+                else:
+                    await t.record(row, S.STOPPED, "reconcile: machine stopped")
+            elif row.state is S.SUSPENDED:
+                if seen is M.RUNNING:
+                    await t.driver.suspend(row.machine_id)
+                elif seen is M.STOPPED:
+                    await t.record(row, S.STOPPED, "reconcile: machine stopped")
+            elif row.state is S.STOPPED and seen in (M.RUNNING, M.SUSPENDED):
+                await t.driver.stop(row.machine_id)

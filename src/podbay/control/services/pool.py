@@ -1,0 +1,109 @@
+"""A few ready machines per environment, so a new sandbox need not boot one.
+
+A pooled machine is created and started with pool labels; an attach takes
+one and :meth:`Driver.assign` gives it the sandbox's hostname and labels.
+Pool membership lives only here, in memory: on restart the reconciler
+destroys machines still labelled as pooled (no store row names them) and
+the pool refills. Their memory counts like any running sandbox's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from podbay.domain.sandbox import new_machine_id
+from podbay.runtime.base import Driver, Limits, MachineSpec
+
+from .environment import Prepared
+
+log = logging.getLogger("podbay.pool")
+POOL_LABEL = "podbay.pool"
+
+
+class WarmPool:
+    def __init__(self, driver: Driver, limits: Limits, size: int,
+                 on_change: Callable[[int], None] | None = None) -> None:
+        self.driver = driver
+        self.limits = limits
+        self.size = size
+        self._ready: dict[str, list[str]] = {}
+        self._filling: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
+        self._on_change = on_change
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._ready.values())
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(len(self))
+
+    def take(self, prepared: Prepared) -> str | None:
+        """A ready machine for this environment, or ``None``; refills behind."""
+        if self.size <= 0 or self._closed:
+            return None
+        ready = self._ready.get(prepared.key)
+        machine_id = ready.pop(0) if ready else None
+        self._changed()
+        self.refill(prepared)
+        return machine_id
+
+    def give_back(self, prepared: Prepared, machine_id: str) -> None:
+        self._ready.setdefault(prepared.key, []).insert(0, machine_id)
+        self._changed()
+
+    def refill(self, prepared: Prepared) -> None:
+        if self.size <= 0 or self._closed:
+            return
+        task = self._filling.get(prepared.key)
+        if task is None or task.done():
+            self._filling[prepared.key] = asyncio.get_running_loop().create_task(
+                self._fill(prepared))
+
+    async def _fill(self, prepared: Prepared) -> None:
+        ready = self._ready.setdefault(prepared.key, [])
+        failures = 0
+        while len(ready) < self.size and not self._closed and failures < 3:
+            machine_id = new_machine_id()
+            spec = MachineSpec(machine_id=machine_id, hostname="sandbox", limits=self.limits,
+                               env=dict(prepared.env), layers=prepared.layers,
+                               labels={POOL_LABEL: prepared.key or "plain"})
+            try:
+                await self.driver.create(spec)
+                await self.driver.start(machine_id)
+            except Exception:
+                failures += 1
+                log.exception("warm pool: could not start a machine")
+                try:
+                    await self.driver.destroy(machine_id)
+                except Exception:
+                    log.exception("warm pool: could not destroy %s", machine_id)
+                await asyncio.sleep(1.0 * failures)
+                continue
+            if self._closed:
+                await self.driver.destroy(machine_id)
+                return
+            ready.append(machine_id)
+            self._changed()
+
+    async def wait_filled(self) -> None:
+        for task in list(self._filling.values()):
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self, *, destroy: bool = True) -> None:
+        """Stop filling; destroy ready machines (they hold memory, nothing else)."""
+        self._closed = True
+        for task in self._filling.values():
+            task.cancel()
+        await asyncio.gather(*self._filling.values(), return_exceptions=True)
+        if destroy:
+            for ids in self._ready.values():
+                for machine_id in ids:
+                    try:
+                        await self.driver.destroy(machine_id)
+                    except Exception:
+                        log.exception("warm pool: could not destroy %s", machine_id)
+        self._ready.clear()
+        self._changed()

@@ -1,0 +1,281 @@
+"""Sandboxes as a deployment sees them: attach, get, list, stop, delete.
+
+Every transition of one sandbox happens under its name lock; the store's
+unique (deployment, name) and compare-and-set writes guard against other
+processes (the CLI). A deployment only ever looks up ``(its id, name)``, so
+another deployment's sandbox is exactly as invisible as a missing one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from podbay.domain import Deployment, Sandbox, SandboxState, StartKind
+from podbay.domain.sandbox import new_machine_id, new_sandbox_id
+from podbay.errors import ApiError
+from podbay.gateway.activity import ActivityTracker
+from podbay.runtime.base import Driver, Limits, MachineSpec
+from podbay.settings import Settings
+from podbay.store.base import InsertOutcome, Store
+from podbay.wire.codes import ErrorCode
+from podbay.wire.limits import SANDBOX_CLASSES, is_valid_sandbox_name
+
+from .environment import EnvironmentService, Preparing
+from .locks import NameLocks
+from .pool import WarmPool
+from .transitions import Transitions
+
+log = logging.getLogger("podbay.sandboxes")
+S = SandboxState
+LABEL_SANDBOX = "podbay.sandbox"
+LABEL_DEPLOYMENT = "podbay.deployment"
+LABEL_NAME = "podbay.name"
+
+
+@dataclass(frozen=True)
+class Attached:
+    sandbox: Sandbox
+    start: StartKind
+    credential: str
+    expires_at: datetime
+
+
+def hostname_for(name: str) -> str:
+    """A sandbox name as an RFC 1123 hostname label."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
+    return label or "sandbox"
+
+
+def not_found(name: str) -> ApiError:
+    # Same sentence whether the name is free or another deployment's.
+    return ApiError(ErrorCode.SANDBOX_NOT_FOUND, f"no sandbox named {name!r}")
+
+
+def check_name(name: str) -> None:
+    if not is_valid_sandbox_name(name):
+        raise ApiError(ErrorCode.SANDBOX_NAME_INVALID,
+                       "sandbox names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class SandboxService:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        driver: Driver | None,
+        transitions: Transitions | None,
+        environment: EnvironmentService,
+        activity: ActivityTracker,
+        locks: NameLocks,
+        pool: WarmPool | None,
+        mint: Callable[[str, int], tuple[str, datetime]],
+        clock: Callable[[], datetime],
+        observe_attach: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.driver = driver
+        self.transitions = transitions
+        self.environment = environment
+        self.activity = activity
+        self.locks = locks
+        self.pool = pool
+        self.mint = mint
+        self.clock = clock
+        #: False until the runtime is prepared and reconciled (set by the app).
+        self.ready = False
+        self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
+        rt = settings.runtime
+        self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
+                             disk_bytes=rt.disk_bytes)
+
+    # -- reads -------------------------------------------------------------------
+    async def get(self, deployment: Deployment, name: str) -> Sandbox:
+        check_name(name)
+        row = await self.store.get_sandbox(deployment.id, name)
+        if row is None or not row.state.visible:
+            raise not_found(name)
+        return self._with_activity(row)
+
+    async def list(self, deployment: Deployment) -> list[Sandbox]:
+        rows = await self.store.list_sandboxes(deployment_id=deployment.id)
+        return [self._with_activity(r) for r in rows if r.state.visible]
+
+    def _with_activity(self, row: Sandbox) -> Sandbox:
+        seen = self.activity.last(row.id)
+        if seen is not None and seen > row.last_active_at:
+            return replace(row, last_active_at=seen)
+        return row
+
+    # -- attach ------------------------------------------------------------------
+    async def attach(self, deployment: Deployment, name: str,
+                     class_: str) -> Attached | Preparing:
+        check_name(name)
+        if class_ not in SANDBOX_CLASSES:
+            raise ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN,
+                           f"unknown sandbox class {class_!r}; the only class is 'default'")
+        if not deployment.declares_sandbox:
+            raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
+                           f"deployment {deployment.name!r} declares no sandbox section")
+        driver, transitions = self._runtime()
+        async with self.locks.hold(deployment.id, name):
+            for _ in range(5):
+                row = await self.store.get_sandbox(deployment.id, name)
+                result: Attached | Preparing | None
+                if row is None:
+                    result = await self._create(deployment, name, class_, driver)
+                elif row.state is S.RUNNING:
+                    result = self._reuse(row, transitions)
+                elif row.state is S.SUSPENDED:
+                    result = await self._bring_up(row, "resumed", transitions.resume)
+                elif row.state is S.STOPPED:
+                    result = await self._bring_up(row, "carried_over",
+                                                  transitions.start_fresh_compute)
+                else:
+                    # creating/deleting under our lock: left by a crash or by the
+                    # CLI; finish it, then attach afresh.
+                    await self._quietly(transitions.destroy(row, "stale on attach"))
+                    continue
+                if result is not None:
+                    return result
+            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
+                           "the sandbox kept changing under the attach; try again")
+
+    def _runtime(self) -> tuple[Driver, Transitions]:
+        if self.driver is None or self.transitions is None:
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, "this server runs no sandboxes")
+        if not self.ready:
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE,
+                           "the sandbox runtime is still starting; try again shortly")
+        return self.driver, self.transitions
+
+    def _attached(self, row: Sandbox, start: StartKind) -> Attached:
+        token, expires = self.mint(row.id, row.incarnation)
+        return Attached(row, start, token, expires)
+
+    def _reuse(self, row: Sandbox, transitions: Transitions) -> Attached:
+        if row.id not in transitions.routes:
+            transitions.add_route(row)
+        self.activity.touch(row.id)
+        return self._attached(replace(row, last_active_at=self.clock()), "reused")
+
+    async def _bring_up(self, row: Sandbox, start: StartKind, step) -> Attached | None:  # type: ignore[no-untyped-def]
+        try:
+            new = await step(row, f"attach ({start})")
+        except Exception as exc:
+            log.exception("sandbox %s: %s failed", row.id, start)
+            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
+                           f"the sandbox could not be brought up: {exc}") from None
+        return None if new is None else self._attached(new, start)
+
+    async def _create(self, deployment: Deployment, name: str, class_: str,
+                      driver: Driver) -> Attached | Preparing | None:
+        prepared = await self.environment.prepare(deployment)
+        if isinstance(prepared, Preparing):
+            return prepared
+        now = self.clock()
+        pooled = self.pool.take(prepared) if self.pool is not None else None
+        row = Sandbox(
+            id=new_sandbox_id(), deployment_id=deployment.id, account=deployment.account,
+            name=name, class_=class_, state=S.CREATING,
+            machine_id=pooled or new_machine_id(), created_at=now, last_active_at=now,
+            started_at=None, ceiling_at=None,
+        )
+        outcome = await self.store.insert_sandbox(
+            row, deployment_cap=self.settings.caps.per_deployment,
+            account_cap=self.settings.caps.per_account)
+        if outcome is not InsertOutcome.INSERTED:
+            if pooled is not None and self.pool is not None:
+                self.pool.give_back(prepared, pooled)
+            if outcome is InsertOutcome.EXISTS:
+                return None
+            raise self._cap_refusal(outcome)
+        labels = {LABEL_SANDBOX: row.id, LABEL_DEPLOYMENT: deployment.id, LABEL_NAME: name}
+        try:
+            if pooled is not None:
+                await driver.assign(pooled, hostname=hostname_for(name), labels=labels)
+            else:
+                await driver.create(MachineSpec(
+                    machine_id=row.machine_id, hostname=hostname_for(name), limits=self.limits,
+                    env=dict(prepared.env), layers=prepared.layers, labels=labels))
+                await driver.start(row.machine_id)
+            await self.environment.apply(deployment, driver, row.machine_id)
+        except ApiError:
+            await self._undo_create(row, driver)
+            raise
+        except Exception as exc:
+            log.exception("sandbox %s: start failed", row.id)
+            await self._undo_create(row, driver)
+            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
+                           f"the sandbox could not be started: {exc}") from None
+        new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
+        if new is None:  # the deployment was deleted meanwhile
+            await self._undo_create(row, driver)
+            raise not_found(name)
+        assert self.transitions is not None
+        self.transitions.add_route(new)
+        self.transitions.metrics.transition("none", "running")
+        return self._attached(new, "created")
+
+    async def _undo_create(self, row: Sandbox, driver: Driver) -> None:
+        """Leave nothing half-made: the machine destroyed, the row gone."""
+        try:
+            await driver.destroy(row.machine_id)
+        except Exception:
+            log.exception("sandbox %s: destroy after a failed start failed", row.id)
+            return  # the creating row stays; the next reconcile destroys and drops it
+        await self.store.delete_sandbox(row)
+
+    def _cap_refusal(self, outcome: InsertOutcome) -> ApiError:
+        if outcome is InsertOutcome.DEPLOYMENT_CAP:
+            return ApiError(ErrorCode.SANDBOX_LIMIT_REACHED,
+                            f"this deployment holds its limit of "
+                            f"{self.settings.caps.per_deployment} sandboxes; delete one first")
+        return ApiError(ErrorCode.SANDBOX_LIMIT_REACHED,
+                        f"this account holds its limit of {self.settings.caps.per_account}"
+                        " sandboxes; delete one first")
+
+    # -- stop, delete ------------------------------------------------------------------
+    async def stop(self, deployment: Deployment, name: str) -> None:
+        """Suspend compute early; a sandbox that runs nothing is left as it is."""
+        check_name(name)
+        _, transitions = self._runtime()
+        async with self.locks.hold(deployment.id, name):
+            row = await self.store.get_sandbox(deployment.id, name)
+            if row is None or not row.state.visible:
+                raise not_found(name)
+            if row.state is S.RUNNING:
+                await self._checked(transitions.suspend(row, "stop"))
+
+    async def delete(self, deployment: Deployment, name: str) -> None:
+        check_name(name)
+        _, transitions = self._runtime()
+        async with self.locks.hold(deployment.id, name):
+            row = await self.store.get_sandbox(deployment.id, name)
+            if row is None:
+                raise not_found(name)
+            for _ in range(5):
+                if row is None or await self._checked(transitions.destroy(row, "delete")):
+                    return
+                row = await self.store.get_sandbox(deployment.id, name)
+
+    async def _checked(self, step):  # type: ignore[no-untyped-def]
+        try:
+            return await step
+        except ApiError:
+            raise
+        except Exception as exc:
+            log.exception("sandbox operation failed")
+            raise ApiError(ErrorCode.INTERNAL, f"the runtime could not do that: {exc}") from None
+
+    @staticmethod
+    async def _quietly(step) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await step
+        except Exception:
+            log.exception("cleanup failed")

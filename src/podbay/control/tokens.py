@@ -1,0 +1,70 @@
+"""Identity tokens: the JWT a deployment proves itself with.
+
+Claims (DESIGN.md): ``sub`` = deployment id, ``iss`` = the control plane's
+public URL (clients read it, unverified, to find the server), ``iat``,
+``exp`` when the operator sets a lifetime. Signed EdDSA with the key ring's
+active key, ``kid`` in the header.
+
+A data-plane credential is also an EdDSA JWT, but carries an ``aud``;
+PyJWT refuses a token with an ``aud`` when no audience is expected, so a
+credential can never pass as an identity token.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
+
+from .keys import KeyRing
+
+ALGORITHM = "EdDSA"
+
+
+def issue_identity_token(
+    keys: KeyRing, *, deployment_id: str, issuer: str, ttl_seconds: int = 0
+) -> str:
+    now = int(time.time())
+    claims: dict[str, object] = {"sub": deployment_id, "iss": issuer, "iat": now}
+    if ttl_seconds > 0:
+        claims["exp"] = now + ttl_seconds
+    key = keys.active()
+    return jwt.encode(claims, key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
+
+
+def verify_identity_token(keys: KeyRing, token: str | None) -> str:
+    """The deployment id a valid token names; otherwise ``IDENTITY_TOKEN_INVALID``."""
+    if not token:
+        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
+                       "an identity token is required (Authorization: Bearer <token>)")
+    try:
+        header = jwt.get_unverified_header(token)
+        kid = header.get("kid")
+        public = keys.public_key(kid) if isinstance(kid, str) else None
+        if public is None:
+            raise jwt.InvalidTokenError("unknown signing key")
+        claims = jwt.decode(token, public, algorithms=[ALGORITHM],
+                            options={"require": ["sub", "iat"]})
+    except jwt.ExpiredSignatureError:
+        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
+                       "the identity token has expired") from None
+    except jwt.InvalidTokenError:
+        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
+                       "the identity token is not valid") from None
+    sub = claims.get("sub")
+    if not isinstance(sub, str):
+        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID, "the identity token is not valid")
+    return sub
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()

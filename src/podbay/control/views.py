@@ -1,0 +1,41 @@
+"""Domain records as wire models: the one place the two meet."""
+
+from __future__ import annotations
+
+from podbay.domain import Sandbox
+from podbay.gateway.app import endpoint_for
+from podbay.wire.codes import ErrorCode
+from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.paths import CREDENTIAL_HEADER
+
+from .services.sandboxes import Attached
+
+
+def record(sandbox: Sandbox) -> SandboxRecord:
+    if not sandbox.state.visible:  # pragma: no cover - services filter these
+        raise ValueError(ErrorCode.SANDBOX_NOT_FOUND)
+    return SandboxRecord(
+        name=sandbox.name,
+        class_=sandbox.class_,
+        state=sandbox.state.value,  # type: ignore[arg-type]
+        created_at=sandbox.created_at,
+        last_active_at=sandbox.last_active_at,
+        ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended")
+        else None,
+    )
+
+
+def handle(attached: Attached, base_url: str) -> SandboxHandle:
+    s = attached.sandbox
+    return SandboxHandle(
+        name=s.name,
+        class_=s.class_,
+        state="running",
+        created_at=s.created_at,
+        last_active_at=s.last_active_at,
+        ceiling_at=s.ceiling_at,
+        endpoint=endpoint_for(base_url, s.id),
+        headers={CREDENTIAL_HEADER: attached.credential},
+        expires_at=attached.expires_at,
+        start=attached.start,
+    )

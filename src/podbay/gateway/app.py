@@ -1,0 +1,95 @@
+"""The gateway: verify the credential, then relay to the sandbox's agent.
+
+Addressing: a sandbox's ``endpoint`` is ``<public URL>/sandbox/<sandbox id>``;
+the client appends data-plane paths (``/v1/exec``...) and the gateway strips
+the prefix before relaying. Every check happens before a byte reaches the
+agent::
+
+    no / bad / expired credential            401 CREDENTIAL_INVALID
+    credential for another sandbox           403 CREDENTIAL_WRONG_SANDBOX
+    sandbox (that incarnation) not running   401 SANDBOX_NOT_RUNNING  → client re-attaches
+
+Pure ASGI rather than a framework route: this is the hot path.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
+from podbay.wire.paths import CREDENTIAL_HEADER, EXEC, REQUEST_ID_HEADER
+
+from .activity import ActivityTracker
+from .credentials import CredentialVerifier
+from .proxy import relay, send_error
+from .routes import RouteTable
+
+PREFIX = "/sandbox/"
+_CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_EXEC = EXEC.encode()
+
+
+def endpoint_for(base_url: str, sandbox_id: str) -> str:
+    return f"{base_url.rstrip('/')}{PREFIX}{sandbox_id}"
+
+
+class Gateway:
+    """ASGI app for every path under :data:`PREFIX`."""
+
+    def __init__(
+        self,
+        verifier: CredentialVerifier,
+        routes: RouteTable,
+        activity: ActivityTracker,
+        *,
+        observe: Callable[[str, int, float], None] | None = None,
+    ) -> None:
+        self.verifier = verifier
+        self.routes = routes
+        self.activity = activity
+        #: (kind, status, seconds) after each relayed request: metrics' hook.
+        self.observe = observe
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        rest = raw_path[len(PREFIX):]
+        sandbox_id, slash, tail = rest.partition(b"/")
+        tail = slash + tail
+        credential_token = None
+        request_id = None
+        for key, value in scope["headers"]:
+            if key == _CREDENTIAL:
+                credential_token = value.decode("latin-1")
+            elif key == _REQUEST_ID:
+                request_id = value.decode("latin-1")
+        request_id = request_id or uuid.uuid4().hex
+        try:
+            if not tail or not sandbox_id:
+                raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such data-plane path")
+            credential = self.verifier.verify(credential_token)
+            sid = sandbox_id.decode("latin-1")
+            if credential.sandbox_id != sid:
+                raise ApiError(ErrorCode.CREDENTIAL_WRONG_SANDBOX,
+                               "the credential is for another sandbox")
+            route = self.routes.get(sid)
+            if route is None or route.incarnation != credential.incarnation:
+                raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,
+                               "the sandbox is not running; attach again")
+        except ApiError as exc:
+            await send_error(send, exc, request_id)
+            self._observe("refused", exc.status, started)
+            return
+        self.activity.touch(sid)
+        query = scope.get("query_string") or b""
+        target = tail + b"?" + query if query else tail
+        status = await relay(route, scope, receive, send, target, request_id)
+        self._observe("exec" if tail == _EXEC else "other", status, started)
+
+    def _observe(self, kind: str, status: int, started: float) -> None:
+        if self.observe is not None:
+            self.observe(kind, status, time.perf_counter() - started)

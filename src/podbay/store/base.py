@@ -1,0 +1,77 @@
+"""The store interface: small on purpose, so a PostgreSQL store can follow.
+
+The store is the one home of sandbox state. Every sandbox write is a
+compare-and-set on the record's ``version``: :meth:`Store.replace_sandbox`
+returns ``None`` when somebody else wrote first, and the caller re-reads.
+Activity (``last_active_at``) is the exception: it only ever moves forward,
+so :meth:`Store.record_activity` merges without a version check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from podbay.domain import Deployment, Sandbox, SandboxState
+
+
+class InsertOutcome(StrEnum):
+    INSERTED = "inserted"
+    EXISTS = "exists"  # (deployment, name) already has a row
+    DEPLOYMENT_CAP = "deployment_cap"
+    ACCOUNT_CAP = "account_cap"
+
+
+class Store(Protocol):
+    # -- deployments ---------------------------------------------------------
+    async def add_deployment(self, deployment: Deployment) -> bool:
+        """False when the name is taken."""
+
+    async def update_deployment(self, deployment: Deployment) -> bool:
+        """Replace spec fields of an existing deployment (by id); False if gone."""
+
+    async def get_deployment(self, deployment_id: str) -> Deployment | None: ...
+
+    async def find_deployment(self, name: str) -> Deployment | None: ...
+
+    async def list_deployments(self) -> list[Deployment]: ...
+
+    async def remove_deployment(self, deployment_id: str) -> bool:
+        """Drop the deployment and mark its sandboxes ``deleting`` in one
+        transaction; the server's next lifecycle pass destroys their machines."""
+
+    # -- sandboxes -----------------------------------------------------------
+    async def get_sandbox(self, deployment_id: str, name: str) -> Sandbox | None: ...
+
+    async def list_sandboxes(
+        self,
+        *,
+        deployment_id: str | None = None,
+        states: Sequence[SandboxState] | None = None,
+    ) -> list[Sandbox]: ...
+
+    async def insert_sandbox(
+        self, sandbox: Sandbox, *, deployment_cap: int, account_cap: int
+    ) -> InsertOutcome:
+        """Insert unless the name exists or a cap is reached, atomically: two
+        racing inserts never both pass a cap, and never both create one name.
+        ``deleting`` rows do not count toward caps."""
+
+    async def replace_sandbox(self, old: Sandbox, new: Sandbox) -> Sandbox | None:
+        """Write ``new`` if the row still has ``old.version``; returns the stored
+        record (version bumped) or ``None`` when the row changed or vanished."""
+
+    async def delete_sandbox(self, sandbox: Sandbox) -> bool:
+        """Remove the row if it still has ``sandbox.version``."""
+
+    async def record_activity(self, seen: Mapping[str, datetime]) -> None:
+        """``sandbox id → last seen``; only ever moves ``last_active_at`` forward."""
+
+    # -- settings the CLI and the server share -----------------------------------
+    async def get_meta(self, key: str) -> str | None: ...
+
+    async def set_meta(self, key: str, value: str) -> None: ...
+
+    async def close(self) -> None: ...

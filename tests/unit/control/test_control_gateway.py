@@ -1,0 +1,119 @@
+"""The gateway inside the platform: credentials checked before any relay."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from podbay.gateway.credentials import AUDIENCE, mint_credential
+from podbay.wire.paths import CREDENTIAL_HEADER
+
+pytestmark = pytest.mark.anyio
+
+
+async def _handle(harness, name="g"):
+    token = await harness.deployment() if not hasattr(harness, "_tok") else harness._tok
+    harness._tok = token
+    r = await harness.attach(token, name)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _path(handle, tail):
+    return handle["endpoint"].removeprefix("http://podbay.test") + tail
+
+
+async def test_relays_with_credential(harness):
+    h = await _handle(harness)
+    r = await harness.client.post(_path(h, "/v1/exec?x=1"), headers=h["headers"],
+                                  json={"command": ["true"]})
+    assert r.status_code == 200
+    echoed = r.json()
+    assert echoed["method"] == "POST"
+    assert echoed["path"] == "/v1/exec?x=1"
+    assert echoed["size"] == len(b'{"command":["true"]}')
+    assert CREDENTIAL_HEADER.lower() not in echoed["headers"]
+    assert echoed["headers"]["x-request-id"]
+    got = await harness.client.get(_path(h, "/v1/processes"), headers=h["headers"])
+    assert got.json()["method"] == "GET"
+
+
+async def test_missing_forged_expired(harness):
+    h = await _handle(harness)
+    missing = await harness.client.post(_path(h, "/v1/exec"), json={})
+    assert missing.status_code == 401 and missing.json()["code"] == "CREDENTIAL_INVALID"
+    forged_key = Ed25519PrivateKey.generate()
+    kid = harness.platform.keys.active().kid
+    forged = jwt.encode({"aud": AUDIENCE, "sub": h["endpoint"].rsplit("/", 1)[1], "inc": 1,
+                         "exp": int(time.time()) + 60}, forged_key, algorithm="EdDSA",
+                        headers={"kid": kid})
+    r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: forged})
+    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    expired, _ = mint_credential(harness.platform.keys,
+                                 sandbox_id=h["endpoint"].rsplit("/", 1)[1],
+                                 incarnation=1, ttl_seconds=-5)
+    r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: expired})
+    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    assert "expired" in r.json()["error"]
+    # an identity token is not a credential
+    r = await harness.client.post(_path(h, "/v1/exec"),
+                                  headers={CREDENTIAL_HEADER: harness._tok})
+    assert r.status_code == 401
+
+
+async def test_credential_for_another_sandbox(harness):
+    a = await _handle(harness, "a")
+    b = await _handle(harness, "b")
+    r = await harness.client.post(_path(b, "/v1/exec"), headers=a["headers"], json={})
+    assert r.status_code == 403
+    assert r.json()["code"] == "CREDENTIAL_WRONG_SANDBOX"
+
+
+async def test_not_running_then_reattach(harness):
+    h = await _handle(harness)
+    await harness.call("POST", "/api/v1/sandboxes/g/stop", harness._tok)
+    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
+    assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+    again = (await harness.attach(harness._tok, "g")).json()
+    assert again["start"] == "resumed"
+    r = await harness.client.post(_path(again, "/v1/exec"), headers=again["headers"], json={})
+    assert r.status_code == 200
+    # resume keeps the incarnation: the old credential works again too
+    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
+    assert r.status_code == 200
+
+
+async def test_deleted_sandbox_credential(harness):
+    h = await _handle(harness)
+    await harness.call("DELETE", "/api/v1/sandboxes/g", harness._tok)
+    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
+    assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+
+
+async def test_activity_recorded_in_memory_then_flushed(harness):
+    h = await _handle(harness)
+    sid = h["endpoint"].rsplit("/", 1)[1]
+    harness.clock.advance(30)
+    await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
+    row = (await harness.store.list_sandboxes())[0]
+    assert (harness.clock.now - row.last_active_at).total_seconds() == 30  # not written yet
+    assert harness.platform.activity.last(sid) == harness.clock.now
+    await harness.platform.lifecycle.flush_activity()
+    row = (await harness.store.list_sandboxes())[0]
+    assert row.last_active_at == harness.clock.now
+
+
+async def test_streaming_large_body(harness):
+    h = await _handle(harness)
+
+    async def chunks():
+        for _ in range(64):
+            yield b"x" * 65536
+
+    r = await harness.client.put(_path(h, "/v1/files?path=/workspace/big"),
+                                 headers=h["headers"], content=chunks())
+    assert r.status_code == 200
+    assert r.json()["size"] == 64 * 65536
