@@ -320,6 +320,7 @@ class OciDriver:
 
     async def close(self) -> None:
         self._records.clear()
+        await self.network.close()
 
 
 # -- helpers that serve only this module -----------------------------------------------

@@ -12,7 +12,6 @@ loopback only.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -40,46 +39,42 @@ class MachineNetwork:
     def check_host(self) -> list[str]:
         return []
 
+    async def close(self) -> None:
+        return None
+
 
 class ModuleNetwork(MachineNetwork):
-    """Delegates to :mod:`podbay.runtime.oci.network`."""
+    """Delegates to :class:`podbay.runtime.oci.network.NetworkManager`, which keeps
+    its state (``netns``, ``slirp.pid``) in the same ``<run_dir>/<machine_id>/``."""
 
-    enabled = True
-
-    def __init__(self, module: Any, settings: Settings, layout: Layout) -> None:
-        self.module = module
-        self.settings = settings
-        self.layout = layout
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.enabled = bool(manager.enabled)
 
     async def setup(self, run_dir: Path, machine_id: str) -> Path | None:
-        result = self.module.setup(run_dir, machine_id)
-        if inspect.isawaitable(result):
-            result = await result
-        return Path(result)
+        handle = await self.manager.setup(machine_id)
+        return Path(handle.netns_path)
 
     async def teardown(self, run_dir: Path, machine_id: str) -> None:
-        result = self.module.teardown(run_dir, machine_id)
-        if inspect.isawaitable(result):
-            await result
+        await self.manager.teardown(machine_id)
 
     def resolv_conf(self) -> str | None:
-        text = getattr(self.module, "RESOLV_CONF", None)
-        return text if isinstance(text, str) else "nameserver 10.0.2.3\n"
+        return str(self.manager.resolv_conf())
 
     def check_host(self) -> list[str]:
-        check = getattr(self.module, "check_host", None)
-        return list(check()) if check else []
+        return list(self.manager.check_host())
+
+    async def close(self) -> None:
+        await self.manager.close()
 
 
 def load_network(settings: Settings, layout: Layout) -> MachineNetwork:
-    if not settings.runtime.network:
-        return MachineNetwork()
+    """The network module's manager over ``layout.run_dir``; loopback-only when
+    the module is not installed."""
     try:
         module = importlib.import_module("podbay.runtime.oci.network")
-    except ImportError:
-        log.warning("runtime.network is on but podbay.runtime.oci.network is missing: "
-                    "sandboxes get loopback only")
+        manager_class = module.NetworkManager
+    except (ImportError, AttributeError):
+        log.warning("podbay.runtime.oci.network is missing: sandboxes get loopback only")
         return MachineNetwork()
-    if not hasattr(module, "setup"):
-        return MachineNetwork()
-    return ModuleNetwork(module, settings, layout)
+    return ModuleNetwork(manager_class(layout.run_dir, enabled=settings.runtime.network))

@@ -1,0 +1,83 @@
+"""Remove what crashed or half-destroyed machines left behind (``podbay gc``).
+
+Safe while a node runs on the same data directory: it takes back live
+machines with :meth:`OciDriver.adopt` first and only removes what belongs to
+no machine record. With ``everything=True`` it destroys every machine too
+(tests and uninstall).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from . import records, storage
+from .driver import OciDriver, _remove_tree, _unmount_storage
+
+
+async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
+    """Clean up; one line per thing removed."""
+    done: list[str] = []
+    layout = driver.layout
+    observed = await driver.adopt()
+    if everything:
+        for machine in observed:
+            await driver.destroy(machine.machine_id)
+            done.append(f"destroyed machine {machine.machine_id}")
+    known = set(driver.machine_ids())
+    # Machine directories without a record: creates that never finished.
+    with contextlib.suppress(FileNotFoundError):
+        for home in sorted(layout.machines.iterdir()):
+            if home.is_dir() and records.read(home) is None:
+                paths = layout.machine(home.name)
+                await driver._teardown(home.name)
+                _remove_tree(home)
+                done.append(f"removed unfinished machine {home.name}")
+                with contextlib.suppress(FileNotFoundError):
+                    _remove_tree(paths.run)
+    # Volatile directories of machines that no longer exist.
+    with contextlib.suppress(FileNotFoundError):
+        for run in sorted(layout.run_dir.iterdir()):
+            if run.name == "runc" or not run.is_dir() or run.name in known:
+                continue
+            await driver._teardown(run.name)
+            _unmount_storage(layout.machine(run.name))
+            _remove_tree(run)
+            done.append(f"removed leftovers of machine {run.name}")
+    # Cgroups without a container.
+    for directory in driver.cgroups.existing(layout.cgroup_parent):
+        for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+            if child.name in known and driver.runc.state(child.name) is not None:
+                continue
+            if not driver.cgroups.remove(f"{layout.cgroup_parent}/{child.name}"):
+                done.append(f"removed cgroup {child}")
+    # Loop devices still backed by a disk file of no machine.
+    disks = {str(p) for p in layout.machines.glob("*/disk.ext4")}
+    mounted = {line.split()[0] for line in _read("/proc/self/mounts").splitlines()}
+    for device in storage.loop_devices_for(disks | {d + ".tmp" for d in disks}):
+        if device not in mounted:
+            _clear_loop(device)
+            done.append(f"detached {device}")
+    if everything:
+        driver.cgroups.remove(layout.cgroup_parent)
+        with contextlib.suppress(OSError):
+            layout.runc_root.rmdir()
+        with contextlib.suppress(OSError):
+            layout.run_dir.rmdir()
+    return done
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _clear_loop(device: str) -> None:
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.ioctl(fd, 0x4C01)  # LOOP_CLR_FD
+        finally:
+            os.close(fd)

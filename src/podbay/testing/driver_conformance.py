@@ -1,0 +1,225 @@
+"""The conformance suite every runtime driver must pass.
+
+Subclass :class:`DriverConformance` in a test module and provide a
+``conformance`` fixture returning a :class:`Harness` for your driver::
+
+    class TestOci(DriverConformance):
+        @pytest.fixture
+        def conformance(self, oci_session):
+            return Harness(oci_session.driver, oci_session.run, oci_session.settings,
+                           factory="podbay.runtime.registry:build")
+
+It checks, against real machines: every lifecycle transition and its
+idempotent repeat; files surviving suspend/resume and stop/start; a process
+running before suspend running after resume, its counter advancing only while
+thawed; ``assign``; and ``adopt`` after the node process was killed with
+SIGKILL (the driver runs in a child process for that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+
+from podbay.runtime.agent_client import AgentClient
+from podbay.runtime.base import Driver, DriverError, MachineSpec, MachineState
+from podbay.settings import Settings
+
+from .fixtures import small_spec
+
+T = TypeVar("T")
+
+COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; "
+           "sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
+
+
+@dataclass
+class Harness:
+    driver: Driver
+    run: Callable[[Coroutine[Any, Any, Any]], Any]
+    settings: Settings
+    #: "module:callable" building this driver from :class:`Settings` in a child process.
+    factory: str
+    created: list[str] = field(default_factory=list)
+
+    def spec(self, **kw: Any) -> MachineSpec:
+        spec = small_spec(**kw)
+        self.created.append(spec.machine_id)
+        return spec
+
+    def agent(self, machine_id: str) -> AgentClient:
+        return AgentClient(self.driver.agent_socket(machine_id))
+
+    def state(self, machine_id: str) -> MachineState:
+        return MachineState(self.run(self.driver.state(machine_id)))
+
+    def up(self, **kw: Any) -> str:
+        spec = self.spec(**kw)
+        self.run(self.driver.create(spec))
+        self.run(self.driver.start(spec.machine_id))
+        return spec.machine_id
+
+    def sh(self, machine_id: str, script: str) -> str:
+        result = self.agent(machine_id).sh(script)
+        assert result.exit_code == 0, (script, result)
+        return result.stdout
+
+    def cleanup(self) -> None:
+        for machine_id in self.created:
+            self.run(self.driver.destroy(machine_id))
+
+
+class DriverConformance:
+    """Inherit, and provide a ``conformance`` fixture returning a :class:`Harness`."""
+
+    @pytest.fixture
+    def h(self, conformance: Harness) -> Any:
+        yield conformance
+        conformance.cleanup()
+
+    def test_capabilities_are_declared(self, h: Harness) -> None:
+        caps = h.driver.capabilities
+        assert isinstance(caps.suspend, bool) and isinstance(caps.stop_keeps_files, bool)
+        assert isinstance(h.driver.name, str) and h.driver.name
+
+    def test_lifecycle_with_idempotent_repeats(self, h: Harness) -> None:
+        spec = h.spec()
+        mid = spec.machine_id
+        assert h.state(mid) is MachineState.ABSENT
+        for _ in range(2):
+            h.run(h.driver.create(spec))
+            assert h.state(mid) is MachineState.STOPPED
+        for _ in range(2):
+            h.run(h.driver.start(mid))
+            assert h.state(mid) is MachineState.RUNNING
+            assert h.agent(mid).info()
+        if h.driver.capabilities.suspend:
+            for _ in range(2):
+                h.run(h.driver.suspend(mid))
+                assert h.state(mid) is MachineState.SUSPENDED
+            for _ in range(2):
+                h.run(h.driver.resume(mid))
+                assert h.state(mid) is MachineState.RUNNING
+            assert h.agent(mid).info()
+        for _ in range(2):
+            h.run(h.driver.stop(mid))
+            assert h.state(mid) is MachineState.STOPPED
+        h.run(h.driver.start(mid))
+        assert h.agent(mid).info()
+        for _ in range(2):
+            h.run(h.driver.destroy(mid))
+            assert h.state(mid) is MachineState.ABSENT
+
+    def test_unknown_machine(self, h: Harness) -> None:
+        mid = f"missing-{uuid.uuid4().hex[:8]}"
+        assert h.state(mid) is MachineState.ABSENT
+        with pytest.raises(DriverError):
+            h.run(h.driver.start(mid))
+        h.run(h.driver.destroy(mid))  # destroying what is gone succeeds
+
+    def test_suspend_keeps_files_and_processes(self, h: Harness) -> None:
+        if not h.driver.capabilities.suspend:
+            pytest.skip("driver cannot suspend")
+        mid = h.up()
+        h.sh(mid, "echo before > /workspace/note && " + COUNTER)
+        time.sleep(0.5)
+        before = int(h.sh(mid, "cat /tmp/counter"))
+        h.run(h.driver.suspend(mid))
+        time.sleep(1.0)
+        h.run(h.driver.resume(mid))
+        after_resume = int(h.sh(mid, "cat /tmp/counter"))
+        # ~0.05 s per step: a second frozen must not have counted (allow the
+        # few steps between the two reads that were thawed).
+        assert after_resume - before < 10, (before, after_resume)
+        time.sleep(0.5)
+        later = int(h.sh(mid, "cat /tmp/counter"))
+        assert later > after_resume, "the counter stopped after resume"
+        assert h.sh(mid, "cat /workspace/note").strip() == "before"
+
+    def test_stop_start_keeps_files_and_installs(self, h: Harness) -> None:
+        if not h.driver.capabilities.stop_keeps_files:
+            pytest.skip("driver does not keep files across stop")
+        mid = h.up()
+        h.sh(mid, "echo kept > /workspace/file && printf '#!/bin/sh\\necho tool\\n' "
+                  "> /usr/local/bin/tool && chmod +x /usr/local/bin/tool && " + COUNTER)
+        h.run(h.driver.stop(mid))
+        h.run(h.driver.start(mid))
+        assert h.sh(mid, "cat /workspace/file").strip() == "kept"
+        assert h.sh(mid, "tool").strip() == "tool"
+        # A fresh machine: the counter process of the old incarnation is gone.
+        ps = h.sh(mid, "ps -eo args")
+        assert "while :" not in ps
+
+    def test_env_reaches_commands(self, h: Harness) -> None:
+        mid = h.up(env={"PODBAY_TEST_VAR": "hello world"})
+        assert h.sh(mid, 'printf %s "$PODBAY_TEST_VAR"') == "hello world"
+
+    def test_assign_sets_hostname_and_labels(self, h: Harness) -> None:
+        mid = h.up(hostname="pool-machine")
+        assert h.sh(mid, "hostname").strip() == "pool-machine"
+        h.run(h.driver.assign(mid, hostname="thread-42", labels={"sandbox": "thread-42"}))
+        assert h.sh(mid, "hostname").strip() == "thread-42"
+        observed = {m.machine_id: m for m in h.run(h.driver.adopt())}
+        assert observed[mid].labels == {"sandbox": "thread-42"}
+        assert observed[mid].state is MachineState.RUNNING
+
+    def test_concurrent_starts(self, h: Harness) -> None:
+        import asyncio
+
+        specs = [h.spec() for _ in range(3)]
+
+        async def boot(spec: MachineSpec) -> None:
+            await h.driver.create(spec)
+            await h.driver.start(spec.machine_id)
+
+        async def all_of() -> None:
+            await asyncio.gather(*(boot(s) for s in specs))
+
+        h.run(all_of())
+        for spec in specs:
+            assert h.agent(spec.machine_id).info()
+
+    def test_adopt_after_sigkill(self, h: Harness) -> None:
+        specs = {"running": h.spec(), "suspended": h.spec(), "stopped": h.spec()}
+        if not h.driver.capabilities.suspend:
+            del specs["suspended"]
+        payload = pickle.dumps((h.factory, h.settings, specs))
+        child = subprocess.Popen([sys.executable, "-m", "podbay.testing.adopt_child"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(payload)
+        child.stdin.close()
+        line = child.stdout.readline()
+        if not line:
+            child.wait(10)
+            raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
+        assert json.loads(line) == {"ready": True}
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+
+        observed = {m.machine_id: m.state for m in h.run(h.driver.adopt())}
+        for want, spec in specs.items():
+            assert observed.get(spec.machine_id) == MachineState(want), (want, observed)
+        ids = [m.machine_id for m in h.run(h.driver.adopt())]
+        assert len(ids) == len(set(ids)), "adopt reported a machine twice"
+        running = specs["running"].machine_id
+        assert h.sh(running, "cat /workspace/mark").strip() == "running"
+        if "suspended" in specs:
+            suspended = specs["suspended"].machine_id
+            h.run(h.driver.resume(suspended))
+            assert h.sh(suspended, "cat /workspace/mark").strip() == "suspended"
+        stopped = specs["stopped"].machine_id
+        h.run(h.driver.start(stopped))
+        assert h.sh(stopped, "cat /workspace/mark").strip() == "stopped"

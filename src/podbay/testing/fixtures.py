@@ -1,0 +1,128 @@
+"""Pytest fixtures for real sandboxes, shared by every test suite that needs them.
+
+Import the ones you use into a ``conftest.py``::
+
+    from podbay.testing.fixtures import oci_driver, oci_session, oci_settings  # noqa: F401
+
+- ``oci_settings`` (session): :class:`~podbay.settings.Settings` for a
+  throwaway data directory whose base image comes from one cache shared by
+  every test session (``$PODBAY_TEST_IMAGE_DIR``, default
+  ``/var/tmp/podbay-test-images``), so the image is built once per machine.
+- ``oci_session`` (session): a prepared :class:`OciDriver` on its own event
+  loop, for synchronous tests (``session.run(driver.start(id))``).
+- ``oci_driver`` (function): a fresh, unprepared driver on the same settings,
+  for tests that run their own event loop; machines it left are destroyed.
+
+Every fixture skips (with the reason) when the host cannot run sandboxes:
+not root, or no runc. At session end every machine of the data directory is
+destroyed and its leftovers collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from podbay.runtime.base import Limits, MachineSpec
+from podbay.settings import GIB, Settings
+
+T = TypeVar("T")
+
+DEFAULT_IMAGE_DIR = "/var/tmp/podbay-test-images"
+
+
+def host_problem() -> str | None:
+    """Why this host cannot run real sandboxes, or ``None``."""
+    if os.geteuid() != 0:
+        return "needs root (real namespaces, mounts and cgroups)"
+    if shutil.which("runc") is None:
+        return "needs runc (apt-get install runc)"
+    if shutil.which("mkfs.ext4") is None:
+        return "needs e2fsprogs"
+    return None
+
+
+def sandbox_settings(data_dir: Path, **runtime: Any) -> Settings:
+    """Settings for tests: the shared image cache and a short run directory."""
+    settings = Settings.load(environ={}, data_dir=data_dir)
+    settings.runtime.image_dir = os.environ.get("PODBAY_TEST_IMAGE_DIR", DEFAULT_IMAGE_DIR)
+    settings.runtime.run_dir = f"/run/podbay-test/{uuid.uuid4().hex[:8]}"
+    settings.runtime.warm_pool = 0
+    for key, value in runtime.items():
+        setattr(settings.runtime, key, value)
+    return settings
+
+
+def small_spec(machine_id: str | None = None, *, hostname: str = "sandbox",
+               memory_bytes: int = 512 * 1024 * 1024, pids: int = 256,
+               disk_bytes: int = 2 * GIB, env: dict[str, str] | None = None,
+               labels: dict[str, str] | None = None) -> MachineSpec:
+    return MachineSpec(
+        machine_id=machine_id or f"t-{uuid.uuid4().hex[:12]}", hostname=hostname,
+        limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=pids, disk_bytes=disk_bytes),
+        env=env or {}, labels=labels or {})
+
+
+class DriverSession:
+    """A driver and the event loop it lives on, for synchronous tests."""
+
+    def __init__(self, settings: Settings) -> None:
+        from podbay.runtime.oci.driver import OciDriver
+
+        self.settings = settings
+        self.runner = asyncio.Runner()
+        self.driver = OciDriver(settings)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(coro)
+
+    def close(self) -> None:
+        from podbay.runtime.oci import gc
+
+        try:
+            self.run(gc.collect(self.driver, everything=True))
+            self.run(self.driver.close())
+        finally:
+            self.runner.close()
+
+
+def _cleanup(settings: Settings) -> None:
+    session = DriverSession(settings)
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    problem = host_problem()
+    if problem:
+        pytest.skip(problem)
+    settings = sandbox_settings(tmp_path_factory.mktemp("podbay-data"))
+    yield settings
+    _cleanup(settings)
+
+
+@pytest.fixture(scope="session")
+def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
+    session = DriverSession(oci_settings)
+    session.run(session.driver.prepare())
+    yield session
+    session.run(session.driver.close())
+    session.runner.close()
+
+
+@pytest.fixture
+def oci_driver(oci_session: DriverSession) -> Iterator[Any]:
+    from podbay.runtime.oci.driver import OciDriver
+
+    driver = OciDriver(oci_session.settings)
+    before = set(driver.machine_ids())
+    yield driver
+    for machine_id in set(driver.machine_ids()) - before:
+        oci_session.run(oci_session.driver.destroy(machine_id))

@@ -1,0 +1,1 @@
+from podbay.testing.fixtures import oci_driver, oci_session, oci_settings  # noqa: F401
