@@ -1,0 +1,100 @@
+"""The agent under test: a real process on a real unix socket, started the way
+the runtime starts it (a staged copy, ``python -I -S``, a listening socket
+passed as an inherited fd, an env file), and a client for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from podbay.agent.staging import agent_argv
+
+#: A variable in the agent's own environment that commands must never see.
+AGENT_SECRET = "PODBAY_TEST_AGENT_SECRET"
+#: A variable from the env file that every command must see.
+DECLARED = {"PODBAY_DECLARED": "from-env-file"}
+
+
+class Agent:
+    """One running agent: its process, socket, workspace and a client."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock_path: str, workspace: Path) -> None:
+        self.proc = proc
+        self.sock_path = sock_path
+        self.workspace = workspace
+        self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock_path),
+                                   base_url="http://agent", timeout=30)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def new_client(self) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=self.sock_path),
+                            base_url="http://agent", timeout=30)
+
+    def exec(self, command: list[str], **fields: Any) -> httpx.Response:
+        return self.client.post("/v1/exec", json={"command": command, **fields})
+
+    def spawn(self, command: list[str], **fields: Any) -> httpx.Response:
+        return self.client.post("/v1/processes", json={"command": command, **fields})
+
+    def wait_exited(self, process_id: str, timeout: float = 10) -> dict[str, Any]:
+        """Poll the status (without reading output) until the process exited."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for status in self.client.get("/v1/processes").json()["processes"]:
+                if status["process_id"] == process_id and status["state"] == "exited":
+                    return dict(status)
+            time.sleep(0.02)
+        raise AssertionError(f"process {process_id} still running after {timeout}s")
+
+    def forget_all(self) -> None:
+        for status in self.client.get("/v1/processes").json()["processes"]:
+            self.client.delete(f"/v1/processes/{status['process_id']}")
+
+    def rss_kib(self, field: str = "VmRSS") -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(field)
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_agent(tmp: Path, staged: Path) -> Agent:
+    workspace = tmp / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    env_file = tmp / "env.json"
+    env_file.write_text(json.dumps(DECLARED))
+    sock_path = str(tmp / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(128)
+    fd = listener.fileno()
+    argv = agent_argv(sys.executable, staged, "--fd", str(fd), "--workspace", str(workspace),
+                      "--env-file", str(env_file))
+    env = {**os.environ, AGENT_SECRET: "must-not-leak"}
+    proc = subprocess.Popen(argv, pass_fds=(fd,), env=env, cwd=str(tmp))
+    listener.close()
+    agent = Agent(proc, sock_path, workspace)
+    assert agent.client.get("/v1/info").status_code == 200
+    return agent
