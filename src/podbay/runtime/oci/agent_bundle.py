@@ -15,12 +15,11 @@ does to ``/usr``, ``/lib`` or ``ld.so.cache`` in their overlay reaches it
 
 from __future__ import annotations
 
-import compileall
 import hashlib
 import logging
 import os
-import py_compile
 import shutil
+import subprocess
 from pathlib import Path
 
 from ..base import DriverError
@@ -49,14 +48,15 @@ def _sources(root: Path) -> list[tuple[str, Path]]:
             if "__pycache__" not in path.parts:
                 files.append((str(path.relative_to(root)), path))
     if not (root / "agent" / "__main__.py").exists():
-        standin = root / "testing" / "standin_agent.py"
-        log.warning("podbay.agent.__main__ is missing: staging the test stand-in agent")
-        files.append(("agent/__main__.py", standin))
+        raise DriverError(f"the agent is missing from the installed podbay ({root}/agent)")
     return files
 
 
-def stage_agent(data_dir: Path) -> Path:
-    """The staged agent directory for the installed podbay (created if missing)."""
+def stage_agent(data_dir: Path, image_rootfs: Path) -> Path:
+    """The staged agent directory for the installed podbay (created if missing).
+
+    Byte-compiled by the image's own interpreter, whose version may differ
+    from the host's."""
     root = _source_root()
     files = _sources(root)
     digest = hashlib.sha256()
@@ -74,12 +74,12 @@ def stage_agent(data_dir: Path) -> Path:
         dest = package / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
-    ok = compileall.compile_dir(
-        str(package), quiet=1,
-        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    if not ok:
+    argv = [*host_python_argv(image_rootfs), "-m", "compileall", "-q", "--invalidation-mode",
+            "unchecked-hash", str(package)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DriverError("the agent's code does not compile")
+        raise DriverError(f"the agent's code does not compile: {done.stdout}{done.stderr}")
     for dirpath, _, filenames in os.walk(tmp):
         os.chmod(dirpath, 0o755)  # noqa: S103 - read-only code, readable by all
         for name in filenames:
@@ -92,12 +92,8 @@ def stage_agent(data_dir: Path) -> Path:
     return target
 
 
-def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
-    """The sandbox's first process: the image's python through the image's loader.
-
-    Paths are resolved inside the image on the host, because the image's own
-    ``/lib64/ld-linux-x86-64.so.2`` is an *absolute* symlink that would resolve
-    into the user's overlay inside the sandbox."""
+def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
+    """(loader, library dirs, python) of the image, as paths on the host."""
     libdirs = sorted(p for p in (image_rootfs / "usr" / "lib").glob("*-linux-gnu*")
                      if p.is_dir() and not p.is_symlink())
     loaders = [p for d in libdirs for p in d.glob("ld-linux*.so.*") if not p.is_symlink()]
@@ -106,15 +102,32 @@ def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
                and not p.is_symlink()]
     if not loaders or not pythons:
         raise DriverError(f"base image at {image_rootfs} has no python3 or no dynamic loader")
+    return loaders[0], libdirs, pythons[-1]
+
+
+def host_python_argv(image_rootfs: Path) -> list[str]:
+    """Run the image's interpreter on the host (to byte-compile for it)."""
+    loader, libdirs, python = _interpreter(image_rootfs)
+    return [str(loader), "--inhibit-cache", "--library-path", ":".join(map(str, libdirs)),
+            str(python), "-I", "-S"]
+
+
+def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
+    """The sandbox's first process: the image's python through the image's loader.
+
+    Paths are resolved inside the image on the host, because the image's own
+    ``/lib64/ld-linux-x86-64.so.2`` is an *absolute* symlink that would resolve
+    into the user's overlay inside the sandbox."""
+    loader, libdirs, python = _interpreter(image_rootfs)
 
     def inside(path: Path) -> str:
         return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
 
     code = (f"import sys; sys.path.insert(0, {AGENT_DIR!r}); "
             "from podbay.agent.__main__ import main; sys.exit(main())")
-    argv = [inside(loaders[0]), "--inhibit-cache",
+    argv = [inside(loader), "--inhibit-cache",
             "--library-path", ":".join(inside(d) for d in libdirs),
-            inside(pythons[-1]), "-I", "-S", "-c", code, "--fd", str(fd)]
+            inside(python), "-I", "-S", "-c", code, "--fd", str(fd)]
     if env_file:
         argv += ["--env-file", ENV_FILE]
     return argv

@@ -83,7 +83,8 @@ class OciDriver:
             raise DriverError(f"OCI runtime {self.rt.oci_runtime!r} not found "
                               "(apt-get install runc)")
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
-        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir)
+        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir,
+                                            image.rootfs)
         for d in (self.layout.machines, self.layout.runc_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
