@@ -24,7 +24,6 @@ import socket
 import struct
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
@@ -355,6 +354,8 @@ def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> N
                 write_response(sock, refuse(exc.status, exc.message), keep_alive=False)
                 return
             except Exception:
+                import traceback  # only for bugs: keeps start-up lean
+
                 traceback.print_exc(file=sys.stderr)
                 resp = refuse(500, "the agent failed unexpectedly; see its log")
                 req.keep_alive = False
