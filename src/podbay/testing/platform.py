@@ -1,0 +1,191 @@
+"""A real ``podbay serve`` in a subprocess, for end-to-end tests and benchmarks.
+
+Reusable by any suite (the SDK's included)::
+
+    from podbay.testing.platform import PlatformServer
+
+    with PlatformServer.start(tmp_path, env={"PODBAY_LIFECYCLE_IDLE_SECONDS": "2"}) as server:
+        token = server.create_deployment("agent")
+        handle = server.attach(token, "thread-1").json()
+
+The server uses the shared base-image cache of :mod:`podbay.testing.fixtures`
+(built once per machine), its own data and run directories, and a fixed
+port, so :meth:`PlatformServer.restart` comes back at the same URL. On
+:meth:`close` every machine of its data directory is destroyed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .fixtures import DEFAULT_IMAGE_DIR, host_problem
+
+SANDBOX_SPEC = "name: test-agent\nsandbox:\n  toolchain: never\n"
+NO_SANDBOX_SPEC = "name: test-agent\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PlatformServer:
+    def __init__(self, root: Path, env: dict[str, str], port: int) -> None:
+        self.root = root
+        self.data_dir = root / "data"
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.run_dir = f"/run/podbay-test/{uuid.uuid4().hex[:8]}"
+        self.env = {
+            **os.environ,
+            "PODBAY_RUNTIME_IMAGE_DIR": os.environ.get("PODBAY_TEST_IMAGE_DIR",
+                                                       DEFAULT_IMAGE_DIR),
+            "PODBAY_RUNTIME_RUN_DIR": self.run_dir,
+            "PODBAY_RUNTIME_WARM_POOL": "0",
+            **env,
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(base_url=self.base_url, timeout=60)
+        self.log_path = root / "serve.log"
+
+    # -- life of the server process ------------------------------------------------
+    @classmethod
+    def start(cls, root: Path, *, env: dict[str, str] | None = None,
+              wait: bool = True) -> PlatformServer:
+        problem = host_problem()
+        if problem:
+            import pytest
+
+            pytest.skip(problem)
+        root.mkdir(parents=True, exist_ok=True)
+        server = cls(root, env or {}, free_port())
+        server.spawn()
+        if wait:
+            server.wait_ready()
+        return server
+
+    def spawn(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "podbay.cli.main", "serve", "--data-dir", str(self.data_dir),
+             "--listen", f"127.0.0.1:{self.port}"],
+            env=self.env, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"podbay serve exited {self.process.returncode}:\n"
+                                   + self.log_tail())
+            try:
+                r = self.http.get("/healthz", timeout=2)
+                if r.status_code == 200:
+                    return
+                if r.json().get("error"):
+                    raise RuntimeError(f"podbay serve could not start: {r.json()}")
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("podbay serve did not become ready:\n" + self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the clean shutdown."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+    def restart(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.terminate()
+        self.spawn()
+        self.wait_ready()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.terminate()
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self.http.close()
+        self.destroy_machines()
+
+    def destroy_machines(self) -> None:
+        """Every machine this server's data directory holds, gone."""
+        from .fixtures import DriverSession, sandbox_settings
+
+        settings = sandbox_settings(self.data_dir)
+        settings.runtime.run_dir = self.run_dir
+        settings.runtime.image_dir = self.env["PODBAY_RUNTIME_IMAGE_DIR"]
+        DriverSession(settings).close()
+
+    def __enter__(self) -> PlatformServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the CLI ---------------------------------------------------------------------
+    def cli(self, *args: str, input: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "podbay.cli.main", *args, "--data-dir", str(self.data_dir)],
+            env=self.env, input=input, capture_output=True, text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def create_deployment(self, name: str, spec: str | None = SANDBOX_SPEC,
+                          account: str | None = None) -> str:
+        """Register ``name`` through the CLI; returns its identity token."""
+        args = ["deployment", "create", name]
+        if spec is not None:
+            args += ["--spec", "-"]
+        if account:
+            args += ["--account", account]
+        out = self.cli(*args, input=spec)
+        return out.stdout.strip().splitlines()[-1]
+
+    # -- the API ---------------------------------------------------------------------
+    def api(self, method: str, path: str, token: str | None, **kw: Any) -> httpx.Response:
+        headers = dict(kw.pop("headers", {}) or {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return self.http.request(method, path, headers=headers, **kw)
+
+    def attach(self, token: str, name: str, **kw: Any) -> httpx.Response:
+        return self.api("PUT", f"/api/v1/sandboxes/{name}", token, **kw)
+
+    def data(self, handle: dict[str, Any], method: str, path: str, **kw: Any) -> httpx.Response:
+        """A data-plane call with a handle's endpoint and headers."""
+        headers = {**handle["headers"], **(kw.pop("headers", {}) or {})}
+        return self.http.request(method, handle["endpoint"] + path, headers=headers, **kw)
+
+    def exec(self, handle: dict[str, Any], *argv: str, **kw: Any) -> httpx.Response:
+        return self.data(handle, "POST", "/v1/exec", json={"command": list(argv), **kw})
+
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
