@@ -1,0 +1,338 @@
+"""``podbay sandbox ...``: use sandboxes from a shell, through the Python SDK.
+
+    podbay sandbox exec thread-42 -- python3 -c 'print(2 + 2)'
+    podbay sandbox cp ./src thread-42:/workspace/src
+    podbay sandbox list --json
+
+The token comes from ``--token`` or ``ASTRO_AUTHZ_TOKEN``; the server from
+``--server`` or the token's ``iss``. ``--json`` prints one JSON document for
+scripts. ``exec`` and ``run`` exit with the command's own exit code.
+Failures are one line on stderr: exit 1 when the server refused
+(``podbay: 404 SANDBOX_NOT_FOUND: ...``), 2 when it could not be reached or
+the invocation is wrong, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+
+from podbay.cli.output import Output, fail
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@click.group()
+def command() -> None:
+    """Use sandboxes: exec, run, cp, ls, list..."""
+
+
+def _options(func: F) -> F:
+    """--token, --server and --json on every subcommand."""
+    func = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
+        func)
+    func = click.option("--server", envvar="PODBAY_SERVER_URL", default=None, metavar="URL",
+                        help="Control plane URL (default: the token's iss).")(func)
+    func = click.option("--token", envvar="ASTRO_AUTHZ_TOKEN", default=None,
+                        help="Identity token (default: $ASTRO_AUTHZ_TOKEN).")(func)
+    return func
+
+
+@contextlib.contextmanager
+def _session(token: str | None, server: str | None, as_json: bool,
+             **options: Any) -> Iterator[tuple[Any, Output]]:
+    """A client and an output; every expected failure becomes one line and an exit code."""
+    from podbay.client import SandboxClient
+    from podbay.errors import SandboxRequestError, SandboxUnavailableError
+
+    out = Output(as_json=as_json)
+    try:
+        with SandboxClient(identity_token=token, server_url=server, **options) as client:
+            yield client, out
+    except SandboxRequestError as exc:
+        fail(str(exc), 1)
+    except SandboxUnavailableError as exc:
+        fail(f"unavailable: {exc.message}", 2)
+    except ValueError as exc:  # configuration: no token, bad URL
+        fail(str(exc), 2)
+    except OSError as exc:  # local files for cp
+        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def _handle_json(handle: Any) -> dict[str, Any]:
+    from podbay.wire.codec import encode
+
+    data = encode(handle)
+    data.pop("headers", None)  # credentials never leave the client
+    return dict(data)
+
+
+def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--env wants KEY=VALUE, not {pair!r}", 2)
+        env[key] = value
+    return env or None
+
+
+# -- lifecycle ---------------------------------------------------------------------
+
+
+@command.command()
+@click.argument("name")
+@click.option("--class", "sandbox_class", default=None, help="Sandbox class (only 'default').")
+@_options
+def attach(name: str, sandbox_class: str | None, token: str | None, server: str | None,
+           as_json: bool) -> None:
+    """Create, resume or reuse sandbox NAME."""
+    with _session(token, server, as_json) as (client, out):
+        handle = client.attach(name, sandbox_class)
+        out.value(_handle_json(handle), f"{handle.name}  {handle.state}  ({handle.start})")
+
+
+@command.command()
+@click.argument("name")
+@_options
+def get(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+    """Show sandbox NAME."""
+    with _session(token, server, as_json) as (client, out):
+        record = client.get(name)
+        out.value(record, "\n".join(f"{k}: {v}" for k, v in _row(record).items()))
+
+
+@command.command("list")
+@_options
+def list_(token: str | None, server: str | None, as_json: bool) -> None:
+    """List this deployment's sandboxes."""
+    with _session(token, server, as_json) as (client, out):
+        records = client.list()
+        rows = [list(_row(r).values()) for r in records]
+        out.table(rows, ["NAME", "STATE", "CLASS", "CREATED", "LAST ACTIVE", "CEILING"],
+                  data=records)
+
+
+def _row(record: Any) -> dict[str, Any]:
+    def when(value: Any) -> str:
+        return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
+
+    return {"name": record.name, "state": record.state, "class": record.class_,
+            "created": when(record.created_at), "last_active": when(record.last_active_at),
+            "ceiling": when(record.ceiling_at)}
+
+
+@command.command()
+@click.argument("name")
+@_options
+def stop(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+    """Suspend sandbox NAME now (the next use resumes it)."""
+    with _session(token, server, as_json) as (client, out):
+        client.stop(name)
+        out.value({"name": name, "stopped": True}, f"stopped {name}")
+
+
+@command.command()
+@click.argument("name")
+@_options
+def rm(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+    """Delete sandbox NAME and its files."""
+    with _session(token, server, as_json) as (client, out):
+        client.delete(name)
+        out.value({"name": name, "deleted": True}, f"deleted {name}")
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+def _command_options(func: F) -> F:
+    func = click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
+                        help="Environment variable (repeatable).")(func)
+    func = click.option("--cwd", default=None, help="Working directory (default /workspace).")(
+        func)
+    func = click.option("--timeout-ms", type=int, default=None, help="Deadline in ms.")(func)
+    return func
+
+
+@command.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@_command_options
+@_options
+def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
+          timeout_ms: int | None, token: str | None, server: str | None,
+          as_json: bool) -> None:
+    """Run ARGV in NAME (after --); print its output; exit with its exit code."""
+    with _session(token, server, as_json) as (client, out):
+        result = client.exec(name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms)
+        if as_json:
+            out.value(result)
+        else:
+            out.raw(result.stdout)
+            if result.stderr:
+                out.err.write(result.stderr)
+                out.err.flush()
+            if result.truncated:
+                out.info("podbay: output was cut at 1 MiB per stream (use run for more)")
+            if result.timed_out:
+                out.info("podbay: the command was killed at its deadline")
+    sys.exit(result.exit_code)
+
+
+@command.command(context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@_command_options
+@click.option("--interval-ms", type=int, default=200, show_default=True,
+              help="How often to poll for output.")
+@_options
+def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
+        timeout_ms: int | None, interval_ms: int, token: str | None, server: str | None,
+        as_json: bool) -> None:
+    """Run ARGV in NAME with live output (no output cap); exit with its exit code."""
+    with _session(token, server, as_json) as (client, out):
+
+        def show(chunk: Any) -> None:
+            if chunk.stdout:
+                out.raw(chunk.stdout)
+            if chunk.stderr:
+                out.err.write(chunk.stderr)
+                out.err.flush()
+            lost = chunk.stdout_dropped + chunk.stderr_dropped
+            if lost:
+                out.info(f"podbay: {lost} bytes of output were lost (1 MiB retained)")
+
+        result = client.run(name, list(argv), cwd=cwd, env=_env(env), interval_ms=interval_ms,
+                            timeout_ms=timeout_ms, on_output=None if as_json else show)
+        if as_json:
+            out.value(result)
+        elif result.killed:
+            out.info("podbay: the command was killed"
+                     + (" at its deadline" if result.timed_out else ""))
+    sys.exit(result.exit_code if result.exit_code is not None else 1)
+
+
+@command.command()
+@click.argument("name")
+@_options
+def ps(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+    """List the processes of NAME."""
+    with _session(token, server, as_json) as (client, out):
+        processes = client.processes(name)
+        rows = [[p.process_id, p.state, "" if p.exit_code is None else p.exit_code,
+                 " ".join(p.command)] for p in processes]
+        out.table(rows, ["PROCESS_ID", "STATE", "EXIT", "COMMAND"], data=processes)
+
+
+@command.command()
+@click.argument("name")
+@click.argument("process_id")
+@click.option("--signal", "signal_name", default=None,
+              help="Send this signal (TERM, KILL, INT, ...) instead of killing and forgetting.")
+@_options
+def kill(name: str, process_id: str, signal_name: str | None, token: str | None,
+         server: str | None, as_json: bool) -> None:
+    """Kill PROCESS_ID in NAME and forget it (or only --signal it)."""
+    with _session(token, server, as_json) as (client, out):
+        if signal_name:
+            client.signal(name, process_id, signal_name.upper())
+            out.value({"process_id": process_id, "signal": signal_name.upper()},
+                      f"sent {signal_name.upper()} to {process_id}")
+        else:
+            client.kill(name, process_id)
+            out.value({"process_id": process_id, "killed": True}, f"killed {process_id}")
+
+
+# -- files ------------------------------------------------------------------------------
+
+
+@command.command()
+@click.argument("name")
+@click.argument("path", default=".")
+@_options
+def ls(name: str, path: str, token: str | None, server: str | None, as_json: bool) -> None:
+    """List PATH (default: the workspace) in NAME; directories end with '/'."""
+    with _session(token, server, as_json) as (client, out):
+        entries = client.list_dir(name, path)
+        if as_json:
+            out.value(entries)
+        for entry in [] if as_json else entries:
+            out.line(entry.name + ("/" if entry.is_directory else ""))
+
+
+def split_remote(arg: str) -> tuple[str, str] | None:
+    """``NAME:PATH`` → (name, path), or None for a local path.
+
+    Sandbox names may contain ':', so an absolute PATH splits at ':/' and
+    anything else at the last ':'. An existing local path is always local.
+
+    >>> split_remote("slack:C1:17.2:/workspace/a"), split_remote("t42:out.txt")
+    (('slack:C1:17.2', '/workspace/a'), ('t42', 'out.txt'))
+    """
+    if ":" not in arg or os.path.exists(arg) or arg.startswith(("/", "./", "../")):
+        return None
+    at = arg.find(":/")
+    name, path = (arg[:at], arg[at + 1:]) if at > 0 else arg.rsplit(":", 1)
+    return (name, path or ".") if name else None
+
+
+class _Bar:
+    """A progress bar on stderr, drawn only for people (a terminal, no --json)."""
+
+    def __init__(self, out: Output, label: str) -> None:
+        self.out = out
+        self.label = label
+        self.enabled = not out.as_json and out.err.isatty()
+        self.shown = False
+
+    def __call__(self, done: int, total: int | None) -> None:
+        if not self.enabled:
+            return
+        size = f"{done / 1e6:.1f} MB"
+        if total:
+            filled = int(30 * done / total) if total else 30
+            line = f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {size}"
+        else:
+            line = f"\r{self.label} {size}"
+        self.out.err.write(line)
+        self.out.err.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.out.err.write("\n")
+            self.out.err.flush()
+
+
+@command.command()
+@click.argument("source")
+@click.argument("destination")
+@_options
+def cp(source: str, destination: str, token: str | None, server: str | None,
+       as_json: bool) -> None:
+    """Copy a file or directory: LOCAL NAME:PATH uploads, NAME:PATH LOCAL downloads."""
+    remote_src, remote_dst = split_remote(source), split_remote(destination)
+    if bool(remote_src) == bool(remote_dst):
+        fail("cp wants exactly one NAME:PATH side (e.g. cp ./app t42:/workspace/app)", 2)
+    with _session(token, server, as_json) as (client, out):
+        bar = _Bar(out, os.path.basename(source.rstrip("/")) or source)
+        try:
+            if remote_dst:
+                client.upload(remote_dst[0], source, remote_dst[1], progress=bar)
+            else:
+                assert remote_src is not None
+                client.download(remote_src[0], remote_src[1], destination, progress=bar)
+        finally:
+            bar.close()
+        out.value({"source": source, "destination": destination},
+                  f"copied {source} -> {destination}")
+
+
+__all__ = ["command", "split_remote"]

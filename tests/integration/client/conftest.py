@@ -1,0 +1,105 @@
+"""The client against a real platform.
+
+By default a stand-in platform (``stub_platform.py``: the contract's control
+plane and a credential-checking relay in front of REAL agent processes).
+Set ``PODBAY_TEST_SERVER_URL`` and ``PODBAY_TEST_TOKEN`` to run the same
+tests against a real ``podbay serve``; tests that need to provoke the
+server (202s, expired credentials) are skipped there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio.from_thread
+import httpx
+import pytest
+from stub_platform import StubPlatform
+
+from podbay.client import AsyncSandboxClient, SandboxClient
+
+
+class RealServer:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self.token = token
+
+
+@pytest.fixture(scope="session")
+def platform() -> Iterator[Any]:
+    url, token = os.environ.get("PODBAY_TEST_SERVER_URL"), os.environ.get("PODBAY_TEST_TOKEN")
+    if url and token:
+        yield RealServer(url, token)
+        return
+    with StubPlatform() as stub:
+        yield stub
+
+
+@pytest.fixture
+def stub(platform: Any) -> Any:
+    if not isinstance(platform, StubPlatform):
+        pytest.skip("needs the stand-in platform's knobs")
+    return platform
+
+
+@pytest.fixture
+def name(platform: Any) -> Iterator[str]:
+    """A fresh sandbox name, deleted afterwards."""
+    sandbox = f"it-{uuid.uuid4().hex[:10]}"
+    yield sandbox
+    with SandboxClient(identity_token=platform.token, server_url=platform.url) as client, \
+            contextlib.suppress(Exception):  # never created, or already gone
+        client.delete(sandbox)
+
+
+class Blocking:
+    """An async client's methods called from sync test code, on one event loop."""
+
+    def __init__(self, client: AsyncSandboxClient, portal: Any) -> None:
+        self._client = client
+        self._portal = portal
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._client, attr)
+        if not callable(value):
+            return value
+        return lambda *a, **k: self._portal.call(functools.partial(value, *a, **k))
+
+
+@pytest.fixture(params=["sync", "async"])
+def face(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_client(face: str, platform: Any) -> Iterator[Any]:
+    closers: list[Any] = []
+    with anyio.from_thread.start_blocking_portal() as portal:
+
+        def make(**options: Any) -> Any:
+            options.setdefault("identity_token", platform.token)
+            options.setdefault("server_url", platform.url)
+            if face == "sync":
+                client: Any = SandboxClient(**options)
+                closers.append(client.close)
+                return client
+            aclient = AsyncSandboxClient(**options)
+            closers.append(lambda: portal.call(aclient.aclose))
+            return Blocking(aclient, portal)
+
+        yield make
+        for close in closers:
+            close()
+
+
+@pytest.fixture
+def client(make_client: Any) -> Any:
+    return make_client()
+
+
+__all__ = ["httpx"]

@@ -1,0 +1,223 @@
+"""Every client method, sync and async, against a real platform (see conftest)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from podbay.client import (
+    DirEntry,
+    GrepMatch,
+    SandboxPreparingError,
+    SandboxRequestError,
+    SandboxUnavailableError,
+)
+
+BINARY = b"\x00\xff" * 1000 + bytes(range(256)) + b"\xff\x00\n\r\x00"
+
+
+def test_commands(client: Any, name: str) -> None:
+    handle = client.attach(name)
+    assert handle.state == "running" and handle.name == name
+    result = client.exec(name, ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
+                         env={"GREETING": "hi"})
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert client.exec(name, ["/bin/sh", "-c", 'echo "$GREETING"'],
+                       env={"GREETING": "hi"}).stdout == "hi\n"
+    timed = client.exec(name, ["sleep", "10"], timeout_ms=300)
+    assert timed.timed_out and timed.exit_code == 137
+    combined = client.exec_combined(name, "echo 1; echo 2 >&2; echo 3")
+    assert (combined.output, combined.exit_code) == ("1\n2\n3\n", 0)
+    with pytest.raises(SandboxRequestError) as info:
+        client.exec(name, ["/definitely/not/here"])
+    assert (info.value.status, info.value.code) == (400, "COMMAND_START_FAILED")
+
+
+def test_processes(client: Any, name: str) -> None:
+    proc = client.spawn(name, ["/bin/sh", "-c", "echo ready; exec sleep 30"])
+    assert proc.state == "running"
+    assert proc.process_id in [p.process_id for p in client.processes(name)]
+    deadline = time.monotonic() + 10
+    chunk = client.poll(name, proc.process_id)
+    while not chunk.stdout and time.monotonic() < deadline:
+        time.sleep(0.05)
+        chunk = client.poll(name, proc.process_id)
+    assert chunk.stdout == "ready\n" and chunk.stdout_next == 6
+    client.signal(name, proc.process_id, "TERM")
+    while chunk.state != "exited" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        chunk = client.poll(name, proc.process_id, stdout_from=6)
+    assert chunk.exit_code == 143 and chunk.stdout == ""
+    client.kill(name, proc.process_id)
+    assert proc.process_id not in [p.process_id for p in client.processes(name)]
+
+
+def test_run(client: Any, name: str) -> None:
+    chunks: list[str] = []
+    result = client.run(name, ["/bin/sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done; "
+                                                "echo bad >&2; exit 5"],
+                        interval_ms=50, on_output=lambda c: chunks.append(c.stdout))
+    assert (result.exit_code, result.stdout, result.stderr) == (5, "1\n2\n3\n", "bad\n")
+    assert not result.killed and "".join(chunks) == "1\n2\n3\n"
+    timed = client.run(name, ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=50,
+                       timeout_ms=500)
+    assert timed.killed and timed.timed_out and timed.stdout == "begin\n"
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    cancelled = client.run(name, ["sleep", "30"], interval_ms=50, cancel=cancel)
+    assert cancelled.killed and not cancelled.timed_out
+    assert client.processes(name) == []  # run reaps what it spawned
+
+
+@pytest.mark.parametrize("files", ["auto", "base64"])
+def test_files(make_client: Any, name: str, files: str, tmp_path: Path) -> None:
+    client = make_client(files=files)
+    client.write_file_bytes(name, "data.bin", BINARY)
+    assert client.read_file_bytes(name, "data.bin") == BINARY
+    client.write_file(name, "notes.txt", "héllo\nTODO: x:y\n")
+    assert client.read_file(name, "notes.txt") == "héllo\nTODO: x:y\n"
+    with pytest.raises(SandboxRequestError) as info:
+        client.read_file(name, "missing.txt")
+    assert info.value.status == 404
+    client.exec(name, ["mkdir", "-p", "sub"])
+    names = {(e.name, e.is_directory) for e in client.list_dir(name)}
+    assert {("notes.txt", False), ("sub", True)} <= names
+    assert client.grep(name, "TODO", "notes.txt") == [
+        GrepMatch(path="notes.txt", line=2, text="TODO: x:y")]
+    assert client.grep(name, "TODO") == [GrepMatch(path="./notes.txt", line=2, text="TODO: x:y")]
+    assert client.grep(name, "no-such-thing") == []
+    with pytest.raises(SandboxRequestError) as info:
+        client.list_dir(name, "nowhere")
+    assert info.value.status == 404
+
+
+def test_upload_download_tree(client: Any, name: str, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "deep" / "er").mkdir(parents=True)
+    (tree / "a.bin").write_bytes(BINARY)
+    (tree / "deep" / "er" / "b.txt").write_text("b\n")
+    client.upload(name, tree, "project")
+    assert client.read_file(name, "project/deep/er/b.txt") == "b\n"
+    client.download(name, "project", tmp_path / "back")
+    assert (tmp_path / "back" / "a.bin").read_bytes() == BINARY
+    assert (tmp_path / "back" / "deep" / "er" / "b.txt").read_text() == "b\n"
+    assert DirEntry(name="project", is_directory=True) in client.list_dir(name)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def test_50_mib_both_ways(client: Any, name: str, tmp_path: Path) -> None:
+    source = tmp_path / "big.bin"
+    with open(source, "wb") as f:
+        for _ in range(50):
+            f.write(os.urandom(1 << 20))
+    client.upload(name, source, "big.bin")
+    remote = client.exec(name, ["sha256sum", "big.bin"]).stdout.split()[0]
+    assert remote == _digest(source)
+    client.download(name, "big.bin", tmp_path / "back.bin")
+    assert _digest(tmp_path / "back.bin") == _digest(source)
+
+
+def test_control_plane(client: Any, name: str) -> None:
+    client.attach(name)
+    record = client.get(name)
+    assert record.name == name and record.class_ == "default"
+    assert name in [r.name for r in client.list()]
+    client.stop(name)
+    assert client.exec(name, ["true"]).exit_code == 0  # the next call resumes it
+    client.delete(name)
+    with pytest.raises(SandboxRequestError) as info:
+        client.get(name)
+    assert (info.value.status, info.value.code) == (404, "SANDBOX_NOT_FOUND")
+
+
+def test_handle_object(platform: Any, name: str) -> None:
+    from podbay import SandboxClient
+
+    with SandboxClient(identity_token=platform.token, server_url=platform.url) as client, \
+            client.sandbox(name) as sb:
+        sb.write_file("hi.py", "print('hi')\n")
+        assert sb.exec(["python3", "hi.py"]).stdout == "hi\n"
+
+
+def test_401_reattaches_once(client: Any, stub: Any, name: str) -> None:
+    client.attach(name)
+    before = stub.attaches
+    stub.expire_credentials(name)
+    assert client.exec(name, ["echo", "ok"]).stdout == "ok\n"
+    assert stub.attaches == before + 1
+
+
+def test_202_then_200(client: Any, stub: Any, name: str) -> None:
+    stub.preparing = 2
+    started = time.monotonic()
+    assert client.attach(name).state == "running"
+    assert time.monotonic() - started >= 0.4  # waited Retry-After (0.2 s) twice
+
+
+def test_prepare_timeout(make_client: Any, stub: Any, name: str) -> None:
+    stub.preparing = 100
+    try:
+        with pytest.raises(SandboxPreparingError) as info:
+            make_client(prepare_timeout_seconds=0.5).attach(name)
+        assert info.value.retry_after == pytest.approx(0.2)
+    finally:
+        stub.preparing = 0
+
+
+class LoseAnswers(httpx.BaseTransport):
+    """Sends the request for real, then drops the answer like a cut connection."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.sent: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.url.path.endswith("/v1/exec"):
+            response.read()
+            response.close()
+            self.sent.append(request.url.path)
+            raise httpx.ReadError("connection reset after the request was sent", request=request)
+        return response
+
+
+class ALoseAnswers(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.sent: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path.endswith("/v1/exec"):
+            await response.aread()
+            await response.aclose()
+            self.sent.append(request.url.path)
+            raise httpx.ReadError("connection reset after the request was sent", request=request)
+        return response
+
+
+def test_transport_failure_is_not_retried(make_client: Any, face: str, name: str,
+                                          platform: Any) -> None:
+    transport: Any = LoseAnswers() if face == "sync" else ALoseAnswers()
+    client = make_client(transport=transport)
+    client.attach(name)
+    with pytest.raises(SandboxUnavailableError) as info:
+        client.exec(name, ["/bin/sh", "-c", "echo once >> ran.txt"])
+    assert isinstance(info.value.cause, httpx.ReadError)
+    assert len(transport.sent) == 1
+    plain = make_client()
+    assert plain.read_file(name, "ran.txt") == "once\n"  # ran exactly once
