@@ -649,28 +649,36 @@ class NetworkManager:
             signal_mounted()
             _lo_up()
             # tap0, made later, gets no IPv6 (slirp's is off); lo keeps ::1.
-            _sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+            with contextlib.suppress(FileNotFoundError):  # IPv6 off at boot
+                _sysctl("net.ipv6.conf.default.disable_ipv6", "1")
             if rules is not None:
                 _Nft.run(rules)
 
         built = _in_fresh_thread(build)
-        if not self.enabled:
-            await built
-            return None
-        # slirp needs only the mounted file; the rules load meanwhile. Both are
-        # done before setup returns, so no sandbox process ever runs unfiltered.
-        await asyncio.wait({mounted, built}, return_when=asyncio.FIRST_COMPLETED)
-        if built.done() and built.exception() is not None:
-            await built  # raises
-        slirp = asyncio.ensure_future(self._start_slirp(machine_id))
         try:
-            await built
+            if not self.enabled:
+                await built
+                return None
+            # slirp needs only the mounted file; the rules load meanwhile. Both are
+            # done before setup returns, so no sandbox process ever runs unfiltered.
+            await asyncio.wait({mounted, built}, return_when=asyncio.FIRST_COMPLETED)
+            if built.done() and built.exception() is not None:
+                await built  # raises
+            slirp = asyncio.ensure_future(self._start_slirp(machine_id))
+            try:
+                await built
+            except BaseException:
+                slirp.cancel()
+                with contextlib.suppress(BaseException):
+                    await slirp
+                raise
+            return await slirp
         except BaseException:
-            slirp.cancel()
+            # Cancelled or failed: let the thread finish before anyone cleans up,
+            # or it could mount after the cleanup ran.
             with contextlib.suppress(BaseException):
-                await slirp
+                await asyncio.shield(built)
             raise
-        return await slirp
 
     async def _apply_rules(self, path: Path) -> None:
         rules = self._ruleset(replace=True)

@@ -1,0 +1,263 @@
+"""Helpers for the network tests: servers, probes, the test network's layout."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "pbnt"
+TMP_PREFIX = "podbay-nettest-"
+#: Addresses the tests put on the host (on the host end of the veth pair).
+PRIVATE_HOST_ADDRESS = "10.0.0.1"
+METADATA_ADDRESS = "169.254.169.254"
+PUBLIC_HOST_ADDRESS = "198.51.100.7"
+#: An unprivileged host uid for probes run "as the sandbox".
+PROBE_UID = 1_000_000
+#: The system interpreter: the same one a Debian sandbox has, readable by PROBE_UID.
+PROBE_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+
+NEEDED_TOOLS = ("slirp4netns", "ip", "nsenter", "unshare", "setpriv", "ss", "nft")
+
+
+def sh(*argv: str, check: bool = True, input: bytes | None = None) -> str:
+    done = subprocess.run(argv, capture_output=True, input=input, check=False, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode().strip()}"
+        )
+    return done.stdout.decode()
+
+
+# --------------------------------------------------------------------------- servers
+
+
+class TcpServer:
+    """A thread that accepts, writes a banner, counts and closes."""
+
+    def __init__(self, host: str, banner: bytes, port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(16)
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+        self.banner = banner
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with contextlib.suppress(OSError), conn:
+                conn.sendall(self.banner)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class UdpServer:
+    def __init__(self, host: str) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.host = host
+        self.port = self.sock.getsockname()[1]
+        self.received = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.sock.recvfrom(2048)
+            except OSError:
+                return
+            self.received += 1
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------- probes
+
+#: Runs inside a namespace: argv[1] is a JSON list of [kind, host, port, payload-hex].
+PROBE = r"""
+import errno, json, socket, sys, time
+out = []
+for kind, host, port, payload in json.loads(sys.argv[1]):
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    t0 = time.monotonic()
+    try:
+        if kind == "tcp":
+            s = socket.create_connection((host, port), timeout=2)
+            s.settimeout(2)
+            data = s.recv(100)
+            s.close()
+            res = "connected:" + data.decode(errors="replace")
+        else:
+            s = socket.socket(fam, socket.SOCK_DGRAM)
+            s.settimeout(1)
+            s.connect((host, port))
+            s.send(bytes.fromhex(payload))
+            try:
+                s.recv(2048)
+                res = "answered"
+            except socket.timeout:
+                res = "sent-no-answer"
+            s.close()
+    except socket.timeout:
+        res = "timeout"
+    except OSError as e:
+        res = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+    out.append([res, round(time.monotonic() - t0, 3)])
+print(json.dumps(out))
+"""
+
+
+def in_netns(netns: Path, *argv: str, sandbox: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in ``netns``; with ``sandbox`` the way a container would be:
+    an unprivileged host uid, root only inside a new user namespace."""
+    prefix = ["nsenter", f"--net={netns}", "--"]
+    if sandbox:
+        prefix += [
+            "setpriv",
+            f"--reuid={PROBE_UID}",
+            f"--regid={PROBE_UID}",
+            "--clear-groups",
+            "--",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--",
+        ]
+    return subprocess.run(
+        [*prefix, *argv], capture_output=True, text=True, timeout=60, check=False, cwd="/"
+    )
+
+
+def probe(netns: Path, targets: list[tuple[str, str, int, str]], *, sandbox: bool = True):
+    """Connection attempts from inside ``netns``: [(result, seconds)] per target."""
+    done = in_netns(netns, PROBE_PYTHON, "-I", "-c", PROBE, json.dumps(targets), sandbox=sandbox)
+    assert done.returncode == 0, done.stderr
+    return [tuple(r) for r in json.loads(done.stdout)]
+
+
+# --------------------------------------------------------------------------- the test network
+
+
+@dataclass
+class NetLab:
+    """Host changes for the session, and what they serve."""
+
+    pid: int
+    workdir: Path
+    testhost_netns: Path
+    testhost_address: str
+    host_side_address: str
+    host_link: str
+    testhost_port: int = 8080
+    servers: dict[str, TcpServer] = field(default_factory=dict)
+    udp: UdpServer | None = None
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+def _pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def remove_stale() -> None:
+    """Undo what an earlier, killed run of these tests left (its pid is gone)."""
+    for line in sh("ip", "-o", "link", "show").splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        digits = name[len(PREFIX) : -1]
+        if name.startswith(PREFIX) and digits.isdigit() and not _pid_alive(int(digits)):
+            sh("ip", "link", "del", name, check=False)
+    for entry in Path("/tmp").glob(f"{TMP_PREFIX}*"):
+        digits = entry.name[len(TMP_PREFIX) :]
+        if digits.isdigit() and not _pid_alive(int(digits)):
+            remove_workdir(entry)
+
+
+def remove_workdir(workdir: Path) -> None:
+    """Unmount namespace files, then remove the tree (deepest first)."""
+    if not workdir.exists():
+        return
+    for path in sorted(workdir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if _is_mount(path):
+            sh("umount", "-l", str(path), check=False)
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+    with contextlib.suppress(OSError):
+        workdir.rmdir()
+
+
+def _is_mount(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def wait_listening(host: str, port: int, netns: Path | None = None) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if netns is None:
+            with contextlib.suppress(OSError), socket.create_connection((host, port), 0.5):
+                return
+        else:
+            if probe(netns, [("tcp", host, port, "")], sandbox=False)[0][0].startswith("connected"):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {host}:{port}")
+
+
+TESTHOST_SERVER = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(16)
+while True:
+    c, _ = s.accept(); c.sendall(sys.argv[2].encode()); c.close()
+"""
+
+
+def spawn_server(netns: Path, port: int, banner: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["nsenter", f"--net={netns}", "--", PROBE_PYTHON, "-I", "-c", TESTHOST_SERVER,
+         str(port), banner],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+def host_addresses() -> list[str]:
+    found = []
+    for entry in json.loads(sh("ip", "-j", "addr", "show")):
+        for info in entry.get("addr_info", []):
+            if info.get("scope") == "link" or info.get("tentative"):
+                continue
+            found.append(info["local"])
+    return found

@@ -1,0 +1,248 @@
+"""Setup, teardown, adopt after a crash, loopback-only mode, latency, doctor checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from _nethelpers import NetLab, probe, sh
+
+from podbay.runtime.oci.network import (
+    DISABLED_RESOLV_CONF,
+    RESOLV_CONF,
+    NetworkError,
+    NetworkManager,
+)
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(str(path))]
+
+
+def processes_in_netns(inode: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def reaches_testhost(netns: Path, lab: NetLab) -> bool:
+    [(result, _)] = probe(netns, [("tcp", lab.testhost_address, lab.testhost_port, "")])
+    return result == "connected:testhost\n"
+
+
+def test_setup_builds_the_namespace(
+    manager: NetworkManager, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    handle = runner.run(manager.setup("m1"))
+    assert handle.netns_path == manager.netns_path("m1") == manager.run_dir / "m1" / "netns"
+    assert handle.netns_path in [Path(p) for p in mounts_under(manager.run_dir)]
+    assert handle.enabled and handle.resolv_conf == RESOLV_CONF
+    assert "nameserver 10.0.2.3" in RESOLV_CONF
+    links = {
+        link["ifname"]: link
+        for link in json.loads(sh("nsenter", f"--net={handle.netns_path}", "ip", "-j", "addr"))
+    }
+    assert set(links) == {"lo", "tap0"}
+    assert "UP" in links["lo"]["flags"]
+    tap = links["tap0"]
+    assert tap["mtu"] == 65520
+    assert [(a["family"], a["local"]) for a in tap["addr_info"]] == [("inet", "10.0.2.100")]
+    routes = sh("nsenter", f"--net={handle.netns_path}", "ip", "route")
+    assert "default via 10.0.2.2 dev tap0" in routes
+    # slirp4netns: that process, for that namespace, leader of its own session.
+    assert handle.slirp_pid is not None
+    argv = Path(f"/proc/{handle.slirp_pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[0].endswith(b"slirp4netns") and str(handle.netns_path).encode() in argv
+    assert b"--disable-host-loopback" in argv and not any(b"api-socket" in a for a in argv)
+    assert os.getsid(handle.slirp_pid) == handle.slirp_pid
+    assert reaches_testhost(handle.netns_path, testnet)
+
+
+def test_setup_is_idempotent(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    first = runner.run(manager.setup("m1"))
+    again = runner.run(manager.setup("m1"))
+    assert again.slirp_pid == first.slirp_pid
+    assert again.netns_path == first.netns_path
+    assert len(mounts_under(first.netns_path)) == 1
+
+
+def test_teardown_leaves_nothing(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    handle = runner.run(manager.setup("m1"))
+    inode = os.stat(handle.netns_path).st_ino
+    assert handle.slirp_pid in processes_in_netns(os.stat("/proc/self/ns/net").st_ino)
+    runner.run(manager.teardown("m1"))
+    assert not Path(f"/proc/{handle.slirp_pid}").exists()
+    assert mounts_under(manager.run_dir) == []
+    assert not manager.machine_dir("m1").exists()
+    assert processes_in_netns(inode) == []
+    with open("/proc/self/mountinfo") as f:
+        assert f"net:[{inode}]" not in f.read()
+    runner.run(manager.teardown("m1"))  # idempotent
+    runner.run(manager.teardown("never-made"))
+    assert manager.machines() == []
+
+
+def test_teardown_without_pid_file_still_stops_slirp(
+    manager: NetworkManager, runner: asyncio.Runner
+) -> None:
+    handle = runner.run(manager.setup("m1"))
+    (manager.machine_dir("m1") / "slirp.pid").unlink()
+    runner.run(manager.teardown("m1"))
+    assert not Path(f"/proc/{handle.slirp_pid}").exists()
+    assert not manager.machine_dir("m1").exists()
+
+
+NODE = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from pathlib import Path
+    from podbay.runtime.oci.network import NetworkManager
+    handle = asyncio.run(NetworkManager(Path(sys.argv[1])).setup("crash"))
+    print(handle.slirp_pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_adopt_after_the_node_is_killed(
+    manager: NetworkManager, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE, str(manager.run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert node.stdout is not None
+        pid = int(node.stdout.readline())
+    finally:
+        node.send_signal(signal.SIGKILL)
+        node.wait()
+    # slirp4netns outlived its parent and still serves the sandbox.
+    time.sleep(0.1)
+    assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"slirp4netns")
+    netns = manager.netns_path("crash")
+    assert reaches_testhost(netns, testnet)
+    # A new node process takes it back, same slirp.
+    adopted = runner.run(manager.adopt("crash"))
+    assert adopted is not None and adopted.slirp_pid == pid
+    assert manager.machines() == ["crash"]
+    # slirp dies meanwhile: adopt starts a new one; the sandbox is online again.
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not reaches_testhost(netns, testnet)
+    again = runner.run(manager.adopt("crash"))
+    assert again is not None and again.slirp_pid not in (None, pid)
+    assert reaches_testhost(netns, testnet)
+    runner.run(manager.teardown("crash"))
+    assert not Path(f"/proc/{again.slirp_pid}").exists()
+    assert mounts_under(manager.run_dir) == []
+
+
+def test_adopt_of_nothing_is_none(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    assert runner.run(manager.adopt("nothing")) is None
+
+
+def test_disabled_network_is_loopback_only(
+    run_dir: Path, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    manager = NetworkManager(run_dir, enabled=False)
+    handle = runner.run(manager.setup("off"))
+    try:
+        assert handle.slirp_pid is None
+        assert handle.resolv_conf == DISABLED_RESOLV_CONF
+        links = sh("nsenter", f"--net={handle.netns_path}", "ip", "-br", "link").split()
+        assert links[0] == "lo" and "tap0" not in links
+        [(result, _)] = probe(
+            handle.netns_path, [("tcp", testnet.testhost_address, testnet.testhost_port, "")]
+        )
+        assert result == "ENETUNREACH"
+        adopted = runner.run(manager.adopt("off"))
+        assert adopted is not None and adopted.slirp_pid is None
+    finally:
+        runner.run(manager.teardown("off"))
+    assert mounts_under(run_dir) == []
+
+
+def test_setup_latency(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    sequential = []
+    for i in range(10):
+        started = time.perf_counter()
+        runner.run(manager.setup(f"lat-{i}"))
+        sequential.append(time.perf_counter() - started)
+
+    async def burst() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(manager.setup(f"burst-{i}") for i in range(5)))
+        return time.perf_counter() - started
+
+    concurrent = runner.run(burst())
+    teardown_started = time.perf_counter()
+    runner.run(asyncio.wait_for(_teardown_all(manager), 30))
+    teardown = time.perf_counter() - teardown_started
+    median = statistics.median(sequential)
+    print(
+        f"\nnetwork setup: median {median * 1000:.1f} ms, max {max(sequential) * 1000:.1f} ms;"
+        f" 5 at once {concurrent * 1000:.1f} ms;"
+        f" teardown of 15 {teardown * 1000:.1f} ms"
+    )
+    # The whole create-to-ready budget is 150 ms; the network may use a fraction.
+    assert median < 0.05, sequential
+    assert mounts_under(manager.run_dir) == []
+
+
+async def _teardown_all(manager: NetworkManager) -> None:
+    await asyncio.gather(*(manager.teardown(m) for m in manager.machines()))
+
+
+def test_failed_setup_leaves_nothing(run_dir: Path, runner: asyncio.Runner) -> None:
+    manager = NetworkManager(run_dir, slirp_binary="/bin/false")
+    with pytest.raises(NetworkError, match="slirp4netns for broken"):
+        runner.run(manager.setup("broken"))
+    assert not manager.machine_dir("broken").exists()
+    assert mounts_under(run_dir) == []
+
+
+def test_refresh_blocks_a_new_host_address(
+    manager: NetworkManager, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    handle = runner.run(manager.setup("m1"))
+    added = "198.51.100.99"
+
+    def blocked_set() -> str:
+        return sh("nsenter", f"--net={handle.netns_path}", "nft", "list", "set", "inet",
+                  "podbay", "blocked_v4")  # fmt: skip
+
+    assert added not in blocked_set()
+    sh("ip", "addr", "add", f"{added}/32", "dev", testnet.host_link)
+    try:
+        runner.run(manager.refresh("m1"))
+        assert added in blocked_set()
+        assert runner.run(manager.adopt("m1")) is not None  # adopt reloads too
+        assert added in blocked_set()
+    finally:
+        sh("ip", "addr", "del", f"{added}/32", "dev", testnet.host_link, check=False)
+
+
+def test_check_host(run_dir: Path) -> None:
+    assert NetworkManager(run_dir).check_host() == []
+    assert NetworkManager(run_dir, enabled=False).check_host() == []
+    problems = NetworkManager(run_dir, slirp_binary="slirp4netns-nonexistent").check_host()
+    assert problems == ["network: slirp4netns missing: apt-get install slirp4netns"]
