@@ -126,3 +126,49 @@ def oci_driver(oci_session: DriverSession) -> Iterator[Any]:
     yield driver
     for machine_id in set(driver.machine_ids()) - before:
         oci_session.run(oci_session.driver.destroy(machine_id))
+
+
+class Machines:
+    """Start real machines in a test; every one is destroyed afterwards.
+
+    >>> # m = oci_machines.up(memory_bytes=256 << 20); m.agent.sh("id -u").stdout
+    """
+
+    def __init__(self, session: DriverSession) -> None:
+        self.session = session
+        self.ids: list[str] = []
+
+    def up(self, **spec: Any) -> Machine:
+        made = small_spec(**spec)
+        self.ids.append(made.machine_id)
+        self.session.run(self.session.driver.create(made))
+        self.session.run(self.session.driver.start(made.machine_id))
+        return Machine(made.machine_id, self.session)
+
+    def destroy_all(self) -> None:
+        for machine_id in self.ids:
+            self.session.run(self.session.driver.destroy(machine_id))
+
+
+class Machine:
+    def __init__(self, machine_id: str, session: DriverSession) -> None:
+        from podbay.runtime.agent_client import AgentClient
+
+        self.id = machine_id
+        self.session = session
+        self.agent = AgentClient(session.driver.agent_socket(machine_id))
+
+    def sh(self, script: str, *, timeout_ms: int = 60_000) -> Any:
+        return self.agent.sh(script, timeout_ms=timeout_ms)
+
+    def init_pid(self) -> int:
+        state = self.session.driver.runc.state(self.id)  # type: ignore[attr-defined]
+        assert state is not None
+        return int(state.pid)
+
+
+@pytest.fixture
+def oci_machines(oci_session: DriverSession) -> Iterator[Machines]:
+    machines = Machines(oci_session)
+    yield machines
+    machines.destroy_all()

@@ -1,0 +1,137 @@
+"""Isolation of real sandboxes: files, processes, users, limits, the agent's resilience."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from podbay.testing.fixtures import DriverSession, Machines
+
+pytestmark = pytest.mark.root
+MIB = 1024 * 1024
+
+
+def test_two_sandboxes_see_neither_files_nor_processes(oci_machines: Machines) -> None:
+    a, b = oci_machines.up(), oci_machines.up()
+    assert a.sh("echo secret-a > /workspace/a.txt && echo secret-a > /tmp/a.txt").ok
+    assert a.sh("setsid sleep 1234 </dev/null >/dev/null 2>&1 &").ok
+    listing = b.sh("ls /workspace /tmp").stdout
+    assert "a.txt" not in listing
+    assert b.sh("ps -eo args | grep -c 'sleep 123[4]'").stdout.strip() == "0"
+    found = b.sh("grep -rsl 'secret[-]a' / --exclude-dir=proc --exclude-dir=sys | head -1")
+    assert found.stdout.strip() == ""
+    assert "sleep 1234" in a.sh("ps -eo args").stdout
+    # Each sandbox's pid namespace starts with its agent as pid 1.
+    assert b.sh("cat /proc/1/cmdline | tr '\\0' ' '").stdout.count("podbay.agent") == 1
+
+
+def test_root_inside_is_not_root_outside(oci_machines: Machines,
+                                         oci_session: DriverSession) -> None:
+    m = oci_machines.up()
+    assert m.sh("id -u").stdout.strip() == "0"
+    uid_base = oci_session.settings.runtime.uid_base
+    status = Path(f"/proc/{m.init_pid()}/status").read_text()
+    uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    assert {int(u) for u in uids} == {uid_base}
+    assert m.sh("cat /proc/self/uid_map").stdout.split() == ["0", str(uid_base), "65536"]
+
+
+def test_hardening(oci_machines: Machines) -> None:
+    m = oci_machines.up(hostname="hardened")
+    assert m.sh("hostname").stdout.strip() == "hardened"
+    # No mounting, no new namespaces, no kernel keyring, masked kernel files.
+    assert not m.sh("mount -t tmpfs none /mnt").ok
+    assert not m.sh("unshare -U true").ok
+    assert not m.sh("unshare -n true").ok
+    assert not m.sh("python3 -c 'import os; os.unshare(os.CLONE_NEWUSER)'").ok
+    assert not m.sh("head -c1 /proc/kcore").ok or m.sh("head -c1 /proc/kcore").stdout == ""
+    assert not m.sh("echo 1 > /proc/sys/kernel/panic").ok
+    caps = int(m.sh("grep CapEff /proc/self/status | cut -f2").stdout.strip(), 16)
+    assert not caps & (1 << 21), "CAP_SYS_ADMIN must not be granted"
+    assert not caps & (1 << 12), "CAP_NET_ADMIN must not be granted"
+    assert m.sh("grep NoNewPrivs /proc/self/status").stdout.split()[1] == "1"
+    assert m.sh("grep Seccomp: /proc/self/status").stdout.split()[1] == "2"
+    # The agent's code and the pristine image are read-only.
+    assert not m.sh("touch /.podbay/agent/x").ok
+    assert not m.sh("touch /.podbay/image/x").ok
+    # No host environment in the sandbox's first process.
+    env = m.sh("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
+    assert {e.split("=", 1)[0] for e in env} <= {"PATH", "LANG", "HOME"}
+    # The agent's socket is a host path: nothing of it inside.
+    assert "agent.sock" not in m.sh("find / -xdev -name 'agent.sock' 2>/dev/null").stdout
+
+
+def test_fork_bomb_is_contained(oci_machines: Machines, oci_session: DriverSession) -> None:
+    bomb, other = oci_machines.up(pids=128), oci_machines.up()
+    result: dict[str, object] = {}
+
+    def explode() -> None:
+        try:
+            result["bomb"] = bomb.sh("f(){ f | f & }; f; sleep 8", timeout_ms=6000)
+        except Exception as e:  # the agent may fail to answer while pids are exhausted
+            result["bomb"] = e
+
+    thread = threading.Thread(target=explode)
+    thread.start()
+    time.sleep(1.5)
+    cgroup = oci_session.driver.layout.machine(bomb.id).cgroup  # type: ignore[attr-defined]
+    pids = oci_session.driver.cgroups.procs(cgroup)  # type: ignore[attr-defined]
+    assert len(pids) <= 128
+    started = time.monotonic()
+    assert other.sh("echo alive").stdout.strip() == "alive"
+    assert time.monotonic() - started < 5
+    thread.join(30)
+    deadline = time.monotonic() + 30
+    while True:  # the bomb's sandbox recovers once its exec deadline killed the group
+        try:
+            if bomb.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the bomb's agent never recovered"
+        time.sleep(0.5)
+
+
+def test_memory_hog_is_killed_inside_and_agent_answers(oci_machines: Machines) -> None:
+    m = oci_machines.up(memory_bytes=256 * MIB)
+    hog = m.sh("python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'",
+               timeout_ms=60_000)
+    assert hog.exit_code == 137, hog
+    assert m.sh("echo still here").stdout.strip() == "still here"
+
+
+def test_disk_quota(oci_machines: Machines, oci_session: DriverSession) -> None:
+    size = 256 * MIB
+    m = oci_machines.up(disk_bytes=size)
+    fill = m.sh("dd if=/dev/zero of=/workspace/big bs=1M count=400 2>&1; sync")
+    assert "No space left" in fill.stdout, fill
+    assert m.sh("echo ok > /workspace/small || true; rm /workspace/big && echo freed").ok
+    disk = oci_session.driver.layout.machine(m.id).disk_image  # type: ignore[attr-defined]
+    assert os.stat(disk).st_blocks * 512 <= size
+    # The host's filesystem only ever gave the sandbox its file's blocks (other
+    # processes share the host disk, so free space itself is no measure).
+    assert os.statvfs(oci_session.settings.data_dir).f_bavail > 0
+    assert m.sh("echo fine > /workspace/after && cat /workspace/after").stdout.strip() == "fine"
+
+
+def test_removing_python_does_not_stop_the_agent(oci_machines: Machines,
+                                                 oci_session: DriverSession) -> None:
+    m = oci_machines.up()
+    assert m.sh("rm -rf /usr/bin/python3* /usr/lib/python3* /usr/lib/python3.11 "
+                "/etc/ld.so.cache /usr/local/lib/python3* && ! command -v python3").ok
+    assert m.sh("echo works").stdout.strip() == "works"
+    # A fresh boot on the same files still gets an agent.
+    oci_session.run(oci_session.driver.stop(m.id))
+    oci_session.run(oci_session.driver.start(m.id))
+    assert m.sh("echo rebooted; test ! -e /usr/bin/python3").stdout.strip() == "rebooted"
+
+
+def test_replacing_agent_paths_inside_is_refused(oci_machines: Machines) -> None:
+    m = oci_machines.up()
+    assert not m.sh("rm -rf /.podbay/agent").ok or m.sh("test -d /.podbay/agent/podbay").ok
+    assert not m.sh("ln -sf /etc/passwd /.podbay/env.json").ok
+    assert m.sh("echo ok").ok
