@@ -29,6 +29,8 @@ def incomplete_tail(data: bytes | bytearray) -> int:
         byte = data[n - back]
         if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead
             continue
+        if byte >= 0xF8:  # never valid in UTF-8: nothing to wait for
+            return 0
         if byte >= 0xF0:
             need = 4
         elif byte >= 0xE0:

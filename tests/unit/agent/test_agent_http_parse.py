@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from podbay.agent.http import (
+    MAX_HEAD_BYTES,
+    ProtocolError,
+    Response,
+    _Connection,
+    parse_request,
+    write_response,
+)
+
+
+def _conn(data: bytes) -> _Connection:
+    a, b = socket.socketpair()
+    threading.Thread(target=lambda: (a.sendall(data), a.close()), daemon=True).start()
+    return _Connection(b)
+
+
+def test_parses_head_query_and_content_length_body() -> None:
+    conn = _conn(b"POST /v1/x?path=a%20b&n=1 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-A: 2\r\n"
+                 b"Content-Length: 5\r\n\r\nhello")
+    req = parse_request(conn, lambda: None)
+    assert req is not None
+    assert (req.method, req.path, req.query) == ("POST", "/v1/x", {"path": "a b", "n": "1"})
+    assert req.headers["x-a"] == "1, 2" and req.keep_alive
+    assert req.body.read_all(100) == b"hello" and req.body.finished
+    assert parse_request(conn, lambda: None) is None  # clean end of stream
+
+
+def test_chunked_body_with_extensions_and_trailers() -> None:
+    conn = _conn(b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n")
+    req = parse_request(conn, lambda: None)
+    assert req is not None
+    assert req.body.read_all(100) == b"abcde"
+
+
+def test_body_over_the_limit() -> None:
+    conn = _conn(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
+    req = parse_request(conn, lambda: None)
+    assert req is not None
+    with pytest.raises(ProtocolError):
+        req.body.read_all(5)
+
+
+def test_head_too_large() -> None:
+    conn = _conn(b"GET / HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
+    with pytest.raises(ProtocolError) as info:
+        parse_request(conn, lambda: None)
+    assert info.value.status == 431
+
+
+def test_streamed_response_with_and_without_length() -> None:
+    a, b = socket.socketpair()
+    assert write_response(a, Response(200, iter([b"ab", b"c"]), length=3), True)
+    assert not write_response(a, Response(200, iter([b"ab", b"", b"c"])), False)
+    a.close()
+    raw = b"".join(iter(lambda: b.recv(65536), b""))
+    assert b"Content-Length: 3\r\n\r\nabc" in raw
+    assert b"Transfer-Encoding: chunked\r\n" in raw
+    assert raw.endswith(b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\n")
+    assert b"Connection: close" in raw

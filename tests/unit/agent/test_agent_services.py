@@ -1,0 +1,120 @@
+"""Environment, refusal mapping, file streaming, staging, version and CLI."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import podbay
+from podbay.agent import VERSION
+from podbay.agent.environment import EnvFileError, command_env, load_env_file
+from podbay.agent.files import Files
+from podbay.agent.http import Aborted
+from podbay.agent.reaper import exit_code
+from podbay.agent.refusal import path_refusal
+from podbay.agent.staging import agent_argv, stage
+from podbay.wire.codes import ErrorCode
+
+
+def test_version_matches_the_package() -> None:
+    assert podbay.__version__ == VERSION
+
+
+def test_env_layers_and_env_file(tmp_path: Path) -> None:
+    good = tmp_path / "env.json"
+    good.write_text(json.dumps({"A": "1", "PATH": "/x"}))
+    declared = load_env_file(str(good))
+    env = command_env(declared, {"A": "2"})
+    assert env["A"] == "2" and env["PATH"] == "/x" and env["HOME"] == "/root"
+    for bad in ("[1]", '{"A": 1}', '{"A=B": "x"}', "{nope"):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(EnvFileError):
+            load_env_file(str(tmp_path / "bad.json"))
+    with pytest.raises(EnvFileError):
+        load_env_file(str(tmp_path / "missing.json"))
+
+
+def test_os_errors_map_to_path_codes() -> None:
+    cases = {errno.ENOENT: ErrorCode.PATH_NOT_FOUND, errno.EISDIR: ErrorCode.PATH_IS_DIRECTORY,
+             errno.ENOTDIR: ErrorCode.PATH_NOT_DIRECTORY,
+             errno.EACCES: ErrorCode.PATH_ACCESS_DENIED,
+             errno.ENOSPC: ErrorCode.NO_SPACE, errno.EDQUOT: ErrorCode.NO_SPACE,
+             errno.ENOTEMPTY: ErrorCode.DIRECTORY_NOT_EMPTY, errno.EIO: ErrorCode.INTERNAL}
+    for number, code in cases.items():
+        refusal = path_refusal(OSError(number, os.strerror(number)), "/p")
+        assert refusal.code == code and refusal.message.startswith("/p: ")
+
+
+def test_exit_codes() -> None:
+    assert exit_code(0) == 0 and exit_code(3 << 8) == 3 and exit_code(15) == 143
+
+
+def test_file_changed_between_passes_is_cut_not_sent(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    target.write_bytes(b"a" * 600_000)
+    stream = Files(str(tmp_path)).open_read("f")
+    target.write_bytes(b"b" * 600_000)  # same size, other bytes
+    sent = []
+    with pytest.raises(Aborted):
+        for chunk in stream:
+            sent.append(chunk)
+    assert sum(map(len, sent)) < 600_000  # the last chunk was held back
+    assert stream.fd == -1
+
+
+def test_file_stream_whole_when_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"xyz" * 100_000)
+    stream = Files(str(tmp_path)).open_read("f")
+    assert b"".join(stream) == b"xyz" * 100_000 and stream.length == 300_000
+
+
+def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> None:
+    """The agent and every module of it import with -I -S and nothing but
+    the staged tree: the standard library, podbay.wire and podbay.agent."""
+    staged = stage(tmp_path / "staged")
+    assert sorted(p.name for p in (staged / "podbay").iterdir()) == [
+        "__init__.py", "__pycache__", "agent", "wire"]
+    modules = sorted(p.stem for p in (staged / "podbay" / "agent").glob("*.py"))
+    probe = (
+        "import sys, importlib\n"
+        f"sys.path.insert(0, {str(staged)!r})\n"
+        f"for m in {modules!r}: importlib.import_module('podbay.agent.' + m)\n"
+        "import podbay.agent.__main__\n"
+        "bad = sorted({n.split('.')[0] for n in sys.modules} - set(sys.stdlib_module_names)"
+        " - {'podbay', '__main__', 'sitecustomize'})\n"
+        "assert not bad, bad\n"
+        "extra = sorted(n for n in sys.modules if n.startswith('podbay.')"
+        " and not n.startswith(('podbay.wire', 'podbay.agent')))\n"
+        "assert not extra, extra\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+                            text=True, cwd=tmp_path, env={}, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
+    help_run = subprocess.run(agent_argv(sys.executable, staged, "--help"), capture_output=True,
+                              text=True, env={}, check=False)
+    assert help_run.returncode == 0 and "--fd" in help_run.stdout
+
+
+def test_cli_forwards_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(list(argv or []))
+        return 0
+
+    monkeypatch.setattr("podbay.agent.__main__.main", fake_main)
+    from podbay.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["agent", "--socket", "/tmp/s.sock", "--workspace", "/w",
+                                      "--env-file", "/e.json"])
+    assert result.exit_code == 0, result.output
+    assert seen == [["--socket", "/tmp/s.sock", "--workspace", "/w", "--env-file", "/e.json"]]
