@@ -1,0 +1,105 @@
+"""``podbay sandbox ...`` as a subprocess: exit codes, --json, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture
+def cli(platform: Any) -> Any:
+    def run(*args: str, token: str | None = None, check: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ASTRO_AUTHZ_TOKEN": token or platform.token}
+        env.pop("PODBAY_SERVER_URL", None)
+        done = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done
+
+    return run
+
+
+def test_exec_exits_with_the_commands_code(cli: Any, name: str) -> None:
+    done = cli("exec", name, "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (done.returncode, done.stdout, done.stderr) == (7, "out\n", "err\n")
+    done = cli("exec", name, "--json", "--", "echo", "hi")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["stdout"] == "hi\n"
+
+
+def test_run_streams_and_exits_with_the_code(cli: Any, name: str) -> None:
+    done = cli("run", name, "--interval-ms", "50", "--", "/bin/sh", "-c",
+               "echo a; sleep 0.2; echo b >&2; exit 3")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "a\n", "b\n")
+
+
+def test_lifecycle_and_json(cli: Any, name: str) -> None:
+    attached = json.loads(cli("attach", name, "--json", check=True).stdout)
+    assert attached["name"] == name and "headers" not in attached
+    assert json.loads(cli("get", name, "--json", check=True).stdout)["class"] == "default"
+    rows = json.loads(cli("list", "--json", check=True).stdout)
+    assert name in [r["name"] for r in rows]
+    assert name in cli("list", check=True).stdout
+    spawned = cli("exec", name, "--", "true", check=True)
+    assert spawned.stdout == ""
+    cli("stop", name, check=True)
+    cli("rm", name, check=True)
+    missing = cli("get", name)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("podbay: 404 SANDBOX_NOT_FOUND:")
+    assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+
+
+def test_ps_and_kill(cli: Any, name: str, platform: Any) -> None:
+    from podbay import SandboxClient
+
+    with SandboxClient(identity_token=platform.token, server_url=platform.url) as client:
+        proc = client.spawn(name, ["sleep", "30"])
+    listed = json.loads(cli("ps", name, "--json", check=True).stdout)
+    assert [p["process_id"] for p in listed] == [proc.process_id]
+    assert proc.process_id in cli("ps", name, check=True).stdout
+    cli("kill", name, proc.process_id, check=True)
+    assert json.loads(cli("ps", name, "--json", check=True).stdout) == []
+    gone = cli("kill", name, proc.process_id)
+    assert gone.returncode == 1 and "404" in gone.stderr
+
+
+def test_cp_and_ls(cli: Any, name: str, tmp_path: Path) -> None:
+    data = bytes(range(256)) * 100 + b"\x00\xff"
+    (tmp_path / "f.bin").write_bytes(data)
+    (tmp_path / "dir" / "sub").mkdir(parents=True)
+    (tmp_path / "dir" / "sub" / "x.txt").write_text("x")
+    cli("cp", str(tmp_path / "f.bin"), f"{name}:f.bin", check=True)
+    cli("cp", str(tmp_path / "dir"), f"{name}:tree", check=True)
+    listing = cli("ls", name, check=True).stdout.split()
+    assert "f.bin" in listing and "tree/" in listing
+    entries = json.loads(cli("ls", name, "tree", "--json", check=True).stdout)
+    assert entries == [{"name": "sub", "is_directory": True}]
+    cli("cp", f"{name}:f.bin", str(tmp_path / "back.bin"), check=True)
+    assert (tmp_path / "back.bin").read_bytes() == data
+    cli("cp", f"{name}:tree", str(tmp_path / "tree-back"), check=True)
+    assert (tmp_path / "tree-back" / "sub" / "x.txt").read_text() == "x"
+    bad = cli("cp", str(tmp_path / "f.bin"), str(tmp_path / "g.bin"))
+    assert bad.returncode == 2 and bad.stderr.startswith("podbay: ")
+    missing = cli("cp", f"{name}:nope.bin", str(tmp_path / "n"))
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+
+def test_unreachable_and_no_token(cli: Any) -> None:
+    from stub_platform import make_token
+
+    down = cli("list", token=make_token("http://127.0.0.1:9"))
+    assert down.returncode == 2 and down.stderr.startswith("podbay: unavailable:")
+    assert "Traceback" not in down.stderr
+    env = {k: v for k, v in os.environ.items() if k != "ASTRO_AUTHZ_TOKEN"}
+    none = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", "list"],
+                          capture_output=True, text=True, env=env)
+    assert none.returncode == 2 and "ASTRO_AUTHZ_TOKEN" in none.stderr
