@@ -1,0 +1,172 @@
+"""SDK figures: 100 MiB up and down (MB/s, client memory) and exec p50 vs raw HTTP.
+
+    .venv/bin/python bench/sdk.py                       # stand-in platform over a real agent
+    .venv/bin/python bench/sdk.py --server URL --token T  # a real `podbay serve`
+
+Without ``--server`` it starts the stand-in platform of the client's
+integration tests (a real agent process behind a TCP relay) in a CHILD
+process, so this process's memory is the client's alone. Memory is the
+peak RSS growth during each transfer (``/proc/self/clear_refs`` resets the
+high-water mark) and tracemalloc's peak of Python allocations.
+
+exec: the SDK's ``exec(["true"])`` against a raw ``httpx.Client.post`` to
+the same endpoint with the same headers, interleaved, same connection pool
+settings; the difference of the medians is the SDK's own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from podbay import SandboxClient
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1024 * 1024
+
+
+def start_stub() -> tuple[subprocess.Popen[str], str, str]:
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests' / 'integration' / 'client')!r})\n"
+        "from stub_platform import StubPlatform\n"
+        "with StubPlatform() as p:\n"
+        "    print(json.dumps({'url': p.url, 'token': p.token}), flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    return proc, info["url"], info["token"]
+
+
+def rss_reset() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def rss_peak_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def rss_now_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def measure(label: str, size: int, action: Any) -> dict[str, Any]:
+    rss_reset()
+    base = rss_now_kib()
+    started = time.perf_counter()
+    action()
+    seconds = time.perf_counter() - started
+    growth = rss_peak_kib() - base
+    tracemalloc.start()
+    action()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    row = {"what": label, "mib": size / MIB, "seconds": round(seconds, 3),
+           "mb_per_s": round(size / seconds / 1e6, 1), "rss_growth_mib": round(growth / 1024, 1),
+           "python_peak_mib": round(peak / MIB, 2)}
+    print(f"{label:10} {size / MIB:.0f} MiB in {seconds:.2f} s = {row['mb_per_s']} MB/s; "
+          f"client RSS growth {row['rss_growth_mib']} MiB, Python peak "
+          f"{row['python_peak_mib']} MiB")
+    return row
+
+
+def digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(MIB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def exec_latency(client: SandboxClient, name: str, rounds: int) -> dict[str, Any]:
+    handle = client.attach(name)
+    url = handle.endpoint.rstrip("/") + "/v1/exec"
+    body = {"command": ["true"], "timeout_ms": 29_000}
+    raw_times, sdk_times = [], []
+    with httpx.Client(timeout=30) as raw:
+        for _ in range(20):  # warm both pools
+            raw.post(url, json=body, headers=handle.headers).raise_for_status()
+            client.exec(name, ["true"])
+        for _ in range(rounds):
+            t = time.perf_counter()
+            raw.post(url, json=body, headers=handle.headers).raise_for_status()
+            raw_times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            client.exec(name, ["true"])
+            sdk_times.append(time.perf_counter() - t)
+    raw_p50 = statistics.median(raw_times) * 1000
+    sdk_p50 = statistics.median(sdk_times) * 1000
+    print(f"exec p50   raw httpx {raw_p50:.2f} ms, SDK {sdk_p50:.2f} ms, "
+          f"difference {sdk_p50 - raw_p50:+.2f} ms ({rounds} rounds each, interleaved)")
+    return {"raw_p50_ms": round(raw_p50, 3), "sdk_p50_ms": round(sdk_p50, 3),
+            "difference_ms": round(sdk_p50 - raw_p50, 3), "rounds": rounds}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server")
+    parser.add_argument("--token")
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    stub = None
+    if args.server and args.token:
+        url, token, target = args.server, args.token, "podbay serve at " + args.server
+    else:
+        stub, url, token = start_stub()
+        target = "stand-in platform (real agent behind a loopback TCP relay)"
+    print(f"target: {target}")
+    name = f"bench-{os.getpid()}"
+    try:
+        with SandboxClient(identity_token=token, server_url=url) as client, \
+                tempfile.TemporaryDirectory() as scratch:
+            source = Path(scratch) / "up.bin"
+            with open(source, "wb") as f:
+                block = os.urandom(MIB)
+                for i in range(args.mib):
+                    f.write(block[i:] + block[:i])
+            size = source.stat().st_size
+            client.attach(name)
+            up = measure("upload", size, lambda: client.upload(name, source, "bench.bin"))
+            back = Path(scratch) / "down.bin"
+            down = measure("download", size,
+                           lambda: client.download(name, "bench.bin", back))
+            assert digest(back) == digest(source), "round trip changed the bytes"
+            latency = exec_latency(client, name, args.rounds)
+            client.delete(name)
+        if args.json:
+            print(json.dumps({"target": target, "upload": up, "download": down,
+                              "exec": latency}))
+    finally:
+        if stub is not None:
+            assert stub.stdin is not None
+            stub.stdin.close()
+            stub.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
