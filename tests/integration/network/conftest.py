@@ -38,6 +38,7 @@ from _nethelpers import (
 )
 
 from podbay.runtime.oci.network import NetworkManager
+from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

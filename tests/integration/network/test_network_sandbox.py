@@ -1,0 +1,62 @@
+"""End to end: a real runc sandbox made by the OCI driver, on this module's network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from _nethelpers import METADATA_ADDRESS, PROBE, PUBLIC_HOST_ADDRESS, NetLab
+
+from podbay.runtime.oci.network import SLIRP_GATEWAY
+from podbay.testing.fixtures import DriverSession, Machine, Machines
+
+
+def probe_inside(machine: Machine, targets: list[tuple[str, str, int, str]]) -> list[list]:
+    done = machine.agent.exec(["python3", "-c", PROBE, json.dumps(targets)], timeout_ms=30_000)
+    assert done.ok, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_real_sandbox_network(
+    oci_machines: Machines, oci_session: DriverSession, testnet: NetLab
+) -> None:
+    assert oci_session.settings.runtime.network
+    m = oci_machines.up()
+    assert "nameserver 10.0.2.3" in m.sh("cat /etc/resolv.conf").stdout
+    assert "tap0" in m.sh("cat /proc/net/dev").stdout
+    loopback = testnet.servers["127.0.0.1"]
+    targets = [
+        ("tcp", testnet.testhost_address, testnet.testhost_port, ""),
+        ("tcp", SLIRP_GATEWAY, loopback.port, ""),
+        ("tcp", METADATA_ADDRESS, testnet.servers[METADATA_ADDRESS].port, ""),
+        ("tcp", PUBLIC_HOST_ADDRESS, testnet.servers[PUBLIC_HOST_ADDRESS].port, ""),
+    ] + [
+        ("tcp", address, server.port, "")
+        for address, server in testnet.servers.items()
+        if ":" not in address and not address.startswith("127.")
+    ]
+    before = {a: s.accepted for a, s in testnet.servers.items()}
+    results = probe_inside(m, targets)
+    assert results[0][0] == "connected:testhost\n"
+    for target, (result, _) in zip(targets[1:], results[1:], strict=True):
+        assert result == "ECONNREFUSED", (target, result)
+    assert {a: s.accepted for a, s in testnet.servers.items()} == before
+    # root in the sandbox holds no capability over its network namespace.
+    raw = m.sh("python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'")
+    assert not raw.ok and "ermission" in raw.stderr
+    down = m.sh("python3 -c \"open('/proc/sys/net/ipv4/ip_forward', 'w').write('1')\"")
+    assert not down.ok
+
+
+def test_destroy_leaves_no_network(oci_machines: Machines, oci_session: DriverSession) -> None:
+    m = oci_machines.up()
+    run_dir = Path(oci_session.settings.runtime.run_dir)
+    netns = run_dir / m.id / "netns"
+    pid_file = run_dir / m.id / "slirp.pid"
+    slirp = int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+    oci_session.run(oci_session.driver.destroy(m.id))
+    assert not netns.exists()
+    if slirp is not None:
+        assert not Path(f"/proc/{slirp}").exists()
+    with open("/proc/self/mountinfo") as f:
+        assert str(netns) not in f.read()
