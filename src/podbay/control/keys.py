@@ -6,7 +6,8 @@ keeps old tokens working until the old file is removed
 (:meth:`KeyRing.remove`). Ed25519 so that a gateway or node on another
 machine can verify with public keys alone.
 
-kids sort by creation time (``<unix seconds, 10 digits>-<4 hex>``), which
+kids sort by creation time (``<unix milliseconds, 13 digits>-<4 hex>``,
+strictly increasing), which
 is how "newest" is decided without a separate pointer file.
 """
 
@@ -43,15 +44,16 @@ class SigningKey:
 class KeyRing:
     """Every signing key in one directory, reloaded from disk on demand."""
 
-    #: At most one reload per this many seconds when an unknown kid shows up,
-    #: so forged kids cannot turn every request into a directory scan.
+    #: The directory is looked at (one ``stat``) at most this often on a known
+    #: kid, so a removed key stops verifying within about this long.
     RELOAD_INTERVAL = 1.0
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._keys: dict[str, SigningKey] = {}
         self._lock = threading.Lock()
-        self._loaded_at = 0.0
+        self._checked_at = 0.0
+        self._mtime = -1
 
     @classmethod
     def open(cls, directory: Path, *, create: bool = True) -> KeyRing:
@@ -62,7 +64,21 @@ class KeyRing:
         return ring
 
     # -- reading ---------------------------------------------------------------
+    def _dir_mtime(self) -> int:
+        try:
+            return os.stat(self.directory).st_mtime_ns
+        except OSError:
+            return -1
+
+    def _reload_if_changed(self) -> None:
+        """Reload when the directory changed (a key added or removed); a
+        forged kid costs one ``stat``, never a directory scan."""
+        self._checked_at = time.monotonic()
+        if self._dir_mtime() != self._mtime:
+            self.reload()
+
     def reload(self) -> None:
+        mtime = self._dir_mtime()
         keys: dict[str, SigningKey] = {}
         if self.directory.is_dir():
             for path in self.directory.glob("*.pem"):
@@ -74,7 +90,7 @@ class KeyRing:
                     keys[path.stem] = SigningKey(path.stem, private)
         with self._lock:
             self._keys = keys
-            self._loaded_at = time.monotonic()
+            self._mtime = mtime
 
     def kids(self) -> list[str]:
         return sorted(self._keys)
@@ -86,10 +102,10 @@ class KeyRing:
         return keys[max(keys)]
 
     def public_key(self, kid: str) -> Ed25519PublicKey | None:
-        """The verifying key for ``kid``; reloads once a second at most on a miss."""
+        """The verifying key for ``kid``, noticing keys added or removed on disk."""
         key = self._keys.get(kid)
-        if key is None and time.monotonic() - self._loaded_at >= self.RELOAD_INTERVAL:
-            self.reload()
+        if key is None or time.monotonic() - self._checked_at >= self.RELOAD_INTERVAL:
+            self._reload_if_changed()
             key = self._keys.get(kid)
         return None if key is None else key.public
 
@@ -99,7 +115,9 @@ class KeyRing:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
         private = Ed25519PrivateKey.generate()
-        kid = f"{int(time.time()):010d}-{secrets.token_hex(2)}"
+        newest = max((int(k.split("-", 1)[0]) for k in self._keys if k.split("-", 1)[0].isdigit()),
+                     default=0)
+        kid = f"{max(int(time.time() * 1000), newest + 1):013d}-{secrets.token_hex(2)}"
         pem = private.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,

@@ -167,7 +167,9 @@ def test_streaming_file_in_constant_memory(server, token):
             yield block
 
     def hwm() -> int:
-        for line in open(f"/proc/{server.pid()}/status"):
+        from pathlib import Path
+
+        for line in Path(f"/proc/{server.pid()}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError

@@ -7,7 +7,10 @@ leaves sandboxes running and the next start adopts them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -38,6 +41,26 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _server_class():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after its graceful shutdown (exit -15); a
+        requested, clean shutdown of podbay exits 0 instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit)
+                        for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
 def section_validator():  # type: ignore[no-untyped-def]
     """The environment's validator for ``sandbox`` sections, when installed."""
     try:
@@ -60,6 +83,8 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
             log_level: str | None, as_json: bool) -> None:
     """Run the whole platform on this machine."""
     import uvicorn
+
+    _Server = _server_class()
 
     from podbay.control.app import create_app
     from podbay.control.logs import configure_logging
@@ -95,7 +120,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on",
                             log_config=None, access_log=False, timeout_graceful_shutdown=5,
                             ws="none")
-    server = uvicorn.Server(config)
+    server = _Server(config)
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,0 +1,89 @@
+"""The server dies or stops while sandboxes run; the next start adopts them."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+
+def _machines(server) -> list[str]:
+    out = subprocess.run(["runc", "--root", f"{server.run_dir}/runc", "list", "-q"],
+                         capture_output=True, text=True, check=True)
+    return sorted(out.stdout.split())
+
+
+def test_kill9_then_restart_loses_and_duplicates_nothing(make_server):
+    server = make_server()
+    token = server.create_deployment("crashy")
+    a = server.attach(token, "a").json()
+    b = server.attach(token, "b").json()
+    server.api("POST", "/api/v1/sandboxes/b/stop", token)
+    proc = server.data(a, "POST", "/v1/processes", json={
+        "command": ["sh", "-c", "echo before; sleep 1; echo after"]}).json()
+    machines = _machines(server)
+    assert len(machines) == 2
+
+    server.kill9()
+    assert _machines(server) == machines  # sandboxes outlive the server
+    server.spawn()
+    server.wait_ready()
+
+    assert _machines(server) == machines
+    listed = {s["name"]: s["state"] for s in
+              server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]}
+    assert listed == {"a": "running", "b": "suspended"}
+    deadline = time.monotonic() + 10
+    while True:  # the old handle still works: same sandbox, same incarnation
+        polled = server.data(a, "GET", f"/v1/processes/{proc['process_id']}")
+        assert polled.status_code == 200, polled.text
+        if polled.json()["state"] == "exited" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert polled.json()["stdout"] == "before\nafter\n"
+    assert polled.json()["exit_code"] == 0
+    assert server.attach(token, "a").json()["start"] == "reused"
+    assert server.attach(token, "b").json()["start"] == "resumed"
+    assert _machines(server) == machines
+    assert server.exec(b, "true").status_code == 200
+
+
+def test_sigterm_leaves_sandboxes_running(make_server):
+    server = make_server()
+    token = server.create_deployment("calm")
+    h = server.attach(token, "s").json()
+    server.exec(h, "sh", "-c", "echo x > /workspace/f")
+    assert server.terminate() == 0
+    assert len(_machines(server)) == 1
+    server.spawn()
+    server.wait_ready()
+    assert server.exec(h, "cat", "/workspace/f").json()["stdout"] == "x\n"
+
+
+def test_start_failure_is_502_and_leaves_nothing(make_server):
+    server = make_server({"PODBAY_RUNTIME_OCI_RUNTIME": "/bin/false"})
+    token = server.create_deployment("doomed")
+    r = server.attach(token, "s")
+    assert (r.status_code, r.json()["code"]) == (502, "SANDBOX_START_FAILED")
+    assert server.api("GET", "/api/v1/sandboxes", token).json() == {"sandboxes": []}
+    assert server.api("GET", "/api/v1/sandboxes/s", token).status_code == 404
+    assert not list((server.data_dir).glob("**/m-*"))
+
+
+def test_no_runtime_is_503(make_server):
+    server = make_server({"PODBAY_RUNTIME_DRIVER": "nonexistent"}, wait=False)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            health = server.http.get("/healthz")
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert health.status_code == 503
+    token = server.create_deployment("nodriver")
+    r = server.attach(token, "s")
+    assert (r.status_code, r.json()["code"]) == (503, "SANDBOXES_UNAVAILABLE")
