@@ -278,6 +278,14 @@ class Core:
             message = response.text.strip()[:500] or response.reason_phrase or "request refused"
         return request_error(response.status_code, message, code)
 
+    def read_refusal(self, response: httpx.Response) -> SandboxRequestError:
+        """A refused native read. The reference promises 404 for any path that cannot be
+        read, so path refusals (a directory, denied, invalid) travel as 404 with their code."""
+        error = self.refusal(response)
+        if error.code and error.code.startswith("PATH_") and error.status != 404:
+            return SandboxRequestError(404, error.message, error.code)
+        return error
+
     def expect(self, response: httpx.Response, model: type[T], *status: int) -> T:
         self.check(response, *status)
         return decode(response, model)

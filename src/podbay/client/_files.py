@@ -167,6 +167,19 @@ def remote_temp(kind: str) -> str:
     return f"/tmp/.podbay-{kind}-{uuid.uuid4().hex}.tar"
 
 
+def pack(directory: str, archive: BinaryIO) -> None:
+    """A tar of ``directory``'s contents (``.``-relative) into ``archive``, rewound."""
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        tar.add(directory, arcname=".")
+    archive.seek(0)
+
+
+def unpack(archive: str, destination: str) -> None:
+    os.makedirs(destination, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        safe_extract(tar, destination)
+
+
 def safe_extract(tar: tarfile.TarFile, destination: str) -> None:
     """Unpack an archive that came from a sandbox without letting it escape.
 

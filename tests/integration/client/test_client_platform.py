@@ -87,6 +87,9 @@ def test_files(make_client: Any, name: str, files: str, tmp_path: Path) -> None:
         client.read_file(name, "missing.txt")
     assert info.value.status == 404
     client.exec(name, ["mkdir", "-p", "sub"])
+    with pytest.raises(SandboxRequestError) as info:
+        client.read_file_bytes(name, "sub")  # a directory cannot be read: 404, as the reference
+    assert info.value.status == 404
     names = {(e.name, e.is_directory) for e in client.list_dir(name)}
     assert {("notes.txt", False), ("sub", True)} <= names
     assert client.grep(name, "TODO", "notes.txt") == [

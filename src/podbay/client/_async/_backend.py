@@ -6,15 +6,24 @@ The sync twin, ``_sync/_backend.py``, offers the same names with threads and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import anyio
+import anyio.to_thread
+
+T = TypeVar("T")
 
 sleep = anyio.sleep
 Lock = anyio.Lock
 
 #: A streamed request body.
 ByteStream = AsyncIterator[bytes]
+
+
+async def run_sync(func: Callable[..., T], *args: Any) -> T:
+    """Blocking work (hashing, tar) off the event loop."""
+    return await anyio.to_thread.run_sync(func, *args)
 
 
 def shielded(seconds: float) -> anyio.CancelScope:

@@ -22,7 +22,6 @@ import builtins
 import contextlib
 import io
 import os
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -46,7 +45,7 @@ from .._core import (
 )
 from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
-from ._backend import ByteStream, Lock, shielded, sleep
+from ._backend import ByteStream, Lock, run_sync, shielded, sleep
 
 OnOutput = Callable[[ProcessOutput], object]
 
@@ -438,9 +437,7 @@ class AsyncSandboxClient:
                 await self._put(name, remote_path, source, progress)
             return
         with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                tar.add(local, arcname=".")
-            archive.seek(0)
+            await run_sync(_files.pack, local, archive)
             remote_archive = _files.remote_temp("upload")
             await self._put(name, remote_archive, archive, progress)
             result = await self.exec(name, _files.untar_command(remote_archive, remote_path))
@@ -468,9 +465,7 @@ class AsyncSandboxClient:
             with tempfile.TemporaryDirectory() as scratch:
                 archive = os.path.join(scratch, "download.tar")
                 await self._get(name, remote_archive, archive, progress)
-                os.makedirs(local, exist_ok=True)
-                with tarfile.open(archive) as tar:
-                    _files.safe_extract(tar, local)
+                await run_sync(_files.unpack, archive, local)
         finally:
             with contextlib.suppress(PodbayError):
                 await self.exec(name, _files.remove_command(remote_archive))
@@ -480,7 +475,7 @@ class AsyncSandboxClient:
         if await self._native(name):
             await self._upload(name, path, source, progress)
             return
-        _, total = _files.file_digest(source)
+        _, total = await run_sync(_files.file_digest, source)
         done = 0
         try:
             for command in _files.write_commands(path, source):
@@ -495,7 +490,7 @@ class AsyncSandboxClient:
 
     async def _upload(self, name: str, path: str, source: BinaryIO,
                       progress: Progress | None) -> None:
-        digest, size = _files.file_digest(source)
+        digest, size = await run_sync(_files.file_digest, source)
         start = source.tell()
 
         def body() -> ByteStream:
@@ -533,7 +528,8 @@ class AsyncSandboxClient:
                         progress: Progress | None) -> None:
         response = await self._data(name, "GET", paths.FILES, params={"path": path},
                                     stream=True)
-        self._core.check(response, 200)
+        if response.status_code != 200:
+            raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
         try:
             async for chunk in response.aiter_bytes():

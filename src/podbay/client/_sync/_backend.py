@@ -8,13 +8,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 sleep = time.sleep
 Lock = threading.Lock
 
 #: A streamed request body.
 ByteStream = Iterator[bytes]
+
+
+def run_sync(func: Callable[..., T], *args: Any) -> T:
+    """Blocking work runs where it is: the caller's thread."""
+    return func(*args)
 
 
 def shielded(seconds: float) -> contextlib.nullcontext[None]:

@@ -24,7 +24,6 @@ import builtins
 import contextlib
 import io
 import os
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -48,7 +47,7 @@ from .._core import (
 )
 from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
-from ._backend import ByteStream, Lock, shielded, sleep
+from ._backend import ByteStream, Lock, run_sync, shielded, sleep
 
 OnOutput = Callable[[ProcessOutput], object]
 
@@ -440,9 +439,7 @@ class SandboxClient:
                 self._put(name, remote_path, source, progress)
             return
         with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                tar.add(local, arcname=".")
-            archive.seek(0)
+            run_sync(_files.pack, local, archive)
             remote_archive = _files.remote_temp("upload")
             self._put(name, remote_archive, archive, progress)
             result = self.exec(name, _files.untar_command(remote_archive, remote_path))
@@ -470,9 +467,7 @@ class SandboxClient:
             with tempfile.TemporaryDirectory() as scratch:
                 archive = os.path.join(scratch, "download.tar")
                 self._get(name, remote_archive, archive, progress)
-                os.makedirs(local, exist_ok=True)
-                with tarfile.open(archive) as tar:
-                    _files.safe_extract(tar, local)
+                run_sync(_files.unpack, archive, local)
         finally:
             with contextlib.suppress(PodbayError):
                 self.exec(name, _files.remove_command(remote_archive))
@@ -482,7 +477,7 @@ class SandboxClient:
         if self._native(name):
             self._upload(name, path, source, progress)
             return
-        _, total = _files.file_digest(source)
+        _, total = run_sync(_files.file_digest, source)
         done = 0
         try:
             for command in _files.write_commands(path, source):
@@ -497,7 +492,7 @@ class SandboxClient:
 
     def _upload(self, name: str, path: str, source: BinaryIO,
                       progress: Progress | None) -> None:
-        digest, size = _files.file_digest(source)
+        digest, size = run_sync(_files.file_digest, source)
         start = source.tell()
 
         def body() -> ByteStream:
@@ -535,7 +530,8 @@ class SandboxClient:
                         progress: Progress | None) -> None:
         response = self._data(name, "GET", paths.FILES, params={"path": path},
                                     stream=True)
-        self._core.check(response, 200)
+        if response.status_code != 200:
+            raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
         try:
             for chunk in response.iter_bytes():
