@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from types import FrameType
@@ -64,8 +65,9 @@ def make_listener(args: argparse.Namespace) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         return socket.create_server((host, int(port)), family=family, backlog=128)
     path = args.socket
-    if os.path.exists(path) and not os.path.isdir(path):
-        os.unlink(path)  # a stale socket from an earlier run
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)  # a stale socket from an earlier run; anything else stays
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     sock.listen(128)

@@ -28,8 +28,10 @@ DECLARED = {"PODBAY_DECLARED": "from-env-file"}
 class Agent:
     """One running agent: its process, socket, workspace and a client."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock_path: str, workspace: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], sock_path: str, workspace: Path,
+                 wrapped: bool = False) -> None:
         self.proc = proc
+        self.wrapped = wrapped
         self.sock_path = sock_path
         self.workspace = workspace
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock_path),
@@ -37,6 +39,12 @@ class Agent:
 
     @property
     def pid(self) -> int:
+        """The agent's pid as the host sees it (the wrapper's child when wrapped)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        if self.wrapped:
+            pids = children.read_text().split()
+            if pids:
+                return int(pids[0])
         return self.proc.pid
 
     def new_client(self) -> httpx.Client:
@@ -72,7 +80,7 @@ class Agent:
     def stop(self) -> None:
         self.client.close()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            os.kill(self.pid, signal.SIGTERM)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -80,7 +88,8 @@ class Agent:
                 self.proc.wait()
 
 
-def start_agent(tmp: Path, staged: Path) -> Agent:
+def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent:
+    """Start an agent in ``tmp``; ``wrapper`` prefixes its command line (``unshare``)."""
     workspace = tmp / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     env_file = tmp / "env.json"
@@ -93,8 +102,8 @@ def start_agent(tmp: Path, staged: Path) -> Agent:
     argv = agent_argv(sys.executable, staged, "--fd", str(fd), "--workspace", str(workspace),
                       "--env-file", str(env_file))
     env = {**os.environ, AGENT_SECRET: "must-not-leak"}
-    proc = subprocess.Popen(argv, pass_fds=(fd,), env=env, cwd=str(tmp))
+    proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=env, cwd=str(tmp))
     listener.close()
-    agent = Agent(proc, sock_path, workspace)
+    agent = Agent(proc, sock_path, workspace, wrapped=bool(wrapper))
     assert agent.client.get("/v1/info").status_code == 200
     return agent

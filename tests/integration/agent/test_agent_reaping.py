@@ -44,3 +44,21 @@ def test_no_zombies_after_execs_processes_and_orphans(fresh_agent: Agent) -> Non
         time.sleep(0.05)
     assert _children(agent.pid) == []  # no zombie, no orphan left behind
     assert not [p for p in orphan_pids if Path(f"/proc/{p}").exists()]
+
+
+def test_sigterm_kills_what_the_agent_started_and_exits_zero(fresh_agent: Agent) -> None:
+    pid = fresh_agent.spawn(["sh", "-c", "echo $$; exec sleep 60"]).json()["process_id"]
+    out = ""
+    while not out:
+        out = fresh_agent.client.get(f"/v1/processes/{pid}").json()["stdout"]
+    sleeper = int(out)
+    fresh_agent.stop()
+    assert fresh_agent.proc.returncode == 0
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{sleeper}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the agent's process survived its shutdown")

@@ -1,0 +1,66 @@
+"""The agent as a PID namespace's init (PID 1), as it runs in a sandbox:
+orphans from anywhere in the namespace are re-parented to it and reaped."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_harness import Agent, start_agent
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not _can_unshare(), reason="needs unshare --pid (root)")
+
+
+@pytest.fixture
+def init_agent(tmp_path: Path, staged: Path) -> Iterator[Agent]:
+    wrapper = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM")
+    running = start_agent(tmp_path, staged, wrapper)
+    yield running
+    running.stop()
+
+
+def _namespace_processes(agent: Agent) -> list[tuple[int, str, str]]:
+    """(pid, state, name) of every process in the agent's PID namespace, seen
+    from inside (the command doing the looking included)."""
+    script = "for s in /proc/[0-9]*/stat; do cat \"$s\" 2>/dev/null; echo; done"
+    out = agent.exec(["sh", "-c", script]).json()["stdout"]
+    rows = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        pid, rest = line.split(" (", 1)
+        name, fields = rest.rsplit(") ", 1)
+        rows.append((int(pid), fields.split()[0], name))
+    return rows
+
+
+def test_runs_as_pid_1_and_reaps_orphans(init_agent: Agent) -> None:
+    cmdline = init_agent.exec(["cat", "/proc/1/cmdline"]).json()["stdout"]
+    assert "podbay.agent" in cmdline
+    for _ in range(5):
+        init_agent.exec(["sh", "-c", "sleep 0.1 & echo $!"])
+        init_agent.spawn(["sh", "-c", "(sleep 0.1 &); exit 0"])
+    time.sleep(0.6)
+    rows = _namespace_processes(init_agent)
+    assert [r for r in rows if r[1] == "Z"] == []
+    # Only the agent and the looking command itself (sh, maybe cat) are left.
+    assert {name for _, _, name in rows} <= {"python", "python3", "python3.11", "sh", "cat"}
+
+
+def test_sigterm_stops_the_agent_cleanly(init_agent: Agent) -> None:
+    init_agent.spawn(["sleep", "60"])
+    init_agent.stop()  # SIGTERM to the agent itself (unshare blocks it)
+    assert init_agent.proc.returncode == 0
