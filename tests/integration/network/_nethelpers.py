@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -194,10 +196,35 @@ def remove_stale() -> None:
             remove_workdir(entry)
 
 
+def _kill_leftovers(workdir: Path) -> None:
+    """SIGKILL processes this run started under ``workdir`` and lost track of:
+    anything inside one of its namespaces, and slirp4netns serving one."""
+    namespaces = set()
+    for path in workdir.rglob("*"):
+        if _is_mount(path):
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                namespaces.add((st.st_dev, st.st_ino))
+    prefix = f"{workdir}/".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+        except OSError:
+            continue
+        slirp = argv[0].endswith(b"slirp4netns") and any(a.startswith(prefix) for a in argv)
+        if slirp or (st.st_dev, st.st_ino) in namespaces:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
 def remove_workdir(workdir: Path) -> None:
-    """Unmount namespace files, then remove the tree (deepest first)."""
+    """Stop what runs there, unmount namespace files, remove the tree (deepest first)."""
     if not workdir.exists():
         return
+    _kill_leftovers(workdir)
     for path in sorted(workdir.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         if _is_mount(path):
             sh("umount", "-l", str(path), check=False)
