@@ -172,4 +172,7 @@ def _discard_in_background(child: Child, fds: list[int]) -> None:
                         open_fds.discard(fd)
         child.close_pipes()
 
-    threading.Thread(target=drain, name="exec-drain", daemon=True).start()
+    try:
+        threading.Thread(target=drain, name="exec-drain", daemon=True).start()
+    except RuntimeError:  # no thread to be had (pids limit): stop reading instead
+        child.close_pipes()

@@ -400,7 +400,13 @@ class Server:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             thread = threading.Thread(target=serve_connection, name="http-conn",
                                       args=(sock, self.handler, self.refuse), daemon=True)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:
+                # No thread to be had (the sandbox's pids limit, a fork bomb):
+                # drop this connection but stay up; the next may find room.
+                sock.close()
+                threading.Event().wait(0.05)
 
 
 def _timeval(seconds: int) -> bytes:

@@ -155,7 +155,15 @@ class ProcessTable:
             proc = Process(_new_id(self._procs), list(req.command))
             proc.child = launch(self._reaper, req.command, cwd, env, on_exit=self._on_exit(proc))
             self._procs[proc.id] = proc
-        threading.Thread(target=proc.pump, name=f"pump-{proc.id}", daemon=True).start()
+        try:
+            threading.Thread(target=proc.pump, name=f"pump-{proc.id}", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had (pids limit): undo the spawn
+            with self._lock:
+                self._procs.pop(proc.id, None)
+            proc.child.kill_group()
+            proc.child.close_pipes()
+            raise Refusal(ErrorCode.COMMAND_START_FAILED,
+                          f"cannot collect the output of {req.command[0]!r}: {exc}") from None
         return proc.status()
 
     @staticmethod
