@@ -77,31 +77,33 @@ class Process:
     def status(self) -> ProcessStatus:
         with self.cond:
             exited = self._settle()
-            return ProcessStatus(**self._status_fields(exited))
+            code, exited_at = self._fate(exited)
+            return ProcessStatus(
+                process_id=self.id, command=self.argv, state="exited" if exited else "running",
+                started_at=self.started_at, exit_code=code, exited_at=exited_at,
+            )
 
     def output(self, stdout_from: int, stderr_from: int) -> ProcessOutput:
         with self.cond:
             exited = self._settle()
+            code, exited_at = self._fate(exited)
             out, out_next, out_dropped = self.stdout.read_from(stdout_from, closed=exited)
             err, err_next, err_dropped = self.stderr.read_from(stderr_from, closed=exited)
             return ProcessOutput(
-                **self._status_fields(exited),
+                process_id=self.id, command=self.argv, state="exited" if exited else "running",
+                started_at=self.started_at, exit_code=code, exited_at=exited_at,
                 stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                 stdout_next=out_next, stderr_next=err_next,
                 stdout_dropped=out_dropped, stderr_dropped=err_dropped,
             )
 
-    def _status_fields(self, exited: bool) -> dict[str, object]:
-        fields: dict[str, object] = {
-            "process_id": self.id, "command": self.argv,
-            "state": "exited" if exited else "running", "started_at": self.started_at,
-        }
+    def _fate(self, exited: bool) -> tuple[int | None, datetime | None]:
+        """Exit code and time, once the process counts as exited."""
         child = self.child
-        if exited and child is not None and child.exited_mono is not None:
-            fields["exit_code"] = child.code
-            elapsed = timedelta(seconds=child.exited_mono - self.started_mono)
-            fields["exited_at"] = self.started_at + elapsed
-        return fields
+        if not exited or child is None or child.exited_mono is None:
+            return None, None
+        elapsed = timedelta(seconds=child.exited_mono - self.started_mono)
+        return child.code, self.started_at + elapsed
 
     def pump(self) -> None:
         """Drain both pipes into the rings until they close (the pump thread)."""

@@ -17,7 +17,12 @@ from podbay.agent.http import (
 
 def _conn(data: bytes) -> _Connection:
     a, b = socket.socketpair()
-    threading.Thread(target=lambda: (a.sendall(data), a.close()), daemon=True).start()
+
+    def feed() -> None:
+        with a:
+            a.sendall(data)
+
+    threading.Thread(target=feed, daemon=True).start()
     return _Connection(b)
 
 
