@@ -99,6 +99,11 @@ class OciDriver:
 
     def _record(self, machine_id: str) -> records.MachineRecord:
         record = self._records.get(machine_id)
+        home = self._paths(machine_id).home
+        if record is not None and not (home / records.RECORD).exists():
+            # Destroyed by another process on this data directory (``podbay gc --all``).
+            self._records.pop(machine_id, None)
+            record = None
         if record is None:
             record = records.read(self._paths(machine_id).home)
             if record is None:

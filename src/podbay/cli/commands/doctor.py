@@ -1,0 +1,245 @@
+"""``podbay doctor``: can this host run sandboxes? Checks, then proves it.
+
+First the host (root, user namespaces, the OCI runtime, cgroup controllers,
+overlayfs and loop devices, networking tools, free disk, the base image,
+which it builds on first run with progress on stderr), one PASS or FAIL line
+each, a FAIL saying what to install or change. Then two throwaway sandboxes,
+the isolation probes against them, and their destruction. The last line gives
+create-to-ready and resume times. Exit status 0 only if everything passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from podbay.cli.output import Output
+
+GIB = 1024**3
+MIB = 1024**2
+MIN_FREE_BYTES = 2 * GIB
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class Report:
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        self.checks: list[Check] = []
+
+    def add(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, ok, detail))
+        self.out.line(f"{'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else ""))
+        return ok
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+def host_checks(settings: object, report: Report) -> None:
+    from podbay.runtime.oci.cgroups import Cgroups
+    from podbay.runtime.oci.layout import Layout
+    from podbay.runtime.oci.networking import load_network
+    from podbay.settings import Settings
+
+    assert isinstance(settings, Settings)
+    rt = settings.runtime
+    root = os.geteuid() == 0
+    report.add("root", root, "" if root else "run podbay doctor (and podbay serve) as root")
+    try:
+        userns = int(Path("/proc/sys/user/max_user_namespaces").read_text())
+    except OSError:
+        userns = 0
+    report.add("user namespaces", userns > 0, f"{userns} allowed" if userns else
+               "enable them: sysctl -w user.max_user_namespaces=15000")
+    runtime = shutil.which(rt.oci_runtime)
+    if runtime:
+        version = subprocess.run([runtime, "--version"], capture_output=True, text=True,
+                                 check=False).stdout.splitlines()[:1]
+        report.add("OCI runtime", True, f"{runtime} ({' '.join(version)})")
+    else:
+        report.add("OCI runtime", False, f"{rt.oci_runtime} not found: apt-get install runc")
+    cgroups = Cgroups()
+    missing = cgroups.missing_controllers()
+    report.add(f"cgroup v{cgroups.version} controllers", not missing,
+               "memory, pids, cpu, freezer" if not missing and cgroups.version == 1 else
+               "memory, pids, cpu" if not missing else
+               f"missing {', '.join(missing)}: enable them (kernel command line "
+               "cgroup_enable=..., or systemd's delegation)")
+    filesystems = Path("/proc/filesystems").read_text()
+    report.add("overlayfs", "overlay" in filesystems,
+               "" if "overlay" in filesystems else "modprobe overlay")
+    loop = Path("/dev/loop-control").exists()
+    report.add("loop devices", loop, "" if loop else "modprobe loop")
+    tools = [t for t in ("mkfs.ext4", "nsenter") if shutil.which(t) is None]
+    report.add("tools", not tools, "mkfs.ext4, nsenter" if not tools else
+               f"missing {', '.join(tools)}: apt-get install e2fsprogs util-linux")
+    layout = Layout.from_settings(settings)
+    network = load_network(settings, layout)
+    if rt.network:
+        problems = network.check_host() if root else ["network: needs root"]
+        report.add("network", not problems and network.enabled,
+                   "slirp4netns, nftables, network namespaces" if not problems and
+                   network.enabled else "; ".join(problems) or "the network module is missing")
+    else:
+        report.add("network", True, "disabled by runtime.network: sandboxes get loopback only")
+    probe_dir = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    free = shutil.disk_usage(probe_dir).free
+    report.add("free disk", free >= MIN_FREE_BYTES,
+               f"{free / GIB:.1f} GiB free at {probe_dir}" + (
+                   "" if free >= MIN_FREE_BYTES else
+                   f"; need {MIN_FREE_BYTES // GIB} GiB: free space or set --data-dir"))
+
+
+async def base_image(settings: object, report: Report) -> None:
+    from podbay.runtime.oci.driver import OciDriver
+    from podbay.settings import Settings
+
+    assert isinstance(settings, Settings)
+    driver = OciDriver(settings)
+    from podbay.runtime.oci.image import ImageCache
+
+    cache = ImageCache(driver.layout.image_dir, driver.recipe)
+    if cache.cached() is None and shutil.which("mmdebstrap") is None:
+        report.add("base image", False, "not built and mmdebstrap is missing: "
+                   "apt-get install mmdebstrap")
+        return
+    started = time.monotonic()
+    try:
+        await driver.prepare()
+    except Exception as e:
+        report.add("base image", False, str(e))
+        return
+    took = time.monotonic() - started
+    assert driver._image is not None
+    report.add("base image", True, f"{driver._image.rootfs}" + (
+        f" (built in {took:.0f} s)" if took > 5 else ""))
+
+
+async def sandbox_probes(settings: object, report: Report) -> str:
+    """Two throwaway sandboxes, the probes, destroy; the timing line."""
+    from podbay.runtime import probes
+    from podbay.runtime.agent_client import AgentClient
+    from podbay.runtime.base import Limits, MachineSpec
+    from podbay.runtime.oci import storage
+    from podbay.runtime.oci.driver import OciDriver
+    from podbay.settings import Settings
+
+    assert isinstance(settings, Settings)
+    driver = OciDriver(settings)
+    await driver.prepare()
+    tag = uuid.uuid4().hex[:8]
+    small = Limits(memory_bytes=256 * MIB, cpus=1.0, pids=128, disk_bytes=512 * MIB)
+    specs = [MachineSpec(machine_id=f"doctor-{tag}-{i}", hostname=f"doctor-{i}", limits=small)
+             for i in range(2)]
+    ready: list[float] = []
+    resumes: list[float] = []
+    try:
+        for spec in specs:
+            started = time.perf_counter()
+            await driver.create(spec)
+            await driver.start(spec.machine_id)
+            ready.append(time.perf_counter() - started)
+        report.add("sandbox start", True, f"{len(specs)} sandboxes answered")
+        a, b = (AgentClient(driver.agent_socket(s.machine_id)) for s in specs)
+
+        def probe(name: str, check: object) -> None:
+            assert callable(check)
+            result = probes.run_probe(name, check)
+            report.add(result.name, result.ok, result.detail)
+
+        checks: list[tuple[str, object]] = [
+            ("root inside is not root outside", lambda: probes.user_namespace(a)),
+            ("no mounts, namespaces or extra capabilities", lambda: probes.hardening(a)),
+            ("no host environment", lambda: probes.no_host_environment(a)),
+            ("own process namespace", lambda: probes.pid_namespace(a)),
+            ("sandboxes see neither files nor processes of each other",
+             lambda: probes.neighbours(a, b)),
+        ]
+        if driver.capabilities.network:
+            with probes.host_listeners() as (port, addresses):
+                targets = [("127.0.0.1", port), ("10.0.0.1", 80), ("169.254.169.254", 80),
+                           ("10.0.2.2", port)] + [(addr, port) for addr in addresses]
+                probe("no path to the host, private ranges or metadata",
+                      lambda: probes.unreachable(a, targets))
+            probe("outbound internet", lambda: probes.outbound(a, settings.runtime.image_mirror))
+        for name, check in checks:
+            await asyncio.to_thread(probe, name, check)
+        await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.fork_bomb(a, b))
+        await asyncio.to_thread(probe, "memory hog killed inside its sandbox",
+                                lambda: probes.memory_hog(a))
+        await asyncio.to_thread(probe, "disk quota", lambda: probes.disk_quota(a, 512 * MIB))
+        for _ in range(5):
+            await driver.suspend(specs[1].machine_id)
+            started = time.perf_counter()
+            await driver.resume(specs[1].machine_id)
+            resumes.append(time.perf_counter() - started)
+        alive = await asyncio.to_thread(lambda: b.sh("echo ok").stdout.strip())
+        report.add("suspend and resume", alive == "ok",
+                   "" if alive == "ok" else "the agent did not answer after resume")
+        await asyncio.to_thread(probe, "agent survives python3 removal",
+                                lambda: probes.python_removed(a))
+    except Exception as e:
+        report.add("sandbox", False, str(e))
+    finally:
+        for spec in specs:
+            try:
+                await driver.destroy(spec.machine_id)
+            except Exception as e:
+                report.add("destroy", False, str(e))
+        leftovers = [m for m in storage.mountpoints()
+                     if any(s.machine_id in m for s in specs)]
+        leftovers += [str(p) for s in specs for p in (driver.layout.machine(s.machine_id).home,
+                                                      driver.layout.machine(s.machine_id).run)
+                      if p.exists()]
+        report.add("destroy leaves nothing", not leftovers, ", ".join(leftovers))
+        await driver.close()
+    if not ready:
+        return "create-to-ready: n/a"
+    resume = f"{statistics.median(resumes) * 1000:.1f} ms" if resumes else "n/a"
+    return (f"create-to-ready {statistics.median(ready) * 1000:.0f} ms, "
+            f"resume {resume}")
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Data directory to check (default /var/lib/podbay as root).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def command(data_dir: Path | None, as_json: bool) -> None:
+    """Check this host can run sandboxes, then prove it with throwaway ones."""
+    from podbay.settings import Settings
+
+    out = Output(as_json=as_json)
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
+    settings = Settings.load(data_dir=data_dir)
+    report = Report(out)
+    host_checks(settings, report)
+    timing = "create-to-ready: not measured (host checks failed)"
+    if report.ok:
+        asyncio.run(base_image(settings, report))
+    if report.ok:
+        timing = asyncio.run(sandbox_probes(settings, report))
+    if as_json:
+        out.value({"ok": report.ok, "timing": timing,
+                   "checks": [c.__dict__ for c in report.checks]})
+    else:
+        out.line(timing)
+    raise SystemExit(0 if report.ok else 1)

@@ -1,0 +1,46 @@
+"""``podbay gc``: remove what crashed or destroyed sandboxes left behind.
+
+Live machines are taken back (adopted), never touched; what belongs to no
+machine (half-created directories, mounts, cgroups, loop devices, runc
+containers) is removed. ``--all`` destroys every machine of the data
+directory first: for tests and uninstalling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from podbay.cli.output import Output, fail
+
+
+@click.command()
+@click.option("--all", "everything", is_flag=True,
+              help="Destroy every sandbox of this data directory too.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Data directory (default /var/lib/podbay as root).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
+    """Remove what dead sandboxes left behind."""
+    from podbay.runtime.base import DriverError
+    from podbay.runtime.oci import gc
+    from podbay.runtime.oci.driver import OciDriver
+    from podbay.settings import Settings
+
+    out = Output(as_json=as_json)
+    settings = Settings.load(data_dir=data_dir)
+
+    async def main() -> list[str]:
+        driver = OciDriver(settings)
+        try:
+            return await gc.collect(driver, everything=everything)
+        finally:
+            await driver.close()
+
+    try:
+        done = asyncio.run(main())
+    except (DriverError, OSError) as e:
+        fail(f"gc failed: {e}")
+    out.value({"removed": done}, "\n".join(done) if done else "nothing to remove")

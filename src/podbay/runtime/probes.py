@@ -1,0 +1,189 @@
+"""Isolation probes: run inside real machines through their agents, judged on the host.
+
+Driver-agnostic (they only exec through :class:`AgentClient`), used by
+``podbay doctor`` and mirrored by the integration tests. Each probe returns a
+:class:`Probe` with a one-line detail that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .agent_client import AgentClient
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def run_probe(name: str, check: Callable[[], str | None]) -> Probe:
+    """``check`` returns ``None`` when fine, else what is wrong; exceptions fail too."""
+    try:
+        problem = check()
+    except Exception as e:
+        return Probe(name, False, f"{type(e).__name__}: {e}")
+    return Probe(name, problem is None, problem or "")
+
+
+def user_namespace(agent: AgentClient) -> str | None:
+    uid = agent.sh("id -u").stdout.strip()
+    mapping = agent.sh("cat /proc/self/uid_map").stdout.split()
+    if uid != "0":
+        return f"commands run as uid {uid}, expected sandbox root"
+    if len(mapping) < 2 or mapping[1] == "0":
+        return f"uid 0 inside is uid 0 outside (uid_map {' '.join(mapping)})"
+    return None
+
+
+def hardening(agent: AgentClient) -> str | None:
+    if agent.sh("mount -t tmpfs none /mnt 2>/dev/null").ok:
+        return "mount succeeded inside the sandbox"
+    if agent.sh("unshare -U true 2>/dev/null").ok:
+        return "a new user namespace could be made inside the sandbox"
+    status = agent.sh("cat /proc/self/status").stdout
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("NoNewPrivs", "").strip() != "1":
+        return "no_new_privileges is off"
+    if fields.get("Seccomp", "").strip() != "2":
+        return "no seccomp filter"
+    caps = int(fields.get("CapEff", "0").strip() or "0", 16)
+    if caps & (1 << 21) or caps & (1 << 12):
+        return "CAP_SYS_ADMIN or CAP_NET_ADMIN granted"
+    return None
+
+
+def no_host_environment(agent: AgentClient) -> str | None:
+    env = agent.sh("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
+    extra = sorted({e.split("=", 1)[0] for e in env} - {"PATH", "LANG", "HOME"})
+    return f"the sandbox's init has host variables: {', '.join(extra)}" if extra else None
+
+
+def pid_namespace(agent: AgentClient) -> str | None:
+    count = len(agent.sh("ps -e -o pid=").stdout.split())
+    return f"{count} processes visible: the host's leak in" if count > 30 else None
+
+
+def neighbours(a: AgentClient, b: AgentClient) -> str | None:
+    if not a.sh("echo x > /workspace/podbay-probe-a && setsid sleep 4321 "
+                "</dev/null >/dev/null 2>&1 &").ok:
+        return "could not write in the first sandbox"
+    if b.sh("test -e /workspace/podbay-probe-a").ok:
+        return "a file of one sandbox is visible in another"
+    if b.sh("ps -eo args | grep -c 'sleep 432[1]'").stdout.strip() != "0":
+        return "a process of one sandbox is visible in another"
+    return None
+
+
+def fork_bomb(bomb: AgentClient, other: AgentClient) -> str | None:
+    """The bomb's sandbox hits its pids limit; ``other`` keeps answering."""
+    done = threading.Event()
+
+    def explode() -> None:
+        with contextlib.suppress(Exception):
+            bomb.sh("f(){ f | f & }; f; sleep 5", timeout_ms=3000)
+        done.set()
+
+    threading.Thread(target=explode, daemon=True).start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    answer = other.sh("echo alive", timeout_ms=10_000).stdout.strip()
+    if answer != "alive" or time.monotonic() - started > 5:
+        return "another sandbox stopped answering during a fork bomb"
+    done.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if bomb.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
+                return None
+        time.sleep(0.5)
+    return "the fork-bombed sandbox's agent never answered again"
+
+
+def memory_hog(agent: AgentClient) -> str | None:
+    hog = agent.sh("python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'",
+                   timeout_ms=60_000)
+    if hog.exit_code != 137:
+        return f"the memory hog ended with {hog.exit_code}, not killed (137)"
+    if agent.sh("echo ok").stdout.strip() != "ok":
+        return "the agent stopped answering after the memory hog"
+    return None
+
+
+def disk_quota(agent: AgentClient, disk_bytes: int) -> str | None:
+    mib = disk_bytes // (1024 * 1024) + 64
+    fill = agent.sh(f"dd if=/dev/zero of=/workspace/fill bs=1M count={mib} 2>&1; "
+                    "rm -f /workspace/fill")
+    if "No space left" not in fill.stdout:
+        return f"writing {mib} MiB into a {disk_bytes >> 20} MiB disk did not fail"
+    return None
+
+
+def python_removed(agent: AgentClient) -> str | None:
+    agent.sh("rm -rf /usr/bin/python3* /usr/lib/python3* /etc/ld.so.cache")
+    if agent.sh("echo still").stdout.strip() != "still":
+        return "the agent stopped answering once python3 was removed"
+    return None
+
+
+@contextlib.contextmanager
+def host_listeners() -> Iterator[tuple[int, list[str]]]:
+    """A TCP listener on every host address (port, addresses) for reachability probes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))  # noqa: S104 - the probe checks it is NOT reachable
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = sock.accept()
+                conn.sendall(b"host\n")
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield port, host_ipv4_addresses()
+    finally:
+        stop.set()
+        thread.join(2)
+        sock.close()
+
+
+def host_ipv4_addresses() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
+                         check=False).stdout
+    return sorted({line.split()[3].split("/")[0] for line in out.splitlines()
+                   if len(line.split()) > 3})
+
+
+def unreachable(agent: AgentClient, targets: list[tuple[str, int]]) -> str | None:
+    reached = []
+    for host, port in targets:
+        result = agent.exec(["timeout", "3", "bash", "-c",
+                             f"exec 3<>/dev/tcp/{host}/{port}"],
+                            timeout_ms=10_000)
+        if result.exit_code == 0:
+            reached.append(f"{host}:{port}")
+    return f"reached {', '.join(reached)}" if reached else None
+
+
+def outbound(agent: AgentClient, url: str) -> str | None:
+    result = agent.exec(["curl", "-sS", "-o", "/dev/null", "-m", "15", "-w", "%{http_code}",
+                         url], timeout_ms=30_000)
+    if result.exit_code != 0:
+        return f"curl {url} failed: {result.stderr.strip()[:200]}"
+    return None

@@ -1,0 +1,136 @@
+"""After destroy nothing is left: mounts, cgroups, processes, namespaces, loop devices,
+directories. And ``podbay gc`` removes what a crash left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from podbay.runtime.base import MachineState
+from podbay.runtime.oci import storage
+from podbay.testing.fixtures import DriverSession, small_spec
+
+pytestmark = pytest.mark.root
+NAMESPACES = ("mnt", "pid", "net", "user", "uts", "ipc", "cgroup")
+
+
+def footprint(session: DriverSession) -> dict[str, object]:
+    driver = session.driver
+    layout = driver.layout  # type: ignore[attr-defined]
+    roots = (str(layout.run_dir), str(layout.data_dir))
+    mounts = sorted(m for m in storage.mountpoints() if m.startswith(roots))
+    cgroups = sorted(str(p) for d in driver.cgroups.existing(layout.cgroup_parent)  # type: ignore[attr-defined]
+                     for p in d.rglob("*") if p.is_dir())
+    # Other test sessions on this host run sandboxes in the same uid range: pick ours
+    # by cgroup (this data directory's instance) or by our run directory.
+    procs = []
+    marker = layout.instance.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroup = (entry / "cgroup").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cgroup or str(layout.run_dir).encode() in cmdline:
+            procs.append(entry.name)
+    disks = {str(p) for p in layout.machines.glob("*/disk.ext4")}
+    return {
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "processes": sorted(procs),
+        "loops": storage.loop_devices_for(disks),
+        "run_dirs": sorted(p.name for p in layout.run_dir.iterdir())
+        if layout.run_dir.exists() else [],
+        "machine_dirs": sorted(p.name for p in layout.machines.iterdir()),
+    }
+
+
+def settled(session: DriverSession, want: dict[str, object]) -> dict[str, object]:
+    """The footprint once exited container inits are reaped: ``runc run -d`` leaves
+    them to the host's init, which may take a moment (this VM's is lazy)."""
+    deadline = time.monotonic() + 15
+    while True:
+        now = footprint(session)
+        if now == want or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
+
+
+def namespaces_of(pid: int) -> set[str]:
+    return {os.readlink(f"/proc/{pid}/ns/{ns}") for ns in NAMESPACES}
+
+
+def holders(inodes: set[str]) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        for ns in NAMESPACES:
+            try:
+                if os.readlink(entry / "ns" / ns) in inodes:
+                    found.append(int(entry.name))
+                    break
+            except OSError:
+                break
+    return found
+
+
+def test_destroy_leaves_nothing(oci_session: DriverSession) -> None:
+    driver, run = oci_session.driver, oci_session.run
+    before = footprint(oci_session)
+    specs = [small_spec() for _ in range(3)]
+    inodes: set[str] = set()
+    inits: list[int] = []
+    for spec in specs:
+        run(driver.create(spec))
+        run(driver.start(spec.machine_id))
+        state = driver.runc.state(spec.machine_id)  # type: ignore[attr-defined]
+        inodes |= namespaces_of(state.pid) - namespaces_of(os.getpid())
+        inits.append(state.pid)
+    run(driver.suspend(specs[1].machine_id))
+    run(driver.stop(specs[2].machine_id))
+    assert len(inodes) >= 3 * 6  # every machine has its own (the net one is host-made)
+    assert footprint(oci_session) != before
+    for spec in specs:
+        run(driver.destroy(spec.machine_id))
+        assert run(driver.state(spec.machine_id)) is MachineState.ABSENT
+    assert settled(oci_session, before) == before
+    deadline = time.monotonic() + 15  # exited inits are reaped by the host's init
+    while any(Path(f"/proc/{pid}").exists() for pid in inits) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in inits if Path(f"/proc/{pid}").exists()]
+    assert holders(inodes) == []
+
+
+def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
+    """Machines of a node killed mid-way are taken back or removed by ``podbay gc``."""
+    driver, run, settings = oci_session.driver, oci_session.run, oci_session.settings
+    before = footprint(oci_session)
+    kept, broken = small_spec(), small_spec()
+    for spec in (kept, broken):
+        run(driver.create(spec))
+        run(driver.start(spec.machine_id))
+    # Simulate a create/destroy that died half-way: the record is gone, the rest is not.
+    layout = driver.layout  # type: ignore[attr-defined]
+    (layout.machine(broken.machine_id).home / "machine.json").unlink()
+    env = {**os.environ, "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
+           "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir}
+    argv = [sys.executable, "-m", "podbay.cli.main", "gc", "--data-dir", str(settings.data_dir)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert broken.machine_id in done.stdout
+    assert run(driver.state(kept.machine_id)) is MachineState.RUNNING
+    done = subprocess.run([*argv, "--all"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert run(driver.state(kept.machine_id)) is MachineState.ABSENT
+    after = settled(oci_session, before)
+    assert after["mounts"] == before["mounts"] and after["processes"] == before["processes"]
+    assert after["loops"] == [] and after["machine_dirs"] == before["machine_dirs"]
