@@ -1,10 +1,12 @@
-"""The client against a real platform.
+"""The client against real platforms.
 
-By default a stand-in platform (``stub_platform.py``: the contract's control
-plane and a credential-checking relay in front of REAL agent processes).
-Set ``PODBAY_TEST_SERVER_URL`` and ``PODBAY_TEST_TOKEN`` to run the same
-tests against a real ``podbay serve``; tests that need to provoke the
-server (202s, expired credentials) are skipped there.
+Every test runs twice: against a real ``podbay serve`` with real sandboxes
+(``podbay.testing.platform.PlatformServer``, marked ``root``; skipped where
+the host cannot run sandboxes), and against a stand-in platform
+(``stub_platform.py``: the contract's control plane and a
+credential-checking relay in front of REAL agent processes, no isolation)
+that can also be made to answer 202. ``PODBAY_TEST_SERVER_URL`` plus
+``PODBAY_TEST_TOKEN`` replace the first with an already running server.
 """
 
 from __future__ import annotations
@@ -30,14 +32,21 @@ class RealServer:
         self.token = token
 
 
-@pytest.fixture(scope="session")
-def platform() -> Iterator[Any]:
+@pytest.fixture(scope="session", params=[pytest.param("serve", marks=pytest.mark.root), "stub"])
+def platform(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if request.param == "stub":
+        with StubPlatform() as stub:
+            yield stub
+        return
     url, token = os.environ.get("PODBAY_TEST_SERVER_URL"), os.environ.get("PODBAY_TEST_TOKEN")
     if url and token:
         yield RealServer(url, token)
         return
-    with StubPlatform() as stub:
-        yield stub
+    from podbay.testing.platform import PlatformServer
+
+    with PlatformServer.start(tmp_path_factory.mktemp("serve-client")) as server:
+        yield RealServer(server.base_url, server.create_deployment("client-tests"))
 
 
 @pytest.fixture

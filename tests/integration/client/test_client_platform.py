@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
@@ -156,12 +157,30 @@ def test_handle_object(platform: Any, name: str) -> None:
         assert sb.exec(["python3", "hi.py"]).stdout == "hi\n"
 
 
-def test_401_reattaches_once(client: Any, stub: Any, name: str) -> None:
-    client.attach(name)
-    before = stub.attaches
-    stub.expire_credentials(name)
-    assert client.exec(name, ["echo", "ok"]).stdout == "ok\n"
-    assert stub.attaches == before + 1
+class CountAttaches(httpx.BaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.attaches = 0
+        self.execs = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.attaches += request.method == "PUT" and "/api/v1/sandboxes/" in request.url.path
+        self.execs += request.url.path.endswith("/v1/exec")
+        return self.inner.handle_request(request)
+
+
+def test_401_reattaches_once(platform: Any, name: str) -> None:
+    """A forged credential is refused by the real gateway; the client re-attaches once."""
+    from podbay import SandboxClient
+
+    transport = CountAttaches()
+    with SandboxClient(identity_token=platform.token, server_url=platform.url,
+                       transport=transport) as client:
+        handle = client.attach(name)
+        forged = {k: v[:-4] + "AAAA" for k, v in handle.headers.items()}
+        client._core.store(name, dataclasses.replace(handle, headers=forged))
+        assert client.exec(name, ["echo", "ok"]).stdout == "ok\n"
+        assert (transport.attaches, transport.execs) == (2, 2)
 
 
 def test_202_then_200(client: Any, stub: Any, name: str) -> None:
