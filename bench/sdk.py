@@ -1,11 +1,14 @@
 """SDK figures: 100 MiB up and down (MB/s, client memory) and exec p50 vs raw HTTP.
 
-    .venv/bin/python bench/sdk.py                       # stand-in platform over a real agent
-    .venv/bin/python bench/sdk.py --server URL --token T  # a real `podbay serve`
+    .venv/bin/python bench/sdk.py                         # a real `podbay serve` it starts
+    .venv/bin/python bench/sdk.py --target stub           # stand-in platform, real agent
+    .venv/bin/python bench/sdk.py --server URL --token T  # an already running server
 
-Without ``--server`` it starts the stand-in platform of the client's
-integration tests (a real agent process behind a TCP relay) in a CHILD
-process, so this process's memory is the client's alone. Memory is the
+By default it starts a real ``podbay serve`` (``podbay.testing.platform``,
+real sandboxes; needs root and the base image); ``--target stub`` uses the
+stand-in platform of the client's integration tests (a real agent process
+behind a TCP relay). Either runs in a CHILD process, so this process's
+memory is the client's alone. Memory is the
 peak RSS growth during each transfer (``/proc/self/clear_refs`` resets the
 high-water mark) and tracemalloc's peak of Python allocations.
 
@@ -126,15 +129,22 @@ def exec_latency(client: SandboxClient, name: str, rounds: int) -> dict[str, Any
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=["serve", "stub"], default="serve")
     parser.add_argument("--server")
     parser.add_argument("--token")
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    stub = None
+    stub = server = None
     if args.server and args.token:
-        url, token, target = args.server, args.token, "podbay serve at " + args.server
+        url, token, target = args.server, args.token, "server at " + args.server
+    elif args.target == "serve":
+        from podbay.testing.platform import PlatformServer
+
+        server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
+        url, token = server.base_url, server.create_deployment("bench")
+        target = "podbay serve (real oci sandbox, gateway, loopback)"
     else:
         stub, url, token = start_stub()
         target = "stand-in platform (real agent behind a loopback TCP relay)"
@@ -161,6 +171,8 @@ def main() -> int:
             print(json.dumps({"target": target, "upload": up, "download": down,
                               "exec": latency}))
     finally:
+        if server is not None:
+            server.close()
         if stub is not None:
             assert stub.stdin is not None
             stub.stdin.close()
