@@ -1,0 +1,38 @@
+"""The Python snippets of README.md and docs/client.md run as printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "client.md"]
+FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def snippets() -> list[Any]:
+    found = []
+    for doc in DOCS:
+        if doc.exists():
+            for i, code in enumerate(FENCE.findall(doc.read_text())):
+                found.append(pytest.param(code, id=f"{doc.name}-{i}"))
+    return found
+
+
+@pytest.mark.parametrize("code", snippets())
+def test_snippet_runs_as_printed(code: str, platform: Any) -> None:
+    env = {**os.environ, "ASTRO_AUTHZ_TOKEN": platform.token}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("4", "hi")
+    from podbay import SandboxClient
+
+    with SandboxClient(identity_token=platform.token) as client:
+        client.delete("thread-42")
