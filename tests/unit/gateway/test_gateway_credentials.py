@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from podbay.control.keys import KeyError_, KeyRing
+from podbay.control.tokens import bearer, issue_identity_token, verify_identity_token
+from podbay.errors import ApiError
+from podbay.gateway.activity import ActivityTracker
+from podbay.gateway.credentials import AUDIENCE, CredentialVerifier, mint_credential
+
+
+@pytest.fixture
+def ring(tmp_path) -> KeyRing:
+    return KeyRing.open(tmp_path / "keys")
+
+
+def _code(fn) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(ApiError) as info:
+        fn()
+    return info.value.code.value
+
+
+def test_keys_stored_0600_in_a_0700_directory(ring, tmp_path):
+    (path,) = (tmp_path / "keys").glob("*.pem")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys").stat().st_mode & 0o777 == 0o700
+
+
+def test_identity_token_claims(ring):
+    token = issue_identity_token(ring, deployment_id="dep_1", issuer="http://x:1")
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["sub"] == "dep_1" and claims["iss"] == "http://x:1" and "iat" in claims
+    assert "exp" not in claims
+    assert jwt.get_unverified_header(token)["alg"] == "EdDSA"
+    assert verify_identity_token(ring, token) == "dep_1"
+    with_exp = issue_identity_token(ring, deployment_id="d", issuer="i", ttl_seconds=60)
+    assert "exp" in jwt.decode(with_exp, options={"verify_signature": False})
+
+
+def test_identity_token_refusals(ring):
+    assert _code(lambda: verify_identity_token(ring, None)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, "garbage")) == "IDENTITY_TOKEN_INVALID"
+    key = ring.active()
+    expired = jwt.encode({"sub": "d", "iat": 1, "exp": int(time.time()) - 10}, key.private,
+                         algorithm="EdDSA", headers={"kid": key.kid})
+    assert _code(lambda: verify_identity_token(ring, expired)) == "IDENTITY_TOKEN_INVALID"
+    forged = jwt.encode({"sub": "d", "iat": 1}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
+                        headers={"kid": ring.active().kid})
+    assert _code(lambda: verify_identity_token(ring, forged)) == "IDENTITY_TOKEN_INVALID"
+    hs = jwt.encode({"sub": "d", "iat": 1}, "secret", algorithm="HS256",
+                    headers={"kid": ring.active().kid})
+    assert _code(lambda: verify_identity_token(ring, hs)) == "IDENTITY_TOKEN_INVALID"
+    credential, _ = mint_credential(ring, sandbox_id="sb", incarnation=1, ttl_seconds=60)
+    assert _code(lambda: verify_identity_token(ring, credential)) == "IDENTITY_TOKEN_INVALID"
+
+
+def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
+    old = issue_identity_token(ring, deployment_id="d", issuer="i")
+    old_kid = ring.active().kid
+    new_kid = ring.rotate()
+    assert new_kid > old_kid and ring.active().kid == new_kid
+    new = issue_identity_token(ring, deployment_id="d", issuer="i")
+    assert jwt.get_unverified_header(new)["kid"] == new_kid
+    # a second process (the server) sees both
+    other = KeyRing.open(tmp_path / "keys")
+    assert verify_identity_token(other, old) == verify_identity_token(other, new) == "d"
+    with pytest.raises(KeyError_):
+        ring.remove(new_kid)  # the active key stays
+    ring.remove(old_kid)
+    other.reload()
+    assert _code(lambda: verify_identity_token(other, old)) == "IDENTITY_TOKEN_INVALID"
+    assert verify_identity_token(other, new) == "d"
+
+
+def test_server_ring_notices_a_key_added_by_the_cli(tmp_path):
+    server = KeyRing.open(tmp_path / "keys")
+    cli = KeyRing.open(tmp_path / "keys")
+    cli.rotate()
+    token = issue_identity_token(cli, deployment_id="d", issuer="i")
+    assert verify_identity_token(server, token) == "d"
+
+
+def test_credentials(ring):
+    verifier = CredentialVerifier(ring)
+    token, expires = mint_credential(ring, sandbox_id="sb-1", incarnation=3, ttl_seconds=60)
+    cred = verifier.verify(token)
+    assert (cred.sandbox_id, cred.incarnation) == ("sb-1", 3)
+    assert abs(expires.timestamp() - (time.time() + 60)) < 2
+    assert verifier.verify(token) == cred  # cached
+    assert _code(lambda: verifier.verify(None)) == "CREDENTIAL_INVALID"
+    assert _code(lambda: verifier.verify("x.y.z")) == "CREDENTIAL_INVALID"
+    expired, _ = mint_credential(ring, sandbox_id="sb-1", incarnation=3, ttl_seconds=-1)
+    assert _code(lambda: verifier.verify(expired)) == "CREDENTIAL_INVALID"
+    identity = issue_identity_token(ring, deployment_id="d", issuer="i")
+    assert _code(lambda: verifier.verify(identity)) == "CREDENTIAL_INVALID"
+    forged = jwt.encode({"aud": AUDIENCE, "sub": "sb-1", "inc": 3, "exp": time.time() + 60},
+                        Ed25519PrivateKey.generate(), algorithm="EdDSA",
+                        headers={"kid": ring.active().kid})
+    assert _code(lambda: verifier.verify(forged)) == "CREDENTIAL_INVALID"
+
+
+def test_cached_credential_still_expires(ring, monkeypatch):
+    verifier = CredentialVerifier(ring)
+    token, _ = mint_credential(ring, sandbox_id="sb", incarnation=1, ttl_seconds=5)
+    verifier.verify(token)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10)
+    assert _code(lambda: verifier.verify(token)) == "CREDENTIAL_INVALID"
+
+
+def test_cache_is_bounded(ring):
+    verifier = CredentialVerifier(ring, cache_size=3)
+    for i in range(10):
+        token, _ = mint_credential(ring, sandbox_id=f"sb-{i}", incarnation=1, ttl_seconds=60)
+        verifier.verify(token)
+    assert len(verifier._cache) == 3
+
+
+def test_bearer():
+    assert bearer("Bearer abc") == "abc"
+    assert bearer("bearer  abc ") == "abc"
+    assert bearer("Basic abc") is None
+    assert bearer(None) is None
+    assert bearer("Bearer ") is None
+
+
+def test_activity_drain_and_restore():
+    t = ActivityTracker()
+    t.touch("a")
+    seen = t.drain()
+    assert set(seen) == {"a"} and t.drain() == {}
+    t.restore(seen)
+    assert set(t.drain()) == {"a"}
