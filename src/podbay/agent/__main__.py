@@ -13,7 +13,6 @@ the socket until the agent accepts them.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -21,6 +20,7 @@ import socket
 import stat
 import sys
 import threading
+from dataclasses import dataclass
 from types import FrameType
 
 from podbay.wire import limits
@@ -34,22 +34,64 @@ from .reaper import Reaper, become_subreaper
 THREAD_STACK_BYTES = 1024 * 1024
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="podbay agent", description="Run the sandbox agent (inside a sandbox).")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--socket", metavar="PATH", help="serve on a new unix socket at PATH")
-    where.add_argument("--listen", metavar="HOST:PORT", help="serve on TCP (local debugging)")
-    where.add_argument("--fd", metavar="N", type=int,
-                       help="serve on an inherited, already-listening socket")
-    parser.add_argument("--workspace", default=limits.WORKSPACE, metavar="DIR",
-                        help="default cwd and base of relative paths (default %(default)s)")
-    parser.add_argument("--env-file", metavar="PATH",
-                        help="JSON object of variables given to every command")
-    return parser.parse_args(argv)
+USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
+                    [--workspace DIR] [--env-file PATH]
+
+Run the sandbox agent (inside a sandbox).
+
+  --socket PATH       serve on a new unix socket at PATH
+  --listen HOST:PORT  serve on TCP (local debugging)
+  --fd N              serve on an inherited, already-listening socket
+  --workspace DIR     default cwd and base of relative paths (default /workspace)
+  --env-file PATH     JSON object of variables given to every command
+"""
 
 
-def make_listener(args: argparse.Namespace) -> socket.socket:
+@dataclass
+class Options:
+    socket: str | None = None
+    listen: str | None = None
+    fd: int | None = None
+    workspace: str = limits.WORKSPACE
+    env_file: str | None = None
+
+
+class UsageError(ValueError):
+    """The command line does not fit :data:`USAGE`."""
+
+
+def parse_args(argv: list[str]) -> Options:
+    """The options in ``argv``. Hand-rolled rather than argparse: five options,
+    and argparse costs several ms of every sandbox's start-up.
+
+    >>> parse_args(["--fd", "3", "--env-file=/e.json"])
+    Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json')
+    """
+    opts = Options()
+    names = {"--socket", "--listen", "--fd", "--workspace", "--env-file"}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        name, eq, value = arg.partition("=")
+        if name not in names:
+            raise UsageError(f"unknown argument {arg!r}")
+        if not eq:
+            if not args:
+                raise UsageError(f"{name} needs a value")
+            value = args.pop(0)
+        if name == "--fd":
+            if not value.isdigit():
+                raise UsageError(f"--fd wants a file descriptor number, got {value!r}")
+            opts.fd = int(value)
+        else:
+            setattr(opts, name[2:].replace("-", "_"), value)
+    given = [n for n in ("socket", "listen", "fd") if getattr(opts, n) is not None]
+    if len(given) != 1:
+        raise UsageError("exactly one of --socket, --listen, --fd is required")
+    return opts
+
+
+def make_listener(args: Options) -> socket.socket:
     """The listening socket the options ask for."""
     if args.fd is not None:
         sock = socket.socket(fileno=args.fd)
@@ -80,7 +122,15 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until SIGTERM or SIGINT; the exit status."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(USAGE, end="")
+        return 0
+    try:
+        args = parse_args(argv)
+    except UsageError as exc:
+        print(f"{USAGE}\npodbay agent: error: {exc}", file=sys.stderr)
+        return 2
     try:
         declared_env = load_env_file(args.env_file) if args.env_file else {}
         listener = make_listener(args)

@@ -118,3 +118,22 @@ def test_cli_forwards_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
                                       "--env-file", "/e.json"])
     assert result.exit_code == 0, result.output
     assert seen == [["--socket", "/tmp/s.sock", "--workspace", "/w", "--env-file", "/e.json"]]
+
+
+def test_docstring_examples() -> None:
+    import doctest
+    import importlib
+
+    for name in ("__main__", "environment", "files", "reaper", "refusal", "ring", "staging"):
+        module = importlib.import_module(f"podbay.agent.{name}")
+        result = doctest.testmod(module)
+        assert result.failed == 0, name
+
+
+def test_command_line_parsing() -> None:
+    from podbay.agent.__main__ import UsageError, parse_args
+
+    assert parse_args(["--socket", "/s", "--workspace", "/w"]).workspace == "/w"
+    for bad in ([], ["--fd", "x"], ["--socket", "/s", "--fd", "3"], ["--nope", "1"], ["--fd"]):
+        with pytest.raises(UsageError):
+            parse_args(bad)
