@@ -51,7 +51,7 @@ def test_identity_token_refusals(ring):
     forged = jwt.encode({"sub": "d", "iat": 1}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
                         headers={"kid": ring.active().kid})
     assert _code(lambda: verify_identity_token(ring, forged)) == "IDENTITY_TOKEN_INVALID"
-    hs = jwt.encode({"sub": "d", "iat": 1}, "secret", algorithm="HS256",
+    hs = jwt.encode({"sub": "d", "iat": 1}, "s" * 32, algorithm="HS256",
                     headers={"kid": ring.active().kid})
     assert _code(lambda: verify_identity_token(ring, hs)) == "IDENTITY_TOKEN_INVALID"
     credential, _ = mint_credential(ring, sandbox_id="sb", incarnation=1, ttl_seconds=60)
