@@ -295,7 +295,7 @@ class Core:
             raise self.refusal(response)
 
     def parse_handle(self, response: httpx.Response) -> SandboxHandle:
-        return self.expect(response, SandboxHandle, 200)
+        return self.expect(response, SandboxHandle, 200, 201)
 
     def parse_record(self, response: httpx.Response) -> SandboxRecord:
         return self.expect(response, SandboxRecord, 200)

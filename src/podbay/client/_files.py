@@ -273,6 +273,9 @@ class DigestCheck:
         if not self.expected:
             raise SandboxUnavailableError(
                 f"reading {self.path}: the agent sent no {DIGEST_HEADER} digest")
+        if self.total is not None and self.size != self.total:
+            raise SandboxUnavailableError(
+                f"reading {self.path}: {self.size} of {self.total} bytes arrived; discarded")
         actual = self._digest.hexdigest()
         if actual != self.expected:
             raise SandboxUnavailableError(

@@ -191,8 +191,8 @@ class AsyncSandboxClient:
 
     def _lock(self, name: str) -> Any:
         lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = Lock()
+        if lock is None:  # setdefault: two threads racing here still share one lock
+            lock = self._locks.setdefault(name, Lock())
         return lock
 
     async def _handle(self, name: str, *, stale: SandboxHandle | None = None) -> SandboxHandle:

@@ -193,8 +193,8 @@ class SandboxClient:
 
     def _lock(self, name: str) -> Any:
         lock = self._locks.get(name)
-        if lock is None:
-            lock = self._locks[name] = Lock()
+        if lock is None:  # setdefault: two threads racing here still share one lock
+            lock = self._locks.setdefault(name, Lock())
         return lock
 
     def _handle(self, name: str, *, stale: SandboxHandle | None = None) -> SandboxHandle:
