@@ -37,6 +37,7 @@ SUBS: list[tuple[str, str]] = [
     (r"\bawaitable\b", "blocking"),
     (r"asyncio\.run\(main\(\)\)", "main()"),
     (r"  # noqa: ASYNC2\d\d", ""),
+    (r">>> import asyncio\n", ""),
 ]
 
 HEADER = (

@@ -294,8 +294,9 @@ class AsyncSandboxClient:
 
         ``on_output`` gets every poll that brought output. When ``timeout_ms``
         passes or ``cancel.is_set()`` the process is killed and the result says
-        ``killed`` (and ``timed_out``). Cancelling the awaiting task kills the
-        process too, then the cancellation propagates. The finished process
+        ``killed`` (and ``timed_out``). Cancelling the caller (task cancellation
+        here; KeyboardInterrupt in the sync client) kills the process too, then
+        propagates. The finished process
         is reaped.
 
         >>> show = lambda chunk: print(chunk.stdout, end="")

@@ -8,7 +8,6 @@ generated file is stale. All decisions (what to send, how to read the answer, wh
 refusal means "re-attach") live in the sans-I/O :mod:`podbay.client._core`;
 this class only sends, sleeps and streams.
 
->>> import asyncio
 >>> from podbay import SandboxClient
 >>> def main():
 ...     with SandboxClient() as sandboxes:
@@ -296,8 +295,9 @@ class SandboxClient:
 
         ``on_output`` gets every poll that brought output. When ``timeout_ms``
         passes or ``cancel.is_set()`` the process is killed and the result says
-        ``killed`` (and ``timed_out``). Cancelling the awaiting task kills the
-        process too, then the cancellation propagates. The finished process
+        ``killed`` (and ``timed_out``). Cancelling the caller (task cancellation
+        here; KeyboardInterrupt in the sync client) kills the process too, then
+        propagates. The finished process
         is reaped.
 
         >>> show = lambda chunk: print(chunk.stdout, end="")
