@@ -107,6 +107,8 @@ def make_listener(args: Options) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         return socket.create_server((host, int(port)), family=family, backlog=128)
     path = args.socket
+    if path is None:  # pragma: no cover - parse_args requires one of the three
+        raise OSError("no socket to serve on")
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)  # a stale socket from an earlier run; anything else stays

@@ -56,6 +56,8 @@ class Process:
         self.stderr = Ring(limits.PROCESS_OUTPUT_RETAINED)
         self.cond = threading.Condition()
         self.open_streams = 2
+        self.stdout_closed = False
+        self.stderr_closed = False
         self.forgotten = False
         self.child: Child | None = None
 
@@ -87,8 +89,12 @@ class Process:
         with self.cond:
             exited = self._settle()
             code, exited_at = self._fate(exited)
-            out, out_next, out_dropped = self.stdout.read_from(stdout_from, closed=exited)
-            err, err_next, err_dropped = self.stderr.read_from(stderr_from, closed=exited)
+            # A stream still open (a grandchild may hold it after the exit) holds
+            # back an incomplete trailing character; a closed one gives all.
+            out, out_next, out_dropped = self.stdout.read_from(
+                stdout_from, closed=self.stdout_closed)
+            err, err_next, err_dropped = self.stderr.read_from(
+                stderr_from, closed=self.stderr_closed)
             return ProcessOutput(
                 process_id=self.id, command=self.argv, state="exited" if exited else "running",
                 started_at=self.started_at, exit_code=code, exited_at=exited_at,
@@ -109,27 +115,29 @@ class Process:
         """Drain both pipes into the rings until they close (the pump thread)."""
         child = self.child
         assert child is not None
-        rings = {child.stdout_fd(): self.stdout, child.stderr_fd(): self.stderr}
+        streams = {child.stdout_fd(): "stdout", child.stderr_fd(): "stderr"}
         poller = select.poll()
-        for fd in rings:
+        for fd in streams:
             poller.register(fd, select.POLLIN)
         try:
-            while rings:
+            while streams:
                 for fd, _ in poller.poll():
                     data = os.read(fd, READ_SIZE)
                     with self.cond:
                         if data:
                             if not self.forgotten:
-                                rings[fd].write(data)
+                                ring: Ring = getattr(self, streams[fd])
+                                ring.write(data)
                             continue
                         poller.unregister(fd)
-                        del rings[fd]
+                        setattr(self, f"{streams.pop(fd)}_closed", True)
                         self.open_streams -= 1
                         self.cond.notify_all()
         finally:
             child.close_pipes()
             with self.cond:
                 self.open_streams = 0
+                self.stdout_closed = self.stderr_closed = True
                 self.cond.notify_all()
 
 
