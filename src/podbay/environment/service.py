@@ -1,0 +1,69 @@
+"""Declared environments for the sandbox service (the control plane's seam).
+
+:class:`DeclaredEnvironment` implements the control plane's
+``EnvironmentService``: before a fresh machine it answers the layers and
+env the deployment's section needs (or "still building": a 202), and once
+the fresh machine runs it applies the setup commands in ``/workspace``.
+Refusals carry the contract's codes: ``SANDBOX_PREPARE_FAILED`` naming the
+failing step with the end of its output, ``SANDBOX_APPLY_FAILED`` naming
+the setup command with its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from podbay.control.services.environment import Prepared, Preparing
+from podbay.domain import Deployment
+from podbay.errors import ApiError
+from podbay.runtime.base import Driver
+from podbay.wire.codes import ErrorCode
+
+from .build import Building, Environments, Failed, SetupFailed, run_setup
+from .spec import SandboxSection, SpecError, parse_section
+
+
+class DeclaredEnvironment:
+    def __init__(self, environments: Environments) -> None:
+        self.environments = environments
+
+    @staticmethod
+    def section(deployment: Deployment) -> SandboxSection:
+        if deployment.sandbox_section is None:
+            raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
+                           f"deployment {deployment.name!r} declares no sandbox section")
+        try:
+            return parse_section(deployment.sandbox_section)
+        except SpecError as exc:
+            # Registered before validation existed, or edited by hand.
+            raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
+                           f"the sandbox section is not valid: {exc}") from None
+
+    async def prepare(self, deployment: Deployment) -> Prepared | Preparing:
+        section = self.section(deployment)
+        state = self.environments.status(section)
+        if isinstance(state, Building):
+            return Preparing(retry_after_seconds=state.retry_after)
+        if isinstance(state, Failed):
+            raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
+                           f"preparing the sandbox environment failed: {state.error}")
+        return Prepared(key=pool_key(section), layers=state.layers, env=dict(section.env))
+
+    async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:
+        section = self.section(deployment)
+        if not section.setup:
+            return
+        try:
+            await run_setup(driver.agent_socket(machine_id), section)
+        except SetupFailed as exc:
+            raise ApiError(ErrorCode.SANDBOX_APPLY_FAILED, str(exc)) from None
+
+
+def pool_key(section: SandboxSection) -> str:
+    """Machines are interchangeable when their layers and env are: the pool's key."""
+    if section.is_empty_install and not section.env:
+        return ""
+    raw = json.dumps({"layer": section.layer_key(), "env": dict(sorted(section.env.items()))},
+                     sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()
