@@ -98,6 +98,27 @@ def test_teardown_leaves_nothing(manager: NetworkManager, runner: asyncio.Runner
     assert manager.machines() == []
 
 
+def test_teardown_releases_copies_in_other_mount_namespaces(
+    manager: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """A process that copied the mount table (a private mount namespace, as
+    slirp4netns --enable-sandbox makes for /run) holds the netns mount too;
+    removing the file detaches it there as well, so nothing pins the namespace."""
+    handle = runner.run(manager.setup("m1"))
+    inode = os.stat(handle.netns_path).st_ino
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 5
+        while f"net:[{inode}]" not in Path(f"/proc/{holder.pid}/mountinfo").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        runner.run(manager.teardown("m1"))
+        assert f"net:[{inode}]" not in Path(f"/proc/{holder.pid}/mountinfo").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_teardown_without_pid_file_still_stops_slirp(
     manager: NetworkManager, runner: asyncio.Runner
 ) -> None:

@@ -599,6 +599,7 @@ class NetworkManager:
                 )
         if not os.path.exists("/dev/net/tun"):
             problems.append("network: /dev/net/tun missing: modprobe tun")
+        problems += _resolver_problems(Path("/etc/resolv.conf"), self.slirp_sandbox)
         return problems
 
     async def close(self) -> None:
@@ -875,6 +876,41 @@ class NetworkManager:
             if isinstance(exc, OSError):
                 raise exc
             raise OSError(errno.EIO, str(exc))
+
+
+def _resolver_problems(resolv_conf: Path, slirp_sandbox: bool) -> list[str]:
+    """Why slirp4netns's DNS forwarder (10.0.2.3) would not work on this host.
+
+    It forwards to the first IPv4 ``nameserver`` of the host's resolv.conf, which
+    ``--enable-sandbox`` reads from a mount namespace holding only /etc and /run.
+    """
+    problems = []
+    real = Path(os.path.realpath(resolv_conf))
+    if slirp_sandbox and not (real.is_relative_to("/etc") or real.is_relative_to("/run")):
+        problems.append(
+            f"network: {resolv_conf} points to {real}, which slirp4netns's sandbox cannot "
+            "see (only /etc and /run): make it a regular file or a link into /run"
+        )
+    try:
+        text = resolv_conf.read_text()
+    except OSError as exc:
+        return [*problems, f"network: cannot read {resolv_conf} ({exc.strerror}): "
+                "sandbox DNS needs the host's resolver configuration"]  # fmt: skip
+    servers = [line.split()[1] for line in text.splitlines()
+               if line.startswith("nameserver") and len(line.split()) > 1]  # fmt: skip
+    if not any(_is_ipv4(server) for server in servers):
+        problems.append(
+            f"network: {resolv_conf} names no IPv4 nameserver, so sandbox DNS (10.0.2.3) "
+            "has nowhere to go: add one (nameserver <address>)"
+        )
+    return problems
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
 
 
 def _slirp_version(binary: str) -> tuple[int, int] | None:
