@@ -25,6 +25,7 @@ from types import FrameType
 
 from podbay.wire import limits
 
+from . import VERSION
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .http import Server
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     reaper = Reaper()
     reaper.start()
     app = App(reaper, os.path.abspath(args.workspace), declared_env)
+    where = listener.getsockname() or f"fd {args.fd}"
+    print(f"podbay-agent {VERSION}: serving on {where} (pid {os.getpid()})",
+          file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
