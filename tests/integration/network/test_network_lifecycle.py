@@ -177,6 +177,27 @@ def test_adopt_after_the_node_is_killed(
     assert mounts_under(manager.run_dir) == []
 
 
+def test_teardown_of_an_orphaned_slirp(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    """A node killed with SIGKILL, then destroy from a new node (or ``podbay gc``)."""
+    node = subprocess.Popen(
+        [sys.executable, "-c", NODE, str(manager.run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert node.stdout is not None
+        pid = int(node.stdout.readline())
+    finally:
+        node.send_signal(signal.SIGKILL)
+        node.wait()
+    assert os.getppid() != pid and Path(f"/proc/{pid}").exists()
+    runner.run(manager.teardown("crash"))
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists():  # reaped by init / the subreaper
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert mounts_under(manager.run_dir) == []
+    assert manager.machines() == []
+
+
 def test_adopt_of_nothing_is_none(manager: NetworkManager, runner: asyncio.Runner) -> None:
     assert runner.run(manager.adopt("nothing")) is None
 
