@@ -115,6 +115,9 @@ def make_listener(args: Options) -> socket.socket:
             os.unlink(path)  # a stale socket from an earlier run; anything else stays
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
+    # Whoever can connect runs commands as the agent's user: owner only. Set
+    # before listen(), so no connection can get in with the looser mode.
+    os.chmod(path, 0o600)
     sock.listen(128)
     return sock
 

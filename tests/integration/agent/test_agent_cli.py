@@ -27,6 +27,7 @@ def test_socket_mode_serves_info_exec_processes_and_files(tmp_path: Path) -> Non
     try:
         assert proc.stderr is not None
         assert "serving on" in proc.stderr.readline()
+        assert sock.stat().st_mode & 0o777 == 0o600
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
                           base_url="http://agent") as client:
             assert client.get("/v1/info").json()["features"] == ["files"]
