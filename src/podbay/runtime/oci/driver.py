@@ -172,12 +172,20 @@ class OciDriver:
                 pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
                 resolv_conf=netns is not None, limit_swap=self.cgroups.swap_accounting())
             (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
-            await self.runc.run_detached(spec.machine_id, paths.run, listener.fileno(),
-                                         paths.console)
+            # The request waits in the socket's backlog until the agent serves it, so
+            # asking now overlaps runc's own exit with the agent's start-up.
+            ready = asyncio.create_task(wait_ready(paths.socket, self.rt.start_timeout_seconds))
+            try:
+                await self.runc.run_detached(spec.machine_id, paths.run, listener.fileno(),
+                                             paths.console)
+            except BaseException:
+                ready.cancel()
+                await asyncio.gather(ready, return_exceptions=True)
+                raise
         finally:
             listener.close()
         try:
-            await wait_ready(paths.socket, self.rt.start_timeout_seconds)
+            await ready
         except DriverError as e:
             raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
 

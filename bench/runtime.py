@@ -1,0 +1,210 @@
+# ruff: noqa: E402
+"""Runtime figures: create-to-ready, suspend/resume, density and agent memory.
+
+Run as root with the base image cached (the first run builds it)::
+
+    .venv/bin/python bench/runtime.py [--runs 20] [--density-max 100] [--json]
+
+- create-to-ready: ``create`` + ``start`` until ``GET /v1/info`` answers, p50/p99;
+- suspend and resume latency, p50/p99;
+- density: idle sandboxes started one after another until ``--density-max``,
+  a failure, or host memory available drops under ``--reserve-mib``; with the
+  agent's resident memory (RSS and PSS) per idle sandbox.
+
+Uses a throwaway data directory; every sandbox is destroyed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# bench/ holds a platform.py that would shadow the standard library's when this
+# file is run as a script: take the script's own directory off the path first.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.abspath(__file__))]
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from podbay.runtime.base import Limits, MachineSpec
+from podbay.runtime.oci import gc
+from podbay.runtime.oci.driver import OciDriver
+from podbay.settings import GIB, Settings
+
+MIB = 1024 * 1024
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def spec(prefix: str) -> MachineSpec:
+    return MachineSpec(machine_id=f"{prefix}-{uuid.uuid4().hex[:10]}", hostname="bench",
+                       limits=Limits(memory_bytes=1 * GIB, cpus=1.0, pids=256,
+                                     disk_bytes=10 * GIB))
+
+
+def available_mib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def memory_of(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) in MiB of one process."""
+    rss = pss = 0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    except OSError:
+        pass
+    return rss / 1024, pss / 1024
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    data = Path(tempfile.mkdtemp(prefix="podbay-bench-"))
+    settings = Settings.load(data_dir=data)
+    if args.image_dir:
+        settings.runtime.image_dir = args.image_dir
+    settings.runtime.run_dir = f"/run/podbay-bench/{uuid.uuid4().hex[:8]}"
+    driver = OciDriver(settings)
+    await driver.prepare()
+    out: dict[str, Any] = {}
+    try:
+        # warm-up (page cache, first cgroup parents)
+        warm = spec("warm")
+        await driver.create(warm)
+        await driver.start(warm.machine_id)
+        await driver.destroy(warm.machine_id)
+
+        ready, creates = [], []
+        ids = []
+        for _ in range(args.runs):
+            s = spec("ready")
+            t0 = time.perf_counter()
+            await driver.create(s)
+            t1 = time.perf_counter()
+            await driver.start(s.machine_id)
+            t2 = time.perf_counter()
+            creates.append(t1 - t0)
+            ready.append(t2 - t0)
+            ids.append(s.machine_id)
+            await asyncio.sleep(0.2)  # let the last agent settle, as between real attaches
+        out["create_to_ready_ms"] = {"p50": pct(ready, 0.5) * 1000, "p99": pct(ready, 0.99) * 1000,
+                                     "runs": len(ready)}
+        out["create_ms_p50"] = pct(creates, 0.5) * 1000
+
+        suspends, resumes = [], []
+        for _ in range(args.runs):
+            for machine_id in ids[:1]:
+                t0 = time.perf_counter()
+                await driver.suspend(machine_id)
+                t1 = time.perf_counter()
+                await driver.resume(machine_id)
+                t2 = time.perf_counter()
+                suspends.append(t1 - t0)
+                resumes.append(t2 - t1)
+        out["suspend_ms"] = {"p50": pct(suspends, 0.5) * 1000, "p99": pct(suspends, 0.99) * 1000}
+        out["resume_ms"] = {"p50": pct(resumes, 0.5) * 1000, "p99": pct(resumes, 0.99) * 1000}
+        stops = []
+        for machine_id in ids:
+            t0 = time.perf_counter()
+            await driver.destroy(machine_id)
+            stops.append(time.perf_counter() - t0)
+        out["destroy_ms_p50"] = pct(stops, 0.5) * 1000
+
+        # density
+        started: list[str] = []
+        stop_reason = f"reached --density-max {args.density_max}"
+        mem_start = available_mib()
+        t_start = time.perf_counter()
+        while len(started) < args.density_max:
+            if available_mib() < args.reserve_mib:
+                stop_reason = f"host memory available fell under {args.reserve_mib} MiB"
+                break
+            s = spec("dense")
+            try:
+                await driver.create(s)
+                await driver.start(s.machine_id)
+            except Exception as e:
+                stop_reason = f"start failed: {e}"
+                break
+            started.append(s.machine_id)
+        took = time.perf_counter() - t_start
+        await asyncio.sleep(2)  # idle
+        rss, pss = [], []
+        for machine_id in started:
+            state = driver.runc.state(machine_id)
+            if state is not None:
+                r, p = memory_of(state.pid)
+                rss.append(r)
+                pss.append(p)
+        mem_end = available_mib()
+        out["density"] = {
+            "sandboxes": len(started), "stopped_because": stop_reason,
+            "seconds_to_start_all": took,
+            "host_memory_used_mib": mem_start - mem_end,
+            "host_memory_per_sandbox_mib": (mem_start - mem_end) / max(1, len(started)),
+            "agent_rss_mib": {"median": statistics.median(rss) if rss else None,
+                              "max": max(rss) if rss else None},
+            "agent_pss_mib_median": statistics.median(pss) if pss else None,
+        }
+        alive = 0
+        from podbay.runtime.agent_client import AgentClient
+
+        for machine_id in started:
+            try:
+                await asyncio.to_thread(AgentClient(driver.agent_socket(machine_id)).info)
+                alive += 1
+            except Exception:
+                pass
+        out["density"]["answering"] = alive
+    finally:
+        await gc.collect(driver, everything=True)
+        await driver.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--density-max", type=int, default=100)
+    parser.add_argument("--reserve-mib", type=int, default=4096)
+    parser.add_argument("--image-dir", default="/var/tmp/podbay-test-images")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    result = asyncio.run(bench(args))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    r, s, u, d = (result["create_to_ready_ms"], result["suspend_ms"], result["resume_ms"],
+                  result["density"])
+    print(f"create-to-ready  p50 {r['p50']:.0f} ms  p99 {r['p99']:.0f} ms  ({r['runs']} runs; "
+          f"create alone p50 {result['create_ms_p50']:.0f} ms)")
+    print(f"suspend          p50 {s['p50']:.2f} ms  p99 {s['p99']:.2f} ms")
+    print(f"resume           p50 {u['p50']:.2f} ms  p99 {u['p99']:.2f} ms")
+    print(f"destroy          p50 {result['destroy_ms_p50']:.0f} ms")
+    print(f"density          {d['sandboxes']} idle sandboxes ({d['stopped_because']}), "
+          f"{d['answering']} answering; started in {d['seconds_to_start_all']:.1f} s")
+    print(f"agent memory     RSS median {d['agent_rss_mib']['median']:.1f} MiB "
+          f"(max {d['agent_rss_mib']['max']:.1f}), PSS median {d['agent_pss_mib_median']:.1f} "
+          f"MiB; host memory per sandbox {d['host_memory_per_sandbox_mib']:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
