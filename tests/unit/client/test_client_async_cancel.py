@@ -38,3 +38,18 @@ async def test_concurrent_first_calls_attach_once(fake: Fake) -> None:
             for _ in range(5):
                 tg.start_soon(client.exec, "t", ["true"])
         assert fake.attaches == 1
+
+
+@pytest.mark.anyio
+async def test_async_handle_object(fake: Fake) -> None:
+    client = AsyncSandboxClient(identity_token=fake.token, transport=httpx.MockTransport(fake))
+    async with client, client.sandbox("thread-42") as sb:
+        await sb.write_file("hi.txt", "hi")
+        assert (await sb.exec(["cat", "hi.txt"])).stdout == "hi"
+        assert (await sb.exec_combined("echo a; echo b >&2")).output == "a\nb\n"
+        assert [e.name for e in await sb.list_dir()] == ["hi.txt"]
+        assert [m.line for m in await sb.grep("hi")] == [1]
+        run = await sb.run(["echo", "r"], interval_ms=10)
+        assert run.stdout == "r\n"
+        assert (await sb.get()).name == "thread-42"
+        await sb.delete()

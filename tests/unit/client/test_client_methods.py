@@ -430,3 +430,19 @@ def test_safe_extract_refuses_escapes(tmp_path: Any) -> None:
     with tarfile.open(fileobj=buffer) as tar, pytest.raises(tarfile.TarError):
         _files.safe_extract(tar, str(tmp_path / "dest"))
     assert not (tmp_path / "escape").exists()
+
+
+def test_run_interrupted_by_the_caller_kills_and_propagates(client: Any, fake: Fake) -> None:
+    """Any exception while run() waits (Ctrl-C alike): the process is killed and reaped."""
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(chunk: Any) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        client.run("t", ["/bin/sh", "-c", "echo go; exec sleep 30"], interval_ms=20,
+                   on_output=interrupt)
+    assert client.processes("t") == []
+    assert any(r.url.path.endswith("/signal") for r in fake.requests)
