@@ -6,6 +6,7 @@ import json
 import os
 import tarfile
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -178,18 +179,18 @@ def test_spawn_poll_processes_signal_kill(client: Any) -> None:
     proc = client.spawn("t", ["/bin/sh", "-c", "echo started; exec sleep 30"])
     assert proc.state == "running" and proc.exit_code is None
     assert [p.process_id for p in client.processes("t")] == [proc.process_id]
-    for _ in range(100):
+    deadline = time.monotonic() + 10
+    chunk = client.poll("t", proc.process_id)
+    while not chunk.stdout and time.monotonic() < deadline:
+        time.sleep(0.01)
         chunk = client.poll("t", proc.process_id)
-        if chunk.stdout:
-            break
     assert chunk.stdout == "started\n" and chunk.stdout_next == 8
     again = client.poll("t", proc.process_id, stdout_from=8)
     assert again.stdout == ""
     client.signal("t", proc.process_id, "TERM")
-    for _ in range(100):
+    while chunk.state != "exited" and time.monotonic() < deadline:
+        time.sleep(0.01)
         chunk = client.poll("t", proc.process_id, stdout_from=8)
-        if chunk.state == "exited":
-            break
     assert chunk.exit_code == 128 + 15
     client.kill("t", proc.process_id)
     assert client.processes("t") == []
