@@ -170,6 +170,10 @@ class Platform:
         if self.pool is not None:
             await self.pool.close(destroy=True)
         await self.routes.close()
+        close_environment = getattr(self.environment, "close", None)
+        if close_environment is not None:
+            with contextlib.suppress(Exception):
+                await close_environment()
         if self.driver is not None:
             with contextlib.suppress(Exception):
                 await self.driver.close()

@@ -61,6 +61,27 @@ def _server_class():  # type: ignore[no-untyped-def]
     return Server
 
 
+def environment_service(settings, driver):  # type: ignore[no-untyped-def]
+    """Declared environments (layers built once, cached in ``<data_dir>/layers``)
+    when the environment package is installed; otherwise the plain base image."""
+    from podbay.control.services.environment import PlainEnvironment
+
+    if driver is None:
+        return PlainEnvironment()
+    try:
+        from podbay.environment.build import Environments, LayerBuilder, LayerCache
+        from podbay.environment.service import DeclaredEnvironment
+    except ImportError:
+        return PlainEnvironment()
+    from podbay.runtime.base import Limits
+
+    rt = settings.runtime
+    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
+                    disk_bytes=rt.disk_bytes)
+    cache = LayerCache(settings.data_dir / "layers")
+    return DeclaredEnvironment(Environments(LayerBuilder(driver, cache, limits)))
+
+
 def section_validator():  # type: ignore[no-untyped-def]
     """The environment's validator for ``sandbox`` sections, when installed."""
     try:
@@ -108,10 +129,10 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
         driver = registry.build(settings)
     except Exception as exc:  # a host without the runtime still serves the API (503s)
         out.info(f"podbay: no sandbox runtime: {exc}")
-        drivers = {}
-    else:
-        drivers = {driver.name: driver}
-    app = create_app(settings, store, drivers, validate_section=section_validator())
+        driver = None
+    drivers = {driver.name: driver} if driver is not None else {}
+    app = create_app(settings, store, drivers, validate_section=section_validator(),
+                     environment=environment_service(settings, driver))
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value({"listen": listening, "public_url": settings.server.base_url(),
                "data_dir": str(settings.data_dir)},
