@@ -127,7 +127,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT; the exit status."""
+    """Run the agent until SIGTERM or SIGINT (SIGKILL as PID 1); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         print(USAGE, end="")
@@ -158,8 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     where = listener.getsockname() or f"fd {args.fd}"
     print(f"podbay-agent {VERSION}: serving on {where} (pid {os.getpid()})",
           file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    if os.getpid() == 1:
+        # No handlers at all: the kernel then drops every signal sent to a
+        # namespace's init from inside it (SIGKILL included), so no `kill 1`
+        # or `pkill python` in the sandbox can take the agent down. The runtime
+        # stops the sandbox with SIGKILL from outside, which ends everything.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    else:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
     try:
         Server(listener, app, protocol_refusal).serve_forever()
     except SystemExit:

@@ -80,7 +80,8 @@ class Agent:
     def stop(self) -> None:
         self.client.close()
         if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
+            # As PID 1 the agent ignores SIGTERM by design; the runtime kills it.
+            os.kill(self.pid, signal.SIGKILL if self.wrapped else signal.SIGTERM)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

@@ -60,7 +60,26 @@ def test_runs_as_pid_1_and_reaps_orphans(init_agent: Agent) -> None:
     assert {name for _, _, name in rows} <= {"python", "python3", "python3.11", "sh", "cat"}
 
 
-def test_sigterm_stops_the_agent_cleanly(init_agent: Agent) -> None:
-    init_agent.spawn(["sleep", "60"])
-    init_agent.stop()  # SIGTERM to the agent itself (unshare blocks it)
-    assert init_agent.proc.returncode == 0
+def test_signals_from_inside_the_sandbox_cannot_stop_it(init_agent: Agent) -> None:
+    for name in ("TERM", "INT", "HUP", "QUIT", "KILL"):
+        init_agent.exec(["kill", f"-{name}", "1"])
+    init_agent.exec(["pkill", "-f", "podbay"])
+    assert init_agent.exec(["true"]).json()["exit_code"] == 0
+    assert init_agent.proc.poll() is None
+
+
+def test_sigkill_from_the_host_ends_the_whole_sandbox(init_agent: Agent) -> None:
+    pid = init_agent.spawn(["sh", "-c", "echo $$; exec sleep 60"]).json()["process_id"]
+    out = ""
+    while not out:
+        out = init_agent.client.get(f"/v1/processes/{pid}").json()["stdout"]
+    inner = int(out)  # a pid inside the namespace; find the sleeper from outside
+    # Children of every thread of the agent (each lists what it forked).
+    sleepers = [int(p) for task in Path(f"/proc/{init_agent.pid}/task").iterdir()
+                for p in (task / "children").read_text().split()]
+    assert sleepers and inner > 1
+    init_agent.stop()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in sleepers):
+        time.sleep(0.02)
+    assert not [p for p in sleepers if Path(f"/proc/{p}").exists()]
