@@ -213,7 +213,7 @@ def test_run_collects_whole_output_and_reaps(client: Any) -> None:
 
 def test_run_timeout_kills(client: Any) -> None:
     result = client.run("t", ["/bin/sh", "-c", "echo begin; exec sleep 30"],
-                        interval_ms=20, timeout_ms=300)
+                        interval_ms=20, timeout_ms=500)
     assert result.killed and result.timed_out
     assert result.stdout == "begin\n"
     assert result.exit_code == 137
