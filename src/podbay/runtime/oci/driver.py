@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -120,10 +121,10 @@ class OciDriver:
         async with self._lock(spec.machine_id):
             paths = self._paths(spec.machine_id)
             if records.read(paths.home) is not None:
-                return
+                return  # created already (a retry): the first spec stands
             paths.home.mkdir(parents=True, exist_ok=True)
             await storage.make_disk(paths.disk_image, spec.limits.disk_bytes, self.rt.uid_base)
-            self._save(records.MachineRecord(spec, MachineState.STOPPED))
+            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
 
     async def start(self, machine_id: str) -> None:
         async with self._lock(machine_id):
@@ -148,11 +149,12 @@ class OciDriver:
         spec = record.spec
         paths = self._paths(spec.machine_id)
         assert self._image is not None and self._agent_dir is not None and self._argv
+        image, argv = self._image_for(record)
         if len(str(paths.socket)) > SOCKET_PATH_MAX:
             raise DriverError(f"socket path {paths.socket} is too long; set a shorter "
                               "runtime.run_dir")
         paths.run.mkdir(parents=True, exist_ok=True)
-        lowers = [*reversed(spec.layers), self._image.rootfs]
+        lowers = [*reversed(spec.layers), image.rootfs]
         mounted = asyncio.create_task(asyncio.to_thread(
             _mount_storage, paths, lowers, self.rt.uid_base))
         netns_task = asyncio.create_task(self.network.setup(paths.run, spec.machine_id))
@@ -166,8 +168,8 @@ class OciDriver:
             netns = (await asyncio.gather(mounted, netns_task))[1]
             facts = bundle.BundleFacts(
                 machine_id=spec.machine_id, hostname=spec.hostname, rootfs=paths.rootfs,
-                image_rootfs=self._image.rootfs, agent_dir=self._agent_dir,
-                files_dir=paths.files, argv=self._argv, uid_base=self.rt.uid_base,
+                image_rootfs=image.rootfs, agent_dir=self._agent_dir,
+                files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
                 memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
                 pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
                 resolv_conf=netns is not None, limit_swap=self.cgroups.swap_accounting())
@@ -188,6 +190,19 @@ class OciDriver:
             await ready
         except DriverError as e:
             raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
+
+    def _image_for(self, record: records.MachineRecord) -> tuple[Image, list[str]]:
+        """The image the machine's files were made on, while it is cached; else the
+        current one (the writable layer then sits on a newer base)."""
+        assert self._image is not None and self._argv is not None
+        if not record.image or record.image == self._image.key:
+            return self._image, self._argv
+        old = Image(record.image, self.layout.image_dir / record.image)
+        if not (old.root / "complete").is_file():
+            log.warning("machine %s: its base image %s is gone; starting on %s",
+                        record.spec.machine_id, record.image, self._image.key)
+            return self._image, self._argv
+        return old, agent_bundle.agent_argv(old.rootfs, fd=3, env_file=True)
 
     def _write_files(self, spec: MachineSpec, paths: MachinePaths) -> None:
         paths.files.mkdir(parents=True, exist_ok=True)
@@ -265,10 +280,8 @@ class OciDriver:
         async with self._lock(machine_id):
             record = self._record(machine_id)
             spec = record.spec
-            new = records.MachineRecord(
-                MachineSpec(machine_id=spec.machine_id, hostname=hostname, limits=spec.limits,
-                            env=spec.env, layers=spec.layers, labels=dict(labels)),
-                record.commanded)
+            new = dataclasses.replace(record, spec=dataclasses.replace(
+                spec, hostname=hostname, labels=dict(labels)))
             state = self.runc.state(machine_id)
             if state is not None and state.status == "running":
                 paths = self._paths(machine_id)
@@ -314,6 +327,9 @@ class OciDriver:
             async with self._lock(machine_id):
                 self._records[machine_id] = record
                 observed = self._observe(machine_id)
+                if observed is not MachineState.STOPPED and not await self._adopt_network(
+                        machine_id):
+                    observed = MachineState.STOPPED
                 if observed is MachineState.STOPPED:
                     await self._teardown(machine_id)
                 if observed.value != record.commanded.value:
@@ -324,6 +340,17 @@ class OciDriver:
             log.warning("removing container %s, which has no machine record", orphan)
             await self.runc.delete(orphan)
         return found
+
+    async def _adopt_network(self, machine_id: str) -> bool:
+        """Reload a live machine's network rules and restart its slirp if it died;
+        ``False`` (the machine must be stopped) when its namespace is gone."""
+        try:
+            if await self.network.adopt(machine_id):
+                return True
+        except DriverError as e:
+            log.warning("machine %s: %s", machine_id, e)
+        log.warning("machine %s lost its network; stopping it", machine_id)
+        return False
 
     def machine_ids(self) -> list[str]:
         try:

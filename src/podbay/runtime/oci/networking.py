@@ -33,6 +33,10 @@ class MachineNetwork:
     async def teardown(self, run_dir: Path, machine_id: str) -> None:
         return None
 
+    async def adopt(self, machine_id: str) -> bool:
+        """Take back a live machine's network after a restart; ``False`` if it is gone."""
+        return True
+
     def resolv_conf(self) -> str | None:
         return None
 
@@ -57,6 +61,9 @@ class ModuleNetwork(MachineNetwork):
 
     async def teardown(self, run_dir: Path, machine_id: str) -> None:
         await self.manager.teardown(machine_id)
+
+    async def adopt(self, machine_id: str) -> bool:
+        return await self.manager.adopt(machine_id) is not None
 
     def resolv_conf(self) -> str | None:
         return str(self.manager.resolv_conf())

@@ -24,6 +24,9 @@ class MachineRecord:
     spec: MachineSpec
     #: What the driver was last asked for (running, suspended or stopped).
     commanded: MachineState
+    #: Key of the base image the writable layer was made on: its files sit on top
+    #: of that image, so the machine keeps it while it is cached ("" = current).
+    image: str = ""
 
     def with_state(self, state: MachineState) -> MachineRecord:
         return replace(self, commanded=state)
@@ -49,7 +52,8 @@ def spec_from_json(raw: dict[str, Any]) -> MachineSpec:
 
 
 def write(directory: Path, record: MachineRecord) -> None:
-    data = {"spec": spec_to_json(record.spec), "commanded": record.commanded.value}
+    data = {"spec": spec_to_json(record.spec), "commanded": record.commanded.value,
+            "image": record.image}
     tmp = directory / f".{RECORD}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
@@ -63,4 +67,5 @@ def read(directory: Path) -> MachineRecord | None:
         raw = json.loads((directory / RECORD).read_text())
     except FileNotFoundError:
         return None
-    return MachineRecord(spec_from_json(raw["spec"]), MachineState(raw["commanded"]))
+    return MachineRecord(spec_from_json(raw["spec"]), MachineState(raw["commanded"]),
+                         str(raw.get("image") or ""))
