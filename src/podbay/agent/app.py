@@ -25,7 +25,7 @@ from podbay.wire.data import (
 
 from . import VERSION
 from .exec import run as run_exec
-from .files import Files, parse_digest, parse_mode
+from .files import Files, FileStream, parse_digest, parse_mode
 from .http import Request, Response
 from .processes import ProcessTable
 from .reaper import Reaper
@@ -155,7 +155,8 @@ class App:
     # -- files ---------------------------------------------------------------
     def read_file(self, req: Request) -> Response:
         stream = self.files.open_read(req.query.get("path"))
-        return Response(200, stream, headers=[(paths.DIGEST_HEADER, stream.digest)],
+        body: bytes | FileStream = stream.data if stream.data is not None else stream
+        return Response(200, body, headers=[(paths.DIGEST_HEADER, stream.digest)],
                         length=stream.length, content_type="application/octet-stream")
 
     def write_file(self, req: Request) -> Response:

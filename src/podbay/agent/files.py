@@ -6,10 +6,13 @@ the file in a first pass, sends the digest and length in the headers, then
 streams it in a second pass, re-hashing as it goes and holding back the last
 chunk until the digests agree. If the file changed between the passes the
 connection is cut rather than finishing a body that does not match its
-digest. A write streams the body into a temporary file beside the target,
-checks the writer's digest, and only then renames it into place: readers see
-the old content or the new, never a mix, and a mismatch leaves the old
-content untouched.
+digest. Files up to 1 MiB are kept from the first pass instead (one read, and
+``/proc`` files that change on every read still match their digest).
+
+A write streams the body into a temporary file beside the target, checks
+the writer's digest, and only then renames it into place: readers see the
+old content or the new, never a mix, and a mismatch leaves the old content
+untouched.
 
 Paths are the sandbox's own: absolute, or relative to the workspace. The
 agent is root in its sandbox and the sandbox is the boundary, so ``..`` is
@@ -34,6 +37,10 @@ from .http import Aborted
 from .refusal import Refusal, path_refusal
 
 CHUNK = 256 * 1024
+#: Files up to this size are kept in memory from the first pass and sent from
+#: there: one read, and content that changes on every read (``/proc``) still
+#: matches its digest.
+SMALL_FILE = 1024 * 1024
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _HEX = frozenset("0123456789abcdef")
@@ -88,10 +95,16 @@ class FileStream:
         self.fd = fd
         self.length = length
         self.digest = digest
+        #: The whole content, when the file was small enough to keep from the
+        #: first pass (then there is no second pass to go wrong).
+        self.data: bytes | None = None
 
     def __iter__(self) -> Iterator[bytes]:
         import hashlib
 
+        if self.data is not None:
+            yield self.data
+            return
         try:
             os.lseek(self.fd, 0, os.SEEK_SET)
             hasher = hashlib.sha256()
@@ -181,16 +194,25 @@ class Files:
             os.set_blocking(fd, True)
             hasher = _sha256()
             length = 0
+            kept: list[bytes] | None = []
             while chunk := os.read(fd, CHUNK):
                 hasher.update(chunk)
                 length += len(chunk)
+                if kept is not None:
+                    kept.append(chunk)
+                    if length > SMALL_FILE:
+                        kept = None  # too big to hold: a second pass will stream it
         except OSError as exc:
             os.close(fd)
             raise path_refusal(exc, shown) from None
         except BaseException:
             os.close(fd)
             raise
-        return FileStream(fd, length, hasher.hexdigest())
+        stream = FileStream(fd, length, hasher.hexdigest())
+        if kept is not None:
+            stream.data = b"".join(kept)
+            stream.close()
+        return stream
 
     def write(self, raw: str | None, read: Callable[[int], bytes], digest: str,
               mode: int | None) -> FileInfo:

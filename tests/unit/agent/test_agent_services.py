@@ -57,22 +57,34 @@ def test_exit_codes() -> None:
 
 
 def test_file_changed_between_passes_is_cut_not_sent(tmp_path: Path) -> None:
+    size = 3 * 1024 * 1024  # over SMALL_FILE: streamed in a second pass
     target = tmp_path / "f"
-    target.write_bytes(b"a" * 600_000)
+    target.write_bytes(b"a" * size)
     stream = Files(str(tmp_path)).open_read("f")
-    target.write_bytes(b"b" * 600_000)  # same size, other bytes
+    assert stream.data is None
+    target.write_bytes(b"b" * size)  # same size, other bytes
     sent = []
     with pytest.raises(Aborted):
         for chunk in stream:
             sent.append(chunk)
-    assert sum(map(len, sent)) < 600_000  # the last chunk was held back
+    assert sum(map(len, sent)) < size  # the last chunk was held back
     assert stream.fd == -1
 
 
-def test_file_stream_whole_when_unchanged(tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(b"xyz" * 100_000)
+def test_large_file_streams_whole_when_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"xyz" * 1_000_000)
     stream = Files(str(tmp_path)).open_read("f")
-    assert b"".join(stream) == b"xyz" * 100_000 and stream.length == 300_000
+    assert b"".join(stream) == b"xyz" * 1_000_000 and stream.length == 3_000_000
+
+
+def test_small_file_is_served_from_the_first_read(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"before")
+    stream = Files(str(tmp_path)).open_read("f")
+    (tmp_path / "f").write_bytes(b"after!")
+    assert stream.data == b"before" and b"".join(stream) == b"before"
+    assert stream.fd == -1
+    proc = Files("/").open_read("/proc/self/status")  # changes on every read
+    assert proc.data is not None and proc.length == len(proc.data)
 
 
 def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> None:
