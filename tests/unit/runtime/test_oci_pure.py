@@ -134,7 +134,7 @@ def test_cgroup_freezer_v1_and_v2(tmp_path: Path) -> None:
     asyncio.run(cycle(groups, "/podbay/m1"))
     assert groups.frozen("/podbay/m1")
     groups.thaw("/podbay/m1")
-    assert (v1 / "freezer/podbay/m1/freezer.state").read_text() == "THAWED"
+    assert (v1 / "freezer/podbay/m1/freezer.state").read_text().strip() == "THAWED"
     v2 = tmp_path / "v2"
     (v2 / "podbay/m1").mkdir(parents=True)
     (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
