@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from podbay.agent.staging import agent_argv, stage
+from podbay.agent.staging import AGENT_ENV, agent_argv, stage
 
 
 class RawClient:
@@ -79,6 +79,24 @@ def posix_spawn_true() -> None:
     os.waitpid(pid, 0)
 
 
+def burst(sock_path: str, pid: int) -> int:
+    """RSS a second after 16 concurrent execs that each print 1 MiB."""
+    import threading
+
+    body = json.dumps({"command": ["head", "-c", "1048576", "/dev/zero"]}).encode()
+
+    def one() -> None:
+        RawClient(sock_path).request("POST", "/v1/exec", body)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    time.sleep(1)
+    return rss_kib(pid)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=500, help="exec samples (default 500)")
@@ -99,7 +117,7 @@ def main() -> int:
     proc = subprocess.Popen(
         agent_argv(args.python, staged, "--fd", str(listener.fileno()),
                    "--workspace", str(workspace)),
-        pass_fds=(listener.fileno(),), env={},
+        pass_fds=(listener.fileno(),), env=dict(AGENT_ENV),
     )
     listener.close()
     try:
@@ -148,6 +166,7 @@ def main() -> int:
         client.request("DELETE", f"/v1/processes/{process_id}")
         produced = offset
         poll_rss = rss_kib(proc.pid)
+        burst_rss = burst(sock_path, proc.pid)
     finally:
         proc.terminate()
         proc.wait(5)
@@ -173,6 +192,8 @@ def main() -> int:
     print(f"  idle RSS                {idle_rss / 1024:7.1f} MiB")
     print(f"  RSS after execs         {after_exec_rss / 1024:7.1f} MiB")
     print(f"  RSS after poll run      {poll_rss / 1024:7.1f} MiB")
+    print(f"  RSS after a burst       {burst_rss / 1024:7.1f} MiB  "
+          "(16 concurrent execs printing 1 MiB each, 1 s later)")
     return 0
 
 

@@ -17,6 +17,17 @@ from pathlib import Path
 #: Sub-packages the agent needs, relative to the ``podbay`` package.
 STAGED_PACKAGES = ("wire", "agent")
 
+#: The environment to start the agent with (commands never see it: they get a
+#: clean one). glibc's malloc otherwise raises its mmap threshold after the
+#: first large buffer is freed and keeps every later one on the heap, so RSS
+#: after a burst of 1 MiB outputs stayed ~10 MiB higher (measured: 32 vs 23 MiB
+#: after a mixed load, peak 43 vs 28 MiB). Glibc reads these at start-up only.
+AGENT_ENV: dict[str, str] = {
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+    "MALLOC_ARENA_MAX": "2",
+    "LANG": "C.UTF-8",
+}
+
 
 def stage(dest: str | os.PathLike[str], *, compile_bytecode: bool = True) -> Path:
     """Copy the agent's code under ``dest``; returns the ``sys.path`` entry.

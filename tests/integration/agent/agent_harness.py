@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from podbay.agent.staging import agent_argv
+from podbay.agent.staging import AGENT_ENV, agent_argv
 
 #: A variable in the agent's own environment that commands must never see.
 AGENT_SECRET = "PODBAY_TEST_AGENT_SECRET"
@@ -102,7 +102,7 @@ def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent
     fd = listener.fileno()
     argv = agent_argv(sys.executable, staged, "--fd", str(fd), "--workspace", str(workspace),
                       "--env-file", str(env_file))
-    env = {**os.environ, AGENT_SECRET: "must-not-leak"}
+    env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak"}
     proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=env, cwd=str(tmp))
     listener.close()
     agent = Agent(proc, sock_path, workspace, wrapped=bool(wrapper))
