@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,19 @@ def test_large_file_streams_in_constant_memory(fresh_agent: Agent) -> None:
     assert total == size and received.hexdigest() == data_digest.hexdigest()
     peak = fresh_agent.rss_kib("VmHWM")
     assert peak - before < 16 * 1024, (before, peak)
+
+
+def test_upload_cut_short_leaves_nothing_behind(agent: Agent, workspace: Path) -> None:
+    import socket
+
+    (workspace / "keep").write_bytes(b"old")
+    head = (f"PUT /v1/files?path={workspace}/keep HTTP/1.1\r\nHost: a\r\n"
+            f"X-Podbay-Sha256: {'0' * 64}\r\nContent-Length: 100000\r\n\r\n").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(agent.sock_path)
+        sock.sendall(head + b"x" * 5000)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and len(list(workspace.iterdir())) > 1:
+        time.sleep(0.02)
+    assert sorted(p.name for p in workspace.iterdir()) == ["keep"]
+    assert (workspace / "keep").read_bytes() == b"old"
