@@ -123,7 +123,7 @@ class OciDriver:
             if records.read(paths.home) is not None:
                 return  # created already (a retry): the first spec stands
             paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes, self.rt.uid_base)
+            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes)
             self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
 
     async def start(self, machine_id: str) -> None:
@@ -155,11 +155,14 @@ class OciDriver:
                               "runtime.run_dir")
         paths.run.mkdir(parents=True, exist_ok=True)
         lowers = [*reversed(spec.layers), image.rootfs]
-        mounted = asyncio.create_task(asyncio.to_thread(
-            _mount_storage, paths, lowers, self.rt.uid_base))
+
+        def storage_and_files() -> None:
+            _mount_storage(paths, lowers, self.rt.uid_base)
+            self._write_files(spec, paths)
+
+        mounted = asyncio.create_task(asyncio.to_thread(storage_and_files))
         netns_task = asyncio.create_task(self.network.setup(paths.run, spec.machine_id))
         try:
-            self._write_files(spec, paths)
             listener = _listen(paths.socket)
         except BaseException:
             await asyncio.gather(mounted, netns_task, return_exceptions=True)
@@ -205,7 +208,9 @@ class OciDriver:
         return old, agent_bundle.agent_argv(old.rootfs, fd=3, env_file=True)
 
     def _write_files(self, spec: MachineSpec, paths: MachinePaths) -> None:
-        paths.files.mkdir(parents=True, exist_ok=True)
+        """The files bound into the sandbox, on its own disk (so what the sandbox
+        writes to them counts against its quota) but outside its upper layer."""
+        paths.files.mkdir(mode=0o755, exist_ok=True)
         (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
         resolv = self.network.resolv_conf()
         owned = {"hostname": spec.hostname + "\n", "hosts": _hosts(spec.hostname)}
@@ -268,7 +273,6 @@ class OciDriver:
         await self.network.teardown(paths.run, machine_id)
         for path in (paths.socket, paths.run / "config.json"):
             path.unlink(missing_ok=True)
-        _remove_tree(paths.files)
 
     async def _kill_frozen(self, machine_id: str, paths: MachinePaths) -> None:
         # Killed while frozen, a process dies as it thaws without running user code.

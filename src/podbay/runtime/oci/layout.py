@@ -12,10 +12,9 @@ Volatile (a reboot ends every machine), under ``run_dir`` — by default
 
     runc/                         the OCI runtime's state (``--root``)
     <id>/config.json, rootfs/     the bundle; rootfs is the overlay mount
-    <id>/disk/                    the ext4 mount: upper/ and work/
-    <id>/files/                   env.json, hosts, hostname, resolv.conf
+    <id>/disk/                    the ext4 mount: upper/, work/ and host/
+    <id>/disk/host/               env.json, hosts, hostname, resolv.conf, console.log
     <id>/agent.sock               the listening socket the agent serves on
-    <id>/console.log              the agent's stdout/stderr and runc's errors
 """
 
 from __future__ import annotations
@@ -85,7 +84,8 @@ class MachinePaths:
 
     @property
     def files(self) -> Path:
-        return self.run / "files"
+        """Host files bound into the sandbox: on its disk, beside ``upper/``."""
+        return self.disk_mount / "host"
 
     @property
     def socket(self) -> Path:
@@ -93,4 +93,6 @@ class MachinePaths:
 
     @property
     def console(self) -> Path:
-        return self.run / "console.log"
+        """The agent's stdout/stderr: a sandbox root can write to them, so they live
+        on its disk (bounded by its quota), not on the host's ``/run``."""
+        return self.disk_mount / "host" / "console.log"

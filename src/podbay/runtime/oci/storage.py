@@ -69,14 +69,15 @@ def is_mounted(target: Path) -> bool:
     return str(target) in mountpoints()
 
 
-async def make_disk(path: Path, size: int, uid_base: int) -> None:
-    """A sparse ``size``-byte ext4 file whose root belongs to the sandbox's root."""
+async def make_disk(path: Path, size: int) -> None:
+    """A sparse ``size``-byte ext4 file. Its root stays the host's: the sandbox
+    only ever sees ``upper/`` (owned by sandbox root, see :func:`prepare_upper`)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
         f.truncate(size)
     proc = await asyncio.create_subprocess_exec(
         "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "podbay",
-        "-E", f"root_owner={uid_base}:{uid_base},lazy_itable_init=1,lazy_journal_init=1,"
+        "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,"
               "nodiscard",
         str(tmp), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
