@@ -87,7 +87,7 @@ class Gateway:
         self.activity.touch(sid)
         query = scope.get("query_string") or b""
         target = tail + b"?" + query if query else tail
-        status = await relay(route, scope, receive, send, target, request_id)
+        status = await relay(route.pool, scope, receive, send, target, request_id)
         self._observe("exec" if tail == _EXEC else "other", status, started)
 
     def _observe(self, kind: str, status: int, started: float) -> None:

