@@ -55,6 +55,10 @@ def test_hardening(oci_machines: Machines) -> None:
     assert not caps & (1 << 12), "CAP_NET_ADMIN must not be granted"
     assert m.sh("grep NoNewPrivs /proc/self/status").stdout.split()[1] == "1"
     assert m.sh("grep Seccomp: /proc/self/status").stdout.split()[1] == "2"
+    # Its own cgroup limits are visible (tools size themselves by them), not writable.
+    pids_max = "f=/sys/fs/cgroup/pids/pids.max; [ -e $f ] || f=/sys/fs/cgroup/pids.max; "
+    assert m.sh(pids_max + "cat $f").stdout.strip() == "256"
+    assert not m.sh(pids_max + "echo max > $f").ok
     # The agent's code and the pristine image are read-only.
     assert not m.sh("touch /.podbay/agent/x").ok
     assert not m.sh("touch /.podbay/image/x").ok

@@ -98,6 +98,10 @@ def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
     else:
         found.append({"destination": "/sys", "type": "bind", "source": "/sys",
                       "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]})
+    # The machine's own cgroup (cgroup namespace), read-only: tools size themselves
+    # by its limits, and other machines' cgroups stay out of sight.
+    found.append({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                  "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
     found += [
         _bind(facts.image_rootfs, IMAGE_DIR, "ro"),
         _bind(facts.agent_dir, AGENT_DIR, "ro"),
