@@ -44,6 +44,8 @@ from .services.sandboxes import SandboxService
 from .services.transitions import Transitions
 
 log = logging.getLogger("podbay.serve")
+#: Paths the gateway serves; everything else is the control plane's.
+GATEWAY_PATHS = (GATEWAY_PREFIX, "/v1/")
 
 
 def _utcnow() -> datetime:
@@ -106,7 +108,8 @@ class Platform:
                                                   ttl_seconds=ttl),
         )
         self.gateway = Gateway(CredentialVerifier(self.keys), self.routes, self.activity,
-                               observe=self._observe_gateway)
+                               observe=self.metrics.observe_gateway,
+                               on_refusal=self.metrics.refused)
         self.control = Starlette(
             routes=[*health.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,  # type: ignore[arg-type]
@@ -115,13 +118,8 @@ class Platform:
         self.control.state.platform = self
         self._control = RequestIdMiddleware(self.control)
 
-    def _observe_gateway(self, kind: str, status: int, seconds: float) -> None:
-        if kind == "refused":
-            return
-        self.metrics.observe_gateway(kind, status, seconds)
-
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
+        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PATHS):
             await self.gateway(scope, receive, send)
         else:
             await self._control(scope, receive, send)

@@ -6,6 +6,7 @@
   is the exec round trip through gateway and agent
 * ``podbay_lifecycle_transitions_total{transition}``
 * ``podbay_refusals_total{code}``: every refusal, control plane and gateway
+  (the agent's own refusals, relayed, are not counted)
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ class Metrics:
         self.refusals.labels(code).inc()
 
     def observe_gateway(self, kind: str, status: int, seconds: float) -> None:
-        if kind == "refused":
-            return
         self.gateway.labels(kind).observe(seconds)
 
     def render(self, by_state: Mapping[str, int]) -> bytes:

@@ -31,6 +31,8 @@ PREFIX = "/sandbox/"
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _EXEC = EXEC.encode()
+#: Data-plane paths without the sandbox prefix (see ``__call__``).
+_BARE = b"/v1/"
 
 
 def endpoint_for(base_url: str, sandbox_id: str) -> str:
@@ -38,7 +40,7 @@ def endpoint_for(base_url: str, sandbox_id: str) -> str:
 
 
 class Gateway:
-    """ASGI app for every path under :data:`PREFIX`."""
+    """ASGI app for every path under :data:`PREFIX` (and bare ``/v1/...``)."""
 
     def __init__(
         self,
@@ -47,19 +49,26 @@ class Gateway:
         activity: ActivityTracker,
         *,
         observe: Callable[[str, int, float], None] | None = None,
+        on_refusal: Callable[[str], None] | None = None,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
         self.activity = activity
         #: (kind, status, seconds) after each relayed request: metrics' hook.
         self.observe = observe
+        #: (code) for every refusal: metrics' hook.
+        self.on_refusal = on_refusal
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        rest = raw_path[len(PREFIX):]
-        sandbox_id, slash, tail = rest.partition(b"/")
-        tail = slash + tail
+        if raw_path.startswith(_BARE):
+            # A client that resolved "/v1/..." against the endpoint (URL
+            # semantics) lost the prefix: the credential alone names the sandbox.
+            sandbox_id, tail = None, raw_path
+        else:
+            sandbox_id, slash, tail = raw_path[len(PREFIX):].partition(b"/")
+            tail = slash + tail
         credential_token = None
         request_id = None
         for key, value in scope["headers"]:
@@ -69,10 +78,10 @@ class Gateway:
                 request_id = value.decode("latin-1")
         request_id = request_id or uuid.uuid4().hex
         try:
-            if not tail or not sandbox_id:
+            if not tail or sandbox_id == b"":
                 raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such data-plane path")
             credential = self.verifier.verify(credential_token)
-            sid = sandbox_id.decode("latin-1")
+            sid = credential.sandbox_id if sandbox_id is None else sandbox_id.decode("latin-1")
             if credential.sandbox_id != sid:
                 raise ApiError(ErrorCode.CREDENTIAL_WRONG_SANDBOX,
                                "the credential is for another sandbox")
@@ -82,7 +91,8 @@ class Gateway:
                                "the sandbox is not running; attach again")
         except ApiError as exc:
             await send_error(send, exc, request_id)
-            self._observe("refused", exc.status, started)
+            if self.on_refusal is not None:
+                self.on_refusal(exc.code.value)
             return
         self.activity.touch(sid)
         query = scope.get("query_string") or b""

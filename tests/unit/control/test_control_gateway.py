@@ -117,3 +117,20 @@ async def test_streaming_large_body(harness):
                                  headers=h["headers"], content=chunks())
     assert r.status_code == 200
     assert r.json()["size"] == 64 * 65536
+
+
+async def test_bare_paths_route_by_credential(harness):
+    """A client resolving "/v1/exec" against the endpoint (URL semantics) loses
+    the prefix; the credential alone still names the sandbox."""
+    h = await _handle(harness)
+    r = await harness.client.post("/v1/exec", headers=h["headers"], json={})
+    assert r.status_code == 200 and r.json()["path"] == "/v1/exec"
+    r = await harness.client.post("/v1/exec", json={})
+    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+
+
+async def test_gateway_refusals_counted(harness):
+    h = await _handle(harness)
+    await harness.client.post(_path(h, "/v1/exec"), json={})
+    text = (await harness.client.get("/metrics")).text
+    assert 'podbay_refusals_total{code="CREDENTIAL_INVALID"} 1.0' in text
