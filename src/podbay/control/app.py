@@ -79,6 +79,7 @@ class Platform:
         self.ready = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._checking: set[str] = set()
         rt = settings.runtime
         self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
                              disk_bytes=rt.disk_bytes)
@@ -109,7 +110,8 @@ class Platform:
         )
         self.gateway = Gateway(CredentialVerifier(self.keys), self.routes, self.activity,
                                observe=self.metrics.observe_gateway,
-                               on_refusal=self.metrics.refused)
+                               on_refusal=self.metrics.refused,
+                               on_unreachable=self._suspect)
         self.control = Starlette(
             routes=[*health.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,  # type: ignore[arg-type]
@@ -117,6 +119,25 @@ class Platform:
         )
         self.control.state.platform = self
         self._control = RequestIdMiddleware(self.control)
+
+    def _suspect(self, sandbox_id: str) -> None:
+        """Check, once at a time per sandbox, a machine whose agent went quiet."""
+        if self.lifecycle is None or sandbox_id in self._checking:
+            return
+        self._checking.add(sandbox_id)
+
+        async def check() -> None:
+            try:
+                assert self.lifecycle is not None
+                await self.lifecycle.check(sandbox_id)
+            except Exception:
+                log.exception("checking sandbox %s failed", sandbox_id)
+            finally:
+                self._checking.discard(sandbox_id)
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PATHS):

@@ -50,6 +50,7 @@ class Gateway:
         *,
         observe: Callable[[str, int, float], None] | None = None,
         on_refusal: Callable[[str], None] | None = None,
+        on_unreachable: Callable[[str], None] | None = None,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
@@ -58,6 +59,9 @@ class Gateway:
         self.observe = observe
         #: (code) for every refusal: metrics' hook.
         self.on_refusal = on_refusal
+        #: (sandbox id) when its agent did not answer: the control plane checks
+        #: whether the machine died, so the next attach can bring it back.
+        self.on_unreachable = on_unreachable
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         started = time.perf_counter()
@@ -98,6 +102,8 @@ class Gateway:
         query = scope.get("query_string") or b""
         target = tail + b"?" + query if query else tail
         status = await relay(route.pool, scope, receive, send, target, request_id)
+        if status == 502 and self.on_unreachable is not None:
+            self.on_unreachable(sid)
         self._observe("exec" if tail == _EXEC else "other", status, started)
 
     def _observe(self, kind: str, status: int, started: float) -> None:

@@ -87,3 +87,43 @@ def test_no_runtime_is_503(make_server):
     token = server.create_deployment("nodriver")
     r = server.attach(token, "s")
     assert (r.status_code, r.json()["code"]) == (503, "SANDBOXES_UNAVAILABLE")
+
+
+def test_machine_killed_underneath_is_brought_back(server, token):
+    """The sandbox's container dies (OOM killer, an operator): the next
+    data-plane call is 502, the server notices, and the next attach starts
+    the machine again with its files."""
+    h = server.attach(token, "doomed-machine").json()
+    server.exec(h, "sh", "-c", "echo kept > /workspace/f")
+    before = set(_machines(server))
+    (machine_id,) = [m for m in before if m not in _machines_except(server, h)]
+    subprocess.run(["runc", "--root", f"{server.run_dir}/runc", "kill", machine_id, "KILL"],
+                   check=True)
+    deadline = time.monotonic() + 10
+    while True:
+        r = server.exec(h, "true")
+        if r.status_code == 502:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.1)
+    assert r.json()["code"] == "AGENT_UNREACHABLE"
+    deadline = time.monotonic() + 10
+    while server.api("GET", "/api/v1/sandboxes/doomed-machine", token).json()["state"] \
+            != "stopped":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    again = server.attach(token, "doomed-machine").json()
+    assert again["start"] == "carried_over"
+    assert server.exec(again, "cat", "/workspace/f").json()["stdout"] == "kept\n"
+    server.api("DELETE", "/api/v1/sandboxes/doomed-machine", token)
+
+
+def _machines_except(server, handle) -> list[str]:
+    """Machines other than the handle's sandbox, found by its id in the store."""
+    import sqlite3
+
+    sandbox_id = handle["endpoint"].rsplit("/", 1)[1]
+    with sqlite3.connect(server.data_dir / "podbay.db") as db:
+        (mine,) = db.execute("SELECT machine_id FROM sandboxes WHERE id=?",
+                             (sandbox_id,)).fetchone()
+    return [m for m in _machines(server) if m != mine]

@@ -134,3 +134,26 @@ async def test_gateway_refusals_counted(harness):
     await harness.client.post(_path(h, "/v1/exec"), json={})
     text = (await harness.client.get("/metrics")).text
     assert 'podbay_refusals_total{code="CREDENTIAL_INVALID"} 1.0' in text
+
+
+async def test_dead_machine_is_noticed_and_carried_over(harness):
+    import asyncio
+
+    from podbay.runtime.base import MachineState
+
+    h = await _handle(harness)
+    (machine,) = harness.driver.machines.values()
+    await harness.driver._close(machine)  # the machine dies under us
+    machine.state = MachineState.STOPPED
+    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
+    assert r.status_code == 502 and r.json()["code"] == "AGENT_UNREACHABLE"
+    for _ in range(100):
+        got = await harness.call("GET", "/api/v1/sandboxes/g", harness._tok)
+        if got.json()["state"] == "stopped":
+            break
+        await asyncio.sleep(0.01)
+    assert got.json()["state"] == "stopped"
+    again = (await harness.attach(harness._tok, "g")).json()
+    assert again["start"] == "carried_over"
+    r = await harness.client.post(_path(again, "/v1/exec"), headers=again["headers"], json={})
+    assert r.status_code == 200

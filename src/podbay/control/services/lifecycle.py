@@ -113,6 +113,29 @@ class Lifecycle:
                 log.exception("lifecycle pass failed")
             await asyncio.sleep(self.settings.interval_seconds)
 
+    # -- a machine that stopped answering -------------------------------------------
+    async def check(self, sandbox_id: str) -> None:
+        """Ask the driver about a running sandbox whose agent did not answer, and
+        record what it sees: a dead machine becomes ``stopped`` (its files kept),
+        so the next attach starts it again (``carried_over``) instead of handing
+        out a route to nothing."""
+        rows = [r for r in await self.store.list_sandboxes(states=[S.RUNNING])
+                if r.id == sandbox_id]
+        if not rows:
+            return
+        async with self.locks.hold(rows[0].deployment_id, rows[0].name):
+            row = await self.store.get_sandbox(rows[0].deployment_id, rows[0].name)
+            if row is None or row.id != sandbox_id or row.state is not S.RUNNING:
+                return
+            seen = await self.transitions.driver.state(row.machine_id)
+            if seen is M.RUNNING:
+                return
+            log.warning("sandbox %s: agent unreachable, machine %s", row.id, seen)
+            if seen is M.ABSENT:
+                await self.transitions.destroy(row, "machine vanished")
+            else:
+                await self.transitions.stop(row, f"machine found {seen}")
+
     # -- start-up ----------------------------------------------------------------------
     async def reconcile(self, observed: list[ObservedMachine]) -> None:
         """Make rows and machines agree after a (re)start. Rows win where they
