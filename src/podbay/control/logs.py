@@ -22,7 +22,8 @@ from typing import Any, TextIO
 from podbay.wire.paths import REQUEST_ID_HEADER
 
 request_id: ContextVar[str | None] = ContextVar("podbay_request_id", default=None)
-_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from podbay.domain import Sandbox
 from podbay.gateway.app import endpoint_for
-from podbay.wire.codes import ErrorCode
 from podbay.wire.control import SandboxHandle, SandboxRecord
 from podbay.wire.paths import CREDENTIAL_HEADER
 
@@ -12,8 +11,7 @@ from .services.sandboxes import Attached
 
 
 def record(sandbox: Sandbox) -> SandboxRecord:
-    if not sandbox.state.visible:  # pragma: no cover - services filter these
-        raise ValueError(ErrorCode.SANDBOX_NOT_FOUND)
+    """What ``GET`` shows; services never hand over ``deleting`` rows."""
     return SandboxRecord(
         name=sandbox.name,
         class_=sandbox.class_,
