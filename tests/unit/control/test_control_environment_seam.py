@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Clock, make_settings
-from platform_fakes import FakeDriver
+from platform_fakes import Clock, FakeDriver
+from platform_harness import make_settings
 
 from podbay.control.app import create_app
 from podbay.control.services.environment import Prepared, Preparing

@@ -4,8 +4,8 @@ and reconcile after a crash — with a hand-moved clock."""
 from __future__ import annotations
 
 import pytest
-from conftest import build_harness, make_settings
 from platform_fakes import FakeDriver
+from platform_harness import build_harness, make_settings
 
 from podbay.domain import SandboxState
 from podbay.runtime.base import MachineState
