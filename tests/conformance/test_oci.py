@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from podbay.testing.driver_conformance import DriverConformance, Harness
-from podbay.testing.fixtures import DriverSession
+from podbay.testing.fixtures import DriverSession, host_problem, sandbox_settings
 
 pytestmark = pytest.mark.root
 
@@ -14,4 +19,33 @@ class TestOciConformance(DriverConformance):
     @pytest.fixture
     def conformance(self, oci_session: DriverSession) -> Harness:
         return Harness(oci_session.driver, oci_session.run, oci_session.settings,
+                       factory="podbay.runtime.registry:build")
+
+
+@pytest.fixture(scope="module")
+def generic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverSession]:
+    """runc under another name: the driver then takes the path every other OCI
+    runtime (crun, runsc) gets — state, pause and resume through the command line."""
+    problem = host_problem()
+    if problem:
+        pytest.skip(problem)
+    bin_dir = tmp_path_factory.mktemp("bin")
+    runc = shutil.which("runc")
+    assert runc is not None
+    link = bin_dir / "oci-runtime"
+    os.symlink(runc, link)
+    settings = sandbox_settings(tmp_path_factory.mktemp("podbay-generic"),
+                                oci_runtime=str(link))
+    session = DriverSession(settings)
+    assert not session.driver.runc.is_runc
+    session.run(session.driver.prepare())
+    yield session
+    session.close()
+    Path(link).unlink()
+
+
+class TestGenericOciRuntime(DriverConformance):
+    @pytest.fixture
+    def conformance(self, generic_session: DriverSession) -> Harness:
+        return Harness(generic_session.driver, generic_session.run, generic_session.settings,
                        factory="podbay.runtime.registry:build")

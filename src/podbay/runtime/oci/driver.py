@@ -129,11 +129,11 @@ class OciDriver:
     async def start(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
-            observed = self._observe(machine_id)
+            observed = await self._observe(machine_id)
             if observed is MachineState.RUNNING:
                 return
             if observed is MachineState.SUSPENDED:
-                self.cgroups.thaw(self._paths(machine_id).cgroup)
+                await self._thaw(machine_id)
                 self._save(record.with_state(MachineState.RUNNING))
                 return
             await self.prepare()
@@ -224,23 +224,23 @@ class OciDriver:
     async def suspend(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
-            observed = self._observe(machine_id)
+            observed = await self._observe(machine_id)
             if observed is MachineState.SUSPENDED:
                 return
             if observed is not MachineState.RUNNING:
                 raise DriverError(f"machine {machine_id} is {observed.value}, not running")
-            await self.cgroups.freeze(self._paths(machine_id).cgroup)
+            await self._freeze(machine_id)
             self._save(record.with_state(MachineState.SUSPENDED))
 
     async def resume(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
-            observed = self._observe(machine_id)
+            observed = await self._observe(machine_id)
             if observed is MachineState.RUNNING:
                 return
             if observed is not MachineState.SUSPENDED:
                 raise DriverError(f"machine {machine_id} is {observed.value}, not suspended")
-            self.cgroups.thaw(self._paths(machine_id).cgroup)
+            await self._thaw(machine_id)
             self._save(record.with_state(MachineState.RUNNING))
 
     async def stop(self, machine_id: str) -> None:
@@ -262,9 +262,10 @@ class OciDriver:
     async def _teardown(self, machine_id: str) -> None:
         """End the incarnation: container, mounts, network, volatile files. Idempotent."""
         paths = self._paths(machine_id)
-        if self.runc.state(machine_id) is not None:
-            if self.cgroups.frozen(paths.cgroup):
-                await self._kill_frozen(machine_id, paths)
+        state = await self.runc.query(machine_id)
+        if state is not None:
+            if state.status == "paused" or self.cgroups.frozen(paths.cgroup):
+                await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
         leftover = self.cgroups.remove(paths.cgroup)
         if leftover:
@@ -274,10 +275,22 @@ class OciDriver:
         for path in (paths.socket, paths.run / "config.json"):
             path.unlink(missing_ok=True)
 
-    async def _kill_frozen(self, machine_id: str, paths: MachinePaths) -> None:
+    async def _kill_frozen(self, machine_id: str) -> None:
         # Killed while frozen, a process dies as it thaws without running user code.
         await self.runc.call("kill", "--all", machine_id, "KILL", check=False)
-        self.cgroups.thaw(paths.cgroup)
+        await self._thaw(machine_id)
+
+    async def _freeze(self, machine_id: str) -> None:
+        if self.runc.is_runc:
+            await self.cgroups.freeze(self._paths(machine_id).cgroup)
+        else:
+            await self.runc.call("pause", machine_id)
+
+    async def _thaw(self, machine_id: str) -> None:
+        if self.runc.is_runc:
+            self.cgroups.thaw(self._paths(machine_id).cgroup)
+        else:
+            await self.runc.call("resume", machine_id, check=False)
 
     async def assign(self, machine_id: str, *, hostname: str,
                      labels: Mapping[str, str]) -> None:
@@ -286,8 +299,8 @@ class OciDriver:
             spec = record.spec
             new = dataclasses.replace(record, spec=dataclasses.replace(
                 spec, hostname=hostname, labels=dict(labels)))
-            state = self.runc.state(machine_id)
-            if state is not None and state.status == "running":
+            state = await self.runc.query(machine_id)
+            if state is not None and state.status in ("running", "paused"):
                 paths = self._paths(machine_id)
                 for name, text in (("hostname", hostname + "\n"), ("hosts", _hosts(hostname))):
                     _rewrite_in_place(paths.files / name, text)
@@ -295,11 +308,11 @@ class OciDriver:
             self._save(new)
 
     # -- observation ----------------------------------------------------------
-    def _observe(self, machine_id: str) -> MachineState:
-        state = self.runc.state(machine_id)
-        if state is None or state.status != "running":
+    async def _observe(self, machine_id: str) -> MachineState:
+        state = await self.runc.query(machine_id)
+        if state is None or state.status not in ("running", "paused"):
             return MachineState.STOPPED
-        if self.cgroups.frozen(self._paths(machine_id).cgroup):
+        if state.status == "paused" or self.cgroups.frozen(self._paths(machine_id).cgroup):
             return MachineState.SUSPENDED
         return MachineState.RUNNING
 
@@ -308,7 +321,7 @@ class OciDriver:
             self._record(machine_id)
         except MachineNotFound:
             return MachineState.ABSENT
-        return self._observe(machine_id)
+        return await self._observe(machine_id)
 
     def agent_socket(self, machine_id: str) -> Path:
         return self._paths(machine_id).socket
@@ -330,7 +343,7 @@ class OciDriver:
             known.add(machine_id)
             async with self._lock(machine_id):
                 self._records[machine_id] = record
-                observed = self._observe(machine_id)
+                observed = await self._observe(machine_id)
                 if observed is not MachineState.STOPPED and not await self._adopt_network(
                         machine_id):
                     observed = MachineState.STOPPED

@@ -47,7 +47,7 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
     # Cgroups without a container.
     for directory in driver.cgroups.existing(layout.cgroup_parent):
         for child in sorted(p for p in directory.iterdir() if p.is_dir()):
-            if child.name in known and driver.runc.state(child.name) is not None:
+            if child.name in known and await driver.runc.query(child.name) is not None:
                 continue
             if not driver.cgroups.remove(f"{layout.cgroup_parent}/{child.name}"):
                 done.append(f"removed cgroup {child}")

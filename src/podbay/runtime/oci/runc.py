@@ -27,7 +27,7 @@ AGENT_FD = 3
 
 @dataclass(frozen=True)
 class ContainerState:
-    status: str  # "created" | "running" | "paused" | "stopped"
+    status: str  # "created" | "running" | "paused" (not from runc's file) | "stopped"
     pid: int
 
 
@@ -96,6 +96,26 @@ class Runc:
         pid = int(raw.get("init_process_pid") or 0)
         start = raw.get("init_process_start")
         return ContainerState("running" if _alive(pid, start) else "stopped", pid)
+
+    @property
+    def is_runc(self) -> bool:
+        """runc's state file and cgroup freezer are read and written directly (fast
+        paths); other runtimes (crun, runsc) are asked through their command line."""
+        return Path(self.binary).name == "runc"
+
+    async def query(self, container_id: str) -> ContainerState | None:
+        """Like :meth:`state`, for any OCI runtime (``status`` may then be "paused")."""
+        if self.is_runc:
+            return self.state(container_id)
+        code, text = await self.call("state", container_id, check=False)
+        if code != 0:
+            return None
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            return ContainerState("stopped", 0)
+        status = str(raw.get("status") or "stopped")
+        return ContainerState(status, int(raw.get("pid") or 0))
 
     def container_ids(self) -> list[str]:
         try:
