@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 
-class KeyError_(LookupError):
+class KeyRingError(LookupError):
     """A key operation an operator asked for cannot be done."""
 
 
@@ -98,7 +98,7 @@ class KeyRing:
     def active(self) -> SigningKey:
         keys = self._keys
         if not keys:
-            raise KeyError_(f"no signing key in {self.directory}")
+            raise KeyRingError(f"no signing key in {self.directory}")
         return keys[max(keys)]
 
     def public_key(self, kid: str) -> Ed25519PublicKey | None:
@@ -136,8 +136,8 @@ class KeyRing:
     def remove(self, kid: str) -> None:
         """Delete a key: tokens it signed stop verifying. The active key stays."""
         if kid not in self._keys:
-            raise KeyError_(f"no key {kid}")
+            raise KeyRingError(f"no key {kid}")
         if kid == self.active().kid:
-            raise KeyError_(f"{kid} is the active key; rotate first")
+            raise KeyRingError(f"{kid} is the active key; rotate first")
         (self.directory / f"{kid}.pem").unlink(missing_ok=True)
         self.reload()

@@ -6,7 +6,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from podbay.control.keys import KeyError_, KeyRing
+from podbay.control.keys import KeyRing, KeyRingError
 from podbay.control.tokens import bearer, issue_identity_token, verify_identity_token
 from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
@@ -68,7 +68,7 @@ def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
     # a second process (the server) sees both
     other = KeyRing.open(tmp_path / "keys")
     assert verify_identity_token(other, old) == verify_identity_token(other, new) == "d"
-    with pytest.raises(KeyError_):
+    with pytest.raises(KeyRingError):
         ring.remove(new_kid)  # the active key stays
     ring.remove(old_kid)
     other.reload()

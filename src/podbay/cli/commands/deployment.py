@@ -174,9 +174,9 @@ def keys_rotate(data_dir: Path | None) -> None:
 @data_dir_option
 def keys_remove(kid: str, data_dir: Path | None) -> None:
     """Remove a key: tokens it signed stop verifying (within a second)."""
-    from podbay.control.keys import KeyError_
+    from podbay.control.keys import KeyRingError
 
     try:
         _keyring(data_dir).remove(kid)
-    except KeyError_ as exc:
+    except KeyRingError as exc:
         fail(str(exc))
