@@ -169,6 +169,7 @@ class Platform:
         except Exception as exc:
             log.exception("the runtime could not start")
             self.startup_error = str(exc)
+            self.sandboxes.not_ready_reason = f"the sandbox runtime could not start: {exc}"
             return
         if self.pool is not None:
             self.pool.refill(Prepared())

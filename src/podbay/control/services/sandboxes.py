@@ -89,6 +89,7 @@ class SandboxService:
         self.clock = clock
         #: False until the runtime is prepared and reconciled (set by the app).
         self.ready = False
+        self.not_ready_reason = "the sandbox runtime is still starting; try again shortly"
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
         rt = settings.runtime
         self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
@@ -150,8 +151,7 @@ class SandboxService:
         if self.driver is None or self.transitions is None:
             raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, "this server runs no sandboxes")
         if not self.ready:
-            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE,
-                           "the sandbox runtime is still starting; try again shortly")
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, self.not_ready_reason)
         return self.driver, self.transitions
 
     def _attached(self, row: Sandbox, start: StartKind) -> Attached:
