@@ -123,7 +123,8 @@ class OciDriver:
             if records.read(paths.home) is not None:
                 return  # created already (a retry): the first spec stands
             paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes)
+            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
+                                    self.layout.data_dir / "disks")
             self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
 
     async def start(self, machine_id: str) -> None:

@@ -69,23 +69,67 @@ def is_mounted(target: Path) -> bool:
     return str(target) in mountpoints()
 
 
-async def make_disk(path: Path, size: int) -> None:
+async def make_disk(path: Path, size: int, templates: Path) -> None:
     """A sparse ``size``-byte ext4 file. Its root stays the host's: the sandbox
-    only ever sees ``upper/`` (owned by sandbox root, see :func:`prepare_upper`)."""
+    only ever sees ``upper/`` (owned by sandbox root, see :func:`prepare_upper`).
+
+    ``mkfs.ext4`` runs once per size, into ``templates``; each machine's disk is
+    a sparse copy of that (its ~4 MB of metadata, in the kernel), which takes a
+    few milliseconds where ``mkfs`` takes twenty. The copies share the
+    filesystem UUID, which nothing here relies on."""
+    template = templates / f"ext4-{size}.img"
+    if not template.exists():
+        await _mkfs(template, size)
     tmp = path.with_suffix(".tmp")
+    await asyncio.to_thread(_sparse_copy, template, tmp, size)
+    os.rename(tmp, path)
+
+
+async def _mkfs(target: Path, size: int) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
     with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
         f.truncate(size)
     proc = await asyncio.create_subprocess_exec(
         "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "podbay",
-        "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,"
-              "nodiscard",
+        "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
         str(tmp), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise DriverError(f"mkfs.ext4 failed: {out.decode(errors='replace').strip()}")
-    os.rename(tmp, path)
+    os.rename(tmp, target)  # atomic: a racing creator's equal copy is as good
+
+
+def _sparse_copy(source: Path, target: Path, size: int) -> None:
+    """Copy only ``source``'s data extents (``SEEK_DATA``/``SEEK_HOLE``)."""
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(dst, size)
+            position = 0
+            while True:
+                try:
+                    start = os.lseek(src, position, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:  # no data past here
+                        break
+                    raise
+                end = os.lseek(src, start, os.SEEK_HOLE)
+                offset = start
+                while offset < end:
+                    copied = os.copy_file_range(src, dst, end - offset, offset, offset)
+                    if copied == 0:
+                        raise DriverError(f"short copy of {source}")
+                    offset += copied
+                position = end
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def attach_loop(image: Path) -> tuple[str, int]:
