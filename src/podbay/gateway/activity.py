@@ -1,7 +1,9 @@
 """Activity for the idle timer, kept in memory and flushed in batches.
 
-Every data-plane request marks its sandbox; the lifecycle pass drains the
-marks into the store (one write per pass, never one per request).
+Every data-plane request marks its sandbox when it starts and when it ends;
+the lifecycle pass drains the marks into the store (one write per pass,
+never one per request). A sandbox with a request in flight (a long ``exec``,
+a big download) is busy, never idle, however long ago the request began.
 """
 
 from __future__ import annotations
@@ -17,10 +19,26 @@ def _now() -> datetime:
 class ActivityTracker:
     def __init__(self, clock: Callable[[], datetime] = _now) -> None:
         self._seen: dict[str, datetime] = {}
+        self._in_flight: dict[str, int] = {}
         self._clock = clock
 
     def touch(self, sandbox_id: str) -> None:
         self._seen[sandbox_id] = self._clock()
+
+    def begin(self, sandbox_id: str) -> None:
+        self._in_flight[sandbox_id] = self._in_flight.get(sandbox_id, 0) + 1
+        self.touch(sandbox_id)
+
+    def end(self, sandbox_id: str) -> None:
+        left = self._in_flight.get(sandbox_id, 0) - 1
+        if left > 0:
+            self._in_flight[sandbox_id] = left
+        else:
+            self._in_flight.pop(sandbox_id, None)
+        self.touch(sandbox_id)
+
+    def busy(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._in_flight
 
     def last(self, sandbox_id: str) -> datetime | None:
         return self._seen.get(sandbox_id)

@@ -98,10 +98,13 @@ class Gateway:
             if self.on_refusal is not None:
                 self.on_refusal(exc.code.value)
             return
-        self.activity.touch(sid)
         query = scope.get("query_string") or b""
         target = tail + b"?" + query if query else tail
-        status = await relay(route.pool, scope, receive, send, target, request_id)
+        self.activity.begin(sid)
+        try:
+            status = await relay(route.pool, scope, receive, send, target, request_id)
+        finally:
+            self.activity.end(sid)
         if status == 502 and self.on_unreachable is not None:
             self.on_unreachable(sid)
         self._observe("exec" if tail == _EXEC else "other", status, started)

@@ -81,3 +81,12 @@ def test_ceiling_stops_then_carries_over(fast):
     stale = fast.exec(h, "true")  # the old incarnation's credential is dead
     assert stale.json()["code"] == "SANDBOX_NOT_RUNNING"
     fast.api("DELETE", "/api/v1/sandboxes/old", token)
+
+
+def test_long_exec_is_not_suspended_under_it(fast):
+    token = fast.create_deployment("slow-agent")
+    h = fast.attach(token, "slow").json()
+    r = fast.exec(h, "sh", "-c", "sleep 3.5; echo done")  # idle threshold is 2 s
+    assert r.status_code == 200 and r.json()["stdout"] == "done\n"
+    assert _state(fast, token, "slow") == "running"
+    fast.api("DELETE", "/api/v1/sandboxes/slow", token)

@@ -166,3 +166,20 @@ async def test_restart_reconciles_with_driver(tmp_path):
         assert r.status_code == 200  # routes restored, old credential still valid
         assert (await h2.attach(token, "run")).json()["start"] == "reused"
         assert (await h2.attach(token, "gone")).json()["start"] == "created"
+
+
+async def test_request_in_flight_is_never_idle(life):
+    token = await life.deployment()
+    h = (await life.attach(token, "s")).json()
+    sid = h["endpoint"].rsplit("/", 1)[1]
+    life.platform.activity.begin(sid)  # a long exec is running through the gateway
+    life.clock.advance(60)
+    await life.platform.lifecycle.run_pass()
+    assert await _state(life, token, "s") == "running"
+    life.platform.activity.end(sid)  # it ends: the idle clock starts now
+    life.clock.advance(5)
+    await life.platform.lifecycle.run_pass()
+    assert await _state(life, token, "s") == "running"
+    life.clock.advance(6)
+    await life.platform.lifecycle.run_pass()
+    assert await _state(life, token, "s") == "suspended"

@@ -6,7 +6,8 @@ acting, so a pass that dies halfway leaves rows the next pass completes.
 
 Thresholds (``settings.lifecycle``)::
 
-    running,   idle >= idle_seconds                 → suspended
+    running,   idle >= idle_seconds, no request
+               in flight through the gateway       → suspended
     running/suspended, now >= ceiling_at            → stopped (files kept; next
                                                       attach carries them over)
     suspended/stopped, untouched >= suspended_ttl   → reclaimed (destroyed, row gone)
@@ -80,7 +81,8 @@ class Lifecycle:
             return None if self.locks.busy(row.deployment_id, row.name) else "rollback"
         if row.state in (S.RUNNING, S.SUSPENDED) and row.ceiling_at and now >= row.ceiling_at:
             return "ceiling"
-        if row.state is S.RUNNING and idle >= timedelta(seconds=self.settings.idle_seconds):
+        if row.state is S.RUNNING and idle >= timedelta(seconds=self.settings.idle_seconds) \
+                and not self.activity.busy(row.id):
             return "idle"
         if row.state in (S.SUSPENDED, S.STOPPED) and idle >= ttl:
             return "reclaim"
