@@ -171,7 +171,8 @@ class OciDriver:
         try:
             netns = (await asyncio.gather(mounted, netns_task))[1]
             facts = bundle.BundleFacts(
-                machine_id=spec.machine_id, hostname=spec.hostname, rootfs=paths.rootfs,
+                machine_id=spec.machine_id, hostname=_uts_name(spec.hostname),
+                rootfs=paths.rootfs,
                 image_rootfs=image.rootfs, agent_dir=self._agent_dir,
                 files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
                 memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
@@ -214,7 +215,8 @@ class OciDriver:
         paths.files.mkdir(mode=0o755, exist_ok=True)
         (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
         resolv = self.network.resolv_conf()
-        owned = {"hostname": spec.hostname + "\n", "hosts": _hosts(spec.hostname)}
+        name = _uts_name(spec.hostname)
+        owned = {"hostname": name + "\n", "hosts": _hosts(name)}
         if resolv is not None:
             owned["resolv.conf"] = resolv
         for name, text in owned.items():
@@ -303,9 +305,10 @@ class OciDriver:
             state = await self.runc.query(machine_id)
             if state is not None and state.status in ("running", "paused"):
                 paths = self._paths(machine_id)
-                for name, text in (("hostname", hostname + "\n"), ("hosts", _hosts(hostname))):
-                    _rewrite_in_place(paths.files / name, text)
-                await _set_hostname(state.pid, hostname)
+                name = _uts_name(hostname)
+                for file, text in (("hostname", name + "\n"), ("hosts", _hosts(name))):
+                    _rewrite_in_place(paths.files / file, text)
+                await _set_hostname(state.pid, name)
             self._save(new)
 
     # -- observation ----------------------------------------------------------
@@ -416,6 +419,11 @@ def _listen(path: Path) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _uts_name(hostname: str) -> str:
+    """What the kernel accepts as a hostname: at most 64 bytes, whole characters."""
+    return hostname.encode()[:64].decode(errors="ignore") or "sandbox"
 
 
 def _hosts(hostname: str) -> str:

@@ -95,7 +95,12 @@ class Runc:
             return ContainerState("stopped", 0)
         pid = int(raw.get("init_process_pid") or 0)
         start = raw.get("init_process_start")
-        return ContainerState("running" if _alive(pid, start) else "stopped", pid)
+        if not _alive(pid, start):
+            return ContainerState("stopped", pid)
+        if (self.root / container_id / "exec.fifo").exists():
+            # runc's init is still waiting to exec the first process: "created".
+            return ContainerState("created", pid)
+        return ContainerState("running", pid)
 
     @property
     def is_runc(self) -> bool:
