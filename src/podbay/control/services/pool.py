@@ -23,13 +23,20 @@ POOL_LABEL = "podbay.pool"
 
 
 class WarmPool:
+    """``size`` ready machines for each of the ``max_keys`` environments used
+    most recently (the plain base image always among them); an environment
+    pushed out has its machines destroyed."""
+
     def __init__(self, driver: Driver, limits: Limits, size: int,
-                 on_change: Callable[[int], None] | None = None) -> None:
+                 on_change: Callable[[int], None] | None = None, max_keys: int = 4) -> None:
         self.driver = driver
         self.limits = limits
         self.size = size
+        self.max_keys = max_keys
+        #: key → ready machine ids; insertion order is recency (oldest first).
         self._ready: dict[str, list[str]] = {}
         self._filling: dict[str, asyncio.Task[None]] = {}
+        self._destroying: set[asyncio.Task[None]] = set()
         self._closed = False
         self._on_change = on_change
 
@@ -44,11 +51,33 @@ class WarmPool:
         """A ready machine for this environment, or ``None``; refills behind."""
         if self.size <= 0 or self._closed:
             return None
-        ready = self._ready.get(prepared.key)
+        ready = self._ready.pop(prepared.key, [])
         machine_id = ready.pop(0) if ready else None
+        self._ready[prepared.key] = ready  # most recently used now
+        self._evict()
         self._changed()
         self.refill(prepared)
         return machine_id
+
+    def _evict(self) -> None:
+        while len(self._ready) > self.max_keys:
+            key = next(k for k in self._ready if k != "")
+            task = self._filling.pop(key, None)
+            if task is not None:
+                task.cancel()
+            for machine_id in self._ready.pop(key):
+                self._destroy_later(machine_id)
+
+    def _destroy_later(self, machine_id: str) -> None:
+        async def destroy() -> None:
+            try:
+                await self.driver.destroy(machine_id)
+            except Exception:
+                log.exception("warm pool: could not destroy %s", machine_id)
+
+        task = asyncio.get_running_loop().create_task(destroy())
+        self._destroying.add(task)
+        task.add_done_callback(self._destroying.discard)
 
     def give_back(self, prepared: Prepared, machine_id: str) -> None:
         self._ready.setdefault(prepared.key, []).insert(0, machine_id)
@@ -73,6 +102,9 @@ class WarmPool:
             try:
                 await self.driver.create(spec)
                 await self.driver.start(machine_id)
+            except asyncio.CancelledError:
+                self._destroy_later(machine_id)  # evicted or closing mid-start
+                raise
             except Exception:
                 failures += 1
                 log.exception("warm pool: could not start a machine")
@@ -82,8 +114,8 @@ class WarmPool:
                     log.exception("warm pool: could not destroy %s", machine_id)
                 await asyncio.sleep(1.0 * failures)
                 continue
-            if self._closed:
-                await self.driver.destroy(machine_id)
+            if self._closed or self._ready.get(prepared.key) is not ready:
+                await self.driver.destroy(machine_id)  # closed or evicted meanwhile
                 return
             ready.append(machine_id)
             self._changed()
@@ -98,6 +130,7 @@ class WarmPool:
         for task in self._filling.values():
             task.cancel()
         await asyncio.gather(*self._filling.values(), return_exceptions=True)
+        await asyncio.gather(*self._destroying, return_exceptions=True)
         if destroy:
             for ids in self._ready.values():
                 for machine_id in ids:

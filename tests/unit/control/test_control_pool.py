@@ -1,0 +1,71 @@
+"""The warm pool over the fake driver."""
+
+from __future__ import annotations
+
+import pytest
+from platform_fakes import FakeDriver
+
+from podbay.control.services.environment import Prepared
+from podbay.control.services.pool import POOL_LABEL, WarmPool
+from podbay.runtime.base import Limits
+
+pytestmark = pytest.mark.anyio
+LIMITS = Limits(memory_bytes=1, cpus=1, pids=1, disk_bytes=1)
+
+
+@pytest.fixture
+async def driver(tmp_path):
+    d = FakeDriver(tmp_path)
+    yield d
+    await d.close_all()
+
+
+async def test_fill_take_refill(driver):
+    pool = WarmPool(driver, LIMITS, 2)
+    plain = Prepared()
+    pool.refill(plain)
+    await pool.wait_filled()
+    assert len(pool) == 2 and len(driver.running()) == 2
+    assert all(m.labels[POOL_LABEL] == "plain" for m in driver.machines.values())
+    taken = pool.take(plain)
+    assert taken in driver.machines
+    await pool.wait_filled()
+    assert len(pool) == 2 and len(driver.machines) == 3
+    await pool.close()
+    assert list(driver.machines) == [taken]  # ready ones destroyed, the taken one kept
+
+
+async def test_first_take_of_an_environment_misses_then_fills(driver):
+    pool = WarmPool(driver, LIMITS, 1)
+    env = Prepared(key="abc", env={"X": "1"})
+    assert pool.take(env) is None
+    await pool.wait_filled()
+    (machine,) = driver.machines.values()
+    assert dict(machine.spec.env) == {"X": "1"} and machine.labels[POOL_LABEL] == "abc"
+    assert pool.take(env) == machine.spec.machine_id
+    await pool.close()
+
+
+async def test_least_recently_used_environments_are_evicted(driver):
+    pool = WarmPool(driver, LIMITS, 1, max_keys=2)
+    pool.refill(Prepared())
+    await pool.wait_filled()
+    for key in ("a", "b", "c"):
+        pool.take(Prepared(key=key))
+        await pool.wait_filled()
+    await pool.close(destroy=False)
+    for task in list(pool._destroying):
+        await task
+    labels = sorted(m.labels[POOL_LABEL] for m in driver.machines.values())
+    assert labels == ["c", "plain"]
+
+
+async def test_give_back(driver):
+    pool = WarmPool(driver, LIMITS, 1)
+    plain = Prepared()
+    pool.refill(plain)
+    await pool.wait_filled()
+    taken = pool.take(plain)
+    pool.give_back(plain, taken)
+    assert pool.take(plain) == taken
+    await pool.close()
