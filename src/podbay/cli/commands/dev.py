@@ -1,0 +1,196 @@
+"""``podbay dev``: real local sandboxes for an agent under development.
+
+``podbay dev up`` starts (or reuses) a local ``podbay serve``, registers the
+project's deployment from ./astropods.yml (or ``--spec``), and prints the
+line to paste::
+
+    eval "$(podbay dev up)"      # export ASTRO_AUTHZ_TOKEN=...
+
+A changed astropods.yml applies on the next ``dev up``: the deployment is
+updated, and sandboxes made under the old declaration are deleted so the
+next attach builds them anew. ``podbay dev down`` deletes every sandbox of
+the project's deployment; the server keeps running for other projects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from podbay.cli.output import Output, fail
+from podbay.wire import paths
+
+#: How long ``dev up`` waits for a new server to answer /healthz (the first
+#: start builds the base image).
+READY_TIMEOUT_S = 900.0
+
+
+def _project_name(spec_text: str, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    import yaml
+
+    try:
+        document = yaml.safe_load(spec_text) or {}
+    except yaml.YAMLError:
+        document = {}
+    name = document.get("name") if isinstance(document, dict) else None
+    if not isinstance(name, str) or not name:
+        name = Path.cwd().name
+    # Deployment names follow sandbox names' rules.
+    cleaned = re.sub(r"[^A-Za-z0-9._:-]", "-", name).lstrip("._:-")[:128]
+    return cleaned or "dev"
+
+
+def _health(base_url: str) -> int | None:
+    """/healthz status, or ``None`` when nothing answers."""
+    try:
+        return httpx.get(f"{base_url}/healthz", timeout=2.0).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _start_server(settings: Any, out: Output) -> None:
+    log = settings.data_dir / "dev-serve.log"
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    out.info(f"podbay: starting podbay serve in the background (log: {log})")
+    with open(log, "ab") as sink:
+        subprocess.Popen(
+            [sys.executable, "-m", "podbay.cli.main", "serve",
+             "--data-dir", str(settings.data_dir),
+             "--listen", f"{settings.server.host}:{settings.server.port}"],
+            stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_ready(base_url: str, out: Output, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    said = 0.0
+    while time.monotonic() < deadline:
+        if _health(base_url) == 200:
+            return
+        if time.monotonic() - said > 15:
+            out.info("podbay: waiting for the server to be ready "
+                     "(the first start builds the sandbox base image)...")
+            said = time.monotonic()
+        time.sleep(0.5)
+    fail(f"podbay serve at {base_url} was not ready after {timeout_s:.0f} s")
+
+
+def _sandbox_names(base_url: str, token: str) -> list[str]:
+    response = httpx.get(f"{base_url}{paths.SANDBOXES}",
+                         headers={"authorization": f"Bearer {token}"}, timeout=30)
+    if response.status_code != 200:
+        fail(f"listing sandboxes failed: {response.status_code} {response.text.strip()}")
+    return [row["name"] for row in response.json().get("sandboxes", [])]
+
+
+def _delete_all(base_url: str, token: str) -> int:
+    names = _sandbox_names(base_url, token)
+    for name in names:
+        response = httpx.delete(f"{base_url}{paths.sandbox_path(name)}",
+                                headers={"authorization": f"Bearer {token}"}, timeout=120)
+        if response.status_code not in (204, 404):
+            fail(f"deleting sandbox {name} failed: {response.status_code} "
+                 f"{response.text.strip()}")
+    return len(names)
+
+
+def _settings(data_dir: Path | None, listen: str | None) -> Any:
+    from podbay.cli.commands.serve import _listen
+    from podbay.settings import Settings
+
+    host, port = _listen(listen)
+    return Settings.load(data_dir=data_dir, server__host=host, server__port=port)
+
+
+spec_option = click.option("--spec", default="astropods.yml", show_default=True,
+                           metavar="FILE", help="The project's astropods.yml.")
+name_option = click.option("--name", default=None,
+                           help="Deployment name (default: the spec's name, else the folder).")
+data_dir_option = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+                               help="The local server's data directory.")
+listen_option = click.option("--listen", default=None, metavar="HOST:PORT",
+                             help="Where the local server listens (default 127.0.0.1:8700).")
+
+
+@click.group()
+def command() -> None:
+    """Local development: real sandboxes for your agent."""
+
+
+@command.command()
+@spec_option
+@name_option
+@data_dir_option
+@listen_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
+       as_json: bool) -> None:
+    """Start or reuse a local server, register this project, print the token export."""
+    from podbay.cli.commands.deployment import _read_spec, _run
+
+    out = Output(as_json=as_json)
+    if not Path(spec).is_file():
+        fail(f"no {spec} here; pass --spec FILE")
+    text = _read_spec(spec)
+    settings = _settings(data_dir, listen)
+    base_url = settings.server.base_url()
+    project = _project_name(text, name)
+
+    async def register(service: Any) -> tuple[str, bool, bool]:
+        from podbay.control.services.deployments import DeploymentError
+
+        try:
+            existing = await service.get(project)
+        except DeploymentError:
+            _, token = await service.create(project, text)
+            return token, True, False
+        changed = existing.spec_text != text
+        if changed:
+            await service.update(project, text)
+        return service.token_for(existing), False, changed
+
+    # Register first: a spec with a bad sandbox section fails before any server starts.
+    token, created, changed = _run(settings.data_dir, register)
+    status = _health(base_url)
+    if status is None:
+        _start_server(settings, out)
+    _wait_ready(base_url, out, READY_TIMEOUT_S)
+    removed = _delete_all(base_url, token) if changed else 0
+    if created:
+        out.info(f"podbay: registered deployment {project}")
+    elif changed:
+        out.info(f"podbay: {spec} changed: updated {project}, deleted {removed} old sandbox(es)")
+    else:
+        out.info(f"podbay: reusing deployment {project}")
+    out.value({"deployment": project, "server": base_url, "token": token},
+              f"export ASTRO_AUTHZ_TOKEN={token}")
+
+
+@command.command()
+@spec_option
+@name_option
+@data_dir_option
+@listen_option
+def down(spec: str, name: str | None, data_dir: Path | None, listen: str | None) -> None:
+    """Delete every sandbox this project's deployment made."""
+    from podbay.cli.commands.deployment import _run
+
+    out = Output()
+    text = Path(spec).read_text() if Path(spec).is_file() else ""
+    settings = _settings(data_dir, listen)
+    base_url = settings.server.base_url()
+    project = _project_name(text, name)
+    token = _run(settings.data_dir, lambda service: service.token(project))
+    if _health(base_url) is None:
+        fail(f"no podbay serve answers at {base_url}; nothing to delete")
+    out.info(f"podbay: deleted {_delete_all(base_url, token)} sandbox(es) of {project}")
