@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/platform.py [--warm-pool N] [--json]
 
-* attach of a new sandbox (p50, p99)
+* attach of a new sandbox (p50, p99), one at a time and in a burst of 10
 * attach of a running sandbox
 * attach that resumes a suspended sandbox
 * exec round trip through gateway and agent, beside the agent alone (its socket)
@@ -26,6 +26,7 @@ sys.modules.pop("platform", None)
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import sqlite3
 import statistics
@@ -113,6 +114,14 @@ def main() -> None:
             time.sleep(0.3 if args.warm_pool else 0.05)
         if new:
             results["attach_new"] = summary(new)
+
+        # -- a burst: 10 new sandboxes at once (drains a small pool)
+        with concurrent.futures.ThreadPoolExecutor(10) as burst:
+            times = list(burst.map(lambda i: timed(lambda: server.attach(token, f"burst-{i}")),
+                                   range(10)))
+        results["attach_new_burst_of_10"] = summary(times)
+        for i in range(10):
+            server.api("DELETE", f"/api/v1/sandboxes/burst-{i}", token)
 
         h = server.attach(token, "hot").json()
         for _ in range(20):
