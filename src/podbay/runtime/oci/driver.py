@@ -267,7 +267,11 @@ class OciDriver:
         paths = self._paths(machine_id)
         state = await self.runc.query(machine_id)
         if state is not None:
-            if state.status == "paused" or self.cgroups.frozen(paths.cgroup):
+            frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
+            if self.runc.is_runc:
+                await self.runc.kill_init(
+                    machine_id, thaw=lambda: self._thaw_if(frozen, machine_id))
+            elif frozen:
                 await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
         leftover = self.cgroups.remove(paths.cgroup)
@@ -282,6 +286,10 @@ class OciDriver:
         # Killed while frozen, a process dies as it thaws without running user code.
         await self.runc.call("kill", "--all", machine_id, "KILL", check=False)
         await self._thaw(machine_id)
+
+    async def _thaw_if(self, frozen: bool, machine_id: str) -> None:
+        if frozen:
+            await self._thaw(machine_id)
 
     async def _freeze(self, machine_id: str) -> None:
         if self.runc.is_runc:
