@@ -138,13 +138,17 @@ class OciDriver:
                 self._save(record.with_state(MachineState.RUNNING))
                 return
             await self.prepare()
+            started = time.perf_counter()
             await self._teardown(machine_id)  # whatever a dead incarnation left
             try:
                 await self._boot(record)
-            except BaseException:
+            except BaseException as e:
+                log.warning("machine %s failed to start: %s", machine_id, e)
                 await self._teardown(machine_id)
                 raise
             self._save(record.with_state(MachineState.RUNNING))
+            log.info("machine %s started in %.0f ms", machine_id,
+                     (time.perf_counter() - started) * 1000)
 
     async def _boot(self, record: records.MachineRecord) -> None:
         spec = record.spec
@@ -252,14 +256,18 @@ class OciDriver:
             await self._teardown(machine_id)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
+                log.info("machine %s stopped", machine_id)
 
     async def destroy(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             paths = self._paths(machine_id)
             await self._teardown(machine_id)
             self._records.pop(machine_id, None)
+            existed = paths.home.exists()
             await asyncio.to_thread(_remove_tree, paths.home)
             await asyncio.to_thread(_remove_tree, paths.run)
+            if existed:
+                log.info("machine %s destroyed", machine_id)
         self._locks.pop(machine_id, None)
 
     async def _teardown(self, machine_id: str) -> None:
