@@ -60,8 +60,12 @@ class Runc:
                            log_path: Path) -> None:
         """``runc run -d`` with ``agent_fd`` passed as fd 3; the container's own
         stdout and stderr (and runc's errors) go to ``log_path``."""
-        argv = self.argv("run", "--detach", "--preserve-fds", "1", "--bundle", str(bundle),
-                         container_id)
+        # --no-new-keyring: every sandbox's root is the same host uid, and the kernel
+        # allows one uid 200 keys (kernel.keys.maxkeys), so a session keyring per
+        # container would stop the 201st sandbox. The seccomp profile refuses every
+        # keyring call, so the inherited keyring is out of the sandbox's reach.
+        argv = self.argv("run", "--detach", "--no-new-keyring", "--preserve-fds", "1",
+                         "--bundle", str(bundle), container_id)
         exe = self.available()
         if exe is None:
             raise DriverError(f"OCI runtime {self.binary!r} not found on PATH")
