@@ -20,12 +20,10 @@ different machines overlap. Every call is idempotent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import Mapping
@@ -139,12 +137,12 @@ class OciDriver:
                 return
             await self.prepare()
             started = time.perf_counter()
-            await self._teardown(machine_id)  # whatever a dead incarnation left
+            await self.release(machine_id)  # whatever a dead incarnation left
             try:
                 await self._boot(record)
             except BaseException as e:
                 log.warning("machine %s failed to start: %s", machine_id, e)
-                await self._teardown(machine_id)
+                await self.release(machine_id)
                 raise
             self._save(record.with_state(MachineState.RUNNING))
             log.info("machine %s started in %.0f ms", machine_id,
@@ -253,7 +251,7 @@ class OciDriver:
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
-            await self._teardown(machine_id)
+            await self.release(machine_id)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
                 log.info("machine %s stopped", machine_id)
@@ -261,17 +259,18 @@ class OciDriver:
     async def destroy(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             paths = self._paths(machine_id)
-            await self._teardown(machine_id)
+            await self.release(machine_id)
             self._records.pop(machine_id, None)
             existed = paths.home.exists()
-            await asyncio.to_thread(_remove_tree, paths.home)
-            await asyncio.to_thread(_remove_tree, paths.run)
+            await asyncio.to_thread(storage.remove_tree, paths.home)
+            await asyncio.to_thread(storage.remove_tree, paths.run)
             if existed:
                 log.info("machine %s destroyed", machine_id)
         self._locks.pop(machine_id, None)
 
-    async def _teardown(self, machine_id: str) -> None:
-        """End the incarnation: container, mounts, network, volatile files. Idempotent."""
+    async def release(self, machine_id: str) -> None:
+        """End the incarnation: container, mounts, network, volatile files; the
+        machine's record and disk stay. Idempotent; ``podbay gc`` uses it too."""
         paths = self._paths(machine_id)
         state = await self.runc.query(machine_id)
         if state is not None:
@@ -285,7 +284,7 @@ class OciDriver:
         leftover = self.cgroups.remove(paths.cgroup)
         if leftover:
             log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
-        await asyncio.to_thread(_unmount_storage, paths)
+        await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
         await self.network.teardown(paths.run, machine_id)
         for path in (paths.socket, paths.run / "config.json"):
             path.unlink(missing_ok=True)
@@ -368,7 +367,7 @@ class OciDriver:
                         machine_id):
                     observed = MachineState.STOPPED
                 if observed is MachineState.STOPPED:
-                    await self._teardown(machine_id)
+                    await self.release(machine_id)
                 if observed.value != record.commanded.value:
                     self._save(record.with_state(observed))
             found.append(ObservedMachine(machine_id=machine_id, state=observed,
@@ -407,21 +406,6 @@ def _mount_storage(paths: MachinePaths, lowers: list[Path], uid_base: int) -> No
     storage.mount_disk(paths.disk_image, paths.disk_mount)
     upper, work = storage.prepare_upper(paths.disk_mount, uid_base)
     storage.mount_overlay(paths.rootfs, lowers, upper, work)
-
-
-def _unmount_storage(paths: MachinePaths) -> None:
-    for target in (paths.rootfs, paths.disk_mount):
-        for attempt in range(50):
-            try:
-                if not storage.sys_umount(target):
-                    break
-            except DriverError:
-                if attempt == 49:
-                    storage.sys_umount(target, lazy=True)
-                    break
-                time.sleep(0.02)
-        with contextlib.suppress(OSError):
-            target.rmdir()
 
 
 def _listen(path: Path) -> socket.socket:
@@ -465,17 +449,6 @@ async def _set_hostname(pid: int, hostname: str) -> None:
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        if storage.is_mounted(path) or any(m.startswith(f"{path}/")
-                                           for m in storage.mountpoints()):
-            raise DriverError(f"refusing to remove {path}: something is still mounted in it")
-        shutil.rmtree(path)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -12,7 +12,7 @@ import contextlib
 import os
 
 from . import records, storage
-from .driver import OciDriver, _remove_tree, _unmount_storage
+from .driver import OciDriver
 
 
 async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
@@ -30,19 +30,20 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
         for home in sorted(layout.machines.iterdir()):
             if home.is_dir() and records.read(home) is None:
                 paths = layout.machine(home.name)
-                await driver._teardown(home.name)
-                _remove_tree(home)
+                await driver.release(home.name)
+                storage.remove_tree(home)
                 done.append(f"removed unfinished machine {home.name}")
                 with contextlib.suppress(FileNotFoundError):
-                    _remove_tree(paths.run)
+                    storage.remove_tree(paths.run)
     # Volatile directories of machines that no longer exist.
     with contextlib.suppress(FileNotFoundError):
         for run in sorted(layout.run_dir.iterdir()):
             if run.name == "runc" or not run.is_dir() or run.name in known:
                 continue
-            await driver._teardown(run.name)
-            _unmount_storage(layout.machine(run.name))
-            _remove_tree(run)
+            await driver.release(run.name)
+            leftover = layout.machine(run.name)
+            storage.unmount_machine(leftover.rootfs, leftover.disk_mount)
+            storage.remove_tree(run)
             done.append(f"removed leftovers of machine {run.name}")
     # Cgroups without a container.
     for directory in driver.cgroups.existing(layout.cgroup_parent):

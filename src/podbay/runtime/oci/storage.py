@@ -15,12 +15,15 @@ Layout under the mounted disk: ``upper/`` (sandbox root owns it) and ``work/``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import fcntl
 import os
+import shutil
 import struct
+import time
 from pathlib import Path
 
 from ..base import DriverError
@@ -219,3 +222,32 @@ def loop_devices_for(paths: set[str]) -> list[str]:
         if backing.removesuffix(" (deleted)") in paths:
             found.append(f"/dev/{entry.name}")
     return found
+
+
+def unmount_machine(rootfs: Path, disk_mount: Path) -> None:
+    """Unmount a machine's overlay, then its disk (retrying while busy for a
+    second, then detaching lazily), and remove the empty mount points."""
+    for target in (rootfs, disk_mount):
+        for attempt in range(50):
+            try:
+                if not sys_umount(target):
+                    break
+            except DriverError:
+                if attempt == 49:
+                    sys_umount(target, lazy=True)
+                    break
+                time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            target.rmdir()
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a machine directory, refusing while anything is mounted inside it
+    (``rmtree`` would otherwise descend into a sandbox's files)."""
+    if path.is_dir() and not path.is_symlink():
+        if is_mounted(path) or any(m.startswith(f"{path}/") for m in mountpoints()):
+            raise DriverError(f"refusing to remove {path}: something is still mounted in it")
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
