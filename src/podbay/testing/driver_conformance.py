@@ -174,6 +174,20 @@ class DriverConformance:
         assert observed[mid].labels == {"sandbox": "thread-42"}
         assert observed[mid].state is MachineState.RUNNING
 
+    def test_assign_while_stopped_or_suspended(self, h: Harness) -> None:
+        spec = h.spec(hostname="pool-machine")
+        h.run(h.driver.create(spec))
+        h.run(h.driver.assign(spec.machine_id, hostname="early", labels={"k": "1"}))
+        h.run(h.driver.start(spec.machine_id))
+        assert h.sh(spec.machine_id, "hostname").strip() == "early"
+        if h.driver.capabilities.suspend:
+            h.run(h.driver.suspend(spec.machine_id))
+            h.run(h.driver.assign(spec.machine_id, hostname="late", labels={"k": "2"}))
+            h.run(h.driver.resume(spec.machine_id))
+            assert h.sh(spec.machine_id, "hostname").strip() == "late"
+        labels = {m.machine_id: m.labels for m in h.run(h.driver.adopt())}
+        assert labels[spec.machine_id] == {"k": "2" if h.driver.capabilities.suspend else "1"}
+
     def test_concurrent_starts(self, h: Harness) -> None:
         import asyncio
 
