@@ -188,6 +188,27 @@ class DriverConformance:
         labels = {m.machine_id: m.labels for m in h.run(h.driver.adopt())}
         assert labels[spec.machine_id] == {"k": "2" if h.driver.capabilities.suspend else "1"}
 
+    def test_export_layer_serves_other_machines(self, h: Harness, tmp_path: Any) -> None:
+        mid = h.up()
+        h.sh(mid, "mkdir -p /opt/tool && echo v1 > /opt/tool/version && rm /usr/bin/less && "
+                  "rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && "
+                  "echo mine > /etc/apt/apt.conf.d/only && ln -s /opt/tool/version /opt/link")
+        with pytest.raises(DriverError):
+            h.run(h.driver.export_layer(mid, tmp_path / "early"))  # still running
+        h.run(h.driver.stop(mid))
+        layer = tmp_path / "layer"
+        h.run(h.driver.export_layer(mid, layer))
+        assert (layer / "opt/tool/version").read_text() == "v1\n"
+        user = h.spec(layers=(layer,))
+        h.run(h.driver.create(user))
+        h.run(h.driver.start(user.machine_id))
+        assert h.sh(user.machine_id, "cat /opt/link").strip() == "v1"
+        assert h.sh(user.machine_id, "test ! -e /usr/bin/less && echo gone").strip() == "gone"
+        assert h.sh(user.machine_id, "ls /etc/apt/apt.conf.d").split() == ["only"]
+        # The layer is read-only underneath: the user's changes stay in the user's machine.
+        h.sh(user.machine_id, "echo v2 > /opt/tool/version")
+        assert (layer / "opt/tool/version").read_text() == "v1\n"
+
     def test_concurrent_starts(self, h: Harness) -> None:
         import asyncio
 

@@ -63,11 +63,12 @@ def sandbox_settings(data_dir: Path, **runtime: Any) -> Settings:
 def small_spec(machine_id: str | None = None, *, hostname: str = "sandbox",
                memory_bytes: int = 512 * 1024 * 1024, pids: int = 256,
                disk_bytes: int = 2 * GIB, env: dict[str, str] | None = None,
-               labels: dict[str, str] | None = None) -> MachineSpec:
+               labels: dict[str, str] | None = None,
+               layers: tuple[Path, ...] = ()) -> MachineSpec:
     return MachineSpec(
         machine_id=machine_id or f"t-{uuid.uuid4().hex[:12]}", hostname=hostname,
         limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=pids, disk_bytes=disk_bytes),
-        env=env or {}, labels=labels or {})
+        env=env or {}, labels=labels or {}, layers=layers)
 
 
 class DriverSession:

@@ -310,6 +310,26 @@ class OciDriver:
         else:
             await self.runc.call("resume", machine_id, check=False)
 
+    async def export_layer(self, machine_id: str, dest: Path) -> None:
+        """Copy a stopped machine's writable layer (deletions included, as overlay
+        whiteouts) to ``dest``, for :attr:`MachineSpec.layers` of other machines."""
+        async with self._lock(machine_id):
+            self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is not MachineState.STOPPED:
+                raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
+                                  "exporting its layer")
+            paths = self._paths(machine_id)
+            await self.release(machine_id)
+            paths.run.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(storage.mount_disk, paths.disk_image, paths.disk_mount,
+                                    readonly=True)
+            try:
+                await storage.copy_layer(paths.disk_mount / "upper", dest)
+            finally:
+                await asyncio.to_thread(storage.unmount_machine, paths.rootfs,
+                                        paths.disk_mount)
+
     async def assign(self, machine_id: str, *, hostname: str,
                      labels: Mapping[str, str]) -> None:
         async with self._lock(machine_id):

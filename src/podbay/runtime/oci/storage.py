@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..base import DriverError
 
+MS_RDONLY = 1
 MS_NODEV = 4
 MS_NOSUID = 2
 MNT_DETACH = 2
@@ -177,14 +178,14 @@ def attach_loop(image: Path) -> tuple[str, int]:
     raise DriverError("no free loop device")
 
 
-def mount_disk(image: Path, target: Path) -> None:
+def mount_disk(image: Path, target: Path, *, readonly: bool = False) -> None:
     """Loop-mount the machine's ext4 file at ``target`` (idempotent)."""
     if is_mounted(target):
         return
     target.mkdir(parents=True, exist_ok=True)
     device, fd = attach_loop(image)
     try:
-        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID)
+        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID | (MS_RDONLY if readonly else 0))
     finally:
         os.close(fd)  # the mount now holds the device; unmounting frees it
 
@@ -251,3 +252,22 @@ def remove_tree(path: Path) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+async def copy_layer(upper: Path, dest: Path) -> None:
+    """Copy an overlay upper directory to ``dest`` as a reusable lower layer.
+
+    ``cp -a`` keeps what overlayfs needs: ownership (already in the sandbox uid
+    range), modes, hard links, sparse files, whiteouts (0:0 character devices)
+    and ``trusted.overlay.*`` xattrs (opaque directories). Symlinks are copied,
+    never followed."""
+    if not os.path.isdir(upper):  # noqa: ASYNC240 - never started: an empty layer
+        os.makedirs(dest, exist_ok=True)
+        return
+    proc = await asyncio.create_subprocess_exec(
+        "cp", "-a", "--preserve=all", "--sparse=always", "--no-target-directory",
+        str(upper), str(dest), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise DriverError(f"copying the layer failed: {out.decode(errors='replace')[-500:]}")
