@@ -89,6 +89,7 @@ class DriverConformance:
         conformance.cleanup()
 
     def test_capabilities_are_declared(self, h: Harness) -> None:
+        assert isinstance(h.driver, Driver)
         caps = h.driver.capabilities
         assert isinstance(caps.suspend, bool) and isinstance(caps.stop_keeps_files, bool)
         assert isinstance(h.driver.name, str) and h.driver.name
