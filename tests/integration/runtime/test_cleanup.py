@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from podbay.runtime.base import MachineState
+from podbay.runtime.base import DriverError, MachineState
 from podbay.runtime.oci import storage
 from podbay.testing.fixtures import DriverSession, small_spec
 
@@ -134,3 +134,20 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     after = settled(oci_session, before)
     assert after["mounts"] == before["mounts"] and after["processes"] == before["processes"]
     assert after["loops"] == [] and after["machine_dirs"] == before["machine_dirs"]
+
+
+def test_failed_start_leaves_nothing(oci_session: DriverSession, tmp_path: Path) -> None:
+    """A start that fails half-way (here: a layer that does not exist, so the
+    overlay mount fails while the network is being made) cleans up after itself."""
+    driver, run = oci_session.driver, oci_session.run
+    before = footprint(oci_session)
+    spec = small_spec(layers=(tmp_path / "missing-layer",))
+    run(driver.create(spec))
+    with pytest.raises(DriverError):
+        run(driver.start(spec.machine_id))
+    assert run(driver.state(spec.machine_id)) is MachineState.STOPPED
+    now = footprint(oci_session)
+    assert now["mounts"] == before["mounts"] and now["processes"] == before["processes"]
+    assert now["loops"] == [] and now["cgroups"] == before["cgroups"]
+    run(driver.destroy(spec.machine_id))
+    assert settled(oci_session, before) == before

@@ -20,6 +20,7 @@ different machines overlap. Every call is idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -168,10 +169,21 @@ class OciDriver:
         try:
             listener = _listen(paths.socket)
         except BaseException:
-            await asyncio.gather(mounted, netns_task, return_exceptions=True)
+            await _settle(mounted, netns_task)
             raise
         try:
-            netns = (await asyncio.gather(mounted, netns_task))[1]
+            # Both settle before anything is judged: a failure (or cancellation) must
+            # not leave the other still mounting while the caller cleans up.
+            try:
+                results = await asyncio.gather(mounted, netns_task, return_exceptions=True)
+            except BaseException:
+                await _settle(mounted, netns_task)
+                raise
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            netns = results[1]
+            assert netns is None or isinstance(netns, Path)
             facts = bundle.BundleFacts(
                 machine_id=spec.machine_id, hostname=_uts_name(spec.hostname),
                 rootfs=paths.rootfs,
@@ -426,6 +438,19 @@ def _mount_storage(paths: MachinePaths, lowers: list[Path], uid_base: int) -> No
     storage.mount_disk(paths.disk_image, paths.disk_mount)
     upper, work = storage.prepare_upper(paths.disk_mount, uid_base)
     storage.mount_overlay(paths.rootfs, lowers, upper, work)
+
+
+async def _settle(*tasks: asyncio.Future[Any]) -> None:
+    """Wait for ``tasks`` to finish whatever happens to the caller (a thread
+    running a mount cannot be cancelled, only waited for)."""
+    pending = [t for t in tasks if not t.done()]
+    while pending:
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        pending = [t for t in pending if not t.done()]
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning
 
 
 def _listen(path: Path) -> socket.socket:
