@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from podbay.testing.driver_conformance import DriverConformance, Harness
-from podbay.testing.fixtures import DriverSession, host_problem, sandbox_settings
+from podbay.testing.fixtures import DriverSession, host_problem, mark_owner, sandbox_settings
 
 pytestmark = pytest.mark.root
 
@@ -36,6 +36,7 @@ def generic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver
     os.symlink(runc, link)
     settings = sandbox_settings(tmp_path_factory.mktemp("podbay-generic"),
                                 oci_runtime=str(link))
+    mark_owner(settings)
     session = DriverSession(settings)
     assert not session.driver.runc.is_runc
     session.run(session.driver.prepare())

@@ -21,6 +21,8 @@ destroyed and its leftovers collected.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -36,6 +38,8 @@ from podbay.settings import GIB, Settings
 T = TypeVar("T")
 
 DEFAULT_IMAGE_DIR = "/var/tmp/podbay-test-images"
+#: Test sessions' run directories (short paths, see ``runtime.run_dir``).
+RUN_ROOT = "/run/podbay-test"
 
 
 def host_problem() -> str | None:
@@ -53,7 +57,7 @@ def sandbox_settings(data_dir: Path, **runtime: Any) -> Settings:
     """Settings for tests: the shared image cache and a short run directory."""
     settings = Settings.load(environ={}, data_dir=data_dir)
     settings.runtime.image_dir = os.environ.get("PODBAY_TEST_IMAGE_DIR", DEFAULT_IMAGE_DIR)
-    settings.runtime.run_dir = f"/run/podbay-test/{uuid.uuid4().hex[:8]}"
+    settings.runtime.run_dir = f"{RUN_ROOT}/{uuid.uuid4().hex[:8]}"
     settings.runtime.warm_pool = 0
     for key, value in runtime.items():
         setattr(settings.runtime, key, value)
@@ -104,9 +108,48 @@ def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     problem = host_problem()
     if problem:
         pytest.skip(problem)
+    sweep_dead_sessions()
     settings = sandbox_settings(tmp_path_factory.mktemp("podbay-data"))
+    mark_owner(settings)
     yield settings
     _cleanup(settings)
+    Path(settings.runtime.run_dir, OWNER_FILE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        Path(settings.runtime.run_dir).rmdir()
+
+
+OWNER_FILE = "test-session.json"
+
+
+def mark_owner(settings: Settings) -> None:
+    """Record which process and data directory a test run directory belongs to."""
+    run_dir = Path(settings.runtime.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / OWNER_FILE).write_text(json.dumps({
+        "pid": os.getpid(), "data_dir": str(settings.data_dir),
+        "image_dir": settings.runtime.image_dir}))
+
+
+def sweep_dead_sessions() -> None:
+    """Destroy what test sessions that were killed left (their machines, mounts,
+    cgroups, networks): each test run directory names its owner."""
+    for owner in Path(RUN_ROOT).glob(f"*/{OWNER_FILE}"):
+        try:
+            info = json.loads(owner.read_text())
+            os.kill(int(info["pid"]), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError, KeyError):
+            continue
+        settings = Settings.load(environ={}, data_dir=Path(info["data_dir"]))
+        settings.runtime.image_dir = info["image_dir"]
+        settings.runtime.run_dir = str(owner.parent)
+        with contextlib.suppress(Exception):
+            _cleanup(settings)
+        owner.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            owner.parent.rmdir()
 
 
 @pytest.fixture(scope="session")
