@@ -66,6 +66,10 @@ class RuntimeSettings:
     run_dir: str = ""
     #: Debian mirror the base image is built from.
     image_mirror: str = "http://deb.debian.org/debian"
+    #: CA certificates (``*.crt``) the base image trusts besides Debian's: the
+    #: host's locally added ones by default (e.g. a TLS-inspecting egress proxy's).
+    #: Empty: none. Their contents are part of the image's cache key.
+    image_extra_ca_dir: str = "/usr/local/share/ca-certificates"
     #: How long ``start`` waits for the agent to answer before giving up.
     start_timeout_seconds: float = 30.0
 

@@ -181,9 +181,10 @@ def unreachable(agent: AgentClient, targets: list[tuple[str, int]]) -> str | Non
     return f"reached {', '.join(reached)}" if reached else None
 
 
-def outbound(agent: AgentClient, url: str) -> str | None:
+def outbound(agent: AgentClient, url: str, hint: str = "") -> str | None:
     result = agent.exec(["curl", "-sS", "-o", "/dev/null", "-m", "15", "-w", "%{http_code}",
                          url], timeout_ms=30_000)
     if result.exit_code != 0:
-        return f"curl {url} failed: {result.stderr.strip()[:200]}"
+        return f"curl {url} failed: {result.stderr.strip()[:200]}" + (f"; {hint}" if hint
+                                                                       else "")
     return None

@@ -12,7 +12,7 @@ from podbay.runtime import registry
 from podbay.runtime.base import Limits, MachineSpec, MachineState
 from podbay.runtime.oci import agent_bundle, bundle, records, seccomp
 from podbay.runtime.oci.cgroups import Cgroups
-from podbay.runtime.oci.image import Recipe, shift_ownership
+from podbay.runtime.oci.image import Recipe, local_ca_certificates, shift_ownership
 from podbay.runtime.oci.layout import Layout
 from podbay.settings import Settings
 
@@ -104,6 +104,17 @@ def test_recipe_key_follows_the_recipe() -> None:
     assert Recipe().key() == Recipe().key()
     assert Recipe().key() != Recipe(packages=("python3",)).key()
     assert Recipe().key() != Recipe(uid_base=2_000_000).key()
+
+
+def test_extra_cas_are_part_of_the_recipe(tmp_path: Path) -> None:
+    (tmp_path / "proxy.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
+    (tmp_path / "notes.txt").write_text("not a certificate")
+    (tmp_path / "empty.crt").write_text("")
+    cas = local_ca_certificates(str(tmp_path))
+    assert [name for name, _ in cas] == ["proxy.crt"]
+    assert Recipe(extra_cas=cas).key() != Recipe().key()
+    assert local_ca_certificates("") == ()
+    assert local_ca_certificates(str(tmp_path / "missing")) == ()
 
 
 def test_agent_argv_uses_the_images_real_loader(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -181,6 +182,10 @@ async def sandbox_probes(settings: object, report: Report) -> str:
                 probe("no path to the host, private ranges or metadata",
                       lambda: probes.unreachable(a, targets))
             probe("outbound internet", lambda: probes.outbound(a, settings.runtime.image_mirror))
+            secure = "https://" + urlsplit(settings.runtime.image_mirror).netloc + "/"
+            probe("outbound HTTPS (certificates trusted)", lambda: probes.outbound(
+                a, secure, hint="if a TLS-inspecting proxy is in the way, put its CA in "
+                "runtime.image_extra_ca_dir (the image is rebuilt with it)"))
         for name, check in checks:
             await asyncio.to_thread(probe, name, check)
         await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.fork_bomb(a, b))
@@ -229,6 +234,7 @@ def command(data_dir: Path | None, as_json: bool) -> None:
 
     out = Output(as_json=as_json)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")
+    logging.getLogger("podbay.runtime.oci").setLevel(logging.WARNING)  # image progress only
     settings = Settings.load(data_dir=data_dir)
     report = Report(out)
     host_checks(settings, report)

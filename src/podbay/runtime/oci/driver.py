@@ -43,7 +43,7 @@ from ..base import (
 )
 from . import agent_bundle, bundle, records, storage
 from .cgroups import Cgroups
-from .image import Image, ImageCache, Recipe
+from .image import Image, ImageCache, Recipe, local_ca_certificates
 from .layout import Layout, MachinePaths
 from .networking import MachineNetwork, load_network
 from .readiness import wait_ready
@@ -63,7 +63,8 @@ class OciDriver:
         self.layout = Layout.from_settings(settings)
         self.runc = Runc(self.rt.oci_runtime, self.layout.runc_root)
         self.cgroups = Cgroups()
-        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base)
+        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
+                             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
         self.network: MachineNetwork = load_network(settings, self.layout)
         self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
                                          network=self.network.enabled)

@@ -59,6 +59,10 @@ class Recipe:
     security_mirror: str = "http://deb.debian.org/debian-security"
     packages: tuple[str, ...] = PACKAGES
     uid_base: int = 1_000_000
+    #: Extra CA certificates trusted inside (file name, PEM text): by default the
+    #: host's locally added ones, so that a TLS-inspecting egress proxy the host
+    #: trusts is trusted by sandboxes too (see :func:`local_ca_certificates`).
+    extra_cas: tuple[tuple[str, str], ...] = ()
     version: int = RECIPE_VERSION
 
     def key(self) -> str:
@@ -131,6 +135,11 @@ class ImageCache:
             _mmdebstrap(self.recipe, rootfs)
             log.info("base image: preparing the root filesystem")
             _finish_rootfs(rootfs)
+            if self.recipe.extra_cas:
+                log.info("base image: trusting %d extra CA certificates: %s",
+                         len(self.recipe.extra_cas),
+                         ", ".join(name for name, _ in self.recipe.extra_cas))
+                _add_cas(rootfs, self.recipe.extra_cas)
             log.info("base image: shifting ownership to uid %d+", self.recipe.uid_base)
             shift_ownership(rootfs, self.recipe.uid_base)
             (tmp / "recipe.json").write_text(json.dumps(asdict(self.recipe), indent=2))
@@ -188,6 +197,36 @@ def _finish_rootfs(rootfs: Path) -> None:
     # An empty machine-id is what systemd-less containers expect.
     with contextlib.suppress(FileNotFoundError):
         (rootfs / "etc/machine-id").write_text("")
+
+
+def local_ca_certificates(directory: str) -> tuple[tuple[str, str], ...]:
+    """The ``*.crt`` files of ``directory`` (the host's locally added CAs,
+    ``/usr/local/share/ca-certificates`` by default) as (name, PEM) pairs."""
+    if not directory:
+        return ()
+    found = []
+    for path in sorted(Path(directory).glob("*.crt")):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if "BEGIN CERTIFICATE" in text:
+            found.append((path.name, text))
+    return tuple(found)
+
+
+def _add_cas(rootfs: Path, cas: tuple[tuple[str, str], ...]) -> None:
+    import subprocess
+
+    target = rootfs / "usr/local/share/ca-certificates"
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in cas:
+        (target / f"host-{name}").write_text(text)
+    done = subprocess.run(["chroot", str(rootfs), "update-ca-certificates"],
+                          capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    if done.returncode != 0:
+        raise DriverError(f"update-ca-certificates in the image failed: {done.stderr.strip()}")
 
 
 def shift_ownership(root: Path, base: int) -> None:
