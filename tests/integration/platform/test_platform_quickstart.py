@@ -1,4 +1,4 @@
-"""docs/platform.md's quick start runs as printed (on another port, data
+"""The README's quick start runs as printed (on another port, data
 directory and scratch directory, so it cannot disturb a real install)."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pytest
 from podbay.testing.platform import PlatformServer, free_port
 
 pytestmark = pytest.mark.root
-DOC = Path(__file__).resolve().parents[3] / "docs" / "platform.md"
+ROOT = Path(__file__).resolve().parents[3]
+DOC = ROOT / "README.md"
 
 
 def quickstart() -> str:
@@ -37,7 +38,7 @@ def test_quickstart_runs_as_printed(tmp_path):
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, cwd=ROOT)
     try:
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
