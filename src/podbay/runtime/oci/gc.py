@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 
 from . import records, storage
 from .driver import OciDriver
@@ -59,6 +60,7 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
         if device not in mounted:
             _clear_loop(device)
             done.append(f"detached {device}")
+    done += _old_images(driver)
     if everything:
         driver.cgroups.remove(layout.cgroup_parent)
         with contextlib.suppress(OSError):
@@ -66,6 +68,27 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
         with contextlib.suppress(OSError):
             layout.run_dir.rmdir()
     return done
+
+
+def _old_images(driver: OciDriver) -> list[str]:
+    """Base images of older recipes that no machine of this data directory still
+    stands on. Only when the image cache is this data directory's own: a shared
+    cache (``runtime.image_dir``) may hold images other data directories use."""
+    layout = driver.layout
+    if not layout.image_dir.is_relative_to(layout.data_dir):
+        return []
+    keep = {driver.recipe.key()}
+    for machine_id in driver.machine_ids():
+        record = records.read(layout.machine(machine_id).home)
+        if record is not None and record.image:
+            keep.add(record.image)
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted(layout.image_dir.iterdir()):
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep:
+                shutil.rmtree(entry)
+                removed.append(f"removed old base image {entry.name}")
+    return removed
 
 
 def _read(path: str) -> str:
