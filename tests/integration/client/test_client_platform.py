@@ -183,6 +183,9 @@ def test_401_reattaches_once(platform: Any, name: str) -> None:
         assert (transport.attaches, transport.execs) == (2, 2)
 
 
+# Scripted 202s need the stand-in; the real server's 202s (a real environment
+# build) are tested in tests/integration/environment.
+@pytest.mark.parametrize("platform", ["stub"], indirect=True)
 def test_202_then_200(client: Any, stub: Any, name: str) -> None:
     stub.preparing = 2
     started = time.monotonic()
@@ -190,6 +193,7 @@ def test_202_then_200(client: Any, stub: Any, name: str) -> None:
     assert time.monotonic() - started >= 0.4  # waited Retry-After (0.2 s) twice
 
 
+@pytest.mark.parametrize("platform", ["stub"], indirect=True)
 def test_prepare_timeout(make_client: Any, stub: Any, name: str) -> None:
     stub.preparing = 100
     try:

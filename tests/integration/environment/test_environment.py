@@ -141,3 +141,21 @@ def test_an_invalid_section_is_refused_at_registration(server: PlatformServer) -
     assert result.returncode != 0
     assert "sandbox.python.packages[1]" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
+        server: PlatformServer) -> None:
+    from podbay import SandboxClient, SandboxPreparingError
+
+    spec = "name: sdk-env\nsandbox:\n  toolchain: never\n  packages: [bc]\n"
+    token = server.create_deployment("sdk-env", spec)
+    with SandboxClient(identity_token=token, server_url=server.base_url,
+                       prepare_timeout_seconds=0.5) as impatient:
+        with pytest.raises(SandboxPreparingError) as info:
+            impatient.attach("w1")
+        assert info.value.retry_after >= 1
+    with SandboxClient(identity_token=token, server_url=server.base_url) as client:
+        started = time.monotonic()
+        handle = client.attach("w1")  # 202s until the layer is built, then 200
+        assert handle.state == "running" and time.monotonic() - started > 0.2
+        assert client.exec("w1", ["sh", "-c", "echo 6*7 | bc"]).stdout == "42\n"
