@@ -110,8 +110,12 @@ class LayerBuilder:
         self.cache = cache
         self.limits = limits
 
+    def key(self, section: SandboxSection) -> str:
+        """The cache key of ``section``'s layer: what it installs, over which base."""
+        return f"{self.driver.base_image[:16]}-{section.layer_key()[:40]}"
+
     async def build(self, section: SandboxSection) -> Path:
-        key = section.layer_key()
+        key = self.key(section)
         machine_id = f"build-{key[:12]}-{secrets.token_hex(3)}"
         spec = MachineSpec(machine_id=machine_id, hostname="podbay-build", limits=self.limits,
                            labels={"podbay.role": "builder", "podbay.layer": key})
@@ -172,7 +176,7 @@ class Environments:
         """Where ``section``'s layer stands; starts a build if none runs or is cached."""
         if section.is_empty_install:
             return Ready(layers=())
-        key = section.layer_key()
+        key = self.builder.key(section)
         if self.cache.is_ready(key):
             return Ready(layers=(self.cache.rootfs(key),))
         failure = self._failed.get(key)
@@ -192,7 +196,7 @@ class Environments:
             state = self.status(section)
             if not isinstance(state, Building):
                 return state
-            task = self._building.get(section.layer_key())
+            task = self._building.get(self.builder.key(section))
             if task is not None:
                 await asyncio.wait({task})
             else:

@@ -96,6 +96,13 @@ class Driver(Protocol):
     name: str
     capabilities: Capabilities
 
+    @property
+    def base_image(self) -> str:
+        """What machines start from (e.g. the base image's recipe hash). A layer
+        exported from a machine is only valid over the same base, so cached
+        layers are keyed by it."""
+        ...
+
     async def prepare(self) -> None:
         """Check the host and make the base image ready (built once, then cached)."""
 

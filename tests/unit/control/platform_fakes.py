@@ -82,6 +82,7 @@ class FakeMachine:
 
 class FakeDriver:
     name = "fake"
+    base_image = "fake-base"
 
     def __init__(self, root: Path, *, suspend: bool = True) -> None:
         self.root = root

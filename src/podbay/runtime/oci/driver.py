@@ -74,6 +74,10 @@ class OciDriver:
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, records.MachineRecord] = {}
 
+    @property
+    def base_image(self) -> str:
+        return self.recipe.key()
+
     # -- set-up ---------------------------------------------------------------
     async def prepare(self) -> None:
         if self._argv is not None:
