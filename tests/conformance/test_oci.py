@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from podbay.testing.driver_conformance import DriverConformance, Harness
-from podbay.testing.fixtures import DriverSession, host_problem, mark_owner, sandbox_settings
+from podbay.testing.fixtures import DriverSession, mark_owner, require_host, sandbox_settings
 
 pytestmark = pytest.mark.root
 
@@ -26,9 +26,7 @@ class TestOciConformance(DriverConformance):
 def generic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverSession]:
     """runc under another name: the driver then takes the path every other OCI
     runtime (crun, runsc) gets — state, pause and resume through the command line."""
-    problem = host_problem()
-    if problem:
-        pytest.skip(problem)
+    require_host()
     bin_dir = tmp_path_factory.mktemp("bin")
     runc = shutil.which("runc")
     assert runc is not None

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from .fixtures import DEFAULT_IMAGE_DIR, host_problem
+from .fixtures import DEFAULT_IMAGE_DIR, require_host
 
 SANDBOX_SPEC = "name: test-agent\nsandbox:\n  toolchain: never\n"
 NO_SANDBOX_SPEC = "name: test-agent\n"
@@ -63,11 +63,7 @@ class PlatformServer:
     @classmethod
     def start(cls, root: Path, *, env: dict[str, str] | None = None,
               wait: bool = True) -> PlatformServer:
-        problem = host_problem()
-        if problem:
-            import pytest
-
-            pytest.skip(problem)
+        require_host()
         root.mkdir(parents=True, exist_ok=True)
         server = cls(root, env or {}, free_port())
         server.spawn()

@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath))
         if path.is_relative_to(here) and path.name != "test_network_rules.py":
             item.add_marker(pytest.mark.root)
-            if reason:
+            # Under ./run test (CI) a host without the tools fails rather than skips.
+            if reason and os.environ.get("PODBAY_TEST_REQUIRE_SANDBOXES") != "1":
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
