@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
+from podbay.errors import ApiError
 from podbay.wire import paths
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode, error_body
@@ -29,7 +30,6 @@ from .files import Files, FileStream, parse_digest, parse_mode
 from .http import Request, Response
 from .processes import ProcessTable
 from .reaper import Reaper
-from .refusal import Refusal
 
 #: Largest JSON request body (an argv near the kernel's limit fits).
 MAX_JSON_BODY = 8 * 1024 * 1024
@@ -60,7 +60,7 @@ def _body(req: Request, model: type[T]) -> T:
 def _offset(req: Request, name: str) -> int:
     raw = req.query.get(name, "0") or "0"
     if not raw.isdigit() or len(raw) > 18:
-        raise Refusal(ErrorCode.REQUEST_INVALID, f"{name} must be a byte offset (0 or more)")
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"{name} must be a byte offset (0 or more)")
     return int(raw)
 
 
@@ -70,7 +70,7 @@ def _flag(req: Request, name: str) -> bool:
         return True
     if raw in ("false", "0", "no", ""):
         return False
-    raise Refusal(ErrorCode.REQUEST_INVALID, f"{name} must be true or false")
+    raise ApiError(ErrorCode.REQUEST_INVALID, f"{name} must be true or false")
 
 
 class App:
@@ -96,7 +96,7 @@ class App:
     def __call__(self, req: Request) -> Response:
         try:
             return self._dispatch(req)
-        except Refusal as exc:
+        except ApiError as exc:
             return refusal_response(exc.code, exc.message)
         except WireError as exc:
             return refusal_response(ErrorCode.REQUEST_INVALID, f"invalid request body: {exc}")
@@ -113,7 +113,7 @@ class App:
             elif process_id and "/" not in rest:
                 methods = {"GET": self.poll, "DELETE": self.kill}
         if methods is None:
-            raise Refusal(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
+            raise ApiError(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
         handler = methods.get(req.method)
         if handler is None:
             allowed = ", ".join(sorted(methods))

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from podbay.errors import ApiError
 from podbay.wire import limits
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import ExecRequest, ExecResult
@@ -31,7 +32,6 @@ from podbay.wire.data import ExecRequest, ExecResult
 from .environment import check_env, command_env
 from .launch import Child, check_command, launch
 from .reaper import Reaper
-from .refusal import Refusal
 from .ring import incomplete_tail
 
 READ_SIZE = 64 * 1024
@@ -83,7 +83,7 @@ def deadline_ms(timeout_ms: int | None) -> int:
     if timeout_ms is None:
         return limits.EXEC_DEFAULT_TIMEOUT_MS
     if timeout_ms <= 0:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "timeout_ms must be positive")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "timeout_ms must be positive")
     return min(timeout_ms, limits.EXEC_MAX_TIMEOUT_MS)
 
 
@@ -92,7 +92,7 @@ def run(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
     """Run ``req`` to completion (or its deadline) and report."""
     check_command(req.command, req.cwd)
     if req.env and (problem := check_env(req.env, "env")):
-        raise Refusal(ErrorCode.REQUEST_INVALID, problem)
+        raise ApiError(ErrorCode.REQUEST_INVALID, problem)
     timeout = deadline_ms(req.timeout_ms) / 1000
     cwd = resolve_cwd(workspace, req.cwd)
     started = time.monotonic()

@@ -30,11 +30,12 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import DirListing, FileInfo, FileType, MakeDirRequest
 
 from .http import Aborted
-from .refusal import Refusal, path_refusal
+from .refusal import path_refusal
 
 CHUNK = 256 * 1024
 #: Files up to this size are kept in memory from the first pass and sent from
@@ -59,11 +60,11 @@ def _file_type(mode: int) -> FileType:
 def parse_digest(value: str | None) -> str:
     """The writer's hex SHA-256, lower-cased; refused when absent or malformed."""
     if value is None or not value.strip():
-        raise Refusal(ErrorCode.DIGEST_MISSING,
+        raise ApiError(ErrorCode.DIGEST_MISSING,
                       "a write must carry the content's SHA-256 in X-Podbay-Sha256")
     digest = value.strip().lower()
     if len(digest) != 64 or not set(digest) <= _HEX:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "X-Podbay-Sha256 must be 64 hex digits")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "X-Podbay-Sha256 must be 64 hex digits")
     return digest
 
 
@@ -77,13 +78,13 @@ def parse_mode(value: str | None) -> int | None:
         return None
     text = value.strip()
     if not text or len(text) > 5 or any(c not in "01234567" for c in text):
-        raise Refusal(ErrorCode.REQUEST_INVALID, "X-Podbay-Mode must be octal bits like 0644")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "X-Podbay-Mode must be octal bits like 0644")
     return int(text, 8)
 
 
 def check_mode(mode: int) -> int:
     if not 0 <= mode <= 0o7777:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "mode must be permission bits (0 to 0o7777)")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "mode must be permission bits (0 to 0o7777)")
     return mode
 
 
@@ -143,9 +144,9 @@ class Files:
     def resolve(self, raw: str | None) -> tuple[str, str]:
         """``(path to use, path to show)`` for a request's ``path``."""
         if raw is None or raw == "":
-            raise Refusal(ErrorCode.PATH_INVALID, "path is required and must not be empty")
+            raise ApiError(ErrorCode.PATH_INVALID, "path is required and must not be empty")
         if "\0" in raw:
-            raise Refusal(ErrorCode.PATH_INVALID, "path must not contain NUL characters")
+            raise ApiError(ErrorCode.PATH_INVALID, "path must not contain NUL characters")
         path = os.path.join(self.workspace, raw)
         return path, os.path.normpath(path)
 
@@ -188,9 +189,9 @@ class Files:
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                raise Refusal(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
+                raise ApiError(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
             if not stat.S_ISREG(st.st_mode):
-                raise Refusal(ErrorCode.PATH_INVALID, f"{shown} is not a regular file")
+                raise ApiError(ErrorCode.PATH_INVALID, f"{shown} is not a regular file")
             os.set_blocking(fd, True)
             hasher = _sha256()
             length = 0
@@ -219,7 +220,7 @@ class Files:
         """Stream ``read`` into place atomically once its SHA-256 is ``digest``."""
         path, shown = self.resolve(raw)
         if path.endswith("/"):
-            raise Refusal(ErrorCode.PATH_INVALID, f"{shown}: a file path cannot end with '/'")
+            raise ApiError(ErrorCode.PATH_INVALID, f"{shown}: a file path cannot end with '/'")
         # Writing through a symlink replaces its target and keeps the link.
         target = os.path.realpath(path) if os.path.islink(path) else path
         try:
@@ -229,12 +230,12 @@ class Files:
         except OSError as exc:
             raise path_refusal(exc, shown) from None
         if old is not None and stat.S_ISDIR(old.st_mode):
-            raise Refusal(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
+            raise ApiError(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
         parent, name = os.path.split(target)
         try:
             os.makedirs(parent, exist_ok=True)
         except FileExistsError:
-            raise Refusal(ErrorCode.PATH_NOT_DIRECTORY,
+            raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
                           f"{shown}: a parent is not a directory") from None
         except OSError as exc:
             raise path_refusal(exc, shown) from None
@@ -249,7 +250,7 @@ class Files:
                 hasher.update(chunk)
                 _write_all(fd, chunk)
             if hasher.hexdigest() != digest:
-                raise Refusal(ErrorCode.DIGEST_MISMATCH,
+                raise ApiError(ErrorCode.DIGEST_MISMATCH,
                               f"{shown}: the content's SHA-256 is {hasher.hexdigest()}, "
                               f"not {digest}; nothing was written")
             if old is not None:
@@ -284,7 +285,7 @@ class Files:
                 os.rmdir(path)
         except OSError as exc:
             if exc.errno == 17:  # EEXIST: some filesystems say this for a non-empty rmdir
-                raise Refusal(ErrorCode.DIRECTORY_NOT_EMPTY,
+                raise ApiError(ErrorCode.DIRECTORY_NOT_EMPTY,
                               f"{shown}: directory not empty") from None
             raise path_refusal(exc, shown) from None
 
@@ -299,7 +300,7 @@ class Files:
             if req.mode is not None:
                 os.chmod(path, mode)  # exact bits, whatever the umask
         except FileExistsError:
-            raise Refusal(ErrorCode.PATH_EXISTS, f"{shown} already exists") from None
+            raise ApiError(ErrorCode.PATH_EXISTS, f"{shown} already exists") from None
         except OSError as exc:
             raise path_refusal(exc, shown) from None
         return self.info(path, shown, follow=True)

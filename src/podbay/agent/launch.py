@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
 from .reaper import Reaper
-from .refusal import Refusal
 
 
 class Child:
@@ -70,13 +70,13 @@ class Child:
 def check_command(argv: list[str], cwd: str | None) -> None:
     """Refuse what cannot be an argv (empty, NUL characters) before forking."""
     if not argv:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "command must name at least the program")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "command must name at least the program")
     if not argv[0]:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "command[0] must not be empty")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "command[0] must not be empty")
     if any("\0" in arg for arg in argv):
-        raise Refusal(ErrorCode.REQUEST_INVALID, "command must not contain NUL characters")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "command must not contain NUL characters")
     if cwd is not None and "\0" in cwd:
-        raise Refusal(ErrorCode.REQUEST_INVALID, "cwd must not contain NUL characters")
+        raise ApiError(ErrorCode.REQUEST_INVALID, "cwd must not contain NUL characters")
 
 
 def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
@@ -92,15 +92,15 @@ def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None
         except ValueError as exc:  # e.g. an environment the OS cannot take
-            raise Refusal(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
+            raise ApiError(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
         child = Child(popen)
         child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)
     return child
 
 
-def _start_failed(exc: OSError, argv: list[str], cwd: str) -> Refusal:
+def _start_failed(exc: OSError, argv: list[str], cwd: str) -> ApiError:
     reason = exc.strerror or str(exc)
     if exc.filename == cwd and argv[0] != cwd:
-        return Refusal(ErrorCode.COMMAND_START_FAILED, f"cannot use cwd {cwd!r}: {reason}")
-    return Refusal(ErrorCode.COMMAND_START_FAILED, f"cannot start {argv[0]!r}: {reason}")
+        return ApiError(ErrorCode.COMMAND_START_FAILED, f"cannot use cwd {cwd!r}: {reason}")
+    return ApiError(ErrorCode.COMMAND_START_FAILED, f"cannot start {argv[0]!r}: {reason}")

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
+from podbay.errors import ApiError
 from podbay.wire import limits
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import ProcessOutput, ProcessStatus, SpawnRequest
@@ -34,7 +35,6 @@ from .environment import check_env, command_env
 from .exec import resolve_cwd
 from .launch import Child, check_command, launch
 from .reaper import Reaper
-from .refusal import Refusal
 from .ring import Ring
 
 READ_SIZE = 64 * 1024
@@ -154,12 +154,12 @@ class ProcessTable:
     def spawn(self, req: SpawnRequest) -> ProcessStatus:
         check_command(req.command, req.cwd)
         if req.env and (problem := check_env(req.env, "env")):
-            raise Refusal(ErrorCode.REQUEST_INVALID, problem)
+            raise ApiError(ErrorCode.REQUEST_INVALID, problem)
         env = command_env(self._declared_env, req.env)
         cwd = resolve_cwd(self._workspace, req.cwd)
         with self._lock:
             if len(self._procs) >= limits.MAX_PROCESSES:
-                raise Refusal(ErrorCode.PROCESS_LIMIT_REACHED,
+                raise ApiError(ErrorCode.PROCESS_LIMIT_REACHED,
                               f"{limits.MAX_PROCESSES} processes are tracked already; "
                               "kill (forget) one first")
             proc = Process(_new_id(self._procs), list(req.command))
@@ -172,7 +172,7 @@ class ProcessTable:
                 self._procs.pop(proc.id, None)
             proc.child.kill_group()
             proc.child.close_pipes()
-            raise Refusal(ErrorCode.COMMAND_START_FAILED,
+            raise ApiError(ErrorCode.COMMAND_START_FAILED,
                           f"cannot collect the output of {req.command[0]!r}: {exc}") from None
         return proc.status()
 
@@ -188,7 +188,7 @@ class ProcessTable:
         with self._lock:
             proc = self._procs.get(process_id)
         if proc is None:
-            raise Refusal(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
+            raise ApiError(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
         return proc
 
     def list(self) -> list[ProcessStatus]:
@@ -202,7 +202,7 @@ class ProcessTable:
         signum = SIGNALS.get(name)
         if signum is None:
             allowed = ", ".join(limits.SIGNAL_NAMES)
-            raise Refusal(ErrorCode.SIGNAL_INVALID,
+            raise ApiError(ErrorCode.SIGNAL_INVALID,
                           f"unknown signal {name!r}; use one of {allowed}")
         proc = self.get(process_id)
         child = proc.child
@@ -214,7 +214,7 @@ class ProcessTable:
         with self._lock:
             proc = self._procs.pop(process_id, None)
         if proc is None:
-            raise Refusal(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
+            raise ApiError(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
         child = proc.child
         if child is not None and child.code is None:
             child.kill_group(signal.SIGKILL)

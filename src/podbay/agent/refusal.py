@@ -1,29 +1,14 @@
-"""The one exception agent services raise: a contract code and a sentence.
-
-The agent cannot import :mod:`podbay.errors` (only ``wire`` and ``agent`` are
-staged into the sandbox), so it has its own. The HTTP edge turns it into
-``{"error": sentence, "code": CODE}`` with the code's status.
+"""How the agent's services refuse: :class:`podbay.errors.ApiError` with a
+contract code (``errors.py`` is stdlib-only and staged with the agent), and
+how an ``OSError`` met on a path reads as one of those codes.
 """
 
 from __future__ import annotations
 
 import errno
 
+from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
-
-
-class Refusal(Exception):
-    """A request the agent refuses, with the contract code that says why."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    @property
-    def status(self) -> int:
-        return self.code.status
-
 
 #: How an ``OSError`` on a path reads as a contract code.
 _PATH_ERRNO: dict[int, ErrorCode] = {
@@ -42,7 +27,7 @@ _PATH_ERRNO: dict[int, ErrorCode] = {
 }
 
 
-def path_refusal(exc: OSError, path: str) -> Refusal:
+def path_refusal(exc: OSError, path: str) -> ApiError:
     """Translate an ``OSError`` met on ``path`` into the matching refusal.
 
     >>> path_refusal(FileNotFoundError(2, "No such file or directory"), "/x").code
@@ -50,4 +35,4 @@ def path_refusal(exc: OSError, path: str) -> Refusal:
     """
     code = _PATH_ERRNO.get(exc.errno or 0, ErrorCode.INTERNAL)
     reason = exc.strerror or str(exc)
-    return Refusal(code, f"{path}: {reason}")
+    return ApiError(code, f"{path}: {reason}")

@@ -89,10 +89,10 @@ def test_small_file_is_served_from_the_first_read(tmp_path: Path) -> None:
 
 def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> None:
     """The agent and every module of it import with -I -S and nothing but
-    the staged tree: the standard library, podbay.wire and podbay.agent."""
+    the staged tree: the standard library, podbay.errors, podbay.wire and podbay.agent."""
     staged = stage(tmp_path / "staged")
     assert sorted(p.name for p in (staged / "podbay").iterdir()) == [
-        "__init__.py", "__pycache__", "agent", "wire"]
+        "__init__.py", "__pycache__", "agent", "errors.py", "wire"]
     modules = sorted(p.stem for p in (staged / "podbay" / "agent").glob("*.py"))
     probe = (
         "import sys, importlib\n"
@@ -103,7 +103,7 @@ def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> 
         " - {'podbay', '__main__', 'sitecustomize'})\n"
         "assert not bad, bad\n"
         "extra = sorted(n for n in sys.modules if n.startswith('podbay.')"
-        " and not n.startswith(('podbay.wire', 'podbay.agent')))\n"
+        " and not n.startswith(('podbay.errors', 'podbay.wire', 'podbay.agent')))\n"
         "assert not extra, extra\n"
         "print('ok')\n"
     )

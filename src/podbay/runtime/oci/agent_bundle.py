@@ -1,7 +1,7 @@
 """Stage the agent's code where every sandbox can run it read-only.
 
-The agent is stdlib-only. Its files (``podbay/__init__.py`` as an empty stub,
-``podbay/wire/`` and ``podbay/agent/``) are copied from the installed podbay
+The agent is stdlib-only. Its files (what :func:`podbay.agent.staging.staged_files`
+names, under an empty ``podbay/__init__.py``) are copied from the installed podbay
 package to ``<data>/agent/<content hash>/`` and byte-compiled there (unchecked
 hash ``.pyc``, so the read-only copy never needs writing), then bound
 read-only into each sandbox at :data:`AGENT_DIR`. A new podbay version stages
@@ -22,6 +22,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from podbay.agent import staging
+
 from ..base import DriverError
 
 log = logging.getLogger("podbay.runtime.agent")
@@ -31,22 +33,9 @@ IMAGE_DIR = "/.podbay/image"
 AGENT_DIR = "/.podbay/agent"
 ENV_FILE = "/.podbay/env.json"
 
-_PACKAGES = ("wire", "agent")
-
-
-def _source_root() -> Path:
-    import podbay
-
-    return Path(podbay.__file__).resolve().parent
-
-
 def _sources(root: Path) -> list[tuple[str, Path]]:
     """(relative path inside the staged ``podbay/``, source file), sorted."""
-    files = []
-    for package in _PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            if "__pycache__" not in path.parts:
-                files.append((str(path.relative_to(root)), path))
+    files = staging.staged_files(root)
     if not (root / "agent" / "__main__.py").exists():
         raise DriverError(f"the agent is missing from the installed podbay ({root}/agent)")
     return files
@@ -57,7 +46,7 @@ def stage_agent(data_dir: Path, image_rootfs: Path) -> Path:
 
     Byte-compiled by the image's own interpreter, whose version may differ
     from the host's."""
-    root = _source_root()
+    root = staging.source_root()
     files = _sources(root)
     digest = hashlib.sha256()
     for rel, path in files:
@@ -69,7 +58,7 @@ def stage_agent(data_dir: Path, image_rootfs: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     package = tmp / "podbay"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(staging.STUB_INIT)
     for rel, path in files:
         dest = package / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -123,11 +112,9 @@ def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
     def inside(path: Path) -> str:
         return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
 
-    code = (f"import sys; sys.path.insert(0, {AGENT_DIR!r}); "
-            "from podbay.agent.__main__ import main; sys.exit(main())")
     argv = [inside(loader), "--inhibit-cache",
             "--library-path", ":".join(inside(d) for d in libdirs),
-            inside(python), "-I", "-S", "-c", code, "--fd", str(fd)]
+            inside(python), "-I", "-S", "-c", staging.launch_code(AGENT_DIR), "--fd", str(fd)]
     if env_file:
         argv += ["--env-file", ENV_FILE]
     return argv

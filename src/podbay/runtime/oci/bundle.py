@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podbay.agent.staging import AGENT_ENV
+
 from . import seccomp
 from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR
 
@@ -45,9 +47,10 @@ MASKED_PATHS = [
 ]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
-#: The container's own environment: the agent's. Commands get theirs from the agent.
+#: The container's own environment: the agent's (with its malloc tuning, which
+#: keeps RSS down after bursts of large outputs). Commands get theirs from the agent.
 PROCESS_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "LANG=C.UTF-8", "HOME=/root"]
+               "HOME=/root", *(f"{k}={v}" for k, v in sorted(AGENT_ENV.items()))]
 
 
 @dataclass(frozen=True, kw_only=True)
