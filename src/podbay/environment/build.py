@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from podbay.runtime.agent_client import AgentClient, AgentError
 from podbay.runtime.base import Driver, Limits, MachineSpec
 
-from .agent_calls import agent_exec, tail
 from .plan import Step, plan
 from .spec import SandboxSection
 
@@ -42,6 +42,25 @@ STEP_TIMEOUT_S = 30 * 60
 FAILURE_MEMORY_S = 30.0
 #: Suggested ``Retry-After`` while a layer builds.
 RETRY_AFTER_S = 2
+
+
+async def agent_exec(socket: Path, argv: tuple[str, ...], *, cwd: str, timeout_s: float,
+                     env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run ``argv`` through the agent at ``socket``: (exit code, stdout + stderr).
+    Builds and setup are platform work, so they talk to the agent directly."""
+    client = AgentClient(socket, timeout=timeout_s + 30)
+    try:
+        result = await asyncio.to_thread(client.exec, list(argv), cwd=cwd,
+                                         timeout_ms=int(timeout_s * 1000),
+                                         env=dict(env) if env else None)
+    except AgentError as exc:  # nothing ran (e.g. COMMAND_START_FAILED)
+        return 127, str(exc.body)
+    return result.exit_code, (result.stdout + result.stderr).strip()
+
+
+def tail(text: str, lines: int = 20) -> str:
+    """The last ``lines`` lines of some output, for an error message."""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 class PrepareFailed(Exception):
@@ -145,12 +164,11 @@ class LayerBuilder:
 
     async def _run(self, socket: Path, step: Step, key: str) -> None:
         log.info("layer %s: %s", key[:12], step.name)
-        result = await agent_exec(socket, step.argv, env=step.env, cwd="/",
-                                  timeout_s=STEP_TIMEOUT_S)
-        output = (result.stdout + result.stderr).strip()
+        exit_code, output = await agent_exec(socket, step.argv, env=step.env, cwd="/",
+                                             timeout_s=STEP_TIMEOUT_S)
         for line in output.splitlines()[-200:]:
             log.debug("layer %s: %s | %s", key[:12], step.name, line)
-        if result.exit_code == 0:
+        if exit_code == 0:
             return
         if step.fallback is not None:
             log.info("layer %s: %s failed; retrying with the build toolchain",
@@ -159,7 +177,7 @@ class LayerBuilder:
                 await self._run(socket, before, key)
             await self._run(socket, step.fallback, key)
             return
-        raise PrepareFailed(step.name, result.exit_code, tail(output))
+        raise PrepareFailed(step.name, exit_code, tail(output))
 
 
 class Environments:
@@ -238,8 +256,7 @@ class SetupFailed(Exception):
 async def run_setup(socket: Path, section: SandboxSection, *, timeout_s: float = 600) -> None:
     """Run the section's setup commands, in order, in /workspace of a fresh sandbox."""
     for index, command in enumerate(section.setup):
-        result = await agent_exec(socket, ("/bin/sh", "-c", command), cwd="/workspace",
-                                  timeout_s=timeout_s)
-        if result.exit_code != 0:
-            raise SetupFailed(index, command, result.exit_code,
-                              tail(result.stdout + result.stderr))
+        exit_code, output = await agent_exec(socket, ("/bin/sh", "-c", command),
+                                             cwd="/workspace", timeout_s=timeout_s)
+        if exit_code != 0:
+            raise SetupFailed(index, command, exit_code, tail(output))
