@@ -62,17 +62,13 @@ def _server_class():  # type: ignore[no-untyped-def]
 
 
 def environment_service(settings, driver):  # type: ignore[no-untyped-def]
-    """Declared environments (layers built once, cached in ``<data_dir>/layers``)
-    when the environment package is installed; otherwise the plain base image."""
+    """Declared environments: layers built once, cached in ``<data_dir>/layers``."""
     from podbay.control.services.environment import PlainEnvironment
 
     if driver is None:
         return PlainEnvironment()
-    try:
-        from podbay.environment.build import Environments, LayerBuilder, LayerCache
-        from podbay.environment.service import DeclaredEnvironment
-    except ImportError:
-        return PlainEnvironment()
+    from podbay.environment.build import Environments, LayerBuilder, LayerCache
+    from podbay.environment.service import DeclaredEnvironment
     from podbay.runtime.base import Limits
 
     rt = settings.runtime
@@ -83,11 +79,9 @@ def environment_service(settings, driver):  # type: ignore[no-untyped-def]
 
 
 def section_validator():  # type: ignore[no-untyped-def]
-    """The environment's validator for ``sandbox`` sections, when installed."""
-    try:
-        from podbay.environment.spec import parse_section
-    except ImportError:
-        return None
+    """Checks a deployment's ``sandbox`` section (raises naming every bad field)."""
+    from podbay.environment.spec import parse_section
+
     return parse_section
 
 
