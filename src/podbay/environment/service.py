@@ -21,6 +21,7 @@ from podbay.runtime.base import Driver
 from podbay.wire.codes import ErrorCode
 
 from .build import Building, Environments, Failed, SetupFailed, run_setup
+from .plan import NODE_GLOBAL_MODULES
 from .spec import SandboxSection, SpecError, parse_section
 
 
@@ -48,7 +49,7 @@ class DeclaredEnvironment:
         if isinstance(state, Failed):
             raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
                            f"preparing the sandbox environment failed: {state.error}")
-        return Prepared(key=pool_key(section), layers=state.layers, env=dict(section.env))
+        return Prepared(key=pool_key(section), layers=state.layers, env=sandbox_env(section))
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:
         section = self.section(deployment)
@@ -58,6 +59,13 @@ class DeclaredEnvironment:
             await run_setup(driver.agent_socket(machine_id), section)
         except SetupFailed as exc:
             raise ApiError(ErrorCode.SANDBOX_APPLY_FAILED, str(exc)) from None
+
+
+def sandbox_env(section: SandboxSection) -> dict[str, str]:
+    """The env of every command: the declared one, plus ``NODE_PATH`` where Node
+    is declared so that ``require()`` finds globally installed packages."""
+    env = {"NODE_PATH": NODE_GLOBAL_MODULES} if section.node is not None else {}
+    return {**env, **section.env}
 
 
 def pool_key(section: SandboxSection) -> str:

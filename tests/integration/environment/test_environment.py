@@ -159,3 +159,16 @@ def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
         handle = client.attach("w1")  # 202s until the layer is built, then 200
         assert handle.state == "running" and time.monotonic() - started > 0.2
         assert client.exec("w1", ["sh", "-c", "echo 6*7 | bc"]).stdout == "42\n"
+
+
+def test_node_of_the_declared_major_with_global_packages(server: PlatformServer) -> None:
+    spec = ('name: node-env\nsandbox:\n  toolchain: never\n  node:\n    version: "22"\n'
+            "    packages: [semver@7, left-pad]\n")
+    token = server.create_deployment("node-env", spec)
+    response, _ = attach_until_ready(server, token, "n1")
+    assert response.status_code == 200, response.text
+    handle = response.json()
+    assert run(server, handle, "node", "--version")["stdout"].startswith("v22.")
+    assert run(server, handle, "semver", "-r", ">=1.0.0", "1.2.3")["stdout"] == "1.2.3\n"
+    out = run(server, handle, "node", "-e", "console.log(require('left-pad')('x', 3))")
+    assert out["stdout"] == "  x\n", out
