@@ -67,10 +67,30 @@ def namespaces_of(pid: int) -> set[str]:
     return {os.readlink(f"/proc/{pid}/ns/{ns}") for ns in NAMESPACES}
 
 
-def holders(inodes: set[str]) -> list[int]:
+def now_ticks() -> int:
+    """Clock ticks since boot: the unit of /proc/<pid>/stat's start time."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def started_at(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def holders(inodes: set[str], started_before: int) -> list[int]:
+    """Processes holding any of ``inodes`` that existed before ``started_before``.
+
+    Namespace inode numbers are reused (the kernel hands out the lowest free
+    one): a process started after the destroy that holds a same-numbered
+    namespace holds a new namespace, made by some other sandbox on this host."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
+            continue
+        start = started_at(entry.name)
+        if start is None or start > started_before:
             continue
         for ns in NAMESPACES:
             try:
@@ -98,6 +118,7 @@ def test_destroy_leaves_nothing(oci_session: DriverSession) -> None:
     run(driver.stop(specs[2].machine_id))
     assert len(inodes) >= 3 * 6  # every machine has its own (the net one is host-made)
     assert footprint(oci_session) != before
+    destroying = now_ticks()
     for spec in specs:
         run(driver.destroy(spec.machine_id))
         assert run(driver.state(spec.machine_id)) is MachineState.ABSENT
@@ -106,7 +127,7 @@ def test_destroy_leaves_nothing(oci_session: DriverSession) -> None:
     while any(Path(f"/proc/{pid}").exists() for pid in inits) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in inits if Path(f"/proc/{pid}").exists()]
-    assert holders(inodes) == []
+    assert holders(inodes, started_before=destroying) == []
 
 
 def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
