@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from podbay.agent.staging import AGENT_ENV
+
 from .agent_client import AgentClient
 
 
@@ -60,9 +62,14 @@ def hardening(agent: AgentClient) -> str | None:
     return None
 
 
+#: What the agent (the sandbox's init) may carry in its environment: PATH, HOME
+#: and its own start-up settings. Anything else came from the host.
+INIT_ENV_NAMES = frozenset({"PATH", "HOME", *AGENT_ENV})
+
+
 def no_host_environment(agent: AgentClient) -> str | None:
     env = agent.sh("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
-    extra = sorted({e.split("=", 1)[0] for e in env} - {"PATH", "LANG", "HOME"})
+    extra = sorted({e.split("=", 1)[0] for e in env} - INIT_ENV_NAMES)
     return f"the sandbox's init has host variables: {', '.join(extra)}" if extra else None
 
 
