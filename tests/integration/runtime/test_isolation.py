@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from podbay.runtime.probes import INIT_ENV_NAMES
 from podbay.testing.fixtures import DriverSession, Machines
 
 pytestmark = pytest.mark.root
@@ -71,7 +72,7 @@ def test_hardening(oci_machines: Machines) -> None:
     assert not m.sh("touch /.podbay/image/x").ok
     # No host environment in the sandbox's first process.
     env = m.sh("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
-    assert {e.split("=", 1)[0] for e in env} <= {"PATH", "LANG", "HOME"}
+    assert {e.split("=", 1)[0] for e in env} <= INIT_ENV_NAMES
     # The agent's socket is a host path: nothing of it inside.
     assert "agent.sock" not in m.sh("find / -xdev -name 'agent.sock' 2>/dev/null").stdout
 

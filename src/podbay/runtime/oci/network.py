@@ -647,11 +647,12 @@ class NetworkManager:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             os.close(fd)
             _bind_mount("/proc/thread-self/ns/net", str(path))
-            signal_mounted()
             _lo_up()
-            # tap0, made later, gets no IPv6 (slirp's is off); lo keeps ::1.
+            # tap0 gets no IPv6 (slirp's is off); lo keeps ::1. Set before slirp
+            # may start (signal_mounted), or slirp's tap0 can beat it.
             with contextlib.suppress(FileNotFoundError):  # IPv6 off at boot
                 _sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+            signal_mounted()
             if rules is not None:
                 _Nft.run(rules)
 
