@@ -17,11 +17,10 @@ import time
 import jwt
 
 from podbay.errors import ApiError
+from podbay.signing import sign, verify
 from podbay.wire.codes import ErrorCode
 
 from .keys import KeyRing
-
-ALGORITHM = "EdDSA"
 
 
 def issue_identity_token(
@@ -31,8 +30,7 @@ def issue_identity_token(
     claims: dict[str, object] = {"sub": deployment_id, "iss": issuer, "iat": now}
     if ttl_seconds > 0:
         claims["exp"] = now + ttl_seconds
-    key = keys.active()
-    return jwt.encode(claims, key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
+    return sign(keys, claims)
 
 
 def verify_identity_token(keys: KeyRing, token: str | None) -> str:
@@ -41,13 +39,7 @@ def verify_identity_token(keys: KeyRing, token: str | None) -> str:
         raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
                        "an identity token is required (Authorization: Bearer <token>)")
     try:
-        header = jwt.get_unverified_header(token)
-        kid = header.get("kid")
-        public = keys.public_key(kid) if isinstance(kid, str) else None
-        if public is None:
-            raise jwt.InvalidTokenError("unknown signing key")
-        claims = jwt.decode(token, public, algorithms=[ALGORITHM],
-                            options={"require": ["sub", "iat"]})
+        claims = verify(keys, token, require=["sub", "iat"])
     except jwt.ExpiredSignatureError:
         raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
                        "the identity token has expired") from None

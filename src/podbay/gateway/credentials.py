@@ -22,29 +22,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
 import jwt
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from podbay.errors import ApiError
+from podbay.signing import SigningKeys, VerifyingKeys, sign, verify
 from podbay.wire.codes import ErrorCode
 
 AUDIENCE = "podbay:data-plane"
-ALGORITHM = "EdDSA"
-
-
-class SigningKeys(Protocol):
-    def active(self) -> _Signer: ...
-
-
-class _Signer(Protocol):
-    kid: str
-    private: Ed25519PrivateKey
-
-
-class VerifyingKeys(Protocol):
-    def public_key(self, kid: str) -> Ed25519PublicKey | None: ...
 
 
 @dataclass(frozen=True)
@@ -60,11 +45,8 @@ def mint_credential(
     """A credential and when it expires."""
     now = time.time()
     exp = int(now + ttl_seconds)
-    key = keys.active()
-    token = jwt.encode(
-        {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation, "iat": int(now), "exp": exp},
-        key.private, algorithm=ALGORITHM, headers={"kid": key.kid},
-    )
+    token = sign(keys, {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation,
+                        "iat": int(now), "exp": exp})
     return token, datetime.fromtimestamp(exp, UTC)
 
 
@@ -96,12 +78,8 @@ class CredentialVerifier:
 
     def _verify_signature(self, token: str) -> Credential:
         try:
-            kid = jwt.get_unverified_header(token).get("kid")
-            public = self._keys.public_key(kid) if isinstance(kid, str) else None
-            if public is None:
-                raise jwt.InvalidTokenError("unknown key")
-            claims = jwt.decode(token, public, algorithms=[ALGORITHM], audience=AUDIENCE,
-                                options={"require": ["sub", "exp", "aud"]})
+            claims = verify(self._keys, token, require=["sub", "exp", "aud"],
+                            audience=AUDIENCE)
         except jwt.ExpiredSignatureError:
             raise ApiError(ErrorCode.CREDENTIAL_INVALID,
                            "the sandbox credential has expired; attach again") from None
