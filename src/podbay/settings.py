@@ -153,6 +153,6 @@ def _coerce(kind: type, raw: Any, name: str) -> Any:
             return lowered in {"1", "true", "yes", "on"}
         if issubclass(kind, Path):
             return Path(raw)
-        return kind(raw)
+        return typing.cast(Any, kind)(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None

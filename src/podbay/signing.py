@@ -19,8 +19,11 @@ ALGORITHM = "EdDSA"
 
 
 class Signer(Protocol):
-    kid: str
-    private: Ed25519PrivateKey
+    @property
+    def kid(self) -> str: ...
+
+    @property
+    def private(self) -> Ed25519PrivateKey: ...
 
 
 class SigningKeys(Protocol):

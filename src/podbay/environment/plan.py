@@ -83,7 +83,7 @@ def plan(section: SandboxSection) -> list[Step]:
                            _apt_install("install the build toolchain",
                                         list(TOOLCHAIN_PACKAGES)))
 
-    pip = ("python3", "-m", "pip", "install", "--break-system-packages")
+    pip: tuple[str, ...] = ("python3", "-m", "pip", "install", "--break-system-packages")
     if other_python:
         assert python is not None and python.version is not None
         steps.append(Step("install uv", (*pip, "uv"), PIP_ENV))

@@ -264,16 +264,19 @@ def parse_spec(text: str) -> DeploymentSpec:
     return DeploymentSpec(sandbox=parse_section(document["sandbox"]))
 
 
+def _language_from_json(data: Mapping[str, Any] | None) -> LanguageSpec | None:
+    if not data:
+        return None
+    return LanguageSpec(version=data.get("version"), packages=tuple(data.get("packages") or ()))
+
+
 def section_from_json(data: Mapping[str, Any]) -> SandboxSection:
     """Rebuild a section stored by :meth:`SandboxSection.canonical`."""
     return SandboxSection(
         toolchain=data["toolchain"],
         packages=tuple(data.get("packages") or ()),
-        python=LanguageSpec(**{k: tuple(v) if k == "packages" else v
-                               for k, v in data["python"].items()}) if data.get("python")
-        else None,
-        node=LanguageSpec(**{k: tuple(v) if k == "packages" else v
-                             for k, v in data["node"].items()}) if data.get("node") else None,
+        python=_language_from_json(data.get("python")),
+        node=_language_from_json(data.get("node")),
         env=dict(data.get("env") or {}),
         setup=tuple(data.get("setup") or ()),
         browser=data.get("browser"),

@@ -240,6 +240,7 @@ class DriverConformance:
         line = child.stdout.readline()
         if not line:
             child.wait(10)
+            assert child.stderr is not None
             raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
         assert json.loads(line) == {"ready": True}
         os.kill(child.pid, signal.SIGKILL)

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..base import DriverError, check_machine_id
+from .fdwait import wait_readable
 
 __all__ = [
     "BLOCKED_IPV4",
@@ -427,20 +428,6 @@ def _find_slirps(netns_path: Path) -> list[int]:
     return found
 
 
-async def _wait_exit(pidfd: int, seconds: float) -> bool:
-    """Wait until the process behind ``pidfd`` exits; True if it did in time."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
-    try:
-        await asyncio.wait_for(done, seconds)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(pidfd)
-
-
 # --------------------------------------------------------------------------- the manager
 
 
@@ -638,8 +625,12 @@ class NetworkManager:
         loop = asyncio.get_running_loop()
         mounted: asyncio.Future[None] = loop.create_future()
 
+        def settle() -> None:
+            if not mounted.done():
+                mounted.set_result(None)
+
         def signal_mounted() -> None:
-            loop.call_soon_threadsafe(lambda: mounted.done() or mounted.set_result(None))
+            loop.call_soon_threadsafe(settle)
 
         def build() -> None:
             # This thread becomes the namespace's first member, then exits.
@@ -750,15 +741,8 @@ class NetworkManager:
         return proc.pid
 
     async def _read_ready(self, fd: int) -> bool:
-        loop = asyncio.get_running_loop()
-        readable = loop.create_future()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-        try:
-            await asyncio.wait_for(readable, self.ready_timeout)
-        except TimeoutError:
+        if not await wait_readable(fd, self.ready_timeout):
             return False
-        finally:
-            loop.remove_reader(fd)
         # "1" once tap0 is configured; EOF if it died first.
         return os.read(fd, 16).startswith(b"1")
 
@@ -798,10 +782,10 @@ class NetworkManager:
         try:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-            if not await _wait_exit(pidfd, 1.0):
+            if not await wait_readable(pidfd, 1.0):
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                await _wait_exit(pidfd, 5.0)
+                await wait_readable(pidfd, 5.0)
         finally:
             os.close(pidfd)
         proc = self._children.pop(pid, None)

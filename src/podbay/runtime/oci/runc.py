@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import DriverError
+from .fdwait import wait_readable
 
 #: The fd the container's first process finds the agent socket on.
 AGENT_FD = 3
@@ -157,7 +158,7 @@ class Runc:
             if current is not None and current.status != "stopped":
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             await thaw()
-            await _wait_readable(pidfd, within)
+            await wait_readable(pidfd, within)
         finally:
             os.close(pidfd)
 
@@ -190,30 +191,11 @@ def _alive(pid: int, start: object) -> bool:
     return start is None or str(fields[19]) == str(start)
 
 
-async def _wait_readable(fd: int, within: float) -> bool:
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-    try:
-        await asyncio.wait_for(done, within)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
-
-
 async def wait_pid(pid: int) -> int:
     """Wait for a child without blocking the loop (pidfd), return its exit code."""
-    loop = asyncio.get_running_loop()
     pidfd = os.pidfd_open(pid)
     try:
-        done = loop.create_future()
-        loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
-        try:
-            await done
-        finally:
-            loop.remove_reader(pidfd)
+        await wait_readable(pidfd)
     finally:
         os.close(pidfd)
     _, status = os.waitpid(pid, 0)  # noqa: ASYNC222 - the pidfd said it exited
