@@ -89,6 +89,18 @@ class Agent:
                 self.proc.wait()
 
 
+def gone(pid: int, within: float = 2.0) -> bool:
+    """True once ``pid`` no longer exists (killed and reaped)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent:
     """Start an agent in ``tmp``; ``wrapper`` prefixes its command line (``unshare``)."""
     workspace = tmp / "workspace"

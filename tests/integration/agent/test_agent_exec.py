@@ -8,21 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from agent_harness import AGENT_SECRET, DECLARED, Agent
+from agent_harness import AGENT_SECRET, DECLARED, Agent, gone
 
 MIB = 1024 * 1024
-
-
-def _gone(pid: int, within: float = 2.0) -> bool:
-    """True once ``pid`` no longer exists (killed and reaped)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_runs_argv_and_reports_output_code_and_time(agent: Agent) -> None:
@@ -79,7 +67,7 @@ def test_deadline_kills_the_whole_group_and_answers_at_once(agent: Agent) -> Non
     assert body["exit_code"] == 128 + 9
     assert 0.7 <= elapsed < 1.7, elapsed
     grandchild, shell = (int(line) for line in body["stdout"].split())
-    assert _gone(shell) and _gone(grandchild)
+    assert gone(shell) and gone(grandchild)
 
 
 def test_background_grandchild_holding_pipes_does_not_delay_the_answer(agent: Agent) -> None:
@@ -94,7 +82,7 @@ def test_background_grandchild_holding_pipes_does_not_delay_the_answer(agent: Ag
         os.kill(pid, 0)  # left running
     finally:
         os.kill(pid, 9)
-    assert _gone(pid)
+    assert gone(pid)
 
 
 def test_killed_by_signal_reports_128_plus_n(agent: Agent) -> None:

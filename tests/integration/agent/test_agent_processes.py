@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from agent_harness import Agent
+from agent_harness import Agent, gone
 
 MIB = 1024 * 1024
 
@@ -18,17 +17,6 @@ def _poll(agent: Agent, pid: str, stdout_from: int = 0, stderr_from: int = 0) ->
                             params={"stdout_from": stdout_from, "stderr_from": stderr_from})
     assert resp.status_code == 200, resp.text
     return dict(resp.json())
-
-
-def _gone(pid: int, within: float = 2.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_spawn_poll_and_exit(agent: Agent) -> None:
@@ -143,7 +131,7 @@ def test_signal_defaults_to_term_and_reaches_the_group(agent: Agent) -> None:
     grandchild = int(out["stdout"])
     assert agent.client.post(f"/v1/processes/{pid}/signal", content=b"").status_code == 204
     assert agent.wait_exited(pid)["exit_code"] == 143
-    assert _gone(grandchild)
+    assert gone(grandchild)
     agent.client.delete(f"/v1/processes/{pid}")
 
 
@@ -155,7 +143,7 @@ def test_delete_kills_a_running_process_and_forgets_it(agent: Agent) -> None:
         out = _poll(agent, pid)
     os_pid = int(out["stdout"])
     assert agent.client.delete(f"/v1/processes/{pid}").status_code == 204
-    assert _gone(os_pid)
+    assert gone(os_pid)
     ids = [p["process_id"] for p in agent.client.get("/v1/processes").json()["processes"]]
     assert pid not in ids
 
