@@ -17,8 +17,15 @@ def _start(args: list[str]) -> subprocess.Popen[str]:
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM is a clean exit (0); never leave the agent behind, even on failure."""
     proc.terminate()
-    assert proc.wait(5) == 0
+    try:
+        code = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+        raise AssertionError("the agent did not exit within 30 s of SIGTERM") from None
+    assert code == 0
 
 
 def test_socket_mode_serves_info_exec_processes_and_files(tmp_path: Path) -> None:
