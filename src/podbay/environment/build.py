@@ -139,12 +139,13 @@ class LayerBuilder:
         spec = MachineSpec(machine_id=machine_id, hostname="podbay-build", limits=self.limits,
                            labels={"podbay.role": "builder", "podbay.layer": key})
         started = time.monotonic()
-        log.info("building environment layer %s (%d steps)", key[:12], len(plan(section)))
+        steps = plan(section)
+        log.info("building environment layer %s (%d steps)", key[:12], len(steps))
         await self.driver.create(spec)
         try:
             await self.driver.start(machine_id)
             socket = self.driver.agent_socket(machine_id)
-            for step in plan(section):
+            for step in steps:
                 await self._run(socket, step, key)
             await self.driver.stop(machine_id)
             staged = self.cache.staging(key)
