@@ -27,7 +27,7 @@ data_dir_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-def _run(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
+def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
     """Open the store and key ring, build the service, run ``work(service)``."""
     from podbay.cli.commands.serve import section_validator
     from podbay.control.keys import KeyRing
@@ -59,7 +59,7 @@ def _run(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
         fail(str(exc))
 
 
-def _read_spec(spec: str | None) -> str:
+def read_spec(spec: str | None) -> str:
     if spec is None:
         return ""
     if spec == "-":
@@ -89,8 +89,8 @@ def command() -> None:
 def create(name: str, spec: str | None, account: str, data_dir: Path | None,
            as_json: bool) -> None:
     """Register NAME; print its identity token (last line of stdout)."""
-    text = _read_spec(spec)
-    deployment, token = _run(data_dir, lambda s: s.create(name, text, account))
+    text = read_spec(spec)
+    deployment, token = with_service(data_dir, lambda s: s.create(name, text, account))
     out = Output(as_json=as_json)
     if as_json:
         out.value({**_row(deployment), "token": token})
@@ -107,8 +107,8 @@ def create(name: str, spec: str | None, account: str, data_dir: Path | None,
 @json_option
 def update(name: str, spec: str, data_dir: Path | None, as_json: bool) -> None:
     """Replace NAME's astropods.yml; new sandboxes use it."""
-    text = _read_spec(spec)
-    deployment = _run(data_dir, lambda s: s.update(name, text))
+    text = read_spec(spec)
+    deployment = with_service(data_dir, lambda s: s.update(name, text))
     Output(as_json=as_json).value(_row(deployment), f"updated {name}")
 
 
@@ -117,7 +117,7 @@ def update(name: str, spec: str, data_dir: Path | None, as_json: bool) -> None:
 @data_dir_option
 def token(name: str, data_dir: Path | None) -> None:
     """Issue another identity token for NAME."""
-    Output().line(_run(data_dir, lambda s: s.token(name)))
+    Output().line(with_service(data_dir, lambda s: s.token(name)))
 
 
 @command.command("list")
@@ -125,7 +125,7 @@ def token(name: str, data_dir: Path | None) -> None:
 @json_option
 def list_(data_dir: Path | None, as_json: bool) -> None:
     """Every registered deployment."""
-    deployments = _run(data_dir, lambda s: s.list())
+    deployments = with_service(data_dir, lambda s: s.list())
     rows = [_row(d) for d in deployments]
     Output(as_json=as_json).table(
         [(r["name"], r["account"], "yes" if r["sandbox"] else "no", r["id"]) for r in rows],
@@ -137,7 +137,7 @@ def list_(data_dir: Path | None, as_json: bool) -> None:
 @data_dir_option
 def delete(name: str, data_dir: Path | None) -> None:
     """Delete NAME: its tokens stop working, its sandboxes are destroyed."""
-    _run(data_dir, lambda s: s.delete(name))
+    with_service(data_dir, lambda s: s.delete(name))
     Output().info(f"deleted {name}; a running server destroys its sandboxes on its next pass")
 
 

@@ -105,10 +105,10 @@ def _delete_all(base_url: str, token: str) -> int:
 
 
 def _settings(data_dir: Path | None, listen: str | None) -> Any:
-    from podbay.cli.commands.serve import _listen
+    from podbay.cli.commands.serve import parse_listen
     from podbay.settings import Settings
 
-    host, port = _listen(listen)
+    host, port = parse_listen(listen)
     return Settings.load(data_dir=data_dir, server__host=host, server__port=port)
 
 
@@ -136,12 +136,12 @@ def command() -> None:
 def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
        as_json: bool) -> None:
     """Start or reuse a local server, register this project, print the token export."""
-    from podbay.cli.commands.deployment import _read_spec, _run
+    from podbay.cli.commands.deployment import read_spec, with_service
 
     out = Output(as_json=as_json)
     if not Path(spec).is_file():
         fail(f"no {spec} here; pass --spec FILE")
-    text = _read_spec(spec)
+    text = read_spec(spec)
     settings = _settings(data_dir, listen)
     base_url = settings.server.base_url()
     project = _project_name(text, name)
@@ -160,7 +160,7 @@ def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
         return service.token_for(existing), False, changed
 
     # Register first: a spec with a bad sandbox section fails before any server starts.
-    token, created, changed = _run(settings.data_dir, register)
+    token, created, changed = with_service(settings.data_dir, register)
     status = _health(base_url)
     if status is None:
         _start_server(settings, out)
@@ -183,14 +183,14 @@ def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
 @listen_option
 def down(spec: str, name: str | None, data_dir: Path | None, listen: str | None) -> None:
     """Delete every sandbox this project's deployment made."""
-    from podbay.cli.commands.deployment import _run
+    from podbay.cli.commands.deployment import with_service
 
     out = Output()
     text = Path(spec).read_text() if Path(spec).is_file() else ""
     settings = _settings(data_dir, listen)
     base_url = settings.server.base_url()
     project = _project_name(text, name)
-    token = _run(settings.data_dir, lambda service: service.token(project))
+    token = with_service(settings.data_dir, lambda service: service.token(project))
     if _health(base_url) is None:
         fail(f"no podbay serve answers at {base_url}; nothing to delete")
     out.info(f"podbay: deleted {_delete_all(base_url, token)} sandbox(es) of {project}")

@@ -18,7 +18,7 @@ import click
 from podbay.cli.output import Output, fail
 
 
-def _listen(value: str | None) -> tuple[str | None, int | None]:
+def parse_listen(value: str | None) -> tuple[str | None, int | None]:
     if not value:
         return None, None
     host, sep, port = value.rpartition(":")
@@ -107,7 +107,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     from podbay.settings import Settings
     from podbay.store.sqlite import SqliteStore
 
-    host, port = _listen(listen)
+    host, port = parse_listen(listen)
     try:
         settings = Settings.load(data_dir=data_dir, server__host=host, server__port=port,
                                  server__public_url=public_url, log_level=log_level)
