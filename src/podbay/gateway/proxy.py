@@ -8,9 +8,17 @@ from ASGI ``receive`` (re-chunked when the caller sent no length); response
 bodies are forwarded chunk by chunk as they are parsed. Memory stays
 constant whatever the size: a 1 GiB file passes through 64 KiB at a time.
 
-Hop-by-hop headers are dropped both ways; the credential never reaches the
-agent. A transport failure is answered 502 ``AGENT_UNREACHABLE`` when nothing
-was sent to the client yet, and never retried (the command may have run).
+Whatever answers on the agent's socket is treated as hostile: code in the
+sandbox may have taken the socket over. Its answer head is bounded in bytes
+(:data:`MAX_RESPONSE_HEAD`) and header count (:data:`MAX_RESPONSE_HEADERS`),
+its status must be a final one, and only the headers the contract's answers
+use are passed on (never ``Set-Cookie``: the endpoint shares the control
+plane's origin). An answer that breaks these is 502 ``AGENT_UNREACHABLE``.
+
+Hop-by-hop headers are dropped both ways; the credential, the client's
+``Authorization`` and its cookies never reach the agent. A transport failure
+is answered 502 ``AGENT_UNREACHABLE`` when nothing was sent to the client yet,
+and never retried (the command may have run).
 """
 
 from __future__ import annotations
@@ -31,10 +39,23 @@ _DROP_REQUEST = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
     b"expect", CREDENTIAL_HEADER.lower().encode(), _REQUEST_ID,
+    # The client's credentials for the platform are no business of the sandbox.
+    b"authorization", b"cookie",
 })
-_DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"trailer",
-                            b"upgrade", b"date", b"server", b"proxy-authenticate"})
+#: Answer headers passed on to the client (all others are dropped): what the
+#: agent's answers use, nothing that acts on the client (cookies, redirects).
+_KEEP_RESPONSE = frozenset({b"content-type", b"content-length", b"allow", b"retry-after",
+                            b"cache-control", b"etag", b"last-modified"})
+_KEEP_RESPONSE_PREFIX = b"x-podbay-"
 READ_SIZE = 64 * 1024
+#: Largest answer head (status line and headers) read from an agent.
+MAX_RESPONSE_HEAD = 64 * 1024
+#: Most answer headers read from an agent.
+MAX_RESPONSE_HEADERS = 100
+
+
+class AgentAnswerInvalid(Exception):
+    """The agent's answer breaks the limits above: it is not relayed."""
 
 
 async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]
@@ -59,6 +80,8 @@ class _Response:
         self.parser: httptools.HttpResponseParser | None = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_RESPONSE_HEADERS:
+            raise AgentAnswerInvalid(f"more than {MAX_RESPONSE_HEADERS} headers")
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -130,14 +153,22 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
 
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
+        head_bytes = 0
         while not response.done:
             data = await reader.read(READ_SIZE)
             if not data:
                 raise ConnectionResetError("the agent closed the connection")
             parser.feed_data(data)
-            if response.headers_done and not started:
+            if not response.headers_done:
+                # httptools keeps a partial head in memory: stop feeding it early.
+                head_bytes += len(data)
+                if head_bytes > MAX_RESPONSE_HEAD:
+                    raise AgentAnswerInvalid("answer head too large")
+            elif not started:
                 status = parser.get_status_code()
-                headers = [(k, v) for k, v in response.headers if k not in _DROP_RESPONSE]
+                if not 200 <= status <= 599:
+                    raise AgentAnswerInvalid(f"status {status} is not a final answer")
+                headers = [(k, v) for k, v in response.headers if _passed_on(k)]
                 headers.append((_REQUEST_ID, request_id.encode()))
                 await send({"type": "http.response.start", "status": status,
                             "headers": headers})
@@ -156,7 +187,8 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
     except ConnectionAbortedError:  # the client left: drop the agent connection too
         writer.close()
         return 499
-    except (OSError, httptools.HttpParserError):
+    except (OSError, httptools.HttpParserError, AgentAnswerInvalid):
+        # (A callback's AgentAnswerInvalid arrives as HttpParserCallbackError.)
         writer.close()
         if not started:
             return await _unreachable(send, request_id)
@@ -166,6 +198,10 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
     except BaseException:
         writer.close()
         raise
+
+
+def _passed_on(name: bytes) -> bool:
+    return name in _KEEP_RESPONSE or name.startswith(_KEEP_RESPONSE_PREFIX)
 
 
 async def _unreachable(send, request_id: str) -> int:  # type: ignore[no-untyped-def]
