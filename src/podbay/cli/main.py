@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
 
 import click
 
@@ -30,8 +29,9 @@ class LazyGroup(click.Group):
         entry = COMMANDS.get(cmd_name)
         if entry is None or not _exists(entry[0]):
             return None
-        command: Any = importlib.import_module(entry[0]).command
-        return command  # type: ignore[no-any-return]
+        command = importlib.import_module(entry[0]).command
+        assert isinstance(command, click.Command)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]

@@ -189,15 +189,17 @@ class Core:
                   env: Mapping[str, str] | None = None,
                   timeout_ms: int | None = None) -> dict[str, Any]:
         _check_argv(command)
-        return codec.encode(ExecRequest(command=list(command), cwd=cwd,
+        body: dict[str, Any] = codec.encode(ExecRequest(command=list(command), cwd=cwd,
                                         env=dict(env) if env is not None else None,
                                         timeout_ms=self.exec_timeout_ms(timeout_ms)))
+        return body
 
     def spawn_body(self, command: list[str], *, cwd: str | None = None,
                    env: Mapping[str, str] | None = None) -> dict[str, Any]:
         _check_argv(command)
-        return codec.encode(SpawnRequest(command=list(command), cwd=cwd,
+        body: dict[str, Any] = codec.encode(SpawnRequest(command=list(command), cwd=cwd,
                                          env=dict(env) if env is not None else None))
+        return body
 
     # -- handle cache ----------------------------------------------------------
 

@@ -114,7 +114,7 @@ class Platform:
                                on_unreachable=self._suspect)
         self.control = Starlette(
             routes=[*health.routes, *sandboxes.routes],
-            exception_handlers=errors.handlers,  # type: ignore[arg-type]
+            exception_handlers=errors.handlers,
             lifespan=self._lifespan,
         )
         self.control.state.platform = self

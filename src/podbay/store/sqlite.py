@@ -68,7 +68,7 @@ def _statements(sql: str) -> list[str]:
 
 def migrate(conn: sqlite3.Connection) -> int:
     """Apply every migration newer than ``PRAGMA user_version``; returns the version."""
-    (current,) = conn.execute("PRAGMA user_version").fetchone()
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
     for version, sql in migrations():
         if version <= current:
             continue

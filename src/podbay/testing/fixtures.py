@@ -216,7 +216,7 @@ class Machine:
         return self.agent.sh(script, timeout_ms=timeout_ms)
 
     def init_pid(self) -> int:
-        state = self.session.driver.runc.state(self.id)  # type: ignore[attr-defined]
+        state = self.session.driver.runc.state(self.id)
         assert state is not None
         return int(state.pid)
 

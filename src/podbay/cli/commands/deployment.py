@@ -13,11 +13,14 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from podbay.cli.output import Output, fail
+
+if TYPE_CHECKING:
+    from podbay.control.keys import KeyRing
 
 T = TypeVar("T")
 
@@ -146,7 +149,7 @@ def keys() -> None:
     """Signing keys of identity tokens and credentials."""
 
 
-def _keyring(data_dir: Path | None):  # type: ignore[no-untyped-def]
+def _keyring(data_dir: Path | None) -> KeyRing:
     from podbay.control.keys import KeyRing
     from podbay.settings import Settings
 

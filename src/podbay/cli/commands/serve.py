@@ -12,10 +12,19 @@ import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from podbay.cli.output import Output, fail
+
+if TYPE_CHECKING:  # the CLI imports the server's modules only when a command runs
+    import uvicorn
+
+    from podbay.control.services.deployments import SectionValidator
+    from podbay.control.services.environment import EnvironmentService
+    from podbay.runtime.base import Driver
+    from podbay.settings import Settings
 
 
 def parse_listen(value: str | None) -> tuple[str | None, int | None]:
@@ -41,7 +50,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server_class():  # type: ignore[no-untyped-def]
+def _server_class() -> type[uvicorn.Server]:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -61,7 +70,7 @@ def _server_class():  # type: ignore[no-untyped-def]
     return Server
 
 
-def environment_service(settings, driver):  # type: ignore[no-untyped-def]
+def environment_service(settings: Settings, driver: Driver | None) -> EnvironmentService:
     """Declared environments: layers built once, cached in ``<data_dir>/layers``."""
     from podbay.control.services.environment import PlainEnvironment
 
@@ -78,7 +87,7 @@ def environment_service(settings, driver):  # type: ignore[no-untyped-def]
     return DeclaredEnvironment(Environments(LayerBuilder(driver, cache, limits)))
 
 
-def section_validator():  # type: ignore[no-untyped-def]
+def section_validator() -> SectionValidator:
     """Checks a deployment's ``sandbox`` section (raises naming every bad field)."""
     from podbay.environment.spec import parse_section
 

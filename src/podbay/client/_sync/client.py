@@ -34,6 +34,7 @@ from podbay.errors import PodbayError, SandboxPreparingError, SandboxRequestErro
 from podbay.wire import paths
 from podbay.wire.control import SandboxHandle, SandboxRecord
 from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
+from podbay.wire.limits import BASE64_WRITE_CHUNK
 
 from .. import _files
 from .._core import (
@@ -482,7 +483,7 @@ class SandboxClient:
         try:
             for command in _files.write_commands(path, source):
                 _files.check_write(self.exec(name, command), path)
-                done = min(total, done + _files.BASE64_WRITE_CHUNK)
+                done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
         except BaseException:

@@ -28,7 +28,9 @@ def _json(model: object, status: int = 200, headers: dict[str, str] | None = Non
 
 async def _deployment(request: Request) -> Deployment:
     platform = request.app.state.platform
-    return await platform.deployments.authenticate(bearer(request.headers.get("authorization")))
+    deployment: Deployment = await platform.deployments.authenticate(
+        bearer(request.headers.get("authorization")))
+    return deployment
 
 
 async def attach(request: Request) -> Response:

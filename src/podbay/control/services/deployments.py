@@ -26,8 +26,9 @@ from ..tokens import issue_identity_token, verify_identity_token
 PUBLIC_URL_KEY = "public_url"
 
 #: Checks a raw ``sandbox`` section; raises ``ValueError`` naming the field.
-#: The environment service (issue 6) supplies the real one.
-SectionValidator = Callable[[dict[str, Any]], None]
+#: What it returns (the parsed section) is not used here: the environment
+#: service parses the stored spec again when it builds.
+SectionValidator = Callable[[dict[str, Any]], object]
 
 
 class DeploymentError(ValueError):

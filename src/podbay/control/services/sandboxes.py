@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from podbay.domain import Deployment, Sandbox, SandboxState, StartKind
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
@@ -28,6 +29,8 @@ from .environment import EnvironmentService, Preparing
 from .locks import NameLocks
 from .pool import WarmPool
 from .transitions import Transitions
+
+T = TypeVar("T")
 
 log = logging.getLogger("podbay.sandboxes")
 S = SandboxState
@@ -164,7 +167,9 @@ class SandboxService:
         self.activity.touch(row.id)
         return self._attached(replace(row, last_active_at=self.clock()), "reused")
 
-    async def _bring_up(self, row: Sandbox, start: StartKind, step) -> Attached | None:  # type: ignore[no-untyped-def]
+    async def _bring_up(self, row: Sandbox, start: StartKind,
+                        step: Callable[[Sandbox, str], Awaitable[Sandbox | None]],
+                        ) -> Attached | None:
         try:
             new = await step(row, f"attach ({start})")
         except Exception as exc:
@@ -264,7 +269,7 @@ class SandboxService:
                     return
                 row = await self.store.get_sandbox(deployment.id, name)
 
-    async def _checked(self, step):  # type: ignore[no-untyped-def]
+    async def _checked(self, step: Awaitable[T]) -> T:
         try:
             return await step
         except ApiError:
@@ -274,7 +279,7 @@ class SandboxService:
             raise ApiError(ErrorCode.INTERNAL, f"the runtime could not do that: {exc}") from None
 
     @staticmethod
-    async def _quietly(step) -> None:  # type: ignore[no-untyped-def]
+    async def _quietly(step: Awaitable[object]) -> None:
         try:
             await step
         except Exception:
