@@ -6,18 +6,54 @@
     ├── ApiError(code, message)          a refusal with a contract code; raised by
     │                                     services, turned into {"error","code"} with
     │                                     the code's status at the HTTP edge
-    ├── SandboxRequestError(status, message, code)   client: the server refused
+    ├── WireError(field, problem)        a body that does not fit its model (ValueError)
+    │
+    │   client (the SDK)
+    ├── SandboxRequestError(status, message, code)   the server refused
     │   ├── SandboxNotEnabledError       409 SANDBOXES_NOT_CONFIGURED / SANDBOX_NOT_DECLARED
     │   └── SandboxPreparingError        still 202 after ``prepare_timeout_seconds``
-    └── SandboxUnavailableError(message, cause)      client: no answer (transport)
+    ├── SandboxUnavailableError(message, cause)      no answer (transport)
+    │
+    │   control plane and operator commands
+    ├── DeploymentError                  a deployment command cannot be done (ValueError)
+    ├── KeyRingError                     a key operation cannot be done (LookupError)
+    ├── SpecError(problems)              a ``sandbox`` section is not valid (ValueError)
+    ├── PrepareFailed(step, exit_code, output)       an environment build step failed
+    ├── SetupFailed(index, command, exit_code, output)  a setup command failed
+    ├── AgentError(status, body)         the agent refused a control-plane call
+    │
+    │   runtime
+    ├── DriverError                      a machine operation failed (for an operator)
+    │   ├── MachineNotFound              no machine with that id
+    │   └── NetworkError                 (podbay.runtime.oci.network) host networking
+    │
+    │   gateway
+    ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
+    │
+    │   agent (inside the sandbox)
+    ├── ProtocolError(status, message)   the peer broke HTTP/1.1
+    ├── Aborted                          cut a response mid-body
+    ├── EnvFileError                     the env file is unusable (ValueError)
+    └── UsageError                       the agent's command line is wrong (ValueError)
 
-Servers raise :class:`ApiError`; clients raise the ``Sandbox*`` classes,
-which mirror the reference client's. Stdlib only (the agent imports it).
+Servers refuse with :class:`ApiError`; clients raise the ``Sandbox*``
+classes, which mirror the reference client's. Foreign errors (PyJWT,
+httpx, OSError) are mapped into this tree once, at the edge that meets them.
+Classes that also derive from a builtin keep it so ``except ValueError``
+around parsing still works. Subclasses that belong to one component may be
+defined there, but derive from a class here.
+
+Stdlib only, and no import of :mod:`podbay.wire` at load time: the agent
+imports this module with the image's bare interpreter, and
+:mod:`podbay.wire.codec` imports :class:`WireError` from here.
 """
 
 from __future__ import annotations
 
-from .wire.codes import NOT_ENABLED_CODES, ErrorCode
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .wire.codes import ErrorCode
 
 
 class PodbayError(Exception):
@@ -27,6 +63,7 @@ class PodbayError(Exception):
 class ApiError(PodbayError):
     """A refusal the contract names. ``status`` follows from ``code``.
 
+    >>> from podbay.wire.codes import ErrorCode
     >>> ApiError(ErrorCode.SANDBOX_NOT_FOUND, "no sandbox named x").status
     404
     """
@@ -78,20 +115,128 @@ class SandboxUnavailableError(PodbayError):
         self.cause = cause
 
 
+class WireError(PodbayError, ValueError):
+    """A body that does not fit its model; ``field`` locates the fault."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}" if field else problem)
+
+
+class DeploymentError(PodbayError, ValueError):
+    """A deployment command cannot be done (bad spec, name taken, unknown name)."""
+
+
+class KeyRingError(PodbayError, LookupError):
+    """A key operation an operator asked for cannot be done."""
+
+
+class SpecError(PodbayError, ValueError):
+    """The section is not valid; ``problems`` lists ``(field, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{where}: {what}" for where, what in problems))
+
+
+class PrepareFailed(PodbayError):
+    """A build step failed; ``step`` names it and ``output`` ends with its last lines."""
+
+    def __init__(self, step: str, exit_code: int, output: str) -> None:
+        self.step = step
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"step '{step}' failed with exit code {exit_code}:\n{output}")
+
+
+class SetupFailed(PodbayError):
+    """A setup command failed in a fresh sandbox."""
+
+    def __init__(self, index: int, command: str, exit_code: int, output: str) -> None:
+        self.index = index
+        self.command = command
+        self.exit_code = exit_code
+        self.output = output
+        super().__init__(f"setup[{index}] `{command}` failed with exit code {exit_code}:\n"
+                         f"{output}")
+
+
+class AgentError(PodbayError):
+    """The agent answered with an error status (``status``, ``body``)."""
+
+    def __init__(self, status: int, body: object) -> None:
+        super().__init__(f"agent answered {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class DriverError(PodbayError):
+    """A machine operation failed; ``message`` is meant for an operator."""
+
+
+class MachineNotFound(DriverError):
+    """No machine with that id exists (it was never created, or was destroyed)."""
+
+
+class AgentAnswerInvalid(PodbayError):
+    """The agent's answer breaks the relay's limits: it is not relayed."""
+
+
+class ProtocolError(PodbayError):
+    """The peer broke HTTP/1.1; answered with ``status`` and the connection closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Aborted(PodbayError):
+    """Raised by a response body iterator to cut the connection mid-body.
+
+    The client then sees a short body instead of bytes that would not match
+    what the headers promised (used when a file changes while it is sent).
+    """
+
+
+class EnvFileError(PodbayError, ValueError):
+    """The env file is unreadable or not a JSON object of strings."""
+
+
+class UsageError(PodbayError, ValueError):
+    """The agent's command line does not fit its usage."""
+
+
 def request_error(status: int, message: str, code: str | None) -> SandboxRequestError:
     """The client exception for a refusal body."""
+    from .wire.codes import NOT_ENABLED_CODES  # not at the top: podbay.wire imports this module
+
     if status == 409 and code in NOT_ENABLED_CODES:
         return SandboxNotEnabledError(status, message, code)
     return SandboxRequestError(status, message, code)
 
 
 __all__ = [
+    "Aborted",
+    "AgentAnswerInvalid",
+    "AgentError",
     "ApiError",
-    "ErrorCode",
+    "DeploymentError",
+    "DriverError",
+    "EnvFileError",
+    "KeyRingError",
+    "MachineNotFound",
     "PodbayError",
+    "PrepareFailed",
+    "ProtocolError",
     "SandboxNotEnabledError",
     "SandboxPreparingError",
     "SandboxRequestError",
     "SandboxUnavailableError",
+    "SetupFailed",
+    "SpecError",
+    "UsageError",
+    "WireError",
     "request_error",
 ]

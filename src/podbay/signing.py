@@ -3,17 +3,21 @@
 Identity tokens (control plane) and data-plane credentials (gateway) are
 both compact JWTs, Ed25519-signed (``EdDSA``), the signing key's id in the
 header: a verifier needs public keys only, and a rotated key keeps verifying
-what it signed until it is removed. Callers turn the ``jwt`` errors into
-their own refusals.
+what it signed until it is removed. PyJWT's errors become the caller's
+refusal here (:class:`TokenKind`), and nowhere else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
 
 ALGORITHM = "EdDSA"
 
@@ -40,18 +44,49 @@ def sign(keys: SigningKeys, claims: Mapping[str, Any]) -> str:
     return jwt.encode(dict(claims), key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
 
 
-def verify(keys: VerifyingKeys, token: str, *, require: Sequence[str],
+@dataclass(frozen=True)
+class TokenKind:
+    """How a kind of token is refused: its contract code and what to call it.
+
+    >>> IDENTITY_TOKEN.expired().message
+    'the identity token has expired'
+    """
+
+    code: ErrorCode
+    name: str
+    #: what the caller should do once it has expired, appended after "; "
+    renew: str = ""
+
+    def expired(self) -> ApiError:
+        advice = f"; {self.renew}" if self.renew else ""
+        return ApiError(self.code, f"the {self.name} has expired{advice}")
+
+    def invalid(self) -> ApiError:
+        return ApiError(self.code, f"the {self.name} is not valid")
+
+
+IDENTITY_TOKEN = TokenKind(ErrorCode.IDENTITY_TOKEN_INVALID, "identity token")
+CREDENTIAL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "sandbox credential", renew="attach again")
+
+
+def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequence[str],
            audience: str | None = None) -> dict[str, Any]:
     """The claims of ``token`` if one of ``keys`` signed it and it is in date.
 
-    Raises ``jwt.ExpiredSignatureError`` when expired and another
-    ``jwt.InvalidTokenError`` otherwise. Without ``audience``, a token that
-    names one is refused, so a credential never passes for an identity token.
+    Otherwise ``kind``'s refusal (expired, or not valid). Without
+    ``audience``, a token that names one is refused, so a credential never
+    passes for an identity token.
     """
-    kid = jwt.get_unverified_header(token).get("kid")
-    public = keys.public_key(kid) if isinstance(kid, str) else None
-    if public is None:
-        raise jwt.InvalidTokenError("unknown signing key")
-    claims: dict[str, Any] = jwt.decode(token, public, algorithms=[ALGORITHM],
-                                        audience=audience, options={"require": list(require)})
+    try:
+        kid = jwt.get_unverified_header(token).get("kid")
+        public = keys.public_key(kid) if isinstance(kid, str) else None
+        if public is None:
+            raise kind.invalid()
+        claims: dict[str, Any] = jwt.decode(
+            token, public, algorithms=[ALGORITHM], audience=audience,
+            options={"require": list(require)})
+    except jwt.ExpiredSignatureError:
+        raise kind.expired() from None
+    except jwt.InvalidTokenError:
+        raise kind.invalid() from None
     return claims

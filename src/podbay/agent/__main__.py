@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from types import FrameType
 
+from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
 from . import VERSION
@@ -55,10 +56,6 @@ class Options:
     fd: int | None = None
     workspace: str = limits.WORKSPACE
     env_file: str | None = None
-
-
-class UsageError(ValueError):
-    """The command line does not fit :data:`USAGE`."""
 
 
 def parse_args(argv: list[str]) -> Options:

@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from podbay.errors import EnvFileError as EnvFileError  # re-exported: defined in the one tree
+
 BASE_ENV: dict[str, str] = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/root",
     "LANG": "C.UTF-8",
     "TERM": "xterm",
 }
-
-
-class EnvFileError(ValueError):
-    """The env file is unreadable or not a JSON object of strings."""
 
 
 def check_env(env: Mapping[str, str], where: str) -> str | None:

@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
+from podbay.errors import Aborted as Aborted
+from podbay.errors import ProtocolError as ProtocolError  # re-exported: defined in the one tree
+
 #: Largest request head (request line + headers) accepted.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
@@ -47,23 +50,6 @@ REASONS = {
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
     501: "Not Implemented", 505: "HTTP Version Not Supported", 507: "Insufficient Storage",
 }
-
-
-class ProtocolError(Exception):
-    """The peer broke HTTP/1.1; answered with ``status`` and the connection closed."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class Aborted(Exception):
-    """Raised by a response body iterator to cut the connection mid-body.
-
-    The client then sees a short body instead of bytes that would not match
-    what the headers promised (used when a file changes while it is sent).
-    """
 
 
 @dataclass

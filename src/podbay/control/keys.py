@@ -26,9 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-
-class KeyRingError(LookupError):
-    """A key operation an operator asked for cannot be done."""
+from podbay.errors import KeyRingError as KeyRingError  # re-exported: defined in the one tree
 
 
 @dataclass(frozen=True)

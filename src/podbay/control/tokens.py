@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import time
 
-import jwt
-
 from podbay.errors import ApiError
-from podbay.signing import sign, verify
+from podbay.signing import IDENTITY_TOKEN, sign, verify
 from podbay.wire.codes import ErrorCode
 
 from .keys import KeyRing
@@ -38,17 +36,10 @@ def verify_identity_token(keys: KeyRing, token: str | None) -> str:
     if not token:
         raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
                        "an identity token is required (Authorization: Bearer <token>)")
-    try:
-        claims = verify(keys, token, require=["sub", "iat"])
-    except jwt.ExpiredSignatureError:
-        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
-                       "the identity token has expired") from None
-    except jwt.InvalidTokenError:
-        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
-                       "the identity token is not valid") from None
+    claims = verify(keys, token, IDENTITY_TOKEN, require=["sub", "iat"])
     sub = claims.get("sub")
     if not isinstance(sub, str):
-        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID, "the identity token is not valid")
+        raise IDENTITY_TOKEN.invalid()
     return sub
 
 

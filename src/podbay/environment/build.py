@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from podbay.errors import PrepareFailed as PrepareFailed  # re-exported: defined in the one tree
+from podbay.errors import SetupFailed as SetupFailed
 from podbay.runtime.agent_client import AgentClient, AgentError
 from podbay.runtime.base import Driver, Limits, MachineSpec
 
@@ -61,16 +63,6 @@ async def agent_exec(socket: Path, argv: tuple[str, ...], *, cwd: str, timeout_s
 def tail(text: str, lines: int = 20) -> str:
     """The last ``lines`` lines of some output, for an error message."""
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-class PrepareFailed(Exception):
-    """A build step failed; ``step`` names it and ``output`` ends with its last lines."""
-
-    def __init__(self, step: str, exit_code: int, output: str) -> None:
-        self.step = step
-        self.exit_code = exit_code
-        self.output = output
-        super().__init__(f"step '{step}' failed with exit code {exit_code}:\n{output}")
 
 
 @dataclass(frozen=True)
@@ -240,18 +232,6 @@ class Environments:
         for task in list(self._building.values()):
             task.cancel()
         await asyncio.gather(*self._building.values(), return_exceptions=True)
-
-
-class SetupFailed(Exception):
-    """A setup command failed in a fresh sandbox."""
-
-    def __init__(self, index: int, command: str, exit_code: int, output: str) -> None:
-        self.index = index
-        self.command = command
-        self.exit_code = exit_code
-        self.output = output
-        super().__init__(f"setup[{index}] `{command}` failed with exit code {exit_code}:\n"
-                         f"{output}")
 
 
 async def run_setup(socket: Path, section: SandboxSection, *, timeout_s: float = 600) -> None:

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import yaml
 
+from podbay.errors import SpecError as SpecError  # re-exported: defined in the one tree
+
 Toolchain = Literal["auto", "always", "never"]
 TOOLCHAINS: tuple[str, ...] = ("auto", "always", "never")
 RESERVED_KEYS = frozenset({"files", "classes", "size", "tools"})
@@ -49,14 +51,6 @@ _NPM = re.compile(
 _PY_VERSION_DECL = re.compile(r"3\.\d{1,2}")
 _NODE_VERSION_DECL = re.compile(r"\d{1,2}")
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
-
-
-class SpecError(ValueError):
-    """The section is not valid; ``problems`` lists ``(field, message)`` pairs."""
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{where}: {what}" for where, what in problems))
 
 
 @dataclass(frozen=True)

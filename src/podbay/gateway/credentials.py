@@ -23,10 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import jwt
-
 from podbay.errors import ApiError
-from podbay.signing import SigningKeys, VerifyingKeys, sign, verify
+from podbay.signing import CREDENTIAL, SigningKeys, VerifyingKeys, sign, verify
 from podbay.wire.codes import ErrorCode
 
 AUDIENCE = "podbay:data-plane"
@@ -66,8 +64,7 @@ class CredentialVerifier:
         if cached is not None:
             if cached.expires <= time.time():
                 self._cache.pop(token, None)
-                raise ApiError(ErrorCode.CREDENTIAL_INVALID,
-                               "the sandbox credential has expired; attach again")
+                raise CREDENTIAL.expired()
             self._cache.move_to_end(token)
             return cached
         credential = self._verify_signature(token)
@@ -77,16 +74,9 @@ class CredentialVerifier:
         return credential
 
     def _verify_signature(self, token: str) -> Credential:
-        try:
-            claims = verify(self._keys, token, require=["sub", "exp", "aud"],
-                            audience=AUDIENCE)
-        except jwt.ExpiredSignatureError:
-            raise ApiError(ErrorCode.CREDENTIAL_INVALID,
-                           "the sandbox credential has expired; attach again") from None
-        except jwt.InvalidTokenError:
-            raise ApiError(ErrorCode.CREDENTIAL_INVALID,
-                           "the sandbox credential is not valid") from None
+        claims = verify(self._keys, token, CREDENTIAL, require=["sub", "exp", "aud"],
+                        audience=AUDIENCE)
         sub, inc = claims.get("sub"), claims.get("inc")
         if not isinstance(sub, str) or not isinstance(inc, int) or isinstance(inc, bool):
-            raise ApiError(ErrorCode.CREDENTIAL_INVALID, "the sandbox credential is not valid")
+            raise CREDENTIAL.invalid()
         return Credential(sub, inc, float(claims["exp"]))

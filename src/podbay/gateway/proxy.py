@@ -28,6 +28,9 @@ from collections.abc import AsyncIterator
 
 import httptools
 
+from podbay.errors import (
+    AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
+)
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, REQUEST_ID_HEADER
@@ -52,10 +55,6 @@ READ_SIZE = 64 * 1024
 MAX_RESPONSE_HEAD = 64 * 1024
 #: Most answer headers read from an agent.
 MAX_RESPONSE_HEADERS = 100
-
-
-class AgentAnswerInvalid(Exception):
-    """The agent's answer breaks the limits above: it is not relayed."""
 
 
 async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podbay.errors import AgentError as AgentError  # re-exported: defined in the one tree
+
 from ..wire.paths import EXEC, INFO
 
 
@@ -31,15 +33,6 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
-
-
-class AgentError(Exception):
-    """The agent answered with an error status (``status``, ``body``)."""
-
-    def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"agent answered {status}: {body}")
-        self.status = status
-        self.body = body
 
 
 class _UnixConnection(http.client.HTTPConnection):

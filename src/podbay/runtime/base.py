@@ -23,6 +23,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from podbay.errors import DriverError as DriverError  # re-exported: defined in the one tree
+from podbay.errors import MachineNotFound as MachineNotFound
+
 #: Machine ids are host path and cgroup components: keep them dull.
 MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _MACHINE_ID = re.compile(MACHINE_ID_PATTERN)
@@ -81,14 +84,6 @@ class ObservedMachine:
     machine_id: str
     state: MachineState
     labels: Mapping[str, str]
-
-
-class DriverError(Exception):
-    """A machine operation failed; ``message`` is meant for an operator."""
-
-
-class MachineNotFound(DriverError):
-    """No machine with that id exists (it was never created, or was destroyed)."""
 
 
 @runtime_checkable

@@ -30,16 +30,9 @@ from enum import Enum
 from functools import cache
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from podbay.errors import WireError as WireError  # re-exported: defined in the one tree
+
 T = TypeVar("T")
-
-
-class WireError(ValueError):
-    """A body that does not fit its model; ``field`` locates the fault."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"{field}: {problem}" if field else problem)
 
 
 def format_time(value: datetime) -> str:

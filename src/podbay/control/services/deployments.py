@@ -16,6 +16,7 @@ import yaml
 from podbay.domain import Deployment
 from podbay.domain.deployment import DEFAULT_ACCOUNT, new_deployment_id
 from podbay.errors import ApiError
+from podbay.errors import DeploymentError as DeploymentError  # re-exported: defined in the one tree
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import is_valid_sandbox_name
@@ -29,10 +30,6 @@ PUBLIC_URL_KEY = "public_url"
 #: What it returns (the parsed section) is not used here: the environment
 #: service parses the stored spec again when it builds.
 SectionValidator = Callable[[dict[str, Any]], object]
-
-
-class DeploymentError(ValueError):
-    """A deployment command cannot be done (bad spec, name taken, unknown name)."""
 
 
 def parse_astropods(text: str) -> dict[str, Any] | None:
