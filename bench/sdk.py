@@ -1,14 +1,11 @@
 """SDK figures: 100 MiB up and down (MB/s, client memory) and exec p50 vs raw HTTP.
 
     .venv/bin/python bench/sdk.py                         # a real `podbay serve` it starts
-    .venv/bin/python bench/sdk.py --target stub           # stand-in platform, real agent
     .venv/bin/python bench/sdk.py --server URL --token T  # an already running server
 
 By default it starts a real ``podbay serve`` (``podbay.testing.platform``,
-real sandboxes; needs root and the base image); ``--target stub`` uses the
-stand-in platform of the client's integration tests (a real agent process
-behind a TCP relay). Either runs in a CHILD process, so this process's
-memory is the client's alone. Memory is the
+real sandboxes; needs root and the base image) in a CHILD process, so this
+process's memory is the client's alone. Memory is the
 peak RSS growth during each transfer (``/proc/self/clear_refs`` resets the
 high-water mark) and tracemalloc's peak of Python allocations.
 
@@ -24,7 +21,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,22 +34,6 @@ from podbay import SandboxClient
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
-
-
-def start_stub() -> tuple[subprocess.Popen[str], str, str]:
-    code = (
-        "import json, sys\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests' / 'integration' / 'client')!r})\n"
-        "from stub_platform import StubPlatform\n"
-        "with StubPlatform() as p:\n"
-        "    print(json.dumps({'url': p.url, 'token': p.token}), flush=True)\n"
-        "    sys.stdin.read()\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    info = json.loads(proc.stdout.readline())
-    return proc, info["url"], info["token"]
 
 
 def rss_reset() -> None:
@@ -129,25 +109,21 @@ def exec_latency(client: SandboxClient, name: str, rounds: int) -> dict[str, Any
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", choices=["serve", "stub"], default="serve")
     parser.add_argument("--server")
     parser.add_argument("--token")
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    stub = server = None
+    server = None
     if args.server and args.token:
         url, token, target = args.server, args.token, "server at " + args.server
-    elif args.target == "serve":
+    else:
         from podbay.testing.platform import PlatformServer
 
         server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
         url, token = server.base_url, server.create_deployment("bench")
         target = "podbay serve (real oci sandbox, gateway, loopback)"
-    else:
-        stub, url, token = start_stub()
-        target = "stand-in platform (real agent behind a loopback TCP relay)"
     print(f"target: {target}")
     name = f"bench-{os.getpid()}"
     try:
@@ -173,10 +149,6 @@ def main() -> int:
     finally:
         if server is not None:
             server.close()
-        if stub is not None:
-            assert stub.stdin is not None
-            stub.stdin.close()
-            stub.wait(30)
     return 0
 
 

@@ -1,12 +1,10 @@
-"""The client against real platforms.
+"""The client against a real platform: ``podbay serve`` (the real
+``create_app``, gateway and agent) with real sandboxes.
 
-Every test runs twice: against a real ``podbay serve`` with real sandboxes
-(``podbay.testing.platform.PlatformServer``, marked ``root``; skipped where
-the host cannot run sandboxes), and against a stand-in platform
-(``stub_platform.py``: the contract's control plane and a
-credential-checking relay in front of REAL agent processes, no isolation)
-that can also be made to answer 202. ``PODBAY_TEST_SERVER_URL`` plus
-``PODBAY_TEST_TOKEN`` replace the first with an already running server.
+``podbay.testing.platform.PlatformServer`` starts it once per session (root,
+runc and the base image; skipped where the host cannot run sandboxes, failed
+under ``PODBAY_TEST_REQUIRE_SANDBOXES=1``). ``PODBAY_TEST_SERVER_URL`` plus
+``PODBAY_TEST_TOKEN`` use an already running server instead.
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio.from_thread
-import httpx
 import pytest
-from stub_platform import StubPlatform
 
 from podbay.client import AsyncSandboxClient, SandboxClient
 
@@ -32,13 +28,8 @@ class RealServer:
         self.token = token
 
 
-@pytest.fixture(scope="session", params=[pytest.param("serve", marks=pytest.mark.root), "stub"])
-def platform(request: pytest.FixtureRequest,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if request.param == "stub":
-        with StubPlatform() as stub:
-            yield stub
-        return
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     url, token = os.environ.get("PODBAY_TEST_SERVER_URL"), os.environ.get("PODBAY_TEST_TOKEN")
     if url and token:
         yield RealServer(url, token)
@@ -50,14 +41,7 @@ def platform(request: pytest.FixtureRequest,
 
 
 @pytest.fixture
-def stub(platform: Any) -> Any:
-    if not isinstance(platform, StubPlatform):
-        pytest.skip("needs the stand-in platform's knobs")
-    return platform
-
-
-@pytest.fixture
-def name(platform: Any) -> Iterator[str]:
+def name(platform: RealServer) -> Iterator[str]:
     """A fresh sandbox name, deleted afterwards."""
     sandbox = f"it-{uuid.uuid4().hex[:10]}"
     yield sandbox
@@ -86,7 +70,7 @@ def face(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_client(face: str, platform: Any) -> Iterator[Any]:
+def make_client(face: str, platform: RealServer) -> Iterator[Any]:
     closers: list[Any] = []
     with anyio.from_thread.start_blocking_portal() as portal:
 
@@ -110,5 +94,3 @@ def make_client(face: str, platform: Any) -> Iterator[Any]:
 def client(make_client: Any) -> Any:
     return make_client()
 
-
-__all__ = ["httpx"]

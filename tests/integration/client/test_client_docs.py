@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.root
+
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "client.md"]
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)

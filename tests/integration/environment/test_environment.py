@@ -3,6 +3,7 @@ once into a layer, reused, env and setup applied, failures reported."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -145,15 +146,20 @@ def test_an_invalid_section_is_refused_at_registration(server: PlatformServer) -
 
 def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
         server: PlatformServer) -> None:
-    from podbay import SandboxClient, SandboxPreparingError
+    from podbay import AsyncSandboxClient, SandboxClient, SandboxPreparingError
 
     spec = "name: sdk-env\nsandbox:\n  toolchain: never\n  packages: [bc]\n"
     token = server.create_deployment("sdk-env", spec)
-    with SandboxClient(identity_token=token, server_url=server.base_url,
-                       prepare_timeout_seconds=0.5) as impatient:
-        with pytest.raises(SandboxPreparingError) as info:
-            impatient.attach("w1")
-        assert info.value.retry_after >= 1
+
+    async def attach_impatiently() -> SandboxPreparingError:
+        # The async face here and the sync face below: both meet real 202s.
+        async with AsyncSandboxClient(identity_token=token, server_url=server.base_url,
+                                      prepare_timeout_seconds=0.5) as impatient:
+            with pytest.raises(SandboxPreparingError) as info:
+                await impatient.attach("w1")
+            return info.value
+
+    assert asyncio.run(attach_impatiently()).retry_after >= 1
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         started = time.monotonic()
         handle = client.attach("w1")  # 202s until the layer is built, then 200
