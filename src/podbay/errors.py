@@ -179,6 +179,10 @@ class MachineNotFound(DriverError):
     """No machine with that id exists (it was never created, or was destroyed)."""
 
 
+class NetworkError(DriverError):
+    """Setting up, adopting or tearing down a sandbox's network failed."""
+
+
 class AgentAnswerInvalid(PodbayError):
     """The agent's answer breaks the relay's limits: it is not relayed."""
 
@@ -227,6 +231,7 @@ __all__ = [
     "EnvFileError",
     "KeyRingError",
     "MachineNotFound",
+    "NetworkError",
     "PodbayError",
     "PrepareFailed",
     "ProtocolError",

@@ -37,7 +37,7 @@ from _nethelpers import (
     wait_listening,
 )
 
-from podbay.runtime.oci.network import NetworkManager
+from podbay.runtime.network import NetworkManager
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
 
 

@@ -27,7 +27,8 @@ from _nethelpers import (
     stop,
 )
 
-from podbay.runtime.oci.network import SLIRP_DNS, SLIRP_GATEWAY, NetworkManager
+from podbay.runtime.network import NetworkManager
+from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY
 
 # One DNS query for "example.com", type A.
 DNS_QUERY = "123401000001000000000000076578616d706c6503636f6d0000010001"

@@ -16,12 +16,8 @@ from pathlib import Path
 import pytest
 from _nethelpers import NetLab, probe, sh
 
-from podbay.runtime.oci.network import (
-    DISABLED_RESOLV_CONF,
-    RESOLV_CONF,
-    NetworkError,
-    NetworkManager,
-)
+from podbay.runtime.network import NetworkError, NetworkManager
+from podbay.runtime.network.policy import DISABLED_RESOLV_CONF, RESOLV_CONF
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -133,7 +129,7 @@ NODE = textwrap.dedent(
     """
     import asyncio, sys, time
     from pathlib import Path
-    from podbay.runtime.oci.network import NetworkManager
+    from podbay.runtime.network import NetworkManager
     handle = asyncio.run(NetworkManager(Path(sys.argv[1])).setup("crash"))
     print(handle.slirp_pid, flush=True)
     time.sleep(600)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from _nethelpers import METADATA_ADDRESS, PROBE, PUBLIC_HOST_ADDRESS, NetLab
 
-from podbay.runtime.oci.network import SLIRP_GATEWAY
+from podbay.runtime.network.policy import SLIRP_GATEWAY
 from podbay.testing.fixtures import DriverSession, Machine, Machines
 
 

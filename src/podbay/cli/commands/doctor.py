@@ -54,9 +54,9 @@ class Report:
 
 
 def host_checks(settings: object, report: Report) -> None:
+    from podbay.runtime.network import NetworkManager
     from podbay.runtime.oci.cgroups import Cgroups
     from podbay.runtime.oci.layout import Layout
-    from podbay.runtime.oci.networking import load_network
     from podbay.settings import Settings
 
     assert isinstance(settings, Settings)
@@ -92,12 +92,11 @@ def host_checks(settings: object, report: Report) -> None:
     report.add("tools", not tools, "mkfs.ext4, nsenter" if not tools else
                f"missing {', '.join(tools)}: apt-get install e2fsprogs util-linux")
     layout = Layout.from_settings(settings)
-    network = load_network(settings, layout)
+    network = NetworkManager(layout.run_dir, enabled=rt.network)
     if rt.network:
         problems = network.check_host() if root else ["network: needs root"]
-        report.add("network", not problems and network.enabled,
-                   "slirp4netns, nftables, network namespaces" if not problems and
-                   network.enabled else "; ".join(problems) or "the network module is missing")
+        report.add("network", not problems, "slirp4netns, nftables, network namespaces"
+                   if not problems else "; ".join(problems))
     else:
         report.add("network", True, "disabled by runtime.network: sandboxes get loopback only")
     probe_dir = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent

@@ -41,11 +41,11 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..network import NetworkHandle, NetworkManager
 from . import agent_bundle, bundle, records, storage
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
 from .layout import Layout, MachinePaths
-from .networking import MachineNetwork, load_network
 from .readiness import wait_ready
 from .runc import Runc
 
@@ -65,7 +65,7 @@ class OciDriver:
         self.cgroups = Cgroups()
         self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
                              extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
-        self.network: MachineNetwork = load_network(settings, self.layout)
+        self.network = NetworkManager(self.layout.run_dir, enabled=self.rt.network)
         self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
                                          network=self.network.enabled)
         self._image: Image | None = None
@@ -170,7 +170,7 @@ class OciDriver:
             self._write_files(spec, paths)
 
         mounted = asyncio.create_task(asyncio.to_thread(storage_and_files))
-        netns_task = asyncio.create_task(self.network.setup(paths.run, spec.machine_id))
+        netns_task = asyncio.create_task(self.network.setup(spec.machine_id))
         try:
             listener = _listen(paths.socket)
         except BaseException:
@@ -187,8 +187,9 @@ class OciDriver:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            netns = results[1]
-            assert netns is None or isinstance(netns, Path)
+            network = results[1]
+            assert isinstance(network, NetworkHandle)
+            netns = network.netns_path
             facts = bundle.BundleFacts(
                 machine_id=spec.machine_id, hostname=_uts_name(spec.hostname),
                 rootfs=paths.rootfs,
@@ -196,7 +197,7 @@ class OciDriver:
                 files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
                 memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
                 pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
-                resolv_conf=netns is not None, limit_swap=self.cgroups.swap_accounting())
+                resolv_conf=True, limit_swap=self.cgroups.swap_accounting())
             (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
             # The request waits in the socket's backlog until the agent serves it, so
             # asking now overlaps runc's own exit with the agent's start-up.
@@ -233,11 +234,9 @@ class OciDriver:
         writes to them counts against its quota) but outside its upper layer."""
         paths.files.mkdir(mode=0o755, exist_ok=True)
         (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
-        resolv = self.network.resolv_conf()
         name = _uts_name(spec.hostname)
-        owned = {"hostname": name + "\n", "hosts": _hosts(name)}
-        if resolv is not None:
-            owned["resolv.conf"] = resolv
+        owned = {"hostname": name + "\n", "hosts": _hosts(name),
+                 "resolv.conf": self.network.resolv_conf()}
         for name, text in owned.items():
             path = paths.files / name
             path.write_text(text)
@@ -302,7 +301,7 @@ class OciDriver:
         if leftover:
             log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
         await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
-        await self.network.teardown(paths.run, machine_id)
+        await self.network.teardown(machine_id)
         for path in (paths.socket, paths.run / "config.json"):
             path.unlink(missing_ok=True)
 
@@ -418,7 +417,7 @@ class OciDriver:
         """Reload a live machine's network rules and restart its slirp if it died;
         ``False`` (the machine must be stopped) when its namespace is gone."""
         try:
-            if await self.network.adopt(machine_id):
+            if await self.network.adopt(machine_id) is not None:
                 return True
         except DriverError as e:
             log.warning("machine %s: %s", machine_id, e)

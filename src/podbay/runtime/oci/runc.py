@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import DriverError
+from ..network import procscan
 from .fdwait import wait_readable
 
 #: The fd the container's first process finds the agent socket on.
@@ -102,7 +103,7 @@ class Runc:
             return ContainerState("stopped", 0)
         pid = int(raw.get("init_process_pid") or 0)
         start = raw.get("init_process_start")
-        if not _alive(pid, start):
+        if not procscan.alive(pid, start):
             return ContainerState("stopped", pid)
         if (self.root / container_id / "exec.fifo").exists():
             # runc's init is still waiting to exec the first process: "created".
@@ -175,20 +176,6 @@ def _runtime_env() -> dict[str, str]:
     # The runtime needs no secrets and gets none: a fixed, minimal environment.
     return {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                                    "/sbin:/bin")}
-
-
-def _alive(pid: int, start: object) -> bool:
-    """True when ``pid`` is still the process runc started (same start time)."""
-    if pid <= 0:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z":
-        return False
-    return start is None or str(fields[19]) == str(start)
 
 
 async def wait_pid(pid: int) -> int:

@@ -5,13 +5,8 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from podbay.runtime.oci.network import (
-    BLOCKED_IPV4,
-    BLOCKED_IPV6,
-    _resolver_problems,
-    build_ruleset,
-    host_addresses,
-)
+from podbay.runtime.network.hostcheck import host_addresses, resolver_problems
+from podbay.runtime.network.policy import BLOCKED_IPV4, BLOCKED_IPV6, build_ruleset
 
 
 def _elements(ruleset: str, name: str) -> str:
@@ -59,14 +54,14 @@ def test_host_addresses_include_loopback() -> None:
     assert any(ipaddress.ip_address("127.0.0.1") in n for n in v4)
 
 
-def test_resolver_problems(tmp_path: Path) -> None:
+def testresolver_problems(tmp_path: Path) -> None:
     good = tmp_path / "good"
     good.write_text("search lan\nnameserver 127.0.0.53\n")
-    assert _resolver_problems(good, slirp_sandbox=False) == []
+    assert resolver_problems(good, slirp_sandbox=False) == []
     v6_only = tmp_path / "v6"
     v6_only.write_text("nameserver ::1\n")
-    [problem] = _resolver_problems(v6_only, slirp_sandbox=False)
+    [problem] = resolver_problems(v6_only, slirp_sandbox=False)
     assert "no IPv4 nameserver" in problem
     # With slirp4netns's sandbox only /etc and /run are visible to it.
-    [problem] = _resolver_problems(good, slirp_sandbox=True)
+    [problem] = resolver_problems(good, slirp_sandbox=True)
     assert "make it a regular file or a link into /run" in problem

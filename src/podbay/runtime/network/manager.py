@@ -1,0 +1,289 @@
+"""The network of each machine: a host-owned namespace, its rules, its slirp4netns.
+
+Every machine gets a network namespace that the *host* creates, in the host's
+initial user namespace. The sandbox only joins it (a runc container through
+``config.json``, runsc and QEMU by being started inside it with
+:meth:`NetworkManager.enter_argv`), so it holds no capability over it: it
+cannot change addresses, routes or the nftables rules loaded here, and it
+cannot open raw or packet sockets that would bypass them.
+
+Nothing here knows which isolation class uses the namespace: a driver asks for
+a machine id's network, gets the nsfs path back, and puts its sandbox there.
+Everything needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN in the initial user
+namespace). See ``docs/network.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import NetworkError
+from ..base import check_machine_id
+from . import hostcheck, netns, nft, slirp
+from .policy import DISABLED_RESOLV_CONF, RESOLV_CONF, build_ruleset
+
+__all__ = ["NetworkHandle", "NetworkManager"]
+
+_NETNS_FILE = "netns"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkHandle:
+    """What a driver needs to put a sandbox on this network."""
+
+    machine_id: str
+    #: Bind-mounted nsfs file: an OCI config's network namespace ``path``, or
+    #: what ``nsenter --net=`` enters to start a process (runsc, QEMU) inside.
+    netns_path: Path
+    #: slirp4netns process id; ``None`` when networking is disabled.
+    slirp_pid: int | None
+    #: Content for the sandbox's ``/etc/resolv.conf``.
+    resolv_conf: str
+    #: Outbound internet (slirp + rules) rather than loopback only.
+    enabled: bool
+
+
+class NetworkManager:
+    """Creates, adopts and removes the network of each machine under ``run_dir``.
+
+    ``run_dir/<machine_id>/`` holds ``netns`` (the nsfs bind mount), ``slirp.pid``
+    (``"<pid> <start time>"``) and ``slirp.log``. With ``enabled=False`` a machine
+    gets a namespace with only ``lo``: no slirp, no route anywhere.
+
+    ``extra_blocked`` adds destinations (CIDRs) no sandbox may reach, e.g. a
+    control plane or database on a public address elsewhere.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        *,
+        extra_blocked: Sequence[str] = (),
+        slirp_binary: str = "slirp4netns",
+        slirp_sandbox: bool = True,
+        ready_timeout: float = 5.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.extra_blocked = tuple(extra_blocked)
+        for item in self.extra_blocked:
+            ipaddress.ip_network(item, strict=False)  # fail early on a typo
+        self.slirps = slirp.Slirps(slirp_binary, sandbox=slirp_sandbox,
+                                   ready_timeout=ready_timeout)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # -- paths
+
+    def machine_dir(self, machine_id: str) -> Path:
+        return self.run_dir / check_machine_id(machine_id)
+
+    def netns_path(self, machine_id: str) -> Path:
+        """Where the machine's namespace is (or will be) mounted."""
+        return self.machine_dir(machine_id) / _NETNS_FILE
+
+    def enter_argv(self, machine_id: str) -> list[str]:
+        """A command prefix that starts a process inside the machine's namespace."""
+        return netns.enter_argv(self.netns_path(machine_id))
+
+    def machines(self) -> list[str]:
+        """Machine ids with network state under ``run_dir`` (for garbage collection)."""
+        try:
+            entries = [e for e in self.run_dir.iterdir() if e.is_dir() and not e.is_symlink()]
+        except FileNotFoundError:
+            return []
+        return sorted(e.name for e in entries
+                      if any((e / name).exists() for name in (_NETNS_FILE, slirp.PID_FILE)))
+
+    # -- public API
+
+    async def setup(self, machine_id: str) -> NetworkHandle:
+        """Create the machine's namespace, load its rules, start slirp4netns.
+
+        Idempotent: a complete network that already exists is adopted and
+        returned; a partial one is removed and built again. On failure nothing is
+        left behind and :class:`NetworkError` is raised.
+        """
+        async with self._lock(machine_id):
+            existing = await self._adopt(machine_id)
+            if existing is not None:
+                return existing
+            if self.machine_dir(machine_id).exists():
+                await self._teardown(machine_id)  # leftovers of a failed attempt
+            try:
+                pid = await self._create(machine_id)
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._teardown(machine_id))
+                if isinstance(exc, NetworkError | asyncio.CancelledError):
+                    raise
+                if isinstance(exc, Exception):
+                    raise NetworkError(f"network setup for {machine_id} failed: {exc}") from exc
+                raise
+            return self._handle(machine_id, pid)
+
+    async def teardown(self, machine_id: str) -> None:
+        """Stop slirp4netns, unmount and remove the namespace file and the directory.
+
+        Idempotent; call it after the sandbox is gone (a process still inside
+        would keep the kernel namespace alive, though unreachable from outside).
+        """
+        async with self._lock(machine_id):
+            await self._teardown(machine_id)
+
+    async def adopt(self, machine_id: str) -> NetworkHandle | None:
+        """Take back a machine's network after the node process restarted.
+
+        Returns ``None`` when its namespace no longer exists (the caller should
+        rebuild the machine). Otherwise reloads the rules (refreshing the host's
+        addresses), checks that the recorded slirp4netns is still that process
+        serving that namespace, and starts a new one if it died.
+        """
+        async with self._lock(machine_id):
+            return await self._adopt(machine_id)
+
+    async def refresh(self, machine_id: str) -> None:
+        """Reload the machine's rules, e.g. after the host gained an address."""
+        path = self.netns_path(machine_id)
+        if not netns.is_mounted(path):
+            raise NetworkError(f"{machine_id} has no network namespace")
+        if self.enabled:
+            await self._apply_rules(path)
+
+    def resolv_conf(self) -> str:
+        """``/etc/resolv.conf`` content for this manager's sandboxes."""
+        return RESOLV_CONF if self.enabled else DISABLED_RESOLV_CONF
+
+    def check_host(self) -> list[str]:
+        """Problems that stop networking here, each with a one-line remedy (for doctor)."""
+        return hostcheck.problems(enabled=self.enabled, extra_blocked=self.extra_blocked,
+                                  slirp_binary=self.slirps.binary,
+                                  slirp_sandbox=self.slirps.sandbox)
+
+    async def close(self) -> None:
+        """Forget child processes without stopping them (slirps outlive the node)."""
+        self.slirps.forget()
+
+    # -- internals
+
+    def _lock(self, machine_id: str) -> asyncio.Lock:
+        check_machine_id(machine_id)
+        lock = self._locks.get(machine_id)
+        if lock is None:
+            lock = self._locks[machine_id] = asyncio.Lock()
+        return lock
+
+    def _handle(self, machine_id: str, pid: int | None) -> NetworkHandle:
+        return NetworkHandle(machine_id=machine_id, netns_path=self.netns_path(machine_id),
+                             slirp_pid=pid, resolv_conf=self.resolv_conf(),
+                             enabled=self.enabled)
+
+    def _ruleset(self, *, replace: bool = False) -> str:
+        v4, v6 = hostcheck.host_addresses()
+        return build_ruleset(v4, v6, self.extra_blocked, replace=replace)
+
+    async def _create(self, machine_id: str) -> int | None:
+        directory = self.machine_dir(machine_id)
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        path = directory / _NETNS_FILE
+        rules = self._ruleset() if self.enabled else None
+        loop = asyncio.get_running_loop()
+        mounted: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not mounted.done():
+                mounted.set_result(None)
+
+        def build() -> None:
+            # This thread becomes the namespace's first member, then exits.
+            netns.unshare()
+            netns.bind_current(path)
+            netns.lo_up()
+            # tap0 gets no IPv6 (slirp's is off); lo keeps ::1. Set before slirp
+            # may start (settle), or slirp's tap0 can beat it.
+            with contextlib.suppress(FileNotFoundError):  # IPv6 off at boot
+                netns.set_sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+            loop.call_soon_threadsafe(settle)
+            if rules is not None:
+                nft.load(rules)
+
+        built = netns.in_fresh_thread(build)
+        try:
+            if not self.enabled:
+                await built
+                return None
+            # slirp needs only the mounted file; the rules load meanwhile. Both are
+            # done before setup returns, so no sandbox process ever runs unfiltered.
+            await asyncio.wait({mounted, built}, return_when=asyncio.FIRST_COMPLETED)
+            if built.done() and built.exception() is not None:
+                await built  # raises
+            started = asyncio.ensure_future(self.slirps.start(directory, path))
+            try:
+                await built
+            except BaseException:
+                started.cancel()
+                with contextlib.suppress(BaseException):
+                    await started
+                raise
+            return await started
+        except BaseException:
+            # Cancelled or failed: let the thread finish before anyone cleans up,
+            # or it could mount after the cleanup ran.
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(built)
+            raise
+
+    async def _apply_rules(self, path: Path) -> None:
+        rules = self._ruleset(replace=True)
+
+        def enter_and_load() -> None:
+            netns.enter(path)
+            nft.load(rules)
+
+        await netns.in_fresh_thread(enter_and_load)
+
+    async def _adopt(self, machine_id: str) -> NetworkHandle | None:
+        directory = self.machine_dir(machine_id)
+        path = directory / _NETNS_FILE
+        if not netns.is_mounted(path):
+            return None
+        pid = self.slirps.recorded(directory, path)
+        if not self.enabled:
+            for stray in {pid, *slirp.find(path)} - {None}:
+                assert stray is not None
+                await self.slirps.stop(stray)
+            (directory / slirp.PID_FILE).unlink(missing_ok=True)
+            return self._handle(machine_id, None)
+        try:
+            await self._apply_rules(path)
+            if pid is None:
+                # Died (or never recorded): stop any unrecorded one, start afresh.
+                for stray in slirp.find(path):
+                    await self.slirps.stop(stray)
+                pid = await self.slirps.start(directory, path)
+        except (OSError, NetworkError) as exc:
+            raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
+        return self._handle(machine_id, pid)
+
+    async def _teardown(self, machine_id: str) -> None:
+        directory = self.machine_dir(machine_id)
+        path = directory / _NETNS_FILE
+        pids = set(slirp.find(path))
+        recorded = self.slirps.recorded(directory, path)
+        if recorded is not None:
+            pids.add(recorded)
+        await asyncio.gather(*(self.slirps.stop(pid) for pid in pids))
+        try:
+            netns.unmount(path)
+        except OSError as exc:
+            raise NetworkError(f"cannot unmount {path}: {exc}") from exc
+        for name in (_NETNS_FILE, slirp.PID_FILE, f".{slirp.PID_FILE}.tmp", slirp.LOG_FILE):
+            (directory / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # kept if the driver stored its own files here

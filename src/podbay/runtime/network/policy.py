@@ -1,0 +1,143 @@
+"""The egress policy every sandbox class gets, as an nftables ruleset (pure: no I/O).
+
+A sandbox's packets leave through a host-owned network namespace. Inside it::
+
+    lo          up (the sandbox's own loopback works, IPv4 and IPv6)
+    tap0        10.0.2.100/24 from slirp4netns, default route via 10.0.2.2,
+                DNS at 10.0.2.3, MTU 65520, no IPv6
+    table inet podbay
+        output  lo: accept; DNS to 10.0.2.3:53 (udp, tcp): accept;
+                private, shared, link-local, metadata, multicast, reserved
+                ranges and every address the host has: reject (TCP reset,
+                otherwise ICMP admin-prohibited, so clients fail at once);
+                any other IPv6 off lo: reject; other IPv4: accept
+        input   lo and replies to the sandbox's own connections only
+        forward drop
+
+The same ruleset serves a runc container, gVisor's netstack and a QEMU guest:
+whatever the guest is, its packets pass this namespace's output hook.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+__all__ = [
+    "BLOCKED_IPV4",
+    "BLOCKED_IPV6",
+    "DISABLED_RESOLV_CONF",
+    "MTU",
+    "RESOLV_CONF",
+    "SANDBOX_ADDRESS",
+    "SLIRP_DNS",
+    "SLIRP_GATEWAY",
+    "TABLE",
+    "TAP_NAME",
+    "build_ruleset",
+]
+
+#: slirp4netns's fixed layout (its default ``--cidr=10.0.2.0/24``).
+SANDBOX_ADDRESS = "10.0.2.100"
+SLIRP_GATEWAY = "10.0.2.2"
+SLIRP_DNS = "10.0.2.3"
+TAP_NAME = "tap0"
+MTU = 65520
+TABLE = "podbay"
+
+#: ``/etc/resolv.conf`` for a sandbox with networking: slirp's DNS forwarder.
+RESOLV_CONF = f"nameserver {SLIRP_DNS}\noptions edns0\n"
+#: ``/etc/resolv.conf`` for a loopback-only sandbox: resolvers fall back to
+#: 127.0.0.1, where nothing answers, so lookups fail at once instead of timing out.
+DISABLED_RESOLV_CONF = "# podbay: this sandbox has no network\n"
+
+#: Destinations a sandbox never reaches (besides the host's own addresses).
+BLOCKED_IPV4: tuple[str, ...] = (
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8",  # private; also slirp's gateway 10.0.2.2, which is the host
+    "100.64.0.0/10",  # carrier-grade NAT (shared)
+    "127.0.0.0/8",  # loopback, when not through lo
+    "169.254.0.0/16",  # link-local, cloud metadata
+    "172.16.0.0/12",  # private
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.168.0.0/16",  # private
+    "198.18.0.0/15",  # benchmarking
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and 255.255.255.255
+)
+BLOCKED_IPV6: tuple[str, ...] = (
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",  # IPv4-mapped
+    "64:ff9b::/96",  # NAT64 (would map onto IPv4 ranges above)
+    "fc00::/7",  # unique local
+    "fe80::/10",  # link-local
+    "ff00::/8",  # multicast
+)
+
+
+def build_ruleset(
+    host_v4: Iterable[ipaddress.IPv4Network | str] = (),
+    host_v6: Iterable[ipaddress.IPv6Network | str] = (),
+    extra_blocked: Iterable[str] = (),
+    *,
+    replace: bool = False,
+) -> str:
+    """The nftables batch loaded inside a sandbox's namespace, as one atomic transaction.
+
+    With ``replace`` it first swaps out an earlier ``inet podbay`` table (create,
+    delete, create in one batch), which refreshes the host addresses of a running
+    sandbox with no moment unfiltered. Deleting a table makes the kernel wait for
+    an RCU grace period (10-25 ms here), so a fresh namespace loads it without.
+    """
+    v4: list[ipaddress.IPv4Network] = [ipaddress.IPv4Network(n) for n in BLOCKED_IPV4]
+    v6: list[ipaddress.IPv6Network] = [ipaddress.IPv6Network(n) for n in BLOCKED_IPV6]
+    v4 += [ipaddress.IPv4Network(n, strict=False) for n in host_v4]
+    v6 += [ipaddress.IPv6Network(n, strict=False) for n in host_v6]
+    for item in extra_blocked:
+        net = ipaddress.ip_network(item, strict=False)
+        if isinstance(net, ipaddress.IPv4Network):
+            v4.append(net)
+        else:
+            v6.append(net)
+    # Interval sets refuse overlapping elements: merge first.
+    e4 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v4))
+    e6 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v6))
+    swap = f"table inet {TABLE}\ndelete table inet {TABLE}\n" if replace else ""
+    return f"""\
+{swap}table inet {TABLE} {{
+\tset blocked_v4 {{
+\t\ttype ipv4_addr
+\t\tflags interval
+\t\telements = {{ {e4} }}
+\t}}
+\tset blocked_v6 {{
+\t\ttype ipv6_addr
+\t\tflags interval
+\t\telements = {{ {e6} }}
+\t}}
+\tchain output {{
+\t\ttype filter hook output priority filter; policy drop;
+\t\toifname "lo" accept
+\t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
+\t\tip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-tcp"
+\t\tip daddr @blocked_v4 meta l4proto tcp counter reject with tcp reset comment "blocked"
+\t\tip daddr @blocked_v4 counter reject with icmp type admin-prohibited comment "blocked"
+\t\tip6 daddr @blocked_v6 meta l4proto tcp counter reject with tcp reset comment "blocked"
+\t\tip6 daddr @blocked_v6 counter reject with icmpv6 type admin-prohibited comment "blocked"
+\t\tmeta nfproto ipv6 meta l4proto tcp counter reject with tcp reset comment "ipv6-off"
+\t\tmeta nfproto ipv6 counter reject with icmpv6 type admin-prohibited comment "ipv6-off"
+\t\tmeta nfproto ipv4 accept
+\t\tcounter drop comment "other"
+\t}}
+\tchain input {{
+\t\ttype filter hook input priority filter; policy drop;
+\t\tiifname "lo" accept
+\t\tct state established,related accept
+\t\tcounter drop comment "inbound"
+\t}}
+\tchain forward {{
+\t\ttype filter hook forward priority filter; policy drop;
+\t}}
+}}
+"""

@@ -1,0 +1,167 @@
+"""slirp4netns, the per-sandbox user-mode network helper.
+
+It runs on the host (in the node's network namespace) and turns the packets a
+sandbox sends on ``tap0`` into ordinary host sockets; it gets no API socket, so
+no port is ever forwarded in. It is started in its own session and its pid is
+recorded with its start time, so it outlives a node process killed with SIGKILL
+and can be taken back (:meth:`Slirps.recorded`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+from ...errors import NetworkError
+from ..oci.fdwait import wait_readable
+from . import procscan
+from .policy import MTU, TAP_NAME
+
+__all__ = ["LOG_FILE", "PID_FILE", "Slirps", "version"]
+
+PID_FILE = "slirp.pid"
+LOG_FILE = "slirp.log"
+
+
+class Slirps:
+    """Starts, finds and stops the slirp4netns of each namespace file."""
+
+    def __init__(self, binary: str = "slirp4netns", *, sandbox: bool = True,
+                 ready_timeout: float = 5.0) -> None:
+        self.binary = binary
+        #: slirp4netns --enable-sandbox --enable-seccomp: its own mount namespace,
+        #: capabilities dropped, a syscall filter.
+        self.sandbox = sandbox
+        self.ready_timeout = ready_timeout
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def argv(self, netns: Path, ready_fd: int) -> list[str]:
+        argv = [self.binary, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
+                "--netns-type=path", f"--ready-fd={ready_fd}"]
+        if self.sandbox:
+            argv += ["--enable-sandbox", "--enable-seccomp"]
+        return [*argv, str(netns), TAP_NAME]
+
+    async def start(self, directory: Path, netns: Path) -> int:
+        """Start one for ``netns``, record it in ``directory``, wait until tap0 is up."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            with open(directory / LOG_FILE, "ab", buffering=0) as log:  # noqa: ASYNC230
+                # Its own session: no terminal signal or process-group kill of the
+                # node reaches it, and it outlives a node killed with SIGKILL.
+                proc = subprocess.Popen(  # noqa: ASYNC220 - must not be an asyncio child
+                    self.argv(netns, write_end),
+                    pass_fds=(write_end,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd="/",
+                    env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            raise NetworkError(f"cannot start {self.binary}: {exc}") from exc
+        os.close(write_end)
+        self._children[proc.pid] = proc
+        try:
+            self._write_pidfile(directory, proc.pid)
+            ready = await self._read_ready(read_end)
+        except BaseException:
+            await self.stop(proc.pid)
+            raise
+        finally:
+            os.close(read_end)
+        if not ready:
+            await self.stop(proc.pid)
+            raise NetworkError(f"slirp4netns for {directory.name} was not ready within "
+                               f"{self.ready_timeout:g}s or exited: {log_tail(directory)}")
+        return proc.pid
+
+    async def _read_ready(self, fd: int) -> bool:
+        if not await wait_readable(fd, self.ready_timeout):
+            return False
+        # "1" once tap0 is configured; EOF if it died first.
+        return os.read(fd, 16).startswith(b"1")
+
+    @staticmethod
+    def _write_pidfile(directory: Path, pid: int) -> None:
+        start = procscan.start_time(pid) or "0"
+        tmp = directory / f".{PID_FILE}.tmp"
+        tmp.write_text(f"{pid} {start}\n")
+        os.replace(tmp, directory / PID_FILE)
+
+    def recorded(self, directory: Path, netns: Path) -> int | None:
+        """The pid file's slirp, if that pid is still that same slirp4netns."""
+        self.reap()
+        try:
+            pid_text, start = (directory / PID_FILE).read_text().split()
+            pid = int(pid_text)
+        except (OSError, ValueError):
+            return None
+        if not procscan.alive(pid, start) or not serves(pid, netns):
+            return None
+        return pid
+
+    def reap(self) -> None:
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[pid]
+
+    def forget(self) -> None:
+        """Drop the child handles without stopping anything (slirps outlive the node)."""
+        self._children.clear()
+
+    async def stop(self, pid: int) -> None:
+        """SIGTERM, then SIGKILL after a second; through a pidfd, so never a reused pid."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.reap()
+            return
+        try:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            if not await wait_readable(pidfd, 1.0):
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                await wait_readable(pidfd, 5.0)
+        finally:
+            os.close(pidfd)
+        proc = self._children.pop(pid, None)
+        if proc is not None:
+            proc.wait()
+
+
+def serves(pid: int, netns: Path) -> bool:
+    """``pid`` is a slirp4netns attached to exactly this namespace file."""
+    argv = procscan.cmdline(pid)
+    return bool(argv) and argv[0].endswith("slirp4netns") and str(netns) in argv[1:]
+
+
+def find(netns: Path) -> list[int]:
+    """slirp4netns processes serving this namespace file (no pid file needed)."""
+    return procscan.find(lambda pid: serves(pid, netns))
+
+
+def log_tail(directory: Path) -> str:
+    try:
+        text = (directory / LOG_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text.splitlines()[-3:]) or "(empty log)"
+
+
+def version(binary: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=5,
+                             check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"slirp4netns version (\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else None
