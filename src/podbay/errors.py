@@ -25,7 +25,7 @@
     │   runtime
     ├── DriverError                      a machine operation failed (for an operator)
     │   ├── MachineNotFound              no machine with that id
-    │   └── NetworkError                 (podbay.runtime.oci.network) host networking
+    │   └── NetworkError                 a sandbox's network (podbay.runtime.network)
     │
     │   gateway
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits

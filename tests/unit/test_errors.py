@@ -12,7 +12,7 @@ import podbay.errors
 
 #: Components may define a subclass next to the code that raises it, as long
 #: as it derives from the tree (and the tree's drawing names it).
-DEFINED_ELSEWHERE = {"podbay.runtime.oci.network.NetworkError"}
+DEFINED_ELSEWHERE: set[str] = set()
 
 
 def _podbay_exceptions() -> dict[str, type[BaseException]]:
