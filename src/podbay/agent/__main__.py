@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.getpid() == 1:
         # No handlers at all: the kernel then drops every signal sent to a
         # namespace's init from inside it (SIGKILL included), so no `kill 1`
-        # or `pkill python` in the sandbox can take the agent down. The runtime
+        # or `pkill python` in the sandbox can take the agent down (nor ptrace
+        # nor pidfd_getfd: the runtime starts us non-dumpable). The runtime
         # stops the sandbox with SIGKILL from outside, which ends everything.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     else:

@@ -8,6 +8,7 @@ Driver-agnostic (they only exec through :class:`AgentClient`), used by
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -68,9 +69,78 @@ INIT_ENV_NAMES = frozenset({"PATH", "HOME", *AGENT_ENV})
 
 
 def no_host_environment(agent: AgentClient) -> str | None:
+    # Normally unreadable from inside at all (the agent is non-dumpable).
     env = agent.sh("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
     extra = sorted({e.split("=", 1)[0] for e in env} - INIT_ENV_NAMES)
     return f"the sandbox's init has host variables: {', '.join(extra)}" if extra else None
+
+
+#: Run inside a sandbox (as root, on the image's python3): each attack on the
+#: agent and its outcome, as a JSON object of name → sentence ("refused: …").
+AGENT_ATTACKS = r"""
+import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_PIDFD_OPEN, SYS_PIDFD_GETFD, PTRACE_SEIZE, PTRACE_DETACH = 434, 438, 0x4206, 17
+out = {}
+
+def failed():
+    return OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+def steal():
+    pidfd = libc.syscall(SYS_PIDFD_OPEN, 1, 0)
+    if pidfd < 0:
+        raise failed()
+    fd = libc.syscall(SYS_PIDFD_GETFD, pidfd, 3, 0)
+    if fd < 0:
+        raise failed()
+    return "stole a socket listening on " + repr(socket.socket(fileno=fd).getsockname())
+
+def trace():
+    if libc.ptrace(PTRACE_SEIZE, 1, 0, 0) != 0:
+        raise failed()
+    libc.ptrace(PTRACE_DETACH, 1, 0, 0)
+    return "attached to the agent"
+
+def memory():
+    with open("/proc/1/mem", "rb"):
+        return "opened the agent's memory"
+
+def fd_link():
+    return "reads fd 3 as " + os.readlink("/proc/1/fd/3")
+
+def oom():
+    with open("/proc/1/oom_score_adj", "w") as f:
+        f.write("1000")
+    return "made the agent the OOM killer's first choice"
+
+def environ():
+    with open("/proc/1/environ", "rb") as f:
+        return "read the agent's environment: %d bytes" % len(f.read())
+
+for name, fn in [("pidfd_getfd", steal), ("ptrace", trace), ("mem", memory),
+                 ("fd", fd_link), ("oom_score_adj", oom), ("environ", environ)]:
+    try:
+        out[name] = fn()
+    except OSError as e:
+        out[name] = "refused: " + (e.strerror or str(e))
+print(json.dumps(out))
+"""
+
+
+def agent_attacks(agent: AgentClient) -> dict[str, str]:
+    """Each attack on the agent from inside and its outcome (see :data:`AGENT_ATTACKS`)."""
+    result = agent.exec(["python3", "-c", AGENT_ATTACKS], timeout_ms=30_000)
+    if result.exit_code != 0:
+        raise RuntimeError(f"the attack script failed: {result.stderr.strip()[-300:]}")
+    found = json.loads(result.stdout)
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def agent_out_of_reach(agent: AgentClient) -> str | None:
+    """Sandbox code can neither trace the agent nor take its socket or memory."""
+    won = [f"{name}: {outcome}" for name, outcome in agent_attacks(agent).items()
+           if not outcome.startswith("refused")]
+    return "; ".join(won) if won else None
 
 
 def pid_namespace(agent: AgentClient) -> str | None:

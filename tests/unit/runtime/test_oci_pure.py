@@ -47,9 +47,10 @@ def test_bundle_isolation() -> None:
 
 def test_bundle_mounts_are_read_only_where_they_must_be() -> None:
     cfg = bundle.config(facts(netns=Path("/run/x/m1/netns"), resolv_conf=True,
-                              limit_swap=True))
+                              limit_swap=True, loader=Path("/img/agent-loader")))
     mounts = {m["destination"]: m for m in cfg["mounts"]}
-    for dest in ("/.podbay/image", "/.podbay/agent", "/.podbay/env.json"):
+    assert mounts["/.podbay/loader"]["source"] == "/img/agent-loader"
+    for dest in ("/.podbay/image", "/.podbay/agent", "/.podbay/env.json", "/.podbay/loader"):
         assert "ro" in mounts[dest]["options"], dest
     assert mounts["/.podbay/image"]["source"] == "/img/rootfs"
     assert mounts["/sys"]["type"] == "bind" and "ro" in mounts["/sys"]["options"]
@@ -125,11 +126,29 @@ def test_agent_argv_uses_the_images_real_loader(tmp_path: Path) -> None:
     (tmp_path / "usr/bin/python3.11").write_text("")
     (tmp_path / "usr/bin/python3").symlink_to("python3.11")
     argv = agent_bundle.agent_argv(tmp_path, fd=3, env_file=True)
-    assert argv[0] == "/.podbay/image/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    assert argv[0] == "/.podbay/loader"  # the execute-only copy (see stage_loader)
+    shared = agent_bundle.agent_argv(tmp_path, fd=3, env_file=True, private_loader=False)
+    assert shared[0] == "/.podbay/image/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    assert shared[1:] == argv[1:]
     assert argv[1:4] == ["--inhibit-cache", "--library-path",
                          "/.podbay/image/usr/lib/x86_64-linux-gnu"]
     assert argv[4] == "/.podbay/image/usr/bin/python3.11"
     assert argv[-4:] == ["--fd", "3", "--env-file", "/.podbay/env.json"]
+
+
+def test_loader_copy_is_execute_only_and_host_owned(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    (libdir / "ld-linux-x86-64.so.2").write_bytes(b"\x7fELF loader")
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/python3.11").write_text("")
+    copy = agent_bundle.stage_loader(rootfs)
+    assert copy == tmp_path / agent_bundle.LOADER_COPY
+    st = copy.stat()
+    assert st.st_mode & 0o7777 == 0o111
+    assert st.st_uid == 0
+    assert agent_bundle.stage_loader(rootfs) == copy  # made once
 
 
 def test_cgroup_freezer_v1_and_v2(tmp_path: Path) -> None:

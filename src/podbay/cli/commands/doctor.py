@@ -170,6 +170,8 @@ async def sandbox_probes(settings: object, report: Report) -> str:
             ("root inside is not root outside", lambda: probes.user_namespace(a)),
             ("no mounts, namespaces or extra capabilities", lambda: probes.hardening(a)),
             ("no host environment", lambda: probes.no_host_environment(a)),
+            ("agent out of reach (ptrace, pidfd_getfd, /proc/1)",
+             lambda: probes.agent_out_of_reach(a)),
             ("own process namespace", lambda: probes.pid_namespace(a)),
             ("sandboxes see neither files nor processes of each other",
              lambda: probes.neighbours(a, b)),

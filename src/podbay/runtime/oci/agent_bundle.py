@@ -32,6 +32,11 @@ log = logging.getLogger("podbay.runtime.agent")
 IMAGE_DIR = "/.podbay/image"
 AGENT_DIR = "/.podbay/agent"
 ENV_FILE = "/.podbay/env.json"
+#: The image's dynamic loader, as an execute-only file owned by host root (see
+#: :func:`stage_loader`); the agent is started through it.
+LOADER = "/.podbay/loader"
+#: Its copy on the host, next to the image's rootfs.
+LOADER_COPY = "agent-loader"
 
 def _sources(root: Path) -> list[tuple[str, Path]]:
     """(relative path inside the staged ``podbay/``, source file), sorted."""
@@ -94,6 +99,33 @@ def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
     return loaders[0], libdirs, pythons[-1]
 
 
+def stage_loader(image_rootfs: Path) -> Path:
+    """An execute-only copy of the image's loader, owned by host root (made once).
+
+    Why: the kernel makes a process non-dumpable, and hands its memory to the
+    host's user namespace, when it executes a file it cannot read (``would_dump``
+    in fs/exec.c). Sandbox root can read every file whose owner is mapped into
+    the sandbox, but not one owned by host root with mode 0111. Started through
+    this copy, the agent cannot be ptraced, its fds cannot be taken with
+    ``pidfd_getfd``, and its ``/proc/1`` files (mem, fd, environ, oom_score_adj)
+    belong to host root: only ``CAP_SYS_PTRACE`` in the host's namespace reaches
+    it. Commands it starts exec their own binaries and are debuggable as usual."""
+    loader, _, _ = _interpreter(image_rootfs)
+    target = image_rootfs.parent / LOADER_COPY
+    try:
+        st = target.stat()
+        if st.st_uid == 0 and st.st_mode & 0o7777 == 0o111 and st.st_size == loader.stat().st_size:
+            return target
+    except FileNotFoundError:
+        pass
+    tmp = target.with_name(f".{LOADER_COPY}.{os.getpid()}")
+    shutil.copyfile(loader, tmp)
+    os.chown(tmp, 0, 0)
+    os.chmod(tmp, 0o111)  # noqa: S103 - execute-only, readable by none
+    os.rename(tmp, target)
+    return target
+
+
 def host_python_argv(image_rootfs: Path) -> list[str]:
     """Run the image's interpreter on the host (to byte-compile for it)."""
     loader, libdirs, python = _interpreter(image_rootfs)
@@ -101,8 +133,10 @@ def host_python_argv(image_rootfs: Path) -> list[str]:
             str(python), "-I", "-S"]
 
 
-def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
-    """The sandbox's first process: the image's python through the image's loader.
+def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool,
+               private_loader: bool = True) -> list[str]:
+    """The sandbox's first process: the image's python through the image's loader
+    (its execute-only copy at :data:`LOADER` unless ``private_loader`` is false).
 
     Paths are resolved inside the image on the host, because the image's own
     ``/lib64/ld-linux-x86-64.so.2`` is an *absolute* symlink that would resolve
@@ -112,7 +146,7 @@ def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool) -> list[str]:
     def inside(path: Path) -> str:
         return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
 
-    argv = [inside(loader), "--inhibit-cache",
+    argv = [LOADER if private_loader else inside(loader), "--inhibit-cache",
             "--library-path", ":".join(inside(d) for d in libdirs),
             inside(python), "-I", "-S", "-c", staging.launch_code(AGENT_DIR), "--fd", str(fd)]
     if env_file:

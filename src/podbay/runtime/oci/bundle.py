@@ -30,7 +30,7 @@ from typing import Any
 from podbay.agent.staging import AGENT_ENV
 
 from . import seccomp
-from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR
+from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER
 
 ID_RANGE = 65536
 
@@ -73,6 +73,8 @@ class BundleFacts:
     resolv_conf: bool = False
     #: Cap swap at zero too (the host's cgroup supports swap accounting).
     limit_swap: bool = False
+    #: The execute-only loader the agent starts through (bound at ``LOADER``).
+    loader: Path | None = None
 
 
 def _bind(source: Path, destination: str, *options: str) -> dict[str, Any]:
@@ -108,6 +110,7 @@ def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
     found += [
         _bind(facts.image_rootfs, IMAGE_DIR, "ro"),
         _bind(facts.agent_dir, AGENT_DIR, "ro"),
+        *([_bind(facts.loader, LOADER, "ro")] if facts.loader is not None else []),
         _bind(facts.files_dir / "env.json", ENV_FILE, "ro"),
         _bind(facts.files_dir / "hostname", "/etc/hostname", "rw"),
         _bind(facts.files_dir / "hosts", "/etc/hosts", "rw"),

@@ -94,7 +94,14 @@ class OciDriver:
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
         self._image, self._agent_dir = image, agent_dir
-        self._argv = agent_bundle.agent_argv(image.rootfs, fd=3, env_file=True)
+        self._argv = self._agent_argv(image)
+
+    def _agent_argv(self, image: Image) -> list[str]:
+        private = self.runc.shares_host_kernel
+        if private:
+            agent_bundle.stage_loader(image.rootfs)
+        return agent_bundle.agent_argv(image.rootfs, fd=3, env_file=True,
+                                       private_loader=private)
 
     def _lock(self, machine_id: str) -> asyncio.Lock:
         return self._locks.setdefault(machine_id, asyncio.Lock())
@@ -197,7 +204,9 @@ class OciDriver:
                 files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
                 memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
                 pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
-                resolv_conf=True, limit_swap=self.cgroups.swap_accounting())
+                resolv_conf=True, limit_swap=self.cgroups.swap_accounting(),
+                loader=(image.root / agent_bundle.LOADER_COPY
+                        if self.runc.shares_host_kernel else None))
             (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
             # The request waits in the socket's backlog until the agent serves it, so
             # asking now overlaps runc's own exit with the agent's start-up.
@@ -227,7 +236,7 @@ class OciDriver:
             log.warning("machine %s: its base image %s is gone; starting on %s",
                         record.spec.machine_id, record.image, self._image.key)
             return self._image, self._argv
-        return old, agent_bundle.agent_argv(old.rootfs, fd=3, env_file=True)
+        return old, self._agent_argv(old)
 
     def _write_files(self, spec: MachineSpec, paths: MachinePaths) -> None:
         """The files bound into the sandbox, on its own disk (so what the sandbox

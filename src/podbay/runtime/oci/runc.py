@@ -116,6 +116,11 @@ class Runc:
         paths); other runtimes (crun, runsc) are asked through their command line."""
         return Path(self.binary).name == "runc"
 
+    @property
+    def shares_host_kernel(self) -> bool:
+        """runc and crun run the sandbox on the host's kernel; runsc (gVisor) does not."""
+        return Path(self.binary).name != "runsc"
+
     async def query(self, container_id: str) -> ContainerState | None:
         """Like :meth:`state`, for any OCI runtime (``status`` may then be "paused")."""
         if self.is_runc:
