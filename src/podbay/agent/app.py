@@ -23,6 +23,7 @@ from podbay.wire.data import (
     SignalRequest,
     SpawnRequest,
 )
+from podbay.wire.limits import MAX_JSON_BODY
 
 from . import VERSION
 from .exec import run as run_exec
@@ -31,8 +32,6 @@ from .http import Request, Response
 from .processes import ProcessTable
 from .reaper import Reaper
 
-#: Largest JSON request body (an argv near the kernel's limit fits).
-MAX_JSON_BODY = 8 * 1024 * 1024
 FEATURES = [paths.FEATURE_FILES]
 
 T = TypeVar("T")
@@ -49,7 +48,8 @@ def refusal_response(code: ErrorCode, message: str) -> Response:
 
 def protocol_refusal(status: int, message: str) -> Response:
     """How the HTTP layer's own faults are answered: in the contract's shape."""
-    code = ErrorCode.INTERNAL if status == 500 else ErrorCode.REQUEST_INVALID
+    code = {500: ErrorCode.INTERNAL, 413: ErrorCode.REQUEST_TOO_LARGE}.get(
+        status, ErrorCode.REQUEST_INVALID)
     return refusal_response(code, message)
 
 

@@ -18,6 +18,12 @@ _PATH_ERRNO: dict[int, ErrorCode] = {
     errno.EACCES: ErrorCode.PATH_ACCESS_DENIED,
     errno.EPERM: ErrorCode.PATH_ACCESS_DENIED,
     errno.EROFS: ErrorCode.PATH_ACCESS_DENIED,
+    # A mount point (/etc/hosts, /dev/null) cannot be replaced, a running
+    # binary cannot be rewritten, a rename cannot cross file systems.
+    errno.EBUSY: ErrorCode.PATH_ACCESS_DENIED,
+    errno.ETXTBSY: ErrorCode.PATH_ACCESS_DENIED,
+    errno.EXDEV: ErrorCode.PATH_ACCESS_DENIED,
+    errno.EINVAL: ErrorCode.PATH_INVALID,
     errno.ENOTEMPTY: ErrorCode.DIRECTORY_NOT_EMPTY,
     errno.EEXIST: ErrorCode.PATH_EXISTS,
     errno.ENOSPC: ErrorCode.NO_SPACE,

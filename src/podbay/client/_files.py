@@ -102,7 +102,9 @@ def cleanup_command(path: str) -> list[str]:
 def check_write(result: ExecResult, path: str) -> None:
     if result.exit_code != 0:
         missing = "No such file" in result.stderr or "nonexistent" in result.stderr
-        status, code = (404, "PATH_NOT_FOUND") if missing else (409, "PATH_ACCESS_DENIED")
+        full = "No space left" in result.stderr or "quota exceeded" in result.stderr
+        status, code = ((404, "PATH_NOT_FOUND") if missing else (507, "NO_SPACE") if full
+                        else (409, "PATH_ACCESS_DENIED"))
         raise SandboxRequestError(status, f"cannot write {path}: {_reason(result)}", code)
 
 

@@ -29,8 +29,10 @@ from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
 from podbay.settings import Settings
 from podbay.store.base import Store
+from podbay.wire.limits import MAX_CONTROL_BODY
 
 from . import errors
+from .bodies import BodyLimit
 from .keys import KeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
@@ -118,7 +120,7 @@ class Platform:
             lifespan=self._lifespan,
         )
         self.control.state.platform = self
-        self._control = RequestIdMiddleware(self.control)
+        self._control = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
 
     def _suspect(self, sandbox_id: str) -> None:
         """Check, once at a time per sandbox, a machine whose agent went quiet."""

@@ -8,7 +8,7 @@ import json
 import logging
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from podbay.errors import ApiError
@@ -41,6 +41,11 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
     return error_response(api, request)
 
 
+async def on_client_gone(request: Request, exc: Exception) -> Response:
+    """The client hung up mid-body: nobody to answer, nothing to log."""
+    return Response(status_code=499)
+
+
 async def on_unexpected(request: Request, exc: Exception) -> Response:
     log.error("unhandled error", exc_info=exc)
     return error_response(ApiError(ErrorCode.INTERNAL, "internal error"), request)
@@ -49,5 +54,6 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
 handlers = {
     ApiError: on_api_error,
     HTTPException: on_http_exception,
+    ClientDisconnect: on_client_gone,
     Exception: on_unexpected,
 }

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
-from podbay.wire.paths import CREDENTIAL_HEADER, EXEC, REQUEST_ID_HEADER
+from podbay.wire.limits import MAX_JSON_BODY
+from podbay.wire.paths import CREDENTIAL_HEADER, EXEC, FILES, REQUEST_ID_HEADER
 
 from .activity import ActivityTracker
 from .credentials import CredentialVerifier
@@ -31,6 +32,7 @@ PREFIX = "/sandbox/"
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _EXEC = EXEC.encode()
+_FILES = FILES.encode()
 #: Data-plane paths without the sandbox prefix (see ``__call__``).
 _BARE = b"/v1/"
 
@@ -102,7 +104,10 @@ class Gateway:
         target = tail + b"?" + query if query else tail
         self.activity.begin(sid)
         try:
-            status = await relay(route.pool, scope, receive, send, target, request_id)
+            # Only a native file write streams an unbounded body; every other
+            # body is JSON the agent reads whole.
+            limit = None if scope["method"] == "PUT" and tail == _FILES else MAX_JSON_BODY
+            status = await relay(route.pool, scope, receive, send, target, request_id, limit)
         finally:
             self.activity.end(sid)
         if status == 502 and self.on_unreachable is not None:

@@ -23,15 +23,17 @@ and never retried (the command may have run).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
 import httptools
+from starlette.types import Receive, Scope, Send
 
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
-from podbay.errors import ApiError
+from podbay.errors import ApiError, PodbayError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, REQUEST_ID_HEADER
 
@@ -55,6 +57,10 @@ READ_SIZE = 64 * 1024
 MAX_RESPONSE_HEAD = 64 * 1024
 #: Most answer headers read from an agent.
 MAX_RESPONSE_HEADERS = 100
+
+
+class BodyTooLarge(PodbayError):
+    """The client's body passed the relay's limit while it streamed."""
 
 
 async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]
@@ -128,9 +134,17 @@ def _request_head(scope, target: bytes, request_id: str) -> tuple[bytes, str]:  
 
 
 async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: ignore[no-untyped-def]
-                request_id: str) -> int:
-    """Forward one request; returns the status the client got."""
+                request_id: str, body_limit: int | None = None) -> int:
+    """Forward one request; returns the status the client got.
+
+    ``body_limit``: the most request-body bytes relayed; a larger declared
+    length is refused before the agent is reached, a larger streamed body
+    as soon as it passes the limit (413 ``REQUEST_TOO_LARGE`` either way).
+    """
     head, framing = _request_head(scope, target, request_id)
+    if body_limit is not None and framing == "length" \
+            and int(_header(scope, b"content-length")) > body_limit:
+        return await _too_large(send, request_id, body_limit)
     try:
         conn = await pool.acquire()
     except OSError:
@@ -138,17 +152,7 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
     reader, writer = conn
     started = False
     try:
-        writer.write(head)
-        if framing == "length":
-            async for chunk in _client_body(receive):
-                writer.write(chunk)
-                await writer.drain()
-        elif framing == "chunked":
-            async for chunk in _client_body(receive):
-                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-                await writer.drain()
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        await _send_request(writer, head, framing, receive, body_limit)
 
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
@@ -186,6 +190,9 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
     except ConnectionAbortedError:  # the client left: drop the agent connection too
         writer.close()
         return 499
+    except BodyTooLarge:
+        writer.close()
+        return await _too_large(send, request_id, body_limit or 0)
     except (OSError, httptools.HttpParserError, AgentAnswerInvalid):
         # (A callback's AgentAnswerInvalid arrives as HttpParserCallbackError.)
         writer.close()
@@ -197,6 +204,37 @@ async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: i
     except BaseException:
         writer.close()
         raise
+
+
+async def _send_request(writer: asyncio.StreamWriter, head: bytes, framing: str,
+                        receive: Receive, body_limit: int | None) -> None:
+    writer.write(head)
+    if framing == "none":
+        await writer.drain()
+        return
+    sent = 0
+    async for chunk in _client_body(receive):
+        sent += len(chunk)
+        if body_limit is not None and sent > body_limit:
+            raise BodyTooLarge(body_limit)
+        writer.write(chunk if framing == "length" else b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        await writer.drain()
+    if framing == "chunked":
+        writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return b""
+
+
+async def _too_large(send: Send, request_id: str, limit: int) -> int:
+    exc = ApiError(ErrorCode.REQUEST_TOO_LARGE, f"the request body is over {limit} bytes")
+    await send_error(send, exc, request_id)
+    return exc.status
 
 
 def _passed_on(name: bytes) -> bool:

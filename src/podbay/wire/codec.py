@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from datetime import UTC, datetime
@@ -33,6 +34,10 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 from podbay.errors import WireError as WireError  # re-exported: defined in the one tree
 
 T = TypeVar("T")
+#: UTF-16 halves on their own: JSON's ``\\ud800`` escapes let them into a
+#: ``str``, but they name no character, cannot be encoded, and no path, env
+#: name or argument can hold one.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def format_time(value: datetime) -> str:
@@ -85,8 +90,16 @@ def encode(obj: Any) -> Any:
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON of :func:`encode`."""
-    return json.dumps(encode(obj), separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON of :func:`encode`.
+
+    A lone surrogate (say, echoed back in a refusal's message) is written as
+    a ``\\udXXX`` escape: the answer stays valid JSON instead of failing.
+    """
+    data = encode(obj)
+    try:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode()
 
 
 def decode(cls: type[T], data: Any, *, strict: bool = True, where: str = "") -> T:
@@ -103,6 +116,8 @@ def loads(cls: type[T], raw: bytes | str, *, strict: bool = True) -> T:
         data = json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError("", f"body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise WireError("", "body is nested too deeply") from None
     return decode(cls, data, strict=strict)
 
 
@@ -148,8 +163,9 @@ def _convert(tp: Any, value: Any, strict: bool, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise WireError(where, "must be an object")
-        _, item = get_args(tp)
-        return {str(k): _convert(item, v, strict, _join(where, str(k))) for k, v in value.items()}
+        key_type, item = get_args(tp)
+        return {_convert(key_type, k, strict, _join(where, "<key>")):
+                _convert(item, v, strict, _join(where, k)) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _convert_dataclass(tp, value, strict, where)
     if isinstance(tp, type) and issubclass(tp, Enum):
@@ -181,6 +197,8 @@ def _convert(tp: Any, value: Any, strict: bool, where: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise WireError(where, "must be a string")
+        if not value.isascii() and _LONE_SURROGATE.search(value):
+            raise WireError(where, "must be valid Unicode (it holds a lone surrogate)")
         return value
     raise TypeError(f"codec cannot handle {_describe(tp)} at {where or 'top level'}")
 

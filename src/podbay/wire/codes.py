@@ -14,6 +14,7 @@ from enum import StrEnum
 class ErrorCode(StrEnum):
     # -- any endpoint ------------------------------------------------------
     REQUEST_INVALID = "REQUEST_INVALID"  # malformed JSON, wrong types, unknown fields
+    REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"  # a body over the endpoint's limit
     ROUTE_NOT_FOUND = "ROUTE_NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     INTERNAL = "INTERNAL"
@@ -66,6 +67,7 @@ class ErrorCode(StrEnum):
 
 STATUS: dict[ErrorCode, int] = {
     ErrorCode.REQUEST_INVALID: 400,
+    ErrorCode.REQUEST_TOO_LARGE: 413,
     ErrorCode.ROUTE_NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INTERNAL: 500,

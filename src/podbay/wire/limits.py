@@ -40,6 +40,13 @@ CREDENTIAL_TTL_SECONDS: Final = 15 * 60
 #: ``Retry-After`` a client assumes when a 202 carries none.
 DEFAULT_RETRY_AFTER_SECONDS: Final = 5
 
+#: Largest JSON request body on the data plane (an argv near the kernel's
+#: limit fits); larger is 413 ``REQUEST_TOO_LARGE``. File bodies (native
+#: writes) stream with no cap but the sandbox's disk.
+MAX_JSON_BODY: Final = 8 * MIB
+#: Largest request body the control plane reads (attach's is a few bytes).
+MAX_CONTROL_BODY: Final = 64 * 1024
+
 #: The reference client writes binary files through ``exec`` in chunks this big
 #: (base64 of 48 KiB stays far below Linux's 128 KiB per-argument limit).
 BASE64_WRITE_CHUNK: Final = 48 * 1024

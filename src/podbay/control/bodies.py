@@ -1,0 +1,65 @@
+"""Request bodies the control plane reads are bounded, by declared length
+and while they stream.
+
+The control plane's bodies are small JSON (attach's is a few bytes), so a
+body over :data:`~podbay.wire.limits.MAX_CONTROL_BODY` is refused with 413
+``REQUEST_TOO_LARGE``: at once when ``Content-Length`` says so, else as
+soon as the streamed bytes pass the limit. Nothing is buffered beyond it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
+
+
+class BodyLimit:
+    """Pure ASGI middleware: ``BodyLimit(app, limit)``."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limit:
+            await _refuse(send, self._refusal())
+            return
+        received = 0
+
+        async def bounded_receive():  # type: ignore[no-untyped-def]
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise self._refusal()
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+    def _refusal(self) -> ApiError:
+        return ApiError(ErrorCode.REQUEST_TOO_LARGE,
+                        f"the request body is over {self.limit} bytes")
+
+
+def _content_length(scope: dict[str, Any]) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            text = value.strip()
+            return int(text) if text.isdigit() else None
+    return None
+
+
+async def _refuse(send, exc: ApiError) -> None:  # type: ignore[no-untyped-def]
+    body = json.dumps(exc.body()).encode()
+    await send({"type": "http.response.start", "status": exc.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
