@@ -29,6 +29,7 @@
     │
     │   gateway
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
+    ├── BodyTooLarge                     a client's body passed the relay's limit
     │
     │   agent (inside the sandbox)
     ├── ProtocolError(status, message)   the peer broke HTTP/1.1
@@ -187,6 +188,10 @@ class AgentAnswerInvalid(PodbayError):
     """The agent's answer breaks the relay's limits: it is not relayed."""
 
 
+class BodyTooLarge(PodbayError):
+    """The client's body passed the relay's limit while it streamed."""
+
+
 class ProtocolError(PodbayError):
     """The peer broke HTTP/1.1; answered with ``status`` and the connection closed."""
 
@@ -226,6 +231,7 @@ __all__ = [
     "AgentAnswerInvalid",
     "AgentError",
     "ApiError",
+    "BodyTooLarge",
     "DeploymentError",
     "DriverError",
     "EnvFileError",

@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
-from podbay.errors import ApiError, PodbayError
+from podbay.errors import ApiError, BodyTooLarge
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, REQUEST_ID_HEADER
 
@@ -57,10 +57,6 @@ READ_SIZE = 64 * 1024
 MAX_RESPONSE_HEAD = 64 * 1024
 #: Most answer headers read from an agent.
 MAX_RESPONSE_HEADERS = 100
-
-
-class BodyTooLarge(PodbayError):
-    """The client's body passed the relay's limit while it streamed."""
 
 
 async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]
