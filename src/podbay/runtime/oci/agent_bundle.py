@@ -91,9 +91,10 @@ def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
     libdirs = sorted(p for p in (image_rootfs / "usr" / "lib").glob("*-linux-gnu*")
                      if p.is_dir() and not p.is_symlink())
     loaders = [p for d in libdirs for p in d.glob("ld-linux*.so.*") if not p.is_symlink()]
-    pythons = sorted((image_rootfs / "usr" / "bin").glob("python3.[0-9]*"))
-    pythons = [p for p in pythons if p.name.replace("python3.", "").isdigit()
-               and not p.is_symlink()]
+    pythons = [p for p in (image_rootfs / "usr" / "bin").glob("python3.[0-9]*")
+               if p.name.removeprefix("python3.").isdigit() and not p.is_symlink()]
+    # By minor version as a number: python3.11 is newer than python3.9.
+    pythons.sort(key=lambda p: int(p.name.removeprefix("python3.")))
     if not loaders or not pythons:
         raise DriverError(f"base image at {image_rootfs} has no python3 or no dynamic loader")
     return loaders[0], libdirs, pythons[-1]

@@ -1,0 +1,45 @@
+"""A machine's disk file: sparse, of exactly its quota, copied from one template per size.
+(Mounting it needs root: tests/integration/runtime.)"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from podbay.runtime.oci import storage
+
+MIB = 1 << 20
+
+
+def test_a_disk_is_a_sparse_ext4_file_of_the_quota(tmp_path: Path) -> None:
+    assert shutil.which("mkfs.ext4"), "e2fsprogs is installed by ./run"
+    disk = tmp_path / "machines/m1/disk.ext4"
+    disk.parent.mkdir(parents=True)
+    asyncio.run(storage.make_disk(disk, 64 * MIB, tmp_path / "templates"))
+    assert disk.stat().st_size == 64 * MIB
+    assert disk.stat().st_blocks * 512 < 16 * MIB, "the copy is not sparse"
+    with open(disk, "rb") as f:
+        f.seek(1024 + 0x38)  # the ext superblock's magic
+        assert f.read(2) == b"\x53\xef"
+    assert sorted(p.name for p in disk.parent.iterdir()) == ["disk.ext4"]  # no temporary
+
+
+def test_one_template_per_size_is_made_once(tmp_path: Path) -> None:
+    templates = tmp_path / "templates"
+    asyncio.run(storage.make_disk(tmp_path / "a.ext4", 32 * MIB, templates))
+    template = templates / f"ext4-{32 * MIB}.img"
+    made = template.stat().st_mtime_ns
+    asyncio.run(storage.make_disk(tmp_path / "b.ext4", 32 * MIB, templates))
+    assert template.stat().st_mtime_ns == made
+    assert (tmp_path / "a.ext4").read_bytes() == (tmp_path / "b.ext4").read_bytes()
+    asyncio.run(storage.make_disk(tmp_path / "c.ext4", 48 * MIB, templates))
+    assert sorted(p.name for p in templates.iterdir()) == [
+        f"ext4-{32 * MIB}.img", f"ext4-{48 * MIB}.img"]
+
+
+def test_mount_points_are_this_namespaces(tmp_path: Path) -> None:
+    points = storage.mountpoints()
+    assert "/" in points and "/proc" in points
+    assert storage.is_mounted(Path("/proc"))
+    assert not storage.is_mounted(tmp_path)
