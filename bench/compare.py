@@ -1,0 +1,589 @@
+# ruff: noqa: E402
+"""podbay against Docker (where it runs) and against the machine's own floors, one run.
+
+    .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
+
+Starts a real ``podbay serve`` (``podbay.testing.platform``: real sandboxes,
+needs root and the base image), twice: with the default warm pool of 2 and
+with none. Every row is sampled ``--runs`` times and its median printed.
+Where Docker Engine answers on ``/var/run/docker.sock`` and has the image
+``--docker-image`` locally, the Docker rows run in the same loop, podbay and
+Docker samples interleaved (A B A B ...), and the ratio podbay/Docker is the
+median of the pairwise ratios. Without Docker the table holds podbay's rows
+beside the physical floors of this machine:
+
+* spawn: ``posix_spawn`` + ``waitpid`` of ``/bin/true`` from Python;
+* loopback HTTP: one keep-alive request/response over TCP loopback between
+  two threads of this process (``http.client`` against a raw-socket server);
+* host ``cp`` of the same file (page-cached source, same filesystem);
+* Python start-up: ``python -I -S -c pass`` and ``python -c pass`` (what any
+  Python CLI pays before its first import).
+
+Rows:
+
+* new sandbox → first output: ``attach`` of a new name + ``exec echo``, SDK;
+* exec ``true`` in a running sandbox, SDK;
+* exec throughput: 8 client threads over 20 running sandboxes, 5 s;
+* suspend / resume: ``stop`` then ``attach`` (control-plane API, SDK);
+* host memory per idle sandbox: agent PSS + slirp4netns PSS, 10 idle sandboxes
+  (Docker: containerd-shim PSS + the container's init PSS);
+* write 100 MiB: SDK ``upload`` of a page-cached file (includes the SDK's
+  digest), and a PUT straight to the agent's socket with the digest computed
+  beforehand (the agent's write path alone);
+* ``podbay sandbox exec NAME -- true``: the CLI as a whole process;
+* first exec on a sandbox handed out by the warm pool, beside the second.
+
+The Docker half is written against the Engine API (v1.41) and the ``docker``
+CLI but was not run where it was written (no Docker daemon there): treat its
+figures as unverified until it has run once on your machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This directory holds a platform.py that would shadow the standard library's.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.modules.pop("platform", None)
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from podbay import SandboxClient
+from podbay.testing.platform import PlatformServer
+
+MIB = 1024 * 1024
+ROOT = Path(__file__).resolve().parent.parent
+PODBAY = str(Path(sys.executable).with_name("podbay"))
+DOCKER_SOCKET = "/var/run/docker.sock"
+
+Sample = Callable[[], float]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def pids_matching(predicate: Callable[[list[str]], bool]) -> list[int]:
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and predicate(cmdline(int(e.name)))]
+
+
+class Row:
+    """One line of the table: podbay's samples, Docker's, in one unit."""
+
+    def __init__(self, name: str, unit: str, scale: float = 1000.0,
+                 higher_is_better: bool = False) -> None:
+        self.name, self.unit, self.scale = name, unit, scale
+        self.higher_is_better = higher_is_better
+        self.podbay: list[float] = []
+        self.docker: list[float] = []
+
+    def run(self, podbay: Sample, docker: Sample | None, runs: int) -> Row:
+        for _ in range(runs):
+            self.podbay.append(podbay() * self.scale)
+            if docker is not None:
+                self.docker.append(docker() * self.scale)
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"row": self.name, "unit": self.unit, "n": len(self.podbay),
+                               "podbay": round(median(self.podbay), 3)}
+        if self.docker:
+            out["docker"] = round(median(self.docker), 3)
+            pairs = [a / b for a, b in zip(self.podbay, self.docker, strict=False) if b]
+            out["ratio"] = round(median(pairs), 3)
+        return out
+
+
+# -- floors ---------------------------------------------------------------------------
+
+def floor_spawn() -> float:
+    started = time.perf_counter()
+    pid = os.posix_spawn("/bin/true", ["true"], os.environ)
+    os.waitpid(pid, 0)
+    return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def loopback_server() -> Iterator[int]:
+    """A keep-alive HTTP server that answers every request with a fixed 200."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                buf = b""
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        break
+                    buf += data
+                    while b"\r\n\r\n" in buf:
+                        head, buf = buf.split(b"\r\n\r\n", 1)
+                        length = 0
+                        for line in head.split(b"\r\n")[1:]:
+                            key, _, value = line.partition(b":")
+                            if key.strip().lower() == b"content-length":
+                                length = int(value)
+                        while len(buf) < length:
+                            buf += conn.recv(65536)
+                        buf = buf[length:]
+                        conn.sendall(answer)
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def python_start(flags: list[str]) -> Sample:
+    return lambda: timed(lambda: subprocess.run([sys.executable, *flags, "-c", "pass"],
+                                                check=True))
+
+
+# -- podbay ---------------------------------------------------------------------------
+
+class Podbay:
+    """One ``podbay serve`` and an SDK client on it."""
+
+    def __init__(self, warm_pool: int) -> None:
+        root = Path(tempfile.mkdtemp(prefix="podbay-compare-"))
+        env = {"PODBAY_RUNTIME_WARM_POOL": str(warm_pool), "PODBAY_CAPS_PER_DEPLOYMENT": "100",
+               "PODBAY_CAPS_PER_ACCOUNT": "100", "PODBAY_LOG_LEVEL": "warning"}
+        self.server = PlatformServer.start(root, env=env)
+        self.token = self.server.create_deployment("compare")
+        self.client = SandboxClient(identity_token=self.token, server_url=self.server.base_url)
+        self.counter = 0
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+    def fresh_name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}-{self.counter}"
+
+    def machine_id(self, name: str) -> str:
+        handle = self.client.attach(name)
+        sandbox_id = handle.endpoint.rstrip("/").rsplit("/", 1)[1]
+        with sqlite3.connect(self.server.data_dir / "podbay.db") as db:
+            (machine_id,) = db.execute("SELECT machine_id FROM sandboxes WHERE id=?",
+                                       (sandbox_id,)).fetchone()
+        return str(machine_id)
+
+    def driver(self) -> Any:
+        from podbay.runtime.oci.driver import OciDriver
+        from podbay.settings import Settings
+
+        settings = Settings.load(environ={**self.server.env}, data_dir=self.server.data_dir)
+        return OciDriver(settings)
+
+    def agent_socket(self, name: str) -> str:
+        return str(self.driver().agent_socket(self.machine_id(name)))
+
+    def new_to_first_output(self) -> float:
+        name = self.fresh_name("new")
+        started = time.perf_counter()
+        self.client.attach(name)
+        result = self.client.exec(name, ["echo", "hi"])
+        took = time.perf_counter() - started
+        assert result.stdout == "hi\n", result
+        self.client.delete(name)
+        time.sleep(0.3)  # let a warm pool refill, as between real conversations
+        return took
+
+    def first_exec_pooled(self) -> tuple[float, float]:
+        name = self.fresh_name("pooled")
+        self.client.attach(name)
+        first = timed(lambda: self.client.exec(name, ["true"]))
+        second = timed(lambda: self.client.exec(name, ["true"]))
+        self.client.delete(name)
+        time.sleep(0.3)
+        return first, second
+
+    def throughput(self, names: list[str], clients: int, seconds: float) -> float:
+        handles = [self.client.attach(n) for n in names]
+        count = [0] * clients
+        stop_at = time.perf_counter() + seconds
+
+        def worker(i: int) -> None:
+            with httpx.Client(timeout=30) as http:
+                k = i
+                while time.perf_counter() < stop_at:
+                    h = handles[k % len(handles)]
+                    r = http.post(h.endpoint.rstrip("/") + "/v1/exec", headers=h.headers,
+                                  json={"command": ["true"]})
+                    assert r.status_code == 200, r.text
+                    count[i] += 1
+                    k += clients
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(count) / seconds
+
+    def idle_memory_kib(self, names: list[str], settle: float) -> tuple[float, float]:
+        """(agent PSS, slirp4netns PSS) median per sandbox, KiB."""
+        driver = self.driver()
+        for n in names:
+            self.client.exec(n, ["true"])
+        time.sleep(settle)
+        agents, slirps = [], []
+        for n in names:
+            machine_id = self.machine_id(n)
+            state = driver.runc.state(machine_id)
+            agents.append(pss_kib(state.pid))
+            found = pids_matching(lambda argv, m=machine_id: bool(argv)
+                                  and argv[0].endswith("slirp4netns")
+                                  and any(m in a for a in argv))
+            slirps.append(sum(pss_kib(p) for p in found))
+        return median(agents), median(slirps)
+
+    def cli_exec(self, name: str) -> float:
+        env = {**os.environ, "ASTRO_AUTHZ_TOKEN": self.token,
+               "PODBAY_SERVER_URL": self.server.base_url}
+        started = time.perf_counter()
+        done = subprocess.run([PODBAY, "sandbox", "exec", name, "--", "true"], env=env,
+                              capture_output=True)
+        took = time.perf_counter() - started
+        assert done.returncode == 0, done.stderr
+        return took
+
+
+def write_to_agent(sock: str, source: Path, digest: str, size: int) -> float:
+    conn = UnixHTTPConnection(sock)
+    started = time.perf_counter()
+    conn.putrequest("PUT", "/v1/files?path=/workspace/direct.bin")
+    conn.putheader("X-Podbay-Sha256", digest)
+    conn.putheader("Content-Length", str(size))
+    conn.endheaders()
+    with open(source, "rb") as f:
+        while chunk := f.read(MIB):
+            conn.send(chunk)
+    response = conn.getresponse()
+    body = response.read()
+    took = time.perf_counter() - started
+    conn.close()
+    assert response.status == 200, body
+    return took
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("agent", timeout=120)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+
+# -- Docker ---------------------------------------------------------------------------
+
+class Docker:
+    """Docker Engine through its API socket and its CLI (runc, the daemon's default)."""
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        self.api = httpx.Client(transport=httpx.HTTPTransport(uds=DOCKER_SOCKET),
+                                base_url="http://docker/v1.41", timeout=120)
+        self.containers: list[str] = []
+
+    @classmethod
+    def available(cls, image: str) -> Docker | None:
+        if not os.path.exists(DOCKER_SOCKET) or shutil.which("docker") is None:
+            return None
+        try:
+            docker = cls(image)
+            if docker.api.get(f"/images/{image}/json").status_code != 200:
+                print(f"docker: image {image} is not present locally; Docker rows skipped")
+                return None
+            return docker
+        except httpx.TransportError:
+            return None
+
+    def create_started(self) -> str:
+        r = self.api.post("/containers/create", json={
+            "Image": self.image, "Cmd": ["sleep", "infinity"], "HostConfig": {"Init": True}})
+        r.raise_for_status()
+        cid = str(r.json()["Id"])
+        self.containers.append(cid)
+        self.api.post(f"/containers/{cid}/start").raise_for_status()
+        return cid
+
+    def exec(self, cid: str, argv: list[str]) -> bytes:
+        r = self.api.post(f"/containers/{cid}/exec", json={
+            "Cmd": argv, "AttachStdout": True, "AttachStderr": True})
+        r.raise_for_status()
+        out = self.api.post(f"/exec/{r.json()['Id']}/start", json={"Detach": False, "Tty": False})
+        out.raise_for_status()
+        return out.content
+
+    def remove(self, cid: str) -> None:
+        self.api.delete(f"/containers/{cid}", params={"force": "true"})
+        with contextlib.suppress(ValueError):
+            self.containers.remove(cid)
+
+    def close(self) -> None:
+        for cid in list(self.containers):
+            self.remove(cid)
+        self.api.close()
+
+    def new_to_first_output(self) -> float:
+        started = time.perf_counter()
+        cid = self.create_started()
+        out = self.exec(cid, ["echo", "hi"])
+        took = time.perf_counter() - started
+        assert b"hi" in out, out
+        self.remove(cid)
+        return took
+
+    def throughput(self, cids: list[str], clients: int, seconds: float) -> float:
+        count = [0] * clients
+        stop_at = time.perf_counter() + seconds
+
+        def worker(i: int) -> None:
+            k = i
+            while time.perf_counter() < stop_at:
+                self.exec(cids[k % len(cids)], ["true"])
+                count[i] += 1
+                k += clients
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(count) / seconds
+
+    def idle_memory_kib(self, cids: list[str], settle: float) -> float:
+        time.sleep(settle)
+        totals = []
+        for cid in cids:
+            pid = int(self.api.get(f"/containers/{cid}/json").json()["State"]["Pid"])
+            shims = pids_matching(lambda argv, c=cid: bool(argv) and "containerd-shim" in argv[0]
+                                  and any(c in a for a in argv))
+            totals.append(pss_kib(pid) + sum(pss_kib(p) for p in shims))
+        return median(totals)
+
+    def cli(self, *args: str) -> float:
+        started = time.perf_counter()
+        subprocess.run(["docker", *args], check=True, capture_output=True)
+        return time.perf_counter() - started
+
+
+# -- the run ----------------------------------------------------------------------------
+
+def make_source(directory: Path, mib: int) -> tuple[Path, str, int]:
+    source = directory / "source.bin"
+    block = os.urandom(MIB)
+    digest = hashlib.sha256()
+    with open(source, "wb") as f:
+        for i in range(mib):
+            chunk = block[i:] + block[:i]
+            f.write(chunk)
+            digest.update(chunk)
+    return source, digest.hexdigest(), mib * MIB
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]:
+    runs = args.runs
+    rows: list[Row] = []
+    floors: list[Row] = []
+    extra: dict[str, Any] = {}
+    docker = Docker.available(args.docker_image) if not args.no_docker else None
+    extra["docker"] = "Docker Engine, interleaved" if docker else "not running: floors only"
+    scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-files-"))
+    source, digest, size = make_source(scratch, args.mib)
+    pooled = Podbay(warm_pool=2)
+    try:
+        client = pooled.client
+        time.sleep(1.0)  # the pool fills
+        rows.append(Row("new sandbox -> first output, warm pool", "ms").run(
+            pooled.new_to_first_output, docker.new_to_first_output if docker else None, runs))
+        firsts = [pooled.first_exec_pooled() for _ in range(runs)]
+        rows.append(Row("first exec on a pooled sandbox", "ms").run(
+            iter(f for f, _ in firsts).__next__, None, runs))
+        rows.append(Row("  (its second exec)", "ms").run(
+            iter(s for _, s in firsts).__next__, None, runs))
+
+        client.attach("hot")
+        for _ in range(30):
+            client.exec("hot", ["true"])
+        dcid = docker.create_started() if docker else ""
+        rows.append(Row("exec `true`, running sandbox (SDK / API)", "ms").run(
+            lambda: timed(lambda: client.exec("hot", ["true"])),
+            (lambda: timed(lambda: docker.exec(dcid, ["true"]))) if docker else None,
+            runs * 10))
+
+        def suspend() -> float:
+            return timed(lambda: client.stop("hot"))
+
+        def resume() -> float:
+            return timed(lambda: client.attach("hot"))
+
+        sus, res = Row("suspend (stop)", "ms"), Row("resume (attach)", "ms")
+        for _ in range(runs):
+            sus.podbay.append(suspend() * 1000)
+            res.podbay.append(resume() * 1000)
+            if docker:
+                sus.docker.append(timed(lambda: docker.api.post(
+                    f"/containers/{dcid}/pause").raise_for_status()) * 1000)
+                res.docker.append(timed(lambda: docker.api.post(
+                    f"/containers/{dcid}/unpause").raise_for_status()) * 1000)
+        rows += [sus, res]
+
+        client.upload("hot", source, "warm.bin")  # page cache, first-write costs
+        rows.append(Row(f"write {args.mib} MiB, SDK upload (docker cp)", "ms").run(
+            lambda: timed(lambda: client.upload("hot", source, "bench.bin")),
+            (lambda: docker.cli("cp", str(source), f"{dcid}:/tmp/bench.bin")) if docker
+            else None, max(3, runs // 3)))
+        sock = pooled.agent_socket("hot")
+        rows.append(Row(f"write {args.mib} MiB, straight to the agent", "ms").run(
+            lambda: write_to_agent(sock, source, digest, size), None, max(3, runs // 3)))
+
+        rows.append(Row("`podbay sandbox exec NAME -- true` (docker exec)", "ms").run(
+            lambda: pooled.cli_exec("hot"),
+            (lambda: docker.cli("exec", dcid, "true")) if docker else None, runs))
+
+        names = [f"tp-{i}" for i in range(20)]
+        for n in names:
+            client.attach(n)
+        dcids = [docker.create_started() for _ in names] if docker else []
+        tp = Row("exec throughput, 20 sandboxes, 8 clients", "/s", scale=1.0,
+                 higher_is_better=True)
+        tp.run(lambda: pooled.throughput(names, 8, 5.0),
+               (lambda: docker.throughput(dcids, 8, 5.0)) if docker else None, 1)
+        rows.append(tp)
+
+        mem = Row("host memory per idle sandbox", "MiB", scale=1.0)
+        agent_kib, slirp_kib = pooled.idle_memory_kib(names[:10], settle=2.0)
+        mem.podbay.append((agent_kib + slirp_kib) / 1024)
+        extra["idle_agent_pss_mib"] = round(agent_kib / 1024, 2)
+        extra["idle_slirp4netns_pss_mib"] = round(slirp_kib / 1024, 2)
+        if docker:
+            mem.docker.append(docker.idle_memory_kib(dcids[:10], settle=2.0) / 1024)
+        rows.append(mem)
+    finally:
+        pooled.close()
+        if docker:
+            docker.close()
+
+    cold = Podbay(warm_pool=0)
+    try:
+        rows.insert(1, Row("new sandbox -> first output, no pool", "ms").run(
+            cold.new_to_first_output, None, runs))
+    finally:
+        cold.close()
+
+    floors.append(Row("spawn /bin/true (posix_spawn + wait)", "ms").run(
+        floor_spawn, None, runs * 10))
+    with loopback_server() as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+
+        def round_trip() -> float:
+            started = time.perf_counter()
+            conn.request("POST", "/", body=b'{"command":["true"]}')
+            conn.getresponse().read()
+            return time.perf_counter() - started
+
+        for _ in range(50):
+            round_trip()
+        floors.append(Row("loopback HTTP round trip", "ms").run(round_trip, None, runs * 10))
+        conn.close()
+    target = scratch / "copy.bin"
+
+    def host_cp() -> float:
+        with contextlib.suppress(FileNotFoundError):
+            target.unlink()
+        return timed(lambda: subprocess.run(["cp", str(source), str(target)], check=True))
+
+    host_cp()
+    floors.append(Row(f"host cp of the same {args.mib} MiB file", "ms").run(
+        host_cp, None, max(3, runs // 3)))
+    floors.append(Row("python -I -S -c pass", "ms").run(python_start(["-I", "-S"]), None, runs))
+    floors.append(Row("python -c pass", "ms").run(python_start([]), None, runs))
+    shutil.rmtree(scratch, ignore_errors=True)
+    return rows, floors, extra
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--docker-image", default="debian:bookworm-slim")
+    parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows, floors, extra = run(args)
+    if args.json:
+        print(json.dumps({"rows": [r.as_dict() for r in rows],
+                          "floors": [r.as_dict() for r in floors], **extra}, indent=2))
+        return 0
+    print(f"docker: {extra['docker']}")
+    print(f"{'row':52} {'podbay':>10} {'docker':>10} {'ratio':>7}  unit")
+    for row in rows:
+        d = row.as_dict()
+        docker_cell = f"{d['docker']:10.2f}" if "docker" in d else f"{'-':>10}"
+        ratio_cell = f"{d['ratio']:7.2f}" if "ratio" in d else f"{'':>7}"
+        print(f"{row.name:52} {d['podbay']:10.2f} {docker_cell} {ratio_cell}  {row.unit}")
+    print(f"  (idle memory: agent PSS {extra['idle_agent_pss_mib']} MiB, "
+          f"slirp4netns PSS {extra['idle_slirp4netns_pss_mib']} MiB)")
+    print("floors of this machine:")
+    for row in floors:
+        print(f"  {row.name:50} {row.as_dict()['podbay']:10.2f} {'':>18}  {row.unit}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
