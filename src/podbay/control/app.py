@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import PREFIX as GATEWAY_PREFIX
 from podbay.gateway.app import Gateway
-from podbay.gateway.credentials import CredentialVerifier, mint_credential
+from podbay.gateway.credentials import Credential, CredentialVerifier, mint_credential
 from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
 from podbay.settings import Settings
@@ -107,10 +107,10 @@ class Platform:
             settings=settings, store=store, driver=self.driver, transitions=self.transitions,
             environment=self.environment, activity=self.activity, locks=self.locks,
             pool=self.pool, clock=clock,
-            mint=lambda sid, inc: mint_credential(self.keys, sandbox_id=sid, incarnation=inc,
-                                                  ttl_seconds=ttl),
+            mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
-        self.gateway = Gateway(CredentialVerifier(self.keys), self.routes, self.activity,
+        self.verifier = CredentialVerifier(self.keys)
+        self.gateway = Gateway(self.verifier, self.routes, self.activity,
                                observe=self.metrics.observe_gateway,
                                on_refusal=self.metrics.refused,
                                on_unreachable=self._suspect)
@@ -121,6 +121,14 @@ class Platform:
         )
         self.control.state.platform = self
         self._control = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
+
+    def _mint(self, sandbox_id: str, incarnation: int, ttl: float) -> tuple[str, datetime]:
+        """A data-plane credential, already known to this process's gateway: the
+        sandbox's first call then skips the signature check."""
+        token, expires = mint_credential(self.keys, sandbox_id=sandbox_id,
+                                         incarnation=incarnation, ttl_seconds=ttl)
+        self.verifier.remember(token, Credential(sandbox_id, incarnation, expires.timestamp()))
+        return token, expires
 
     def _suspect(self, sandbox_id: str) -> None:
         """Check, once at a time per sandbox, a machine whose agent went quiet."""
@@ -178,7 +186,7 @@ class Platform:
             self.sandboxes.not_ready_reason = f"the sandbox runtime could not start: {exc}"
             return
         if self.pool is not None:
-            self.pool.refill(Prepared())
+            self.pool.refill(Prepared(), delay=0.0)
             await self.pool.wait_filled()
         self.ready = self.sandboxes.ready = True
         log.info("ready: sandboxes can be created", extra={"driver": self.driver.name})

@@ -28,6 +28,17 @@ class AgentPool:
             return reader, writer
         return await asyncio.open_unix_connection(str(self.socket), limit=1 << 20)
 
+    async def prewarm(self) -> None:
+        """Open one connection before the first request needs it (best effort):
+        the agent then has its connection thread running when that request comes."""
+        if self._idle or self.closed:
+            return
+        try:
+            conn = await asyncio.open_unix_connection(str(self.socket), limit=1 << 20)
+        except OSError:
+            return
+        self.release(conn)
+
     def release(self, conn: Connection) -> None:
         reader, writer = conn
         if self.closed or len(self._idle) >= self.max_idle or reader.at_eof() \

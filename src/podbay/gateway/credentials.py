@@ -73,6 +73,14 @@ class CredentialVerifier:
             self._cache.popitem(last=False)
         return credential
 
+    def remember(self, token: str, credential: Credential) -> None:
+        """Cache a credential this process just minted (all-in-one), so the
+        sandbox's first data-plane call skips the signature check. Only for
+        tokens from :func:`mint_credential` here, never for received ones."""
+        self._cache[token] = credential
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
     def _verify_signature(self, token: str) -> Credential:
         claims = verify(self._keys, token, CREDENTIAL, require=["sub", "exp", "aud"],
                         audience=AUDIENCE)

@@ -8,6 +8,8 @@ with ``SANDBOX_NOT_RUNNING`` (never hangs on a frozen one).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,7 @@ class Route:
 class RouteTable:
     def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
+        self._prewarming: set[asyncio.Task[None]] = set()
 
     def get(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)
@@ -39,9 +42,18 @@ class RouteTable:
         if old and (old.machine_id, old.incarnation, old.socket) == (machine_id, incarnation,
                                                                        socket):
             return
-        self._routes[sandbox_id] = Route(sandbox_id, machine_id, incarnation, socket)
+        route = self._routes[sandbox_id] = Route(sandbox_id, machine_id, incarnation, socket)
         if old is not None:
             old.pool.close()
+        self._prewarm(route)
+
+    def _prewarm(self, route: Route) -> None:
+        """Connect to the agent now, while the attach is answered, rather than on
+        the sandbox's first data-plane call."""
+        with contextlib.suppress(RuntimeError):  # no running loop (a synchronous caller)
+            task = asyncio.get_running_loop().create_task(route.pool.prewarm())
+            self._prewarming.add(task)
+            task.add_done_callback(self._prewarming.discard)
 
     def remove(self, sandbox_id: str) -> None:
         old = self._routes.pop(sandbox_id, None)

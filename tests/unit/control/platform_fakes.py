@@ -5,6 +5,7 @@ Never a real driver."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,13 +32,19 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Answer every request with what it was: method, path, headers, body size."""
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                seen: list[tuple[str, str]] | None = None) -> None:
+    """Answer every request with what it was: method, path, headers, body size.
+    Connections are counted in ``seen`` as ("CONNECT", ""), requests as (method, path)."""
+    if seen is not None:
+        seen.append(("CONNECT", ""))
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             method, target, _ = lines[0].split(" ", 2)
+            if seen is not None:
+                seen.append((method, target))
             headers = {}
             for line in lines[1:]:
                 if ":" in line:
@@ -77,6 +84,8 @@ class FakeMachine:
     state: MachineState = MachineState.STOPPED
     server: asyncio.AbstractServer | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    #: What reached its agent socket: ("CONNECT", "") per connection, (method, path).
+    requests: list[tuple[str, str]] = field(default_factory=list)
     starts: int = 0
 
 
@@ -118,7 +127,8 @@ class FakeDriver:
             return
         path = self.agent_socket(machine_id)
         path.unlink(missing_ok=True)
-        m.server = await asyncio.start_unix_server(_echo, path=str(path))
+        m.server = await asyncio.start_unix_server(
+            functools.partial(_echo, seen=m.requests), path=str(path))
         m.state = MachineState.RUNNING
         m.starts += 1
 

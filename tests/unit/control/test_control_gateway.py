@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import jwt
@@ -157,3 +158,18 @@ async def test_dead_machine_is_noticed_and_carried_over(harness):
     assert again["start"] == "carried_over"
     r = await harness.client.post(_path(again, "/v1/exec"), headers=again["headers"], json={})
     assert r.status_code == 200
+
+
+async def test_the_agent_connection_is_open_before_the_first_call(harness):
+    h = await _handle(harness, "prewarmed")
+    (machine,) = [m for m in harness.driver.machines.values()
+                  if m.labels.get("podbay.name") == "prewarmed"]
+    for _ in range(100):  # the connection is opened while the attach is answered
+        if machine.requests:
+            break
+        await asyncio.sleep(0.01)
+    assert machine.requests == [("CONNECT", "")]
+    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"],
+                                  json={"command": ["true"]})
+    assert r.status_code == 200
+    assert machine.requests == [("CONNECT", ""), ("POST", "/v1/exec")]  # no second connect

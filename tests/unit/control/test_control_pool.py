@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from platform_fakes import FakeDriver
 
@@ -68,4 +70,27 @@ async def test_give_back(driver):
     taken = pool.take(plain)
     pool.give_back(plain, taken)
     assert pool.take(plain) == taken
+    await pool.close()
+
+
+async def test_a_pooled_machine_has_run_a_command_before_it_is_handed_out(driver):
+    # A fresh agent's first exec is slower than later ones: the pool pays it.
+    pool = WarmPool(driver, LIMITS, 2)
+    pool.refill(Prepared(), delay=0.0)
+    await pool.wait_filled()
+    for machine in driver.machines.values():
+        assert ("POST", "/v1/exec") in machine.requests
+    await pool.close()
+
+
+async def test_the_refill_waits_until_the_hand_out_is_done(driver):
+    pool = WarmPool(driver, LIMITS, 1)
+    pool.refill(Prepared(), delay=0.0)
+    await pool.wait_filled()
+    driver.calls.clear()
+    pool.take(Prepared())
+    await asyncio.sleep(0.05)
+    assert driver.calls == []  # nothing started while the taker is still being served
+    await pool.wait_filled()
+    assert [call for call, _ in driver.calls] == ["create", "start"]
     await pool.close()

@@ -135,3 +135,16 @@ def test_activity_drain_and_restore():
     assert set(seen) == {"a"} and t.drain() == {}
     t.restore(seen)
     assert set(t.drain()) == {"a"}
+
+
+def test_a_remembered_credential_is_taken_without_a_signature_check(ring):
+    # What this process minted itself needs no check; anything else still gets one.
+    from podbay.gateway.credentials import Credential
+
+    verifier = CredentialVerifier(ring)
+    token, expires = mint_credential(ring, sandbox_id="sb-1", incarnation=3, ttl_seconds=60)
+    forged = token[: token.rindex(".") + 1] + "AAAA"
+    verifier.remember(forged, Credential("sb-1", 3, expires.timestamp()))
+    assert verifier.verify(forged).incarnation == 3
+    other = forged.replace("AAAA", "BBBB")
+    assert _code(lambda: verifier.verify(other)) == "CREDENTIAL_INVALID"

@@ -14,12 +14,19 @@ import logging
 from collections.abc import Callable
 
 from podbay.domain.sandbox import new_machine_id
+from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import Driver, Limits, MachineSpec
 
 from .environment import Prepared
 
 log = logging.getLogger("podbay.pool")
 POOL_LABEL = "podbay.pool"
+#: A refill waits this long after a machine is handed out, so that starting
+#: its replacement (a CPU burst on a small host, much of it in this process's
+#: event loop) does not slow the hand-out itself and the new owner's first calls.
+REFILL_DELAY_SECONDS = 0.25
+#: Bound on the warm-up exec of a new pooled machine.
+WARM_UP_TIMEOUT_SECONDS = 10.0
 
 
 class WarmPool:
@@ -83,15 +90,17 @@ class WarmPool:
         self._ready.setdefault(prepared.key, []).insert(0, machine_id)
         self._changed()
 
-    def refill(self, prepared: Prepared) -> None:
+    def refill(self, prepared: Prepared, delay: float = REFILL_DELAY_SECONDS) -> None:
         if self.size <= 0 or self._closed:
             return
         task = self._filling.get(prepared.key)
         if task is None or task.done():
             self._filling[prepared.key] = asyncio.get_running_loop().create_task(
-                self._fill(prepared))
+                self._fill(prepared, delay))
 
-    async def _fill(self, prepared: Prepared) -> None:
+    async def _fill(self, prepared: Prepared, delay: float = 0.0) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
         ready = self._ready.setdefault(prepared.key, [])
         failures = 0
         while len(ready) < self.size and not self._closed and failures < 3:
@@ -102,6 +111,7 @@ class WarmPool:
             try:
                 await self.driver.create(spec)
                 await self.driver.start(machine_id)
+                await self._warm_up(machine_id)
             except asyncio.CancelledError:
                 self._destroy_later(machine_id)  # evicted or closing mid-start
                 raise
@@ -119,6 +129,21 @@ class WarmPool:
                 return
             ready.append(machine_id)
             self._changed()
+
+    async def _warm_up(self, machine_id: str) -> None:
+        """Run one command in the new machine before anyone gets it.
+
+        A fresh agent's first exec costs a few ms more than its later ones
+        (its first fork, lazily bound libraries, cold caches); paying that
+        here makes the owner's first exec as fast as any other. Best effort:
+        a machine whose warm-up fails is handed out as it is.
+        """
+        client = AgentClient(self.driver.agent_socket(machine_id),
+                             timeout=WARM_UP_TIMEOUT_SECONDS)
+        try:
+            await asyncio.to_thread(client.exec, ["true"], timeout_ms=5_000)
+        except Exception as exc:
+            log.debug("warm pool: warm-up of %s failed: %s", machine_id, exc)
 
     async def wait_filled(self) -> None:
         for task in list(self._filling.values()):
