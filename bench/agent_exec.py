@@ -13,8 +13,9 @@ inherited listening unix socket), then, in the same run:
   as fast as it can (``yes``);
 * time from launch to the first answer, and the agent's idle RSS.
 
-Issue 2's budgets: exec p50 <= 3 ms and <= 2.5x plain fork/exec; idle RSS
-<= 20 MiB.
+Budgets: exec p50 <= 3 ms and <= 2.5x plain fork/exec (exec is the hottest call,
+and the agent should add little to starting the command itself); idle RSS
+<= 20 MiB (one agent idles in every sandbox, so it bounds density).
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-# ruff: noqa: E402
 """Runtime figures: create-to-ready, suspend/resume, density and agent memory.
 
 Run as root with the base image cached (the first run builds it)::
@@ -15,14 +14,6 @@ Uses a throwaway data directory; every sandbox is destroyed at the end.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-# bench/ holds a platform.py that would shadow the standard library's when this
-# file is run as a script: take the script's own directory off the path first.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
-    os.path.abspath(__file__))]
 
 import argparse
 import asyncio

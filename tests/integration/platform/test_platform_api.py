@@ -156,7 +156,7 @@ def test_streaming_file_in_constant_memory(server, token):
     import hashlib
 
     h = server.attach(token, "bigfile").json()
-    size = 1024 * 1024 * 1024  # the figure: 1 GiB
+    size = 1024 * 1024 * 1024  # 1 GiB: far more than any buffer could hide
     block = bytes(range(256)) * 4096  # 1 MiB
     digest = hashlib.sha256()
     for _ in range(size // len(block)):

@@ -1,4 +1,4 @@
-"""The environment seam (issue 6): 202 while preparing, 409s, nothing half-made."""
+"""The seam to declared environments: 202 while preparing, 409s, nothing half-made."""
 
 from __future__ import annotations
 
