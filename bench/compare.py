@@ -1,4 +1,3 @@
-# ruff: noqa: E402
 """podbay against Docker (where it runs) and against the machine's own floors, one run.
 
     .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
@@ -40,24 +39,18 @@ figures as unverified until it has run once on your machine.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# This directory holds a platform.py that would shadow the standard library's.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-sys.modules.pop("platform", None)
-
 import argparse
 import contextlib
 import hashlib
 import http.client
 import json
+import os
 import shutil
 import socket
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
