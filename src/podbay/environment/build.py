@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from podbay.control.services.environment import Building
 from podbay.errors import PrepareFailed as PrepareFailed  # re-exported: defined in the one tree
 from podbay.errors import SetupFailed as SetupFailed
 from podbay.runtime.agent_client import AgentClient, AgentError
@@ -68,11 +69,6 @@ def tail(text: str, lines: int = 20) -> str:
 @dataclass(frozen=True)
 class Ready:
     layers: tuple[Path, ...]
-
-
-@dataclass(frozen=True)
-class Building:
-    retry_after: int
 
 
 @dataclass(frozen=True)
@@ -199,7 +195,7 @@ class Environments:
         if key not in self._building:
             task = asyncio.get_running_loop().create_task(self._build(key, section))
             self._building[key] = task
-        return Building(retry_after=RETRY_AFTER_S)
+        return Building(retry_after_seconds=RETRY_AFTER_S)
 
     async def wait(self, section: SandboxSection) -> Ready | Failed:
         """Build if needed and wait for the outcome (tests, ``dev up``, pre-warming)."""

@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from podbay.control.services.environment import Prepared, Preparing
+from podbay.control.services.environment import Building, Prepared
 from podbay.domain import Deployment
 from podbay.errors import ApiError
 from podbay.runtime.base import Driver
 from podbay.wire.codes import ErrorCode
 
-from .build import Building, Environments, Failed, SetupFailed, run_setup
+from .build import Environments, Failed, SetupFailed, run_setup
 from .plan import NODE_GLOBAL_MODULES
 from .spec import SandboxSection, SpecError, parse_section
 
@@ -41,11 +41,11 @@ class DeclaredEnvironment:
             raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
                            f"the sandbox section is not valid: {exc}") from None
 
-    async def prepare(self, deployment: Deployment) -> Prepared | Preparing:
+    async def prepare(self, deployment: Deployment) -> Prepared | Building:
         section = self.section(deployment)
         state = self.environments.status(section)
         if isinstance(state, Building):
-            return Preparing(retry_after_seconds=state.retry_after)
+            return state
         if isinstance(state, Failed):
             raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
                            f"preparing the sandbox environment failed: {state.error}")

@@ -7,7 +7,7 @@ from platform_fakes import Clock, FakeDriver
 from platform_harness import make_settings
 
 from podbay.control.app import create_app
-from podbay.control.services.environment import Prepared, Preparing
+from podbay.control.services.environment import Building, Prepared
 from podbay.errors import ApiError
 from podbay.store.sqlite import SqliteStore
 from podbay.wire.codes import ErrorCode
@@ -57,7 +57,7 @@ async def seam(tmp_path):
 
 async def test_202_then_200(seam):
     client, token, env, driver, _ = seam
-    env.prepares = [Preparing(retry_after_seconds=3), Preparing(retry_after_seconds=1)]
+    env.prepares = [Building(retry_after_seconds=3), Building(retry_after_seconds=1)]
     auth = {"Authorization": f"Bearer {token}"}
     for want in ("3", "1"):
         r = await client.put("/api/v1/sandboxes/s", headers=auth)

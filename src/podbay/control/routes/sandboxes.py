@@ -16,7 +16,7 @@ from podbay.wire.control import AttachRequest, Preparing, SandboxList
 from podbay.wire.paths import SANDBOXES
 
 from .. import views
-from ..services.environment import Preparing as PreparingResult
+from ..services.environment import Building
 from ..tokens import bearer
 
 JSON = "application/json"
@@ -44,7 +44,7 @@ async def attach(request: Request) -> Response:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
     result = await platform.sandboxes.attach(deployment, request.path_params["name"],
                                              body.class_)
-    if isinstance(result, PreparingResult):
+    if isinstance(result, Building):
         return _json(Preparing(name=request.path_params["name"]), 202,
                      {"Retry-After": str(result.retry_after_seconds)})
     platform.metrics.attach.labels(result.start).observe(time.perf_counter() - started)

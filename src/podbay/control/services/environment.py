@@ -4,7 +4,7 @@ The sandbox service asks an :class:`EnvironmentService` two things:
 
 * :meth:`~EnvironmentService.prepare` before a *fresh* machine is made:
   the layers and env it needs (:class:`Prepared`), or "still building, come
-  back" (:class:`Preparing` → the attach answers 202 + ``Retry-After``), or
+  back" (:class:`Building` → the attach answers 202 + ``Retry-After``), or
   it raises ``ApiError(SANDBOX_PREPARE_FAILED, ...)``.
 * :meth:`~EnvironmentService.apply` once that fresh machine runs: setup
   commands in ``/workspace``; raises ``ApiError(SANDBOX_APPLY_FAILED, ...)``,
@@ -35,12 +35,14 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class Preparing:
+class Building:
+    """The environment is still being built: ask again after ``retry_after_seconds``."""
+
     retry_after_seconds: int
 
 
 class EnvironmentService(Protocol):
-    async def prepare(self, deployment: Deployment) -> Prepared | Preparing: ...
+    async def prepare(self, deployment: Deployment) -> Prepared | Building: ...
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None: ...
 
@@ -48,7 +50,7 @@ class EnvironmentService(Protocol):
 class PlainEnvironment:
     """Every deployment gets the base image as is."""
 
-    async def prepare(self, deployment: Deployment) -> Prepared | Preparing:
+    async def prepare(self, deployment: Deployment) -> Prepared | Building:
         return Prepared()
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:

@@ -25,7 +25,7 @@ from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import SANDBOX_CLASSES, is_valid_sandbox_name
 
-from .environment import EnvironmentService, Preparing
+from .environment import Building, EnvironmentService
 from .locks import NameLocks
 from .pool import WarmPool
 from .transitions import Transitions
@@ -118,7 +118,7 @@ class SandboxService:
 
     # -- attach ------------------------------------------------------------------
     async def attach(self, deployment: Deployment, name: str,
-                     class_: str) -> Attached | Preparing:
+                     class_: str) -> Attached | Building:
         check_name(name)
         if class_ not in SANDBOX_CLASSES:
             raise ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN,
@@ -130,7 +130,7 @@ class SandboxService:
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
                 row = await self.store.get_sandbox(deployment.id, name)
-                result: Attached | Preparing | None
+                result: Attached | Building | None
                 if row is None:
                     result = await self._create(deployment, name, class_, driver)
                 elif row.state is S.RUNNING:
@@ -179,9 +179,9 @@ class SandboxService:
         return None if new is None else self._attached(new, start)
 
     async def _create(self, deployment: Deployment, name: str, class_: str,
-                      driver: Driver) -> Attached | Preparing | None:
+                      driver: Driver) -> Attached | Building | None:
         prepared = await self.environment.prepare(deployment)
-        if isinstance(prepared, Preparing):
+        if isinstance(prepared, Building):
             return prepared
         now = self.clock()
         pooled = self.pool.take(prepared) if self.pool is not None else None
