@@ -107,7 +107,7 @@ def main() -> int:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="podbay-bench-"))
-    staged = stage(tmp / "staged")
+    staged = stage(tmp / "staged", python=[args.python])
     workspace = tmp / "workspace"
     workspace.mkdir()
     sock_path = str(tmp / "agent.sock")
@@ -116,7 +116,7 @@ def main() -> int:
     listener.listen(128)
     started = time.perf_counter()
     proc = subprocess.Popen(
-        agent_argv(args.python, staged, "--fd", str(listener.fileno()),
+        agent_argv([args.python], staged, "--fd", str(listener.fileno()),
                    "--workspace", str(workspace)),
         pass_fds=(listener.fileno(),), env=dict(AGENT_ENV),
     )

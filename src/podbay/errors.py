@@ -20,7 +20,8 @@
     ├── SpecError(problems)              a ``sandbox`` section is not valid (ValueError)
     ├── PrepareFailed(step, exit_code, output)       an environment build step failed
     ├── SetupFailed(index, command, exit_code, output)  a setup command failed
-    ├── AgentError(status, body)         the agent refused a control-plane call
+    ├── AgentError(status, body)         the agent refused a host-side call
+    ├── AgentUnreachable                 no answer from the agent's socket
     │
     │   runtime
     ├── DriverError                      a machine operation failed (for an operator)
@@ -166,10 +167,14 @@ class SetupFailed(PodbayError):
 class AgentError(PodbayError):
     """The agent answered with an error status (``status``, ``body``)."""
 
-    def __init__(self, status: int, body: object) -> None:
+    def __init__(self, status: int, body: str) -> None:
         super().__init__(f"agent answered {status}: {body}")
         self.status = status
         self.body = body
+
+
+class AgentUnreachable(PodbayError):
+    """No answer from an agent's socket (not listening, gone, or too slow)."""
 
 
 class DriverError(PodbayError):
@@ -230,6 +235,7 @@ __all__ = [
     "Aborted",
     "AgentAnswerInvalid",
     "AgentError",
+    "AgentUnreachable",
     "ApiError",
     "BodyTooLarge",
     "DeploymentError",

@@ -11,9 +11,15 @@ user does to its own Python cannot touch the agent.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+from podbay.errors import DriverError
 
 #: Sub-packages and modules the agent needs, relative to the ``podbay`` package.
 STAGED_PACKAGES = ("wire", "agent")
@@ -55,33 +61,58 @@ AGENT_ENV: dict[str, str] = {
 }
 
 
-def stage(dest: str | os.PathLike[str], *, compile_bytecode: bool = True) -> Path:
-    """Copy the agent's code under ``dest``; returns the ``sys.path`` entry.
+def stage(parent: str | os.PathLike[str], *, python: Sequence[str] = (sys.executable,)) -> Path:
+    """The agent's code staged under ``parent/<content hash>/`` (made if missing);
+    returns that directory, the agent's ``sys.path`` entry.
 
-    ``compile_bytecode`` writes ``__pycache__`` now, because the mount is
-    read-only and compiling at every sandbox start costs tens of ms. (Only
-    useful when the host's Python minor version is the image's.)
+    Byte-compiled by ``python`` (the interpreter that will run the agent,
+    whose version may differ from the host's) into unchecked-hash ``.pyc``:
+    the copy is mounted read-only, and compiling at every start costs tens of
+    ms. A new podbay version stages a new directory; running sandboxes keep
+    theirs. Concurrent stagers each build a private copy; the first rename wins.
     """
-    root = Path(dest)
-    package = root / "podbay"
-    for name in STAGED_PACKAGES:
-        shutil.rmtree(package / name, ignore_errors=True)
-    package.mkdir(parents=True, exist_ok=True)
+    root = source_root()
+    files = staged_files(root)
+    if not (root / "agent" / "__main__.py").exists():
+        raise DriverError(f"the agent is missing from the installed podbay ({root}/agent)")
+    digest = hashlib.sha256()
+    for rel, path in files:
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = Path(parent) / digest.hexdigest()[:16]
+    if (target / "complete").exists():
+        return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    package = tmp / "podbay"
+    package.mkdir(parents=True)
     (package / "__init__.py").write_text(STUB_INIT)
-    for rel, path in staged_files():
-        (package / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, package / rel)
-    if compile_bytecode:
-        import compileall
+    for rel, path in files:
+        dest = package / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+    argv = [*python, "-I", "-S", "-m", "compileall", "-q", "--invalidation-mode",
+            "unchecked-hash", str(package)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DriverError(f"the agent's code does not compile: {done.stdout}{done.stderr}")
+    for dirpath, _, filenames in os.walk(tmp):
+        os.chmod(dirpath, 0o755)  # noqa: S103 - read-only code, readable by all
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    (tmp / "complete").write_text("")
+    try:
+        os.rename(tmp, target)
+    except OSError:  # staged concurrently by another process: theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
-        compileall.compile_dir(package, quiet=1)
-    return root
 
+def agent_argv(python: Sequence[str], staged: str | os.PathLike[str], *options: str) -> list[str]:
+    """The command line that starts the agent staged at ``staged`` with ``python``
+    (an interpreter's path, or a loader's command line ending with one).
 
-def agent_argv(python: str, staged: str | os.PathLike[str], *options: str) -> list[str]:
-    """The command line that starts the staged agent with ``python``.
-
-    >>> agent_argv("python3.11", "/opt/podbay", "--fd", "3")[:3]
+    >>> agent_argv(["python3.11"], "/opt/podbay", "--fd", "3")[:3]
     ['python3.11', '-I', '-S']
     """
-    return [python, "-I", "-S", "-c", launch_code(staged), *options]
+    return [*python, "-I", "-S", "-c", launch_code(staged), *options]

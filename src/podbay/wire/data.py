@@ -34,6 +34,11 @@ class ExecResult:
     timed_out: bool
     truncated: bool
 
+    @property
+    def ok(self) -> bool:
+        """Exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
 
 @dataclass(frozen=True, kw_only=True)
 class SpawnRequest:

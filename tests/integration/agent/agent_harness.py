@@ -112,7 +112,7 @@ def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent
     listener.bind(sock_path)
     listener.listen(128)
     fd = listener.fileno()
-    argv = agent_argv(sys.executable, staged, "--fd", str(fd), "--workspace", str(workspace),
+    argv = agent_argv([sys.executable], staged, "--fd", str(fd), "--workspace", str(workspace),
                       "--env-file", str(env_file))
     env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak"}
     proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=env, cwd=str(tmp))

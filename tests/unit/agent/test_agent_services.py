@@ -111,7 +111,7 @@ def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> 
                             text=True, cwd=tmp_path, env={}, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
-    help_run = subprocess.run(agent_argv(sys.executable, staged, "--help"), capture_output=True,
+    help_run = subprocess.run(agent_argv([sys.executable], staged, "--help"), capture_output=True,
                               text=True, env={}, check=False)
     assert help_run.returncode == 0 and "--fd" in help_run.stdout
 

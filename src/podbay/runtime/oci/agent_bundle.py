@@ -1,32 +1,25 @@
-"""Stage the agent's code where every sandbox can run it read-only.
+"""Run the staged agent on the pristine base image's interpreter.
 
-The agent is stdlib-only. Its files (what :func:`podbay.agent.staging.staged_files`
-names, under an empty ``podbay/__init__.py``) are copied from the installed podbay
-package to ``<data>/agent/<content hash>/`` and byte-compiled there (unchecked
-hash ``.pyc``, so the read-only copy never needs writing), then bound
-read-only into each sandbox at :data:`AGENT_DIR`. A new podbay version stages
-a new directory; running sandboxes keep theirs.
+The agent's code is staged by :func:`podbay.agent.staging.stage` under
+``<data>/agent/<content hash>/``, byte-compiled by the image's interpreter
+(:func:`image_python` gives its host paths), and bound read-only into each
+sandbox at :data:`AGENT_DIR`.
 
 The agent runs on the *pristine* base image's interpreter, through the
 image's own dynamic loader with the library cache ignored, so nothing a user
 does to ``/usr``, ``/lib`` or ``ld.so.cache`` in their overlay reaches it
-(see :func:`agent_argv`).
+(see :func:`sandbox_argv`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from podbay.agent import staging
 
 from ..base import DriverError
-
-log = logging.getLogger("podbay.runtime.agent")
 
 #: Where, inside a sandbox, the pristine image and the agent's code are bound.
 IMAGE_DIR = "/.podbay/image"
@@ -37,53 +30,6 @@ ENV_FILE = "/.podbay/env.json"
 LOADER = "/.podbay/loader"
 #: Its copy on the host, next to the image's rootfs.
 LOADER_COPY = "agent-loader"
-
-def _sources(root: Path) -> list[tuple[str, Path]]:
-    """(relative path inside the staged ``podbay/``, source file), sorted."""
-    files = staging.staged_files(root)
-    if not (root / "agent" / "__main__.py").exists():
-        raise DriverError(f"the agent is missing from the installed podbay ({root}/agent)")
-    return files
-
-
-def stage_agent(data_dir: Path, image_rootfs: Path) -> Path:
-    """The staged agent directory for the installed podbay (created if missing).
-
-    Byte-compiled by the image's own interpreter, whose version may differ
-    from the host's."""
-    root = staging.source_root()
-    files = _sources(root)
-    digest = hashlib.sha256()
-    for rel, path in files:
-        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
-    target = data_dir / "agent" / digest.hexdigest()[:16]
-    if (target / "complete").exists():
-        return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    package = tmp / "podbay"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(staging.STUB_INIT)
-    for rel, path in files:
-        dest = package / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
-    argv = [*host_python_argv(image_rootfs), "-m", "compileall", "-q", "--invalidation-mode",
-            "unchecked-hash", str(package)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DriverError(f"the agent's code does not compile: {done.stdout}{done.stderr}")
-    for dirpath, _, filenames in os.walk(tmp):
-        os.chmod(dirpath, 0o755)  # noqa: S103 - read-only code, readable by all
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o644)
-    (tmp / "complete").write_text("")
-    try:
-        os.rename(tmp, target)
-    except OSError:  # staged concurrently by another process: theirs is as good
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
@@ -127,29 +73,28 @@ def stage_loader(image_rootfs: Path) -> Path:
     return target
 
 
-def host_python_argv(image_rootfs: Path) -> list[str]:
-    """Run the image's interpreter on the host (to byte-compile for it)."""
-    loader, libdirs, python = _interpreter(image_rootfs)
-    return [str(loader), "--inhibit-cache", "--library-path", ":".join(map(str, libdirs)),
-            str(python), "-I", "-S"]
+def image_python(image_rootfs: Path, *, inside: bool = False,
+                 private_loader: bool = False) -> list[str]:
+    """The image's python through the image's loader: by host paths (to
+    byte-compile for it), or as the sandbox sees them (``inside``, under
+    :data:`IMAGE_DIR`; with ``private_loader``, through the execute-only
+    copy at :data:`LOADER`).
 
-
-def agent_argv(image_rootfs: Path, *, fd: int, env_file: bool,
-               private_loader: bool = True) -> list[str]:
-    """The sandbox's first process: the image's python through the image's loader
-    (its execute-only copy at :data:`LOADER` unless ``private_loader`` is false).
-
-    Paths are resolved inside the image on the host, because the image's own
+    Resolved in the image on the host, because the image's own
     ``/lib64/ld-linux-x86-64.so.2`` is an *absolute* symlink that would resolve
     into the user's overlay inside the sandbox."""
     loader, libdirs, python = _interpreter(image_rootfs)
 
-    def inside(path: Path) -> str:
-        return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
+    def where(path: Path) -> str:
+        return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs)) if inside else str(path)
 
-    argv = [LOADER if private_loader else inside(loader), "--inhibit-cache",
-            "--library-path", ":".join(inside(d) for d in libdirs),
-            inside(python), "-I", "-S", "-c", staging.launch_code(AGENT_DIR), "--fd", str(fd)]
-    if env_file:
-        argv += ["--env-file", ENV_FILE]
-    return argv
+    return [LOADER if inside and private_loader else where(loader), "--inhibit-cache",
+            "--library-path", ":".join(where(d) for d in libdirs), where(python)]
+
+
+def sandbox_argv(image_rootfs: Path, *, private_loader: bool = True) -> list[str]:
+    """The sandbox's first process: the agent on the image's python (see
+    :func:`image_python`), serving the socket on fd 3, with the sandbox's env file."""
+    return staging.agent_argv(
+        image_python(image_rootfs, inside=True, private_loader=private_loader),
+        AGENT_DIR, "--fd", "3", "--env-file", ENV_FILE)

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...agent import staging
 from ...settings import Settings
 from ..base import (
     Capabilities,
@@ -88,8 +89,8 @@ class OciDriver:
             raise DriverError(f"OCI runtime {self.rt.oci_runtime!r} not found "
                               "(apt-get install runc)")
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
-        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir,
-                                            image.rootfs)
+        agent_dir = await asyncio.to_thread(staging.stage, self.layout.data_dir / "agent",
+                                            python=agent_bundle.image_python(image.rootfs))
         for d in (self.layout.machines, self.layout.runc_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
@@ -100,8 +101,7 @@ class OciDriver:
         private = self.runc.shares_host_kernel
         if private:
             agent_bundle.stage_loader(image.rootfs)
-        return agent_bundle.agent_argv(image.rootfs, fd=3, env_file=True,
-                                       private_loader=private)
+        return agent_bundle.sandbox_argv(image.rootfs, private_loader=private)
 
     def _lock(self, machine_id: str) -> asyncio.Lock:
         return self._locks.setdefault(machine_id, asyncio.Lock())

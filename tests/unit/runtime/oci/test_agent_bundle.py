@@ -26,7 +26,7 @@ def image(root: Path, *pythons: str) -> Path:
 def test_the_agent_runs_on_the_images_loader_and_python(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.11")
     (root / "usr/bin/python3").symlink_to("python3.11")
-    argv = agent_bundle.agent_argv(root, fd=3, env_file=True)
+    argv = agent_bundle.sandbox_argv(root)
     # Through the execute-only copy of the loader (see stage_loader), bound at LOADER.
     assert argv[:5] == [agent_bundle.LOADER, "--inhibit-cache",
                         "--library-path", f"/.podbay/image/{LIB}",
@@ -40,21 +40,16 @@ def test_the_agent_runs_on_the_images_loader_and_python(tmp_path: Path) -> None:
 
 def test_without_the_private_loader_the_images_own_is_used(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.11")
-    private = agent_bundle.agent_argv(root, fd=3, env_file=False)
-    shared = agent_bundle.agent_argv(root, fd=3, env_file=False, private_loader=False)
+    private = agent_bundle.sandbox_argv(root)
+    shared = agent_bundle.sandbox_argv(root, private_loader=False)
     assert shared[0] == f"/.podbay/image/{LIB}/ld-linux-x86-64.so.2"
     assert shared[1:] == private[1:]
-
-
-def test_without_declared_env_there_is_no_env_file(tmp_path: Path) -> None:
-    argv = agent_bundle.agent_argv(image(tmp_path, "python3.11"), fd=4, env_file=False)
-    assert argv[-2:] == ["--fd", "4"]
 
 
 def test_the_newest_real_python_is_chosen(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.9", "python3.11", "python3.11-config", "python3.10")
     (root / "usr/bin/python3.12").symlink_to("python3.11")  # a link is never trusted
-    argv = agent_bundle.agent_argv(root, fd=3, env_file=False)
+    argv = agent_bundle.sandbox_argv(root)
     assert argv[4] == "/.podbay/image/usr/bin/python3.11"
 
 
@@ -63,16 +58,16 @@ def test_a_symlinked_loader_is_not_used(tmp_path: Path) -> None:
     (root / LIB / "ld-linux-x86-64.so.2").unlink()
     (root / LIB / "ld-linux-x86-64.so.2").symlink_to("/lib64/ld-linux-x86-64.so.2")
     with pytest.raises(DriverError, match="no python3 or no dynamic loader"):
-        agent_bundle.agent_argv(root, fd=3, env_file=False)
+        agent_bundle.sandbox_argv(root)
 
 
 def test_an_image_without_python_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DriverError, match="no python3 or no dynamic loader"):
-        agent_bundle.agent_argv(image(tmp_path), fd=3, env_file=False)
+        agent_bundle.sandbox_argv(image(tmp_path))
 
 
 def test_on_the_host_the_same_interpreter_is_run_by_host_paths(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.11")
-    assert agent_bundle.host_python_argv(root) == [
+    assert agent_bundle.image_python(root) == [
         str(root / LIB / "ld-linux-x86-64.so.2"), "--inhibit-cache", "--library-path",
-        str(root / LIB), str(root / "usr/bin/python3.11"), "-I", "-S"]
+        str(root / LIB), str(root / "usr/bin/python3.11")]
