@@ -6,6 +6,8 @@
 
 The async tree is written by hand; the sync tree is its token-for-token
 translation. ``_backend.py`` is NOT generated: each face has its own.
+A rule that matches nothing fails both modes: it is dead, or a rename in
+the async source silently stopped it from applying.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ SUBS: list[tuple[str, str]] = [
     (r"\baread\b", "read"),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
-    (r"\bStopAsyncIteration\b", "StopIteration"),
     (r"\bawaitable\b", "blocking"),
     (r"asyncio\.run\(main\(\)\)", "main()"),
     (r"  # noqa: ASYNC2\d\d", ""),
@@ -46,21 +47,25 @@ HEADER = (
 )
 
 
-def unasync(text: str) -> str:
+def unasync(text: str, used: set[str] | None = None) -> str:
+    """``text`` translated; the patterns that matched are added to ``used``."""
     for pattern, replacement in SUBS:
-        text = re.sub(pattern, replacement, text)
+        text, count = re.subn(pattern, replacement, text)
+        if count and used is not None:
+            used.add(pattern)
     return text
 
 
-def generate(source: Path) -> str:
-    return HEADER.format(name=source.name) + unasync(source.read_text())
+def generate(source: Path, used: set[str] | None = None) -> str:
+    return HEADER.format(name=source.name) + unasync(source.read_text(), used)
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
+    used: set[str] = set()
     for source, target in FILES.items():
-        wanted = generate(source)
+        wanted = generate(source, used)
         current = target.read_text() if target.exists() else None
         if current == wanted:
             continue
@@ -69,11 +74,14 @@ def main(argv: list[str]) -> int:
         else:
             target.write_text(wanted)
             print(f"wrote {target.relative_to(ROOT)}")
+    unused = [pattern for pattern, _ in SUBS if pattern not in used]
+    for pattern in unused:
+        print(f"unused rule: {pattern!r} matches nothing (remove it from SUBS)")
     if stale:
         for target in stale:
             print(f"stale: {target.relative_to(ROOT)} (run python scripts/unasync.py)")
         return 1
-    return 0
+    return 1 if unused else 0
 
 
 if __name__ == "__main__":

@@ -16,27 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    "SandboxClient": "podbay.client",
-    "AsyncSandboxClient": "podbay.client",
-    "Sandbox": "podbay.client",
-    "AsyncSandbox": "podbay.client",
-    "ExecResult": "podbay.client",
-    "CombinedResult": "podbay.client",
-    "RunResult": "podbay.client",
-    "ProcessStatus": "podbay.client",
-    "ProcessOutput": "podbay.client",
-    "DirEntry": "podbay.client",
-    "GrepMatch": "podbay.client",
-    "SandboxRecord": "podbay.client",
-    "SandboxHandle": "podbay.client",
-    "PodbayError": "podbay.errors",
-    "SandboxRequestError": "podbay.errors",
-    "SandboxNotEnabledError": "podbay.errors",
-    "SandboxPreparingError": "podbay.errors",
-    "SandboxUnavailableError": "podbay.errors",
-}
-
+#: The public names, listed once: each (but ``__version__``) is
+#: :mod:`podbay.client`'s, imported on first use.
 __all__ = [
     "AsyncSandbox",
     "AsyncSandboxClient",
@@ -59,35 +40,17 @@ __all__ = [
     "__version__",
 ]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from podbay.client import (
-        AsyncSandbox,
-        AsyncSandboxClient,
-        CombinedResult,
-        DirEntry,
-        ExecResult,
-        GrepMatch,
-        ProcessOutput,
-        ProcessStatus,
-        RunResult,
-        Sandbox,
-        SandboxClient,
-        SandboxHandle,
-        SandboxRecord,
-    )
-    from podbay.errors import (
-        PodbayError,
-        SandboxNotEnabledError,
-        SandboxPreparingError,
-        SandboxRequestError,
-        SandboxUnavailableError,
-    )
+if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names
+    from podbay.client import *
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module 'podbay' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module("podbay.client"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import podbay
 import podbay.client
 
@@ -29,6 +31,13 @@ def test_podbay_all_is_pinned() -> None:
     assert sorted(podbay.__all__) == sorted(PODBAY)
     for name in podbay.__all__:
         assert getattr(podbay, name) is not None
+
+
+def test_podbay_public_names_are_all_and_only_all() -> None:
+    """What ``dir(podbay)`` shows is ``__all__``, and nothing else resolves."""
+    assert dir(podbay) == sorted(PODBAY)
+    with pytest.raises(AttributeError):
+        podbay.Cancel  # noqa: B018 - podbay.client's, not podbay's
 
 
 def test_client_all_is_pinned() -> None:

@@ -61,9 +61,6 @@ class Process:
         self.forgotten = False
         self.child: Child | None = None
 
-    def _exit_known(self) -> bool:
-        return self.child is not None and self.child.code is not None
-
     def _settle(self) -> bool:
         """True when the process counts as exited. Waits (briefly) for its
         pipes after the exit so the last output is not reported after it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import subprocess
@@ -224,3 +225,15 @@ def test_generated_sync_client_is_up_to_date() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_unasync_fails_on_a_rule_that_matches_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("unasync", ROOT / "scripts" / "unasync.py")
+    assert spec is not None and spec.loader is not None
+    unasync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(unasync)
+    assert unasync.main(["--check"]) == 0
+    monkeypatch.setattr(unasync, "SUBS", [*unasync.SUBS, (r"\bNoSuchAsyncName\b", "X")])
+    assert unasync.main(["--check"]) == 1
+    assert "NoSuchAsyncName" in capsys.readouterr().out

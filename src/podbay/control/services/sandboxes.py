@@ -78,7 +78,6 @@ class SandboxService:
         pool: WarmPool | None,
         mint: Callable[[str, int], tuple[str, datetime]],
         clock: Callable[[], datetime],
-        observe_attach: Callable[[str, float], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store

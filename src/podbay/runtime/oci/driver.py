@@ -516,6 +516,3 @@ def _tail(path: Path, lines: int = 5) -> str:
         return "(none)"
     return " | ".join(text[-lines:]) or "(none)"
 
-
-def spec_summary(spec: MachineSpec) -> dict[str, Any]:
-    return records.spec_to_json(spec)
