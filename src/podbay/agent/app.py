@@ -31,6 +31,7 @@ from .files import Files, FileStream, parse_digest, parse_mode
 from .http import Request, Response
 from .processes import ProcessTable
 from .reaper import Reaper
+from .tree import kill_all_but_self
 
 FEATURES = [paths.FEATURE_FILES]
 
@@ -85,7 +86,8 @@ class App:
         self.routes: dict[str, dict[str, Route]] = {
             paths.INFO: {"GET": self.info},
             paths.EXEC: {"POST": self.exec},
-            paths.PROCESSES: {"GET": self.list_processes, "POST": self.spawn},
+            paths.PROCESSES: {"GET": self.list_processes, "POST": self.spawn,
+                              "DELETE": self.kill_everything},
             paths.FILES: {"GET": self.read_file, "PUT": self.write_file,
                           "DELETE": self.delete_file},
             paths.FILES_STAT: {"GET": self.stat_file},
@@ -146,6 +148,12 @@ class App:
     def signal(self, req: Request) -> Response:
         body = _body(req, SignalRequest)
         self.processes.signal(req.params["process_id"], body.signal)
+        return Response(204, content_type=None)
+
+    def kill_everything(self, req: Request) -> Response:
+        """Every process in the sandbox but the agent, tracked or not, gets SIGKILL
+        (tracked ones then report exit 137 until forgotten)."""
+        kill_all_but_self()
         return Response(204, content_type=None)
 
     def kill(self, req: Request) -> Response:

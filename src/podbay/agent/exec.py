@@ -2,9 +2,9 @@
 
 Rules (DESIGN.md, "Data plane"): stdout and stderr are each capped at
 1 MiB; past the cap the pipes are still drained (so the command never blocks
-on a full pipe) and ``truncated`` is set. At the deadline the whole process
-group is killed and the answer comes at once with ``timed_out``. A command
-killed by signal N reports ``128+N``.
+on a full pipe) and ``truncated`` is set. At the deadline the command's whole
+tree (its group, its session, their descendants) is killed and the answer
+comes at once with ``timed_out``. A command killed by signal N reports ``128+N``.
 
 A command may exit while a background grandchild still holds its pipes
 (``sh -c 'server &'``). The answer does not wait for that grandchild: once the
@@ -127,7 +127,7 @@ def _collect(child: Child, streams: dict[int, _Capture], deadline: float) -> boo
                     stop_at = now + EXIT_GRACE_SECONDS
             if not timed_out and now >= deadline:
                 timed_out = True
-                child.kill_group(signal.SIGKILL)
+                child.kill_tree()
                 child.exited.wait(KILL_WAIT_SECONDS)
                 stop_at = time.monotonic() + EXIT_GRACE_SECONDS
                 continue

@@ -359,6 +359,52 @@ def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> N
             sock.close()
 
 
+#: A connection the spare thread serves is dropped after this long idle, so that
+#: the spare is soon free again.
+SPARE_IDLE_TIMEOUT_SECONDS = 5
+
+
+class _Spare:
+    """A connection thread started up front, for when no new thread can be had
+    (a fork bomb holds the sandbox at its pids limit): it serves one connection
+    at a time, so the request that ends the bomb (``DELETE /v1/processes``) still
+    gets through."""
+
+    def __init__(self, handler: Handler, refuse: Refuse) -> None:
+        self._handler = handler
+        self._refuse = refuse
+        self._cond = threading.Condition()
+        self._sock: socket.socket | None = None
+        self._busy = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="http-spare", daemon=True).start()
+
+    def offer(self, sock: socket.socket) -> bool:
+        """Hand ``sock`` to the spare; False when it is busy."""
+        with self._cond:
+            if self._busy or self._sock is not None:
+                return False
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                            _timeval(SPARE_IDLE_TIMEOUT_SECONDS))
+            self._sock = sock
+            self._cond.notify()
+            return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._sock is None:
+                    self._cond.wait()
+                sock, self._sock = self._sock, None
+                self._busy = True
+            try:
+                serve_connection(sock, self._handler, self._refuse)
+            finally:
+                with self._cond:
+                    self._busy = False
+
+
 class Server:
     """Accept connections on ``listener``; one thread per connection."""
 
@@ -369,6 +415,8 @@ class Server:
 
     def serve_forever(self) -> None:
         timeout = _timeval(IDLE_TIMEOUT_SECONDS)
+        spare = _Spare(self.handler, self.refuse)
+        spare.start()
         tcp = self.listener.family in (socket.AF_INET, socket.AF_INET6)
         while True:
             try:
@@ -389,10 +437,12 @@ class Server:
             try:
                 thread.start()
             except RuntimeError:
-                # No thread to be had (the sandbox's pids limit, a fork bomb):
-                # drop this connection but stay up; the next may find room.
-                sock.close()
-                threading.Event().wait(0.05)
+                # No thread to be had (the sandbox's pids limit, a fork bomb): the
+                # spare serves it, or, when busy, drop it but stay up; the next
+                # may find room.
+                if not spare.offer(sock):
+                    sock.close()
+                    threading.Event().wait(0.05)
 
 
 def _timeval(seconds: int) -> bytes:

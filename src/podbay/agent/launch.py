@@ -1,8 +1,9 @@
 """Start one command: argv only, clean environment, its own process group.
 
 Every command becomes the leader of a new session (and so of a new process
-group), so a deadline, a signal or a kill reaches everything it started (a
-shell's background grandchild too) with one ``killpg``. stdin is
+group), so a signal reaches everything it started (a shell's background
+grandchild too) with one ``killpg``. A deadline or a kill takes its whole
+tree, also what left the group or session (:mod:`.tree`). stdin is
 ``/dev/null``; stdout and stderr are pipes the caller drains.
 
 A command that cannot be started at all (no such file, not executable,
@@ -24,6 +25,7 @@ from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
 from .reaper import Reaper
+from .tree import kill_tree
 
 
 class Child:
@@ -46,6 +48,12 @@ class Child:
         self.exited.set()
         if self.on_exit is not None:
             self.on_exit(self)
+
+    def kill_tree(self) -> None:
+        """SIGKILL everything the command started, also what left its process
+        group or session (see :mod:`.tree`), while the command itself runs."""
+        if self.code is None:
+            kill_tree(self.pid)
 
     def kill_group(self, signum: int = signal.SIGKILL) -> None:
         """Send ``signum`` to the command's whole process group, if any is left."""

@@ -207,14 +207,14 @@ class ProcessTable:
             child.kill_group(signum)
 
     def forget(self, process_id: str) -> None:
-        """Kill the process's group if it is still running, then forget it."""
+        """Kill the process's tree if it is still running, then forget it."""
         with self._lock:
             proc = self._procs.pop(process_id, None)
         if proc is None:
             raise ApiError(ErrorCode.PROCESS_NOT_FOUND, f"no process {process_id!r}")
         child = proc.child
-        if child is not None and child.code is None:
-            child.kill_group(signal.SIGKILL)
+        if child is not None:
+            child.kill_tree()
         with proc.cond:
             proc.forgotten = True
             # Free the output now; a pump still running discards what comes.
@@ -222,12 +222,12 @@ class ProcessTable:
             proc.stderr = Ring(limits.PROCESS_OUTPUT_RETAINED)
 
     def kill_all(self) -> None:
-        """Shutdown: kill every running process group."""
+        """Shutdown: kill every running process's tree."""
         with self._lock:
             procs = list(self._procs.values())
         for proc in procs:
-            if proc.child is not None and proc.child.code is None:
-                proc.child.kill_group(signal.SIGKILL)
+            if proc.child is not None:
+                proc.child.kill_tree()
 
 
 def _new_id(taken: Mapping[str, Process]) -> str:

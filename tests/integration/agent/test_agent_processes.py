@@ -179,3 +179,35 @@ def test_a_process_that_is_never_read_never_blocks(agent: Agent) -> None:
     out = _poll(agent, pid)
     assert out["stdout_dropped"] == 20 * MIB - MIB and out["stdout_next"] == 20 * MIB
     agent.client.delete(f"/v1/processes/{pid}")
+
+
+def test_kill_takes_the_tree_and_kill_all_takes_every_descendant(fresh_agent: Agent,
+                                                                 tmp_path: Path) -> None:
+    # Outside a sandbox (not PID 1): the agent's own descendants only, never kill(-1).
+    pids = tmp_path / "pids"
+    escaped = (f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 & "
+               f"echo $$ >> {pids}; sleep 300")
+    pid = fresh_agent.spawn(["sh", "-c", escaped]).json()["process_id"]
+    deadline = time.monotonic() + 10
+    while len(pids.read_text().split() if pids.exists() else []) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    tree = [int(p) for p in pids.read_text().split()]
+    assert fresh_agent.client.delete(f"/v1/processes/{pid}").status_code == 204
+    assert all(gone(p, 5) for p in tree), "the setsid child outlived its command's kill"
+    pids.unlink()
+    # An orphan in a session of its own (lineage to a tracked command lost) and a
+    # tracked process: DELETE /v1/processes takes both, the agent lives on.
+    fresh_agent.spawn(["sh", "-c", f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' "
+                                   "</dev/null >/dev/null 2>&1 &"])
+    tracked = fresh_agent.spawn(["sleep", "300"]).json()["process_id"]
+    deadline = time.monotonic() + 10
+    while not pids.exists() or not pids.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    orphan = int(pids.read_text().split()[0])
+    assert fresh_agent.client.delete("/v1/processes").status_code == 204
+    assert gone(orphan, 5)
+    fresh_agent.wait_exited(tracked)
+    assert _poll(fresh_agent, tracked)["exit_code"] == 137
+    assert fresh_agent.client.get("/v1/info").status_code == 200

@@ -279,6 +279,12 @@ class AsyncSandboxClient:
         response = await self._data(name, "DELETE", paths.process_path(process_id))
         self._core.check(response, 200, 204)
 
+    async def kill_all(self, name: str) -> None:
+        """SIGKILL every process in the sandbox but its agent, tracked or not (a
+        runaway or fork bomb included); tracked ones stay listed, exited (137)."""
+        response = await self._data(name, "DELETE", paths.PROCESSES)
+        self._core.check(response, 200, 204)
+
     async def run(
         self,
         name: str,
@@ -641,6 +647,9 @@ class AsyncSandbox:
 
     async def kill(self, process_id: str) -> None:
         await self.client.kill(self.name, process_id)
+
+    async def kill_all(self) -> None:
+        await self.client.kill_all(self.name)
 
     async def read_file_bytes(self, path: str, *, progress: Progress | None = None) -> bytes:
         return await self.client.read_file_bytes(self.name, path, progress=progress)

@@ -280,6 +280,12 @@ class SandboxClient:
         response = self._data(name, "DELETE", paths.process_path(process_id))
         self._core.check(response, 200, 204)
 
+    def kill_all(self, name: str) -> None:
+        """SIGKILL every process in the sandbox but its agent, tracked or not (a
+        runaway or fork bomb included); tracked ones stay listed, exited (137)."""
+        response = self._data(name, "DELETE", paths.PROCESSES)
+        self._core.check(response, 200, 204)
+
     def run(
         self,
         name: str,
@@ -642,6 +648,9 @@ class Sandbox:
 
     def kill(self, process_id: str) -> None:
         self.client.kill(self.name, process_id)
+
+    def kill_all(self) -> None:
+        self.client.kill_all(self.name)
 
     def read_file_bytes(self, path: str, *, progress: Progress | None = None) -> bytes:
         return self.client.read_file_bytes(self.name, path, progress=progress)
