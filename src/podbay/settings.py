@@ -39,6 +39,13 @@ class ServerSettings:
     #: Base URL clients use: the identity token's ``iss`` and the endpoint prefix.
     #: Empty means ``http://{host}:{port}``.
     public_url: str = ""
+    #: A request head must arrive whole within this (else 408, connection closed).
+    head_timeout_seconds: float = 10.0
+    #: A request body may pause at most this long between bytes.
+    body_timeout_seconds: float = 60.0
+    #: Client connections held at once; lowered at start to leave descriptors
+    #: for the rest of the server (see ``podbay.control.listener``).
+    max_connections: int = 4096
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

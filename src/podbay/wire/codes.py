@@ -15,6 +15,7 @@ class ErrorCode(StrEnum):
     # -- any endpoint ------------------------------------------------------
     REQUEST_INVALID = "REQUEST_INVALID"  # malformed JSON, wrong types, unknown fields
     REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"  # a body over the endpoint's limit
+    REQUEST_TIMEOUT = "REQUEST_TIMEOUT"  # the request head did not arrive in time
     ROUTE_NOT_FOUND = "ROUTE_NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     INTERNAL = "INTERNAL"
@@ -68,6 +69,7 @@ class ErrorCode(StrEnum):
 STATUS: dict[ErrorCode, int] = {
     ErrorCode.REQUEST_INVALID: 400,
     ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.ROUTE_NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INTERNAL: 500,

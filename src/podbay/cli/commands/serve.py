@@ -111,6 +111,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     _Server = _server_class()
 
     from podbay.control.app import create_app
+    from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
     from podbay.control.logs import configure_logging
     from podbay.runtime import registry
     from podbay.settings import Settings
@@ -141,7 +142,12 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
                "data_dir": str(settings.data_dir)},
               f"podbay: listening on {listening} (public URL {settings.server.base_url()},"
               f" data in {settings.data_dir})")
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on",
+    descriptors = raise_descriptor_limit()
+    cap = connection_cap(settings.server.max_connections, descriptors)
+    protocol = guarded_protocol(head_timeout=settings.server.head_timeout_seconds,
+                                body_timeout=settings.server.body_timeout_seconds,
+                                max_connections=cap)
+    config = uvicorn.Config(app, loop="uvloop", http=protocol, lifespan="on",
                             log_config=None, access_log=False, timeout_graceful_shutdown=5,
                             ws="none")
     server = _Server(config)

@@ -1,0 +1,148 @@
+"""The HTTP listener's own guards: slow clients and connection floods.
+
+uvicorn holds a connection that sends half a request head, or a body a byte
+a minute, for ever: 20,500 of them exhausted the server's file descriptors,
+and the lifecycle pass then failed with "Too many open files". This
+protocol (uvicorn's httptools one, plus three guards) bounds all three:
+
+- **head timeout**: a request head (request line and headers) must arrive
+  whole within ``head_timeout`` seconds of its first byte, or of the
+  connection opening; else 408 ``REQUEST_TIMEOUT`` and the connection closes.
+- **body idle timeout**: while a request body is being received, the client
+  must send something at least every ``body_timeout`` seconds (time the
+  server itself stops reading, by flow control or before ``100 Continue``,
+  does not count); else the connection closes and the request is dropped.
+- **connection cap**: at most ``max_connections`` connections at once; one
+  more is closed as soon as it is accepted, so it never holds a descriptor.
+  The cap stays well below the process's descriptor limit (see
+  :func:`connection_cap`), which keeps descriptors for the lifecycle,
+  the store and the runtime when the listener is saturated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
+
+log = logging.getLogger("podbay.serve")
+
+#: Descriptors kept for everything but client connections (store, runtime,
+#: agent sockets, pipes of running commands).
+RESERVED_DESCRIPTORS = 512
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft descriptor limit to the hard one; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_cap(wanted: int, descriptor_limit: int) -> int:
+    """``wanted``, lowered to leave :data:`RESERVED_DESCRIPTORS` (or half
+    the descriptors, on a small limit) to the rest of the server.
+
+    >>> connection_cap(4096, 1024), connection_cap(4096, 65536), connection_cap(100, 65536)
+    (512, 4096, 100)
+    """
+    if descriptor_limit > 2 * RESERVED_DESCRIPTORS:
+        room = descriptor_limit - RESERVED_DESCRIPTORS
+    else:
+        room = descriptor_limit // 2
+    return max(1, min(wanted, room))
+
+
+def guarded_protocol(*, head_timeout: float, body_timeout: float,
+                     max_connections: int) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the guards above (pass as ``http=``)."""
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.abort()
+                return
+            self._arm_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_head()
+
+        def on_headers_complete(self) -> None:
+            self._cancel()
+            super().on_headers_complete()
+            if self.cycle is not None and self.cycle.more_body:
+                self._arm_body()
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            self._arm_body()
+
+        def on_message_complete(self) -> None:
+            self._cancel()
+            super().on_message_complete()
+
+        # -- timers ------------------------------------------------------------------
+        def _arm_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(head_timeout, self._head_expired)
+
+        def _arm_body(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            self._body_timer = self.loop.call_later(body_timeout, self._body_expired)
+
+        def _cancel(self) -> None:
+            for timer in (self._head_timer, self._body_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._head_timer = self._body_timer = None
+
+        def _head_expired(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing():
+                return
+            exc = ApiError(ErrorCode.REQUEST_TIMEOUT,
+                           f"the request head did not arrive within {head_timeout:g} s")
+            self.transport.write(_answer(exc))
+            self.transport.close()
+
+        def _body_expired(self) -> None:
+            self._body_timer = None
+            cycle: Any = self.cycle
+            if self.transport.is_closing() or cycle is None or not cycle.more_body:
+                return
+            if self.flow.read_paused or cycle.waiting_for_100_continue:
+                self._arm_body()  # the server is the one not reading: not the client's idling
+                return
+            # The request is dropped: its handler sees the client disconnect.
+            self.transport.close()
+
+    return GuardedProtocol
+
+
+def _answer(exc: ApiError) -> bytes:
+    body = json.dumps(exc.body()).encode()
+    return (f"HTTP/1.1 {exc.status} Request Timeout\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
