@@ -21,6 +21,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from podbay.asgi import Receive, Scope, Send
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import PREFIX as GATEWAY_PREFIX
 from podbay.gateway.app import Gateway
@@ -153,7 +154,7 @@ class Platform:
         if task in self._tasks:
             self._tasks.remove(task)
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PATHS):
             await self.gateway(scope, receive, send)
         else:

@@ -10,8 +10,8 @@ soon as the streamed bytes pass the limit. Nothing is buffered beyond it.
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from podbay.asgi import ASGIApp, Message, Receive, Scope, Send
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
@@ -19,11 +19,11 @@ from podbay.wire.codes import ErrorCode
 class BodyLimit:
     """Pure ASGI middleware: ``BodyLimit(app, limit)``."""
 
-    def __init__(self, app: Any, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -33,7 +33,7 @@ class BodyLimit:
             return
         received = 0
 
-        async def bounded_receive():  # type: ignore[no-untyped-def]
+        async def bounded_receive() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -49,7 +49,7 @@ class BodyLimit:
                         f"the request body is over {self.limit} bytes")
 
 
-def _content_length(scope: dict[str, Any]) -> int | None:
+def _content_length(scope: Scope) -> int | None:
     for key, value in scope["headers"]:
         if key == b"content-length":
             text = value.strip()
@@ -57,7 +57,7 @@ def _content_length(scope: dict[str, Any]) -> int | None:
     return None
 
 
-async def _refuse(send, exc: ApiError) -> None:  # type: ignore[no-untyped-def]
+async def _refuse(send: Send, exc: ApiError) -> None:
     body = json.dumps(exc.body()).encode()
     await send({"type": "http.response.start", "status": exc.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -19,6 +19,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from podbay.asgi import ASGIApp, Message, Receive, Scope, Send
 from podbay.wire.paths import REQUEST_ID_HEADER
 
 request_id: ContextVar[str | None] = ContextVar("podbay_request_id", default=None)
@@ -64,11 +65,11 @@ class RequestIdMiddleware:
 
     _HEADER = REQUEST_ID_HEADER.lower().encode()
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.log = logging.getLogger("podbay.http")
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -78,7 +79,7 @@ class RequestIdMiddleware:
         started = datetime.now(UTC)
         status = 0
 
-        async def send_with_id(message):  # type: ignore[no-untyped-def]
+        async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from podbay.asgi import Receive, Scope, Send
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_JSON_BODY
@@ -65,7 +66,7 @@ class Gateway:
         #: whether the machine died, so the next attach can bring it back.
         self.on_unreachable = on_unreachable
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         if raw_path.startswith(_BARE):

@@ -28,8 +28,8 @@ import json
 from collections.abc import AsyncIterator
 
 import httptools
-from starlette.types import Receive, Scope, Send
 
+from podbay.asgi import Receive, Scope, Send
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
@@ -59,7 +59,7 @@ MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 100
 
 
-async def send_error(send, exc: ApiError, request_id: str) -> None:  # type: ignore[no-untyped-def]
+async def send_error(send: Send, exc: ApiError, request_id: str) -> None:
     body = json.dumps(exc.body()).encode()
     await send({"type": "http.response.start", "status": exc.status, "headers": [
         (b"content-type", b"application/json"),
@@ -98,7 +98,7 @@ class _Response:
         self.done = True
 
 
-async def _client_body(receive) -> AsyncIterator[bytes]:  # type: ignore[no-untyped-def]
+async def _client_body(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -110,7 +110,7 @@ async def _client_body(receive) -> AsyncIterator[bytes]:  # type: ignore[no-unty
             return
 
 
-def _request_head(scope, target: bytes, request_id: str) -> tuple[bytes, str]:  # type: ignore[no-untyped-def]
+def _request_head(scope: Scope, target: bytes, request_id: str) -> tuple[bytes, str]:
     """The head to send and how the body is framed: "none", "length" or "chunked"."""
     lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: agent\r\n"]
     framing = "none"
@@ -129,7 +129,7 @@ def _request_head(scope, target: bytes, request_id: str) -> tuple[bytes, str]:  
     return b"".join(lines), framing
 
 
-async def relay(pool: AgentPool, scope, receive, send, target: bytes,  # type: ignore[no-untyped-def]
+async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, target: bytes,
                 request_id: str, body_limit: int | None = None) -> int:
     """Forward one request; returns the status the client got.
 
@@ -237,7 +237,7 @@ def _passed_on(name: bytes) -> bool:
     return name in _KEEP_RESPONSE or name.startswith(_KEEP_RESPONSE_PREFIX)
 
 
-async def _unreachable(send, request_id: str) -> int:  # type: ignore[no-untyped-def]
+async def _unreachable(send: Send, request_id: str) -> int:
     exc = ApiError(ErrorCode.AGENT_UNREACHABLE, "the sandbox's agent did not answer")
     await send_error(send, exc, request_id)
     return exc.status

@@ -92,15 +92,19 @@ def _ts(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 
 
+def _at(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
 def _dt(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+    return None if value is None else _at(value)
 
 
 def _sandbox(row: tuple[Any, ...]) -> Sandbox:
     return Sandbox(
         id=row[0], deployment_id=row[1], account=row[2], name=row[3], class_=row[4],
-        state=SandboxState(row[5]), machine_id=row[6], created_at=_dt(row[7]),  # type: ignore[arg-type]
-        last_active_at=_dt(row[8]), started_at=_dt(row[9]),  # type: ignore[arg-type]
+        state=SandboxState(row[5]), machine_id=row[6], created_at=_at(row[7]),
+        last_active_at=_at(row[8]), started_at=_dt(row[9]),
         ceiling_at=_dt(row[10]), incarnation=row[11], version=row[12],
     )
 
@@ -109,7 +113,7 @@ def _deployment(row: tuple[Any, ...]) -> Deployment:
     return Deployment(
         id=row[0], name=row[1], account=row[2], spec_text=row[3],
         sandbox_section=None if row[4] is None else json.loads(row[4]),
-        created_at=_dt(row[5]), updated_at=_dt(row[6]),  # type: ignore[arg-type]
+        created_at=_at(row[5]), updated_at=_at(row[6]),
     )
 
 

@@ -1,4 +1,6 @@
-"""The seam between sandboxes and declared environments (issue 6).
+"""The seam between sandboxes and declared environments. The control plane
+defines it here and never imports :mod:`podbay.environment`, which implements
+it (as a test's fake can), so the control plane runs without the builder.
 
 The sandbox service asks an :class:`EnvironmentService` two things:
 
