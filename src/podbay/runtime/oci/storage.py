@@ -185,7 +185,10 @@ def mount_disk(image: Path, target: Path, *, readonly: bool = False) -> None:
     target.mkdir(parents=True, exist_ok=True)
     device, fd = attach_loop(image)
     try:
-        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID | (MS_RDONLY if readonly else 0))
+        # discard: a deletion inside punches the blocks out of the sparse file
+        # (the loop device passes it on), so the host gets the space back.
+        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID | (MS_RDONLY if readonly else 0),
+                  "" if readonly else "discard")
     finally:
         os.close(fd)  # the mount now holds the device; unmounting frees it
 
