@@ -12,7 +12,8 @@ with the image's bare interpreter) and the CLI do not pay for the client.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names
+    from typing import Any
+
     from podbay.client import *
 
 

@@ -24,30 +24,36 @@ Errors (from :mod:`podbay.errors`)::
 
 from __future__ import annotations
 
-from podbay.errors import (
-    PodbayError,
-    SandboxNotEnabledError,
-    SandboxPreparingError,
-    SandboxRequestError,
-    SandboxUnavailableError,
-)
+import importlib
 
-from ._async.client import AsyncSandbox, AsyncSandboxClient
-from ._core import token_issuer
-from ._models import (
-    Cancel,
-    CombinedResult,
-    DirEntry,
-    ExecResult,
-    GrepMatch,
-    ProcessOutput,
-    ProcessStatus,
-    Progress,
-    RunResult,
-    SandboxHandle,
-    SandboxRecord,
-)
-from ._sync.client import Sandbox, SandboxClient
+TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+
+# Loaded on first use: the synchronous client alone does not pay for the
+# asynchronous one (anyio), and the CLI's quick exec path can import
+# ``podbay.client._config`` without any of them.
+_EXPORTS: dict[str, str] = {
+    "PodbayError": "podbay.errors",
+    "SandboxNotEnabledError": "podbay.errors",
+    "SandboxPreparingError": "podbay.errors",
+    "SandboxRequestError": "podbay.errors",
+    "SandboxUnavailableError": "podbay.errors",
+    "AsyncSandbox": "podbay.client._async.client",
+    "AsyncSandboxClient": "podbay.client._async.client",
+    "Sandbox": "podbay.client._sync.client",
+    "SandboxClient": "podbay.client._sync.client",
+    "token_issuer": "podbay.client._config",
+    "Cancel": "podbay.client._models",
+    "CombinedResult": "podbay.client._models",
+    "DirEntry": "podbay.client._models",
+    "ExecResult": "podbay.client._models",
+    "GrepMatch": "podbay.client._models",
+    "ProcessOutput": "podbay.client._models",
+    "ProcessStatus": "podbay.client._models",
+    "Progress": "podbay.client._models",
+    "RunResult": "podbay.client._models",
+    "SandboxHandle": "podbay.client._models",
+    "SandboxRecord": "podbay.client._models",
+}
 
 __all__ = [
     "AsyncSandbox",
@@ -72,3 +78,40 @@ __all__ = [
     "SandboxUnavailableError",
     "token_issuer",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+    from podbay.errors import (
+        PodbayError,
+        SandboxNotEnabledError,
+        SandboxPreparingError,
+        SandboxRequestError,
+        SandboxUnavailableError,
+    )
+
+    from ._async.client import AsyncSandbox, AsyncSandboxClient
+    from ._config import token_issuer
+    from ._models import (
+        Cancel,
+        CombinedResult,
+        DirEntry,
+        ExecResult,
+        GrepMatch,
+        ProcessOutput,
+        ProcessStatus,
+        Progress,
+        RunResult,
+        SandboxHandle,
+        SandboxRecord,
+    )
+    from ._sync.client import Sandbox, SandboxClient
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'podbay.client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

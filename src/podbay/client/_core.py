@@ -14,10 +14,7 @@ rule of the contract (the exec deadline, the 202 loop, which refusals mean
 
 from __future__ import annotations
 
-import base64
-import binascii
 import email.utils
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,10 +38,13 @@ from podbay.wire.data import (
 )
 from podbay.wire.limits import DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_SANDBOX_CLASS
 
+from ._config import DEFAULT_TIMEOUT_SECONDS as DEFAULT_TIMEOUT_SECONDS
+from ._config import TOKEN_ENV as TOKEN_ENV
+from ._config import exec_timeout_ms
+from ._config import token_issuer as token_issuer
+
 T = TypeVar("T")
 
-TOKEN_ENV = "ASTRO_AUTHZ_TOKEN"
-DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_PREPARE_TIMEOUT_SECONDS = 900.0
 #: A cached handle with less than this left before ``expires_at`` is renewed first.
 HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
@@ -52,28 +52,6 @@ HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
 #: ``"native"`` insists on it; ``"base64"`` forces the reference's exec path.
 FilesMode = Literal["auto", "native", "base64"]
 FILES_MODES: tuple[str, ...] = ("auto", "native", "base64")
-
-
-def token_issuer(token: str) -> str:
-    """The ``iss`` claim of a JWT, read WITHOUT verifying it (the client has no key).
-
-    >>> import base64, json
-    >>> body = base64.urlsafe_b64encode(json.dumps({"iss": "http://cp:8700"}).encode())
-    >>> token_issuer("e30." + body.decode().rstrip("=") + ".sig")
-    'http://cp:8700'
-    """
-    parts = token.strip().split(".")
-    if len(parts) != 3:
-        raise ValueError("identity token is not a JWT (expected three dot-separated parts)")
-    payload = parts[1] + "=" * (-len(parts[1]) % 4)
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(payload))
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError(f"identity token payload is not base64url JSON ({exc})") from None
-    issuer = claims.get("iss") if isinstance(claims, dict) else None
-    if not isinstance(issuer, str) or not issuer:
-        raise ValueError("identity token has no 'iss' claim; pass server_url=")
-    return issuer
 
 
 @dataclass(frozen=True)
@@ -182,8 +160,7 @@ class Core:
 
     def exec_timeout_ms(self, requested: int | None) -> int:
         """The deadline exec sends: never later than one second under the request timeout."""
-        bound = int(self.config.timeout_seconds * 1000) - 1000
-        return bound if requested is None else max(1, min(int(requested), bound))
+        return exec_timeout_ms(self.config.timeout_seconds, requested)
 
     def exec_body(self, command: list[str], *, cwd: str | None = None,
                   env: Mapping[str, str] | None = None,

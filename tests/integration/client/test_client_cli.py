@@ -113,3 +113,45 @@ def test_unreachable_and_no_token(cli: Any) -> None:
     none = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", "list"],
                           capture_output=True, text=True, env=env)
     assert none.returncode == 2 and "ASTRO_AUTHZ_TOKEN" in none.stderr
+
+
+QUICK = ("import atexit, sys; marker = sys.argv.pop(1); "
+         "atexit.register(lambda: open(marker, 'w').write(' '.join("
+         "m for m in ('click', 'httpx') if m in sys.modules))); "
+         "from podbay.cli.entry import main; main()")
+
+
+def test_quick_exec_answers_as_the_full_command(platform: Any, name: str, tmp_path: Path) -> None:
+    # `podbay sandbox exec` starts without click or httpx when it can; what it
+    # prints and its exit code are the full command's, byte for byte.
+    env = {**os.environ, "ASTRO_AUTHZ_TOKEN": platform.token}
+    env.pop("PODBAY_SERVER_URL", None)
+    marker = tmp_path / "loaded"
+
+    def both(*args: str) -> tuple[Any, Any, str]:
+        quick = subprocess.run([sys.executable, "-c", QUICK, str(marker), "sandbox", "exec",
+                                *args], capture_output=True, text=True, env=env, timeout=120)
+        full = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", "exec",
+                               *args], capture_output=True, text=True, env=env, timeout=120)
+        return quick, full, marker.read_text()
+
+    for args in ([name, "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
+                 [name, "--cwd", "/tmp", "--env", "A=1", "--env=B=2", "--", "/bin/sh", "-c",
+                  "pwd; echo $A$B"],
+                 [name, "--timeout-ms", "300", "--", "sleep", "5"],
+                 [name, "--cwd", "/nonexistent", "--", "true"],
+                 [name, "--", "/no/such/program"],
+                 ["bad name!", "--", "true"],
+                 [name, "--server", platform.url, "--", "printf", "\u00e9\\377"]):
+        quick, full, loaded = both(*args)
+        assert (quick.returncode, quick.stdout, quick.stderr) == \
+            (full.returncode, full.stdout, full.stderr), args
+        if args[0] == name:
+            assert loaded == "", args  # the quick path answered by itself
+    quick, full, loaded = both(name, "--json", "--", "echo", "hi")
+    assert loaded == "click httpx"  # handed over
+    assert json.loads(quick.stdout)["stdout"] == json.loads(full.stdout)["stdout"] == "hi\n"
+    env["ASTRO_AUTHZ_TOKEN"] = unsigned_token("http://127.0.0.1:9")
+    quick, full, _ = both(name, "--", "true")
+    assert quick.returncode == full.returncode == 2
+    assert quick.stderr == full.stderr and quick.stderr.startswith("podbay: unavailable:")

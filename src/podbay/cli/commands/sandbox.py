@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import click
 
 from podbay.cli.output import Output, fail
+from podbay.cli.quick_exec import print_exec_result
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -175,14 +176,8 @@ def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...
         if as_json:
             out.value(result)
         else:
-            out.raw(result.stdout)
-            if result.stderr:
-                out.err.write(result.stderr)
-                out.err.flush()
-            if result.truncated:
-                out.info("podbay: output was cut at 1 MiB per stream (use run for more)")
-            if result.timed_out:
-                out.info("podbay: the command was killed at its deadline")
+            print_exec_result(result.stdout, result.stderr, result.truncated, result.timed_out,
+                              out.out, out.err)
     sys.exit(result.exit_code)
 
 

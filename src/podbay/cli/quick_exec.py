@@ -1,0 +1,240 @@
+"""``podbay sandbox exec NAME [--cwd D] [--env K=V]... [--timeout-ms N] -- ARGV``,
+the quick way: the standard library only, no click, no httpx, no SDK.
+
+A shell user or script runs this command more than any other, and almost
+all of its time went to Python start-up and imports (~100 ms for httpx and
+the SDK, ~15 ms for click), not to the two requests it makes. This path
+makes those two requests (attach, exec) with ``http.client`` and prints
+what the full command prints.
+
+It hands over to the full command (by answering ``None``) whenever the
+full command would do something it does not, always before the command
+could have run: any other option (``--json``, ``--help``), no ``--``
+before the argv, an HTTPS server (the SDK's certificate store is not the
+standard library's), an attach that is not a plain 200 (202 while the
+environment is prepared, refusals, transport failures: the full command
+attaches again, which is idempotent, and reports them), and an exec
+refused 401, 403 or 503 (answered before anything ran; the SDK
+re-attaches or waits and repeats). Once the exec request is sent, every
+outcome is reported here, as the full command would: output, notes, its
+exit code; a refusal as ``podbay: <status> <CODE>: <message>`` (exit 1);
+no answer as ``podbay: unavailable: ...`` (exit 2; never retried).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+from urllib.parse import quote, urlsplit
+
+from podbay import __version__
+from podbay.client._config import (
+    DEFAULT_TIMEOUT_SECONDS,
+    TOKEN_ENV,
+    exec_timeout_ms,
+    token_issuer,
+)
+from podbay.errors import request_error
+from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
+from podbay.wire.paths import EXEC, SANDBOXES
+
+TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TextIO
+
+SERVER_ENV = "PODBAY_SERVER_URL"
+TRUNCATED_NOTE = "podbay: output was cut at 1 MiB per stream (use run for more)"
+TIMED_OUT_NOTE = "podbay: the command was killed at its deadline"
+#: Options this path understands; any other hands over to the full command.
+_VALUE_OPTIONS = ("--cwd", "--env", "--timeout-ms", "--token", "--server")
+#: Data-plane refusals answered before anything ran, that the SDK handles by repeating.
+_REPEATABLE = (401, 403, 503)
+
+
+class _HandOver(Exception):
+    """Nothing ran: let the full command do it."""
+
+
+def print_exec_result(stdout: str, stderr: str, truncated: bool, timed_out: bool,
+                      out: TextIO | None = None, err: TextIO | None = None) -> None:
+    """An exec's output as ``podbay sandbox exec`` prints it (both paths use this)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    out.write(stdout)
+    out.flush()
+    if stderr:
+        err.write(stderr)
+        err.flush()
+    for note, present in ((TRUNCATED_NOTE, truncated), (TIMED_OUT_NOTE, timed_out)):
+        if present:
+            err.write(note + "\n")
+            err.flush()
+
+
+def parse(args: Sequence[str]) -> dict[str, Any] | None:
+    """The invocation after ``sandbox exec``, or None when it is not one this path takes.
+
+    >>> parse(["box", "--cwd", "/tmp", "--env=A=1", "--", "ls", "-l"])["argv"]
+    ['ls', '-l']
+    >>> parse(["box", "--json", "--", "true"]) is None
+    True
+    """
+    if not args or args[0].startswith("-"):
+        return None
+    found: dict[str, Any] = {"name": args[0], "env": {}}
+    i = 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            found["argv"] = list(args[i + 1:])
+            break
+        key, eq, value = arg.partition("=")
+        if key not in _VALUE_OPTIONS:
+            return None
+        if not eq:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if key == "--env":
+            env_key, sep, env_value = value.partition("=")
+            if not sep or not env_key:
+                return None
+            found["env"][env_key] = env_value
+        elif key == "--timeout-ms":
+            try:
+                found["timeout_ms"] = int(value)
+            except ValueError:
+                return None
+        else:
+            found[key[2:]] = value
+    if not found.get("argv"):
+        return None
+    return found
+
+
+class _Connections:
+    """One kept-alive plain-HTTP connection per host and port."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.open: dict[tuple[str, int], http.client.HTTPConnection] = {}
+
+    def request(self, method: str, url: str, headers: dict[str, str],
+                body: bytes) -> tuple[int, str, bytes]:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise _HandOver
+        key = (parts.hostname, parts.port or 80)
+        conn = self.open.get(key)
+        if conn is None:
+            conn = self.open[key] = http.client.HTTPConnection(key[0], key[1],
+                                                              timeout=self.timeout)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request(method, target, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.reason, response.read()
+
+    def close(self) -> None:
+        for conn in self.open.values():
+            conn.close()
+
+
+def _refusal(status: int, reason: str, raw: bytes) -> str:
+    """The same sentence the SDK's refusal gives (``Core.refusal``)."""
+    message, code = "", None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), str):
+            message = body["error"]
+        if isinstance(body.get("code"), str):
+            code = body["code"]
+    if not message:
+        message = raw.decode(errors="replace").strip()[:500] or reason or "request refused"
+    return str(request_error(status, message, code))
+
+
+def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | None:
+    """Run the invocation and return its exit status; None to hand it to the full command."""
+    call = parse(args)
+    if call is None:
+        return None
+    env = os.environ if environ is None else environ
+    token = call.get("token") or env.get(TOKEN_ENV)
+    if not token:
+        return None
+    try:
+        server = (call.get("server") or env.get(SERVER_ENV) or token_issuer(token)).rstrip("/")
+    except ValueError:
+        return None
+    if not server.startswith("http://"):
+        return None
+    agent = f"podbay-python/{__version__}"
+    connections = _Connections(DEFAULT_TIMEOUT_SECONDS)
+    try:
+        try:
+            status, _, raw = connections.request(
+                "PUT", f"{server}{SANDBOXES}/{quote(call['name'], safe='')}",
+                {"Authorization": f"Bearer {token}", "User-Agent": agent,
+                 "Content-Type": "application/json"},
+                json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode())
+            if status not in (200, 201):
+                return None
+            handle = json.loads(raw)
+            endpoint, headers = handle["endpoint"], handle["headers"]
+            if not isinstance(endpoint, str) or not isinstance(headers, dict):
+                return None
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError,
+                _HandOver):
+            return None
+        body: dict[str, Any] = {"command": call["argv"]}
+        if call.get("cwd") is not None:
+            body["cwd"] = call["cwd"]
+        if call["env"]:
+            body["env"] = call["env"]
+        body["timeout_ms"] = exec_timeout_ms(DEFAULT_TIMEOUT_SECONDS, call.get("timeout_ms"))
+        url = endpoint.rstrip("/") + EXEC
+        try:
+            status, reason, raw = connections.request(
+                "POST", url, {"User-Agent": agent, **headers,
+                              "Content-Type": "application/json"},
+                json.dumps(body).encode())
+        except _HandOver:
+            return None
+        except (OSError, http.client.HTTPException) as exc:
+            kind = type(exc).__name__
+            _fail(f"unavailable: POST {url.split('?', 1)[0]} failed: {kind}: {exc or kind}")
+            return 2
+        if status in _REPEATABLE:
+            return None
+        if status != 200:
+            _fail(_refusal(status, reason, raw))
+            return 1
+        try:
+            result = json.loads(raw)
+            code = int(result["exit_code"])
+            stdout, stderr = str(result.get("stdout", "")), str(result.get("stderr", ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            _fail(str(request_error(200, f"unexpected answer from POST {url}: {exc}",
+                                    "RESPONSE_INVALID")))
+            return 1
+        print_exec_result(stdout, stderr, bool(result.get("truncated")),
+                          bool(result.get("timed_out")))
+        return code
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    finally:
+        connections.close()
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"podbay: {message}\n")
+    sys.stderr.flush()
