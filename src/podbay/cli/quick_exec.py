@@ -54,10 +54,6 @@ _VALUE_OPTIONS = ("--cwd", "--env", "--timeout-ms", "--token", "--server")
 _REPEATABLE = (401, 403, 503)
 
 
-class _HandOver(Exception):
-    """Nothing ran: let the full command do it."""
-
-
 def print_exec_result(stdout: str, stderr: str, truncated: bool, timed_out: bool,
                       out: TextIO | None = None, err: TextIO | None = None) -> None:
     """An exec's output as ``podbay sandbox exec`` prints it (both paths use this)."""
@@ -125,10 +121,11 @@ class _Connections:
         self.open: dict[tuple[str, int], http.client.HTTPConnection] = {}
 
     def request(self, method: str, url: str, headers: dict[str, str],
-                body: bytes) -> tuple[int, str, bytes]:
+                body: bytes) -> tuple[int, str, bytes] | None:
+        """(status, reason, body); None for a URL this path does not speak to."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
-            raise _HandOver
+            return None
         key = (parts.hostname, parts.port or 80)
         conn = self.open.get(key)
         if conn is None:
@@ -180,19 +177,19 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
     connections = _Connections(DEFAULT_TIMEOUT_SECONDS)
     try:
         try:
-            status, _, raw = connections.request(
+            attached = connections.request(
                 "PUT", f"{server}{SANDBOXES}/{quote(call['name'], safe='')}",
                 {"Authorization": f"Bearer {token}", "User-Agent": agent,
                  "Content-Type": "application/json"},
                 json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode())
-            if status not in (200, 201):
+            if attached is None or attached[0] not in (200, 201):
                 return None
+            raw = attached[2]
             handle = json.loads(raw)
             endpoint, headers = handle["endpoint"], handle["headers"]
             if not isinstance(endpoint, str) or not isinstance(headers, dict):
                 return None
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError,
-                _HandOver):
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
             return None
         body: dict[str, Any] = {"command": call["argv"]}
         if call.get("cwd") is not None:
@@ -202,18 +199,17 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
         body["timeout_ms"] = exec_timeout_ms(DEFAULT_TIMEOUT_SECONDS, call.get("timeout_ms"))
         url = endpoint.rstrip("/") + EXEC
         try:
-            status, reason, raw = connections.request(
+            answered = connections.request(
                 "POST", url, {"User-Agent": agent, **headers,
                               "Content-Type": "application/json"},
                 json.dumps(body).encode())
-        except _HandOver:
-            return None
         except (OSError, http.client.HTTPException) as exc:
             kind = type(exc).__name__
             _fail(f"unavailable: POST {url.split('?', 1)[0]} failed: {kind}: {exc or kind}")
             return 2
-        if status in _REPEATABLE:
+        if answered is None or answered[0] in _REPEATABLE:
             return None
+        status, reason, raw = answered
         if status != 200:
             _fail(_refusal(status, reason, raw))
             return 1
