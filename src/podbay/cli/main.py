@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 
 import click
 
@@ -19,6 +20,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
     "dev": ("podbay.cli.commands.dev", "Local development: real sandboxes for your agent."),
 }
+#: Subcommands that need the ``server`` extra (``pip install podbay`` is the SDK
+#: and the client-side commands only).
+SERVER_COMMANDS = frozenset({"serve", "deployment", "doctor", "gc", "dev"})
 
 
 class LazyGroup(click.Group):
@@ -29,6 +33,9 @@ class LazyGroup(click.Group):
         entry = COMMANDS.get(cmd_name)
         if entry is None or not _exists(entry[0]):
             return None
+        if cmd_name in SERVER_COMMANDS and _missing_server_extra():
+            raise click.ClickException(
+                f"podbay {cmd_name} needs the server extra: pip install 'podbay[server]'")
         command = importlib.import_module(entry[0]).command
         assert isinstance(command, click.Command)
         return command
@@ -42,6 +49,27 @@ class LazyGroup(click.Group):
 
 def _exists(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def _missing_server_extra() -> bool:
+    """Whether a distribution the ``server`` extra requires is not installed
+    (read from podbay's own metadata, so the list lives in pyproject.toml only)."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("podbay") or []
+    except metadata.PackageNotFoundError:  # run from a source tree: nothing to check
+        return False
+    for requirement in requires:
+        name, _, marker = requirement.partition(";")
+        if not re.search(r"extra\s*==\s*[\"']server[\"']", marker):
+            continue
+        match = re.match(r"[A-Za-z0-9._-]+", name.strip())
+        try:
+            metadata.distribution(match.group(0) if match else name)
+        except metadata.PackageNotFoundError:
+            return True
+    return False
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
