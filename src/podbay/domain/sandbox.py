@@ -83,12 +83,22 @@ class Sandbox:
     incarnation: int = 0
     #: Compare-and-set token; the store bumps it on every write.
     version: int = 0
+    #: When compute was last released (suspended or stopped); ``None`` while
+    #: running. A suspended or stopped sandbox is reclaimed counting from here.
+    suspended_at: datetime | None = None
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""
         if not can_transition(self.state, state):
             raise ValueError(f"sandbox {self.id}: {self.state} → {state} is not a transition")
+        if state is SandboxState.RUNNING:
+            changes.setdefault("suspended_at", None)
         return replace(self, state=state, **changes)  # type: ignore[arg-type]
+
+    def released(self, state: SandboxState, now: datetime, **changes: object) -> Sandbox:
+        """Moved to ``suspended`` or ``stopped``; the reclaim clock starts now,
+        unless it already runs (suspended, then stopped at its ceiling)."""
+        return self.moved(state, suspended_at=self.suspended_at or now, **changes)
 
     def started(self, now: datetime, max_age: timedelta) -> Sandbox:
         """Running on fresh compute: a new incarnation with a new ceiling."""

@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 _SANDBOX_COLUMNS = (
     "id, deployment_id, account, name, class, state, machine_id, created_at,"
-    " last_active_at, started_at, ceiling_at, incarnation, version"
+    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at"
 )
 _DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
@@ -106,6 +106,7 @@ def _sandbox(row: tuple[Any, ...]) -> Sandbox:
         state=SandboxState(row[5]), machine_id=row[6], created_at=_at(row[7]),
         last_active_at=_at(row[8]), started_at=_dt(row[9]),
         ceiling_at=_dt(row[10]), incarnation=row[11], version=row[12],
+        suspended_at=_dt(row[13]),
     )
 
 
@@ -120,7 +121,7 @@ def _deployment(row: tuple[Any, ...]) -> Deployment:
 def _sandbox_values(s: Sandbox) -> tuple[Any, ...]:
     return (s.id, s.deployment_id, s.account, s.name, s.class_, s.state.value, s.machine_id,
             _ts(s.created_at), _ts(s.last_active_at), _ts(s.started_at), _ts(s.ceiling_at),
-            s.incarnation)
+            s.incarnation, _ts(s.suspended_at))
 
 
 class SqliteStore:
@@ -269,7 +270,7 @@ class SqliteStore:
             if per_account >= account_cap:
                 return InsertOutcome.ACCOUNT_CAP
             conn.execute(
-                f"INSERT INTO sandboxes ({_SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0)",
+                f"INSERT INTO sandboxes ({_SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?)",
                 _sandbox_values(s))
             return InsertOutcome.INSERTED
 
@@ -284,7 +285,7 @@ class SqliteStore:
             changed = conn.execute(
                 "UPDATE sandboxes SET deployment_id=?, account=?, name=?, class=?, state=?,"
                 " machine_id=?, created_at=?, last_active_at=max(last_active_at, ?),"
-                " started_at=?, ceiling_at=?, incarnation=?, version=version+1"
+                " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, version=version+1"
                 " WHERE id=? AND version=?",
                 (*values, old.id, old.version)).rowcount
             if not changed:

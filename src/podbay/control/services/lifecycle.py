@@ -10,7 +10,8 @@ Thresholds (``settings.lifecycle``)::
                in flight through the gateway       → suspended
     running/suspended, now >= ceiling_at            → stopped (files kept; next
                                                       attach carries them over)
-    suspended/stopped, untouched >= suspended_ttl   → reclaimed (destroyed, row gone)
+    suspended/stopped for >= suspended_ttl,
+               counted from the suspension          → reclaimed (destroyed, row gone)
     deleting (e.g. the CLI deleted its deployment)  → destroyed, row gone
     creating with nobody holding its lock           → rolled back
 """
@@ -84,7 +85,8 @@ class Lifecycle:
         if row.state is S.RUNNING and idle >= timedelta(seconds=self.settings.idle_seconds) \
                 and not self.activity.busy(row.id):
             return "idle"
-        if row.state in (S.SUSPENDED, S.STOPPED) and idle >= ttl:
+        if row.state in (S.SUSPENDED, S.STOPPED) \
+                and now - (row.suspended_at or row.last_active_at) >= ttl:
             return "reclaim"
         return None
 

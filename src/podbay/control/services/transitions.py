@@ -57,7 +57,7 @@ class Transitions:
             return await self.stop(row, why)
         self.routes.remove(row.id)
         await self.driver.suspend(row.machine_id)
-        new = await self.store.replace_sandbox(row, row.moved(S.SUSPENDED))
+        new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
         return self._moved(row, new, why)
 
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
@@ -65,7 +65,7 @@ class Transitions:
         self.routes.remove(row.id)
         await self.driver.stop(row.machine_id)
         new = await self.store.replace_sandbox(
-            row, row.moved(S.STOPPED, ceiling_at=None, started_at=None))
+            row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None))
         return self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
@@ -92,7 +92,9 @@ class Transitions:
             changes = {"ceiling_at": None, "started_at": None}
         if state is not S.RUNNING:
             self.routes.remove(row.id)
-        new = await self.store.replace_sandbox(row, row.moved(state, **changes))
+        moved = (row.released(state, self.clock(), **changes)
+                 if state in (S.SUSPENDED, S.STOPPED) else row.moved(state, **changes))
+        new = await self.store.replace_sandbox(row, moved)
         if new is not None and state is S.RUNNING:
             self.add_route(new)
         return self._moved(row, new, why)
