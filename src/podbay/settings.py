@@ -54,8 +54,16 @@ class ServerSettings:
 @dataclass
 class RuntimeSettings:
     driver: str = "oci"
-    #: OCI runtime binary: runc (default), crun or runsc where installed.
+    #: Sandbox classes this server runs, in order of preference: any of ``vm``,
+    #: ``gvisor``, ``container`` (see docs/runtime.md). ``vm`` only when listed.
+    classes: str = "gvisor,container"
+    #: What attach's ``default`` class means; empty: the first enabled class that
+    #: works at useful speed on this host (``podbay doctor`` prints it).
+    default_class: str = ""
+    #: OCI runtime binary of the ``container`` class: runc (default) or crun.
     oci_runtime: str = "runc"
+    #: OCI runtime binary of the ``gvisor`` class.
+    gvisor_runtime: str = "runsc"
     memory_bytes: int = 1 * GIB
     cpus: float = 1.0
     pids: int = 256

@@ -1,12 +1,15 @@
-"""Compose the platform: ``create_app(settings, store, drivers)``.
+"""Compose the platform: ``create_app(settings, store, drivers)``, ``drivers``
+naming each enabled sandbox class's driver (``{"container": ..., "gvisor": ...}``).
 
 One ASGI app serves the control plane (``/api/v1``, ``/healthz``,
 ``/metrics``) and the gateway (``/sandbox/<id>/...``). Nothing is built at
 import; everything here is built by the caller (``podbay serve``, a test).
 
 Start-up runs in the background so ``/healthz`` can answer 503 meanwhile:
-driver ``prepare()`` (base image), then reconcile the store with what the
-driver adopts, then the warm pool fills and the lifecycle loop starts.
+each class's driver ``prepare()`` (base image) and check (which classes run
+here, what ``default`` means), then reconcile the store with what the
+drivers adopt, then the default class's warm pool fills and the lifecycle
+loop starts. Other classes' pools fill after their first sandbox.
 Shutdown leaves sandboxes running; the next start adopts them.
 """
 
@@ -28,6 +31,7 @@ from podbay.gateway.app import Gateway
 from podbay.gateway.credentials import Credential, CredentialVerifier, mint_credential
 from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
+from podbay.runtime.classes import enabled_classes
 from podbay.settings import Settings
 from podbay.store.base import Store
 from podbay.wire.limits import MAX_CONTROL_BODY
@@ -38,6 +42,7 @@ from .keys import KeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
 from .routes import health, sandboxes
+from .services.classes import ClassCheck, ClassRuntimes
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
 from .services.environment import EnvironmentService, PlainEnvironment, Prepared
 from .services.lifecycle import Lifecycle
@@ -68,13 +73,19 @@ class Platform:
         environment: EnvironmentService | None = None,
         validate_section: SectionValidator | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        check: ClassCheck | None = None,
+        missing: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.base_url = settings.server.base_url()
         self.keys = keys or KeyRing.open(settings.data_dir / "keys")
         self.metrics = Metrics()
-        self.driver = drivers.get(settings.runtime.driver)
+        #: ``missing``: why an enabled class has no driver (e.g. its module is absent).
+        self.classes = ClassRuntimes(enabled_classes(settings), drivers,
+                                     pin=settings.runtime.default_class.strip(),
+                                     missing=missing)
+        self._check = check
         self.activity = ActivityTracker(clock)
         self.routes = RouteTable()
         self.locks = NameLocks()
@@ -87,15 +98,17 @@ class Platform:
         self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
                              disk_bytes=rt.disk_bytes)
         self.transitions: Transitions | None = None
-        self.pool: WarmPool | None = None
+        #: Warm pools by class; a class found unable to run here loses its pool.
+        self.pools: dict[str, WarmPool] = {}
         self.lifecycle: Lifecycle | None = None
-        if self.driver is not None:
+        if self.classes.drivers:
             self.transitions = Transitions(
-                store, self.driver, self.routes, self.metrics, clock,
+                store, self.classes, self.routes, self.metrics, clock,
                 timedelta(seconds=settings.lifecycle.max_age_seconds))
             if rt.warm_pool > 0:
-                self.pool = WarmPool(self.driver, self.limits, rt.warm_pool,
-                                     on_change=self.metrics.warm_pool.set)
+                self.pools = {name: WarmPool(driver, self.limits, rt.warm_pool,
+                                             on_change=self._pool_changed)
+                              for name, driver in self.classes.drivers.items()}
             self.lifecycle = Lifecycle(store=store, transitions=self.transitions,
                                        activity=self.activity, locks=self.locks,
                                        settings=settings.lifecycle, clock=clock)
@@ -105,9 +118,9 @@ class Platform:
             validate_section=validate_section, clock=clock)
         ttl = settings.credentials.ttl_seconds
         self.sandboxes = SandboxService(
-            settings=settings, store=store, driver=self.driver, transitions=self.transitions,
-            environment=self.environment, activity=self.activity, locks=self.locks,
-            pool=self.pool, clock=clock,
+            settings=settings, store=store, classes=self.classes,
+            transitions=self.transitions, environment=self.environment,
+            activity=self.activity, locks=self.locks, pools=self.pools, clock=clock,
             mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
         self.verifier = CredentialVerifier(self.keys)
@@ -130,6 +143,9 @@ class Platform:
                                          incarnation=incarnation, ttl_seconds=ttl)
         self.verifier.remember(token, Credential(sandbox_id, incarnation, expires.timestamp()))
         return token, expires
+
+    def _pool_changed(self, _: int) -> None:
+        self.metrics.warm_pool.set(sum(len(pool) for pool in self.pools.values()))
 
     def _suspect(self, sandbox_id: str) -> None:
         """Check, once at a time per sandbox, a machine whose agent went quiet."""
@@ -162,14 +178,14 @@ class Platform:
 
     # -- readiness -----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return {"ready": self.ready, "driver": self.driver.name if self.driver else None,
+        return {"ready": self.ready, "classes": self.classes.describe(),
                 "error": self.startup_error}
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.store.set_meta(PUBLIC_URL_KEY, self.base_url)
         self.sandboxes.ready = False
-        if self.driver is not None:
+        if self.lifecycle is not None:
             self._tasks.append(asyncio.create_task(self._start_runtime()))
         try:
             yield
@@ -177,20 +193,27 @@ class Platform:
             await self.shutdown()
 
     async def _start_runtime(self) -> None:
-        assert self.driver is not None and self.lifecycle is not None
+        assert self.lifecycle is not None
         try:
-            await self.driver.prepare()
-            await self.lifecycle.reconcile(await self.driver.adopt())
+            await self.classes.start(self._check)
+            for name in set(self.pools) - set(self.classes.available):
+                await self.pools.pop(name).close()
+            running = self.classes.running()
+            await self.lifecycle.reconcile(
+                {name: await driver.adopt() for name, driver in running.items()})
         except Exception as exc:
             log.exception("the runtime could not start")
             self.startup_error = str(exc)
             self.sandboxes.not_ready_reason = f"the sandbox runtime could not start: {exc}"
             return
-        if self.pool is not None:
-            self.pool.refill(Prepared(), delay=0.0)
-            await self.pool.wait_filled()
+        default_pool = self.pools.get(self.classes.default or "")
+        if default_pool is not None:
+            default_pool.refill(Prepared(), delay=0.0)
+            await default_pool.wait_filled()
         self.ready = self.sandboxes.ready = True
-        log.info("ready: sandboxes can be created", extra={"driver": self.driver.name})
+        log.info("ready: sandboxes can be created",
+                 extra={"classes": list(self.classes.available),
+                        "default": self.classes.default})
         self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
 
     async def shutdown(self) -> None:
@@ -202,20 +225,20 @@ class Platform:
         if self.lifecycle is not None:
             with contextlib.suppress(Exception):
                 await self.lifecycle.flush_activity()
-        if self.pool is not None:
-            await self.pool.close(destroy=True)
+        for pool in self.pools.values():
+            await pool.close(destroy=True)
         await self.routes.close()
         close_environment = getattr(self.environment, "close", None)
         if close_environment is not None:
             with contextlib.suppress(Exception):
                 await close_environment()
-        if self.driver is not None:
+        for driver in self.classes.drivers.values():
             with contextlib.suppress(Exception):
-                await self.driver.close()
+                await driver.close()
 
 
 def create_app(settings: Settings, store: Store, drivers: Mapping[str, Driver],
                **options: Any) -> Platform:
     """The whole platform as one ASGI app. ``options``: ``keys``, ``environment``,
-    ``validate_section``, ``clock`` (see :class:`Platform`)."""
+    ``validate_section``, ``clock``, ``check``, ``missing`` (see :class:`Platform`)."""
     return Platform(settings, store, drivers, **options)

@@ -7,12 +7,16 @@ the fresh machine runs it applies the setup commands in ``/workspace``.
 Refusals carry the contract's codes: ``SANDBOX_PREPARE_FAILED`` naming the
 failing step with the end of its output, ``SANDBOX_APPLY_FAILED`` naming
 the setup command with its output.
+
+Layers are kept per sandbox class's :class:`Environments`; classes whose
+drivers stand on the same base image share one (and so every layer).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 
 from podbay.control.services.environment import Building, Prepared
 from podbay.domain import Deployment
@@ -26,8 +30,9 @@ from .spec import SandboxSection, SpecError, parse_section
 
 
 class DeclaredEnvironment:
-    def __init__(self, environments: Environments) -> None:
-        self.environments = environments
+    def __init__(self, environments: Mapping[str, Environments]) -> None:
+        #: By sandbox class.
+        self.environments = dict(environments)
 
     @staticmethod
     def section(deployment: Deployment) -> SandboxSection:
@@ -41,9 +46,9 @@ class DeclaredEnvironment:
             raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
                            f"the sandbox section is not valid: {exc}") from None
 
-    async def prepare(self, deployment: Deployment) -> Prepared | Building:
+    async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         section = self.section(deployment)
-        state = self.environments.status(section)
+        state = self.environments[class_].status(section)
         if isinstance(state, Building):
             return state
         if isinstance(state, Failed):
@@ -59,6 +64,10 @@ class DeclaredEnvironment:
             await run_setup(driver.agent_socket(machine_id), section)
         except SetupFailed as exc:
             raise ApiError(ErrorCode.SANDBOX_APPLY_FAILED, str(exc)) from None
+
+    async def close(self) -> None:
+        for environments in {id(e): e for e in self.environments.values()}.values():
+            await environments.close()
 
 
 def sandbox_env(section: SandboxSection) -> dict[str, str]:

@@ -110,9 +110,15 @@ class DriverSession:
             self.runner.close()
 
 
-def _cleanup(settings: Settings) -> None:
-    session = DriverSession(settings)
-    session.close()
+def cleanup(settings: Settings) -> None:
+    """Destroy every machine of the data directory, in each OCI class that has
+    data there (``gvisor`` keeps its own), and collect their leftovers."""
+    from podbay.runtime.classes import CONTAINER, GVISOR, class_settings
+
+    for name in (CONTAINER, GVISOR):
+        derived = class_settings(settings, name)
+        if name == CONTAINER or derived.data_dir.exists():
+            DriverSession(derived).close()
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +128,7 @@ def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]
     settings = sandbox_settings(tmp_path_factory.mktemp("podbay-data"))
     mark_owner(settings)
     yield settings
-    _cleanup(settings)
+    cleanup(settings)
     Path(settings.runtime.run_dir, OWNER_FILE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         Path(settings.runtime.run_dir).rmdir()
@@ -156,7 +162,7 @@ def sweep_dead_sessions() -> None:
         settings.runtime.image_dir = info["image_dir"]
         settings.runtime.run_dir = str(owner.parent)
         with contextlib.suppress(Exception):
-            _cleanup(settings)
+            cleanup(settings)
         owner.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             owner.parent.rmdir()

@@ -53,6 +53,9 @@ class PlatformServer:
                                                        DEFAULT_IMAGE_DIR),
             "PODBAY_RUNTIME_RUN_DIR": self.run_dir,
             "PODBAY_RUNTIME_WARM_POOL": "0",
+            # runc unless a test asks for more: the platform's behaviour is the
+            # same in every class, and the class tests name theirs.
+            "PODBAY_RUNTIME_CLASSES": "container",
             **env,
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -130,12 +133,12 @@ class PlatformServer:
 
     def destroy_machines(self) -> None:
         """Every machine this server's data directory holds, gone."""
-        from .fixtures import DriverSession, sandbox_settings
+        from .fixtures import cleanup, sandbox_settings
 
         settings = sandbox_settings(self.data_dir)
         settings.runtime.run_dir = self.run_dir
         settings.runtime.image_dir = self.env["PODBAY_RUNTIME_IMAGE_DIR"]
-        DriverSession(settings).close()
+        cleanup(settings)
 
     def __enter__(self) -> PlatformServer:
         return self

@@ -27,7 +27,12 @@ class ErrorCode(StrEnum):
     SANDBOX_NOT_FOUND = "SANDBOX_NOT_FOUND"
     SANDBOXES_NOT_CONFIGURED = "SANDBOXES_NOT_CONFIGURED"
     SANDBOX_NOT_DECLARED = "SANDBOX_NOT_DECLARED"
-    SANDBOX_CLASS_UNKNOWN = "SANDBOX_CLASS_UNKNOWN"
+    SANDBOX_CLASS_UNKNOWN = "SANDBOX_CLASS_UNKNOWN"  # not a class name at all
+    #: A known class this server does not run (not enabled, or not working on
+    #: this host); the message names the classes it can run.
+    SANDBOX_CLASS_UNAVAILABLE = "SANDBOX_CLASS_UNAVAILABLE"
+    #: The sandbox exists in another class than the one asked for by name.
+    SANDBOX_CLASS_CONFLICT = "SANDBOX_CLASS_CONFLICT"
     SANDBOX_PREPARE_FAILED = "SANDBOX_PREPARE_FAILED"
     SANDBOX_APPLY_FAILED = "SANDBOX_APPLY_FAILED"
     SANDBOX_START_FAILED = "SANDBOX_START_FAILED"
@@ -80,6 +85,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOXES_NOT_CONFIGURED: 409,
     ErrorCode.SANDBOX_NOT_DECLARED: 409,
     ErrorCode.SANDBOX_CLASS_UNKNOWN: 409,
+    ErrorCode.SANDBOX_CLASS_UNAVAILABLE: 409,
+    ErrorCode.SANDBOX_CLASS_CONFLICT: 409,
     ErrorCode.SANDBOX_PREPARE_FAILED: 409,
     ErrorCode.SANDBOX_APPLY_FAILED: 409,
     ErrorCode.SANDBOX_START_FAILED: 502,

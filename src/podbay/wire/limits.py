@@ -32,9 +32,11 @@ WORKSPACE: Final = "/workspace"
 SIGNAL_NAMES: Final = ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2")
 DEFAULT_SIGNAL: Final = "TERM"
 
-#: The only sandbox class there is.
+#: Attach's ``class``: ``default`` (what the server resolves it to) or an
+#: isolation level by name, strongest first. A record names the level used.
 DEFAULT_SANDBOX_CLASS: Final = "default"
-SANDBOX_CLASSES: Final = (DEFAULT_SANDBOX_CLASS,)
+SANDBOX_CLASS_NAMES: Final = ("vm", "gvisor", "container")
+SANDBOX_CLASSES: Final = (DEFAULT_SANDBOX_CLASS, *SANDBOX_CLASS_NAMES)
 
 #: Sandboxes one deployment may hold unless the operator says otherwise.
 DEFAULT_DEPLOYMENT_SANDBOX_CAP: Final = 20

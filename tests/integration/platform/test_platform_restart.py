@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 
@@ -63,8 +64,17 @@ def test_sigterm_leaves_sandboxes_running(make_server):
     assert server.exec(h, "cat", "/workspace/f").json()["stdout"] == "x\n"
 
 
-def test_start_failure_is_502_and_leaves_nothing(make_server):
-    server = make_server({"PODBAY_RUNTIME_OCI_RUNTIME": "/bin/false"})
+def test_start_failure_is_502_and_leaves_nothing(make_server, tmp_path):
+    # runc that refuses to run containers once told to: the server starts (its
+    # check of the class runs a machine), then every start fails.
+    broken = tmp_path / "broken"
+    runc = tmp_path / "bin" / "runc"
+    runc.parent.mkdir()
+    runc.write_text(f"#!/bin/sh\nif [ -e {broken} ]; then for a in \"$@\"; do\n"
+                    f"  [ \"$a\" = run ] && exit 1; done; fi\nexec {shutil.which('runc')} \"$@\"\n")
+    runc.chmod(0o755)
+    server = make_server({"PODBAY_RUNTIME_OCI_RUNTIME": str(runc)})
+    broken.touch()
     token = server.create_deployment("doomed")
     r = server.attach(token, "s")
     assert (r.status_code, r.json()["code"]) == (502, "SANDBOX_START_FAILED")
@@ -74,7 +84,7 @@ def test_start_failure_is_502_and_leaves_nothing(make_server):
 
 
 def test_no_runtime_is_503(make_server):
-    server = make_server({"PODBAY_RUNTIME_DRIVER": "nonexistent"}, wait=False)
+    server = make_server({"PODBAY_RUNTIME_OCI_RUNTIME": "/bin/false"}, wait=False)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -84,6 +94,13 @@ def test_no_runtime_is_503(make_server):
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert health.status_code == 503
+    while not health.json()["error"]:  # the class check runs in the background
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        health = server.http.get("/healthz")
+    assert health.status_code == 503
+    assert "no sandbox class can run here" in health.json()["error"]
+    assert "container: " in health.json()["error"]
     token = server.create_deployment("nodriver")
     r = server.attach(token, "s")
     assert (r.status_code, r.json()["code"]) == (503, "SANDBOXES_UNAVAILABLE")

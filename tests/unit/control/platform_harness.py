@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import httpx
 from platform_fakes import Clock, FakeDriver
 
 from podbay.control.app import Platform, create_app
+from podbay.control.services.classes import ClassCheck
 from podbay.settings import Settings
 from podbay.store.sqlite import SqliteStore
 
@@ -44,6 +45,7 @@ def make_settings(tmp: Path, **lifecycle: float) -> Settings:
     settings = Settings.load(environ={}, data_dir=tmp / "data")
     settings.server.public_url = "http://podbay.test"
     settings.runtime.warm_pool = 0
+    settings.runtime.classes = "container"
     settings.caps.per_deployment = 5
     settings.caps.per_account = 8
     settings.lifecycle.idle_seconds = lifecycle.get("idle", 60)
@@ -54,15 +56,19 @@ def make_settings(tmp: Path, **lifecycle: float) -> Settings:
 
 
 def build_harness(tmp_path: Path, settings: Settings | None = None,
-                  driver: FakeDriver | None = None):  # type: ignore[no-untyped-def]
+                  driver: FakeDriver | None = None, *,
+                  drivers: Mapping[str, FakeDriver] | None = None,
+                  check: ClassCheck | None = None):  # type: ignore[no-untyped-def]
+    """One fake ``container`` driver, or ``drivers`` by class (whose classes the
+    settings must enable); ``Harness.driver`` is the ``container`` one."""
     @contextlib.asynccontextmanager
     async def run() -> AsyncIterator[Harness]:
         s = settings or make_settings(tmp_path)
-        d = driver or FakeDriver(tmp_path)
+        by_class = dict(drivers or {"container": driver or FakeDriver(tmp_path)})
+        d = by_class["container"]
         store = SqliteStore.open(s.data_dir / "podbay.db")
         clock = Clock()
-        s.runtime.driver = d.name
-        platform = create_app(s, store, {d.name: d}, clock=clock)
+        platform = create_app(s, store, by_class, clock=clock, check=check)
         transport = httpx.ASGITransport(app=platform)
         async with platform.control.router.lifespan_context(platform.control):
             for _ in range(100):
@@ -72,7 +78,7 @@ def build_harness(tmp_path: Path, settings: Settings | None = None,
             async with httpx.AsyncClient(transport=transport,
                                          base_url="http://podbay.test") as client:
                 yield Harness(platform, d, clock, client, store, s)
-        if driver is None:  # a driver passed in outlives this harness (a "restart")
+        if driver is None and drivers is None:  # passed-in drivers outlive the harness
             await d.close_all()
         await store.close()
 

@@ -18,7 +18,7 @@ async def test_attach_creates_then_reuses(harness):
     body = first.json()
     assert body["start"] == "created"
     assert body["state"] == "running"
-    assert body["class"] == "default"
+    assert body["class"] == "container"  # the class actually used
     assert body["endpoint"].startswith("http://podbay.test/sandbox/sb-")
     assert set(body["headers"]) == {CREDENTIAL_HEADER}
     assert "ceiling_at" in body and "expires_at" in body

@@ -21,7 +21,7 @@ class ScriptedEnvironment:
         self.applied: list[str] = []
         self.fail_apply = False
 
-    async def prepare(self, deployment):  # type: ignore[no-untyped-def]
+    async def prepare(self, deployment, class_):  # type: ignore[no-untyped-def]
         answer = self.prepares.pop(0) if self.prepares else Prepared(key="k", env={"A": "1"})
         if isinstance(answer, Exception):
             raise answer
@@ -39,10 +39,9 @@ async def seam(tmp_path):
 
     settings = make_settings(tmp_path)
     driver = FakeDriver(tmp_path)
-    settings.runtime.driver = driver.name
     store = SqliteStore.open(settings.data_dir / "podbay.db")
     env = ScriptedEnvironment()
-    platform = create_app(settings, store, {driver.name: driver}, environment=env, clock=Clock())
+    platform = create_app(settings, store, {"container": driver}, environment=env, clock=Clock())
     async with platform.control.router.lifespan_context(platform.control):
         while not platform.ready:
             import asyncio

@@ -146,3 +146,20 @@ async def test_meta(store):
     await store.set_meta("public_url", "http://a")
     await store.set_meta("public_url", "http://b")
     assert await store.get_meta("public_url") == "http://b"
+
+
+async def test_sandboxes_from_before_classes_are_containers(tmp_path):
+    """Every sandbox made before classes existed runs in the container class."""
+    path = tmp_path / "old.db"
+    old = SqliteStore.open(path)
+    assert await old.add_deployment(_dep())
+    assert await old.insert_sandbox(_sb("a"), deployment_cap=5, account_cap=5) is \
+        InsertOutcome.INSERTED  # written with class "default", as before classes
+    await old.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA user_version = 1")  # the schema before classes
+    conn.close()
+    upgraded = SqliteStore.open(path)
+    row = await upgraded.get_sandbox("dep_d", "a")
+    await upgraded.close()
+    assert row is not None and row.class_ == "container"

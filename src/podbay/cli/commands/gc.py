@@ -3,7 +3,8 @@
 Live machines are taken back (adopted), never touched; what belongs to no
 machine (half-created directories, mounts, cgroups, loop devices, runc
 containers) is removed. ``--all`` destroys every machine of the data
-directory first: for tests and uninstalling.
+directory first: for tests and uninstalling. Each OCI class (``container``,
+and ``gvisor`` where it has data) is collected in its own directories.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from podbay.cli.output import Output, fail
 def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
     """Remove what dead sandboxes left behind."""
     from podbay.runtime.base import DriverError
+    from podbay.runtime.classes import CONTAINER, GVISOR, class_settings
     from podbay.runtime.oci import gc
     from podbay.runtime.oci.driver import OciDriver
     from podbay.settings import Settings
@@ -33,11 +35,19 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
     settings = Settings.load(data_dir=data_dir)
 
     async def main() -> list[str]:
-        driver = OciDriver(settings)
-        try:
-            return await gc.collect(driver, everything=everything)
-        finally:
-            await driver.close()
+        done: list[str] = []
+        for name in (CONTAINER, GVISOR):
+            derived = class_settings(settings, name)
+            if name != CONTAINER and not derived.data_dir.exists():
+                continue
+            driver = OciDriver(derived)
+            try:
+                prefix = "" if name == CONTAINER else f"{name}: "
+                done += [prefix + line for line in
+                         await gc.collect(driver, everything=everything)]
+            finally:
+                await driver.close()
+        return done
 
     try:
         done = asyncio.run(main())

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,21 +70,54 @@ def _server_class() -> type[uvicorn.Server]:
     return Server
 
 
-def environment_service(settings: Settings, driver: Driver | None) -> EnvironmentService:
-    """Declared environments: layers built once, cached in ``<data_dir>/layers``."""
+def environment_service(settings: Settings,
+                        drivers: Mapping[str, Driver]) -> EnvironmentService:
+    """Declared environments: layers built once, cached in ``<data_dir>/layers``.
+
+    A layer is built by the ``container`` class's driver whenever it stands on
+    the same base image as the class that needs it (runc builds fastest, and
+    its files carry the shared uid shift every OCI class reads); otherwise by
+    the class's own driver. Classes on one base image share one cache key, so
+    a layer is built once for all of them."""
     from podbay.control.services.environment import PlainEnvironment
 
-    if driver is None:
+    if not drivers:
         return PlainEnvironment()
     from podbay.environment.build import Environments, LayerBuilder, LayerCache
     from podbay.environment.service import DeclaredEnvironment
     from podbay.runtime.base import Limits
+    from podbay.runtime.classes import CONTAINER
 
     rt = settings.runtime
     limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
                     disk_bytes=rt.disk_bytes)
     cache = LayerCache(settings.data_dir / "layers")
-    return DeclaredEnvironment(Environments(LayerBuilder(driver, cache, limits)))
+    builders: dict[int, Environments] = {}  # id of the building driver -> its Environments
+    by_class: dict[str, Environments] = {}
+    for name, driver in drivers.items():
+        container = drivers.get(CONTAINER)
+        builder = (container if container is not None
+                   and container.base_image == driver.base_image else driver)
+        if id(builder) not in builders:
+            builders[id(builder)] = Environments(LayerBuilder(builder, cache, limits))
+        by_class[name] = builders[id(builder)]
+    return DeclaredEnvironment(by_class)
+
+
+def build_drivers(settings: Settings,
+                  out: Output) -> tuple[dict[str, Driver], dict[str, str]]:
+    """Every enabled class's driver, and why any could not be built."""
+    from podbay.runtime import classes
+
+    drivers: dict[str, Driver] = {}
+    missing: dict[str, str] = {}
+    for name in classes.enabled_classes(settings):
+        try:
+            drivers[name] = classes.build_driver(settings, name)
+        except Exception as exc:  # e.g. the vm driver's module is absent
+            missing[name] = f"its driver could not be built: {exc}"
+            out.info(f"podbay: sandbox class {name} unavailable: {exc}")
+    return drivers, missing
 
 
 def section_validator() -> SectionValidator:
@@ -113,7 +146,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     from podbay.control.app import create_app
     from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
     from podbay.control.logs import configure_logging
-    from podbay.runtime import registry
+    from podbay.runtime import classes
     from podbay.settings import Settings
     from podbay.store.sqlite import SqliteStore
 
@@ -121,6 +154,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     try:
         settings = Settings.load(data_dir=data_dir, server__host=host, server__port=port,
                                  server__public_url=public_url, log_level=log_level)
+        classes.enabled_classes(settings)
     except ValueError as exc:
         fail(str(exc), 2)
     out = Output(as_json=as_json)
@@ -129,14 +163,11 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     settings.server.port = sock.getsockname()[1]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = SqliteStore.open(settings.data_dir / "podbay.db")
-    try:
-        driver = registry.build(settings)
-    except Exception as exc:  # a host without the runtime still serves the API (503s)
-        out.info(f"podbay: no sandbox runtime: {exc}")
-        driver = None
-    drivers = {driver.name: driver} if driver is not None else {}
+    # A host that can run no class still serves the API (503s, /healthz says why).
+    drivers, missing = build_drivers(settings, out)
     app = create_app(settings, store, drivers, validate_section=section_validator(),
-                     environment=environment_service(settings, driver))
+                     environment=environment_service(settings, drivers), missing=missing,
+                     check=lambda name, driver: classes.check_class(settings, name, driver))
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value({"listen": listening, "public_url": settings.server.base_url(),
                "data_dir": str(settings.data_dir)},

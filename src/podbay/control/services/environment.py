@@ -4,8 +4,8 @@ it (as a test's fake can), so the control plane runs without the builder.
 
 The sandbox service asks an :class:`EnvironmentService` two things:
 
-* :meth:`~EnvironmentService.prepare` before a *fresh* machine is made:
-  the layers and env it needs (:class:`Prepared`), or "still building, come
+* :meth:`~EnvironmentService.prepare` before a *fresh* machine of a class
+  is made: the layers and env it needs (:class:`Prepared`), or "still building, come
   back" (:class:`Building` → the attach answers 202 + ``Retry-After``), or
   it raises ``ApiError(SANDBOX_PREPARE_FAILED, ...)``.
 * :meth:`~EnvironmentService.apply` once that fresh machine runs: setup
@@ -44,7 +44,7 @@ class Building:
 
 
 class EnvironmentService(Protocol):
-    async def prepare(self, deployment: Deployment) -> Prepared | Building: ...
+    async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building: ...
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None: ...
 
@@ -52,7 +52,7 @@ class EnvironmentService(Protocol):
 class PlainEnvironment:
     """Every deployment gets the base image as is."""
 
-    async def prepare(self, deployment: Deployment) -> Prepared | Building:
+    async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         return Prepared()
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:

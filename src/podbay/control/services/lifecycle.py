@@ -14,13 +14,17 @@ Thresholds (``settings.lifecycle``)::
                counted from the suspension          → reclaimed (destroyed, row gone)
     deleting (e.g. the CLI deleted its deployment)  → destroyed, row gone
     creating with nobody holding its lock           → rolled back
+
+A sandbox whose class this server does not run now (the operator disabled
+it, or its host check failed) is left exactly as it is, row and machine,
+until a server that runs its class comes along.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from podbay.domain import Sandbox, SandboxState
@@ -63,7 +67,7 @@ class Lifecycle:
         await self.flush_activity()
         changed = 0
         for row in await self.store.list_sandboxes():
-            if self._due(row) is None:
+            if self._due(row) is None or not self.transitions.classes.works(row.class_):
                 continue
             try:
                 if await self._act(row):
@@ -131,7 +135,7 @@ class Lifecycle:
             row = await self.store.get_sandbox(rows[0].deployment_id, rows[0].name)
             if row is None or row.id != sandbox_id or row.state is not S.RUNNING:
                 return
-            seen = await self.transitions.driver.state(row.machine_id)
+            seen = await self.transitions.driver(row).state(row.machine_id)
             if seen is M.RUNNING:
                 return
             log.warning("sandbox %s: agent unreachable, machine %s", row.id, seen)
@@ -141,44 +145,48 @@ class Lifecycle:
                 await self.transitions.stop(row, f"machine found {seen}")
 
     # -- start-up ----------------------------------------------------------------------
-    async def reconcile(self, observed: list[ObservedMachine]) -> None:
-        """Make rows and machines agree after a (re)start. Rows win where they
-        state an intent; machines win where a row claims what cannot be had."""
-        machines = {m.machine_id: m for m in observed}
+    async def reconcile(self, observed: Mapping[str, list[ObservedMachine]]) -> None:
+        """Make rows and machines agree after a (re)start: ``observed`` is what
+        each running class's driver adopted. Rows win where they state an
+        intent; machines win where a row claims what cannot be had."""
+        machines = {(name, m.machine_id): m for name, seen in observed.items() for m in seen}
         t = self.transitions
         for row in await self.store.list_sandboxes():
-            machine = machines.pop(row.machine_id, None)
+            if row.class_ not in observed:
+                continue  # its class does not run here now: leave row and machine be
+            machine = machines.pop((row.class_, row.machine_id), None)
             seen = machine.state if machine else M.ABSENT
             try:
                 await self._reconcile_one(row, seen, t)
             except Exception:
                 log.exception("reconcile: sandbox %s failed; the lifecycle pass retries",
                               row.id)
-        for machine in machines.values():
+        for (name, machine_id), machine in machines.items():
             # No row names it: a pooled machine from the last run, or an orphan.
             kind = "pooled" if POOL_LABEL in machine.labels else "orphaned"
-            log.info("reconcile: destroying %s machine %s", kind, machine.machine_id)
+            log.info("reconcile: destroying %s %s machine %s", kind, name, machine_id)
             try:
-                await t.driver.destroy(machine.machine_id)
+                await t.classes.driver(name).destroy(machine_id)
             except Exception:
-                log.exception("reconcile: could not destroy %s", machine.machine_id)
+                log.exception("reconcile: could not destroy %s", machine_id)
 
     async def _reconcile_one(self, row: Sandbox, seen: MachineState, t: Transitions) -> None:
         async with self.locks.hold(row.deployment_id, row.name):
+            driver = t.driver(row)
             if row.state in (S.CREATING, S.DELETING) or seen is M.ABSENT:
                 await t.destroy(row, f"reconcile: row {row.state}, machine {seen}")
             elif row.state is S.RUNNING:
                 if seen is M.RUNNING:
                     t.add_route(row)
                 elif seen is M.SUSPENDED:
-                    await t.driver.resume(row.machine_id)
+                    await driver.resume(row.machine_id)
                     t.add_route(row)
                 else:
                     await t.record(row, S.STOPPED, "reconcile: machine stopped")
             elif row.state is S.SUSPENDED:
                 if seen is M.RUNNING:
-                    await t.driver.suspend(row.machine_id)
+                    await driver.suspend(row.machine_id)
                 elif seen is M.STOPPED:
                     await t.record(row, S.STOPPED, "reconcile: machine stopped")
             elif row.state is S.STOPPED and seen in (M.RUNNING, M.SUSPENDED):
-                await t.driver.stop(row.machine_id)
+                await driver.stop(row.machine_id)

@@ -4,13 +4,19 @@ Every transition of one sandbox happens under its name lock; the store's
 unique (deployment, name) and compare-and-set writes guard against other
 processes (the CLI). A deployment only ever looks up ``(its id, name)``, so
 another deployment's sandbox is exactly as invisible as a missing one.
+
+Attach's ``class`` picks the isolation level of a *new* sandbox
+(:class:`~.classes.ClassRuntimes` resolves ``default``); the record keeps
+the class actually used. An existing sandbox is reused with ``default`` or
+its own class named; naming another class is 409 ``SANDBOX_CLASS_CONFLICT``
+rather than a silent change of isolation (delete it to change class).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -20,11 +26,13 @@ from podbay.domain.sandbox import new_machine_id, new_sandbox_id
 from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
 from podbay.runtime.base import Driver, Limits, MachineSpec
+from podbay.runtime.classes import is_class_name
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
-from podbay.wire.limits import SANDBOX_CLASSES, is_valid_sandbox_name
+from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 
+from .classes import ClassRuntimes
 from .environment import Building, EnvironmentService
 from .locks import NameLocks
 from .pool import WarmPool
@@ -70,23 +78,24 @@ class SandboxService:
         *,
         settings: Settings,
         store: Store,
-        driver: Driver | None,
+        classes: ClassRuntimes,
         transitions: Transitions | None,
         environment: EnvironmentService,
         activity: ActivityTracker,
         locks: NameLocks,
-        pool: WarmPool | None,
+        pools: Mapping[str, WarmPool],
         mint: Callable[[str, int], tuple[str, datetime]],
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self.store = store
-        self.driver = driver
+        self.classes = classes
         self.transitions = transitions
         self.environment = environment
         self.activity = activity
         self.locks = locks
-        self.pool = pool
+        #: Warm pools by class.
+        self.pools = pools
         self.mint = mint
         self.clock = clock
         #: False until the runtime is prepared and reconciled (set by the app).
@@ -119,19 +128,21 @@ class SandboxService:
     async def attach(self, deployment: Deployment, name: str,
                      class_: str) -> Attached | Building:
         check_name(name)
-        if class_ not in SANDBOX_CLASSES:
-            raise ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN,
-                           f"unknown sandbox class {class_!r}; the only class is 'default'")
         if not deployment.declares_sandbox:
             raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
                            f"deployment {deployment.name!r} declares no sandbox section")
-        driver, transitions = self._runtime()
+        transitions = self._runtime()
+        if not is_class_name(class_):
+            self.classes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
                 row = await self.store.get_sandbox(deployment.id, name)
                 result: Attached | Building | None
+                if row is not None and row.state.visible:
+                    self._check_class(row, class_)
                 if row is None:
-                    result = await self._create(deployment, name, class_, driver)
+                    result = await self._create(deployment, name,
+                                                self.classes.resolve(class_))
                 elif row.state is S.RUNNING:
                     result = self._reuse(row, transitions)
                 elif row.state is S.SUSPENDED:
@@ -149,12 +160,22 @@ class SandboxService:
             raise ApiError(ErrorCode.SANDBOX_START_FAILED,
                            "the sandbox kept changing under the attach; try again")
 
-    def _runtime(self) -> tuple[Driver, Transitions]:
-        if self.driver is None or self.transitions is None:
+    def _runtime(self) -> Transitions:
+        if not self.classes.drivers or self.transitions is None:
             raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, "this server runs no sandboxes")
         if not self.ready:
             raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, self.not_ready_reason)
-        return self.driver, self.transitions
+        return self.transitions
+
+    def _check_class(self, row: Sandbox, asked: str) -> None:
+        """An existing sandbox keeps its class: asking for another one by name is a
+        conflict, and a class this server no longer runs cannot bring it up."""
+        if asked not in (DEFAULT_SANDBOX_CLASS, row.class_):
+            raise ApiError(ErrorCode.SANDBOX_CLASS_CONFLICT,
+                           f"sandbox {row.name!r} exists with class {row.class_!r}, not "
+                           f"{asked!r}; attach with class 'default' or {row.class_!r}, "
+                           "or delete it first to change its class")
+        self.classes.require(row.class_)
 
     def _attached(self, row: Sandbox, start: StartKind) -> Attached:
         token, expires = self.mint(row.id, row.incarnation)
@@ -177,13 +198,15 @@ class SandboxService:
                            f"the sandbox could not be brought up: {exc}") from None
         return None if new is None else self._attached(new, start)
 
-    async def _create(self, deployment: Deployment, name: str, class_: str,
-                      driver: Driver) -> Attached | Building | None:
-        prepared = await self.environment.prepare(deployment)
+    async def _create(self, deployment: Deployment, name: str,
+                      class_: str) -> Attached | Building | None:
+        driver = self.classes.driver(class_)
+        prepared = await self.environment.prepare(deployment, class_)
         if isinstance(prepared, Building):
             return prepared
         now = self.clock()
-        pooled = self.pool.take(prepared) if self.pool is not None else None
+        pool = self.pools.get(class_)
+        pooled = pool.take(prepared) if pool is not None else None
         row = Sandbox(
             id=new_sandbox_id(), deployment_id=deployment.id, account=deployment.account,
             name=name, class_=class_, state=S.CREATING,
@@ -194,8 +217,8 @@ class SandboxService:
             row, deployment_cap=self.settings.caps.per_deployment,
             account_cap=self.settings.caps.per_account)
         if outcome is not InsertOutcome.INSERTED:
-            if pooled is not None and self.pool is not None:
-                self.pool.give_back(prepared, pooled)
+            if pooled is not None and pool is not None:
+                pool.give_back(prepared, pooled)
             if outcome is InsertOutcome.EXISTS:
                 return None
             raise self._cap_refusal(outcome)
@@ -248,7 +271,7 @@ class SandboxService:
     async def stop(self, deployment: Deployment, name: str) -> None:
         """Suspend compute early; a sandbox that runs nothing is left as it is."""
         check_name(name)
-        _, transitions = self._runtime()
+        transitions = self._runtime()
         async with self.locks.hold(deployment.id, name):
             row = await self.store.get_sandbox(deployment.id, name)
             if row is None or not row.state.visible:
@@ -258,7 +281,7 @@ class SandboxService:
 
     async def delete(self, deployment: Deployment, name: str) -> None:
         check_name(name)
-        _, transitions = self._runtime()
+        transitions = self._runtime()
         async with self.locks.hold(deployment.id, name):
             row = await self.store.get_sandbox(deployment.id, name)
             if row is None:

@@ -10,6 +10,8 @@ Order, so that a crash anywhere leaves a state the next reconcile finishes:
 * destroying: row to ``deleting`` first, then route, driver, row removed.
   A ``deleting`` row is finished by whoever sees it next.
 * entering ``running``: driver first, then the row, then the route.
+
+A sandbox's machine belongs to the driver of its class (``row.class_``).
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ from podbay.runtime.base import Driver
 from podbay.store.base import Store
 
 from ..metrics import Metrics
+from .classes import ClassRuntimes
 
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
 
 
 class Transitions:
-    def __init__(self, store: Store, driver: Driver, routes: RouteTable, metrics: Metrics,
-                 clock: Callable[[], datetime], max_age: timedelta) -> None:
+    def __init__(self, store: Store, classes: ClassRuntimes, routes: RouteTable,
+                 metrics: Metrics, clock: Callable[[], datetime], max_age: timedelta) -> None:
         self.store = store
-        self.driver = driver
+        self.classes = classes
         self.routes = routes
         self.metrics = metrics
         self.clock = clock
@@ -47,29 +50,34 @@ class Transitions:
                             "from": old.state.value, "to": new.state.value, "why": why})
         return new
 
+    def driver(self, row: Sandbox) -> Driver:
+        """The driver that holds ``row``'s machine (its class must be running)."""
+        return self.classes.driver(self.classes.require(row.class_))
+
     def add_route(self, sandbox: Sandbox) -> None:
         self.routes.add(sandbox.id, sandbox.machine_id, sandbox.incarnation,
-                        self.driver.agent_socket(sandbox.machine_id))
+                        self.driver(sandbox).agent_socket(sandbox.machine_id))
 
     async def suspend(self, row: Sandbox, why: str) -> Sandbox | None:
         """running → suspended (memory kept), or stopped where the driver cannot freeze."""
-        if not self.driver.capabilities.suspend:
+        driver = self.driver(row)
+        if not driver.capabilities.suspend:
             return await self.stop(row, why)
         self.routes.remove(row.id)
-        await self.driver.suspend(row.machine_id)
+        await driver.suspend(row.machine_id)
         new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
         return self._moved(row, new, why)
 
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
         """→ stopped: compute released, files kept, no ceiling while nothing runs."""
         self.routes.remove(row.id)
-        await self.driver.stop(row.machine_id)
+        await self.driver(row).stop(row.machine_id)
         new = await self.store.replace_sandbox(
             row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None))
         return self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
-        await self.driver.resume(row.machine_id)
+        await self.driver(row).resume(row.machine_id)
         new = await self.store.replace_sandbox(
             row, row.moved(S.RUNNING, last_active_at=self.clock()))
         if new is not None:
@@ -79,7 +87,7 @@ class Transitions:
     async def start_fresh_compute(self, row: Sandbox, why: str) -> Sandbox | None:
         """stopped → running on new compute with the files kept: a new
         incarnation (old credentials die) and a new ceiling."""
-        await self.driver.start(row.machine_id)
+        await self.driver(row).start(row.machine_id)
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is not None:
             self.add_route(new)
@@ -109,5 +117,5 @@ class Transitions:
             self._moved(row, marked, why)
             row = marked
         self.routes.remove(row.id)
-        await self.driver.destroy(row.machine_id)
+        await self.driver(row).destroy(row.machine_id)
         return await self.store.delete_sandbox(row)
