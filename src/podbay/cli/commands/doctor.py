@@ -1,22 +1,28 @@
-"""``podbay doctor``: can this host run sandboxes? Checks, then proves it.
+"""``podbay doctor``: can this host run sandboxes, of which classes? Checks, then proves it.
 
-First the host (root, user namespaces, the OCI runtime, cgroup controllers,
-overlayfs and loop devices, networking tools, free disk, the base image,
-which it builds on first run with progress on stderr), one PASS or FAIL line
-each, a FAIL saying what to install or change. Then two throwaway sandboxes,
-the isolation probes against them, and their destruction. The last line gives
-create-to-ready and resume times. Exit status 0 only if everything passed.
+First the host (root, user namespaces, cgroup controllers, overlayfs and
+loop devices, networking tools, free disk, the base image, which it builds
+on first run with progress on stderr), one PASS or FAIL line each, a FAIL
+saying what to install or change. Then, for each class ``runtime.classes``
+enables, in order: its host check (the OCI runtime; for ``vm``, a guest
+that boots, under KVM or TCG), two throwaway sandboxes of that class, the
+isolation probes against them, and their destruction; its lines start with
+the class's name. Classes not enabled are listed as such (no FAIL). The end
+says which classes work here and what attach's ``default`` means, with
+create-to-ready and resume times per class. Exit status 0 only if
+everything enabled passed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import statistics
-import subprocess
 import time
+import typing
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +30,10 @@ from urllib.parse import urlsplit
 
 import click
 
-from podbay.cli.output import Output
+from podbay.cli.output import Output, fail
+
+if typing.TYPE_CHECKING:
+    from podbay.settings import Settings
 
 GIB = 1024**3
 MIB = 1024**2
@@ -42,8 +51,11 @@ class Report:
     def __init__(self, out: Output) -> None:
         self.out = out
         self.checks: list[Check] = []
+        #: Put before each check's name (the class whose sandboxes are probed).
+        self.prefix = ""
 
     def add(self, name: str, ok: bool, detail: str = "") -> bool:
+        name = self.prefix + name
         self.checks.append(Check(name, ok, detail))
         self.out.line(f"{'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else ""))
         return ok
@@ -69,13 +81,6 @@ def host_checks(settings: object, report: Report) -> None:
         userns = 0
     report.add("user namespaces", userns > 0, f"{userns} allowed" if userns else
                "enable them: sysctl -w user.max_user_namespaces=15000")
-    runtime = shutil.which(rt.oci_runtime)
-    if runtime:
-        version = subprocess.run([runtime, "--version"], capture_output=True, text=True,
-                                 check=False).stdout.splitlines()[:1]
-        report.add("OCI runtime", True, f"{runtime} ({' '.join(version)})")
-    else:
-        report.add("OCI runtime", False, f"{rt.oci_runtime} not found: apt-get install runc")
     cgroups = Cgroups()
     missing = cgroups.missing_controllers()
     report.add(f"cgroup v{cgroups.version} controllers", not missing,
@@ -134,18 +139,21 @@ async def base_image(settings: object, report: Report) -> None:
         f" (built in {took:.0f} s)" if took > 5 else ""))
 
 
-async def sandbox_probes(settings: object, report: Report) -> str:
-    """Two throwaway sandboxes, the probes, destroy; the timing line."""
-    from podbay.runtime import probes
+async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
+    """Two throwaway sandboxes of class ``name``, the probes, destroy; the timing."""
+    from podbay.runtime import classes, probes
     from podbay.runtime.agent_client import AgentClient
-    from podbay.runtime.base import Limits, MachineSpec
+    from podbay.runtime.base import Limits, MachineSpec, MachineState
     from podbay.runtime.oci import storage
     from podbay.runtime.oci.driver import OciDriver
-    from podbay.settings import Settings
 
-    assert isinstance(settings, Settings)
-    driver = OciDriver(settings)
-    await driver.prepare()
+    report.prefix = f"{name}: "
+    try:
+        driver = classes.build_driver(settings, name)
+        await driver.prepare()
+    except Exception as e:
+        report.add("driver", False, f"{type(e).__name__}: {e}")
+        return "n/a"
     tag = uuid.uuid4().hex[:8]
     small = Limits(memory_bytes=256 * MIB, cpus=1.0, pids=128, disk_bytes=512 * MIB)
     specs = [MachineSpec(machine_id=f"doctor-{tag}-{i}", hostname=f"doctor-{i}", limits=small)
@@ -213,16 +221,58 @@ async def sandbox_probes(settings: object, report: Report) -> str:
                 report.add("destroy", False, str(e))
         leftovers = [m for m in storage.mountpoints()
                      if any(s.machine_id in m for s in specs)]
-        leftovers += [str(p) for s in specs for p in (driver.layout.machine(s.machine_id).home,
-                                                      driver.layout.machine(s.machine_id).run)
-                      if p.exists()]
+        if isinstance(driver, OciDriver):
+            leftovers += [str(p) for s in specs
+                          for p in (driver.layout.machine(s.machine_id).home,
+                                    driver.layout.machine(s.machine_id).run) if p.exists()]
+        for spec in specs:
+            with contextlib.suppress(Exception):
+                if await driver.state(spec.machine_id) is not MachineState.ABSENT:
+                    leftovers.append(f"machine {spec.machine_id}")
         report.add("destroy leaves nothing", not leftovers, ", ".join(leftovers))
         await driver.close()
+        report.prefix = ""
     if not ready:
-        return "create-to-ready: n/a"
+        return "n/a"
     resume = f"{statistics.median(resumes) * 1000:.1f} ms" if resumes else "n/a"
     return (f"create-to-ready {statistics.median(ready) * 1000:.0f} ms, "
             f"resume {resume}")
+
+
+async def class_checks(settings: Settings, report: Report) -> dict[str, object]:
+    """Each enabled class: its host check, then its sandboxes and probes. Returns
+    what works, why not, and what ``default`` means (for the summary)."""
+    from podbay.runtime import classes
+
+    enabled = classes.enabled_classes(settings)
+    found: dict[str, classes.HostCheck] = {}
+    timing: dict[str, str] = {}
+    for name in enabled:
+        before = len(report.checks)
+        check = await classes.host_check(settings, name)
+        report.add(f"{name}: host check", check.works, check.detail)
+        if check.works:
+            took = await sandbox_probes(settings, name, report)
+            if took != "n/a":
+                timing[name] = took
+        failed = [c for c in report.checks[before:] if not c.ok]
+        why = check.detail
+        if failed:
+            step = failed[0].name.removeprefix(f"{name}: ")
+            why = f"{step}: {failed[0].detail}"
+        found[name] = classes.HostCheck(not failed, check.fast, why)
+    for name in classes.CLASSES:
+        if name not in enabled:
+            report.out.line(f"SKIP  {name}: not enabled (runtime.classes="
+                            f"{settings.runtime.classes}; add it to run {name} sandboxes)")
+    pin = settings.runtime.default_class.strip()
+    default = classes.resolve_default(enabled, found, pin)
+    why = ("pinned by runtime.default_class" if pin else
+           "the first enabled class that works at useful speed here")
+    slow = [n for n in enabled if found[n].works and not found[n].fast]
+    return {"enabled": list(enabled), "working": [n for n in enabled if found[n].works],
+            "slow": slow, "default": default, "default_why": why, "timing": timing,
+            "why_not": {n: found[n].detail for n in enabled if not found[n].works}}
 
 
 @click.command()
@@ -231,22 +281,46 @@ async def sandbox_probes(settings: object, report: Report) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def command(data_dir: Path | None, as_json: bool) -> None:
     """Check this host can run sandboxes, then prove it with throwaway ones."""
+    from podbay.runtime import classes
     from podbay.settings import Settings
 
     out = Output(as_json=as_json)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")
     logging.getLogger("podbay.runtime.oci").setLevel(logging.WARNING)  # image progress only
-    settings = Settings.load(data_dir=data_dir)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the probes' every request
+    try:
+        settings = Settings.load(data_dir=data_dir)
+        classes.enabled_classes(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
     report = Report(out)
     host_checks(settings, report)
-    timing = "create-to-ready: not measured (host checks failed)"
+    summary: dict[str, object] = {}
     if report.ok:
         asyncio.run(base_image(settings, report))
     if report.ok:
-        timing = asyncio.run(sandbox_probes(settings, report))
+        summary = asyncio.run(class_checks(settings, report))
     if as_json:
-        out.value({"ok": report.ok, "timing": timing,
+        out.value({"ok": report.ok, **summary,
                    "checks": [c.__dict__ for c in report.checks]})
     else:
-        out.line(timing)
+        for line in summary_lines(summary):
+            out.line(line)
     raise SystemExit(0 if report.ok else 1)
+
+
+def summary_lines(summary: dict[str, object]) -> list[str]:
+    if not summary:
+        return ["classes: not checked (host checks failed)"]
+    working = typing.cast(list[str], summary["working"])
+    slow = typing.cast(list[str], summary["slow"])
+    timing = typing.cast(dict[str, str], summary["timing"])
+    lines = ["classes that work here: " + (", ".join(
+        f"{n} (not at useful speed)" if n in slow else n for n in working) or "none")]
+    for name, why in typing.cast(dict[str, str], summary["why_not"]).items():
+        lines.append(f"{name} does not work here: {why}")
+    default = summary["default"]
+    lines.append(f"default means {default} ({summary['default_why']})" if default
+                 else "default means nothing: no enabled class works here")
+    lines += [f"{name}: {took}" for name, took in timing.items()]
+    return lines

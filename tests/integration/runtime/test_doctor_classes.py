@@ -1,0 +1,51 @@
+"""``podbay doctor`` per sandbox class: each enabled class checked and probed,
+the ones that cannot run named with why, and what ``default`` means."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podbay.testing.fixtures import cleanup, require_host, sandbox_settings
+
+pytestmark = pytest.mark.root
+
+
+def test_doctor_reports_each_class_and_what_default_means(tmp_path: Path) -> None:
+    require_host()
+    settings = sandbox_settings(tmp_path / "d")
+    env = {**os.environ,
+           "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir,
+           "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
+           "PODBAY_RUNTIME_CLASSES": "gvisor,container",
+           # gVisor made unavailable on purpose: the report must say why, and
+           # default must fall back to what works.
+           "PODBAY_RUNTIME_GVISOR_RUNTIME": "/nonexistent/runsc"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "podbay.cli.main", "doctor", "--data-dir",
+             str(settings.data_dir), "--json"], env=env, capture_output=True, text=True,
+            timeout=600)
+    finally:
+        cleanup(settings)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and not report["ok"]  # an enabled class cannot run
+    checks = {c["name"]: c for c in report["checks"]}
+    assert not checks["gvisor: host check"]["ok"]
+    assert "apt-get install runsc" in checks["gvisor: host check"]["detail"]
+    container = [c for name, c in checks.items() if name.startswith("container: ")]
+    assert len(container) > 10 and all(c["ok"] for c in container), container
+    assert "container: outbound internet" in checks
+    assert "container: destroy leaves nothing" in checks
+    assert report["enabled"] == ["gvisor", "container"]
+    assert report["working"] == ["container"]
+    assert "not found" in report["why_not"]["gvisor"]
+    assert report["default"] == "container"
+    assert report["timing"]["container"].startswith("create-to-ready ")
+    # Only what failed made the run fail.
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == ["gvisor: host check"]
