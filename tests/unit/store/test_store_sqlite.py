@@ -157,7 +157,7 @@ async def test_sandboxes_from_before_classes_are_containers(tmp_path):
         InsertOutcome.INSERTED  # written with class "default", as before classes
     await old.close()
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA user_version = 1")  # the schema before classes
+    conn.execute("PRAGMA user_version = 2")  # the schema before classes
     conn.close()
     upgraded = SqliteStore.open(path)
     row = await upgraded.get_sandbox("dep_d", "a")
