@@ -18,7 +18,9 @@ TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this 
 __version__ = "0.1.0"
 
 #: The public names, listed once: each (but ``__version__``) is
-#: :mod:`podbay.client`'s, imported on first use.
+#: :mod:`podbay.client`'s, imported on first use. A deliberate twin of most of
+#: ``podbay.client.__all__``, which adds the helpers (Cancel, Progress,
+#: token_issuer); tests/unit/test_public_api.py pins both.
 __all__ = [
     "AsyncSandbox",
     "AsyncSandboxClient",

@@ -52,6 +52,8 @@ imports this module with the image's bare interpreter, and
 
 from __future__ import annotations
 
+import json
+
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
 if TYPE_CHECKING:
@@ -231,6 +233,28 @@ def request_error(status: int, message: str, code: str | None) -> SandboxRequest
     return SandboxRequestError(status, message, code)
 
 
+def refusal_error(status: int, raw: bytes, reason: str = "") -> SandboxRequestError:
+    """The client exception for a refusal answer: its body's ``error`` and
+    ``code`` when it is the contract's JSON, else the start of its text.
+
+    >>> str(refusal_error(404, b'{"error": "no sandbox x", "code": "SANDBOX_NOT_FOUND"}'))
+    '404 SANDBOX_NOT_FOUND: no sandbox x'
+    """
+    message, code = "", None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), str):
+            message = body["error"]
+        if isinstance(body.get("code"), str):
+            code = body["code"]
+    if not message:
+        message = raw.decode(errors="replace").strip()[:500] or reason or "request refused"
+    return request_error(status, message, code)
+
+
 __all__ = [
     "Aborted",
     "AgentAnswerInvalid",
@@ -255,5 +279,6 @@ __all__ = [
     "SpecError",
     "UsageError",
     "WireError",
+    "refusal_error",
     "request_error",
 ]

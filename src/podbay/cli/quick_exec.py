@@ -36,7 +36,7 @@ from podbay.client._config import (
     exec_timeout_ms,
     token_issuer,
 )
-from podbay.errors import request_error
+from podbay.errors import refusal_error, request_error
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 from podbay.wire.paths import EXEC, SANDBOXES
 
@@ -142,20 +142,8 @@ class _Connections:
 
 
 def _refusal(status: int, reason: str, raw: bytes) -> str:
-    """The same sentence the SDK's refusal gives (``Core.refusal``)."""
-    message, code = "", None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        if isinstance(body.get("error"), str):
-            message = body["error"]
-        if isinstance(body.get("code"), str):
-            code = body["code"]
-    if not message:
-        message = raw.decode(errors="replace").strip()[:500] or reason or "request refused"
-    return str(request_error(status, message, code))
+    """The same sentence the SDK's refusal gives (both are ``refusal_error``)."""
+    return str(refusal_error(status, raw, reason))
 
 
 def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | None:

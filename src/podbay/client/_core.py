@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 
 from podbay import __version__
-from podbay.errors import SandboxRequestError, SandboxUnavailableError, request_error
+from podbay.errors import SandboxRequestError, SandboxUnavailableError, refusal_error
 from podbay.wire import codec, paths
 from podbay.wire.control import AttachRequest, SandboxHandle, SandboxList, SandboxRecord
 from podbay.wire.data import (
@@ -243,19 +243,7 @@ class Core:
     @staticmethod
     def refusal(response: httpx.Response) -> SandboxRequestError:
         """The exception for a non-2xx answer (``response`` must be read)."""
-        message, code = "", None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            if isinstance(body.get("error"), str):
-                message = body["error"]
-            if isinstance(body.get("code"), str):
-                code = body["code"]
-        if not message:
-            message = response.text.strip()[:500] or response.reason_phrase or "request refused"
-        return request_error(response.status_code, message, code)
+        return refusal_error(response.status_code, response.content, response.reason_phrase)
 
     def read_refusal(self, response: httpx.Response) -> SandboxRequestError:
         """A refused native read. The reference promises 404 for any path that cannot be
