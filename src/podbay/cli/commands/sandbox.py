@@ -90,7 +90,8 @@ def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
 
 @command.command()
 @click.argument("name")
-@click.option("--class", "sandbox_class", default=None, help="Sandbox class (only 'default').")
+@click.option("--class", "sandbox_class", default=None,
+              help="Sandbox class: default, vm, gvisor or container.")
 @_options
 def attach(name: str, sandbox_class: str | None, token: str | None, server: str | None,
            as_json: bool) -> None:

@@ -128,12 +128,12 @@ class SandboxService:
     async def attach(self, deployment: Deployment, name: str,
                      class_: str) -> Attached | Building:
         check_name(name)
+        if not is_class_name(class_):
+            self.classes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
         if not deployment.declares_sandbox:
             raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
                            f"deployment {deployment.name!r} declares no sandbox section")
         transitions = self._runtime()
-        if not is_class_name(class_):
-            self.classes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
                 row = await self.store.get_sandbox(deployment.id, name)
