@@ -33,7 +33,7 @@ from .processes import ProcessTable
 from .reaper import Reaper
 from .tree import kill_all_but_self
 
-FEATURES = [paths.FEATURE_FILES]
+FEATURES = [paths.FEATURE_FILES, paths.FEATURE_TRAILING_DIGEST]
 
 T = TypeVar("T")
 Route = Callable[[Request], Response]
@@ -170,7 +170,8 @@ class App:
     def write_file(self, req: Request) -> Response:
         digest = parse_digest(req.headers.get(paths.DIGEST_HEADER.lower()))
         mode = parse_mode(req.headers.get(paths.MODE_HEADER.lower()))
-        return json_response(self.files.write(req.query.get("path"), req.body.read, digest, mode))
+        return json_response(self.files.write(req.query.get("path"), req.body.readinto, digest,
+                                             mode))
 
     def delete_file(self, req: Request) -> Response:
         self.files.delete(req.query.get("path"), _flag(req, "recursive"))

@@ -12,7 +12,11 @@ digest. Files up to 1 MiB are kept from the first pass instead (one read, and
 A write streams the body into a temporary file beside the target, checks
 the writer's digest, and only then renames it into place: readers see the
 old content or the new, never a mix, and a mismatch leaves the old content
-untouched.
+untouched. The body goes from the socket into one buffer and from there to
+the hash and the file, in one pass and without further copies. The
+writer's digest comes in ``X-Podbay-Sha256``, or, with the value
+``trailing``, as the body's last 64 bytes, after the content: then the
+writer too hashes in the same pass as it sends.
 
 Paths are the sandbox's own: absolute, or relative to the workspace. The
 agent is root in its sandbox and the sandbox is the boundary, so ``..`` is
@@ -33,11 +37,14 @@ from typing import Any
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import DirListing, FileInfo, FileType, MakeDirRequest
+from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
 from .http import Aborted
 from .refusal import path_refusal
 
 CHUNK = 256 * 1024
+#: A write's buffer: the socket fills it, the hash and the file read from it.
+WRITE_BUFFER = 1024 * 1024
 #: Files up to this size are kept in memory from the first pass and sent from
 #: there: one read, and content that changes on every read (``/proc``) still
 #: matches its digest.
@@ -58,11 +65,14 @@ def _file_type(mode: int) -> FileType:
 
 
 def parse_digest(value: str | None) -> str:
-    """The writer's hex SHA-256, lower-cased; refused when absent or malformed."""
+    """The writer's hex SHA-256, lower-cased, or ``trailing`` (it follows the
+    content); refused when absent or malformed."""
     if value is None or not value.strip():
         raise ApiError(ErrorCode.DIGEST_MISSING,
                       "a write must carry the content's SHA-256 in X-Podbay-Sha256")
     digest = value.strip().lower()
+    if digest == DIGEST_TRAILING:
+        return digest
     if len(digest) != 64 or not set(digest) <= _HEX:
         raise ApiError(ErrorCode.REQUEST_INVALID, "X-Podbay-Sha256 must be 64 hex digits")
     return digest
@@ -215,9 +225,10 @@ class Files:
             stream.close()
         return stream
 
-    def write(self, raw: str | None, read: Callable[[int], bytes], digest: str,
+    def write(self, raw: str | None, readinto: Callable[[memoryview], int], digest: str,
               mode: int | None) -> FileInfo:
-        """Stream ``read`` into place atomically once its SHA-256 is ``digest``."""
+        """Stream the body (``readinto``) into place atomically once its SHA-256 is
+        ``digest`` (or, for ``trailing``, the body's last 64 bytes)."""
         path, shown = self.resolve(raw)
         if path.endswith("/"):
             raise ApiError(ErrorCode.PATH_INVALID, f"{shown}: a file path cannot end with '/'")
@@ -246,9 +257,7 @@ class Files:
             raise path_refusal(exc, shown) from None
         try:
             hasher = _sha256()
-            while chunk := read(CHUNK):
-                hasher.update(chunk)
-                _write_all(fd, chunk)
+            digest = _receive(readinto, fd, hasher, digest, shown)
             if hasher.hexdigest() != digest:
                 raise ApiError(ErrorCode.DIGEST_MISMATCH,
                               f"{shown}: the content's SHA-256 is {hasher.hexdigest()}, "
@@ -314,6 +323,36 @@ def _info(st: os.stat_result, shown: str) -> FileInfo:
     )
 
 
+def _receive(readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest: str,
+             shown: str) -> str:
+    """Body → hash and file, one pass; the digest to check (read from the end of
+    the body when it is ``trailing``)."""
+    buf = bytearray(WRITE_BUFFER)
+    view = memoryview(buf)
+    hold = DIGEST_HEX_LENGTH if digest == DIGEST_TRAILING else 0
+    held = 0  # bytes at the front of buf that may yet be the trailing digest
+    while n := readinto(view[held:]):
+        end = held + n
+        keep = min(hold, end)
+        content = view[: end - keep]
+        hasher.update(content)
+        _write_all(fd, content)
+        if keep:
+            buf[:keep] = buf[end - keep : end]
+        held = keep
+    if not hold:
+        return digest
+    try:
+        trailing = parse_digest(bytes(buf[:held]).decode("ascii")) if held == hold else ""
+    except (UnicodeDecodeError, ApiError):
+        trailing = ""
+    if not trailing or trailing == DIGEST_TRAILING:
+        raise ApiError(ErrorCode.REQUEST_INVALID,
+                      f"{shown}: the body does not end with the content's hex SHA-256 "
+                      "(X-Podbay-Sha256: trailing); nothing was written")
+    return trailing
+
+
 def _sha256() -> Any:
     # Imported on first use: hashlib loads OpenSSL (~3 ms and ~1.5 MB at start-up).
     import hashlib
@@ -321,7 +360,7 @@ def _sha256() -> Any:
     return hashlib.sha256()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

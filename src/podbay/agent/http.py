@@ -87,6 +87,19 @@ class _Connection:
         del self.buf[:n]
         return data
 
+    def take_into(self, view: memoryview) -> int:
+        """Fill up to ``len(view)`` bytes of ``view``: from the buffer first, else
+        straight from the socket (no intermediate copy: the bulk of a large body)."""
+        if self.buf:
+            n = min(len(view), len(self.buf))
+            view[:n] = self.buf[:n]
+            del self.buf[:n]
+            return n
+        n = self.sock.recv_into(view)
+        if not n:
+            raise ProtocolError(400, "connection closed in the middle of the body")
+        return n
+
     def line(self) -> bytes:
         """One CRLF-terminated line (without it), at most MAX_LINE bytes."""
         while True:
@@ -119,25 +132,44 @@ class Body:
 
     def read(self, n: int = RECV_SIZE) -> bytes:
         """Up to ``n`` bytes of body; ``b""`` once it is all read."""
-        if self._done:
+        room = self._room()
+        if not room:
             return b""
+        data = self._conn.take(min(n, room))
+        self._took(len(data))
+        return data
+
+    def readinto(self, view: memoryview) -> int:
+        """Like :meth:`read`, into ``view``; 0 once the body is all read."""
+        room = self._room()
+        if not room or not len(view):
+            return 0
+        n = self._conn.take_into(view[:room] if room < len(view) else view)
+        self._took(n)
+        return n
+
+    def _room(self) -> int:
+        """How much the next read may take (0: the body is over)."""
+        if self._done:
+            return 0
         if self._on_first_read is not None:
             self._on_first_read()
             self._on_first_read = None
         if self._chunked and self._left == 0:
             self._next_chunk()
             if self._done:
-                return b""
-        data = self._conn.take(min(n, self._left))
-        self._left -= len(data)
-        self.received += len(data)
+                return 0
+        return self._left
+
+    def _took(self, n: int) -> None:
+        self._left -= n
+        self.received += n
         if self._left == 0:
             if self._chunked:
                 if self._conn.line() != b"":
                     raise ProtocolError(400, "chunk data is longer than its size")
             else:
                 self._done = True
-        return data
 
     def read_all(self, limit: int) -> bytes:
         """The whole body; :class:`ProtocolError` 413 when over ``limit``."""

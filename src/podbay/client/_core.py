@@ -207,6 +207,11 @@ class Core:
         if entry is not None:
             entry.features = features
 
+    def takes_trailing_digest(self, name: str) -> bool:
+        """Whether the agent takes a write's digest after its content (one pass)."""
+        features = self.features(name)
+        return features is not None and paths.FEATURE_TRAILING_DIGEST in features
+
     def wants_native_files(self, features: frozenset[str] | None) -> bool:
         mode = self.config.files
         if mode == "base64":

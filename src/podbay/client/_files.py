@@ -238,6 +238,39 @@ def _reason(result: ExecResult) -> str:
 
 # -- digests -----------------------------------------------------------------------
 
+def remaining_size(source: BinaryIO) -> int:
+    """Bytes from a seekable file's current position to its end (position kept)."""
+    start = source.tell()
+    end = source.seek(0, os.SEEK_END)
+    source.seek(start)
+    return end - start
+
+
+class StreamDigest:
+    """Hashes an upload as it is read, for a digest sent after the content.
+
+    The content is exactly ``size`` bytes: a source that ends early raises
+    (the agent then sees a short body and writes nothing).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.size = 0
+        self._digest = hashlib.sha256()
+
+    def take(self, chunk: bytes) -> bytes:
+        if not chunk:
+            raise OSError(f"the file shrank while it was being sent ({self.left} bytes short)")
+        chunk = chunk[: self.left]
+        self._digest.update(chunk)
+        self.left -= len(chunk)
+        self.size += len(chunk)
+        return chunk
+
+    def trailer(self) -> bytes:
+        return self._digest.hexdigest().encode("ascii")
+
+
 def file_digest(source: BinaryIO) -> tuple[str, int]:
     """(hex SHA-256, size) of a seekable file, read from its current position, which
     is restored afterwards."""

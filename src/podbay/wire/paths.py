@@ -43,6 +43,13 @@ def process_signal_path(process_id: str) -> str:
 # -- headers ----------------------------------------------------------------
 #: Hex SHA-256 of a file's bytes: sent by a writer (PUT), returned to a reader (GET).
 DIGEST_HEADER: Final = "X-Podbay-Sha256"
+#: ``DIGEST_HEADER``'s value on a write whose digest FOLLOWS the content: the
+#: body's last 64 bytes are the hex SHA-256 of the bytes before them, so a
+#: writer hashes in the same pass it sends (agents advertising
+#: ``FEATURE_TRAILING_DIGEST`` take it).
+DIGEST_TRAILING: Final = "trailing"
+#: Length of a hex SHA-256.
+DIGEST_HEX_LENGTH: Final = 64
 #: Octal permission bits for a written file (PUT), e.g. ``0755``.
 MODE_HEADER: Final = "X-Podbay-Mode"
 #: The data-plane credential, as minted by the control plane and opaque to clients.
@@ -51,3 +58,5 @@ REQUEST_ID_HEADER: Final = "X-Request-Id"
 
 #: Features an agent may advertise at ``/v1/info``.
 FEATURE_FILES: Final = "files"
+#: Writes may carry their digest after the content (``DIGEST_TRAILING``).
+FEATURE_TRAILING_DIGEST: Final = "files.trailing-digest"

@@ -86,6 +86,36 @@ def test_digest_is_required_and_checked_for_form(agent: Agent, workspace: Path) 
     assert not (workspace / "x").exists()
 
 
+def test_trailing_digest_follows_the_content(agent: Agent, workspace: Path) -> None:
+    # X-Podbay-Sha256: trailing: the body's last 64 bytes are the hex digest of the rest.
+    data = bytes(range(256)) * 5000 + b"tail"
+    resp = _put(agent, f"{workspace}/t.bin", data + _sha(data).encode(), digest="trailing")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["size"] == len(data)
+    assert (workspace / "t.bin").read_bytes() == data
+    # in pieces smaller than the digest, so that it straddles reads
+    parts = [data[:10], data[10:11], data[11:] + _sha(data).encode()[:30],
+             _sha(data).encode()[30:63], _sha(data).encode()[63:]]
+    resp = agent.client.put("/v1/files", params={"path": f"{workspace}/t2.bin"},
+                            content=iter(parts), headers={"X-Podbay-Sha256": "TRAILING"})
+    assert resp.status_code == 200, resp.text
+    assert (workspace / "t2.bin").read_bytes() == data
+    assert _put(agent, f"{workspace}/e", _sha(b"").encode(), digest="trailing").json()[
+        "size"] == 0
+
+
+def test_trailing_digest_refusals_write_nothing(agent: Agent, workspace: Path) -> None:
+    target = workspace / "keep.txt"
+    target.write_bytes(b"old")
+    wrong = _put(agent, str(target), b"new" + _sha(b"other").encode(), digest="trailing")
+    assert _code(wrong) == (422, "DIGEST_MISMATCH")
+    for body in (b"", b"short", b"x" * 10 + b"g" * 64, b"new" + b"trailing".ljust(64)):
+        resp = _put(agent, str(target), body, digest="trailing")
+        assert _code(resp) == (400, "REQUEST_INVALID"), body
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in workspace.iterdir()) == ["keep.txt"]  # no temp left
+
+
 def test_mode_header_and_kept_mode(agent: Agent, workspace: Path) -> None:
     assert _put(agent, f"{workspace}/run.sh", b"#!/bin/sh\n", mode="0755").json()["mode"] == 0o755
     # A rewrite without a mode keeps the file's mode.

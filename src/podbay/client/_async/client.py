@@ -498,14 +498,25 @@ class AsyncSandboxClient:
 
     async def _upload(self, name: str, path: str, source: BinaryIO,
                       progress: Progress | None) -> None:
-        digest, size = await run_sync(_files.file_digest, source)
         start = source.tell()
+        if self._core.takes_trailing_digest(name):
+            # One pass: the bytes are hashed as they are sent, the digest follows them.
+            size = await run_sync(_files.remaining_size, source)
+            length = size + paths.DIGEST_HEX_LENGTH
+            digest = paths.DIGEST_TRAILING
 
-        def body() -> ByteStream:
-            source.seek(start)
-            return _chunks(source, size, progress)
+            def body() -> ByteStream:
+                source.seek(start)
+                return _hashed_chunks(source, size, progress)
+        else:
+            digest, size = await run_sync(_files.file_digest, source)
+            length = size
 
-        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(size),
+            def body() -> ByteStream:
+                source.seek(start)
+                return _chunks(source, size, progress)
+
+        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
                    "Content-Type": "application/octet-stream"}
         response = await self._data(name, "PUT", paths.FILES, params={"path": path},
                                     headers=headers, body=body)
@@ -585,6 +596,18 @@ async def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> By
         yield chunk
         if progress is not None:
             progress(done, total)
+
+
+async def _hashed_chunks(source: BinaryIO, size: int,
+                         progress: Progress | None) -> ByteStream:
+    """Exactly ``size`` bytes of ``source``, then their hex SHA-256 (a trailing digest)."""
+    digest = _files.StreamDigest(size)
+    while digest.left:
+        chunk = digest.take(source.read(min(_files.STREAM_CHUNK, digest.left)))
+        yield chunk
+        if progress is not None:
+            progress(digest.size, size)
+    yield digest.trailer()
 
 
 class AsyncSandbox:

@@ -499,14 +499,25 @@ class SandboxClient:
 
     def _upload(self, name: str, path: str, source: BinaryIO,
                       progress: Progress | None) -> None:
-        digest, size = run_sync(_files.file_digest, source)
         start = source.tell()
+        if self._core.takes_trailing_digest(name):
+            # One pass: the bytes are hashed as they are sent, the digest follows them.
+            size = run_sync(_files.remaining_size, source)
+            length = size + paths.DIGEST_HEX_LENGTH
+            digest = paths.DIGEST_TRAILING
 
-        def body() -> ByteStream:
-            source.seek(start)
-            return _chunks(source, size, progress)
+            def body() -> ByteStream:
+                source.seek(start)
+                return _hashed_chunks(source, size, progress)
+        else:
+            digest, size = run_sync(_files.file_digest, source)
+            length = size
 
-        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(size),
+            def body() -> ByteStream:
+                source.seek(start)
+                return _chunks(source, size, progress)
+
+        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
                    "Content-Type": "application/octet-stream"}
         response = self._data(name, "PUT", paths.FILES, params={"path": path},
                                     headers=headers, body=body)
@@ -586,6 +597,18 @@ def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> ByteStre
         yield chunk
         if progress is not None:
             progress(done, total)
+
+
+def _hashed_chunks(source: BinaryIO, size: int,
+                         progress: Progress | None) -> ByteStream:
+    """Exactly ``size`` bytes of ``source``, then their hex SHA-256 (a trailing digest)."""
+    digest = _files.StreamDigest(size)
+    while digest.left:
+        chunk = digest.take(source.read(min(_files.STREAM_CHUNK, digest.left)))
+        yield chunk
+        if progress is not None:
+            progress(digest.size, size)
+    yield digest.trailer()
 
 
 class Sandbox:
