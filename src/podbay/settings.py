@@ -107,8 +107,9 @@ class CapsSettings:
 @dataclass
 class CredentialSettings:
     ttl_seconds: int = CREDENTIAL_TTL_SECONDS
-    #: Identity tokens carry no ``exp`` unless this is set.
-    identity_ttl_seconds: int = 0
+    #: Lifetime of identity tokens (their ``exp``); 0 issues tokens that never
+    #: expire. Rotation: docs/platform.md, "Identity tokens and keys".
+    identity_ttl_seconds: int = 90 * 24 * 3600
 
 
 @dataclass

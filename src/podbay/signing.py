@@ -70,12 +70,12 @@ CREDENTIAL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "sandbox credential", renew
 
 
 def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequence[str],
-           audience: str | None = None) -> dict[str, Any]:
+           audience: str | None = None, issuer: str | None = None) -> dict[str, Any]:
     """The claims of ``token`` if one of ``keys`` signed it and it is in date.
 
     Otherwise ``kind``'s refusal (expired, or not valid). Without
     ``audience``, a token that names one is refused, so a credential never
-    passes for an identity token.
+    passes for an identity token. With ``issuer``, the ``iss`` claim must be it.
     """
     try:
         kid = jwt.get_unverified_header(token).get("kid")
@@ -83,10 +83,13 @@ def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequenc
         if public is None:
             raise kind.invalid()
         claims: dict[str, Any] = jwt.decode(
-            token, public, algorithms=[ALGORITHM], audience=audience,
+            token, public, algorithms=[ALGORITHM], audience=audience, issuer=issuer,
             options={"require": list(require)})
     except jwt.ExpiredSignatureError:
         raise kind.expired() from None
+    except jwt.InvalidIssuerError:
+        raise ApiError(kind.code, f"the {kind.name} was issued for another server "
+                                  f"(its iss is not {issuer})") from None
     except jwt.InvalidTokenError:
         raise kind.invalid() from None
     return claims

@@ -31,12 +31,16 @@ def issue_identity_token(
     return sign(keys, claims)
 
 
-def verify_identity_token(keys: KeyRing, token: str | None) -> str:
-    """The deployment id a valid token names; otherwise ``IDENTITY_TOKEN_INVALID``."""
+def verify_identity_token(keys: KeyRing, token: str | None, *, issuer: str) -> str:
+    """The deployment id a valid token names; otherwise ``IDENTITY_TOKEN_INVALID``.
+
+    ``issuer`` is this control plane's public URL: a token naming another
+    (an old URL, another installation sharing keys) is refused.
+    """
     if not token:
         raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
                        "an identity token is required (Authorization: Bearer <token>)")
-    claims = verify(keys, token, IDENTITY_TOKEN, require=["sub", "iat"])
+    claims = verify(keys, token, IDENTITY_TOKEN, require=["sub", "iat", "iss"], issuer=issuer)
     sub = claims.get("sub")
     if not isinstance(sub, str):
         raise IDENTITY_TOKEN.invalid()

@@ -36,26 +36,26 @@ def test_identity_token_claims(ring):
     assert claims["sub"] == "dep_1" and claims["iss"] == "http://x:1" and "iat" in claims
     assert "exp" not in claims
     assert jwt.get_unverified_header(token)["alg"] == "EdDSA"
-    assert verify_identity_token(ring, token) == "dep_1"
+    assert verify_identity_token(ring, token, issuer="http://x:1") == "dep_1"
     with_exp = issue_identity_token(ring, deployment_id="d", issuer="i", ttl_seconds=60)
     assert "exp" in jwt.decode(with_exp, options={"verify_signature": False})
 
 
 def test_identity_token_refusals(ring):
-    assert _code(lambda: verify_identity_token(ring, None)) == "IDENTITY_TOKEN_INVALID"
-    assert _code(lambda: verify_identity_token(ring, "garbage")) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, None, issuer="i")) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, "garbage", issuer="i")) == "IDENTITY_TOKEN_INVALID"
     key = ring.active()
     expired = jwt.encode({"sub": "d", "iat": 1, "exp": int(time.time()) - 10}, key.private,
                          algorithm="EdDSA", headers={"kid": key.kid})
-    assert _code(lambda: verify_identity_token(ring, expired)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, expired, issuer="i")) == "IDENTITY_TOKEN_INVALID"
     forged = jwt.encode({"sub": "d", "iat": 1}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
                         headers={"kid": ring.active().kid})
-    assert _code(lambda: verify_identity_token(ring, forged)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, forged, issuer="i")) == "IDENTITY_TOKEN_INVALID"
     hs = jwt.encode({"sub": "d", "iat": 1}, "s" * 32, algorithm="HS256",
                     headers={"kid": ring.active().kid})
-    assert _code(lambda: verify_identity_token(ring, hs)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, hs, issuer="i")) == "IDENTITY_TOKEN_INVALID"
     credential, _ = mint_credential(ring, sandbox_id="sb", incarnation=1, ttl_seconds=60)
-    assert _code(lambda: verify_identity_token(ring, credential)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: verify_identity_token(ring, credential, issuer="i")) == "IDENTITY_TOKEN_INVALID"
 
 
 def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
@@ -67,13 +67,13 @@ def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
     assert jwt.get_unverified_header(new)["kid"] == new_kid
     # a second process (the server) sees both
     other = KeyRing.open(tmp_path / "keys")
-    assert verify_identity_token(other, old) == verify_identity_token(other, new) == "d"
+    assert verify_identity_token(other, old, issuer="i") == verify_identity_token(other, new, issuer="i") == "d"
     with pytest.raises(KeyRingError):
         ring.remove(new_kid)  # the active key stays
     ring.remove(old_kid)
     other.reload()
-    assert _code(lambda: verify_identity_token(other, old)) == "IDENTITY_TOKEN_INVALID"
-    assert verify_identity_token(other, new) == "d"
+    assert _code(lambda: verify_identity_token(other, old, issuer="i")) == "IDENTITY_TOKEN_INVALID"
+    assert verify_identity_token(other, new, issuer="i") == "d"
 
 
 def test_server_ring_notices_a_key_added_by_the_cli(tmp_path):
@@ -81,7 +81,7 @@ def test_server_ring_notices_a_key_added_by_the_cli(tmp_path):
     cli = KeyRing.open(tmp_path / "keys")
     cli.rotate()
     token = issue_identity_token(cli, deployment_id="d", issuer="i")
-    assert verify_identity_token(server, token) == "d"
+    assert verify_identity_token(server, token, issuer="i") == "d"
 
 
 def test_credentials(ring):

@@ -30,8 +30,13 @@ data_dir_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
-    """Open the store and key ring, build the service, run ``work(service)``."""
+def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
+                 issuer: str | None = None) -> T:
+    """Open the store and key ring, build the service, run ``work(service)``.
+
+    Tokens name ``issuer``, else the public URL the server recorded, else the
+    settings' (a server checks that ``iss`` is its own URL).
+    """
     from podbay.cli.commands.serve import section_validator
     from podbay.control.keys import KeyRing
     from podbay.control.services.deployments import (
@@ -47,9 +52,9 @@ def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> 
     async def main() -> T:
         store = SqliteStore.open(settings.data_dir / "podbay.db")
         try:
-            issuer = await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
+            named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
             service = DeploymentService(
-                store, KeyRing.open(settings.data_dir / "keys"), issuer=issuer,
+                store, KeyRing.open(settings.data_dir / "keys"), issuer=named,
                 identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
                 validate_section=section_validator())
             return await work(service)

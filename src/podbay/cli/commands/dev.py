@@ -160,7 +160,7 @@ def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
         return service.token_for(existing), False, changed
 
     # Register first: a spec with a bad sandbox section fails before any server starts.
-    token, created, changed = with_service(settings.data_dir, register)
+    token, created, changed = with_service(settings.data_dir, register, issuer=base_url)
     status = _health(base_url)
     if status is None:
         _start_server(settings, out)

@@ -127,7 +127,7 @@ class DeploymentService:
 
     # -- the control plane's side ----------------------------------------------------
     async def authenticate(self, token: str | None) -> Deployment:
-        deployment_id = verify_identity_token(self.keys, token)
+        deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
         deployment = await self.store.get_deployment(deployment_id)
         if deployment is None:
             raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
