@@ -64,6 +64,13 @@ class Harness:
     def state(self, machine_id: str) -> MachineState:
         return MachineState(self.run(self.driver.state(machine_id)))
 
+    def twice(self, step: Callable[[], Coroutine[Any, Any, Any]], machine_id: str,
+              then: MachineState) -> None:
+        """Run ``step`` twice (a repeat must be a no-op), each time ending in ``then``."""
+        for _ in range(2):
+            self.run(step())
+            assert self.state(machine_id) is then
+
     def up(self, **kw: Any) -> str:
         spec = self.spec(**kw)
         self.run(self.driver.create(spec))
@@ -98,29 +105,17 @@ class DriverConformance:
         spec = h.spec()
         mid = spec.machine_id
         assert h.state(mid) is MachineState.ABSENT
-        for _ in range(2):
-            h.run(h.driver.create(spec))
-            assert h.state(mid) is MachineState.STOPPED
-        for _ in range(2):
-            h.run(h.driver.start(mid))
-            assert h.state(mid) is MachineState.RUNNING
-            assert h.agent(mid).info()
+        h.twice(lambda: h.driver.create(spec), mid, MachineState.STOPPED)
+        h.twice(lambda: h.driver.start(mid), mid, MachineState.RUNNING)
+        assert h.agent(mid).info()
         if h.driver.capabilities.suspend:
-            for _ in range(2):
-                h.run(h.driver.suspend(mid))
-                assert h.state(mid) is MachineState.SUSPENDED
-            for _ in range(2):
-                h.run(h.driver.resume(mid))
-                assert h.state(mid) is MachineState.RUNNING
+            h.twice(lambda: h.driver.suspend(mid), mid, MachineState.SUSPENDED)
+            h.twice(lambda: h.driver.resume(mid), mid, MachineState.RUNNING)
             assert h.agent(mid).info()
-        for _ in range(2):
-            h.run(h.driver.stop(mid))
-            assert h.state(mid) is MachineState.STOPPED
+        h.twice(lambda: h.driver.stop(mid), mid, MachineState.STOPPED)
         h.run(h.driver.start(mid))
         assert h.agent(mid).info()
-        for _ in range(2):
-            h.run(h.driver.destroy(mid))
-            assert h.state(mid) is MachineState.ABSENT
+        h.twice(lambda: h.driver.destroy(mid), mid, MachineState.ABSENT)
 
     def test_unknown_machine(self, h: Harness) -> None:
         mid = f"missing-{uuid.uuid4().hex[:8]}"

@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -252,26 +252,23 @@ class OciDriver:
             os.chown(path, self.rt.uid_base, self.rt.uid_base)
 
     async def suspend(self, machine_id: str) -> None:
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is MachineState.SUSPENDED:
-                return
-            if observed is not MachineState.RUNNING:
-                raise DriverError(f"machine {machine_id} is {observed.value}, not running")
-            await self._freeze(machine_id)
-            self._save(record.with_state(MachineState.SUSPENDED))
+        await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED, self._freeze)
 
     async def resume(self, machine_id: str) -> None:
+        await self._flip(machine_id, MachineState.SUSPENDED, MachineState.RUNNING, self._thaw)
+
+    async def _flip(self, machine_id: str, source: MachineState, target: MachineState,
+                    act: Callable[[str], Awaitable[None]]) -> None:
+        """``source`` → ``target`` by ``act`` (freeze or thaw); already ``target`` is done."""
         async with self._lock(machine_id):
             record = self._record(machine_id)
             observed = await self._observe(machine_id)
-            if observed is MachineState.RUNNING:
+            if observed is target:
                 return
-            if observed is not MachineState.SUSPENDED:
-                raise DriverError(f"machine {machine_id} is {observed.value}, not suspended")
-            await self._thaw(machine_id)
-            self._save(record.with_state(MachineState.RUNNING))
+            if observed is not source:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not {source.value}")
+            await act(machine_id)
+            self._save(record.with_state(target))
 
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):
