@@ -247,20 +247,22 @@ async def check_class(settings: Settings, name: str, driver: Driver) -> HostChec
     if not host.works:
         return host
     await driver.prepare()
-    took = await smoke(driver)
+    rt = settings.runtime
+    # The sandboxes' own limits (gVisor's kernel needs threads a tiny pids limit
+    # would starve), on a small disk.
+    took = await smoke(driver, Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus,
+                                      pids=rt.pids, disk_bytes=512 * MIB))
     return HostCheck(True, host.fast, f"{host.detail}; a sandbox answered in "
                                       f"{took * 1000:.0f} ms")
 
 
-async def smoke(driver: Driver, limits: Limits | None = None) -> float:
+async def smoke(driver: Driver, limits: Limits) -> float:
     """Start a throwaway machine, see its agent answer, destroy it; seconds to
     ready. Raises with the driver's reason when the class cannot run here."""
     import time
 
     from .agent_client import AgentClient
 
-    limits = limits or Limits(memory_bytes=256 * MIB, cpus=1.0, pids=64,
-                              disk_bytes=256 * MIB)
     machine_id = f"probe-{uuid.uuid4().hex[:12]}"
     started = time.perf_counter()
     await driver.create(MachineSpec(machine_id=machine_id, hostname="probe", limits=limits,
