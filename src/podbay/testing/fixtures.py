@@ -28,12 +28,16 @@ import shutil
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from podbay.runtime.base import Limits, MachineSpec
 from podbay.settings import GIB, Settings
+
+if TYPE_CHECKING:
+    from podbay.runtime.oci.driver import OciDriver
+    from podbay.wire.data import ExecResult
 
 T = TypeVar("T")
 
@@ -178,7 +182,7 @@ def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
 
 
 @pytest.fixture
-def oci_driver(oci_session: DriverSession) -> Iterator[Any]:
+def oci_driver(oci_session: DriverSession) -> Iterator[OciDriver]:
     from podbay.runtime.oci.driver import OciDriver
 
     driver = OciDriver(oci_session.settings)
@@ -218,7 +222,7 @@ class Machine:
         self.session = session
         self.agent = AgentClient(session.driver.agent_socket(machine_id))
 
-    def sh(self, script: str, *, timeout_ms: int = 60_000) -> Any:
+    def sh(self, script: str, *, timeout_ms: int = 60_000) -> ExecResult:
         return self.agent.sh(script, timeout_ms=timeout_ms)
 
     def init_pid(self) -> int:

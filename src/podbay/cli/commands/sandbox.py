@@ -18,12 +18,19 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from podbay.cli.output import Output, fail
 from podbay.cli.quick_exec import print_exec_result
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from podbay.client import SandboxClient
+    from podbay.wire.control import SandboxHandle, SandboxRecord
+    from podbay.wire.data import ProcessOutput
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,7 +53,7 @@ def _options(func: F) -> F:
 
 @contextlib.contextmanager
 def _session(token: str | None, server: str | None, as_json: bool,
-             **options: Any) -> Iterator[tuple[Any, Output]]:
+             **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
     """A client and an output; every expected failure becomes one line and an exit code."""
     from podbay.client import SandboxClient
     from podbay.errors import SandboxRequestError, SandboxUnavailableError
@@ -67,7 +74,7 @@ def _session(token: str | None, server: str | None, as_json: bool,
         fail("interrupted", 130)
 
 
-def _handle_json(handle: Any) -> dict[str, Any]:
+def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
     from podbay.wire.codec import encode
 
     data = encode(handle)
@@ -122,8 +129,8 @@ def list_(token: str | None, server: str | None, as_json: bool) -> None:
                   data=records)
 
 
-def _row(record: Any) -> dict[str, Any]:
-    def when(value: Any) -> str:
+def _row(record: SandboxRecord) -> dict[str, Any]:
+    def when(value: datetime | None) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
     return {"name": record.name, "state": record.state, "class": record.class_,
@@ -195,7 +202,7 @@ def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
     """Run ARGV in NAME with live output (no output cap); exit with its exit code."""
     with _session(token, server, as_json) as (client, out):
 
-        def show(chunk: Any) -> None:
+        def show(chunk: ProcessOutput) -> None:
             if chunk.stdout:
                 out.raw(chunk.stdout)
             if chunk.stderr:
