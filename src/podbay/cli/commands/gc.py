@@ -36,15 +36,19 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
 
     async def main() -> list[str]:
         done: list[str] = []
-        for name in (CONTAINER, GVISOR):
+        # gvisor first: the container class owns the shared image cache, and must
+        # keep the base images gvisor machines still stand on.
+        in_use: set[str] = set()
+        for name in (GVISOR, CONTAINER):
             derived = class_settings(settings, name)
             if name != CONTAINER and not derived.data_dir.exists():
                 continue
             driver = OciDriver(derived)
             try:
                 prefix = "" if name == CONTAINER else f"{name}: "
-                done += [prefix + line for line in
-                         await gc.collect(driver, everything=everything)]
+                done += [prefix + line for line in await gc.collect(
+                    driver, everything=everything, images_in_use=in_use)]
+                in_use |= gc.images_in_use(driver)
             finally:
                 await driver.close()
         return done

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterable
 
 from . import records, storage
 from .driver import OciDriver
 
 
-async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
-    """Clean up; one line per thing removed."""
+async def collect(driver: OciDriver, *, everything: bool = False,
+                  images_in_use: Iterable[str] = ()) -> list[str]:
+    """Clean up; one line per thing removed. ``images_in_use``: base images that
+    machines of other drivers on the same image cache stand on (other classes)."""
     done: list[str] = []
     layout = driver.layout
     observed = await driver.adopt()
@@ -60,7 +63,7 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
         if device not in mounted:
             _clear_loop(device)
             done.append(f"detached {device}")
-    done += _old_images(driver)
+    done += _old_images(driver, set(images_in_use))
     if everything:
         driver.cgroups.remove(layout.cgroup_parent)
         with contextlib.suppress(OSError):
@@ -70,18 +73,24 @@ async def collect(driver: OciDriver, *, everything: bool = False) -> list[str]:
     return done
 
 
-def _old_images(driver: OciDriver) -> list[str]:
+def images_in_use(driver: OciDriver) -> set[str]:
+    """The base images this driver's machines stand on."""
+    used = set()
+    for machine_id in driver.machine_ids():
+        record = records.read(driver.layout.machine(machine_id).home)
+        if record is not None and record.image:
+            used.add(record.image)
+    return used
+
+
+def _old_images(driver: OciDriver, keep: set[str]) -> list[str]:
     """Base images of older recipes that no machine of this data directory still
     stands on. Only when the image cache is this data directory's own: a shared
     cache (``runtime.image_dir``) may hold images other data directories use."""
     layout = driver.layout
     if not layout.image_dir.is_relative_to(layout.data_dir):
         return []
-    keep = {driver.recipe.key()}
-    for machine_id in driver.machine_ids():
-        record = records.read(layout.machine(machine_id).home)
-        if record is not None and record.image:
-            keep.add(record.image)
+    keep = {driver.recipe.key(), *keep, *images_in_use(driver)}
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(layout.image_dir.iterdir()):

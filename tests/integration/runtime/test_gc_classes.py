@@ -1,0 +1,49 @@
+"""``podbay gc`` over every OCI class: the container class owns the data
+directory's image cache and keeps the base images gvisor machines stand on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podbay.runtime.base import MachineState
+from podbay.runtime.oci import records
+from podbay.testing.fixtures import cleanup, require_host, sandbox_settings, small_spec
+
+pytestmark = pytest.mark.root
+
+
+def gc(data_dir: Path, run_dir: str) -> list[str]:
+    env = {**os.environ, "PODBAY_RUNTIME_RUN_DIR": run_dir}
+    done = subprocess.run([sys.executable, "-m", "podbay.cli.main", "gc", "--data-dir",
+                           str(data_dir), "--json"], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return list(json.loads(done.stdout)["removed"])
+
+
+def test_an_old_image_a_gvisor_machine_stands_on_is_kept(tmp_path: Path) -> None:
+    require_host()
+    settings = sandbox_settings(tmp_path / "d")
+    data_dir = settings.data_dir
+    old = data_dir / "images" / "0ld1mage"
+    (old / "rootfs").mkdir(parents=True)
+    home = data_dir / "gvisor" / "machines" / "m-standing-on-old"
+    home.mkdir(parents=True)
+    records.write(home, records.MachineRecord(small_spec("m-standing-on-old"),
+                                              MachineState.STOPPED, image="0ld1mage"))
+    try:
+        removed = gc(data_dir, settings.runtime.run_dir)
+        assert old.is_dir(), removed
+        assert not any("0ld1mage" in line for line in removed)
+        (home / records.RECORD).unlink()
+        removed = gc(data_dir, settings.runtime.run_dir)
+        assert not old.exists()
+        assert "removed old base image 0ld1mage" in removed
+        assert "gvisor: removed unfinished machine m-standing-on-old" in removed
+    finally:
+        cleanup(settings)
