@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from podbay.domain import Sandbox
+from podbay.domain import Sandbox, SandboxState
 from podbay.gateway.app import endpoint_for
-from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.control import SandboxHandle, SandboxRecord, SandboxStateName
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 from .services.sandboxes import Attached
+
+#: Each state's wire name; ``deleting`` has none (a deleting sandbox is gone to callers).
+_SHOWN: dict[SandboxState, SandboxStateName] = {
+    SandboxState.CREATING: "creating",
+    SandboxState.RUNNING: "running",
+    SandboxState.SUSPENDED: "suspended",
+    SandboxState.STOPPED: "stopped",
+}
 
 
 def record(sandbox: Sandbox) -> SandboxRecord:
@@ -15,7 +23,7 @@ def record(sandbox: Sandbox) -> SandboxRecord:
     return SandboxRecord(
         name=sandbox.name,
         class_=sandbox.class_,
-        state=sandbox.state.value,  # type: ignore[arg-type]
+        state=_SHOWN[sandbox.state],
         created_at=sandbox.created_at,
         last_active_at=sandbox.last_active_at,
         ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended")

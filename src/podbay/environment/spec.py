@@ -28,7 +28,7 @@ import yaml
 from podbay.errors import SpecError as SpecError  # re-exported: defined in the one tree
 
 Toolchain = Literal["auto", "always", "never"]
-TOOLCHAINS: tuple[str, ...] = ("auto", "always", "never")
+TOOLCHAINS: tuple[Toolchain, ...] = ("auto", "always", "never")
 RESERVED_KEYS = frozenset({"files", "classes", "size", "tools"})
 KNOWN_KEYS = ("toolchain", "packages", "python", "node", "env", "setup", "browser")
 BROWSERS = ("chromium",)
@@ -175,9 +175,11 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
         elif key not in KNOWN_KEYS:
             check.fail(f"{where}.{key}", f"unknown key (allowed: {', '.join(KNOWN_KEYS)})")
 
-    toolchain = data.get("toolchain")
-    if toolchain not in TOOLCHAINS:
-        got = "is required" if toolchain is None else f"{toolchain!r} is not allowed"
+    raw_toolchain = data.get("toolchain")
+    toolchain = next((t for t in TOOLCHAINS if t == raw_toolchain), None)
+    if toolchain is None:
+        got = ("is required" if raw_toolchain is None
+               else f"{raw_toolchain!r} is not allowed")
         check.fail(f"{where}.toolchain", f"{got}; must be one of auto, always, never")
 
     packages = check.strings(data.get("packages"), f"{where}.packages",
@@ -219,10 +221,10 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
             else:
                 browser = raw_browser["name"]
 
-    if check.problems:
+    if check.problems or toolchain is None:
         raise SpecError(check.problems)
     return SandboxSection(
-        toolchain=toolchain,  # type: ignore[arg-type]
+        toolchain=toolchain,
         packages=tuple(sorted(set(packages))),
         python=python,
         node=node,
