@@ -1,0 +1,1 @@
+"""The ``vm`` driver: each machine is a QEMU microVM with its own kernel."""

@@ -1,0 +1,496 @@
+"""The ``vm`` driver: each machine is a QEMU microVM with its own kernel.
+
+create  = sparse ext4 file for the writable layer, record written → stopped
+start   = base image and layers as read-only ext4 disks (packed once), this
+          boot's configuration appended to the cached initramfs, QEMU started
+          (daemonised, so it outlives the node), the relay connected, ``GET
+          /v1/info`` answers → running
+suspend = QMP ``stop`` (vCPUs halted, memory kept); resume = QMP ``cont``
+stop    = QEMU killed; the disk stays → stopped
+destroy = all of stop, then the machine's directories → absent
+adopt   = every record; a live QEMU (pid file, its command line, QMP status)
+          gets a new relay, which says hello to the guest again
+
+The guest's init (``initramfs.py``) mounts the overlay and hands over to
+``guest/init.py``, which execs the agent as PID 1. The agent channel is a
+virtio-serial port (no guest network needed), multiplexed by ``relay.py``.
+
+>>> from podbay.settings import Settings
+>>> VmDriver(Settings()).name
+'vm'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from ...agent import staging
+from ...settings import Settings
+from ..base import (
+    Capabilities,
+    DriverError,
+    MachineNotFound,
+    MachineSpec,
+    MachineState,
+    ObservedMachine,
+    check_machine_id,
+)
+from ..oci import agent_bundle, records, storage
+from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
+from ..oci.layout import Layout
+from ..oci.readiness import wait_ready
+from . import disks, initramfs, qmp
+from .relay import Relay
+
+log = logging.getLogger("podbay.runtime.vm")
+
+QEMU = "qemu-system-x86_64"
+KERNEL_DIR = Path("/boot")
+#: Guest RAM below this cannot hold the kernel, page cache and the agent.
+MIN_MEMORY_MIB = 192
+GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent/podbay_vm'); "
+              "import init; init.main()")
+
+
+def kernel_release() -> str:
+    """The newest Debian cloud kernel installed for guests."""
+    found = sorted(KERNEL_DIR.glob("vmlinuz-*-cloud-amd64"))
+    if not found:
+        raise DriverError("no guest kernel: apt-get install linux-image-cloud-amd64")
+    return found[-1].name.removeprefix("vmlinuz-")
+
+
+def host_tsc_khz() -> int | None:
+    """The host TSC frequency. Under TCG the guest reads the host's TSC, and its
+    kernel's calibration against the emulated PIT fails on a busy host (seen:
+    the boot then hangs), so the guest is told the frequency instead."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    if "constant_tsc" not in text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("cpu MHz"):
+            return int(float(line.split(":")[1]) * 1000)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class VmPaths:
+    home: Path
+    run: Path
+
+    @property
+    def disk_image(self) -> Path:
+        return self.home / "disk.ext4"
+
+    @property
+    def socket(self) -> Path:
+        return self.run / "agent.sock"
+
+    @property
+    def mux(self) -> Path:
+        return self.run / "mux.sock"
+
+    @property
+    def qmp(self) -> Path:
+        return self.run / "qmp.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.run / "qemu.pid"
+
+    @property
+    def initrd(self) -> Path:
+        return self.run / "initrd"
+
+
+class VmDriver:
+    name = "vm"
+
+    def __init__(self, settings: Settings, *, accel: str = "tcg") -> None:
+        self.settings = settings
+        self.rt = settings.runtime
+        self.layout = Layout.from_settings(settings)
+        self.accel = accel
+        self.home = self.layout.data_dir / "vm"
+        self.run_root = self.layout.run_dir / "vm"
+        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
+                             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
+        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True, network=False)
+        self._image: Image | None = None
+        self._base_disk: Path | None = None
+        self._initramfs: Path | None = None
+        self._kernel: Path | None = None
+        self._agent_argv: list[str] = []
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._relays: dict[str, Relay] = {}
+
+    @property
+    def base_image(self) -> str:
+        # The same image as containers, and layers in the same (shifted) ownership,
+        # so environments built by one class serve the others.
+        return self.recipe.key()
+
+    @property
+    def machines(self) -> Path:
+        return self.home / "machines"
+
+    # -- set-up ---------------------------------------------------------------
+    async def prepare(self) -> None:
+        if self._initramfs is not None:
+            return
+        if os.geteuid() != 0:
+            raise DriverError("the vm driver needs root (it builds disk images as root)")
+        if shutil.which(QEMU) is None:
+            raise DriverError(f"{QEMU} not found (apt-get install qemu-system-x86)")
+        release = kernel_release()
+        image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
+        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir,
+                                            image.rootfs)
+        base_disk = await disks.pack(image.rootfs, image.root / "guest.ext4", self.rt.uid_base)
+        built = await asyncio.to_thread(initramfs.build, self.home, kernel_release=release,
+                                        agent_dir=agent_dir)
+        for d in (self.machines, self.run_root):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
+        self._agent_argv = [*agent_bundle.agent_argv(image.rootfs, fd=3, env_file=False),
+                            "--env-file", "/.podbay/run/env.json"]
+        self._image, self._base_disk, self._kernel = image, base_disk, \
+            KERNEL_DIR / f"vmlinuz-{release}"
+        self._initramfs = built
+
+    def _lock(self, machine_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(machine_id, asyncio.Lock())
+
+    def _paths(self, machine_id: str) -> VmPaths:
+        check_machine_id(machine_id)
+        return VmPaths(self.machines / machine_id, self.run_root / machine_id)
+
+    def _record(self, machine_id: str) -> records.MachineRecord:
+        record = records.read(self._paths(machine_id).home)
+        if record is None:
+            raise MachineNotFound(f"no machine {machine_id}")
+        return record
+
+    def _save(self, record: records.MachineRecord) -> None:
+        records.write(self._paths(record.spec.machine_id).home, record)
+
+    # -- lifecycle ------------------------------------------------------------
+    async def create(self, spec: MachineSpec) -> None:
+        async with self._lock(spec.machine_id):
+            paths = self._paths(spec.machine_id)
+            if records.read(paths.home) is not None:
+                return
+            paths.home.mkdir(parents=True, exist_ok=True)
+            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
+                                    self.layout.data_dir / "disks")
+            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
+
+    async def start(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is MachineState.RUNNING:
+                return
+            if observed is MachineState.SUSPENDED:
+                await qmp.execute(self._paths(machine_id).qmp, "cont")
+                self._save(record.with_state(MachineState.RUNNING))
+                return
+            await self.prepare()
+            started = time.perf_counter()
+            await self.release(machine_id)
+            try:
+                await self._boot(record)
+            except BaseException as e:
+                log.warning("machine %s failed to start: %s", machine_id, e)
+                await self.release(machine_id)
+                raise
+            self._save(record.with_state(MachineState.RUNNING))
+            log.info("machine %s started in %.0f ms", machine_id,
+                     (time.perf_counter() - started) * 1000)
+
+    async def _layer_disks(self, spec: MachineSpec) -> list[Path]:
+        out = []
+        for layer in spec.layers:
+            if not layer.is_dir():
+                raise DriverError(f"layer {layer} is missing")
+            target = self.home / "layers" / f"{disks.layer_key(layer)}.ext4"
+            out.append(await disks.pack(layer, target, self.rt.uid_base))
+        return out
+
+    def _argv(self, spec: MachineSpec, paths: VmPaths, layers: list[Path]) -> list[str]:
+        assert self._kernel is not None and self._base_disk is not None
+        memory = max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
+        cpus = max(1, math.ceil(spec.limits.cpus))
+        append = ["console=ttyS0", "quiet", "panic=-1", "reboot=t", "tsc=reliable",
+                  "8250.nr_uarts=1", "cryptomgr.notests", "random.trust_cpu=on"]
+        if self.accel == "tcg":
+            khz = host_tsc_khz()
+            if khz:
+                append.append(f"tsc_early_khz={khz}")
+        accel = "kvm" if self.accel == "kvm" else "tcg,tb-size=64"
+        argv = [QEMU, "-name", f"podbay-{spec.machine_id}", "-M", "microvm,x-option-roms=off",
+                "-accel", accel, "-m", f"{memory}M", "-smp", str(cpus),
+                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-chardev", "ringbuf,id=console,size=65536", "-serial", "chardev:console",
+                "-kernel", str(self._kernel), "-initrd", str(paths.initrd),
+                "-append", " ".join(append)]
+        drives = [("base", self._base_disk, True)]
+        drives += [(f"layer{i}", path, True) for i, path in enumerate(layers)]
+        drives.append(("disk", paths.disk_image, False))
+        for serial, path, readonly in drives:
+            options = f"id={serial},file={path},format=raw,if=none,cache=unsafe"
+            if readonly:
+                options += ",readonly=on"
+            else:
+                options += ",discard=unmap"
+            argv += ["-drive", options,
+                     "-device", f"virtio-blk-device,drive={serial},serial={serial}"]
+        argv += ["-device", "virtio-serial-device",
+                 "-chardev", f"socket,id=agent,path={paths.mux},server=on,wait=off",
+                 "-device", "virtserialport,chardev=agent,name=podbay",
+                 "-qmp", f"unix:{paths.qmp},server=on,wait=off",
+                 "-pidfile", str(paths.pidfile), "-daemonize"]
+        return argv
+
+    async def _boot(self, record: records.MachineRecord) -> None:
+        spec = record.spec
+        paths = self._paths(spec.machine_id)
+        assert self._initramfs is not None
+        if len(str(paths.socket)) > 107:
+            raise DriverError(f"socket path {paths.socket} is too long; set a shorter "
+                              "runtime.run_dir")
+        paths.run.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.run, 0o700)
+        layers = await self._layer_disks(spec)
+        name = _uts_name(spec.hostname)
+        config = {"hostname": name, "pids": spec.limits.pids,
+                  "agent_argv": self._agent_argv, "agent_env": dict(staging.AGENT_ENV)}
+        run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(spec.env)),
+                     "hostname": name + "\n", "hosts": _hosts(name)}
+        init_argv = [*self._agent_argv[:self._agent_argv.index("-c")], "-c", GUEST_INIT]
+        await asyncio.to_thread(
+            initramfs.boot_archive, self._initramfs, paths.initrd,
+            variables={"LAYERS": str(len(layers)), "NETWORK": ""}, init_argv=init_argv,
+            network_script="", run_files=run_files)
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(spec, paths, layers), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
+        relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
+        self._relays[spec.machine_id] = relay
+        await relay.start()
+        within = max(self.rt.start_timeout_seconds, 120.0 if self.accel == "tcg" else 30.0)
+        try:
+            await wait_ready(paths.socket, within)
+        except DriverError as e:
+            raise DriverError(f"{e}; guest console: {await self._console(paths)}") from None
+
+    async def _console(self, paths: VmPaths) -> str:
+        try:
+            text = await qmp.execute(paths.qmp, "ringbuf-read",
+                                     {"device": "console", "size": 65536}, within=3)
+        except (OSError, TimeoutError, DriverError):
+            return "(unavailable)"
+        lines = str(text).strip().splitlines()
+        return " | ".join(lines[-8:]) or "(empty)"
+
+    async def suspend(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is MachineState.SUSPENDED:
+                return
+            if observed is not MachineState.RUNNING:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not running")
+            await qmp.execute(self._paths(machine_id).qmp, "stop")
+            self._save(record.with_state(MachineState.SUSPENDED))
+
+    async def resume(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is MachineState.RUNNING:
+                return
+            if observed is not MachineState.SUSPENDED:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not suspended")
+            await qmp.execute(self._paths(machine_id).qmp, "cont")
+            self._save(record.with_state(MachineState.RUNNING))
+
+    async def stop(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            await self.release(machine_id)
+            if record.commanded is not MachineState.STOPPED:
+                self._save(record.with_state(MachineState.STOPPED))
+
+    async def destroy(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            paths = self._paths(machine_id)
+            await self.release(machine_id)
+            await asyncio.to_thread(shutil.rmtree, paths.home, True)
+            await asyncio.to_thread(shutil.rmtree, paths.run, True)
+        self._locks.pop(machine_id, None)
+
+    async def release(self, machine_id: str) -> None:
+        """End the incarnation (QEMU, relay, volatile files); the disk stays."""
+        paths = self._paths(machine_id)
+        relay = self._relays.pop(machine_id, None)
+        if relay is not None:
+            await relay.close()
+        pid = self._qemu_pid(paths)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(500):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                await asyncio.sleep(0.01)
+        for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
+            path.unlink(missing_ok=True)
+
+    def _qemu_pid(self, paths: VmPaths) -> int | None:
+        """QEMU's pid, when the pid file names a live QEMU of this machine."""
+        try:
+            pid = int(paths.pidfile.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        if f"unix:{paths.qmp},".encode() not in cmdline:
+            return None  # the pid was reused
+        return pid
+
+    async def export_layer(self, machine_id: str, dest: Path) -> None:
+        """Copy a stopped machine's writable layer to ``dest``, in the shifted
+        ownership every class's layers use. The guest could have written anything
+        to its disk, so the file system is checked (``e2fsck``, in user space)
+        before the host kernel mounts it read-only."""
+        async with self._lock(machine_id):
+            self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is not MachineState.STOPPED:
+                raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
+                                  "exporting its layer")
+            paths = self._paths(machine_id)
+            await self.release(machine_id)
+            check = await asyncio.create_subprocess_exec(
+                "e2fsck", "-f", "-y", str(paths.disk_image), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            out, _ = await check.communicate()
+            if check.returncode not in (0, 1, 2):
+                raise DriverError(f"the machine's disk is damaged: "
+                                  f"{out.decode(errors='replace')[-400:]}")
+            mount = paths.run / "export"
+            paths.run.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(storage.mount_disk, paths.disk_image, mount, readonly=True)
+            try:
+                await storage.copy_layer(mount / "upper", dest)
+            finally:
+                await asyncio.to_thread(storage.unmount_machine, paths.run / "no-rootfs",
+                                        mount)
+            await asyncio.to_thread(disks.shift_up, dest, self.rt.uid_base)
+
+    async def assign(self, machine_id: str, *, hostname: str,
+                     labels: Mapping[str, str]) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            spec = record.spec
+            self._save(dataclasses.replace(record, spec=dataclasses.replace(
+                spec, hostname=hostname, labels=dict(labels))))
+            relay = self._relays.get(machine_id)
+            if relay is not None and await self._observe(machine_id) is not MachineState.STOPPED:
+                # Delivered in order before any later request on the channel, so
+                # the next command sees it (a suspended guest takes it on resume).
+                await relay.set_hostname(_uts_name(hostname))
+
+    # -- observation ----------------------------------------------------------
+    async def _observe(self, machine_id: str) -> MachineState:
+        paths = self._paths(machine_id)
+        if self._qemu_pid(paths) is None:
+            return MachineState.STOPPED
+        try:
+            status = await qmp.execute(paths.qmp, "query-status", within=10)
+        except (OSError, TimeoutError, qmp.QmpError):
+            return MachineState.STOPPED
+        state = status.get("status")
+        if state == "running":
+            return MachineState.RUNNING
+        if state in ("paused", "suspended", "prelaunch"):
+            return MachineState.SUSPENDED
+        return MachineState.STOPPED  # shut down, panicked, internal error
+
+    async def state(self, machine_id: str) -> MachineState:
+        try:
+            self._record(machine_id)
+        except MachineNotFound:
+            return MachineState.ABSENT
+        return await self._observe(machine_id)
+
+    def agent_socket(self, machine_id: str) -> Path:
+        return self._paths(machine_id).socket
+
+    async def adopt(self) -> list[ObservedMachine]:
+        found: list[ObservedMachine] = []
+        try:
+            homes = sorted(p for p in self.machines.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            homes = []
+        for home in homes:
+            record = records.read(home)
+            if record is None:
+                continue
+            machine_id = record.spec.machine_id
+            async with self._lock(machine_id):
+                observed = await self._observe(machine_id)
+                if observed is MachineState.STOPPED:
+                    await self.release(machine_id)
+                elif machine_id not in self._relays:
+                    paths = self._paths(machine_id)
+                    relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
+                    self._relays[machine_id] = relay
+                    await relay.start()
+                if observed.value != record.commanded.value:
+                    self._save(record.with_state(observed))
+            found.append(ObservedMachine(machine_id=machine_id, state=observed,
+                                         labels=dict(record.spec.labels)))
+        return found
+
+    def machine_ids(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.machines.iterdir()
+                          if (p / records.RECORD).exists())
+        except FileNotFoundError:
+            return []
+
+    async def close(self) -> None:
+        for relay in list(self._relays.values()):
+            await relay.close()
+        self._relays.clear()
+
+
+def _uts_name(hostname: str) -> str:
+    return hostname.encode()[:64].decode(errors="ignore") or "sandbox"
+
+
+def _hosts(hostname: str) -> str:
+    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"127.0.1.1\t{hostname}\n")
+

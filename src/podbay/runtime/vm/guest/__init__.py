@@ -1,0 +1,1 @@
+"""Code that runs inside the guest (stdlib only, copied into its initramfs)."""

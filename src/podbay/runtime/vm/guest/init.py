@@ -1,0 +1,264 @@
+"""The guest's first process after the initramfs: limits, the mux, then the agent.
+
+Runs as PID 1 on the sandbox's root (the initramfs ``switch_root``-ed into it)
+and ends by ``exec``-ing the agent, so the agent is the guest's init, as it is
+a container's. Before that it:
+
+- sets the hostname;
+- puts itself (so every later process) in a cgroup with the machine's pids
+  limit (memory and CPUs are the VM's own size);
+- makes the agent's listening socket (abstract, so nothing on disk) as fd 3;
+- forks the demultiplexer, which joins the host's serial port to that socket.
+
+The demultiplexer is threads over blocking calls: a reader on the port, and per
+stream one thread from the agent to the port and one from a queue to the
+agent. See :mod:`frames` for the protocol. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+
+import frames as f  # type: ignore[import-not-found]  # staged flat beside this file
+
+AGENT_ADDRESS = "\0podbay-agent"
+RUN = "/.podbay/run"
+PORT_NAME = "podbay"
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as out:
+        out.write(text)
+
+
+def set_hostname(name: str) -> None:
+    socket.sethostname(name)
+    # /etc/hostname and /etc/hosts are these files, bound: rewrite in place.
+    for path, text in ((f"{RUN}/hostname", name + "\n"),
+                       (f"{RUN}/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost "
+                                        f"ip6-loopback\n127.0.1.1\t{name}\n")):
+        with contextlib.suppress(OSError):
+            _write(path, text)
+
+
+def limit_pids(pids: int) -> None:
+    root = "/sys/fs/cgroup"
+    try:
+        _write(f"{root}/cgroup.subtree_control", "+pids")
+        os.makedirs(f"{root}/sandbox", exist_ok=True)
+        _write(f"{root}/sandbox/pids.max", str(pids))
+        _write(f"{root}/sandbox/cgroup.procs", str(os.getpid()))
+    except OSError as exc:
+        print(f"podbay-vm: pids limit not set: {exc}", file=sys.stderr, flush=True)
+
+
+def find_port() -> str:
+    base = "/sys/class/virtio-ports"
+    for _ in range(500):
+        try:
+            for entry in sorted(os.listdir(base)):
+                with open(f"{base}/{entry}/name") as named:
+                    if named.read().strip() == PORT_NAME:
+                        return f"/dev/{entry}"
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise SystemExit("podbay-vm: no virtio-serial port named podbay")
+
+
+class Stream:
+    def __init__(self, mux: Mux, sid: int, sock: socket.socket) -> None:
+        self.mux, self.sid, self.sock = mux, sid, sock
+        self.alive = True
+        self.credit = f.WINDOW
+        self.cond = threading.Condition()
+        self.inbox: queue.SimpleQueue[bytes | int] = queue.SimpleQueue()
+        self.sent_eof = self.got_eof = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._to_host, daemon=True).start()
+        threading.Thread(target=self._to_agent, daemon=True).start()
+
+    def _to_host(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while self.alive and self.credit <= 0:
+                        self.cond.wait()
+                    if not self.alive:
+                        return
+                    want = min(self.credit, f.MAX_PAYLOAD)
+                data = self.sock.recv(want)
+                if not data:
+                    break
+                with self.cond:
+                    self.credit -= len(data)
+                if not self.mux.send(self, f.frame(f.DATA, self.sid, data)):
+                    return
+        except OSError:
+            self.abort()
+            return
+        self.sent_eof = True
+        self.mux.send(self, f.frame(f.EOF, self.sid))
+        self._maybe_done()
+
+    def _to_agent(self) -> None:
+        try:
+            while True:
+                item = self.inbox.get()
+                if isinstance(item, bytes):
+                    self.sock.sendall(item)
+                    self.mux.send(self, f.ack(self.sid, len(item)))
+                elif item == f.EOF:
+                    self.got_eof = True
+                    self.sock.shutdown(socket.SHUT_WR)
+                    self._maybe_done()
+                else:
+                    return
+        except OSError:
+            self.abort()
+
+    def _maybe_done(self) -> None:
+        if self.sent_eof and self.got_eof:
+            self.mux.send(self, f.frame(f.CLOSE, self.sid))
+            self.close()
+
+    def grant(self, count: int) -> None:
+        with self.cond:
+            self.credit += count
+            self.cond.notify_all()
+
+    def abort(self) -> None:
+        if self.alive:
+            self.mux.send(self, f.frame(f.CLOSE, self.sid))
+        self.close()
+
+    def close(self) -> None:
+        with self.cond:
+            self.alive = False
+            self.cond.notify_all()
+        self.inbox.put(f.CLOSE)
+        self.mux.forget(self.sid, self)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class Mux:
+    def __init__(self, port: str) -> None:
+        self.fd = os.open(port, os.O_RDWR | os.O_CLOEXEC)
+        self.lock = threading.Lock()
+        self.streams: dict[int, Stream] = {}
+        self.parser = f.Parser()
+
+    def send(self, stream: Stream | None, data: bytes) -> bool:
+        with self.lock:
+            if stream is not None and not stream.alive:
+                return False
+            view = memoryview(data)
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+        return True
+
+    def forget(self, sid: int, stream: Stream) -> None:
+        with self.lock:
+            if self.streams.get(sid) is stream:
+                del self.streams[sid]
+
+    def drop_all(self) -> None:
+        with self.lock:
+            streams = list(self.streams.values())
+            self.streams.clear()
+        for stream in streams:
+            stream.close()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except InterruptedError:
+                continue
+            if not data:
+                # The host side is not connected (a server restart): every stream
+                # dies with it; wait for the next hello.
+                self.drop_all()
+                self.parser.reset()
+                time.sleep(0.02)
+                continue
+            self.parser.feed(data)
+            for kind, sid, payload in self.parser.frames():
+                self.handle(kind, sid, payload)
+
+    def handle(self, kind: int, sid: int, payload: bytes) -> None:
+        if kind == f.HELLO:
+            self.drop_all()
+            self.send(None, f.hello(f.HELLO_ACK, payload))
+            return
+        if kind == f.HOSTNAME:
+            set_hostname(payload.decode(errors="replace"))
+            return
+        if kind == f.OPEN:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(AGENT_ADDRESS)
+            except OSError:
+                sock.close()
+                self.send(None, f.frame(f.CLOSE, sid))
+                return
+            stream = Stream(self, sid, sock)
+            with self.lock:
+                old: Stream | None = self.streams.pop(sid, None)
+                self.streams[sid] = stream
+            if old is not None:
+                old.close()
+            stream.start()
+            return
+        known = self.streams.get(sid)
+        if known is None:
+            return  # a stream that just ended: its late frames are moot
+        if kind == f.DATA:
+            known.inbox.put(payload)
+        elif kind == f.EOF:
+            known.inbox.put(f.EOF)
+        elif kind == f.ACK:
+            known.grant(f.ack_count(payload))
+        elif kind == f.CLOSE:
+            known.close()
+
+
+def run_mux() -> None:
+    threading.stack_size(256 * 1024)
+    Mux(find_port()).serve()
+
+
+def main() -> None:
+    with open(f"{RUN}/config.json") as given:
+        config = json.load(given)
+    set_hostname(config["hostname"])
+    limit_pids(int(config["pids"]))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(AGENT_ADDRESS)
+    listener.listen(128)
+    if listener.fileno() != 3:
+        os.dup2(listener.fileno(), 3)
+        listener.close()
+    if os.fork() == 0:
+        try:
+            os.close(3)
+            run_mux()
+        finally:
+            os._exit(1)
+    os.set_inheritable(3, True)
+    argv = config["agent_argv"]
+    os.execve(argv[0], argv, dict(config["agent_env"]))  # noqa: S606 - the agent, by path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""A minimal QMP client: one short connection per command.
+
+QEMU's QMP socket serves one client at a time; the driver holds the machine's
+lock around each call, so a connection per command is simplest and survives
+a server restart (``adopt`` just connects again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from ..base import DriverError
+
+
+class QmpError(DriverError):
+    pass
+
+
+async def execute(socket_path: Path, command: str, arguments: dict[str, Any] | None = None,
+                  *, within: float = 10.0) -> Any:
+    """Run one QMP command; its ``return`` value. Raises :class:`QmpError`
+    (or ``OSError`` when nothing listens: QEMU is gone)."""
+    async with asyncio.timeout(within):
+        reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=1 << 20)
+        try:
+            await _answer(reader)  # the greeting
+            for name, args in (("qmp_capabilities", None), (command, arguments)):
+                message: dict[str, Any] = {"execute": name}
+                if args:
+                    message["arguments"] = args
+                writer.write(json.dumps(message).encode() + b"\n")
+                await writer.drain()
+                reply = await _answer(reader)
+                if "error" in reply:
+                    raise QmpError(f"QMP {name}: {reply['error'].get('desc', reply)}")
+            return reply.get("return")
+        finally:
+            writer.close()
+
+
+async def _answer(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """The next message that is not an asynchronous event."""
+    while True:
+        line = await reader.readline()
+        if not line:
+            raise ConnectionResetError("QMP connection closed")
+        message: dict[str, Any] = json.loads(line)
+        if "event" not in message:
+            return message
