@@ -51,7 +51,7 @@ from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout
 from ..oci.readiness import wait_ready
 from . import disks, initramfs, qmp
-from .relay import Relay
+from .relay import Relay, RelayLoop
 
 log = logging.getLogger("podbay.runtime.vm")
 
@@ -59,6 +59,8 @@ QEMU = "qemu-system-x86_64"
 KERNEL_DIR = Path("/boot")
 #: Guest RAM below this cannot hold the kernel, page cache and the agent.
 MIN_MEMORY_MIB = 192
+#: How long stop waits for the guest to write its page cache to its disk.
+SYNC_SECONDS = 30.0
 GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent/podbay_vm'); "
               "import init; init.main()")
 
@@ -137,6 +139,7 @@ class VmDriver:
         self._agent_argv: list[str] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._relays: dict[str, Relay] = {}
+        self._relay_loop = RelayLoop()
 
     @property
     def base_image(self) -> str:
@@ -252,9 +255,9 @@ class VmDriver:
         drives += [(f"layer{i}", path, True) for i, path in enumerate(layers)]
         drives.append(("disk", paths.disk_image, False))
         for serial, path, readonly in drives:
-            options = f"id={serial},file={path},format=raw,if=none,cache=unsafe"
+            options = f"id={serial},file={path},format=raw,if=none"
             if readonly:
-                options += ",readonly=on"
+                options += ",readonly=on,cache=unsafe"
             else:
                 options += ",discard=unmap"
             argv += ["-drive", options,
@@ -295,7 +298,7 @@ class VmDriver:
             raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
         relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
         self._relays[spec.machine_id] = relay
-        await relay.start()
+        await self._relay_loop.call(relay.start())
         within = max(self.rt.start_timeout_seconds, 120.0 if self.accel == "tcg" else 30.0)
         try:
             await wait_ready(paths.socket, within)
@@ -336,7 +339,7 @@ class VmDriver:
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
-            await self.release(machine_id)
+            await self.release(machine_id, flush=True)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
 
@@ -348,12 +351,28 @@ class VmDriver:
             await asyncio.to_thread(shutil.rmtree, paths.run, True)
         self._locks.pop(machine_id, None)
 
-    async def release(self, machine_id: str) -> None:
-        """End the incarnation (QEMU, relay, volatile files); the disk stays."""
+    async def _flush(self, machine_id: str) -> None:
+        """Before QEMU is killed: the guest writes its page cache to its disk (a
+        suspended guest is resumed for that), so stop keeps every file."""
+        relay = self._relays.get(machine_id)
+        observed = await self._observe(machine_id)
+        if relay is None or observed is MachineState.STOPPED:
+            return
         paths = self._paths(machine_id)
+        if observed is MachineState.SUSPENDED:
+            await qmp.execute(paths.qmp, "cont")
+        if not await self._relay_loop.call(relay.sync(SYNC_SECONDS)):
+            log.warning("machine %s did not flush its disk before stopping", machine_id)
+
+    async def release(self, machine_id: str, *, flush: bool = False) -> None:
+        """End the incarnation (QEMU, relay, volatile files); the disk stays
+        (with ``flush``, everything the guest wrote to it)."""
+        paths = self._paths(machine_id)
+        if flush:
+            await self._flush(machine_id)
         relay = self._relays.pop(machine_id, None)
         if relay is not None:
-            await relay.close()
+            await self._relay_loop.call(relay.close())
         pid = self._qemu_pid(paths)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -419,7 +438,7 @@ class VmDriver:
             if relay is not None and await self._observe(machine_id) is not MachineState.STOPPED:
                 # Delivered in order before any later request on the channel, so
                 # the next command sees it (a suspended guest takes it on resume).
-                await relay.set_hostname(_uts_name(hostname))
+                await self._relay_loop.call(relay.set_hostname(_uts_name(hostname)))
 
     # -- observation ----------------------------------------------------------
     async def _observe(self, machine_id: str) -> MachineState:
@@ -466,7 +485,7 @@ class VmDriver:
                     paths = self._paths(machine_id)
                     relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
                     self._relays[machine_id] = relay
-                    await relay.start()
+                    await self._relay_loop.call(relay.start())
                 if observed.value != record.commanded.value:
                     self._save(record.with_state(observed))
             found.append(ObservedMachine(machine_id=machine_id, state=observed,
@@ -482,8 +501,9 @@ class VmDriver:
 
     async def close(self) -> None:
         for relay in list(self._relays.values()):
-            await relay.close()
+            await self._relay_loop.call(relay.close())
         self._relays.clear()
+        self._relay_loop.stop()
 
 
 def _uts_name(hostname: str) -> str:

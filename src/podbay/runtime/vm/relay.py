@@ -14,11 +14,16 @@ import contextlib
 import logging
 import os
 import secrets
+import threading
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .guest import frames as f
 
 log = logging.getLogger("podbay.runtime.vm")
+
+T = TypeVar("T")
 
 #: How long to wait for the guest to answer a hello before trying a new
 #: connection (a hello swallowed by a frame cut in half is then resent).
@@ -114,6 +119,7 @@ class Relay:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._linked = asyncio.Event()
+        self._syncs: dict[bytes, asyncio.Event] = {}
 
     async def start(self) -> None:
         self.listen_path.unlink(missing_ok=True)
@@ -198,6 +204,11 @@ class Relay:
                     answered = kind == f.HELLO_ACK and payload == nonce
                     self.fresh = self.fresh and not answered
                     continue
+                if kind == f.SYNC_ACK:
+                    done = self._syncs.pop(payload, None)
+                    if done is not None:
+                        done.set()
+                    continue
                 stream = self.streams.get(sid)
                 if stream is None:
                     continue
@@ -222,6 +233,23 @@ class Relay:
             return False
         return bool(status.get("status") != "running")
 
+    async def sync(self, within: float) -> bool:
+        """Have the guest write its dirty pages to its disks (before QEMU is
+        killed); ``False`` when it did not answer within ``within`` seconds."""
+        if not self._linked.is_set():
+            return False
+        nonce = secrets.token_bytes(f.NONCE_BYTES)
+        done = self._syncs[nonce] = asyncio.Event()
+        self.send(f.frame(f.SYNC, 0, nonce))
+        try:
+            async with asyncio.timeout(within):
+                await done.wait()
+        except TimeoutError:
+            return False
+        finally:
+            self._syncs.pop(nonce, None)
+        return True
+
     async def set_hostname(self, name: str) -> None:
         self.send(f.frame(f.HOSTNAME, 0, name.encode()))
         await self.drain()
@@ -238,3 +266,41 @@ class Relay:
             stream.closed = True
             stream.inbox.put_nowait(f.CLOSE)
         self.listen_path.unlink(missing_ok=True)
+
+
+class RelayLoop:
+    """One event loop, on its own thread, that serves every relay of a driver.
+
+    The agent socket must answer whether or not the caller's loop is running:
+    the driver's callers include synchronous code (``podbay doctor``, tests)
+    that runs the loop only while awaiting a driver call, then talks to the
+    agent with blocking sockets."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._guard:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="podbay-vm-relays",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._ensure())
+        return await asyncio.wrap_future(future)
+
+    def stop(self) -> None:
+        with self._guard:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            if not thread.is_alive():
+                loop.close()

@@ -38,8 +38,10 @@ EOF = 5  # either way: no more bytes from this side (half close)
 CLOSE = 6  # either way: the stream is gone (reset)
 ACK = 7  # either way: payload u32, bytes delivered (credit returned)
 HOSTNAME = 8  # host → guest: payload the new hostname (stream 0)
+SYNC = 9  # host → guest: write every dirty page to the disks, then answer (payload a nonce)
+SYNC_ACK = 10  # guest → host: the SYNC with this nonce is done
 
-TYPES = frozenset({HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME})
+TYPES = frozenset({HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK})
 #: Largest payload in one frame; a bigger length means the stream is out of sync.
 MAX_PAYLOAD = 64 * 1024
 #: Unacknowledged data bytes a sender may have in flight per stream.

@@ -179,6 +179,10 @@ class Mux:
         for stream in streams:
             stream.close()
 
+    def _sync(self, nonce: bytes) -> None:
+        os.sync()
+        self.send(None, f.frame(f.SYNC_ACK, 0, nonce))
+
     def serve(self) -> None:
         while True:
             try:
@@ -203,6 +207,9 @@ class Mux:
             return
         if kind == f.HOSTNAME:
             set_hostname(payload.decode(errors="replace"))
+            return
+        if kind == f.SYNC:
+            threading.Thread(target=self._sync, args=(payload,), daemon=True).start()
             return
         if kind == f.OPEN:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
