@@ -169,7 +169,8 @@ class VmDriver:
         for d in (self.machines, self.run_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
-        self._agent_argv = [*agent_bundle.agent_argv(image.rootfs, fd=3, env_file=False),
+        self._agent_argv = [*agent_bundle.agent_argv(image.rootfs, fd=3, env_file=False,
+                                                    private_loader=False),
                             "--env-file", "/.podbay/run/env.json"]
         self._image, self._base_disk, self._kernel = image, base_disk, \
             KERNEL_DIR / f"vmlinuz-{release}"
