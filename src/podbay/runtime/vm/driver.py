@@ -46,6 +46,7 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..network import NetworkManager
 from ..oci import agent_bundle, records, storage
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout
@@ -61,6 +62,17 @@ KERNEL_DIR = Path("/boot")
 MIN_MEMORY_MIB = 192
 #: How long stop waits for the guest to write its page cache to its disk.
 SYNC_SECONDS = 30.0
+#: The guest's side of QEMU's user-mode network. Its resolv.conf names the
+#: namespace's DNS forwarder (10.0.2.3), reached through QEMU like any address.
+GUEST_NET = "10.0.5.0/24"
+GUEST_ADDRESS = "10.0.5.15/24"
+GUEST_GATEWAY = "10.0.5.2"
+GUEST_DNS_ALIAS = "10.0.5.3"
+GUEST_NETWORK = f"""\
+for m in $($B cat /net-modules); do $B insmod /lib/modules/$m.ko; done
+$B ip link set eth0 up
+$B ip addr add {GUEST_ADDRESS} dev eth0
+$B ip route add default via {GUEST_GATEWAY}"""
 GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent/podbay_vm'); "
               "import init; init.main()")
 
@@ -131,7 +143,12 @@ class VmDriver:
         self.run_root = self.layout.run_dir / "vm"
         self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
                              extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
-        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True, network=False)
+        # The guest's NIC is QEMU's user-mode network, and QEMU runs inside the
+        # machine's host-owned namespace: every packet the guest sends leaves as
+        # QEMU's own socket there, under the same nftables policy as a container's.
+        self.network = NetworkManager(self.run_root / "net", enabled=self.rt.network)
+        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
+                                         network=self.network.enabled)
         self._image: Image | None = None
         self._base_disk: Path | None = None
         self._initramfs: Path | None = None
@@ -235,7 +252,8 @@ class VmDriver:
             out.append(await disks.pack(layer, target, self.rt.uid_base))
         return out
 
-    def _argv(self, spec: MachineSpec, paths: VmPaths, layers: list[Path]) -> list[str]:
+    def _argv(self, spec: MachineSpec, paths: VmPaths, layers: list[Path], *,
+              network: bool) -> list[str]:
         assert self._kernel is not None and self._base_disk is not None
         memory = max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
         cpus = max(1, math.ceil(spec.limits.cpus))
@@ -263,6 +281,10 @@ class VmDriver:
                 options += ",discard=unmap"
             argv += ["-drive", options,
                      "-device", f"virtio-blk-device,drive={serial},serial={serial}"]
+        if network:
+            argv += ["-netdev", f"user,id=net,ipv6=off,net={GUEST_NET},host={GUEST_GATEWAY},"
+                                f"dns={GUEST_DNS_ALIAS}",
+                     "-device", "virtio-net-device,netdev=net"]
         argv += ["-device", "virtio-serial-device",
                  "-chardev", f"socket,id=agent,path={paths.mux},server=on,wait=off",
                  "-device", "virtserialport,chardev=agent,name=podbay",
@@ -280,20 +302,23 @@ class VmDriver:
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
         layers = await self._layer_disks(spec)
+        handle = await self.network.setup(spec.machine_id)
         name = _uts_name(spec.hostname)
         config = {"hostname": name, "pids": spec.limits.pids,
                   "agent_argv": self._agent_argv, "agent_env": dict(staging.AGENT_ENV)}
         run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(spec.env)),
-                     "hostname": name + "\n", "hosts": _hosts(name)}
+                     "hostname": name + "\n", "hosts": _hosts(name),
+                     "resolv.conf": handle.resolv_conf}
         init_argv = [*self._agent_argv[:self._agent_argv.index("-c")], "-c", GUEST_INIT]
         await asyncio.to_thread(
             initramfs.boot_archive, self._initramfs, paths.initrd,
-            variables={"LAYERS": str(len(layers)), "NETWORK": ""}, init_argv=init_argv,
-            network_script="", run_files=run_files)
+            variables={"LAYERS": str(len(layers)), "NETWORK": "1" if handle.enabled else ""},
+            init_argv=init_argv, network_script=GUEST_NETWORK, run_files=run_files)
         proc = await asyncio.create_subprocess_exec(
-            *self._argv(spec, paths, layers), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True)
+            *self.network.enter_argv(spec.machine_id),
+            *self._argv(spec, paths, layers, network=handle.enabled),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
@@ -384,6 +409,7 @@ class VmDriver:
                 except ProcessLookupError:
                     break
                 await asyncio.sleep(0.01)
+        await self.network.teardown(machine_id)
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
 
@@ -480,6 +506,9 @@ class VmDriver:
             machine_id = record.spec.machine_id
             async with self._lock(machine_id):
                 observed = await self._observe(machine_id)
+                if observed is not MachineState.STOPPED and not await self._adopt_network(
+                        machine_id):
+                    observed = MachineState.STOPPED
                 if observed is MachineState.STOPPED:
                     await self.release(machine_id)
                 elif machine_id not in self._relays:
@@ -493,6 +522,17 @@ class VmDriver:
                                          labels=dict(record.spec.labels)))
         return found
 
+    async def _adopt_network(self, machine_id: str) -> bool:
+        """Reload a live machine's rules (and restart its slirp4netns if it died);
+        ``False`` when its namespace is gone (QEMU's sockets went with it)."""
+        try:
+            if await self.network.adopt(machine_id) is not None:
+                return True
+        except DriverError as e:
+            log.warning("machine %s: %s", machine_id, e)
+        log.warning("machine %s lost its network; stopping it", machine_id)
+        return False
+
     def machine_ids(self) -> list[str]:
         try:
             return sorted(p.name for p in self.machines.iterdir()
@@ -505,6 +545,7 @@ class VmDriver:
             await self._relay_loop.call(relay.close())
         self._relays.clear()
         self._relay_loop.stop()
+        await self.network.close()
 
 
 def _uts_name(hostname: str) -> str:

@@ -80,6 +80,7 @@ $B mkdir -p $N/dev/pts $N/dev/shm $N/sys/fs/cgroup
 $B mount -t devpts -o newinstance,ptmxmode=0666 devpts $N/dev/pts
 $B mount -t tmpfs -o nosuid,nodev shm $N/dev/shm
 $B mount -t cgroup2 cgroup2 $N/sys/fs/cgroup
+$B ip link set lo up
 [ -n "$NETWORK" ] && network
 eval "exec $B switch_root $N $PODBAY_INIT"
 """

@@ -30,6 +30,8 @@ import frames as f  # type: ignore[import-not-found]  # staged flat beside this 
 
 AGENT_ADDRESS = "\0podbay-agent"
 RUN = "/.podbay/run"
+CGROUP = "/sys/fs/cgroup"
+STOP_GRACE_SECONDS = 1.0
 PORT_NAME = "podbay"
 
 
@@ -49,7 +51,7 @@ def set_hostname(name: str) -> None:
 
 
 def limit_pids(pids: int) -> None:
-    root = "/sys/fs/cgroup"
+    root = CGROUP
     try:
         _write(f"{root}/cgroup.subtree_control", "+pids")
         os.makedirs(f"{root}/sandbox", exist_ok=True)
@@ -57,6 +59,17 @@ def limit_pids(pids: int) -> None:
         _write(f"{root}/sandbox/cgroup.procs", str(os.getpid()))
     except OSError as exc:
         print(f"podbay-vm: pids limit not set: {exc}", file=sys.stderr, flush=True)
+
+
+def freeze_sandbox() -> None:
+    group = f"{CGROUP}/sandbox"
+    with contextlib.suppress(OSError):
+        _write(f"{group}/cgroup.freeze", "1")
+        for _ in range(200):
+            with open(f"{group}/cgroup.events") as events:
+                if "frozen 1" in events.read():
+                    return
+            time.sleep(0.01)
 
 
 def find_port() -> str:
@@ -180,6 +193,13 @@ class Mux:
             stream.close()
 
     def _sync(self, nonce: bytes) -> None:
+        # The machine is about to be switched off. Its processes get a moment to
+        # finish what they are writing (a command the agent already answered may
+        # still be running under a slow TCG), then everything but this process is
+        # frozen, so nothing written after the flush is lost with the VM.
+        os.sync()
+        time.sleep(STOP_GRACE_SECONDS)
+        freeze_sandbox()
         os.sync()
         self.send(None, f.frame(f.SYNC_ACK, 0, nonce))
 
@@ -241,6 +261,11 @@ class Mux:
 
 
 def run_mux() -> None:
+    # Out of the sandbox's cgroup: its pids are not the user's, and stop freezes
+    # the sandbox while the mux still answers.
+    with contextlib.suppress(OSError):
+        os.makedirs(f"{CGROUP}/mux", exist_ok=True)
+        _write(f"{CGROUP}/mux/cgroup.procs", str(os.getpid()))
     threading.stack_size(256 * 1024)
     Mux(find_port()).serve()
 
