@@ -2,13 +2,18 @@
 
 Run as root with the base image cached (the first run builds it)::
 
-    .venv/bin/python bench/runtime.py [--runs 20] [--density-max 100] [--json]
+    .venv/bin/python bench/runtime.py [--class container|vm] [--runs 20]
+                                      [--density-max 100] [--json]
 
 - create-to-ready: ``create`` + ``start`` until ``GET /v1/info`` answers, p50/p99;
+- exec ``true`` through the agent socket, p50/p99;
 - suspend and resume latency, p50/p99;
 - density: idle sandboxes started one after another until ``--density-max``,
   a failure, or host memory available drops under ``--reserve-mib``; with the
-  agent's resident memory (RSS and PSS) per idle sandbox.
+  agent's resident memory (RSS and PSS) per idle sandbox (for ``vm``: QEMU's,
+  which holds the guest's memory).
+
+``--class vm`` boots QEMU microVMs under TCG; try ``--runs 5 --density-max 10``.
 
 Uses a throwaway data directory; every sandbox is destroyed at the end.
 """
@@ -26,9 +31,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from podbay.runtime.base import Limits, MachineSpec
+from podbay.runtime.agent_client import AgentClient
+from podbay.runtime.base import Driver, Limits, MachineSpec
 from podbay.runtime.oci import gc
 from podbay.runtime.oci.driver import OciDriver
+from podbay.runtime.vm.driver import VmDriver
 from podbay.settings import GIB, Settings
 
 MIB = 1024 * 1024
@@ -39,10 +46,34 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def spec(prefix: str) -> MachineSpec:
+def spec(prefix: str, memory_bytes: int = 1 * GIB) -> MachineSpec:
     return MachineSpec(machine_id=f"{prefix}-{uuid.uuid4().hex[:10]}", hostname="bench",
-                       limits=Limits(memory_bytes=1 * GIB, cpus=1.0, pids=256,
+                       limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=256,
                                      disk_bytes=10 * GIB))
+
+
+def make_driver(name: str, settings: Settings) -> Driver:
+    if name == "vm":
+        return VmDriver(settings)
+    return OciDriver(settings)
+
+
+def machine_pid(driver: Driver, machine_id: str) -> int | None:
+    """The process that holds the sandbox's memory: the agent, or QEMU."""
+    if isinstance(driver, VmDriver):
+        return driver.qemu_pid(machine_id)
+    if isinstance(driver, OciDriver):
+        state = driver.runc.state(machine_id)
+        return None if state is None else state.pid
+    return None
+
+
+async def destroy_all(driver: Driver) -> None:
+    if isinstance(driver, OciDriver):
+        await gc.collect(driver, everything=True)
+    elif isinstance(driver, VmDriver):
+        for machine_id in driver.machine_ids():
+            await driver.destroy(machine_id)
 
 
 def available_mib() -> int:
@@ -72,12 +103,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.image_dir:
         settings.runtime.image_dir = args.image_dir
     settings.runtime.run_dir = f"/run/podbay-bench/{uuid.uuid4().hex[:8]}"
-    driver = OciDriver(settings)
+    driver = make_driver(args.sandbox_class, settings)
+    memory = args.memory_mib * MIB
     await driver.prepare()
     out: dict[str, Any] = {}
     try:
         # warm-up (page cache, first cgroup parents)
-        warm = spec("warm")
+        warm = spec("warm", memory)
         await driver.create(warm)
         await driver.start(warm.machine_id)
         await driver.destroy(warm.machine_id)
@@ -85,7 +117,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         ready, creates = [], []
         ids = []
         for _ in range(args.runs):
-            s = spec("ready")
+            s = spec("ready", memory)
             t0 = time.perf_counter()
             await driver.create(s)
             t1 = time.perf_counter()
@@ -98,6 +130,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         out["create_to_ready_ms"] = {"p50": pct(ready, 0.5) * 1000, "p99": pct(ready, 0.99) * 1000,
                                      "runs": len(ready)}
         out["create_ms_p50"] = pct(creates, 0.5) * 1000
+
+        agent = AgentClient(driver.agent_socket(ids[0]))
+        execs = []
+        for _ in range(max(args.runs, 20)):
+            t0 = time.perf_counter()
+            await asyncio.to_thread(agent.exec, ["true"])
+            execs.append(time.perf_counter() - t0)
+        out["exec_true_ms"] = {"p50": pct(execs, 0.5) * 1000, "p99": pct(execs, 0.99) * 1000}
 
         suspends, resumes = [], []
         for _ in range(args.runs):
@@ -127,7 +167,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if available_mib() < args.reserve_mib:
                 stop_reason = f"host memory available fell under {args.reserve_mib} MiB"
                 break
-            s = spec("dense")
+            s = spec("dense", memory)
             try:
                 await driver.create(s)
                 await driver.start(s.machine_id)
@@ -139,9 +179,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2)  # idle
         rss, pss = [], []
         for machine_id in started:
-            state = driver.runc.state(machine_id)
-            if state is not None:
-                r, p = memory_of(state.pid)
+            pid = machine_pid(driver, machine_id)
+            if pid is not None:
+                r, p = memory_of(pid)
                 rss.append(r)
                 pss.append(p)
         mem_end = available_mib()
@@ -155,8 +195,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "agent_pss_mib_median": statistics.median(pss) if pss else None,
         }
         alive = 0
-        from podbay.runtime.agent_client import AgentClient
-
         for machine_id in started:
             try:
                 await asyncio.to_thread(AgentClient(driver.agent_socket(machine_id)).info)
@@ -165,14 +203,17 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 pass
         out["density"]["answering"] = alive
     finally:
-        await gc.collect(driver, everything=True)
+        await destroy_all(driver)
         await driver.close()
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--class", dest="sandbox_class", choices=("container", "vm"),
+                        default="container")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--memory-mib", type=int, default=1024)
     parser.add_argument("--density-max", type=int, default=100)
     parser.add_argument("--reserve-mib", type=int, default=4096)
     parser.add_argument("--image-dir", default="/var/tmp/podbay-test-images")
@@ -185,8 +226,10 @@ def main() -> None:
         return
     r, s, u, d = (result["create_to_ready_ms"], result["suspend_ms"], result["resume_ms"],
                   result["density"])
+    e = result["exec_true_ms"]
     print(f"create-to-ready  p50 {r['p50']:.0f} ms  p99 {r['p99']:.0f} ms  ({r['runs']} runs; "
           f"create alone p50 {result['create_ms_p50']:.0f} ms)")
+    print(f"exec true        p50 {e['p50']:.2f} ms  p99 {e['p99']:.2f} ms")
     print(f"suspend          p50 {s['p50']:.2f} ms  p99 {s['p99']:.2f} ms")
     print(f"resume           p50 {u['p50']:.2f} ms  p99 {u['p99']:.2f} ms")
     print(f"destroy          p50 {result['destroy_ms_p50']:.0f} ms")

@@ -413,6 +413,10 @@ class VmDriver:
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
 
+    def qemu_pid(self, machine_id: str) -> int | None:
+        """The live QEMU of a machine (it holds the guest's memory), if any."""
+        return self._qemu_pid(self._paths(machine_id))
+
     def _qemu_pid(self, paths: VmPaths) -> int | None:
         """QEMU's pid, when the pid file names a live QEMU of this machine."""
         try:

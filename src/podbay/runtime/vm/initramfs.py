@@ -73,6 +73,7 @@ for f in hostname hosts resolv.conf; do
     [ -e $N/etc/$f ] || $B touch $N/etc/$f
     $B mount --bind $N/.podbay/run/$f $N/etc/$f
 done
+$B echo "podbay-vm: switching root at $($B cut -d" " -f1 /proc/uptime)"
 $B mount --move /dev $N/dev
 $B mount --move /proc $N/proc
 $B mount --move /sys $N/sys
