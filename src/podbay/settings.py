@@ -64,6 +64,9 @@ class RuntimeSettings:
     oci_runtime: str = "runc"
     #: OCI runtime binary of the ``gvisor`` class.
     gvisor_runtime: str = "runsc"
+    #: How ``vm`` guests run: ``tcg`` (emulated, works everywhere, slow) or ``kvm``
+    #: (set it only where ``podbay doctor`` shows a KVM guest boots).
+    vm_accel: str = "tcg"
     memory_bytes: int = 1 * GIB
     cpus: float = 1.0
     pids: int = 256

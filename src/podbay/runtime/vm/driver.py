@@ -73,8 +73,8 @@ for m in $($B cat /net-modules); do $B insmod /lib/modules/$m.ko; done
 $B ip link set eth0 up
 $B ip addr add {GUEST_ADDRESS} dev eth0
 $B ip route add default via {GUEST_GATEWAY}"""
-GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent/podbay_vm'); "
-              "import init; init.main()")
+GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent'); "
+              "from podbay_vm.init import main; main()")
 
 
 def kernel_release() -> str:
@@ -134,11 +134,13 @@ class VmPaths:
 class VmDriver:
     name = "vm"
 
-    def __init__(self, settings: Settings, *, accel: str = "tcg") -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
-        self.accel = accel
+        self.accel = self.rt.vm_accel
+        if self.accel not in ("tcg", "kvm"):
+            raise DriverError(f"runtime.vm_accel must be tcg or kvm, not {self.accel!r}")
         self.home = self.layout.data_dir / "vm"
         self.run_root = self.layout.run_dir / "vm"
         self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
@@ -154,6 +156,7 @@ class VmDriver:
         self._initramfs: Path | None = None
         self._kernel: Path | None = None
         self._agent_argv: list[str] = []
+        self._init_argv: list[str] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._relays: dict[str, Relay] = {}
         self._relay_loop = RelayLoop()
@@ -178,17 +181,20 @@ class VmDriver:
             raise DriverError(f"{QEMU} not found (apt-get install qemu-system-x86)")
         release = kernel_release()
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
-        agent_dir = await asyncio.to_thread(agent_bundle.stage_agent, self.layout.data_dir,
-                                            image.rootfs)
+        agent_dir = await asyncio.to_thread(staging.stage, self.layout.data_dir / "agent",
+                                            python=agent_bundle.image_python(image.rootfs))
         base_disk = await disks.pack(image.rootfs, image.root / "guest.ext4", self.rt.uid_base)
         built = await asyncio.to_thread(initramfs.build, self.home, kernel_release=release,
                                         agent_dir=agent_dir)
         for d in (self.machines, self.run_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
-        self._agent_argv = [*agent_bundle.agent_argv(image.rootfs, fd=3, env_file=False,
-                                                    private_loader=False),
-                            "--env-file", "/.podbay/run/env.json"]
+        # The guest's root owns everything in it, so the agent needs no
+        # execute-only loader (a container's defence against its own root).
+        python = agent_bundle.image_python(image.rootfs, inside=True)
+        self._agent_argv = staging.agent_argv(python, agent_bundle.AGENT_DIR, "--fd", "3",
+                                              "--env-file", "/.podbay/run/env.json")
+        self._init_argv = [*python, "-I", "-S", "-c", GUEST_INIT]
         self._image, self._base_disk, self._kernel = image, base_disk, \
             KERNEL_DIR / f"vmlinuz-{release}"
         self._initramfs = built
@@ -309,11 +315,10 @@ class VmDriver:
         run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(spec.env)),
                      "hostname": name + "\n", "hosts": _hosts(name),
                      "resolv.conf": handle.resolv_conf}
-        init_argv = [*self._agent_argv[:self._agent_argv.index("-c")], "-c", GUEST_INIT]
         await asyncio.to_thread(
             initramfs.boot_archive, self._initramfs, paths.initrd,
             variables={"LAYERS": str(len(layers)), "NETWORK": "1" if handle.enabled else ""},
-            init_argv=init_argv, network_script=GUEST_NETWORK, run_files=run_files)
+            init_argv=self._init_argv, network_script=GUEST_NETWORK, run_files=run_files)
         proc = await asyncio.create_subprocess_exec(
             *self.network.enter_argv(spec.machine_id),
             *self._argv(spec, paths, layers, network=handle.enabled),
@@ -478,7 +483,7 @@ class VmDriver:
             return MachineState.STOPPED
         try:
             status = await qmp.execute(paths.qmp, "query-status", within=10)
-        except (OSError, TimeoutError, qmp.QmpError):
+        except (OSError, TimeoutError, DriverError):
             return MachineState.STOPPED
         state = status.get("status")
         if state == "running":

@@ -31,7 +31,7 @@ MODULES = ("drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virti
            "net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net")
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GUEST_DIR = Path(__file__).with_name("guest")
-GUEST_FILES = ("frames.py", "init.py")
+GUEST_FILES = ("__init__.py", "frames.py", "init.py")
 
 INIT = r"""#!/bin/busybox sh
 B=/bin/busybox

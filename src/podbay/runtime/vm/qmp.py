@@ -15,13 +15,9 @@ from typing import Any
 from ..base import DriverError
 
 
-class QmpError(DriverError):
-    pass
-
-
 async def execute(socket_path: Path, command: str, arguments: dict[str, Any] | None = None,
                   *, within: float = 10.0) -> Any:
-    """Run one QMP command; its ``return`` value. Raises :class:`QmpError`
+    """Run one QMP command; its ``return`` value. Raises :class:`DriverError`
     (or ``OSError`` when nothing listens: QEMU is gone)."""
     async with asyncio.timeout(within):
         reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=1 << 20)
@@ -35,7 +31,7 @@ async def execute(socket_path: Path, command: str, arguments: dict[str, Any] | N
                 await writer.drain()
                 reply = await _answer(reader)
                 if "error" in reply:
-                    raise QmpError(f"QMP {name}: {reply['error'].get('desc', reply)}")
+                    raise DriverError(f"QMP {name}: {reply['error'].get('desc', reply)}")
             return reply.get("return")
         finally:
             writer.close()

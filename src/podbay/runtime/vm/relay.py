@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..base import DriverError
 from .guest import frames as f
 
 log = logging.getLogger("podbay.runtime.vm")
@@ -229,7 +230,7 @@ class Relay:
         try:
             status = await qmp.execute(self.mux_path.with_name("qmp.sock"), "query-status",
                                        within=2.0)
-        except (OSError, TimeoutError, qmp.QmpError):
+        except (OSError, TimeoutError, DriverError):
             return False
         return bool(status.get("status") != "running")
 

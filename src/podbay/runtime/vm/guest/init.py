@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-import frames as f  # type: ignore[import-not-found]  # staged flat beside this file
+from . import frames as f
 
 AGENT_ADDRESS = "\0podbay-agent"
 RUN = "/.podbay/run"
