@@ -43,6 +43,7 @@ from .logs import RequestIdMiddleware
 from .metrics import Metrics
 from .routes import health, sandboxes
 from .services.classes import ClassCheck, ClassRuntimes
+from .services.deletions import DeletionWatch, marker_path
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
 from .services.environment import EnvironmentService, PlainEnvironment, Prepared
 from .services.lifecycle import Lifecycle
@@ -115,7 +116,9 @@ class Platform:
         self.deployments = DeploymentService(
             store, self.keys, issuer=self.base_url,
             identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
-            validate_section=validate_section, clock=clock)
+            validate_section=validate_section, clock=clock,
+            deleted_marker=marker_path(settings.data_dir))
+        self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.routes)
         ttl = settings.credentials.ttl_seconds
         self.sandboxes = SandboxService(
             settings=settings, store=store, classes=self.classes,
@@ -127,7 +130,8 @@ class Platform:
         self.gateway = Gateway(self.verifier, self.routes, self.activity,
                                observe=self.metrics.observe_gateway,
                                on_refusal=self.metrics.refused,
-                               on_unreachable=self._suspect)
+                               on_unreachable=self._suspect,
+                               before_route=self.deletions.check)
         self.control = Starlette(
             routes=[*health.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,

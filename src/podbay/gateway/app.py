@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from podbay.asgi import Receive, Scope, Send
 from podbay.errors import ApiError
@@ -54,6 +54,7 @@ class Gateway:
         observe: Callable[[str, int, float], None] | None = None,
         on_refusal: Callable[[str], None] | None = None,
         on_unreachable: Callable[[str], None] | None = None,
+        before_route: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
@@ -65,6 +66,9 @@ class Gateway:
         #: (sandbox id) when its agent did not answer: the control plane checks
         #: whether the machine died, so the next attach can bring it back.
         self.on_unreachable = on_unreachable
+        #: Awaited before the route is looked up: brings the route table up to
+        #: date with deletions made by another process.
+        self.before_route = before_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -92,6 +96,8 @@ class Gateway:
             if credential.sandbox_id != sid:
                 raise ApiError(ErrorCode.CREDENTIAL_WRONG_SANDBOX,
                                "the credential is for another sandbox")
+            if self.before_route is not None:
+                await self.before_route()
             route = self.routes.get(sid)
             if route is None or route.incarnation != credential.incarnation:
                 raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,

@@ -39,6 +39,7 @@ def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
     """
     from podbay.cli.commands.serve import section_validator
     from podbay.control.keys import KeyRing
+    from podbay.control.services.deletions import marker_path
     from podbay.control.services.deployments import (
         PUBLIC_URL_KEY,
         DeploymentError,
@@ -56,7 +57,8 @@ def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
             service = DeploymentService(
                 store, KeyRing.open(settings.data_dir / "keys"), issuer=named,
                 identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
-                validate_section=section_validator())
+                validate_section=section_validator(),
+                deleted_marker=marker_path(settings.data_dir))
             return await work(service)
         finally:
             await store.close()

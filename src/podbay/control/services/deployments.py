@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,6 +24,7 @@ from podbay.wire.limits import is_valid_sandbox_name
 
 from ..keys import KeyRing
 from ..tokens import issue_identity_token, verify_identity_token
+from .deletions import mark_deleted
 
 PUBLIC_URL_KEY = "public_url"
 
@@ -62,12 +64,16 @@ class DeploymentService:
     def __init__(self, store: Store, keys: KeyRing, *, issuer: str,
                  identity_ttl_seconds: int = 0,
                  validate_section: SectionValidator | None = None,
+                 deleted_marker: Path | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.store = store
         self.keys = keys
         self.issuer = issuer
         self.identity_ttl_seconds = identity_ttl_seconds
         self.validate_section = validate_section
+        #: Replaced after each delete: a running server drops the routes of
+        #: the deployment's sandboxes at once (services/deletions.py).
+        self.deleted_marker = deleted_marker
         self.clock = clock
 
     def _section(self, spec_text: str) -> dict[str, Any] | None:
@@ -119,10 +125,12 @@ class DeploymentService:
         return await self.store.list_deployments()
 
     async def delete(self, name: str) -> Deployment:
-        """Drop it; its sandboxes are marked ``deleting`` and destroyed by the
-        server's next lifecycle pass."""
+        """Drop it; its sandboxes are marked ``deleting``, stop answering at once,
+        and are destroyed by the server's next lifecycle pass."""
         deployment = await self.get(name)
         await self.store.remove_deployment(deployment.id)
+        if self.deleted_marker is not None:
+            mark_deleted(self.deleted_marker)
         return deployment
 
     # -- the control plane's side ----------------------------------------------------

@@ -1,0 +1,72 @@
+"""A deleted deployment's sandboxes stop answering at once.
+
+Deployments are deleted through the CLI, which works on the store directly
+(another process), and the server's lifecycle pass destroys their
+sandboxes up to one interval later. Until then their credentials would
+still reach them. So whoever deletes a deployment replaces a marker file
+(:func:`mark_deleted`), and the gateway, before relaying, compares that
+file's identity with the last one seen (one ``stat``): on a change it drops
+the route of every ``deleting`` sandbox, and its credentials are refused
+(401 ``SANDBOX_NOT_RUNNING``; re-attaching then fails on the identity token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from podbay.domain import SandboxState
+from podbay.gateway.routes import RouteTable
+from podbay.store.base import Store
+
+log = logging.getLogger("podbay.lifecycle")
+MARKER_NAME = "deployments.deleted"
+
+
+def marker_path(data_dir: Path) -> Path:
+    return data_dir / MARKER_NAME
+
+
+def mark_deleted(marker: Path) -> None:
+    """Tell a running server that a deployment is gone (a new file each time,
+    so its inode changes even within one clock tick)."""
+    temp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+    temp.write_text(f"{time.time_ns()}\n")
+    os.replace(temp, marker)
+
+
+class DeletionWatch:
+    def __init__(self, marker: Path, store: Store, routes: RouteTable) -> None:
+        self.marker = marker
+        self.store = store
+        self.routes = routes
+        self._seen = self._stamp()
+        self._reload: asyncio.Future[None] | None = None
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.marker)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    async def check(self) -> None:
+        """Drop deleted deployments' routes if a deletion happened since the last check."""
+        stamp = self._stamp()
+        if stamp != self._seen:
+            self._seen = stamp
+            self._reload = asyncio.ensure_future(self._drop_deleted())
+        if self._reload is not None and not self._reload.done():
+            # Every request that arrives meanwhile waits for the same reload.
+            await asyncio.shield(self._reload)
+
+    async def _drop_deleted(self) -> None:
+        try:
+            for row in await self.store.list_sandboxes(states=[SandboxState.DELETING]):
+                self.routes.remove(row.id)
+        except Exception:
+            log.exception("could not read deleted deployments' sandboxes; retrying")
+            self._seen = None  # the next request tries again
