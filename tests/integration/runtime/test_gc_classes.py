@@ -47,3 +47,20 @@ def test_an_old_image_a_gvisor_machine_stands_on_is_kept(tmp_path: Path) -> None
         assert "gvisor: removed unfinished machine m-standing-on-old" in removed
     finally:
         cleanup(settings)
+
+
+def test_another_class_state_in_the_run_directory_is_not_a_leftover(tmp_path: Path) -> None:
+    require_host()
+    settings = sandbox_settings(tmp_path / "d")
+    other = Path(settings.runtime.run_dir) / "vm"
+    (other / "m-running-vm").mkdir(parents=True)
+    (other / "m-running-vm" / "qmp.sock").touch()
+    try:
+        removed = gc(settings.data_dir, settings.runtime.run_dir)
+        assert (other / "m-running-vm" / "qmp.sock").exists(), removed
+        assert not any("vm" in line.split() for line in removed)
+    finally:
+        (other / "m-running-vm" / "qmp.sock").unlink()
+        (other / "m-running-vm").rmdir()
+        other.rmdir()
+        cleanup(settings)

@@ -13,6 +13,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
+from ...wire.limits import SANDBOX_CLASS_NAMES
 from . import records, storage
 from .driver import OciDriver
 
@@ -42,7 +43,10 @@ async def collect(driver: OciDriver, *, everything: bool = False,
     # Volatile directories of machines that no longer exist.
     with contextlib.suppress(FileNotFoundError):
         for run in sorted(layout.run_dir.iterdir()):
-            if run.name == "runc" or not run.is_dir() or run.name in known:
+            # Class names are never machine ids: another class's driver may keep
+            # its volatile state there (the vm driver does).
+            if run.name in ("runc", *SANDBOX_CLASS_NAMES) or not run.is_dir() \
+                    or run.name in known:
                 continue
             await driver.release(run.name)
             leftover = layout.machine(run.name)
