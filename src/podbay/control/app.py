@@ -191,6 +191,9 @@ class Platform:
         self.sandboxes.ready = False
         if self.lifecycle is not None:
             self._tasks.append(asyncio.create_task(self._start_runtime()))
+        else:  # not one enabled class has a driver: say why on /healthz
+            self.startup_error = "no sandbox class can run here: " + "; ".join(
+                f"{s.name}: {s.detail}" for s in self.classes.statuses() if s.enabled)
         try:
             yield
         finally:

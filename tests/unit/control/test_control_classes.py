@@ -206,3 +206,23 @@ async def test_restart_adopts_each_class_from_its_own_driver(tmp_path):
         assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
     for d in drivers.values():
         await d.close_all()
+
+
+async def test_no_driver_at_all_says_why_on_healthz(tmp_path):
+    import httpx
+
+    from podbay.control.app import create_app
+    from podbay.store.sqlite import SqliteStore
+
+    settings = make_settings(tmp_path)
+    settings.runtime.classes = "vm"
+    store = SqliteStore.open(settings.data_dir / "podbay.db")
+    platform = create_app(settings, store, {}, missing={"vm": "no module podbay.runtime.vm"})
+    transport = httpx.ASGITransport(app=platform)
+    async with platform.control.router.lifespan_context(platform.control), \
+            httpx.AsyncClient(transport=transport, base_url="http://podbay.test") as client:
+        health = await client.get("/healthz")
+    await store.close()
+    assert health.status_code == 503
+    assert health.json()["error"] == ("no sandbox class can run here: "
+                                      "vm: no module podbay.runtime.vm")
