@@ -3,9 +3,10 @@ the quick way: the standard library only, no click, no httpx, no SDK.
 
 A shell user or script runs this command more than any other, and almost
 all of its time went to Python start-up and imports (~100 ms for httpx and
-the SDK, ~15 ms for click), not to the two requests it makes. This path
-makes those two requests (attach, exec) with ``http.client`` and prints
-what the full command prints.
+the SDK, ~15 ms for click, ~10 ms more for ``http.client`` and the email
+package it loads), not to the two requests it makes. This path makes those
+two requests (attach, exec) with a socket and the little HTTP/1.1 two JSON
+requests need, and prints what the full command prints.
 
 It hands over to the full command (by answering ``None``) whenever the
 full command would do something it does not, always before the command
@@ -23,11 +24,10 @@ no answer as ``podbay: unavailable: ...`` (exit 2; never retried).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
+import socket
 import sys
-from urllib.parse import quote, urlsplit
 
 from podbay import __version__
 from podbay.client._config import (
@@ -37,7 +37,7 @@ from podbay.client._config import (
     token_issuer,
 )
 from podbay.errors import refusal_error, request_error
-from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
+from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 from podbay.wire.paths import EXEC, SANDBOXES
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
@@ -52,6 +52,9 @@ TIMED_OUT_NOTE = "podbay: the command was killed at its deadline"
 _VALUE_OPTIONS = ("--cwd", "--env", "--timeout-ms", "--token", "--server")
 #: Data-plane refusals answered before anything ran, that the SDK handles by repeating.
 _REPEATABLE = (401, 403, 503)
+#: Largest answer head, and answer body, this path reads.
+_MAX_HEAD = 64 * 1024
+_MAX_BODY = 64 * 1024 * 1024
 
 
 def print_exec_result(stdout: str, stderr: str, truncated: bool, timed_out: bool,
@@ -113,32 +116,139 @@ def parse(args: Sequence[str]) -> dict[str, Any] | None:
     return found
 
 
+class AnswerInvalid(ValueError):
+    """The server's answer is not HTTP/1.1 this path can read."""
+
+
+def split_url(url: str) -> tuple[str, int, str] | None:
+    """``(host, port, target)`` of a plain ``http://`` URL; None for anything else.
+
+    >>> split_url("http://127.0.0.1:8700/gw/sb_1/v1/exec")
+    ('127.0.0.1', 8700, '/gw/sb_1/v1/exec')
+    >>> split_url("https://cp/x") is None, split_url("http://[::1]/")
+    (True, ('::1', 80, '/'))
+    """
+    if not url.startswith("http://"):
+        return None
+    authority, slash, path = url[len("http://"):].partition("/")
+    if "@" in authority or any(c in url for c in " \r\n\t"):
+        return None
+    host, port = authority, "80"
+    if authority.startswith("["):
+        host, bracket, rest = authority[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:] or "80"
+    elif ":" in authority:
+        host, _, port = authority.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port), slash + path if slash else "/"
+
+
 class _Connections:
-    """One kept-alive plain-HTTP connection per host and port."""
+    """Kept-alive HTTP/1.1 connections, one per host and port, for JSON requests."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.open: dict[tuple[str, int], http.client.HTTPConnection] = {}
+        self.open: dict[tuple[str, int], socket.socket] = {}
 
     def request(self, method: str, url: str, headers: dict[str, str],
                 body: bytes) -> tuple[int, str, bytes] | None:
-        """(status, reason, body); None for a URL this path does not speak to."""
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
+        """(status, reason, body); None for a URL or header this path does not send.
+        Raises OSError (no answer) or :class:`AnswerInvalid`."""
+        where = split_url(url)
+        if where is None:
             return None
-        key = (parts.hostname, parts.port or 80)
-        conn = self.open.get(key)
-        if conn is None:
-            conn = self.open[key] = http.client.HTTPConnection(key[0], key[1],
-                                                              timeout=self.timeout)
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request(method, target, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.reason, response.read()
+        host, port, target = where
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}",
+                 f"Content-Length: {len(body)}", "Accept: */*"]
+        for key, value in headers.items():
+            if not isinstance(value, str) or any(c in key + value for c in "\r\n\0"):
+                return None
+            lines.append(f"{key}: {value}")
+        try:
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        except UnicodeEncodeError:
+            return None
+        sock = self.open.get((host, port))
+        if sock is None:
+            sock = socket.create_connection((host, port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.open[(host, port)] = sock
+        sock.sendall(head + body)
+        status, reason, answer, keep = _read_answer(sock)
+        if not keep:
+            self.open.pop((host, port)).close()
+        return status, reason, answer
 
     def close(self) -> None:
-        for conn in self.open.values():
-            conn.close()
+        for sock in self.open.values():
+            sock.close()
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def more(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def until(self, mark: bytes, limit: int) -> bytes:
+        while (end := self.buf.find(mark)) < 0:
+            if len(self.buf) > limit:
+                raise AnswerInvalid("answer head too large")
+            if not self.more():
+                raise ConnectionError("the server closed the connection mid-answer")
+        data, self.buf = self.buf[:end], self.buf[end + len(mark):]
+        return data
+
+    def exactly(self, n: int) -> bytes:
+        if n > _MAX_BODY:
+            raise AnswerInvalid("answer body too large")
+        while len(self.buf) < n:
+            if not self.more():
+                raise ConnectionError("the server closed the connection mid-answer")
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+
+def _read_answer(sock: socket.socket) -> tuple[int, str, bytes, bool]:
+    """One HTTP/1.1 answer: status, reason, body, whether the connection stays open."""
+    reader = _Reader(sock)
+    head = reader.until(b"\r\n\r\n", _MAX_HEAD).decode("latin-1").split("\r\n")
+    version, _, rest = head[0].partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise AnswerInvalid(f"not an HTTP/1.1 status line: {head[0][:80]!r}")
+    fields: dict[str, str] = {}
+    for line in head[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise AnswerInvalid("malformed header line in the answer")
+        fields[name.strip().lower()] = value.strip()
+    status = int(code)
+    keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        parts = []
+        while size := int(reader.until(b"\r\n", 1024).split(b";")[0] or b"x", 16):
+            parts.append(reader.exactly(size))
+            reader.exactly(2)
+        while reader.until(b"\r\n", _MAX_HEAD):  # trailers
+            pass
+        return status, reason, b"".join(parts), keep
+    if "content-length" in fields:
+        return status, reason, reader.exactly(int(fields["content-length"])), keep
+    if status in (204, 304) or status < 200:
+        return status, reason, b"", keep
+    while reader.more():  # no length: the body ends with the connection
+        if len(reader.buf) > _MAX_BODY:
+            raise AnswerInvalid("answer body too large")
+    return status, reason, reader.buf, False
 
 
 def _refusal(status: int, reason: str, raw: bytes) -> str:
@@ -165,8 +275,11 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
     connections = _Connections(DEFAULT_TIMEOUT_SECONDS)
     try:
         try:
+            if not is_valid_sandbox_name(call["name"]):
+                return None  # the full command reports the server's refusal
+            # A valid name's only character a path segment must escape is ":".
             attached = connections.request(
-                "PUT", f"{server}{SANDBOXES}/{quote(call['name'], safe='')}",
+                "PUT", f"{server}{SANDBOXES}/{call['name'].replace(':', '%3A')}",
                 {"Authorization": f"Bearer {token}", "User-Agent": agent,
                  "Content-Type": "application/json"},
                 json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode())
@@ -177,7 +290,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
             endpoint, headers = handle["endpoint"], handle["headers"]
             if not isinstance(endpoint, str) or not isinstance(headers, dict):
                 return None
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError):
             return None
         body: dict[str, Any] = {"command": call["argv"]}
         if call.get("cwd") is not None:
@@ -191,7 +304,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                 "POST", url, {"User-Agent": agent, **headers,
                               "Content-Type": "application/json"},
                 json.dumps(body).encode())
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, ValueError) as exc:
             kind = type(exc).__name__
             _fail(f"unavailable: POST {url.split('?', 1)[0]} failed: {kind}: {exc or kind}")
             return 2
