@@ -116,10 +116,6 @@ def parse(args: Sequence[str]) -> dict[str, Any] | None:
     return found
 
 
-class AnswerInvalid(ValueError):
-    """The server's answer is not HTTP/1.1 this path can read."""
-
-
 def split_url(url: str) -> tuple[str, int, str] | None:
     """``(host, port, target)`` of a plain ``http://`` URL; None for anything else.
 
@@ -156,7 +152,7 @@ class _Connections:
     def request(self, method: str, url: str, headers: dict[str, str],
                 body: bytes) -> tuple[int, str, bytes] | None:
         """(status, reason, body); None for a URL or header this path does not send.
-        Raises OSError (no answer) or :class:`AnswerInvalid`."""
+        Raises OSError (no answer) or ValueError (an answer this path cannot read)."""
         where = split_url(url)
         if where is None:
             return None
@@ -201,7 +197,7 @@ class _Reader:
     def until(self, mark: bytes, limit: int) -> bytes:
         while (end := self.buf.find(mark)) < 0:
             if len(self.buf) > limit:
-                raise AnswerInvalid("answer head too large")
+                raise ValueError("answer head too large")
             if not self.more():
                 raise ConnectionError("the server closed the connection mid-answer")
         data, self.buf = self.buf[:end], self.buf[end + len(mark):]
@@ -209,7 +205,7 @@ class _Reader:
 
     def exactly(self, n: int) -> bytes:
         if n > _MAX_BODY:
-            raise AnswerInvalid("answer body too large")
+            raise ValueError("answer body too large")
         while len(self.buf) < n:
             if not self.more():
                 raise ConnectionError("the server closed the connection mid-answer")
@@ -224,12 +220,12 @@ def _read_answer(sock: socket.socket) -> tuple[int, str, bytes, bool]:
     version, _, rest = head[0].partition(" ")
     code, _, reason = rest.partition(" ")
     if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-        raise AnswerInvalid(f"not an HTTP/1.1 status line: {head[0][:80]!r}")
+        raise ValueError(f"not an HTTP/1.1 status line: {head[0][:80]!r}")
     fields: dict[str, str] = {}
     for line in head[1:]:
         name, colon, value = line.partition(":")
         if not colon:
-            raise AnswerInvalid("malformed header line in the answer")
+            raise ValueError("malformed header line in the answer")
         fields[name.strip().lower()] = value.strip()
     status = int(code)
     keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
@@ -247,7 +243,7 @@ def _read_answer(sock: socket.socket) -> tuple[int, str, bytes, bool]:
         return status, reason, b"", keep
     while reader.more():  # no length: the body ends with the connection
         if len(reader.buf) > _MAX_BODY:
-            raise AnswerInvalid("answer body too large")
+            raise ValueError("answer body too large")
     return status, reason, reader.buf, False
 
 
