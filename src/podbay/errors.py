@@ -72,10 +72,13 @@ class ApiError(PodbayError):
     404
     """
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        #: Sent as ``Retry-After``: the refusal is temporary (a server starting).
+        self.retry_after = retry_after
 
     @property
     def status(self) -> int:

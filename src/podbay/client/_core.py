@@ -26,6 +26,7 @@ import httpx
 from podbay import __version__
 from podbay.errors import SandboxRequestError, SandboxUnavailableError, refusal_error
 from podbay.wire import codec, paths
+from podbay.wire.codes import ErrorCode
 from podbay.wire.control import AttachRequest, SandboxHandle, SandboxList, SandboxRecord
 from podbay.wire.data import (
     AgentInfo,
@@ -46,6 +47,9 @@ from ._config import token_issuer as token_issuer
 T = TypeVar("T")
 
 DEFAULT_PREPARE_TIMEOUT_SECONDS = 900.0
+#: How long attach rides over a server restarting (connection refused, then
+#: 503 with ``Retry-After``) before giving up.
+RESTART_WAIT_SECONDS = 30.0
 #: A cached handle with less than this left before ``expires_at`` is renewed first.
 HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
 #: ``"auto"`` uses the native files API where ``/v1/info`` advertises it;
@@ -229,6 +233,27 @@ class Core:
     def is_credential_refusal(response: httpx.Response) -> bool:
         """401/403 from the data plane: answered before anything ran, so re-attach and repeat."""
         return response.status_code in (401, 403)
+
+    @staticmethod
+    def is_shutdown_refusal(response: httpx.Response) -> bool:
+        """503 ``SERVER_SHUTTING_DOWN`` (``response`` must be read): the server
+        stopped while the call ran; re-attach (riding over the restart) and repeat."""
+        if response.status_code != 503:
+            return False
+        try:
+            return bool(response.json().get("code") == ErrorCode.SERVER_SHUTTING_DOWN)
+        except (ValueError, AttributeError):
+            return False
+
+    @staticmethod
+    def is_restarting(response: httpx.Response) -> bool:
+        """A 503 with ``Retry-After``: the server is starting (just restarted)."""
+        return response.status_code == 503 and "Retry-After" in response.headers
+
+    @staticmethod
+    def never_connected(exc: SandboxUnavailableError) -> bool:
+        """The connection was refused: nothing was sent (a server restarting)."""
+        return isinstance(exc.cause, httpx.ConnectError)
 
     @staticmethod
     def retry_after(response: httpx.Response) -> float:

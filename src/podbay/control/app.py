@@ -18,23 +18,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.applications import Starlette
 
-from podbay.asgi import Receive, Scope, Send
+from podbay.asgi import Message, Receive, Scope, Send
+from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import PREFIX as GATEWAY_PREFIX
 from podbay.gateway.app import Gateway
 from podbay.gateway.credentials import Credential, CredentialVerifier, mint_credential
+from podbay.gateway.proxy import send_error
 from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
 from podbay.runtime.classes import enabled_classes
 from podbay.settings import Settings
 from podbay.store.base import Store
+from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_CONTROL_BODY
+from podbay.wire.paths import REQUEST_ID_HEADER
 
 from . import errors
 from .bodies import BodyLimit
@@ -55,6 +60,14 @@ from .services.transitions import Transitions
 log = logging.getLogger("podbay.serve")
 #: Paths the gateway serves; everything else is the control plane's.
 GATEWAY_PATHS = (GATEWAY_PREFIX, "/v1/")
+
+
+def _request_id(scope: Scope) -> str:
+    wanted = REQUEST_ID_HEADER.lower().encode()
+    for key, value in scope["headers"]:
+        if key == wanted:
+            return str(value.decode("latin-1"))
+    return uuid.uuid4().hex
 
 
 def _utcnow() -> datetime:
@@ -175,10 +188,29 @@ class Platform:
             self._tasks.remove(task)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PATHS):
-            await self.gateway(scope, receive, send)
-        else:
+        if scope["type"] != "http":
             await self._control(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        app = self.gateway if scope["path"].startswith(GATEWAY_PATHS) else self._control
+        try:
+            await app(scope, receive, tracked_send)
+        except asyncio.CancelledError:
+            # The server cancels what is still running past its shutdown grace.
+            # Answer in the contract's shape (not a bare text/plain 500), so a
+            # client re-attaches once the server is back. The request ends here.
+            if not started:
+                await send_error(send, ApiError(
+                    ErrorCode.SERVER_SHUTTING_DOWN,
+                    "the server shut down while this request ran; attach again and repeat "
+                    "it (a command already started keeps running in the sandbox)"),
+                    _request_id(scope))
 
     # -- readiness -----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -29,7 +29,12 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from podbay.errors import PodbayError, SandboxPreparingError, SandboxRequestError
+from podbay.errors import (
+    PodbayError,
+    SandboxPreparingError,
+    SandboxRequestError,
+    SandboxUnavailableError,
+)
 from podbay.wire import paths
 from podbay.wire.control import SandboxHandle, SandboxRecord
 from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
@@ -39,6 +44,7 @@ from .. import _files
 from .._core import (
     DEFAULT_PREPARE_TIMEOUT_SECONDS,
     DEFAULT_TIMEOUT_SECONDS,
+    RESTART_WAIT_SECONDS,
     Core,
     FilesMode,
     resolve_config,
@@ -141,6 +147,11 @@ class AsyncSandboxClient:
                 await response.aclose()
                 handle = await self._handle(name, stale=handle)
                 continue
+            if attempt == 1 and response.status_code == 503:
+                await self._read(response)
+                if self._core.is_shutdown_refusal(response):
+                    handle = await self._handle(name, stale=handle)
+                    continue
             if stream and response.status_code >= 300:
                 await self._read(response)
             return response
@@ -175,8 +186,23 @@ class AsyncSandboxClient:
 
     async def _attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
         deadline = time.monotonic() + self._core.config.prepare_timeout_seconds
+        # A server restarting refuses connections, then answers 503 with
+        # Retry-After for a moment: attach (idempotent) waits that out, bounded.
+        restart_deadline = time.monotonic() + RESTART_WAIT_SECONDS
+        pause = 0.1
         while True:
-            response = await self._control(self._core.attach_request(name, sandbox_class))
+            try:
+                response = await self._control(self._core.attach_request(name, sandbox_class))
+            except SandboxUnavailableError as exc:
+                if not self._core.never_connected(exc) or time.monotonic() > restart_deadline:
+                    raise
+                await sleep(pause)
+                pause = min(1.0, pause * 2)
+                continue
+            if self._core.is_restarting(response) and time.monotonic() < restart_deadline:
+                await sleep(min(pause, self._core.retry_after(response)))
+                pause = min(1.0, pause * 2)
+                continue
             if response.status_code == 202:
                 wait = self._core.retry_after(response)
                 if time.monotonic() + wait > deadline:

@@ -47,6 +47,10 @@ LABEL_DEPLOYMENT = "podbay.deployment"
 LABEL_NAME = "podbay.name"
 
 
+#: Why attach is refused while the server starts (a temporary 503).
+STARTING = "the sandbox runtime is still starting; try again shortly"
+
+
 @dataclass(frozen=True)
 class Attached:
     sandbox: Sandbox
@@ -100,7 +104,7 @@ class SandboxService:
         self.clock = clock
         #: False until the runtime is prepared and reconciled (set by the app).
         self.ready = False
-        self.not_ready_reason = "the sandbox runtime is still starting; try again shortly"
+        self.not_ready_reason = STARTING
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
         rt = settings.runtime
         self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
@@ -164,7 +168,11 @@ class SandboxService:
         if not self.classes.drivers or self.transitions is None:
             raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, "this server runs no sandboxes")
         if not self.ready:
-            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, self.not_ready_reason)
+            # While starting, the refusal is temporary (clients wait and repeat);
+            # once start-up failed, it is not.
+            starting = self.not_ready_reason == STARTING
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, self.not_ready_reason,
+                           retry_after=1 if starting else None)
         return self.transitions
 
     def _check_class(self, row: Sandbox, asked: str) -> None:
