@@ -102,8 +102,13 @@ class NetworkManager:
 
     # -- public API
 
-    async def setup(self, machine_id: str) -> NetworkHandle:
+    async def setup(self, machine_id: str, *,
+                    netns_source: Path | None = None) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
+
+        ``netns_source``: a namespace made elsewhere (a ``/proc/PID/ns/net``) to
+        use instead of a new one (the OCI driver's comes with the sandbox's own
+        user namespace, which must own it).
 
         Idempotent: a complete network that already exists is adopted and
         returned; a partial one is removed and built again. On failure nothing is
@@ -116,7 +121,7 @@ class NetworkManager:
             if self.machine_dir(machine_id).exists():
                 await self._teardown(machine_id)  # leftovers of a failed attempt
             try:
-                pid = await self._create(machine_id)
+                pid = await self._create(machine_id, netns_source)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._teardown(machine_id))
@@ -187,7 +192,7 @@ class NetworkManager:
         v4, v6 = hostcheck.host_addresses()
         return build_ruleset(v4, v6, self.extra_blocked, replace=replace)
 
-    async def _create(self, machine_id: str) -> int | None:
+    async def _create(self, machine_id: str, source: Path | None = None) -> int | None:
         directory = self.machine_dir(machine_id)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         directory.mkdir(mode=0o700, exist_ok=True)
@@ -202,8 +207,12 @@ class NetworkManager:
 
         def build() -> None:
             # This thread becomes the namespace's first member, then exits.
-            netns.unshare()
-            netns.bind_current(path)
+            if source is None:
+                netns.unshare()
+                netns.bind_current(path)
+            else:
+                netns.bind(source, path)
+                netns.enter(path)
             netns.lo_up()
             # tap0 gets no IPv6 (slirp's is off); lo keeps ::1. Set before slirp
             # may start (settle), or slirp's tap0 can beat it.

@@ -90,6 +90,14 @@ def bind_current(path: Path) -> None:
     _check(_lib().mount(source, target, None, _MS_BIND, None), "mount")
 
 
+def bind(source: Path, path: Path) -> None:
+    """Create ``path`` (it must not exist) and bind the namespace file ``source`` on it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    _check(_lib().mount(str(source).encode(), str(path).encode(), None, _MS_BIND, None),
+           "mount")
+
+
 def unmount(path: Path) -> None:
     """Detach every mount stacked on ``path``; a path that is not a mount is fine."""
     for _ in range(16):

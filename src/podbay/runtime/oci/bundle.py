@@ -7,7 +7,7 @@ What it sets and why:
   inside owns the (shifted) image and nothing on the host;
 - pid, mount, ipc, uts, network and cgroup namespaces (network joins a
   host-made namespace when one is given, else a fresh loopback-only one);
-- Docker's default capability set (no ``SYS_ADMIN``, no ``NET_ADMIN``),
+- Docker's default capability set but ``NET_RAW`` (no ``SYS_ADMIN``, no ``NET_ADMIN``),
   ``noNewPrivileges``, our seccomp profile, runc's masked and read-only paths;
 - memory, CPU and pids limits on the machine's cgroup;
 - the pristine image and the agent bound read-only under ``/.podbay``.
@@ -34,8 +34,11 @@ from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER
 
 ID_RANGE = 65536
 
+#: Docker's default set but CAP_NET_RAW: the sandbox's user namespace owns its
+#: network namespace (see :mod:`.userns`), where raw and packet sockets would
+#: send frames to slirp4netns past the egress rules.
 CAPABILITIES = [
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
     "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
     "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 ]
@@ -75,6 +78,9 @@ class BundleFacts:
     limit_swap: bool = False
     #: The execute-only loader the agent starts through (bound at ``LOADER``).
     loader: Path | None = None
+    #: A user namespace made by the host (see :mod:`.userns`), mapped as below;
+    #: ``None`` lets the runtime make one.
+    userns: Path | None = None
 
 
 def _bind(source: Path, destination: str, *options: str) -> dict[str, Any]:
@@ -120,14 +126,22 @@ def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
     return found
 
 
+def rlimits() -> list[dict[str, Any]]:
+    """The container's resource limits: no core dumps, a sane number of fds."""
+    # No more fds than the host process may have (the hard limit is never raised).
+    nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    return [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
+            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
+
+
 def config(facts: BundleFacts) -> dict[str, Any]:
     namespaces: list[dict[str, str]] = [
-        {"type": t} for t in ("pid", "ipc", "uts", "mount", "user", "cgroup")]
+        {"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
+    namespaces.append({"type": "user", "path": str(facts.userns)} if facts.userns
+                      else {"type": "user"})
     namespaces.append({"type": "network", "path": str(facts.netns)} if facts.netns
                       else {"type": "network"})
     period = 100_000
-    # Set inside the user namespace, so it cannot exceed what the host process has.
-    nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
     caps = list(CAPABILITIES)
     return {
         "ociVersion": "1.0.2",
@@ -138,10 +152,10 @@ def config(facts: BundleFacts) -> dict[str, Any]:
             "env": PROCESS_ENV,
             "cwd": "/",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-            "rlimits": [
-                {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
-                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
-            ],
+            # With a host-made user namespace the runtime inherits them instead
+            # (see Runc.run_detached): setting them on the container's process would
+            # need CAP_SYS_RESOURCE over a namespace host root does not own.
+            **({} if facts.userns else {"rlimits": rlimits()}),
             "noNewPrivileges": True,
         },
         "root": {"path": str(facts.rootfs), "readonly": False},

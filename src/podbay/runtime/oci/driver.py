@@ -43,7 +43,7 @@ from ..base import (
     check_machine_id,
 )
 from ..network import NetworkHandle, NetworkManager
-from . import agent_bundle, bundle, records, storage
+from . import agent_bundle, bundle, records, storage, userns
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
 from .layout import Layout, MachinePaths
@@ -162,6 +162,17 @@ class OciDriver:
                      (time.perf_counter() - started) * 1000)
 
     async def _boot(self, record: records.MachineRecord) -> None:
+        owned = None
+        if self.runc.shares_host_kernel:
+            owned = self._owned_userns(self._paths(record.spec.machine_id))
+        try:
+            await self._boot_in(record, owned)
+        finally:
+            if owned is not None:
+                await owned.close()  # the sandbox (and the netns file) hold both now
+
+    async def _boot_in(self, record: records.MachineRecord,
+                       owned: userns.OwnedUserNamespace | None) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
         assert self._image is not None and self._agent_dir is not None and self._argv
@@ -177,7 +188,13 @@ class OciDriver:
             self._write_files(spec, paths)
 
         mounted = asyncio.create_task(asyncio.to_thread(storage_and_files))
-        netns_task = asyncio.create_task(self.network.setup(spec.machine_id))
+        async def make_network() -> NetworkHandle:
+            if owned is None:
+                return await self.network.setup(spec.machine_id)
+            await owned.open()
+            return await self.network.setup(spec.machine_id, netns_source=owned.netns_path)
+
+        netns_task = asyncio.create_task(make_network())
         try:
             listener = _listen(paths.socket)
         except BaseException:
@@ -207,13 +224,16 @@ class OciDriver:
                 resolv_conf=True, limit_swap=self.cgroups.swap_accounting(),
                 loader=(image.root / agent_bundle.LOADER_COPY
                         if self.runc.shares_host_kernel else None))
+            if owned is not None:
+                facts = dataclasses.replace(facts, userns=owned.userns_path)
             (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
             # The request waits in the socket's backlog until the agent serves it, so
             # asking now overlaps runc's own exit with the agent's start-up.
             ready = asyncio.create_task(wait_ready(paths.socket, self.rt.start_timeout_seconds))
             try:
-                await self.runc.run_detached(spec.machine_id, paths.run, listener.fileno(),
-                                             paths.console)
+                await self.runc.run_detached(
+                    spec.machine_id, paths.run, listener.fileno(), paths.console,
+                    inherit_rlimits=bundle.rlimits() if owned is not None else None)
             except BaseException:
                 ready.cancel()
                 await asyncio.gather(ready, return_exceptions=True)
@@ -224,6 +244,15 @@ class OciDriver:
             await ready
         except DriverError as e:
             raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
+
+    def _owned_userns(self, paths: MachinePaths) -> userns.OwnedUserNamespace:
+        """A user namespace of the machine's own host owner (per-user kernel
+        counters are then the machine's own, see :mod:`.userns`)."""
+        runs = [p.parent for p in self.layout.run_dir.glob(f"*/{userns.OWNER_FILE}")]
+        owner = userns.pick_owner(runs)
+        paths.run.mkdir(parents=True, exist_ok=True)
+        (paths.run / userns.OWNER_FILE).write_text(str(owner))
+        return userns.OwnedUserNamespace(owner, self.rt.uid_base, bundle.ID_RANGE)
 
     def _image_for(self, record: records.MachineRecord) -> tuple[Image, list[str]]:
         """The image the machine's files were made on, while it is cached; else the
@@ -308,7 +337,7 @@ class OciDriver:
             log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
         await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
         await self.network.teardown(machine_id)
-        for path in (paths.socket, paths.run / "config.json"):
+        for path in (paths.socket, paths.run / "config.json", paths.run / userns.OWNER_FILE):
             path.unlink(missing_ok=True)
 
     async def _kill_frozen(self, machine_id: str) -> None:

@@ -59,9 +59,12 @@ class Runc:
         return code, text
 
     async def run_detached(self, container_id: str, bundle: Path, agent_fd: int,
-                           log_path: Path) -> None:
+                           log_path: Path, inherit_rlimits: list[dict[str, Any]] | None = None,
+                           ) -> None:
         """``runc run -d`` with ``agent_fd`` passed as fd 3; the container's own
-        stdout and stderr (and runc's errors) go to ``log_path``."""
+        stdout and stderr (and runc's errors) go to ``log_path``. ``inherit_rlimits``
+        (OCI ``rlimits`` entries) are set on the runtime itself, through
+        ``prlimit(1)``, so that the container inherits them."""
         # --no-new-keyring: every sandbox's root is the same host uid, and the kernel
         # allows one uid 200 keys (kernel.keys.maxkeys), so a session keyring per
         # container would stop the 201st sandbox. The seccomp profile refuses every
@@ -71,6 +74,10 @@ class Runc:
         exe = self.available()
         if exe is None:
             raise DriverError(f"OCI runtime {self.binary!r} not found on PATH")
+        if inherit_rlimits:
+            argv = ["prlimit", *(f"--{_PRLIMIT_NAMES[r['type']]}={r['soft']}:{r['hard']}"
+                                 for r in inherit_rlimits), "--", exe, *argv[1:]]
+            exe = shutil.which("prlimit") or "/usr/bin/prlimit"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -175,6 +182,9 @@ class Runc:
         code, text = await self.call("delete", "--force", container_id, check=False)
         if code != 0 and (self.root / container_id).exists():
             raise DriverError(f"{self.binary} delete {container_id} failed: {text}")
+
+
+_PRLIMIT_NAMES = {"RLIMIT_NOFILE": "nofile", "RLIMIT_CORE": "core"}
 
 
 def _runtime_env() -> dict[str, str]:
