@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import yaml
-
 from podbay.errors import SpecError as SpecError  # re-exported: defined in the one tree
 
 Toolchain = Literal["auto", "always", "never"]
@@ -232,32 +230,6 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
         setup=setup,
         browser=browser,
     )
-
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    """What podbay reads of an astropods.yml: whether it declares sandboxes, and how."""
-
-    sandbox: SandboxSection | None
-
-    @property
-    def declares_sandbox(self) -> bool:
-        return self.sandbox is not None
-
-
-def parse_spec(text: str) -> DeploymentSpec:
-    """Parse astropods.yml text. Only the ``sandbox`` section is podbay's to validate."""
-    try:
-        document = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        raise SpecError([("astropods.yml", f"is not valid YAML ({exc})")]) from None
-    if document is None:
-        document = {}
-    if not isinstance(document, dict):
-        raise SpecError([("astropods.yml", "must be a mapping at the top level")])
-    if "sandbox" not in document:
-        return DeploymentSpec(sandbox=None)
-    return DeploymentSpec(sandbox=parse_section(document["sandbox"]))
 
 
 def _language_from_json(data: Mapping[str, Any] | None) -> LanguageSpec | None:

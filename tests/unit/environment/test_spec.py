@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from podbay.control.services.deployments import parse_astropods
 from podbay.environment.spec import (
     SandboxSection,
     SpecError,
     parse_section,
-    parse_spec,
     section_from_json,
 )
+from podbay.errors import DeploymentError
 
 
 def problems(data: object) -> dict[str, str]:
@@ -173,14 +174,14 @@ def test_stored_form_round_trips() -> None:
     assert section_from_json(section.canonical()) == section
 
 
-def test_parse_spec_reads_only_the_sandbox_section() -> None:
-    assert not parse_spec("name: agent\nmodel: x\n").declares_sandbox
-    assert not parse_spec("").declares_sandbox
-    spec = parse_spec("name: agent\nsandbox:\n  toolchain: auto\n  packages: [jq]\n")
-    assert spec.sandbox is not None and spec.sandbox.packages == ("jq",)
+def test_only_the_sandbox_section_of_astropods_yml_is_read() -> None:
+    assert parse_astropods("name: agent\nmodel: x\n") is None
+    assert parse_astropods("") is None
+    raw = parse_astropods("name: agent\nsandbox:\n  toolchain: auto\n  packages: [jq]\n")
+    assert raw is not None and parse_section(raw).packages == ("jq",)
     with pytest.raises(SpecError):
-        parse_spec("sandbox: {}\n")
-    with pytest.raises(SpecError):
-        parse_spec("sandbox: [unclosed\n")
-    with pytest.raises(SpecError):
-        parse_spec("- a list\n")
+        parse_section(parse_astropods("sandbox: {}\n"))
+    with pytest.raises(DeploymentError):
+        parse_astropods("sandbox: [unclosed\n")
+    with pytest.raises(DeploymentError):
+        parse_astropods("- a list\n")
