@@ -46,7 +46,7 @@ from .bodies import BodyLimit
 from .keys import KeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
-from .routes import health, sandboxes
+from .routes import health, openapi, sandboxes
 from .services.classes import ClassCheck, ClassRuntimes
 from .services.deletions import DeletionWatch, marker_path
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
@@ -146,7 +146,7 @@ class Platform:
                                on_unreachable=self._suspect,
                                before_route=self.deletions.check)
         self.control = Starlette(
-            routes=[*health.routes, *sandboxes.routes],
+            routes=[*health.routes, *openapi.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,
             lifespan=self._lifespan,
         )

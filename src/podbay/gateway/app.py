@@ -14,6 +14,7 @@ Pure ASGI rather than a framework route: this is the hot path.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from podbay.asgi import Receive, Scope, Send
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_JSON_BODY
+from podbay.wire.openapi import data_plane
 from podbay.wire.paths import CREDENTIAL_HEADER, EXEC, FILES, REQUEST_ID_HEADER
 
 from .activity import ActivityTracker
@@ -34,8 +36,16 @@ _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _EXEC = EXEC.encode()
 _FILES = FILES.encode()
+_OPENAPI = b"/openapi.json"
 #: Data-plane paths without the sandbox prefix (see ``__call__``).
 _BARE = b"/v1/"
+
+
+async def _send_json(send: Send, document: object) -> None:
+    body = json.dumps(document).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def endpoint_for(base_url: str, sandbox_id: str) -> str:
@@ -88,6 +98,10 @@ class Gateway:
             elif key == _REQUEST_ID:
                 request_id = value.decode("latin-1")
         request_id = request_id or uuid.uuid4().hex
+        if tail == _OPENAPI and scope["method"] == "GET" and sandbox_id:
+            # The contract is public: served without a credential.
+            await _send_json(send, data_plane(PREFIX + sandbox_id.decode("latin-1")))
+            return
         try:
             if not tail or sandbox_id == b"":
                 raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such data-plane path")

@@ -1,0 +1,276 @@
+"""OpenAPI 3.1 documents of both planes, generated from this package.
+
+The models (``control``, ``data``), the paths (``paths``), the codes and
+their statuses (``codes``) and the limits are the contract; this module only
+describes them, so the documents cannot drift from what servers and
+clients use. The control plane serves :func:`control_plane` at
+``/openapi.json``; the gateway serves :func:`data_plane` at
+``<endpoint>/openapi.json``. Stdlib only, like the rest of ``wire``.
+
+>>> doc = control_plane("http://127.0.0.1:8700")
+>>> doc["openapi"], sorted(doc["paths"])[0]
+('3.1.0', '/api/v1/sandboxes')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal, Union, get_args, get_origin
+
+from . import control, data, paths
+from .codec import _fields
+from .codes import STATUS, ErrorCode
+from .limits import (
+    EXEC_MAX_TIMEOUT_MS,
+    MAX_JSON_BODY,
+    SANDBOX_NAME_PATTERN,
+    SIGNAL_NAMES,
+)
+
+VERSION = "3.1.0"
+_ERROR = {"$ref": "#/components/schemas/ErrorBody"}
+
+
+class _Schemas:
+    """Component schemas, collected as models are referenced."""
+
+    def __init__(self, *, closed: set[type]) -> None:
+        self.components: dict[str, Any] = {}
+        #: Request models: unknown fields are refused (``additionalProperties: false``).
+        self.closed = closed
+
+    def ref(self, cls: type) -> dict[str, Any]:
+        name = cls.__name__
+        if name not in self.components:
+            self.components[name] = {}  # placeholder: recursion stops here
+            self.components[name] = self._model(cls)
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    def _model(self, cls: type) -> dict[str, Any]:
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        for _, wire, tp, needed in _fields(cls):
+            properties[wire] = self.of(tp)
+            if needed:
+                required.append(wire)
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if required:
+            schema["required"] = required
+        if cls in self.closed:
+            schema["additionalProperties"] = False
+        if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("):
+            schema["description"] = " ".join(cls.__doc__.split())
+        return schema
+
+    def of(self, tp: Any) -> dict[str, Any]:
+        origin = get_origin(tp)
+        if tp is Any:
+            return {}
+        if origin in (Union, types.UnionType):
+            # ``X | None``: None is "absent" on the wire, never null.
+            options = [a for a in get_args(tp) if a is not type(None)]
+            if len(options) == 1:
+                return self.of(options[0])
+            return {"anyOf": [self.of(a) for a in options]}
+        if origin is Literal:
+            return {"enum": list(get_args(tp))}
+        if origin is list:
+            (item,) = get_args(tp)
+            return {"type": "array", "items": self.of(item)}
+        if origin is dict:
+            _, item = get_args(tp)
+            return {"type": "object", "additionalProperties": self.of(item)}
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            return self.ref(tp)
+        if isinstance(tp, type) and issubclass(tp, Enum):
+            return {"enum": [m.value for m in tp]}
+        if tp is datetime:
+            return {"type": "string", "format": "date-time"}
+        simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+        if tp in simple:
+            return {"type": simple[tp]}
+        raise TypeError(f"no schema for {tp!r}")
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _refusals(codes: list[ErrorCode]) -> dict[str, Any]:
+    """One response per status, naming the codes sent with it."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(STATUS[code], []).append(code.value)
+    return {str(status): {"description": " or ".join(sorted(names)), **_json(_ERROR)}
+            for status, names in sorted(by_status.items())}
+
+
+def _op(summary: str, ok: dict[str, Any], refusals: list[ErrorCode], *,
+        body: dict[str, Any] | None = None, params: list[dict[str, Any]] | None = None,
+        body_required: bool = True) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_refusals(refusals)}}
+    if body is not None:
+        op["requestBody"] = {"required": body_required, **body}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+C = ErrorCode
+#: Refusals any endpoint of either plane may send.
+_ANY = [C.REQUEST_INVALID, C.REQUEST_TOO_LARGE, C.SERVER_SHUTTING_DOWN]
+_IDENTITY = [C.IDENTITY_TOKEN_INVALID, C.SANDBOX_NAME_INVALID, *_ANY]
+_CREDENTIAL = [C.CREDENTIAL_INVALID, C.SANDBOX_NOT_RUNNING, C.CREDENTIAL_WRONG_SANDBOX,
+               C.AGENT_UNREACHABLE, *_ANY]
+
+
+def _name_param() -> dict[str, Any]:
+    return {"name": "name", "in": "path", "required": True,
+            "schema": {"type": "string", "pattern": SANDBOX_NAME_PATTERN}}
+
+
+def control_plane(server_url: str) -> dict[str, Any]:
+    """The control plane's document (``/api/v1/sandboxes``)."""
+    s = _Schemas(closed={control.AttachRequest})
+    handle = {"200": {"description": "the sandbox, running, and how to reach it",
+                      **_json(s.ref(control.SandboxHandle))},
+              "202": {"description": "the declared environment is being prepared; "
+                                     "repeat after Retry-After",
+                      **_json(s.ref(control.Preparing))}}
+    record = {"200": {"description": "the sandbox (no credentials)",
+                      **_json(s.ref(control.SandboxRecord))}}
+    done = {"204": {"description": "done"}}
+    name = [_name_param()]
+    one = f"{paths.SANDBOXES}/{{name}}"
+    doc: dict[str, Any] = {
+        "openapi": VERSION,
+        "info": {"title": "podbay control plane", "version": "1",
+                 "description": "Sandboxes by name for the deployment the identity token "
+                                "names. Every refusal is {error, code}."},
+        "servers": [{"url": server_url}],
+        "security": [{"identityToken": []}],
+        "paths": {
+            paths.SANDBOXES: {"get": _op(
+                "This deployment's sandboxes",
+                {"200": {"description": "the list", **_json(s.ref(control.SandboxList))}},
+                [C.IDENTITY_TOKEN_INVALID, *_ANY])},
+            one: {
+                "put": _op("Create, resume or reuse the sandbox", handle,
+                           [*_IDENTITY, C.SANDBOX_LIMIT_REACHED, C.SANDBOXES_NOT_CONFIGURED,
+                            C.SANDBOX_NOT_DECLARED, C.SANDBOX_CLASS_UNKNOWN,
+                            C.SANDBOX_PREPARE_FAILED, C.SANDBOX_APPLY_FAILED,
+                            C.SANDBOX_START_FAILED, C.SANDBOXES_UNAVAILABLE],
+                           body=_json(s.ref(control.AttachRequest)), body_required=False,
+                           params=name),
+                "get": _op("The sandbox's record", record,
+                           [*_IDENTITY, C.SANDBOX_NOT_FOUND], params=name),
+                "delete": _op("Drop the sandbox and its files", done,
+                              [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
+                              params=name),
+            },
+            f"{one}/stop": {"post": _op(
+                "Suspend its compute early", done,
+                [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE], params=name)},
+        },
+        "components": {"securitySchemes": {"identityToken": {
+            "type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
+    }
+    s.ref(control.ErrorBody)
+    doc["components"]["schemas"] = s.components
+    return doc
+
+
+def data_plane(endpoint: str) -> dict[str, Any]:
+    """The data plane's document: paths relative to a handle's ``endpoint``."""
+    s = _Schemas(closed={data.ExecRequest, data.SpawnRequest, data.SignalRequest,
+                         data.MakeDirRequest})
+    done = {"204": {"description": "done"}}
+    path_q = [{"name": "path", "in": "query", "required": True, "schema": {"type": "string"}}]
+    pid = [{"name": "process_id", "in": "path", "required": True,
+            "schema": {"type": "string"}}]
+    offsets = [{"name": f"{stream}_from", "in": "query", "required": False,
+                "schema": {"type": "integer", "minimum": 0}} for stream in ("stdout", "stderr")]
+    paths_ = {"PATH_" + c for c in ("INVALID", "NOT_FOUND", "IS_DIRECTORY", "NOT_DIRECTORY",
+                                    "ACCESS_DENIED")}
+    path_codes = [c for c in C if c.value in paths_]
+    exec_body = s.ref(data.ExecRequest)
+    s.components["ExecRequest"]["properties"]["timeout_ms"].update(
+        {"minimum": 1, "maximum": EXEC_MAX_TIMEOUT_MS})
+    s.ref(data.SignalRequest)
+    s.components["SignalRequest"]["properties"]["signal"]["enum"] = list(SIGNAL_NAMES)
+    doc: dict[str, Any] = {
+        "openapi": VERSION,
+        "info": {"title": "podbay data plane", "version": "1",
+                 "description": "Commands, processes and files of one sandbox, through the "
+                                f"gateway. JSON bodies at most {MAX_JSON_BODY} bytes."},
+        "servers": [{"url": endpoint}],
+        "security": [{"credential": []}],
+        "paths": {
+            paths.INFO: {"get": _op("What this agent can do", {"200": {
+                "description": "version and features", **_json(s.ref(data.AgentInfo))}},
+                _CREDENTIAL)},
+            paths.EXEC: {"post": _op("Run argv to completion", {"200": {
+                "description": "its exit code and output", **_json(s.ref(data.ExecResult))}},
+                [*_CREDENTIAL, C.COMMAND_START_FAILED], body=_json(exec_body))},
+            paths.PROCESSES: {
+                "get": _op("Tracked processes", {"200": {
+                    "description": "the list", **_json(s.ref(data.ProcessList))}}, _CREDENTIAL),
+                "post": _op("Start argv and return at once", {"200": {
+                    "description": "its status", **_json(s.ref(data.ProcessStatus))}},
+                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.PROCESS_LIMIT_REACHED],
+                    body=_json(s.ref(data.SpawnRequest))),
+                "delete": _op("Kill every process in the sandbox but the agent", done,
+                              _CREDENTIAL),
+            },
+            paths.PROCESSES + "/{process_id}": {
+                "get": _op("Status and output after the given offsets", {"200": {
+                    "description": "status and output", **_json(s.ref(data.ProcessOutput))}},
+                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid + offsets),
+                "delete": _op("Kill if running, then forget", done,
+                              [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid),
+            },
+            paths.PROCESSES + "/{process_id}/signal": {"post": _op(
+                "Signal the process group", done,
+                [*_CREDENTIAL, C.PROCESS_NOT_FOUND, C.SIGNAL_INVALID],
+                body=_json(s.ref(data.SignalRequest)), params=pid)},
+            paths.FILES: {
+                "get": _op("Read a file", {"200": {
+                    "description": "its bytes (X-Podbay-Sha256: their digest)",
+                    "content": {"application/octet-stream": {"schema": {}}}}},
+                    [*_CREDENTIAL, *path_codes], params=path_q),
+                "put": _op("Write a file atomically", {"200": {
+                    "description": "what was written", **_json(s.ref(data.FileInfo))}},
+                    [*_CREDENTIAL, *path_codes, C.DIGEST_MISSING, C.DIGEST_MISMATCH,
+                     C.NO_SPACE, C.PATH_EXISTS],
+                    body={"content": {"application/octet-stream": {"schema": {}}}},
+                    params=[*path_q, {"name": paths.DIGEST_HEADER, "in": "header",
+                                      "required": True, "schema": {
+                                          "type": "string", "pattern": "^[0-9a-f]{64}$"}}]),
+                "delete": _op("Remove a file or directory", done,
+                              [*_CREDENTIAL, *path_codes, C.DIRECTORY_NOT_EMPTY],
+                              params=[*path_q, {"name": "recursive", "in": "query",
+                                                "schema": {"type": "boolean"}}]),
+            },
+            paths.FILES_STAT: {"get": _op("A file's metadata", {"200": {
+                "description": "its metadata", **_json(s.ref(data.FileInfo))}},
+                [*_CREDENTIAL, *path_codes], params=path_q)},
+            paths.FILES_LIST: {"get": _op("A directory's entries", {"200": {
+                "description": "its entries", **_json(s.ref(data.DirListing))}},
+                [*_CREDENTIAL, *path_codes], params=path_q)},
+            paths.FILES_MKDIR: {"post": _op("Make a directory", {"200": {
+                "description": "the directory", **_json(s.ref(data.FileInfo))}},
+                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS],
+                body=_json(s.ref(data.MakeDirRequest)))},
+        },
+        "components": {"securitySchemes": {"credential": {
+            "type": "apiKey", "in": "header", "name": paths.CREDENTIAL_HEADER}}},
+    }
+    s.ref(control.ErrorBody)
+    doc["components"]["schemas"] = s.components
+    return doc
+
+
+__all__ = ["control_plane", "data_plane"]
