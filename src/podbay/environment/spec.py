@@ -82,10 +82,6 @@ class SandboxSection:
         del data["env"], data["setup"]
         return _digest({"recipe": RECIPE_VERSION, **data})
 
-    def declaration_key(self) -> str:
-        """Hash of the whole declaration (a warm pool serves one of these)."""
-        return _digest({"recipe": RECIPE_VERSION, **self.canonical()})
-
     @property
     def is_empty_install(self) -> bool:
         """True when nothing needs installing over the base image."""
@@ -229,23 +225,4 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
         env=env,
         setup=setup,
         browser=browser,
-    )
-
-
-def _language_from_json(data: Mapping[str, Any] | None) -> LanguageSpec | None:
-    if not data:
-        return None
-    return LanguageSpec(version=data.get("version"), packages=tuple(data.get("packages") or ()))
-
-
-def section_from_json(data: Mapping[str, Any]) -> SandboxSection:
-    """Rebuild a section stored by :meth:`SandboxSection.canonical`."""
-    return SandboxSection(
-        toolchain=data["toolchain"],
-        packages=tuple(data.get("packages") or ()),
-        python=_language_from_json(data.get("python")),
-        node=_language_from_json(data.get("node")),
-        env=dict(data.get("env") or {}),
-        setup=tuple(data.get("setup") or ()),
-        browser=data.get("browser"),
     )
