@@ -71,6 +71,10 @@ class RuntimeSettings:
     cpus: float = 1.0
     pids: int = 256
     disk_bytes: int = 10 * GIB
+    #: New sandboxes are refused (507 HOST_DISK_FULL) while the data directory's
+    #: filesystem has less free than this: sparse disks grow as sandboxes write,
+    #: and 0 turns the check off.
+    disk_reserve_bytes: int = 5 * GIB
     #: First host uid/gid that sandbox uid 0 maps to; 65536 ids from there.
     uid_base: int = 1_000_000
     #: Outbound internet through slirp4netns; off gives a loopback-only sandbox.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -35,6 +36,7 @@ from podbay.gateway.proxy import send_error
 from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
 from podbay.runtime.classes import enabled_classes
+from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.settings import Settings
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
@@ -121,7 +123,10 @@ class Platform:
                 timedelta(seconds=settings.lifecycle.max_age_seconds))
             if rt.warm_pool > 0:
                 self.pools = {name: WarmPool(driver, self.limits, rt.warm_pool,
-                                             on_change=self._pool_changed)
+                                             on_change=self._pool_changed,
+                                             shortfall=functools.partial(
+                                                 reserve_shortfall, settings.data_dir,
+                                                 rt.disk_reserve_bytes))
                               for name, driver in self.classes.drivers.items()}
             self.lifecycle = Lifecycle(store=store, transitions=self.transitions,
                                        activity=self.activity, locks=self.locks,

@@ -37,6 +37,8 @@ class ErrorCode(StrEnum):
     SANDBOX_APPLY_FAILED = "SANDBOX_APPLY_FAILED"
     SANDBOX_START_FAILED = "SANDBOX_START_FAILED"
     SANDBOXES_UNAVAILABLE = "SANDBOXES_UNAVAILABLE"
+    #: The host's free disk is below the operator's reserve: no new sandbox.
+    HOST_DISK_FULL = "HOST_DISK_FULL"
     #: The server shut down while the request was in flight (past its grace):
     #: clients re-attach (riding over the restart) and repeat the call.
     SERVER_SHUTTING_DOWN = "SERVER_SHUTTING_DOWN"
@@ -94,6 +96,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_APPLY_FAILED: 409,
     ErrorCode.SANDBOX_START_FAILED: 502,
     ErrorCode.SANDBOXES_UNAVAILABLE: 503,
+    ErrorCode.HOST_DISK_FULL: 507,
     ErrorCode.SERVER_SHUTTING_DOWN: 503,
     ErrorCode.CREDENTIAL_INVALID: 401,
     ErrorCode.SANDBOX_NOT_RUNNING: 401,

@@ -1,7 +1,8 @@
 """``podbay doctor``: can this host run sandboxes, of which classes? Checks, then proves it.
 
 First the host (root, user namespaces, cgroup controllers, overlayfs and
-loop devices, networking tools, free disk, the base image, which it builds
+loop devices, networking tools, free disk and what the sandboxes' sparse disks
+may grow to against it (the overcommit), the base image, which it builds
 on first run with progress on stderr), one PASS or FAIL line each, a FAIL
 saying what to install or change. Then, for each class ``runtime.classes``
 enables, in order: its host check (the OCI runtime; for ``vm``, a guest
@@ -33,6 +34,7 @@ import click
 from podbay.cli.output import Output, fail
 
 if typing.TYPE_CHECKING:
+    from podbay.runtime.oci.storage import DiskCommitment
     from podbay.settings import Settings
 
 GIB = 1024**3
@@ -112,6 +114,19 @@ def host_checks(settings: object, report: Report) -> None:
                f"{free / GIB:.1f} GiB free at {probe_dir}" + (
                    "" if free >= MIN_FREE_BYTES else
                    f"; need {MIN_FREE_BYTES // GIB} GiB: free space or set --data-dir"))
+    report.add("disk commitment", True, disk_commitment(settings).describe(
+        rt.disk_reserve_bytes))
+
+
+def disk_commitment(settings: Settings) -> DiskCommitment:
+    """What every class's sandbox disks may grow to, against the host's free disk
+    (informational: sparse disks are overcommitted by design)."""
+    from podbay.runtime.classes import CLASSES, class_settings
+    from podbay.runtime.oci.layout import Layout
+    from podbay.runtime.oci.storage import disk_commitment as commitment
+
+    return commitment([Layout.from_settings(class_settings(settings, name)).machines
+                       for name in CLASSES])
 
 
 async def base_image(settings: object, report: Report) -> None:

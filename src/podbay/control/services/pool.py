@@ -35,8 +35,11 @@ class WarmPool:
     pushed out has its machines destroyed."""
 
     def __init__(self, driver: Driver, limits: Limits, size: int,
-                 on_change: Callable[[int], None] | None = None, max_keys: int = 4) -> None:
+                 on_change: Callable[[int], None] | None = None, max_keys: int = 4,
+                 shortfall: Callable[[], str | None] | None = None) -> None:
         self.driver = driver
+        #: Why no machine may be made now (the host's disk reserve), or None.
+        self.shortfall = shortfall
         self.limits = limits
         self.size = size
         self.max_keys = max_keys
@@ -104,6 +107,10 @@ class WarmPool:
         ready = self._ready.setdefault(prepared.key, [])
         failures = 0
         while len(ready) < self.size and not self._closed and failures < 3:
+            short = self.shortfall() if self.shortfall is not None else None
+            if short is not None:
+                log.warning("warm pool: not filling: %s", short)
+                return
             machine_id = new_machine_id()
             spec = MachineSpec(machine_id=machine_id, hostname="sandbox", limits=self.limits,
                                env=dict(prepared.env), layers=prepared.layers,

@@ -27,6 +27,7 @@ from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
 from podbay.runtime.base import Driver, Limits, MachineSpec
 from podbay.runtime.classes import is_class_name
+from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
@@ -209,6 +210,11 @@ class SandboxService:
     async def _create(self, deployment: Deployment, name: str,
                       class_: str) -> Attached | Building | None:
         driver = self.classes.driver(class_)
+        short = reserve_shortfall(self.settings.data_dir,
+                                  self.settings.runtime.disk_reserve_bytes)
+        if short is not None:
+            log.warning("attach refused: %s", short)
+            raise ApiError(ErrorCode.HOST_DISK_FULL, short)
         prepared = await self.environment.prepare(deployment, class_)
         if isinstance(prepared, Building):
             return prepared

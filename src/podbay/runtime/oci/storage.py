@@ -24,9 +24,13 @@ import os
 import shutil
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..base import DriverError
+from . import records
+
+GIB = 1024**3
 
 MS_RDONLY = 1
 MS_NODEV = 4
@@ -71,6 +75,58 @@ def _unescape(field: str) -> str:
 
 def is_mounted(target: Path) -> bool:
     return str(target) in mountpoints()
+
+
+@dataclass(frozen=True)
+class DiskCommitment:
+    """What the machines' sparse disks may grow to, against what the host has."""
+
+    machines: int
+    #: The sum of every machine's disk size: what they may grow to.
+    promised: int
+    #: What their disk files hold on the host now.
+    allocated: int
+    #: Free on the host's filesystem.
+    free: int
+
+    @property
+    def ratio(self) -> float:
+        """Room the disks may still take over the room there is (above 1: overcommitted)."""
+        return (self.promised - self.allocated) / max(self.free, 1)
+
+    def describe(self, reserve: int) -> str:
+        text = (f"{self.machines} sandbox disks may grow to {self.promised / GIB:.1f} GiB and "
+                f"hold {self.allocated / GIB:.1f} GiB; {self.free / GIB:.1f} GiB free, "
+                f"{reserve / GIB:.1f} GiB reserved")
+        if self.ratio > 1:
+            return (text + f": overcommitted {self.ratio:.1f}x (new sandboxes are refused "
+                    "below the reserve; full disks give ENOSPC inside)")
+        return text + ": not overcommitted"
+
+
+def disk_commitment(machines_dirs: list[Path]) -> DiskCommitment:
+    """Every machine under ``machines_dirs`` (``<data_dir>/machines`` of each class)."""
+    count = promised = allocated = 0
+    for directory in dict.fromkeys(machines_dirs):
+        try:
+            homes = [p for p in directory.iterdir() if p.is_dir()]
+        except FileNotFoundError:
+            continue
+        for home in homes:
+            try:
+                record = records.read(home)
+            except (OSError, ValueError, KeyError):
+                continue
+            if record is None:
+                continue
+            count += 1
+            promised += record.spec.limits.disk_bytes
+            with contextlib.suppress(OSError):
+                allocated += os.stat(home / "disk.ext4").st_blocks * 512
+    probe = machines_dirs[0] if machines_dirs else Path("/")
+    while not probe.exists():
+        probe = probe.parent
+    return DiskCommitment(count, promised, allocated, shutil.disk_usage(probe).free)
 
 
 async def make_disk(path: Path, size: int, templates: Path) -> None:

@@ -43,3 +43,30 @@ def test_mount_points_are_this_namespaces(tmp_path: Path) -> None:
     assert "/" in points and "/proc" in points
     assert storage.is_mounted(Path("/proc"))
     assert not storage.is_mounted(tmp_path)
+
+
+def test_disk_commitment_adds_up_every_machine_and_says_when_overcommitted(
+        tmp_path: Path) -> None:
+    from podbay.runtime.base import Limits, MachineSpec, MachineState
+    from podbay.runtime.oci import records
+    from podbay.runtime.oci.storage import DiskCommitment, disk_commitment
+
+    gib = 1024**3
+    for name, machines in (("a", tmp_path / "container"), ("b", tmp_path / "gvisor")):
+        home = machines / name
+        home.mkdir(parents=True)
+        spec = MachineSpec(machine_id=name, hostname="h",
+                           limits=Limits(memory_bytes=1, cpus=1.0, pids=1, disk_bytes=10 * gib))
+        records.write(home, records.MachineRecord(spec, MachineState.STOPPED, ""))
+        (home / "disk.ext4").write_bytes(b"x" * 8192)
+    (tmp_path / "container" / "half-made").mkdir()  # no record: not counted
+    found = disk_commitment([tmp_path / "container", tmp_path / "gvisor",
+                             tmp_path / "container"])
+    assert (found.machines, found.promised) == (2, 20 * gib)
+    assert found.allocated >= 2 * 8192
+    assert "2 sandbox disks may grow to 20.0 GiB" in found.describe(5 * gib)
+    tight = DiskCommitment(machines=20, promised=200 * gib, allocated=10 * gib, free=50 * gib)
+    assert tight.ratio == 190 / 50
+    assert "overcommitted 3.8x" in tight.describe(5 * gib)
+    roomy = DiskCommitment(machines=1, promised=gib, allocated=0, free=50 * gib)
+    assert roomy.describe(0).endswith("not overcommitted")
