@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import time
@@ -155,7 +156,6 @@ class VmDriver:
         self._base_disk: Path | None = None
         self._initramfs: Path | None = None
         self._kernel: Path | None = None
-        self._agent_argv: list[str] = []
         self._init_argv: list[str] = []
         self._locks: dict[str, asyncio.Lock] = {}
         self._relays: dict[str, Relay] = {}
@@ -190,10 +190,9 @@ class VmDriver:
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
         # The guest's root owns everything in it, so the agent needs no
-        # execute-only loader (a container's defence against its own root).
+        # execute-only loader (a container's defence against its own root). The
+        # init becomes the agent in the same interpreter (see guest/init.py).
         python = agent_bundle.image_python(image.rootfs, inside=True)
-        self._agent_argv = staging.agent_argv(python, agent_bundle.AGENT_DIR, "--fd", "3",
-                                              "--env-file", "/.podbay/run/env.json")
         self._init_argv = [*python, "-I", "-S", "-c", GUEST_INIT]
         self._image, self._base_disk, self._kernel = image, base_disk, \
             KERNEL_DIR / f"vmlinuz-{release}"
@@ -311,13 +310,14 @@ class VmDriver:
         handle = await self.network.setup(spec.machine_id)
         name = _uts_name(spec.hostname)
         config = {"hostname": name, "pids": spec.limits.pids,
-                  "agent_argv": self._agent_argv, "agent_env": dict(staging.AGENT_ENV)}
+                  "agent_options": ["--env-file", "/.podbay/run/env.json"]}
         run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(spec.env)),
                      "hostname": name + "\n", "hosts": _hosts(name),
                      "resolv.conf": handle.resolv_conf}
         await asyncio.to_thread(
             initramfs.boot_archive, self._initramfs, paths.initrd,
-            variables={"LAYERS": str(len(layers)), "NETWORK": "1" if handle.enabled else ""},
+            variables={"LAYERS": str(len(layers)), "NETWORK": "1" if handle.enabled else "",
+                       "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items())},
             init_argv=self._init_argv, network_script=GUEST_NETWORK, run_files=run_files)
         proc = await asyncio.create_subprocess_exec(
             *self.network.enter_argv(spec.machine_id),

@@ -83,7 +83,8 @@ $B mount -t tmpfs -o nosuid,nodev shm $N/dev/shm
 $B mount -t cgroup2 cgroup2 $N/sys/fs/cgroup
 $B ip link set lo up
 [ -n "$NETWORK" ] && network
-eval "exec $B switch_root $N $PODBAY_INIT"
+# PID 1's environment is exactly the agent's start-up settings (INIT_ENV).
+eval "exec $B env -i $INIT_ENV $B switch_root $N $PODBAY_INIT"
 """
 
 

@@ -1,14 +1,19 @@
 """The guest's first process after the initramfs: limits, the mux, then the agent.
 
 Runs as PID 1 on the sandbox's root (the initramfs ``switch_root``-ed into it)
-and ends by ``exec``-ing the agent, so the agent is the guest's init, as it is
-a container's. Before that it:
+and becomes the agent, so the agent is the guest's init, as it is a
+container's. Before that it:
 
 - sets the hostname;
 - puts itself (so every later process) in a cgroup with the machine's pids
   limit (memory and CPUs are the VM's own size);
-- makes the agent's listening socket (abstract, so nothing on disk) as fd 3;
-- forks the demultiplexer, which joins the host's serial port to that socket.
+- makes the agent's listening socket (abstract, so nothing on disk);
+- starts the demultiplexer, which joins the host's serial port to that socket.
+
+Then it runs the agent's ``main`` in this same interpreter rather than
+exec-ing a second one: under TCG a Python start-up costs seconds (every
+block of the interpreter is translated before it runs), so one start is what
+a boot can afford.
 
 The demultiplexer is threads over blocking calls: a reader on the port, and per
 stream one thread from the agent to the port and one from a queue to the
@@ -21,6 +26,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -59,17 +65,6 @@ def limit_pids(pids: int) -> None:
         _write(f"{root}/sandbox/cgroup.procs", str(os.getpid()))
     except OSError as exc:
         print(f"podbay-vm: pids limit not set: {exc}", file=sys.stderr, flush=True)
-
-
-def freeze_sandbox() -> None:
-    group = f"{CGROUP}/sandbox"
-    with contextlib.suppress(OSError):
-        _write(f"{group}/cgroup.freeze", "1")
-        for _ in range(200):
-            with open(f"{group}/cgroup.events") as events:
-                if "frozen 1" in events.read():
-                    return
-            time.sleep(0.01)
 
 
 def find_port() -> str:
@@ -195,11 +190,13 @@ class Mux:
     def _sync(self, nonce: bytes) -> None:
         # The machine is about to be switched off. Its processes get a moment to
         # finish what they are writing (a command the agent already answered may
-        # still be running under a slow TCG), then everything but this process is
-        # frozen, so nothing written after the flush is lost with the VM.
+        # still be running under a slow TCG), then every process but this one
+        # (the agent, PID 1) is killed, so nothing written after the flush is
+        # lost with the VM.
         os.sync()
         time.sleep(STOP_GRACE_SECONDS)
-        freeze_sandbox()
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
         os.sync()
         self.send(None, f.frame(f.SYNC_ACK, 0, nonce))
 
@@ -261,16 +258,20 @@ class Mux:
 
 
 def run_mux() -> None:
-    # Out of the sandbox's cgroup: its pids are not the user's, and stop freezes
-    # the sandbox while the mux still answers.
-    with contextlib.suppress(OSError):
-        os.makedirs(f"{CGROUP}/mux", exist_ok=True)
-        _write(f"{CGROUP}/mux/cgroup.procs", str(os.getpid()))
-    threading.stack_size(256 * 1024)
-    Mux(find_port()).serve()
+    try:
+        Mux(find_port()).serve()
+    except BaseException as exc:  # the agent is unreachable without it: say why
+        print(f"podbay-vm: the mux stopped: {exc!r}", file=sys.stderr, flush=True)
+        raise
+
+
+def _uptime() -> str:
+    with open("/proc/uptime") as up:
+        return up.read().split()[0]
 
 
 def main() -> None:
+    print(f"podbay-vm: init at {_uptime()}", file=sys.stderr, flush=True)
     with open(f"{RUN}/config.json") as given:
         config = json.load(given)
     set_hostname(config["hostname"])
@@ -278,18 +279,13 @@ def main() -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(AGENT_ADDRESS)
     listener.listen(128)
-    if listener.fileno() != 3:
-        os.dup2(listener.fileno(), 3)
-        listener.close()
-    if os.fork() == 0:
-        try:
-            os.close(3)
-            run_mux()
-        finally:
-            os._exit(1)
-    os.set_inheritable(3, True)
-    argv = config["agent_argv"]
-    os.execve(argv[0], argv, dict(config["agent_env"]))  # noqa: S606 - the agent, by path
+    old_size = threading.stack_size(256 * 1024)
+    threading.Thread(target=run_mux, name="podbay-mux", daemon=True).start()
+    threading.stack_size(old_size)
+    print(f"podbay-vm: agent at {_uptime()}", file=sys.stderr, flush=True)
+    from podbay.agent.__main__ import main as agent_main  # staged beside this package
+
+    sys.exit(agent_main(["--fd", str(listener.fileno()), *config["agent_options"]]))
 
 
 if __name__ == "__main__":
