@@ -8,8 +8,13 @@ checked in tests/integration/network/test_network_vm.py.
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import os
+import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ from podbay.runtime.agent_client import AgentClient
 from podbay.testing.driver_conformance import DriverConformance, Harness
 from podbay.testing.fixtures import small_spec
 from podbay.testing.vm import VmSession
+from podbay.wire.paths import DIGEST_HEADER
 
 pytestmark = pytest.mark.root
 
@@ -87,3 +93,47 @@ def test_fork_bomb_is_contained(pair: tuple[AgentClient, AgentClient]) -> None:
 
 def test_removing_python_does_not_stop_the_agent(pair: tuple[AgentClient, AgentClient]) -> None:
     assert probes.python_removed(pair[1]) is None
+
+
+def _request(socket_path: Path, method: str, path: str, body: bytes | None = None
+             ) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("agent", timeout=120)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(120)
+    sock.connect(str(socket_path))
+    conn.sock = sock
+    try:
+        headers = {} if body is None else {
+            "Content-Type": "application/octet-stream",
+            DIGEST_HEADER: hashlib.sha256(body).hexdigest()}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_files_cross_the_channel_intact_beside_other_requests(
+        vm_session: VmSession, pair: tuple[AgentClient, AgentClient]) -> None:
+    """Megabytes each way over the multiplexed serial port, flow-controlled,
+    while other connections keep being answered; checked at both ends."""
+    a, _ = pair
+    blob = os.urandom(12 << 20)
+    path = "/v1/files?path=/workspace/blob"
+    answered: list[int] = []
+
+    def chatter() -> None:
+        for _ in range(5):
+            answered.append(_request(a.socket_path, "GET", "/v1/info")[0])
+
+    with ThreadPoolExecutor(4) as pool:
+        upload = pool.submit(_request, a.socket_path, "PUT", path, blob)
+        others = [pool.submit(chatter) for _ in range(3)]
+        assert upload.result()[0] == 200, upload.result()
+        for other in others:
+            other.result()
+    assert answered == [200] * 15
+    inside = a.sh("sha256sum /workspace/blob").stdout.split()[0]
+    assert inside == hashlib.sha256(blob).hexdigest()
+    status, back = _request(a.socket_path, "GET", path)
+    assert status == 200 and back == blob

@@ -409,9 +409,7 @@ class VmDriver:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             for _ in range(500):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not _running(pid):
                     break
                 await asyncio.sleep(0.01)
         await self.network.teardown(machine_id)
@@ -555,6 +553,18 @@ class VmDriver:
         self._relays.clear()
         self._relay_loop.stop()
         await self.network.close()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: a daemonised QEMU's parent is the host's init,
+    which may take seconds to reap it (its files and memory are released at
+    exit already)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def _uts_name(hostname: str) -> str:

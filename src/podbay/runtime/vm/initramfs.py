@@ -16,10 +16,12 @@ b'070701'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,6 +33,7 @@ MODULES = ("drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virti
            "net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net")
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GUEST_DIR = Path(__file__).with_name("guest")
+STALE_SECONDS = 3600
 GUEST_FILES = ("__init__.py", "frames.py", "init.py")
 
 INIT = r"""#!/bin/busybox sh
@@ -177,7 +180,18 @@ def build(dest_dir: Path, *, kernel_release: str, agent_dir: Path) -> Path:
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     tmp.write_bytes(newc(entries))
     os.rename(tmp, target)
+    _remove_stale(dest_dir, keep=target)
     return target
+
+
+def _remove_stale(directory: Path, *, keep: Path) -> None:
+    """Initramfs files of earlier podbay versions, unused for an hour (each boot
+    copies its own, so only a node still running an old version reads one)."""
+    cutoff = time.time() - STALE_SECONDS
+    for old in directory.glob("initramfs-*.cpio"):
+        with contextlib.suppress(OSError):
+            if old != keep and old.stat().st_mtime < cutoff:
+                old.unlink()
 
 
 def boot_archive(base: Path, dest: Path, *, variables: dict[str, str],
@@ -193,6 +207,8 @@ def boot_archive(base: Path, dest: Path, *, variables: dict[str, str],
     ]
     entries += [(f"config/run/{name}", 0o100644, text.encode())
                 for name, text in sorted(run_files.items())]
+    with contextlib.suppress(OSError):
+        os.utime(base)  # in use: not stale (see _remove_stale)
     tmp = dest.with_name(f".{dest.name}.tmp")
     with open(tmp, "wb") as out, open(base, "rb") as source:
         shutil.copyfileobj(source, out)
