@@ -49,7 +49,7 @@ from .keys import KeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
 from .routes import health, openapi, sandboxes
-from .services.classes import ClassCheck, ClassRuntimes
+from .services.classes import ClassCheck, ClassProof, ClassRuntimes
 from .services.deletions import DeletionWatch, marker_path
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
 from .services.environment import EnvironmentService, PlainEnvironment, Prepared
@@ -90,6 +90,7 @@ class Platform:
         validate_section: SectionValidator | None = None,
         clock: Callable[[], datetime] = _utcnow,
         check: ClassCheck | None = None,
+        prove: ClassProof | None = None,
         missing: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
@@ -102,6 +103,7 @@ class Platform:
                                      pin=settings.runtime.default_class.strip(),
                                      missing=missing)
         self._check = check
+        self._prove = prove
         self.activity = ActivityTracker(clock)
         self.routes = RouteTable()
         self.locks = NameLocks()
@@ -239,9 +241,7 @@ class Platform:
     async def _start_runtime(self) -> None:
         assert self.lifecycle is not None
         try:
-            await self.classes.start(self._check)
-            for name in set(self.pools) - set(self.classes.available):
-                await self.pools.pop(name).close()
+            await self.classes.start(self._check, self._prove, later=self._class_ready)
             running = self.classes.running()
             await self.lifecycle.reconcile(
                 {name: await driver.adopt() for name, driver in running.items()})
@@ -260,8 +260,14 @@ class Platform:
                         "default": self.classes.default})
         self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
 
+    async def _class_ready(self, name: str) -> None:
+        """A class proved able to run after start-up: take up its machines."""
+        assert self.lifecycle is not None
+        await self.lifecycle.reconcile({name: await self.classes.driver(name).adopt()})
+
     async def shutdown(self) -> None:
         """Stop background work; sandboxes keep running."""
+        await self.classes.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -284,5 +290,6 @@ class Platform:
 def create_app(settings: Settings, store: Store, drivers: Mapping[str, Driver],
                **options: Any) -> Platform:
     """The whole platform as one ASGI app. ``options``: ``keys``, ``environment``,
-    ``validate_section``, ``clock``, ``check``, ``missing`` (see :class:`Platform`)."""
+    ``validate_section``, ``clock``, ``check``, ``prove``, ``missing`` (see
+    :class:`Platform`)."""
     return Platform(settings, store, drivers, **options)

@@ -12,7 +12,7 @@ class          what runs a sandbox                         kernel
 first by default); ``default`` means ``runtime.default_class`` when pinned,
 else the first enabled class that works *at useful speed* on this host. A
 class works when its host check passes and a throwaway machine of it
-answers (:func:`smoke`): a binary or a device node is not proof (``/dev/kvm``
+answers (:func:`prove_class`): a binary or a device node is not proof (``/dev/kvm``
 exists on hosts where KVM guests hang). ``vm`` is at useful speed only where
 KVM boots a guest; under TCG it works when asked for by name but is never
 what ``default`` means.
@@ -54,6 +54,9 @@ assert (VM, GVISOR, CONTAINER) == SANDBOX_CLASS_NAMES  # strongest first
 
 #: How long a host check may take (the vm check boots a guest, under TCG too).
 CHECK_TIMEOUT_S = 180.0
+#: How long the first machine of a class may take to answer (a loaded host
+#: boots a guest under TCG slowly).
+PROOF_TIMEOUT_S = 600.0
 MIB = 1024**2
 
 
@@ -241,19 +244,24 @@ def as_host_check(result: Any) -> HostCheck:
 
 
 async def check_class(settings: Settings, name: str, driver: Driver) -> HostCheck:
-    """Whether ``name`` runs here, proven: the host check, then the driver
-    prepared (base image), then a throwaway machine that answers."""
+    """Whether ``name`` can run here: the host check, then the driver prepared
+    (the base image). :func:`prove_class` then runs a machine."""
     host = await host_check(settings, name)
-    if not host.works:
-        return host
-    await driver.prepare()
+    if host.works:
+        await driver.prepare()
+    return host
+
+
+async def prove_class(settings: Settings, name: str, driver: Driver) -> str:
+    """A throwaway machine of ``name`` answers; raises with the driver's reason
+    when none does. Returns what it took, for the class's detail."""
     rt = settings.runtime
     # The sandboxes' own limits (gVisor's kernel needs threads a tiny pids limit
     # would starve), on a small disk.
-    took = await smoke(driver, Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus,
-                                      pids=rt.pids, disk_bytes=512 * MIB))
-    return HostCheck(True, host.fast, f"{host.detail}; a sandbox answered in "
-                                      f"{took * 1000:.0f} ms")
+    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
+                    disk_bytes=512 * MIB)
+    took = await asyncio.wait_for(smoke(driver, limits), PROOF_TIMEOUT_S)
+    return f"a sandbox answered in {took * 1000:.0f} ms"
 
 
 async def smoke(driver: Driver, limits: Limits) -> float:

@@ -12,7 +12,7 @@ import httpx
 from platform_fakes import Clock, FakeDriver
 
 from podbay.control.app import Platform, create_app
-from podbay.control.services.classes import ClassCheck
+from podbay.control.services.classes import ClassCheck, ClassProof
 from podbay.settings import Settings
 from podbay.store.sqlite import SqliteStore
 
@@ -58,7 +58,8 @@ def make_settings(tmp: Path, **lifecycle: float) -> Settings:
 def build_harness(tmp_path: Path, settings: Settings | None = None,
                   driver: FakeDriver | None = None, *,
                   drivers: Mapping[str, FakeDriver] | None = None,
-                  check: ClassCheck | None = None):  # type: ignore[no-untyped-def]
+                  check: ClassCheck | None = None,
+                  prove: ClassProof | None = None):  # type: ignore[no-untyped-def]
     """One fake ``container`` driver, or ``drivers`` by class (whose classes the
     settings must enable); ``Harness.driver`` is the ``container`` one."""
     @contextlib.asynccontextmanager
@@ -68,7 +69,7 @@ def build_harness(tmp_path: Path, settings: Settings | None = None,
         d = by_class["container"]
         store = SqliteStore.open(s.data_dir / "podbay.db")
         clock = Clock()
-        platform = create_app(s, store, by_class, clock=clock, check=check)
+        platform = create_app(s, store, by_class, clock=clock, check=check, prove=prove)
         transport = httpx.ASGITransport(app=platform)
         async with platform.control.router.lifespan_context(platform.control):
             for _ in range(100):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -32,12 +33,13 @@ def checks(results: dict[str, HostCheck]) -> Callable[[str, Driver], object]:
 
 async def run(tmp_path: Path, drivers: dict[str, FakeDriver], *, classes: str,
               pin: str = "", results: dict[str, HostCheck] | None = None,
+              prove: Callable[[str, Driver], object] | None = None,
               ) -> AsyncIterator[Harness]:
     settings = make_settings(tmp_path)
     settings.runtime.classes = classes
     settings.runtime.default_class = pin
-    async with build_harness(tmp_path, settings, drivers=drivers,
-                             check=checks(results or {})) as h:  # type: ignore[arg-type]
+    async with build_harness(tmp_path, settings, drivers=drivers,  # type: ignore[arg-type]
+                             check=checks(results or {}), prove=prove) as h:
         yield h
 
 
@@ -226,3 +228,82 @@ async def test_no_driver_at_all_says_why_on_healthz(tmp_path):
     assert health.status_code == 503
     assert health.json()["error"] == ("no sandbox class can run here: "
                                       "vm: no module podbay.runtime.vm")
+
+
+async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(tmp_path):
+    (tmp_path / "vm").mkdir()
+    drivers = {"vm": FakeDriver(tmp_path / "vm"), **two_classes(tmp_path)}
+    booted = asyncio.Event()
+
+    async def prove(name: str, driver: Driver) -> str:
+        if name == "vm":
+            await booted.wait()  # a guest booting under TCG
+        return f"a {name} machine answered"
+
+    tcg = {"vm": HostCheck(True, False, "TCG only")}
+    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg,
+                       prove=prove):
+        assert h.platform.ready and h.platform.classes.default == "gvisor"
+        token = await h.deployment()
+        early = await h.attach(token, "v", json={"class": "vm"})
+        assert early.status_code == 503 and early.json()["code"] == "SANDBOXES_UNAVAILABLE"
+        assert "still being checked" in early.json()["error"]
+        assert (await h.attach(token, "d")).json()["class"] == "gvisor"
+        booted.set()
+        for _ in range(100):
+            if "vm" in h.platform.classes.available:
+                break
+            await asyncio.sleep(0.01)
+        late = await h.attach(token, "v", json={"class": "vm"})
+        assert late.status_code == 200 and late.json()["class"] == "vm"
+        status = {s.name: s for s in h.platform.classes.statuses()}
+        assert status["vm"].available and "a vm machine answered" in status["vm"].detail
+    for d in drivers.values():
+        await d.close_all()
+
+
+async def test_when_the_default_candidate_cannot_run_a_machine_the_next_one_is_default(
+        tmp_path):
+    drivers = two_classes(tmp_path)
+
+    async def prove(name: str, driver: Driver) -> str:
+        if name == "gvisor":
+            raise RuntimeError("runsc run failed: flag provided but not defined")
+        return "ok"
+
+    async for h in run(tmp_path, drivers, classes="gvisor,container", prove=prove):
+        assert h.platform.classes.default == "container"
+        token = await h.deployment()
+        r = await h.attach(token, "g", json={"class": "gvisor"})
+        assert r.status_code == 409 and "flag provided but not defined" in r.json()["error"]
+    for d in drivers.values():
+        await d.close_all()
+
+
+async def test_a_class_proven_late_takes_up_its_machines_after_a_restart(tmp_path):
+    (tmp_path / "vm").mkdir()
+    drivers = {"vm": FakeDriver(tmp_path / "vm"), **two_classes(tmp_path)}
+    tcg = {"vm": HostCheck(True, False, "TCG only")}
+    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg):
+        token = await h.deployment()
+        v = (await h.attach(token, "v", json={"class": "vm"})).json()
+    booted = asyncio.Event()
+
+    async def prove(name: str, driver: Driver) -> str:
+        if name == "vm":
+            await booted.wait()
+        return "ok"
+
+    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg,
+                       prove=prove):
+        r = await h.client.get(v["endpoint"] + "/v1/info", headers=v["headers"])
+        assert r.status_code == 401  # not routed while its class is unproven
+        booted.set()
+        for _ in range(100):
+            r = await h.client.get(v["endpoint"] + "/v1/info", headers=v["headers"])
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert r.status_code == 200, r.text
+    for d in drivers.values():
+        await d.close_all()

@@ -167,7 +167,8 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     drivers, missing = build_drivers(settings, out)
     app = create_app(settings, store, drivers, validate_section=section_validator(),
                      environment=environment_service(settings, drivers), missing=missing,
-                     check=lambda name, driver: classes.check_class(settings, name, driver))
+                     check=lambda name, driver: classes.check_class(settings, name, driver),
+                     prove=lambda name, driver: classes.prove_class(settings, name, driver))
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value({"listen": listening, "public_url": settings.server.base_url(),
                "data_dir": str(settings.data_dir)},

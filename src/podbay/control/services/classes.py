@@ -1,9 +1,13 @@
 """The sandbox classes one server runs: class → driver, and what ``default`` means.
 
 Built with the drivers of the enabled classes (``runtime.classes``); at
-start-up :meth:`ClassRuntimes.start` prepares each and, given a ``check``
-(``podbay serve`` passes :func:`podbay.runtime.classes.check_class`), proves it
-can run here. A class whose driver could not be built, prepared or checked is
+start-up :meth:`ClassRuntimes.start` checks each host and prepares each
+driver (``podbay serve`` passes :func:`podbay.runtime.classes.check_class`),
+then proves classes by running a machine of each
+(:func:`podbay.runtime.classes.prove_class`): the one ``default`` means
+before the server is ready, the others in the background (a ``vm`` guest
+under TCG takes seconds to boot; attaching one meanwhile is a 503). A class
+whose driver could not be built, prepared, checked or proven is
 *unavailable*, with the reason; the others run. :meth:`ClassRuntimes.resolve`
 turns attach's ``class`` into the class a new sandbox gets, or refuses with
 the contract's code and a message naming what this server can run.
@@ -11,6 +15,7 @@ the contract's code and a message naming what this server can run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,9 +28,12 @@ from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 
 log = logging.getLogger("podbay.classes")
 
-#: ``check(class name, driver)``: prepares the driver and says whether the class
-#: runs here, and how fast.
+#: ``check(class name, driver)``: the host check, then the driver prepared: whether
+#: the class can run here, and how fast. Bounded in time.
 ClassCheck = Callable[[str, Driver], Awaitable[HostCheck]]
+#: ``prove(class name, prepared driver)``: a machine of the class runs (it may
+#: take a while, e.g. a guest under TCG); returns a detail, raises when not.
+ClassProof = Callable[[str, Driver], Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -50,29 +58,89 @@ class ClassRuntimes:
                 self._checks[name] = HostCheck(False, False, reason)
         #: What ``default`` means; ``None`` until :meth:`start` (or when nothing runs).
         self.default: str | None = None
+        #: Classes whose host check passed, still being proven in the background.
+        self._pending: set[str] = set()
+        self._later: asyncio.Task[None] | None = None
 
     # -- start-up ------------------------------------------------------------------------
-    async def start(self, check: ClassCheck | None = None) -> None:
-        """Prepare every class's driver (and check it); a failure makes that class
-        unavailable, not the server. Raises when no enabled class can run."""
-        for name, driver in self.drivers.items():
-            try:
-                if check is not None:
-                    result = await check(name, driver)
-                else:
-                    await driver.prepare()
-                    result = HostCheck(True, True, "prepared")
-            except Exception as exc:
-                log.exception("sandbox class %s cannot run here", name)
-                result = HostCheck(False, False, f"{type(exc).__name__}: {exc}")
-            self._checks[name] = result
-            log.info("sandbox class %s: %s (%s)", name,
-                     "runs" if result.works else "unavailable", result.detail)
-        self.default = resolve_default(self.enabled, self._checks, self.pin)
-        if not self.available:
+    async def start(self, check: ClassCheck | None = None, prove: ClassProof | None = None,
+                    later: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """Check every class's host and prepare its driver (all at once), then prove
+        classes by running a machine in each: first what ``default`` means (in
+        order of preference, falling back while proofs fail), so the server can
+        serve; the others in the background, each ``later(name)`` once it
+        proved able to run. A failure makes that class unavailable, not the
+        server. Raises when no enabled class can run."""
+        names = list(self.drivers)
+        hosts = dict(zip(names, await asyncio.gather(
+            *(self._host(name, check) for name in names)), strict=True))
+        candidates = dict(hosts)
+        while True:
+            choice = resolve_default(self.enabled, {**self._checks, **candidates}, self.pin)
+            if choice is None or choice not in candidates or not candidates[choice].works:
+                break
+            await self._prove(choice, prove, candidates.pop(choice))
+            if self.works(choice) or choice == self.pin:
+                break
+        self.default = choice
+        rest = [n for n in names if n not in self._checks]
+        for name in rest:
+            if not hosts[name].works:
+                self._checks[name] = hosts[name]
+        self._pending = {n for n in rest if hosts[n].works}
+        if not self.available and not self._pending:
             raise RuntimeError("no sandbox class can run here: " + "; ".join(
-                f"{s.name}: {s.detail}" for s in self.statuses()))
+                f"{s.name}: {s.detail}" for s in self.statuses() if s.enabled))
         log.info("sandbox class default means %s", self.default)
+        if self._pending:
+            self._later = asyncio.get_running_loop().create_task(
+                self._prove_rest([n for n in rest if n in self._pending], prove, hosts,
+                                 later))
+
+    async def _host(self, name: str, check: ClassCheck | None) -> HostCheck:
+        driver = self.drivers[name]
+        try:
+            if check is not None:
+                return await check(name, driver)
+            await driver.prepare()
+            return HostCheck(True, True, "prepared")
+        except Exception as exc:
+            log.exception("sandbox class %s cannot run here", name)
+            return HostCheck(False, False, f"{type(exc).__name__}: {exc}")
+
+    async def _prove(self, name: str, prove: ClassProof | None, host: HostCheck) -> None:
+        result = host
+        if prove is not None:
+            try:
+                result = host._replace(detail=f"{host.detail}; "
+                                              f"{await prove(name, self.drivers[name])}")
+            except Exception as exc:
+                log.exception("sandbox class %s: no machine of it runs", name)
+                result = HostCheck(False, False, f"a machine did not run: "
+                                                 f"{type(exc).__name__}: {exc}")
+        self._checks[name] = result
+        log.info("sandbox class %s: %s (%s)", name,
+                 "runs" if result.works else "unavailable", result.detail)
+
+    async def _prove_rest(self, names: Sequence[str], prove: ClassProof | None,
+                          hosts: Mapping[str, HostCheck],
+                          later: Callable[[str], Awaitable[None]] | None) -> None:
+        for name in names:
+            try:
+                await self._prove(name, prove, hosts[name])
+            finally:
+                self._pending.discard(name)
+            if self.works(name) and later is not None:
+                try:
+                    await later(name)
+                except Exception:
+                    log.exception("sandbox class %s: taking up its machines failed", name)
+
+    async def close(self) -> None:
+        """Stop proving classes in the background."""
+        if self._later is not None:
+            self._later.cancel()
+            await asyncio.gather(self._later, return_exceptions=True)
 
     # -- questions -----------------------------------------------------------------------
     @property
@@ -93,7 +161,7 @@ class ClassRuntimes:
                 out.append(ClassStatus(name, False, False, False,
                                        "not enabled (runtime.classes)"))
             elif check is None:
-                out.append(ClassStatus(name, True, False, False, "not checked yet"))
+                out.append(ClassStatus(name, True, False, False, "being checked"))
             else:
                 out.append(ClassStatus(name, True, check.works, check.fast, check.detail))
         return out
@@ -122,6 +190,10 @@ class ClassRuntimes:
         """``name`` when this server runs it now; else 409 naming what it runs."""
         if name in self.available:
             return name
+        if name in self._pending:
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE,
+                           f"sandbox class {name!r} is still being checked on this server "
+                           "(its first machine is starting); try again shortly")
         what = repr(name) if asked in (None, name) else f"'default' (pinned to {name!r})"
         if name not in self.enabled:
             return self._raise(what, "it is not enabled here (runtime.classes)")
