@@ -1,6 +1,11 @@
 """podbay against Docker (where it runs) and against the machine's own floors, one run.
 
-    .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
+    .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json] [--cli COMMAND]
+
+An older checkout can be measured with the same script (for a before/after
+table): ``PYTHONPATH=OLD/src .venv/bin/python bench/compare.py --cli
+'.venv/bin/python -m podbay.cli.main'`` (the server it starts inherits
+``PYTHONPATH``).
 
 Starts a real ``podbay serve`` (``podbay.testing.platform``: real sandboxes,
 needs root and the base image), twice: with the default warm pool of 2 and
@@ -65,7 +70,7 @@ from podbay.testing.platform import PlatformServer
 
 MIB = 1024 * 1024
 ROOT = Path(__file__).resolve().parent.parent
-PODBAY = str(Path(sys.executable).with_name("podbay"))
+PODBAY = [str(Path(sys.executable).with_name("podbay"))]
 DOCKER_SOCKET = "/var/run/docker.sock"
 
 Sample = Callable[[], float]
@@ -286,7 +291,7 @@ class Podbay:
         env = {**os.environ, "ASTRO_AUTHZ_TOKEN": self.token,
                "PODBAY_SERVER_URL": self.server.base_url}
         started = time.perf_counter()
-        done = subprocess.run([PODBAY, "sandbox", "exec", name, "--", "true"], env=env,
+        done = subprocess.run([*PODBAY, "sandbox", "exec", name, "--", "true"], env=env,
                               capture_output=True)
         took = time.perf_counter() - started
         assert done.returncode == 0, done.stderr
@@ -557,7 +562,12 @@ def main() -> int:
     parser.add_argument("--docker-image", default="debian:bookworm-slim")
     parser.add_argument("--no-docker", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cli", default=None, metavar="COMMAND",
+                        help="how to run podbay's CLI (default: the podbay script beside "
+                             "this interpreter), e.g. 'python -m podbay.cli.main'")
     args = parser.parse_args()
+    if args.cli:
+        PODBAY[:] = args.cli.split()
     rows, floors, extra = run(args)
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows],
