@@ -1,20 +1,25 @@
-"""podbay against Docker (where it runs) and against the machine's own floors, one run.
+"""podbay (A) against Docker or an older podbay (B), interleaved, and the machine's floors.
 
-    .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json] [--cli COMMAND]
+    .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
+    .venv/bin/python bench/compare.py --against OLD/src      # before/after
+    .venv/bin/python bench/compare.py --no-docker            # floors only
 
-An older checkout can be measured with the same script (for a before/after
-table): ``PYTHONPATH=OLD/src .venv/bin/python bench/compare.py --cli
-'.venv/bin/python -m podbay.cli.main'`` (the server it starts inherits
-``PYTHONPATH``).
+Column A is this checkout: a real ``podbay serve`` (``podbay.testing.platform``:
+real sandboxes, needs root and the base image), started twice, with the
+default warm pool of 2 and with none, and the SDK and CLI of this checkout.
+Column B, when there is one, runs in the same loop, sample for sample
+(A B A B ...), so that a machine shared with other work slows both alike;
+``A/B`` is the median of the pairwise ratios. B is:
 
-Starts a real ``podbay serve`` (``podbay.testing.platform``: real sandboxes,
-needs root and the base image), twice: with the default warm pool of 2 and
-with none. Every row is sampled ``--runs`` times and its median printed.
-Where Docker Engine answers on ``/var/run/docker.sock`` and has the image
-``--docker-image`` locally, the Docker rows run in the same loop, podbay and
-Docker samples interleaved (A B A B ...), and the ratio podbay/Docker is the
-median of the pairwise ratios. Without Docker the table holds podbay's rows
-beside the physical floors of this machine:
+* ``--against SRC``: podbay from another checkout's ``src`` (e.g. ``git
+  archive OLD src | tar -x -C /tmp/old``), in a child process of this script
+  with ``PYTHONPATH=SRC``: its server, agent, SDK, and its CLI as
+  ``--against-cli`` (default ``python -m podbay.cli.main``);
+* otherwise Docker Engine, where it answers on ``/var/run/docker.sock`` and
+  has ``--docker-image`` locally (runc, the daemon's default runtime).
+
+Without a B the table holds podbay's rows; the physical floors of this
+machine are printed in every case:
 
 * spawn: ``posix_spawn`` + ``waitpid`` of ``/bin/true`` from Python;
 * loopback HTTP: one keep-alive request/response over TCP loopback between
@@ -23,19 +28,24 @@ beside the physical floors of this machine:
 * Python start-up: ``python -I -S -c pass`` and ``python -c pass`` (what any
   Python CLI pays before its first import).
 
-Rows:
+Rows (medians of ``--runs`` samples unless said):
 
-* new sandbox → first output: ``attach`` of a new name + ``exec echo``, SDK;
-* exec ``true`` in a running sandbox, SDK;
-* exec throughput: 8 client threads over 20 running sandboxes, 5 s;
+* new sandbox → first output: ``attach`` of a new name + ``exec echo``, SDK,
+  1 s apart (a warm pool refills between conversations); Docker: API create
+  + start + exec;
+* first exec on a sandbox handed out by the warm pool, beside its second;
+* exec ``true`` in a running sandbox, SDK (10x ``--runs``); Docker: API;
 * suspend / resume: ``stop`` then ``attach`` (control-plane API, SDK);
-* host memory per idle sandbox: agent PSS + slirp4netns PSS, 10 idle sandboxes
-  (Docker: containerd-shim PSS + the container's init PSS);
-* write 100 MiB: SDK ``upload`` of a page-cached file (includes the SDK's
-  digest), and a PUT straight to the agent's socket with the digest computed
-  beforehand (the agent's write path alone);
-* ``podbay sandbox exec NAME -- true``: the CLI as a whole process;
-* first exec on a sandbox handed out by the warm pool, beside the second.
+  Docker: pause / unpause;
+* write 100 MiB (``--runs``/3): SDK ``upload`` of a page-cached file (its
+  digest included), and a PUT straight to the agent's socket with the digest
+  computed beforehand (the agent's write path alone); Docker: ``docker cp``;
+* ``podbay sandbox exec NAME -- true``: the CLI as a whole process; Docker:
+  ``docker exec``;
+* exec throughput: 8 client threads over 20 running sandboxes, 5 s, once;
+* host memory per idle sandbox: agent PSS + slirp4netns PSS, median of 10
+  idle sandboxes, ``--runs``/5 times; Docker: containerd-shim PSS + the
+  container's init PSS.
 
 The Docker half is written against the Engine API (v1.41) and the ``docker``
 CLI but was not run where it was written (no Docker daemon there): treat its
@@ -127,9 +137,9 @@ class Row:
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"row": self.name, "unit": self.unit, "n": len(self.podbay),
-                               "podbay": round(median(self.podbay), 3)}
+                               "a": round(median(self.podbay), 3)}
         if self.docker:
-            out["docker"] = round(median(self.docker), 3)
+            out["b"] = round(median(self.docker), 3)
             pairs = [a / b for a, b in zip(self.podbay, self.docker, strict=False) if b]
             out["ratio"] = round(median(pairs), 3)
         return out
@@ -200,6 +210,8 @@ class Podbay:
         self.token = self.server.create_deployment("compare")
         self.client = SandboxClient(identity_token=self.token, server_url=self.server.base_url)
         self.counter = 0
+        #: Between new sandboxes: time for a warm pool to refill, as between conversations.
+        self.pause = 1.0 if warm_pool else 0.1
 
     def close(self) -> None:
         self.client.close()
@@ -235,7 +247,7 @@ class Podbay:
         took = time.perf_counter() - started
         assert result.stdout == "hi\n", result
         self.client.delete(name)
-        time.sleep(0.3)  # let a warm pool refill, as between real conversations
+        time.sleep(self.pause)
         return took
 
     def first_exec_pooled(self) -> tuple[float, float]:
@@ -244,7 +256,7 @@ class Podbay:
         first = timed(lambda: self.client.exec(name, ["true"]))
         second = timed(lambda: self.client.exec(name, ["true"]))
         self.client.delete(name)
-        time.sleep(0.3)
+        time.sleep(self.pause)
         return first, second
 
     def throughput(self, names: list[str], clients: int, seconds: float) -> float:
@@ -434,98 +446,147 @@ def make_source(directory: Path, mib: int) -> tuple[Path, str, int]:
     return source, digest.hexdigest(), mib * MIB
 
 
-def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]:
-    runs = args.runs
-    rows: list[Row] = []
-    floors: list[Row] = []
-    extra: dict[str, Any] = {}
-    docker = Docker.available(args.docker_image) if not args.no_docker else None
-    extra["docker"] = "Docker Engine, interleaved" if docker else "not running: floors only"
-    scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-files-"))
-    source, digest, size = make_source(scratch, args.mib)
-    pooled = Podbay(warm_pool=2)
-    try:
-        client = pooled.client
-        time.sleep(1.0)  # the pool fills
-        rows.append(Row("new sandbox -> first output, warm pool", "ms").run(
-            pooled.new_to_first_output, docker.new_to_first_output if docker else None, runs))
-        firsts = [pooled.first_exec_pooled() for _ in range(runs)]
-        rows.append(Row("first exec on a pooled sandbox", "ms").run(
-            iter(f for f, _ in firsts).__next__, None, runs))
-        rows.append(Row("  (its second exec)", "ms").run(
-            iter(s for _, s in firsts).__next__, None, runs))
+#: (key, label, unit, scale, samples as a share of --runs, higher is better)
+ROWS: list[tuple[str, str, str, float, float, bool]] = [
+    ("new_pool", "new sandbox -> first output, warm pool", "ms", 1000, 1, False),
+    ("new_cold", "new sandbox -> first output, no pool", "ms", 1000, 1, False),
+    ("first_exec", "first exec on a pooled sandbox", "ms", 1000, 1, False),
+    ("second_exec", "  (its second exec)", "ms", 1000, 0, False),
+    ("exec_hot", "exec `true`, running sandbox (SDK / API)", "ms", 1000, 10, False),
+    ("suspend", "suspend (stop / pause)", "ms", 1000, 1, False),
+    ("resume", "resume (attach / unpause)", "ms", 1000, 0, False),
+    ("write_sdk", "write {mib} MiB, SDK upload (docker cp)", "ms", 1000, 1 / 3, False),
+    ("write_agent", "write {mib} MiB, straight to the agent", "ms", 1000, 1 / 3, False),
+    ("cli", "`podbay sandbox exec NAME -- true` (docker exec)", "ms", 1000, 1, False),
+    ("throughput", "exec throughput, 20 sandboxes, 8 clients", "/s", 1, 0.01, True),
+    ("memory", "host memory per idle sandbox", "MiB", 1, 0.2, False),
+]
 
-        client.attach("hot")
+
+class PodbaySide:
+    """podbay's rows: two servers (warm pool 2, none), an SDK client, sandboxes."""
+
+    def __init__(self, source: Path, digest: str, size: int) -> None:
+        self.source, self.digest, self.size = source, digest, size
+        self.pooled = Podbay(warm_pool=2)
+        self.cold = Podbay(warm_pool=0)
+        self.client = self.pooled.client
+        self.client.attach("hot")
         for _ in range(30):
-            client.exec("hot", ["true"])
-        dcid = docker.create_started() if docker else ""
-        rows.append(Row("exec `true`, running sandbox (SDK / API)", "ms").run(
-            lambda: timed(lambda: client.exec("hot", ["true"])),
-            (lambda: timed(lambda: docker.exec(dcid, ["true"]))) if docker else None,
-            runs * 10))
+            self.client.exec("hot", ["true"])
+        self.client.upload("hot", source, "warm.bin")  # page cache, first-write costs
+        self.sock = self.pooled.agent_socket("hot")
+        self.many = [f"tp-{i}" for i in range(20)]
+        for n in self.many:
+            self.client.attach(n)
+        time.sleep(1.0)  # the pool fills
 
-        def suspend() -> float:
-            return timed(lambda: client.stop("hot"))
+    def close(self) -> None:
+        self.pooled.close()
+        self.cold.close()
 
-        def resume() -> float:
-            return timed(lambda: client.attach("hot"))
+    def sample(self, key: str) -> dict[str, float]:
+        c = self.client
+        if key == "new_pool":
+            return {key: self.pooled.new_to_first_output()}
+        if key == "new_cold":
+            return {key: self.cold.new_to_first_output()}
+        if key == "first_exec":
+            first, second = self.pooled.first_exec_pooled()
+            return {"first_exec": first, "second_exec": second}
+        if key == "exec_hot":
+            return {key: timed(lambda: c.exec("hot", ["true"]))}
+        if key == "suspend":
+            return {"suspend": timed(lambda: c.stop("hot")),
+                    "resume": timed(lambda: c.attach("hot"))}
+        if key == "write_sdk":
+            return {key: timed(lambda: c.upload("hot", self.source, "bench.bin"))}
+        if key == "write_agent":
+            return {key: write_to_agent(self.sock, self.source, self.digest, self.size)}
+        if key == "cli":
+            return {key: self.pooled.cli_exec("hot")}
+        if key == "throughput":
+            return {key: self.pooled.throughput(self.many, 8, 5.0)}
+        if key == "memory":
+            agent, slirp = self.pooled.idle_memory_kib(self.many[:10], settle=2.0)
+            return {key: (agent + slirp) / 1024, "agent_pss": agent / 1024,
+                    "slirp_pss": slirp / 1024}
+        raise KeyError(key)
 
-        sus, res = Row("suspend (stop)", "ms"), Row("resume (attach)", "ms")
-        for _ in range(runs):
-            sus.podbay.append(suspend() * 1000)
-            res.podbay.append(resume() * 1000)
-            if docker:
-                sus.docker.append(timed(lambda: docker.api.post(
-                    f"/containers/{dcid}/pause").raise_for_status()) * 1000)
-                res.docker.append(timed(lambda: docker.api.post(
-                    f"/containers/{dcid}/unpause").raise_for_status()) * 1000)
-        rows += [sus, res]
 
-        client.upload("hot", source, "warm.bin")  # page cache, first-write costs
-        rows.append(Row(f"write {args.mib} MiB, SDK upload (docker cp)", "ms").run(
-            lambda: timed(lambda: client.upload("hot", source, "bench.bin")),
-            (lambda: docker.cli("cp", str(source), f"{dcid}:/tmp/bench.bin")) if docker
-            else None, max(3, runs // 3)))
-        sock = pooled.agent_socket("hot")
-        rows.append(Row(f"write {args.mib} MiB, straight to the agent", "ms").run(
-            lambda: write_to_agent(sock, source, digest, size), None, max(3, runs // 3)))
+class DockerSide:
+    """Docker's rows, where it has one."""
 
-        rows.append(Row("`podbay sandbox exec NAME -- true` (docker exec)", "ms").run(
-            lambda: pooled.cli_exec("hot"),
-            (lambda: docker.cli("exec", dcid, "true")) if docker else None, runs))
+    def __init__(self, docker: Docker, source: Path) -> None:
+        self.docker, self.source = docker, source
+        self.hot = docker.create_started()
+        self.many = [docker.create_started() for _ in range(20)]
 
-        names = [f"tp-{i}" for i in range(20)]
-        for n in names:
-            client.attach(n)
-        dcids = [docker.create_started() for _ in names] if docker else []
-        tp = Row("exec throughput, 20 sandboxes, 8 clients", "/s", scale=1.0,
-                 higher_is_better=True)
-        tp.run(lambda: pooled.throughput(names, 8, 5.0),
-               (lambda: docker.throughput(dcids, 8, 5.0)) if docker else None, 1)
-        rows.append(tp)
+    def close(self) -> None:
+        self.docker.close()
 
-        mem = Row("host memory per idle sandbox", "MiB", scale=1.0)
-        agent_kib, slirp_kib = pooled.idle_memory_kib(names[:10], settle=2.0)
-        mem.podbay.append((agent_kib + slirp_kib) / 1024)
-        extra["idle_agent_pss_mib"] = round(agent_kib / 1024, 2)
-        extra["idle_slirp4netns_pss_mib"] = round(slirp_kib / 1024, 2)
-        if docker:
-            mem.docker.append(docker.idle_memory_kib(dcids[:10], settle=2.0) / 1024)
-        rows.append(mem)
-    finally:
-        pooled.close()
-        if docker:
-            docker.close()
+    def sample(self, key: str) -> dict[str, float]:
+        d = self.docker
+        if key in ("new_pool", "new_cold"):
+            return {key: d.new_to_first_output()}
+        if key == "exec_hot":
+            return {key: timed(lambda: d.exec(self.hot, ["true"]))}
+        if key == "suspend":
+            return {"suspend": timed(lambda: d.api.post(
+                        f"/containers/{self.hot}/pause").raise_for_status()),
+                    "resume": timed(lambda: d.api.post(
+                        f"/containers/{self.hot}/unpause").raise_for_status())}
+        if key == "write_sdk":
+            return {key: d.cli("cp", str(self.source), f"{self.hot}:/tmp/bench.bin")}
+        if key == "cli":
+            return {key: d.cli("exec", self.hot, "true")}
+        if key == "throughput":
+            return {key: d.throughput(self.many, 8, 5.0)}
+        if key == "memory":
+            return {key: d.idle_memory_kib(self.many[:10], settle=2.0) / 1024}
+        return {}
 
-    cold = Podbay(warm_pool=0)
+
+class WorkerSide:
+    """podbay's rows from another checkout, in a child process (``--worker``)."""
+
+    def __init__(self, src: str, cli: str, source: Path, digest: str, size: int) -> None:
+        env = {**os.environ, "PYTHONPATH": src}
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", "--cli", cli,
+             "--source", str(source), "--digest", digest, "--size", str(size)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("ready"):
+            raise RuntimeError(f"the worker for {src} did not start: {ready!r}")
+
+    def sample(self, key: str) -> dict[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(key + "\n")
+        self.proc.stdin.flush()
+        return dict(json.loads(self.proc.stdout.readline()))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(300)
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Serve sample requests (one row key per line) for a parent's interleaved run."""
+    side = PodbaySide(Path(args.source), args.digest, args.size)
     try:
-        rows.insert(1, Row("new sandbox -> first output, no pool", "ms").run(
-            cold.new_to_first_output, None, runs))
+        print("ready", flush=True)
+        for line in sys.stdin:
+            print(json.dumps(side.sample(line.strip())), flush=True)
     finally:
-        cold.close()
+        side.close()
+    return 0
 
-    floors.append(Row("spawn /bin/true (posix_spawn + wait)", "ms").run(
-        floor_spawn, None, runs * 10))
+
+def floors(source: Path, runs: int, mib: int) -> list[Row]:
+    out = [Row("spawn /bin/true (posix_spawn + wait)", "ms").run(floor_spawn, None, runs * 10)]
     with loopback_server() as port:
         conn = http.client.HTTPConnection("127.0.0.1", port)
 
@@ -537,9 +598,9 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
 
         for _ in range(50):
             round_trip()
-        floors.append(Row("loopback HTTP round trip", "ms").run(round_trip, None, runs * 10))
+        out.append(Row("loopback HTTP round trip", "ms").run(round_trip, None, runs * 10))
         conn.close()
-    target = scratch / "copy.bin"
+    target = source.with_name("copy.bin")
 
     def host_cp() -> float:
         with contextlib.suppress(FileNotFoundError):
@@ -547,12 +608,51 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
         return timed(lambda: subprocess.run(["cp", str(source), str(target)], check=True))
 
     host_cp()
-    floors.append(Row(f"host cp of the same {args.mib} MiB file", "ms").run(
+    out.append(Row(f"host cp of the same {mib} MiB file", "ms").run(
         host_cp, None, max(3, runs // 3)))
-    floors.append(Row("python -I -S -c pass", "ms").run(python_start(["-I", "-S"]), None, runs))
-    floors.append(Row("python -c pass", "ms").run(python_start([]), None, runs))
+    out.append(Row("python -I -S -c pass", "ms").run(python_start(["-I", "-S"]), None, runs))
+    out.append(Row("python -c pass", "ms").run(python_start([]), None, runs))
+    return out
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]:
+    extra: dict[str, Any] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-files-"))
+    source, digest, size = make_source(scratch, args.mib)
+    sides: list[Any] = []
+    try:
+        sides.append(PodbaySide(source, digest, size))
+        if args.against:
+            sides.append(WorkerSide(args.against, args.against_cli, source, digest, size))
+            extra["second"] = f"podbay from {args.against} (B), interleaved"
+        elif not args.no_docker and (docker := Docker.available(args.docker_image)):
+            sides.append(DockerSide(docker, source))
+            extra["second"] = "Docker Engine (B), interleaved"
+        else:
+            extra["second"] = "none (Docker is not running): the machine's floors instead"
+        rows = {key: Row(label.format(mib=args.mib), unit, scale, better)
+                for key, label, unit, scale, _, better in ROWS}
+        more: dict[str, list[float]] = {}
+        wanted = set(args.rows.split(",")) if args.rows else None
+        for key, _, _, _, share, _ in ROWS:
+            if share == 0 or (wanted is not None and key not in wanted):
+                continue  # filled by another row's samples, or not asked for
+            for _ in range(max(1, round(args.runs * share))):
+                for i, side in enumerate(sides):
+                    for name, value in side.sample(key).items():
+                        row = rows.get(name)
+                        if row is None:
+                            more.setdefault(f"{name}{'' if i == 0 else ' (B)'}", []).append(
+                                value)
+                        else:
+                            (row.podbay if i == 0 else row.docker).append(value * row.scale)
+        extra.update({k: round(median(v), 2) for k, v in more.items()})
+    finally:
+        for side in sides:
+            side.close()
+    machine = floors(source, args.runs, args.mib)
     shutil.rmtree(scratch, ignore_errors=True)
-    return rows, floors, extra
+    return list(rows.values()), machine, extra
 
 
 def main() -> int:
@@ -565,26 +665,41 @@ def main() -> int:
     parser.add_argument("--cli", default=None, metavar="COMMAND",
                         help="how to run podbay's CLI (default: the podbay script beside "
                              "this interpreter), e.g. 'python -m podbay.cli.main'")
+    parser.add_argument("--against", metavar="SRC",
+                        help="interleave with podbay from another checkout's src directory "
+                             "(column B) instead of Docker")
+    parser.add_argument("--against-cli", default=f"{sys.executable} -m podbay.cli.main",
+                        metavar="COMMAND", help="how to run that checkout's CLI")
+    parser.add_argument("--rows", metavar="KEY,KEY",
+                        help="only these rows: " + ", ".join(k for k, *_ in ROWS))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--digest", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cli:
         PODBAY[:] = args.cli.split()
-    rows, floors, extra = run(args)
+    if args.worker:
+        return worker(args)
+    rows, machine, extra = run(args)
     if args.json:
         print(json.dumps({"rows": [r.as_dict() for r in rows],
-                          "floors": [r.as_dict() for r in floors], **extra}, indent=2))
+                          "floors": [r.as_dict() for r in machine], **extra}, indent=2))
         return 0
-    print(f"docker: {extra['docker']}")
-    print(f"{'row':52} {'podbay':>10} {'docker':>10} {'ratio':>7}  unit")
+    print(f"A: podbay (this checkout); B: {extra.pop('second')}")
+    print(f"{'row':52} {'A':>10} {'B':>10} {'A/B':>7}  unit")
     for row in rows:
+        if not row.podbay:
+            continue
         d = row.as_dict()
-        docker_cell = f"{d['docker']:10.2f}" if "docker" in d else f"{'-':>10}"
+        b_cell = f"{d['b']:10.2f}" if "b" in d else f"{'-':>10}"
         ratio_cell = f"{d['ratio']:7.2f}" if "ratio" in d else f"{'':>7}"
-        print(f"{row.name:52} {d['podbay']:10.2f} {docker_cell} {ratio_cell}  {row.unit}")
-    print(f"  (idle memory: agent PSS {extra['idle_agent_pss_mib']} MiB, "
-          f"slirp4netns PSS {extra['idle_slirp4netns_pss_mib']} MiB)")
+        print(f"{row.name:52} {d['a']:10.2f} {b_cell} {ratio_cell}  {row.unit}")
+    if extra:
+        print("  (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")")
     print("floors of this machine:")
-    for row in floors:
-        print(f"  {row.name:50} {row.as_dict()['podbay']:10.2f} {'':>18}  {row.unit}")
+    for row in machine:
+        print(f"  {row.name:50} {row.as_dict()['a']:10.2f} {'':>18}  {row.unit}")
     return 0
 
 
