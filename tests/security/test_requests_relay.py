@@ -47,8 +47,19 @@ def scope(method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None)
     return {"type": "http", "method": method, "headers": headers or []}
 
 
-async def no_body() -> dict:  # type: ignore[type-arg]
-    return {"type": "http.request", "body": b"", "more_body": False}
+def no_body():  # type: ignore[no-untyped-def]
+    """A GET's receive: its empty body, then nothing until the client leaves."""
+    sent = False
+
+    async def receive() -> dict:  # type: ignore[type-arg]
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    return receive
 
 
 async def hostile_agent(path: Path, answer_chunks, heads: list[bytes], written: list[int]):  # type: ignore[no-untyped-def]
@@ -87,7 +98,7 @@ async def test_endless_answer_head_is_cut_off_and_answered_502(tmp_path: Path) -
     written: list[int] = []
     server = await hostile_agent(tmp_path / "a.sock", chunks(), heads, written)
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body, sink, b"/v1/info",
+    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
                          "rid")
     for _ in range(1000):  # the hostile side notices the gateway hung up
         if written:
@@ -105,7 +116,7 @@ async def test_too_many_answer_headers_is_502(tmp_path: Path) -> None:
     answer = b"HTTP/1.1 200 OK\r\n" + b"a: b\r\n" * 10_000 + b"content-length: 2\r\n\r\n{}"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body, sink, b"/v1/info",
+    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
                          "rid")
     server.close()
     assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
@@ -118,7 +129,7 @@ async def test_non_final_status_is_502(tmp_path: Path, status_line: bytes) -> No
     answer = status_line + b"\r\ncontent-length: 0\r\n\r\n"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body, sink, b"/v1/info",
+    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
                          "rid")
     server.close()
     assert status == 502 and sink.status == 502
@@ -130,7 +141,7 @@ async def test_answer_headers_that_act_on_the_client_are_dropped(tmp_path: Path)
               b"x-podbay-sha256: abc\r\ncontent-length: 2\r\n\r\n{}")
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body, sink, b"/v1/info",
+    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
                          "rid")
     server.close()
     names = {k for k, _ in sink.headers}
@@ -149,8 +160,44 @@ async def test_client_authorization_and_cookies_never_reach_the_agent(tmp_path: 
                                (b"cookie", b"session=cookie-secret"),
                                (b"x-podbay-credential", b"credential-secret"),
                                (b"x-other", b"kept")]),
-                no_body, sink, b"/v1/info", "rid")
+                no_body(), sink, b"/v1/info", "rid")
     server.close()
     head = heads[0].lower()
     assert b"secret" not in head
     assert b"x-other: kept" in head
+
+
+async def test_agent_that_never_answers_is_let_go_when_the_client_leaves(
+        tmp_path: Path) -> None:
+    """A hijacked agent reads the request and never answers: once the client
+    leaves, the gateway closes that connection (it used to wait for ever)."""
+    asked = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
+        await reader.read()  # until the gateway hangs up
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
+    leave = asyncio.Event()
+    sent = False
+
+    async def receive() -> dict:  # type: ignore[type-arg]
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    sink = Sink()
+    relaying = asyncio.create_task(relay(AgentPool(tmp_path / "a.sock"), scope(), receive,
+                                         sink, b"/v1/exec", "rid"))
+    await asyncio.wait_for(asked.wait(), 30)
+    leave.set()
+    assert await asyncio.wait_for(relaying, 30) == 499
+    await asyncio.wait_for(closed.wait(), 30)
+    server.close()

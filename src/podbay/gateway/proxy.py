@@ -147,8 +147,13 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
         return await _unreachable(send, request_id)
     reader, writer = conn
     started = False
+    gone = asyncio.Event()
+    watcher: asyncio.Task[None] | None = None
     try:
         await _send_request(writer, head, framing, receive, body_limit)
+        # An agent may take its time (a long exec) or never answer (a hijacked
+        # one): a client that leaves meanwhile releases the agent connection.
+        watcher = asyncio.create_task(_watch_client(receive, writer, gone))
 
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
@@ -177,8 +182,9 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
                 for chunk in chunks:
                     await send({"type": "http.response.body", "body": chunk,
                                 "more_body": True})
+        watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if response.keep_alive:
+        if response.keep_alive and not gone.is_set():
             pool.release(conn)
         else:
             writer.close()
@@ -192,6 +198,8 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
     except (OSError, httptools.HttpParserError, AgentAnswerInvalid):
         # (A callback's AgentAnswerInvalid arrives as HttpParserCallbackError.)
         writer.close()
+        if gone.is_set():
+            return 499
         if not started:
             return await _unreachable(send, request_id)
         # Mid-body: the client gets a short body; nothing else can be said now.
@@ -200,6 +208,20 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
     except BaseException:
         writer.close()
         raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _watch_client(receive: Receive, writer: asyncio.StreamWriter,
+                        gone: asyncio.Event) -> None:
+    """Close the agent connection when the client disconnects (wakes the relay's read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            writer.close()
+            return
 
 
 async def _send_request(writer: asyncio.StreamWriter, head: bytes, framing: str,

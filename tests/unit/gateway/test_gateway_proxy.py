@@ -58,7 +58,9 @@ def _receive(chunks):  # type: ignore[no-untyped-def]
                 for i, c in enumerate(chunks)] or [{"type": "http.request", "body": b""}]
 
     async def receive():  # type: ignore[no-untyped-def]
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # as a server does: nothing until the client leaves
 
     return receive
 
