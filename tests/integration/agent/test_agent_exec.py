@@ -65,7 +65,7 @@ def test_deadline_kills_the_whole_group_and_answers_at_once(agent: Agent) -> Non
     elapsed = time.monotonic() - started
     assert body["timed_out"] is True
     assert body["exit_code"] == 128 + 9
-    assert 0.7 <= elapsed < 1.7, elapsed
+    assert 0.7 <= elapsed < 30, elapsed  # at its deadline, not after sleep 60
     grandchild, shell = (int(line) for line in body["stdout"].split())
     assert gone(shell) and gone(grandchild)
 
@@ -78,7 +78,7 @@ def test_background_grandchild_holding_pipes_does_not_delay_the_answer(agent: Ag
     try:
         assert body["exit_code"] == 0 and body["timed_out"] is False
         assert body["stdout"].endswith("started\n")
-        assert elapsed < 1.0, elapsed
+        assert elapsed < 15, elapsed  # not held until the 20 s timeout or sleep 30
         os.kill(pid, 0)  # left running
     finally:
         os.kill(pid, 9)
@@ -152,15 +152,21 @@ def test_environment_is_clean_base_then_env_file_then_request(agent: Agent) -> N
 
 
 def test_fifty_concurrent_execs(agent: Agent) -> None:
+    # A barrier, not a stopwatch: each command waits until all fifty have
+    # started, so the run only completes if they ran side by side.
+    barrier = f"/tmp/podbay-barrier-{os.getpid()}-{time.monotonic_ns()}"
+    script = (f"mkdir -p {barrier}; touch {barrier}/$0; "
+              f"while [ $(ls {barrier} | wc -l) -lt 50 ]; do sleep 0.05; done; echo $0")
+
     def one(i: int) -> tuple[int, dict[str, object]]:
         with agent.new_client() as client:
-            resp = client.post("/v1/exec", json={"command": ["sh", "-c", f"sleep 0.3; echo {i}"]})
+            resp = client.post("/v1/exec", json={"command": ["sh", "-c", script, str(i)],
+                                                 "timeout_ms": 120_000}, timeout=180)
             return i, resp.json()
 
-    started = time.monotonic()
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(one, range(50)))
-    elapsed = time.monotonic() - started
+    agent.exec(["rm", "-rf", barrier])
     for i, body in results:
+        assert body["timed_out"] is False
         assert body["exit_code"] == 0 and body["stdout"] == f"{i}\n"
-    assert elapsed < 5, elapsed  # ran side by side, not one after another

@@ -98,7 +98,7 @@ def test_fork_bomb_is_contained(oci_machines: Machines, oci_session: DriverSessi
     assert len(pids) <= 128
     started = time.monotonic()
     assert other.sh("echo alive").stdout.strip() == "alive"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # answers while the bomb holds its own limit
     thread.join(30)
     deadline = time.monotonic() + 30
     while True:  # the bomb's sandbox recovers once its exec deadline killed the group
