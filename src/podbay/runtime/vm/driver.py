@@ -23,6 +23,7 @@ virtio-serial port (no guest network needed), multiplexed by ``relay.py``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -41,6 +42,7 @@ from ...settings import Settings
 from ..base import (
     Capabilities,
     DriverError,
+    Limits,
     MachineNotFound,
     MachineSpec,
     MachineState,
@@ -52,7 +54,7 @@ from ..oci import agent_bundle, records, storage
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout
 from ..oci.readiness import wait_ready
-from . import disks, initramfs, qmp
+from . import disks, initramfs, qmp, templates
 from .relay import Relay, RelayLoop
 
 log = logging.getLogger("podbay.runtime.vm")
@@ -74,6 +76,7 @@ for m in $($B cat /net-modules); do $B insmod /lib/modules/$m.ko; done
 $B ip link set eth0 up
 $B ip addr add {GUEST_ADDRESS} dev eth0
 $B ip route add default via {GUEST_GATEWAY}"""
+AGENT_OPTIONS = ["--env-file", "/.podbay/run/env.json"]
 GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent'); "
               "from podbay_vm.init import main; main()")
 
@@ -131,6 +134,11 @@ class VmPaths:
     def initrd(self) -> Path:
         return self.run / "initrd"
 
+    @property
+    def booted(self) -> Path:
+        """Present once the machine's disk has been used (no template restore then)."""
+        return self.home / "booted"
+
 
 class VmDriver:
     name = "vm"
@@ -140,6 +148,8 @@ class VmDriver:
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
         self.accel = self.rt.vm_accel
+        #: Restore first starts from a saved, booted guest (see templates.py).
+        self.templates_enabled = True
         if self.accel not in ("tcg", "kvm"):
             raise DriverError(f"runtime.vm_accel must be tcg or kvm, not {self.accel!r}")
         self.home = self.layout.data_dir / "vm"
@@ -160,6 +170,8 @@ class VmDriver:
         self._locks: dict[str, asyncio.Lock] = {}
         self._relays: dict[str, Relay] = {}
         self._relay_loop = RelayLoop()
+        self._building: set[str] = set()
+        self._builds: list[concurrent.futures.Future[None]] = []
 
     @property
     def base_image(self) -> str:
@@ -188,6 +200,7 @@ class VmDriver:
                                         agent_dir=agent_dir)
         for d in (self.machines, self.run_root):
             d.mkdir(parents=True, exist_ok=True)
+        await self._clear_template_leftovers()
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
         # The guest's root owns everything in it, so the agent needs no
         # execute-only loader (a container's defence against its own root). The
@@ -197,6 +210,19 @@ class VmDriver:
         self._image, self._base_disk, self._kernel = image, base_disk, \
             KERNEL_DIR / f"vmlinuz-{release}"
         self._initramfs = built
+
+    async def _clear_template_leftovers(self) -> None:
+        """Template guests a killed node was building (their QEMU, network, files)."""
+        for pidfile in (self.run_root / "templates").glob("*/qemu.pid"):
+            run = pidfile.parent
+            if any(build for build in self._building if build.startswith(run.name)):
+                continue
+            templates.kill(pidfile, f"unix:{run / 'qmp.sock'},")
+            with contextlib.suppress(Exception):
+                await self.network.teardown(f"tpl-{run.name}")
+            shutil.rmtree(run, ignore_errors=True)
+        for partial in (self.home / "templates").glob(".*"):
+            shutil.rmtree(partial, ignore_errors=True)
 
     def _lock(self, machine_id: str) -> asyncio.Lock:
         return self._locks.setdefault(machine_id, asyncio.Lock())
@@ -258,7 +284,7 @@ class VmDriver:
         return out
 
     def _argv(self, spec: MachineSpec, paths: VmPaths, layers: list[Path], *,
-              network: bool) -> list[str]:
+              network: bool, initrd: Path | None = None) -> list[str]:
         assert self._kernel is not None and self._base_disk is not None
         memory = max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
         cpus = max(1, math.ceil(spec.limits.cpus))
@@ -273,7 +299,7 @@ class VmDriver:
                 "-accel", accel, "-m", f"{memory}M", "-smp", str(cpus),
                 "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
                 "-chardev", "ringbuf,id=console,size=65536", "-serial", "chardev:console",
-                "-kernel", str(self._kernel), "-initrd", str(paths.initrd),
+                "-kernel", str(self._kernel), "-initrd", str(initrd or paths.initrd),
                 "-append", " ".join(append)]
         drives = [("base", self._base_disk, True)]
         drives += [(f"layer{i}", path, True) for i, path in enumerate(layers)]
@@ -297,6 +323,16 @@ class VmDriver:
                  "-pidfile", str(paths.pidfile), "-daemonize"]
         return argv
 
+    def _shape(self, spec: MachineSpec) -> templates.Shape:
+        return templates.Shape(memory_mib=max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20),
+                               cpus=max(1, math.ceil(spec.limits.cpus)),
+                               disk_bytes=spec.limits.disk_bytes, network=self.network.enabled)
+
+    def _template_key(self, shape: templates.Shape) -> str:
+        assert self._initramfs is not None and self._base_disk is not None
+        return shape.key(self._initramfs.name, str(self._base_disk), str(self._kernel),
+                         self.accel)
+
     async def _boot(self, record: records.MachineRecord) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
@@ -306,35 +342,125 @@ class VmDriver:
                               "runtime.run_dir")
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
+        template = None
+        if self.templates_enabled and not spec.layers and not paths.booted.exists():
+            shape = self._shape(spec)
+            key = self._template_key(shape)
+            template = templates.find(self.home / "templates", key)
+            if template is None and key not in self._building:
+                self._building.add(key)
+                self._builds.append(self._relay_loop.submit(self._build_template(key, shape)))
         layers = await self._layer_disks(spec)
         handle = await self.network.setup(spec.machine_id)
-        name = _uts_name(spec.hostname)
-        config = {"hostname": name, "pids": spec.limits.pids,
-                  "agent_options": ["--env-file", "/.podbay/run/env.json"]}
-        run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(spec.env)),
-                     "hostname": name + "\n", "hosts": _hosts(name),
-                     "resolv.conf": handle.resolv_conf}
-        await asyncio.to_thread(
-            initramfs.boot_archive, self._initramfs, paths.initrd,
-            variables={"LAYERS": str(len(layers)), "NETWORK": "1" if handle.enabled else "",
-                       "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items())},
-            init_argv=self._init_argv, network_script=GUEST_NETWORK, run_files=run_files)
-        proc = await asyncio.create_subprocess_exec(
-            *self.network.enter_argv(spec.machine_id),
-            *self._argv(spec, paths, layers, network=handle.enabled),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
-        relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
-        self._relays[spec.machine_id] = relay
-        await self._relay_loop.call(relay.start())
+        paths.booted.touch()
+        if template is not None:
+            await self._restore(spec, paths, template, network=handle.enabled)
+        else:
+            await self._cold_boot(spec, paths, layers, handle.resolv_conf,
+                                  network=handle.enabled)
         within = max(self.rt.start_timeout_seconds, 120.0 if self.accel == "tcg" else 30.0)
         try:
             await wait_ready(paths.socket, within)
         except DriverError as e:
             raise DriverError(f"{e}; guest console: {await self._console(paths)}") from None
+
+    def _boot_files(self, paths: VmPaths, config: dict[str, object], env: Mapping[str, str],
+                    hostname: str, resolv_conf: str, layers: int, network: bool) -> None:
+        assert self._initramfs is not None
+        run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(env)),
+                     "hostname": hostname + "\n", "hosts": _hosts(hostname),
+                     "resolv.conf": resolv_conf}
+        initramfs.boot_archive(
+            self._initramfs, paths.initrd,
+            variables={"LAYERS": str(layers), "NETWORK": "1" if network else "",
+                       "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items())},
+            init_argv=self._init_argv, network_script=GUEST_NETWORK, run_files=run_files)
+
+    async def _launch(self, machine_id: str, argv: list[str]) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *self.network.enter_argv(machine_id), *argv,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
+
+    async def _cold_boot(self, spec: MachineSpec, paths: VmPaths, layers: list[Path],
+                         resolv_conf: str, *, network: bool) -> None:
+        name = _uts_name(spec.hostname)
+        config: dict[str, object] = {"hostname": name, "pids": spec.limits.pids,
+                                     "agent_options": AGENT_OPTIONS}
+        await asyncio.to_thread(self._boot_files, paths, config, spec.env, name, resolv_conf,
+                                len(layers), network)
+        await self._launch(spec.machine_id, self._argv(spec, paths, layers, network=network))
+        relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
+        self._relays[spec.machine_id] = relay
+        await self._relay_loop.call(relay.start())
+
+    async def _restore(self, spec: MachineSpec, paths: VmPaths, template: templates.Template,
+                       *, network: bool) -> None:
+        """Start the machine from a template's saved state (see templates.py)."""
+        await _copy_sparse(template.disk, paths.disk_image)
+        argv = [*self._argv(spec, paths, [], network=network, initrd=template.initrd),
+                "-incoming", f"exec:cat {shlex.quote(str(template.state))}"]
+        await self._launch(spec.machine_id, argv)
+        await templates.wait_incoming(paths.qmp, 120.0)
+        relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
+        self._relays[spec.machine_id] = relay
+        await self._relay_loop.call(relay.start())
+        await qmp.execute(paths.qmp, "cont")
+        config = {"hostname": _uts_name(spec.hostname), "pids": spec.limits.pids,
+                  "env": dict(spec.env)}
+        await self._relay_loop.call(relay.configure(json.dumps(config).encode(), 30.0))
+
+    async def _build_template(self, key: str, shape: templates.Shape) -> None:
+        """Boot a template guest, save it, and keep it under ``templates/<key>``
+        (runs on the relay loop, beside whatever the caller's loop does)."""
+        root = self.home / "templates" / key
+        tmp = root.with_name(f".{key}.{os.getpid()}")
+        machine_id = f"tpl-{key[:12]}"
+        paths = VmPaths(tmp, self.run_root / "templates" / key[:12])
+        spec = MachineSpec(machine_id=machine_id, hostname="sandbox", limits=Limits(
+            memory_bytes=shape.memory_mib << 20, cpus=float(shape.cpus), pids=1 << 16,
+            disk_bytes=shape.disk_bytes))
+        relay: Relay | None = None
+        try:
+            async with asyncio.timeout(templates.BUILD_SECONDS):
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                paths.run.mkdir(parents=True, exist_ok=True)
+                await storage.make_disk(paths.disk_image, shape.disk_bytes,
+                                        self.layout.data_dir / "disks")
+                handle = await self.network.setup(machine_id)
+                config: dict[str, object] = {"hostname": "sandbox", "pids": 1 << 16,
+                                             "agent_options": AGENT_OPTIONS, "template": True}
+                await asyncio.to_thread(self._boot_files, paths, config, {}, "sandbox",
+                                        handle.resolv_conf, 0, handle.enabled)
+                await self._launch(machine_id, self._argv(spec, paths, [],
+                                                          network=handle.enabled))
+                relay = Relay(machine_id, paths.socket, paths.mux, fresh=True)
+                await relay.start()
+                await relay.waiting.wait()
+                await relay.close()
+                relay = None
+                await templates.save(paths.qmp, tmp / "state")
+                templates.kill(paths.pidfile, f"unix:{paths.qmp},")
+                shutil.copyfile(paths.initrd, tmp / "initrd")
+                (tmp / "complete").touch()
+                os.rename(tmp, root)
+                log.info("vm template %s ready (%d MiB, %d cpus)", key, shape.memory_mib,
+                         shape.cpus)
+        except BaseException as e:  # a template is an optimisation: log and go on
+            log.warning("vm template %s not built: %s", key, e or type(e).__name__)
+        finally:
+            if relay is not None:
+                await relay.close()
+            templates.kill(paths.pidfile, f"unix:{paths.qmp},")
+            with contextlib.suppress(Exception):
+                await self.network.teardown(machine_id)
+            shutil.rmtree(paths.run, ignore_errors=True)
+            templates.discard(tmp)
+            self._building.discard(key)
 
     async def _console(self, paths: VmPaths) -> str:
         try:
@@ -548,11 +674,27 @@ class VmDriver:
             return []
 
     async def close(self) -> None:
+        # A template still building is abandoned: its guest is killed.
+        for build in self._builds:
+            build.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.wrap_future(build), 30)
+        self._builds.clear()
         for relay in list(self._relays.values()):
             await self._relay_loop.call(relay.close())
         self._relays.clear()
         self._relay_loop.stop()
         await self.network.close()
+
+
+async def _copy_sparse(source: Path, target: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "cp", "--sparse=always", "--reflink=auto", str(source), str(target),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise DriverError(f"copying the template's disk failed: {out.decode(errors='replace')}")
 
 
 def _running(pid: int) -> bool:

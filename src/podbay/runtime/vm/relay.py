@@ -10,6 +10,7 @@ for the protocol and its flow control.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -121,6 +122,8 @@ class Relay:
         self._closing = False
         self._linked = asyncio.Event()
         self._syncs: dict[bytes, asyncio.Event] = {}
+        #: Set when a template guest says it waits for its configuration.
+        self.waiting = asyncio.Event()
 
     async def start(self) -> None:
         self.listen_path.unlink(missing_ok=True)
@@ -205,6 +208,9 @@ class Relay:
                     answered = kind == f.HELLO_ACK and payload == nonce
                     self.fresh = self.fresh and not answered
                     continue
+                if kind == f.WAITING:
+                    self.waiting.set()
+                    continue
                 if kind == f.SYNC_ACK:
                     done = self._syncs.pop(payload, None)
                     if done is not None:
@@ -251,6 +257,13 @@ class Relay:
             self._syncs.pop(nonce, None)
         return True
 
+    async def configure(self, config: bytes, within: float) -> None:
+        """Give a guest restored from a template its machine's configuration."""
+        async with asyncio.timeout(within):
+            await self._linked.wait()
+        self.send(f.frame(f.CONFIG, 0, config))
+        await self.drain()
+
     async def set_hostname(self, name: str) -> None:
         self.send(f.frame(f.HOSTNAME, 0, name.encode()))
         await self.drain()
@@ -295,6 +308,10 @@ class RelayLoop:
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure())
         return await asyncio.wrap_future(future)
+
+    def submit(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
+        """Run ``coro`` on the relay loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure())
 
     def stop(self) -> None:
         with self._guard:

@@ -40,8 +40,11 @@ ACK = 7  # either way: payload u32, bytes delivered (credit returned)
 HOSTNAME = 8  # host → guest: payload the new hostname (stream 0)
 SYNC = 9  # host → guest: write every dirty page to the disks, then answer (payload a nonce)
 SYNC_ACK = 10  # guest → host: the SYNC with this nonce is done
+CONFIG = 11  # host → guest: JSON {hostname, pids, env} for a guest restored from a template
+WAITING = 12  # guest → host: booted as a template, waiting for its CONFIG
 
-TYPES = frozenset({HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK})
+TYPES = frozenset({HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK,
+                   CONFIG, WAITING})
 #: Largest payload in one frame; a bigger length means the stream is out of sync.
 MAX_PAYLOAD = 64 * 1024
 #: Unacknowledged data bytes a sender may have in flight per stream.

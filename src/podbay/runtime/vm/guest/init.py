@@ -39,6 +39,10 @@ RUN = "/.podbay/run"
 CGROUP = "/sys/fs/cgroup"
 STOP_GRACE_SECONDS = 1.0
 PORT_NAME = "podbay"
+#: A template guest waits here for the configuration of the machine it becomes.
+CONFIGURED = threading.Event()
+GIVEN: list[dict[str, object]] = []
+MUX: list[Mux] = []
 
 
 def _write(path: str, text: str) -> None:
@@ -225,6 +229,10 @@ class Mux:
         if kind == f.HOSTNAME:
             set_hostname(payload.decode(errors="replace"))
             return
+        if kind == f.CONFIG:
+            GIVEN.append(json.loads(payload))
+            CONFIGURED.set()
+            return
         if kind == f.SYNC:
             threading.Thread(target=self._sync, args=(payload,), daemon=True).start()
             return
@@ -259,7 +267,9 @@ class Mux:
 
 def run_mux() -> None:
     try:
-        Mux(find_port()).serve()
+        mux = Mux(find_port())
+        MUX.append(mux)
+        mux.serve()
     except BaseException as exc:  # the agent is unreachable without it: say why
         print(f"podbay-vm: the mux stopped: {exc!r}", file=sys.stderr, flush=True)
         raise
@@ -274,16 +284,27 @@ def main() -> None:
     print(f"podbay-vm: init at {_uptime()}", file=sys.stderr, flush=True)
     with open(f"{RUN}/config.json") as given:
         config = json.load(given)
-    set_hostname(config["hostname"])
-    limit_pids(int(config["pids"]))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(AGENT_ADDRESS)
     listener.listen(128)
     old_size = threading.stack_size(256 * 1024)
     threading.Thread(target=run_mux, name="podbay-mux", daemon=True).start()
     threading.stack_size(old_size)
-    print(f"podbay-vm: agent at {_uptime()}", file=sys.stderr, flush=True)
     from podbay.agent.__main__ import main as agent_main  # staged beside this package
+
+    if config.get("template"):
+        # Booted once to be snapshotted: everything above is done and imported;
+        # each machine restored from the snapshot continues here with its own
+        # hostname, limits and environment.
+        while not MUX:
+            time.sleep(0.01)
+        while not CONFIGURED.wait(1.0):
+            MUX[0].send(None, f.frame(f.WAITING, 0))
+        config.update(GIVEN[-1])
+        _write(f"{RUN}/env.json", json.dumps(config["env"]))
+    set_hostname(str(config["hostname"]))
+    limit_pids(int(config["pids"]))
+    print(f"podbay-vm: agent at {_uptime()}", file=sys.stderr, flush=True)
 
     sys.exit(agent_main(["--fd", str(listener.fileno()), *config["agent_options"]]))
 
