@@ -628,6 +628,7 @@ class VmDriver:
 
     async def adopt(self) -> list[ObservedMachine]:
         found: list[ObservedMachine] = []
+        await self._clear_template_leftovers()  # a killed node's half-built templates
         try:
             homes = sorted(p for p in self.machines.iterdir() if p.is_dir())
         except FileNotFoundError:
@@ -680,6 +681,7 @@ class VmDriver:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.wrap_future(build), 30)
         self._builds.clear()
+        await self._clear_template_leftovers()
         for relay in list(self._relays.values()):
             await self._relay_loop.call(relay.close())
         self._relays.clear()
