@@ -227,7 +227,15 @@ async def _vm_check(settings: Settings) -> HostCheck:
         result = await probe(settings)
     else:
         result = await asyncio.to_thread(probe, settings)
-    return as_host_check(result)
+    check = as_host_check(result)
+    accel = settings.runtime.vm_accel
+    if check.fast and accel != "kvm":
+        # KVM boots guests here, but the operator runs them under TCG.
+        return HostCheck(True, False, f"{check.detail}; guests run under {accel} "
+                                      "(runtime.vm_accel=kvm for useful speed)")
+    if accel == "kvm" and check.works and not check.fast:
+        return HostCheck(False, False, f"{check.detail}; but runtime.vm_accel=kvm")
+    return check
 
 
 def as_host_check(result: Any) -> HostCheck:

@@ -115,14 +115,30 @@ class DriverSession:
 
 
 def cleanup(settings: Settings) -> None:
-    """Destroy every machine of the data directory, in each OCI class that has
-    data there (``gvisor`` keeps its own), and collect their leftovers."""
-    from podbay.runtime.classes import CONTAINER, GVISOR, class_settings
+    """Destroy every machine of the data directory, in each class that has data
+    there (``gvisor`` and ``vm`` keep their own), and collect the leftovers."""
+    from podbay.runtime.classes import CONTAINER, GVISOR, VM, class_settings
 
+    if (settings.data_dir / VM / "machines").is_dir():
+        _destroy_vms(settings)
     for name in (CONTAINER, GVISOR):
         derived = class_settings(settings, name)
         if name == CONTAINER or derived.data_dir.exists():
             DriverSession(derived).close()
+
+
+def _destroy_vms(settings: Settings) -> None:
+    from podbay.runtime.vm.driver import VmDriver
+
+    async def destroy_all() -> None:
+        driver = VmDriver(settings)
+        try:
+            for machine_id in driver.machine_ids():
+                await driver.destroy(machine_id)
+        finally:
+            await driver.close()
+
+    asyncio.run(destroy_all())
 
 
 @pytest.fixture(scope="session")

@@ -116,3 +116,25 @@ def test_a_probe_that_hangs_is_cut_off(monkeypatch):
     monkeypatch.setattr(classes, "_vm_check", hang)
     check = asyncio.run(classes.host_check(settings(), "vm"))
     assert not check.works and "took over" in check.detail
+
+
+@pytest.mark.parametrize(("answer", "accel", "works", "fast", "says"), [
+    ((True, True, "a KVM guest booted"), "kvm", True, True, "a KVM guest booted"),
+    # KVM works but the operator runs guests under TCG: works, not at useful speed.
+    ((True, True, "a KVM guest booted"), "tcg", True, False, "runtime.vm_accel=kvm"),
+    ((True, False, "a KVM guest hung: TCG only"), "tcg", True, False, "TCG only"),
+    # Told to use KVM where KVM guests hang: it cannot run.
+    ((True, False, "a KVM guest hung: TCG only"), "kvm", False, False, "but runtime.vm_accel"),
+    ((False, False, "qemu not found"), "tcg", False, False, "qemu not found"),
+])
+def test_vm_is_useful_speed_only_where_kvm_boots_and_is_used(monkeypatch, answer, accel,
+                                                             works, fast, says):
+    async def probe(settings: Settings) -> tuple[bool, bool, str]:
+        return answer
+
+    real_load = classes._load
+    monkeypatch.setattr(classes, "_load",
+                        lambda target: probe if target == classes.VM_PROBE else real_load(target))
+    check = asyncio.run(classes.host_check(settings(vm_accel=accel), "vm"))
+    assert (check.works, check.fast) == (works, fast)
+    assert says in check.detail
