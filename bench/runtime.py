@@ -2,7 +2,7 @@
 
 Run as root with the base image cached (the first run builds it)::
 
-    .venv/bin/python bench/runtime.py [--class container|vm] [--runs 20]
+    .venv/bin/python bench/runtime.py [--class container|gvisor|vm] [--runs 20]
                                       [--density-max 100] [--json]
 
 - create-to-ready: ``create`` + ``start`` until ``GET /v1/info`` answers, p50/p99;
@@ -13,7 +13,10 @@ Run as root with the base image cached (the first run builds it)::
   agent's resident memory (RSS and PSS) per idle sandbox (for ``vm``: QEMU's,
   which holds the guest's memory).
 
-``--class vm`` boots QEMU microVMs under TCG; try ``--runs 5 --density-max 10``.
+Each class's driver is built as ``podbay serve`` builds it
+(:func:`podbay.runtime.classes.build_driver`: ``gvisor`` is the OCI driver with
+runsc in its own directories). ``--class vm`` boots QEMU microVMs under TCG;
+try ``--runs 5 --density-max 10``.
 
 Uses a throwaway data directory; every sandbox is destroyed at the end.
 """
@@ -31,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from podbay.runtime import classes
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import Driver, Limits, MachineSpec
 from podbay.runtime.oci import gc
@@ -53,9 +57,7 @@ def spec(prefix: str, memory_bytes: int = 1 * GIB) -> MachineSpec:
 
 
 def make_driver(name: str, settings: Settings) -> Driver:
-    if name == "vm":
-        return VmDriver(settings)
-    return OciDriver(settings)
+    return classes.build_driver(settings, name)
 
 
 def machine_pid(driver: Driver, machine_id: str) -> int | None:
@@ -210,7 +212,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--class", dest="sandbox_class", choices=("container", "vm"),
+    parser.add_argument("--class", dest="sandbox_class", choices=tuple(classes.CLASSES),
                         default="container")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--memory-mib", type=int, default=1024)
