@@ -35,6 +35,7 @@
     │   agent (inside the sandbox)
     ├── ProtocolError(status, message)   the peer broke HTTP/1.1
     ├── Aborted                          cut a response mid-body
+    ├── FrameError                       a terminal-stream frame broke the rules (ValueError)
     ├── EnvFileError                     the env file is unusable (ValueError)
     └── UsageError                       the agent's command line is wrong (ValueError)
 
@@ -217,6 +218,10 @@ class Aborted(PodbayError):
     The client then sees a short body instead of bytes that would not match
     what the headers promised (used when a file changes while it is sent).
     """
+
+
+class FrameError(PodbayError, ValueError):
+    """A terminal-stream frame that breaks :mod:`podbay.wire.stream`'s rules."""
 
 
 class EnvFileError(PodbayError, ValueError):

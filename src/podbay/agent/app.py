@@ -20,6 +20,7 @@ from podbay.wire.data import (
     ExecRequest,
     MakeDirRequest,
     ProcessList,
+    PtyRequest,
     SignalRequest,
     SpawnRequest,
 )
@@ -30,10 +31,13 @@ from .exec import run as run_exec
 from .files import Files, FileStream, parse_digest, parse_mode
 from .http import Request, Response
 from .processes import ProcessTable
+from .pty import start as start_pty
 from .reaper import Reaper
 from .tree import kill_all_but_self
+from .tunnel import open_tunnel
 
-FEATURES = [paths.FEATURE_FILES, paths.FEATURE_TRAILING_DIGEST]
+FEATURES = [paths.FEATURE_FILES, paths.FEATURE_TRAILING_DIGEST, paths.FEATURE_PTY,
+            paths.FEATURE_PORTS]
 
 T = TypeVar("T")
 Route = Callable[[Request], Response]
@@ -74,6 +78,11 @@ def _flag(req: Request, name: str) -> bool:
     raise ApiError(ErrorCode.REQUEST_INVALID, f"{name} must be true or false")
 
 
+def _expect_upgrade(req: Request, token: str) -> None:
+    if req.headers.get("upgrade", "").lower() != token:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"{req.path} needs 'Upgrade: {token}'")
+
+
 class App:
     """Routes data-plane calls to the exec, process and file services."""
 
@@ -94,6 +103,12 @@ class App:
             paths.FILES_LIST: {"GET": self.list_dir},
             paths.FILES_MKDIR: {"POST": self.mkdir},
         }
+        #: The gateway's own leg of terminals and ports (HTTP/1.1 upgrades): not
+        #: client routes, so not in the data plane's OpenAPI document.
+        self.upgrades: dict[str, dict[str, Route]] = {
+            paths.PTY: {"POST": self.pty},
+            paths.TUNNEL: {"GET": self.tunnel},
+        }
 
     def __call__(self, req: Request) -> Response:
         try:
@@ -104,7 +119,7 @@ class App:
             return refusal_response(ErrorCode.REQUEST_INVALID, f"invalid request body: {exc}")
 
     def _dispatch(self, req: Request) -> Response:
-        methods = self.routes.get(req.path)
+        methods = self.routes.get(req.path) or self.upgrades.get(req.path)
         process_id = None
         if methods is None and req.path.startswith(paths.PROCESSES + "/"):
             rest = req.path[len(paths.PROCESSES) + 1 :]
@@ -133,6 +148,15 @@ class App:
     def exec(self, req: Request) -> Response:
         body = _body(req, ExecRequest)
         return json_response(run_exec(self.reaper, self.workspace, self.declared_env, body))
+
+    # -- terminals and ports ------------------------------------------------
+    def pty(self, req: Request) -> Response:
+        _expect_upgrade(req, paths.UPGRADE_PTY)
+        return start_pty(self.reaper, self.workspace, self.declared_env, _body(req, PtyRequest))
+
+    def tunnel(self, req: Request) -> Response:
+        _expect_upgrade(req, paths.UPGRADE_TUNNEL)
+        return open_tunnel(req)
 
     # -- processes -----------------------------------------------------------
     def spawn(self, req: Request) -> Response:

@@ -44,7 +44,7 @@ DRAIN_LIMIT = 8 * 1024 * 1024
 RECV_SIZE = 256 * 1024
 
 REASONS = {
-    100: "Continue", 200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+    100: "Continue", 101: "Switching Protocols", 200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
     403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
     413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",
@@ -62,6 +62,9 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     length: int | None = None
     content_type: str | None = "application/json"
+    #: With status 101: takes the connection over once the head is sent, with
+    #: the bytes already received past the request; the socket is closed after.
+    upgrade: Callable[[socket.socket, bytes], None] | None = None
 
 
 class _Connection:
@@ -377,6 +380,10 @@ def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> N
                 traceback.print_exc(file=sys.stderr)
                 resp = refuse(500, "the agent failed unexpectedly; see its log")
                 req.keep_alive = False
+            if resp.upgrade is not None and resp.status == 101 and req.body.finished:
+                sock.sendall(_head(101, resp.headers))
+                resp.upgrade(sock, bytes(conn.buf))
+                return
             keep = req.keep_alive
             if keep and not req.body.finished:
                 # A client that asked to wait for 100 Continue never got it: its

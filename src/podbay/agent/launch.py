@@ -107,6 +107,35 @@ def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
     return child
 
 
+def launch_on_terminal(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
+                       terminal: int) -> Child:
+    """Start ``argv`` with the terminal ``terminal`` (a pty's follower side) as its
+    standard streams and controlling terminal, leading a session of its own."""
+    with reaper.lock:
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=env,
+                start_new_session=True, close_fds=True, bufsize=0,
+                preexec_fn=_take_terminal,  # runs after setsid, in the child only
+            )
+        except OSError as exc:
+            raise _start_failed(exc, argv, cwd) from None
+        except ValueError as exc:
+            raise ApiError(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
+        child = Child(popen)
+        reaper.register(popen.pid, child._reaped)
+    return child
+
+
+def _take_terminal() -> None:
+    """Make standard input (the pty) the new session's controlling terminal, so
+    that Ctrl-C typed on it reaches the foreground process group as SIGINT."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 def _start_failed(exc: OSError, argv: list[str], cwd: str) -> ApiError:
     reason = exc.strerror or str(exc)
     if exc.filename == cwd and argv[0] != cwd:

@@ -51,6 +51,8 @@ class ErrorCode(StrEnum):
     SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
     CREDENTIAL_WRONG_SANDBOX = "CREDENTIAL_WRONG_SANDBOX"
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
+    #: Nothing inside the sandbox accepts connections on the port asked for.
+    PORT_UNREACHABLE = "PORT_UNREACHABLE"
 
     # -- agent: commands and processes -------------------------------------
     COMMAND_START_FAILED = "COMMAND_START_FAILED"
@@ -102,6 +104,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_NOT_RUNNING: 401,
     ErrorCode.CREDENTIAL_WRONG_SANDBOX: 403,
     ErrorCode.AGENT_UNREACHABLE: 502,
+    ErrorCode.PORT_UNREACHABLE: 502,
     ErrorCode.COMMAND_START_FAILED: 400,
     ErrorCode.PROCESS_LIMIT_REACHED: 429,
     ErrorCode.PROCESS_NOT_FOUND: 404,

@@ -119,3 +119,48 @@ class MakeDirRequest:
     path: str
     parents: bool = True
     mode: int | None = None
+
+
+# -- terminals and ports (features "pty", "ports") ---------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PtyRequest:
+    """First message of a ``/v1/pty`` WebSocket: what to start on a terminal."""
+
+    command: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    rows: int = 24
+    cols: int = 80
+    term: str = "xterm-256color"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PtyResize:
+    """Text message on a ``/v1/pty`` WebSocket: ``{"type": "resize", "rows", "cols"}``."""
+
+    type: Literal["resize"]
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PtyExit:
+    """Last text message of a ``/v1/pty`` WebSocket before it closes (code 1000)."""
+
+    type: Literal["exit"] = "exit"
+    exit_code: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareRequest:
+    """``POST /api/v1/sandboxes/{name}/ports/{port}/share``."""
+
+    expires_in_seconds: int = 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareUrl:
+    url: str
+    expires_at: datetime

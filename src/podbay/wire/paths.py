@@ -62,3 +62,30 @@ REQUEST_ID_HEADER: Final = "X-Request-Id"
 FEATURE_FILES: Final = "files"
 #: Writes may carry their digest after the content (``DIGEST_TRAILING``).
 FEATURE_TRAILING_DIGEST: Final = "files.trailing-digest"
+#: Terminals: ``GET /v1/pty`` upgraded to a WebSocket (see :mod:`podbay.wire.stream`).
+FEATURE_PTY: Final = "pty"
+#: ``/v1/ports/{port}/...`` reaches a server listening inside the sandbox.
+FEATURE_PORTS: Final = "ports"
+
+# -- terminals and ports ------------------------------------------------------
+#: A WebSocket: the client's first (text) message is a ``PtyRequest``; then
+#: binary messages are terminal bytes both ways and text messages are JSON
+#: control messages (``resize`` in, ``exit`` or ``error`` out).
+PTY: Final = "/v1/pty"
+#: ``/v1/ports/{port}/<path>``: HTTP and WebSocket requests relayed to
+#: ``127.0.0.1:{port}`` inside the sandbox, with ``<path>`` as their path.
+PORTS: Final = "/v1/ports"
+#: Agent-side only (the gateway's leg): an HTTP/1.1 upgrade to a raw byte
+#: stream to ``127.0.0.1:{port}`` inside the sandbox; ``?port=N``.
+TUNNEL: Final = "/v1/tunnel"
+#: The ``Upgrade`` tokens of the gateway-to-agent leg.
+UPGRADE_PTY: Final = "podbay-pty"
+UPGRADE_TUNNEL: Final = "podbay-tunnel"
+#: Share URLs: ``<public URL>/share/<token>/<path>``, signed, scoped to one
+#: sandbox and port, expiring; no credential header needed.
+SHARE_PREFIX: Final = "/share/"
+
+
+def port_share_path(name: str, port: int) -> str:
+    """Control plane: ``POST`` mints a share URL for ``port`` of sandbox ``name``."""
+    return f"{sandbox_path(name)}/ports/{port}/share"
