@@ -67,6 +67,7 @@ class TokenKind:
 
 IDENTITY_TOKEN = TokenKind(ErrorCode.IDENTITY_TOKEN_INVALID, "identity token")
 CREDENTIAL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "sandbox credential", renew="attach again")
+SHARE_URL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "share URL", renew="ask for a new one")
 
 
 def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequence[str],

@@ -44,7 +44,8 @@ DRAIN_LIMIT = 8 * 1024 * 1024
 RECV_SIZE = 256 * 1024
 
 REASONS = {
-    100: "Continue", 101: "Switching Protocols", 200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+    100: "Continue", 101: "Switching Protocols", 200: "OK", 204: "No Content",
+    400: "Bad Request", 401: "Unauthorized",
     403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
     413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
     431: "Request Header Fields Too Large", 500: "Internal Server Error",

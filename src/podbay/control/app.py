@@ -41,7 +41,7 @@ from podbay.settings import Settings
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_CONTROL_BODY
-from podbay.wire.paths import REQUEST_ID_HEADER
+from podbay.wire.paths import REQUEST_ID_HEADER, SHARE_PREFIX
 
 from . import errors
 from .bodies import BodyLimit
@@ -61,7 +61,7 @@ from .services.transitions import Transitions
 
 log = logging.getLogger("podbay.serve")
 #: Paths the gateway serves; everything else is the control plane's.
-GATEWAY_PATHS = (GATEWAY_PREFIX, "/v1/")
+GATEWAY_PATHS = (GATEWAY_PREFIX, "/v1/", SHARE_PREFIX)
 
 
 def _request_id(scope: Scope) -> str:
@@ -196,7 +196,8 @@ class Platform:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self._control(scope, receive, send)
+            gateway = scope["type"] == "websocket" and scope["path"].startswith(GATEWAY_PATHS)
+            await (self.gateway if gateway else self._control)(scope, receive, send)
             return
         started = False
 

@@ -24,12 +24,21 @@ from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_JSON_BODY
 from podbay.wire.openapi import data_plane
-from podbay.wire.paths import CREDENTIAL_HEADER, EXEC, FILES, REQUEST_ID_HEADER
+from podbay.wire.paths import (
+    CREDENTIAL_HEADER,
+    EXEC,
+    FILES,
+    PORTS,
+    PTY,
+    REQUEST_ID_HEADER,
+    SHARE_PREFIX,
+)
 
+from . import ports, terminal
 from .activity import ActivityTracker
-from .credentials import CredentialVerifier
+from .credentials import CredentialVerifier, verify_share
 from .proxy import relay, send_error
-from .routes import RouteTable
+from .routes import Route, RouteTable
 
 PREFIX = "/sandbox/"
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
@@ -37,6 +46,9 @@ _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _EXEC = EXEC.encode()
 _FILES = FILES.encode()
 _OPENAPI = b"/openapi.json"
+_PTY = PTY.encode()
+_PORTS = PORTS.encode() + b"/"
+_SHARE = SHARE_PREFIX.encode()
 #: Data-plane paths without the sandbox prefix (see ``__call__``).
 _BARE = b"/v1/"
 
@@ -81,27 +93,52 @@ class Gateway:
         self.before_route = before_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         started = time.perf_counter()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        if raw_path.startswith(_BARE):
-            # A client that resolved "/v1/..." against the endpoint (URL
-            # semantics) lost the prefix: the credential alone names the sandbox.
-            sandbox_id, tail = None, raw_path
-        else:
-            sandbox_id, slash, tail = raw_path[len(PREFIX):].partition(b"/")
-            tail = slash + tail
-        credential_token = None
-        request_id = None
-        for key, value in scope["headers"]:
-            if key == _CREDENTIAL:
-                credential_token = value.decode("latin-1")
-            elif key == _REQUEST_ID:
-                request_id = value.decode("latin-1")
-        request_id = request_id or uuid.uuid4().hex
+        request_id = _request_id(scope)
+        if raw_path.startswith(_SHARE):
+            await self._shared(scope, receive, send, raw_path, request_id)
+            return
+        sandbox_id, tail = _split(raw_path)
         if tail == _OPENAPI and scope["method"] == "GET" and sandbox_id:
             # The contract is public: served without a credential.
             await _send_json(send, data_plane(PREFIX + sandbox_id.decode("latin-1")))
             return
+        try:
+            sid, route = await self._authorize(scope, sandbox_id, tail)
+        except ApiError as exc:
+            await send_error(send, exc, request_id)
+            return
+        self.activity.begin(sid)
+        try:
+            if tail.startswith(_PORTS):
+                status = await self._port(route, scope, receive, send, tail, request_id,
+                                          _prefix(raw_path, tail))
+            else:
+                query = scope.get("query_string") or b""
+                target = tail + b"?" + query if query else tail
+                # Only a native file write streams an unbounded body; every other
+                # body is JSON the agent reads whole.
+                limit = None if scope["method"] == "PUT" and tail == _FILES else MAX_JSON_BODY
+                status = await relay(route.pool, scope, receive, send, target, request_id,
+                                     limit)
+                if status == 502 and self.on_unreachable is not None:
+                    self.on_unreachable(sid)
+        finally:
+            self.activity.end(sid)
+        self._observe("exec" if tail == _EXEC else "other", status, started)
+
+    async def _authorize(self, scope: Scope, sandbox_id: bytes | None,
+                         tail: bytes) -> tuple[str, Route]:
+        """The sandbox the credential reaches and its route; the refusal otherwise
+        (counted for metrics)."""
+        credential_token = None
+        for key, value in scope["headers"]:
+            if key == _CREDENTIAL:
+                credential_token = value.decode("latin-1")
         try:
             if not tail or sandbox_id == b"":
                 raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such data-plane path")
@@ -117,24 +154,127 @@ class Gateway:
                 raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,
                                "the sandbox is not running; attach again")
         except ApiError as exc:
-            await send_error(send, exc, request_id)
             if self.on_refusal is not None:
                 self.on_refusal(exc.code.value)
+            raise
+        return sid, route
+
+    async def _share_route(self, raw_path: bytes) -> tuple[str, Route, int, bytes, str]:
+        """A share URL's sandbox, route, port, the path within and the prefix before it."""
+        token, slash, rest = raw_path[len(_SHARE):].partition(b"/")
+        try:
+            share = verify_share(self.verifier.keys, token.decode("latin-1"))
+            if self.before_route is not None:
+                await self.before_route()
+            route = self.routes.get(share.sandbox_id)
+            if route is None:
+                raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,
+                               "the shared sandbox is not running right now")
+        except ApiError as exc:
+            if self.on_refusal is not None:
+                self.on_refusal(exc.code.value)
+            raise
+        return (share.sandbox_id, route, share.port, slash + rest if slash else b"/",
+                _SHARE.decode() + token.decode("latin-1"))
+
+    async def _shared(self, scope: Scope, receive: Receive, send: Send, raw_path: bytes,
+                      request_id: str) -> None:
+        try:
+            sid, route, port, path, prefix = await self._share_route(raw_path)
+        except ApiError as exc:
+            await send_error(send, exc, request_id)
             return
-        query = scope.get("query_string") or b""
-        target = tail + b"?" + query if query else tail
         self.activity.begin(sid)
         try:
-            # Only a native file write streams an unbounded body; every other
-            # body is JSON the agent reads whole.
-            limit = None if scope["method"] == "PUT" and tail == _FILES else MAX_JSON_BODY
-            status = await relay(route.pool, scope, receive, send, target, request_id, limit)
+            await ports.relay_http(route.socket, port, path, prefix, scope, receive, send,
+                                   request_id)
         finally:
             self.activity.end(sid)
-        if status == 502 and self.on_unreachable is not None:
-            self.on_unreachable(sid)
-        self._observe("exec" if tail == _EXEC else "other", status, started)
+
+    async def _port(self, route: Route, scope: Scope, receive: Receive, send: Send,
+                    tail: bytes, request_id: str, prefix: str) -> int:
+        target = ports.parse_target(tail)
+        if target is None:
+            exc = ApiError(ErrorCode.ROUTE_NOT_FOUND,
+                           "a port path is /v1/ports/{port}/..., port from 1 to 65535")
+            await send_error(send, exc, request_id)
+            return exc.status
+        port, path = target
+        return await ports.relay_http(route.socket, port, path,
+                                      prefix + f"{PORTS}/{port}", scope, receive, send,
+                                      request_id)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Terminals and WebSocket ports: every check before the upgrade is accepted;
+        a refusal is the contract's HTTP answer (where the server can send one)."""
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        try:
+            if raw_path.startswith(_SHARE):
+                sid, route, port, path, prefix = await self._share_route(raw_path)
+            else:
+                sandbox_id, tail = _split(raw_path)
+                sid, route = await self._authorize(scope, sandbox_id, tail)
+                target = ports.parse_target(tail) if tail.startswith(_PORTS) else None
+                if tail == _PTY:
+                    port, path, prefix = 0, b"", ""
+                elif target is not None:
+                    port, path = target
+                    prefix = _prefix(raw_path, tail) + f"{PORTS}/{port}"
+                else:
+                    raise ApiError(ErrorCode.ROUTE_NOT_FOUND,
+                                   f"no WebSocket at this path; use {PTY} or {PORTS}/{{port}}/")
+        except ApiError as exc:
+            await _deny(scope, send, exc)
+            return
+        self.activity.begin(sid)
+        try:
+            if port == 0:
+                if await receive() == {"type": "websocket.connect"}:
+                    await send({"type": "websocket.accept"})
+                    await terminal.session(route.socket, receive, send)
+            else:
+                refusal = await ports.relay_websocket(route.socket, port, path, prefix, scope,
+                                                      receive, send)
+                if refusal is not None:
+                    await _deny(scope, send, refusal)
+        finally:
+            self.activity.end(sid)
 
     def _observe(self, kind: str, status: int, started: float) -> None:
         if self.observe is not None:
             self.observe(kind, status, time.perf_counter() - started)
+
+
+def _request_id(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == _REQUEST_ID:
+            return str(value.decode("latin-1"))
+    return uuid.uuid4().hex
+
+
+def _split(raw_path: bytes) -> tuple[bytes | None, bytes]:
+    """The sandbox id in the path (None for a bare ``/v1/...``) and the data-plane path."""
+    if raw_path.startswith(_BARE):
+        # A client that resolved "/v1/..." against the endpoint (URL
+        # semantics) lost the prefix: the credential alone names the sandbox.
+        return None, raw_path
+    sandbox_id, slash, tail = raw_path[len(PREFIX):].partition(b"/")
+    return sandbox_id, slash + tail
+
+
+def _prefix(raw_path: bytes, tail: bytes) -> str:
+    """The path before the data-plane path (``/sandbox/<id>`` or empty)."""
+    return raw_path[:len(raw_path) - len(tail)].decode("latin-1")
+
+
+async def _deny(scope: Scope, send: Send, exc: ApiError) -> None:
+    """Refuse a WebSocket before accepting it: the contract's JSON answer with its
+    status where the server offers the denial extension, else a close."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = json.dumps(exc.body()).encode()
+        await send({"type": "websocket.http.response.start", "status": exc.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})

@@ -24,10 +24,41 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from podbay.errors import ApiError
-from podbay.signing import CREDENTIAL, SigningKeys, VerifyingKeys, sign, verify
+from podbay.signing import CREDENTIAL, SHARE_URL, SigningKeys, VerifyingKeys, sign, verify
 from podbay.wire.codes import ErrorCode
 
 AUDIENCE = "podbay:data-plane"
+#: Share URLs' tokens: their own audience, so neither kind passes for the other.
+SHARE_AUDIENCE = "podbay:port-share"
+#: Longest life of a share URL.
+MAX_SHARE_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Share:
+    sandbox_id: str
+    port: int
+
+
+def mint_share(keys: SigningKeys, *, sandbox_id: str, port: int,
+               ttl_seconds: float) -> tuple[str, datetime]:
+    """A share token for one port of one sandbox (any incarnation), and when it expires."""
+    now = time.time()
+    exp = int(now + ttl_seconds)
+    token = sign(keys, {"aud": SHARE_AUDIENCE, "sub": sandbox_id, "port": port,
+                        "iat": int(now), "exp": exp})
+    return token, datetime.fromtimestamp(exp, UTC)
+
+
+def verify_share(keys: VerifyingKeys, token: str) -> Share:
+    """What a share token grants; 401 ``CREDENTIAL_INVALID`` when forged or expired."""
+    claims = verify(keys, token, SHARE_URL, require=["sub", "exp", "aud", "port"],
+                    audience=SHARE_AUDIENCE)
+    sub, port = claims.get("sub"), claims.get("port")
+    if not isinstance(sub, str) or not isinstance(port, int) or isinstance(port, bool) \
+            or not 1 <= port <= 65535:
+        raise SHARE_URL.invalid()
+    return Share(sub, port)
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,10 @@ class CredentialVerifier:
         self._keys = keys
         self._cache: OrderedDict[str, Credential] = OrderedDict()
         self._cache_size = cache_size
+
+    @property
+    def keys(self) -> VerifyingKeys:
+        return self._keys
 
     def verify(self, token: str | None) -> Credential:
         if not token:

@@ -61,3 +61,16 @@ class SandboxList:
 class ErrorBody:
     error: str
     code: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareRequest:
+    """``POST /api/v1/sandboxes/{name}/ports/{port}/share``."""
+
+    expires_in_seconds: int = 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareUrl:
+    url: str
+    expires_at: datetime

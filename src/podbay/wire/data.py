@@ -151,16 +151,3 @@ class PtyExit:
 
     type: Literal["exit"] = "exit"
     exit_code: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShareRequest:
-    """``POST /api/v1/sandboxes/{name}/ports/{port}/share``."""
-
-    expires_in_seconds: int = 3600
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShareUrl:
-    url: str
-    expires_at: datetime

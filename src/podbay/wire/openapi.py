@@ -134,7 +134,7 @@ def _name_param() -> dict[str, Any]:
 
 def control_plane(server_url: str) -> dict[str, Any]:
     """The control plane's document (``/api/v1/sandboxes``)."""
-    s = _Schemas(closed={control.AttachRequest})
+    s = _Schemas(closed={control.AttachRequest, control.ShareRequest})
     handle = {"200": {"description": "the sandbox, running, and how to reach it",
                       **_json(s.ref(control.SandboxHandle))},
               "202": {"description": "the declared environment is being prepared; "
@@ -174,6 +174,15 @@ def control_plane(server_url: str) -> dict[str, Any]:
             f"{one}/stop": {"post": _op(
                 "Suspend its compute early", done,
                 [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE], params=name)},
+            f"{one}/ports/{{port}}/share": {"post": _op(
+                "A signed, expiring URL to one port of the sandbox, for a person",
+                {"200": {"description": "the URL and when it expires",
+                         **_json(s.ref(control.ShareUrl))}},
+                [*_IDENTITY, C.SANDBOX_NOT_FOUND],
+                body=_json(s.ref(control.ShareRequest)), body_required=False,
+                params=[*name, {"name": "port", "in": "path", "required": True,
+                                "schema": {"type": "integer", "minimum": 1,
+                                           "maximum": 65535}}])},
         },
         "components": {"securitySchemes": {"identityToken": {
             "type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},

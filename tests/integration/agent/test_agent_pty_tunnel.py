@@ -121,10 +121,11 @@ def test_a_command_that_cannot_start_is_refused_without_upgrade(agent: Agent) ->
 
 
 def test_hostile_frames_end_the_session(agent: Agent) -> None:
-    sock, head, frames = _pty(agent, command=["cat"])
+    sock, head, _ = _pty(agent, command=["cat"])
     assert head.startswith(b"HTTP/1.1 101")
     sock.sendall(b"d" + (stream.MAX_FRAME + 1).to_bytes(4, "big"))
-    assert sock.recv(65536) in (b"",) or sock.recv(65536) == b""
+    while sock.recv(65536):  # whatever cat echoed, then the end
+        pass
 
 
 def test_tunnel_splices_to_a_server_on_the_sandbox_loopback(agent: Agent) -> None:

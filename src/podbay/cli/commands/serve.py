@@ -179,9 +179,12 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     protocol = guarded_protocol(head_timeout=settings.server.head_timeout_seconds,
                                 body_timeout=settings.server.body_timeout_seconds,
                                 max_connections=cap)
+    from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
+
     config = uvicorn.Config(app, loop="uvloop", http=protocol, lifespan="on",
                             log_config=None, access_log=False, timeout_graceful_shutdown=5,
-                            ws="none")
+                            ws="websockets", ws_max_size=WS_MAX_MESSAGE,
+                            ws_per_message_deflate=False)
     server = _Server(config)
     try:
         server.run(sockets=[sock])

@@ -10,10 +10,11 @@ from starlette.routing import Route
 
 from podbay.domain import Deployment
 from podbay.errors import ApiError
+from podbay.gateway.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import AttachRequest, Preparing, SandboxList
-from podbay.wire.paths import SANDBOXES
+from podbay.wire.control import AttachRequest, Preparing, SandboxList, ShareRequest, ShareUrl
+from podbay.wire.paths import SANDBOXES, SHARE_PREFIX
 
 from .. import views
 from ..services.environment import Building
@@ -76,10 +77,33 @@ async def delete(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def share(request: Request) -> Response:
+    """A signed, expiring URL for one port of the sandbox, for a person to open."""
+    platform = request.app.state.platform
+    deployment = await _deployment(request)
+    sandbox = await platform.sandboxes.get(deployment, request.path_params["name"])
+    raw_port = request.path_params["port"]
+    if not raw_port.isdigit() or len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
+        raise ApiError(ErrorCode.REQUEST_INVALID, "port must be a number from 1 to 65535")
+    raw = await request.body()
+    try:
+        body = loads(ShareRequest, raw) if raw.strip() else ShareRequest()
+    except WireError as exc:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid share body: {exc}") from None
+    if not 1 <= body.expires_in_seconds <= MAX_SHARE_SECONDS:
+        raise ApiError(ErrorCode.REQUEST_INVALID,
+                       f"expires_in_seconds must be from 1 to {MAX_SHARE_SECONDS}")
+    token, expires = mint_share(platform.keys, sandbox_id=sandbox.id, port=int(raw_port),
+                                ttl_seconds=body.expires_in_seconds)
+    url = f"{platform.base_url.rstrip('/')}{SHARE_PREFIX}{token}/"
+    return _json(ShareUrl(url=url, expires_at=expires))
+
+
 routes = [
     Route(SANDBOXES, list_all, methods=["GET"]),
     Route(SANDBOXES + "/{name}", attach, methods=["PUT"]),
     Route(SANDBOXES + "/{name}", get_one, methods=["GET"]),
     Route(SANDBOXES + "/{name}", delete, methods=["DELETE"]),
     Route(SANDBOXES + "/{name}/stop", stop, methods=["POST"]),
+    Route(SANDBOXES + "/{name}/ports/{port}/share", share, methods=["POST"]),
 ]

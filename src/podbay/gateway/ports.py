@@ -1,0 +1,305 @@
+"""``/v1/ports/{port}/<path>``: HTTP and WebSocket requests to a server in the sandbox.
+
+Each request gets a tunnel of its own (:mod:`.upgrade`, ``podbay-tunnel``):
+the agent connects to ``127.0.0.1:{port}`` inside the sandbox and splices.
+Over it the gateway speaks plain HTTP/1.1 with ``Connection: close``
+(``Host: localhost:{port}``; ``X-Forwarded-Host``, ``-Proto`` and
+``-Prefix`` say how the client reached it), or, for a WebSocket, runs the
+client side of the handshake with websockets' sans-I/O protocol and relays
+messages both ways.
+
+What the server in the sandbox answers is hostile input: its head is
+bounded in bytes and headers, hop-by-hop headers and ``Set-Cookie`` are
+dropped (the endpoint shares the platform's origin; cookies for one
+sandbox's app must not be set there), as are the client's credential,
+``Authorization`` and cookies on the way in. WebSocket messages are bounded
+by :data:`MAX_MESSAGE` both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import httptools
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidHandshake, InvalidState, PayloadTooBig, ProtocolError
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response as WsResponse
+from websockets.uri import parse_uri
+
+from podbay.asgi import Receive, Scope, Send
+from podbay.errors import AgentAnswerInvalid, ApiError, BodyTooLarge
+from podbay.wire import paths
+from podbay.wire.codes import ErrorCode
+
+from .proxy import _DROP_REQUEST, _send_request, send_error
+from .upgrade import READ_LIMIT, upgrade
+
+MAX_RESPONSE_HEAD = 64 * 1024
+MAX_RESPONSE_HEADERS = 100
+#: Largest WebSocket message relayed either way.
+MAX_MESSAGE = 1024 * 1024
+_DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"te",
+                            b"trailer", b"transfer-encoding", b"upgrade", b"set-cookie",
+                            b"content-length"})
+_DROP_PORT_REQUEST = _DROP_REQUEST | {b"x-forwarded-host", b"x-forwarded-proto",
+                                      b"x-forwarded-prefix", b"sec-websocket-key",
+                                      b"sec-websocket-version", b"sec-websocket-extensions",
+                                      b"sec-websocket-protocol"}
+#: Request bodies to a port are bounded only by the server in the sandbox.
+_BODY_LIMIT: int | None = None
+
+
+def parse_target(tail: bytes) -> tuple[int, bytes] | None:
+    """``/v1/ports/8080/a/b`` → ``(8080, b"/a/b")``; None when it names no port."""
+    rest = tail[len(paths.PORTS) + 1:]
+    raw_port, slash, path = rest.partition(b"/")
+    if not raw_port.isdigit() or len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
+        return None
+    return int(raw_port), slash + path if slash else b"/"
+
+
+def _forwarding(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
+    host = next((v for k, v in scope["headers"] if k == b"host"), b"")
+    scheme = scope.get("scheme", "http").replace("ws", "http")
+    return [(b"x-forwarded-host", host), (b"x-forwarded-proto", scheme.encode()),
+            (b"x-forwarded-prefix", prefix.encode())]
+
+
+def _headers_in(scope: Scope) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in scope["headers"] if k not in _DROP_PORT_REQUEST]
+
+
+async def relay_http(socket: Path, port: int, path: bytes, prefix: str, scope: Scope,
+                     receive: Receive, send: Send, request_id: str) -> int:
+    """Forward one HTTP request to ``port``; returns the status the client got."""
+    try:
+        reader, writer = await upgrade(socket, "GET", f"{paths.TUNNEL}?port={port}",
+                                       paths.UPGRADE_TUNNEL)
+    except ApiError as exc:
+        await send_error(send, exc, request_id)
+        return exc.status
+    query = scope.get("query_string") or b""
+    target = path + b"?" + query if query else path
+    framing = "none"
+    lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: localhost:",
+             str(port).encode(), b"\r\nconnection: close\r\n"]
+    for key, value in [*_headers_in(scope), *_forwarding(scope, prefix)]:
+        lines += [key, b": ", value, b"\r\n"]
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.strip() not in (b"", b"0"):
+            framing = "length"
+            lines += [b"content-length: ", value, b"\r\n"]
+        elif key == b"transfer-encoding" and framing != "length":
+            framing = "chunked"
+    if framing == "chunked":
+        lines.append(b"transfer-encoding: chunked\r\n")
+    lines.append(b"\r\n")
+    started = False
+    try:
+        await _send_request(writer, b"".join(lines), framing, receive, _BODY_LIMIT)
+        answer = _Answer(scope["method"] == "HEAD")
+        parser = answer.parser = httptools.HttpResponseParser(answer)
+        head_bytes = 0
+        status = 502
+        while not answer.done:
+            data = await reader.read(READ_LIMIT)
+            if not data:
+                if not answer.headers_done:
+                    raise ConnectionResetError("the server closed the connection")
+                answer.done = True  # a body delimited by the connection's end
+            else:
+                parser.feed_data(data)
+                if not answer.headers_done:
+                    head_bytes += len(data)
+                    if head_bytes > MAX_RESPONSE_HEAD:
+                        raise AgentAnswerInvalid("answer head too large")
+            if answer.headers_done and not started:
+                status = parser.get_status_code()
+                if not 200 <= status <= 599:
+                    raise AgentAnswerInvalid(f"status {status} is not a final answer")
+                headers = [(k, v) for k, v in answer.headers if k not in _DROP_RESPONSE]
+                await send({"type": "http.response.start", "status": status,
+                            "headers": headers})
+                started = True
+            chunks, answer.body = answer.body, []
+            for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return status
+    except ConnectionAbortedError:
+        return 499
+    except (OSError, httptools.HttpParserError, AgentAnswerInvalid, BodyTooLarge):
+        if not started:
+            await send_error(send, ApiError(
+                ErrorCode.PORT_UNREACHABLE,
+                f"the server on port {port} in the sandbox gave no usable answer"), request_id)
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 502
+    finally:
+        writer.close()
+
+
+class _Answer:
+    def __init__(self, head_only: bool) -> None:
+        self.head_only = head_only
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.body: list[bytes] = []
+        self.done = False
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_RESPONSE_HEADERS:
+            raise AgentAnswerInvalid(f"more than {MAX_RESPONSE_HEADERS} headers")
+        self.headers.append((name.lower(), bytes(value)))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        if self.head_only:
+            self.done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(bytes(body))
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+# -- WebSocket ---------------------------------------------------------------------------
+
+
+async def relay_websocket(socket: Path, port: int, path: bytes, prefix: str, scope: Scope,
+                          receive: Receive, send: Send) -> ApiError | None:
+    """Connect to the WebSocket server on ``port`` and relay until either side
+    closes. Returns the refusal to answer (before accepting) when the upstream
+    handshake fails."""
+    try:
+        reader, writer = await upgrade(socket, "GET", f"{paths.TUNNEL}?port={port}",
+                                       paths.UPGRADE_TUNNEL)
+    except ApiError as exc:
+        return exc
+    query = scope.get("query_string") or b""
+    target = (path + b"?" + query if query else path).decode("latin-1")
+    try:
+        protocol = ClientProtocol(parse_uri(f"ws://localhost:{port}{target}"),
+                                  subprotocols=scope.get("subprotocols") or None,
+                                  max_size=MAX_MESSAGE)
+        request = protocol.connect()
+        for key, value in [*_headers_in(scope), *_forwarding(scope, prefix)]:
+            name = key.decode("latin-1")
+            if name not in ("sec-websocket-key", "sec-websocket-version", "upgrade",
+                            "connection", "host"):
+                request.headers[name] = value.decode("latin-1")
+        protocol.send_request(request)
+        writer.write(b"".join(protocol.data_to_send()))
+        response = await _handshake(protocol, reader)
+    except (OSError, InvalidHandshake, ValueError, asyncio.IncompleteReadError):
+        writer.close()
+        return ApiError(ErrorCode.PORT_UNREACHABLE,
+                        f"the server on port {port} in the sandbox refused the WebSocket")
+    if await receive() != {"type": "websocket.connect"}:
+        writer.close()
+        return None
+    await send({"type": "websocket.accept",
+                "subprotocol": response.headers.get("Sec-WebSocket-Protocol")})
+    inbound = asyncio.ensure_future(_ws_client_to_server(receive, protocol, writer))
+    outbound = asyncio.ensure_future(_ws_server_to_client(protocol, reader, writer, send))
+    try:
+        await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
+        if inbound.done() and not outbound.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(outbound), 5)
+        if not inbound.done():
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": 1000})
+    finally:
+        inbound.cancel()
+        outbound.cancel()
+        writer.close()
+    return None
+
+
+async def _handshake(protocol: ClientProtocol, reader: asyncio.StreamReader) -> WsResponse:
+    while True:
+        data = await reader.read(READ_LIMIT)
+        if data:
+            protocol.receive_data(data)
+        else:
+            protocol.receive_eof()
+        for event in protocol.events_received():
+            if isinstance(event, WsResponse):
+                if protocol.handshake_exc is not None:
+                    raise protocol.handshake_exc
+                return event
+        if not data:
+            raise ConnectionResetError("closed during the handshake")
+
+
+async def _ws_client_to_server(receive: Receive, protocol: ClientProtocol,
+                               writer: asyncio.StreamWriter) -> None:
+    while True:
+        message = await receive()
+        try:
+            if message["type"] == "websocket.disconnect":
+                protocol.send_close(1000 if message.get("code", 1000) in (1000, 1001)
+                                    else 1001)
+                writer.write(b"".join(protocol.data_to_send()))
+                await writer.drain()
+                return
+            if message.get("bytes") is not None:
+                protocol.send_binary(message["bytes"])
+            elif message.get("text") is not None:
+                protocol.send_text(message["text"].encode())
+        except InvalidState:
+            return
+        writer.write(b"".join(protocol.data_to_send()))
+        await writer.drain()
+
+
+async def _ws_server_to_client(protocol: ClientProtocol, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter, send: Send) -> None:
+    parts: list[bytes] = []
+    size = 0
+    text = False
+    while True:
+        data = await reader.read(READ_LIMIT)
+        try:
+            if data:
+                protocol.receive_data(data)
+            else:
+                protocol.receive_eof()
+        except (PayloadTooBig, ProtocolError):
+            return
+        for event in protocol.events_received():
+            if not isinstance(event, Frame):
+                continue
+            if event.opcode is Opcode.CLOSE:
+                code = protocol.close_code or 1000
+                await send({"type": "websocket.close", "code": code})
+                return
+            if event.opcode in (Opcode.TEXT, Opcode.BINARY):
+                text, parts, size = event.opcode is Opcode.TEXT, [], 0
+            elif event.opcode is not Opcode.CONT:
+                continue  # ping and pong: the protocol answers pings itself
+            parts.append(bytes(event.data))
+            size += len(event.data)
+            if size > MAX_MESSAGE:
+                return
+            if event.fin:
+                payload = b"".join(parts)
+                parts, size = [], 0
+                if text:
+                    await send({"type": "websocket.send", "text": payload.decode()})
+                else:
+                    await send({"type": "websocket.send", "bytes": payload})
+        pending = protocol.data_to_send()
+        if pending:
+            writer.write(b"".join(pending))
+            await writer.drain()
+        if not data:
+            await send({"type": "websocket.close", "code": 1011})
+            return

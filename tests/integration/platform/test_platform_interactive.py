@@ -1,0 +1,207 @@
+"""Terminals and ports through the gateway, over real sandboxes of each OCI class:
+a WebSocket PTY running python's REPL, HTTP and WebSocket to servers started in
+the sandbox through /v1/ports, and share URLs (valid, expired, forged)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from podbay.testing.platform import PlatformServer
+
+pytestmark = pytest.mark.root
+
+#: A stdlib-only WebSocket echo server (the sandbox image has no packages):
+#: answers each text message upper-cased, with the subprotocol it was offered.
+WS_ECHO = r'''
+import base64, hashlib, socket, struct, sys
+srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = srv.accept()
+    head = b"x"
+    while b"\r\n\r\n" not in head and head:
+        data = c.recv(4096)
+        head = head + data if data else b""
+    if not head:  # a probe: connected and left
+        c.close()
+        continue
+    head = head[1:]
+    lines = head.decode().split("\r\n")
+    h = {k.lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+    acc = base64.b64encode(hashlib.sha1((h["sec-websocket-key"]
+        + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+    proto = f"Sec-WebSocket-Protocol: {h['sec-websocket-protocol'].split(',')[0]}\r\n" \
+        if "sec-websocket-protocol" in h else ""
+    c.sendall(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+              f"Connection: Upgrade\r\nSec-WebSocket-Accept: {acc}\r\n{proto}\r\n".encode())
+    f = c.makefile("rb")
+    while True:
+        b0, b1 = f.read(2)
+        n = b1 & 127
+        if n == 126: n = struct.unpack(">H", f.read(2))[0]
+        elif n == 127: n = struct.unpack(">Q", f.read(8))[0]
+        mask = f.read(4)
+        data = bytes(x ^ mask[i % 4] for i, x in enumerate(f.read(n)))
+        if b0 & 15 == 8:
+            c.sendall(b"\x88\x02" + data[:2]); c.close(); break
+        out = (h["x-forwarded-prefix"] + " " + data.decode().upper()).encode()
+        c.sendall(bytes([0x81, len(out)]) + out)
+'''
+
+
+def _ws_url(handle: dict[str, Any], path: str) -> str:
+    return handle["endpoint"].replace("http://", "ws://", 1) + path
+
+
+def _read_until(ws: ClientConnection, needle: bytes) -> bytes:
+    seen = b""
+    while needle not in seen:
+        message = ws.recv(timeout=60)
+        assert isinstance(message, bytes), message
+        seen += message
+    return seen
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
+    """A server running both OCI classes (container stays the default)."""
+    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
+            "PODBAY_RUNTIME_CLASSES": "container,gvisor"}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def token(server: PlatformServer) -> str:
+    return server.create_deployment("interactive")
+
+
+@pytest.fixture(scope="module", params=["container", "gvisor"])
+def handle(request: pytest.FixtureRequest, server: PlatformServer,
+           token: str) -> Iterator[dict[str, Any]]:
+    name = f"interactive-{request.param}"
+    r = server.attach(token, name, json={"class": request.param})
+    assert r.status_code == 200, r.text
+    assert r.json()["class"] == request.param
+    yield r.json()
+    server.api("DELETE", f"/api/v1/sandboxes/{name}", token)
+
+
+def test_pty_session_runs_the_python_repl(handle: dict[str, Any]) -> None:
+    info = httpx.get(handle["endpoint"] + "/v1/info", headers=handle["headers"]).json()
+    assert {"pty", "ports"} <= set(info["features"])
+    with connect(_ws_url(handle, "/v1/pty"), additional_headers=handle["headers"]) as ws:
+        ws.send(json.dumps({"command": ["python3", "-q", "-i"], "rows": 30, "cols": 90}))
+        _read_until(ws, b">>> ")
+        ws.send(b"6*7\r")
+        assert b"42" in _read_until(ws, b"42")
+        ws.send(json.dumps({"type": "resize", "rows": 40, "cols": 120}))
+        ws.send(b"import shutil; shutil.get_terminal_size()\r")
+        assert b"columns=120, lines=40" in _read_until(ws, b"lines=40")
+        ws.send(b"exit(3)\r")
+        while isinstance(message := ws.recv(timeout=60), bytes):
+            pass
+        assert json.loads(message) == {"type": "exit", "exit_code": 3}
+        with pytest.raises(Exception):  # closed by the server, normally
+            ws.recv(timeout=10)
+        assert ws.close_code == 1000
+
+
+def test_pty_refusals(handle: dict[str, Any]) -> None:
+    for headers, status in (({}, 401), ({"X-Podbay-Credential": "forged"}, 401)):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(_ws_url(handle, "/v1/pty"), additional_headers=headers)
+        assert refused.value.response.status_code == status
+        assert b"CREDENTIAL_INVALID" in refused.value.response.body
+    with connect(_ws_url(handle, "/v1/pty"), additional_headers=handle["headers"]) as ws:
+        ws.send(json.dumps({"command": ["/no/such/program"]}))
+        refusal = json.loads(ws.recv(timeout=60))
+        assert refusal["code"] == "COMMAND_START_FAILED"
+        with pytest.raises(Exception):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1008
+
+
+@pytest.fixture(scope="module")
+def servers(server: PlatformServer, handle: dict[str, Any]) -> dict[str, int]:
+    """An HTTP server and a WebSocket echo server, on the sandbox's loopback."""
+    put = server.data(handle, "PUT", "/v1/files", params={"path": "ws_echo.py"},
+                      content=WS_ECHO.encode(),
+                      headers={"X-Podbay-Sha256": hashlib.sha256(WS_ECHO.encode()).hexdigest()})
+    assert put.status_code == 200, put.text
+    site = "site"
+    assert server.exec(handle, "sh", "-c", f"mkdir -p {site} && echo hello from inside "
+                                          f"> {site}/index.html").json()["exit_code"] == 0
+    for argv in (["python3", "-m", "http.server", "8123", "--bind", "127.0.0.1",
+                  "--directory", site], ["python3", "ws_echo.py", "8124"]):
+        r = server.data(handle, "POST", "/v1/processes", json={"command": argv})
+        assert r.status_code == 200, r.text
+    for port in (8123, 8124):
+        for _ in range(200):
+            probe = server.exec(handle, "python3", "-c",
+                                f"import socket; socket.create_connection(('127.0.0.1', {port}))")
+            if probe.json()["exit_code"] == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"nothing listens on {port} in the sandbox")
+    return {"http": 8123, "ws": 8124}
+
+
+def test_http_through_ports(server: PlatformServer, handle: dict[str, Any],
+                            servers: dict[str, int]) -> None:
+    r = server.data(handle, "GET", f"/v1/ports/{servers['http']}/index.html")
+    assert r.status_code == 200 and r.text == "hello from inside\n", r.text
+    assert server.data(handle, "GET", f"/v1/ports/{servers['http']}/nope").status_code == 404
+    unauthenticated = server.http.get(handle["endpoint"] + f"/v1/ports/{servers['http']}/")
+    assert unauthenticated.status_code == 401
+    closed = server.data(handle, "GET", "/v1/ports/8999/")
+    assert closed.status_code == 502 and closed.json()["code"] == "PORT_UNREACHABLE"
+    assert server.data(handle, "GET", "/v1/ports/70000/").status_code == 404
+
+
+def test_websocket_through_ports(handle: dict[str, Any], servers: dict[str, int]) -> None:
+    url = _ws_url(handle, f"/v1/ports/{servers['ws']}/chat")
+    with connect(url, additional_headers=handle["headers"], subprotocols=["echo"]) as ws:
+        assert ws.subprotocol == "echo"
+        ws.send("hello")
+        prefix = handle["endpoint"].split("://", 1)[1].split("/", 1)[1]
+        assert ws.recv(timeout=60) == f"/{prefix}/v1/ports/{servers['ws']} HELLO"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url)
+    assert refused.value.response.status_code == 401
+
+
+def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
+                    servers: dict[str, int]) -> None:
+    name = handle["name"]
+    path = f"/api/v1/sandboxes/{name}/ports/{servers['http']}/share"
+    shared = server.api("POST", path, token, json={"expires_in_seconds": 600})
+    assert shared.status_code == 200, shared.text
+    url = shared.json()["url"]
+    page = httpx.get(url + "index.html")
+    assert page.status_code == 200 and page.text == "hello from inside\n"
+    # Forged: another signature, or another port's claims, is refused.
+    head, claims, signature = url.split("/share/")[1].rstrip("/").split(".")
+    forged = url.replace(signature, signature[::-1])
+    assert httpx.get(forged + "index.html").status_code == 401
+    assert server.api("POST", path, None).status_code == 401
+    assert server.api("POST", path, token, json={"expires_in_seconds": 0}).status_code == 400
+    short = server.api("POST", path, token, json={"expires_in_seconds": 1}).json()["url"]
+    time.sleep(2.5)
+    expired = httpx.get(short + "index.html")
+    assert expired.status_code == 401 and "expired" in expired.json()["error"]
+    # A share URL is no credential, and a credential no share URL.
+    share_token = url.split("/share/")[1].rstrip("/")
+    as_credential = server.data(handle, "GET", "/v1/info",
+                                headers={"X-Podbay-Credential": share_token})
+    assert as_credential.status_code == 401
+    credential = handle["headers"]["X-Podbay-Credential"]
+    assert httpx.get(f"{server.base_url}/share/{credential}/").status_code == 401
