@@ -115,6 +115,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await driver.create(warm)
         await driver.start(warm.machine_id)
         await driver.destroy(warm.machine_id)
+        if isinstance(driver, VmDriver):
+            await driver.wait_templates()  # built ahead, as the warm pool's boots are
 
         ready, creates = [], []
         ids = []

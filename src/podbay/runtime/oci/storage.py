@@ -21,6 +21,7 @@ import ctypes.util
 import errno
 import fcntl
 import os
+import secrets
 import shutil
 import struct
 import time
@@ -147,7 +148,8 @@ async def make_disk(path: Path, size: int, templates: Path) -> None:
 
 async def _mkfs(target: Path, size: int) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    # Unique per call: two creates of one size in one process may race here.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
         f.truncate(size)
     proc = await asyncio.create_subprocess_exec(

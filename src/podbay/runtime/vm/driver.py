@@ -210,6 +210,27 @@ class VmDriver:
         self._image, self._base_disk, self._kernel = image, base_disk, \
             KERNEL_DIR / f"vmlinuz-{release}"
         self._initramfs = built
+        if self.templates_enabled and self.rt.warm_pool > 0:
+            # The shape a default attach asks for, ready before the first one.
+            self._ensure_template(self._shape(MachineSpec(
+                machine_id="default", hostname="sandbox", limits=Limits(
+                    memory_bytes=self.rt.memory_bytes, cpus=self.rt.cpus, pids=self.rt.pids,
+                    disk_bytes=self.rt.disk_bytes))))
+
+    def _ensure_template(self, shape: templates.Shape) -> templates.Template | None:
+        """The shape's template if it is ready; else start building it (once)."""
+        key = self._template_key(shape)
+        template = templates.find(self.home / "templates", key)
+        if template is None and key not in self._building:
+            self._building.add(key)
+            self._builds.append(self._relay_loop.submit(self._build_template(key, shape)))
+        return template
+
+    async def wait_templates(self, within: float = templates.BUILD_SECONDS) -> None:
+        """Until every template being built is ready (or failed): for benchmarks."""
+        pending = [asyncio.wrap_future(b) for b in self._builds if not b.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=within)
 
     async def _clear_template_leftovers(self) -> None:
         """Template guests a killed node was building (their QEMU, network, files)."""
@@ -344,12 +365,7 @@ class VmDriver:
         os.chmod(paths.run, 0o700)
         template = None
         if self.templates_enabled and not spec.layers and not paths.booted.exists():
-            shape = self._shape(spec)
-            key = self._template_key(shape)
-            template = templates.find(self.home / "templates", key)
-            if template is None and key not in self._building:
-                self._building.add(key)
-                self._builds.append(self._relay_loop.submit(self._build_template(key, shape)))
+            template = self._ensure_template(self._shape(spec))
         layers = await self._layer_disks(spec)
         handle = await self.network.setup(spec.machine_id)
         paths.booted.touch()
