@@ -67,6 +67,9 @@ class RuntimeSettings:
     #: How ``vm`` guests run: ``tcg`` (emulated, works everywhere, slow) or ``kvm``
     #: (set it only where ``podbay doctor`` shows a KVM guest boots).
     vm_accel: str = "tcg"
+    #: gVisor platform (the ``gvisor`` class): ptrace, systrap or kvm; empty picks
+    #: the best this runsc and host run (kvm only if a sandbox starts on it).
+    runsc_platform: str = ""
     memory_bytes: int = 1 * GIB
     cpus: float = 1.0
     pids: int = 256

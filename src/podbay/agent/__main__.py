@@ -114,7 +114,13 @@ def make_listener(args: Options) -> socket.socket:
     sock.bind(path)
     # Whoever can connect runs commands as the agent's user: owner only. Set
     # before listen(), so no connection can get in with the looser mode.
-    os.chmod(path, 0o600)
+    try:
+        os.chmod(path, 0o600)
+    except PermissionError:
+        # A socket made on the host for us (gVisor's gofer) takes no chmod; then
+        # its directory must keep everyone else out.
+        if os.stat(os.path.dirname(path) or ".").st_mode & 0o077:
+            raise
     sock.listen(128)
     return sock
 

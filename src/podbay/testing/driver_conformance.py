@@ -200,7 +200,10 @@ class DriverConformance:
         h.run(h.driver.start(user.machine_id))
         assert h.sh(user.machine_id, "cat /opt/link").strip() == "v1"
         assert h.sh(user.machine_id, "test ! -e /usr/bin/less && echo gone").strip() == "gone"
-        assert h.sh(user.machine_id, "ls /etc/apt/apt.conf.d").split() == ["only"]
+        # Listed by Python: coreutils' ls fails in Debian 12's gVisor (its statx
+        # refuses AT_NO_AUTOMOUNT), which is not what this test is about.
+        listing = "python3 -c 'import os; print(*os.listdir(\"/etc/apt/apt.conf.d\"))'"
+        assert h.sh(user.machine_id, listing).split() == ["only"]
         # The layer is read-only underneath: the user's changes stay in the user's machine.
         h.sh(user.machine_id, "echo v2 > /opt/tool/version")
         assert (layer / "opt/tool/version").read_text() == "v1\n"

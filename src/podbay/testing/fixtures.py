@@ -141,17 +141,42 @@ def _destroy_vms(settings: Settings) -> None:
     asyncio.run(destroy_all())
 
 
-@pytest.fixture(scope="session")
-def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+#: The OCI runtimes a suite can run its sandboxes under (see :func:`settings_for`).
+OCI_RUNTIMES = ("runc", "runsc")
+
+
+def settings_for(tmp_path_factory: pytest.TempPathFactory,
+                 oci_runtime: str = "runc") -> Iterator[Settings]:
+    """The body of ``oci_settings``, for a module that runs under several runtimes::
+
+        @pytest.fixture(scope="module", params=OCI_RUNTIMES)
+        def oci_settings(request, tmp_path_factory):
+            yield from settings_for(tmp_path_factory, request.param)
+
+        @pytest.fixture(scope="module")
+        def oci_session(oci_settings):
+            yield from session_for(oci_settings)
+    """
     require_host()
+    if shutil.which(oci_runtime) is None:
+        message = f"needs {oci_runtime} (apt-get install {oci_runtime})"
+        if os.environ.get("PODBAY_TEST_REQUIRE_SANDBOXES") == "1":
+            pytest.fail(f"this host cannot run sandboxes: {message}")
+        pytest.skip(message)
     sweep_dead_sessions()
-    settings = sandbox_settings(tmp_path_factory.mktemp("podbay-data"))
+    settings = sandbox_settings(tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"),
+                                oci_runtime=oci_runtime)
     mark_owner(settings)
     yield settings
     cleanup(settings)
     Path(settings.runtime.run_dir, OWNER_FILE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         Path(settings.runtime.run_dir).rmdir()
+
+
+@pytest.fixture(scope="session")
+def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    yield from settings_for(tmp_path_factory)
 
 
 OWNER_FILE = "test-session.json"
@@ -188,13 +213,18 @@ def sweep_dead_sessions() -> None:
             owner.parent.rmdir()
 
 
-@pytest.fixture(scope="session")
-def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
-    session = DriverSession(oci_settings)
+def session_for(settings: Settings) -> Iterator[DriverSession]:
+    """The body of ``oci_session``: a prepared driver on ``settings``."""
+    session = DriverSession(settings)
     session.run(session.driver.prepare())
     yield session
     session.run(session.driver.close())
     session.runner.close()
+
+
+@pytest.fixture(scope="session")
+def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
+    yield from session_for(oci_settings)
 
 
 @pytest.fixture

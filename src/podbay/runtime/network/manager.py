@@ -25,7 +25,7 @@ from pathlib import Path
 from ...errors import NetworkError
 from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp
-from .policy import DISABLED_RESOLV_CONF, RESOLV_CONF, build_ruleset
+from .policy import DISABLED_RESOLV_CONF, RESOLV_CONF, build_ruleset, build_tap_ruleset
 
 __all__ = ["NetworkHandle", "NetworkManager"]
 
@@ -188,9 +188,11 @@ class NetworkManager:
                              slirp_pid=pid, resolv_conf=self.resolv_conf(),
                              enabled=self.enabled)
 
-    def _ruleset(self, *, replace: bool = False) -> str:
+    def _ruleset(self, *, replace: bool = False, inet: bool = True, tap: bool = False) -> str:
         v4, v6 = hostcheck.host_addresses()
-        return build_ruleset(v4, v6, self.extra_blocked, replace=replace)
+        return ((build_ruleset(v4, v6, self.extra_blocked, replace=replace) if inet else "")
+                + (build_tap_ruleset(v4, v6, self.extra_blocked, replace=replace)
+                   if tap else ""))
 
     async def _create(self, machine_id: str, source: Path | None = None) -> int | None:
         directory = self.machine_dir(machine_id)
@@ -240,7 +242,10 @@ class NetworkManager:
                 with contextlib.suppress(BaseException):
                     await started
                 raise
-            return await started
+            pid = await started
+            # tap0 exists now (slirp made it): its egress hook can be bound.
+            await self._load(path, self._ruleset(inet=False, tap=True))
+            return pid
         except BaseException:
             # Cancelled or failed: let the thread finish before anyone cleans up,
             # or it could mount after the cleanup ran.
@@ -248,9 +253,13 @@ class NetworkManager:
                 await asyncio.shield(built)
             raise
 
-    async def _apply_rules(self, path: Path) -> None:
-        rules = self._ruleset(replace=True)
+    async def _apply_rules(self, path: Path, *, tap: bool = True) -> None:
+        """Reload the policy with the host's current addresses (both tables, or
+        only ``inet`` while there is no ``tap0`` to bind to)."""
+        await self._load(path, self._ruleset(replace=True, tap=tap))
 
+    @staticmethod
+    async def _load(path: Path, rules: str) -> None:
         def enter_and_load() -> None:
             netns.enter(path)
             nft.load(rules)
@@ -270,12 +279,14 @@ class NetworkManager:
             (directory / slirp.PID_FILE).unlink(missing_ok=True)
             return self._handle(machine_id, None)
         try:
-            await self._apply_rules(path)
             if pid is None:
+                await self._apply_rules(path, tap=False)
                 # Died (or never recorded): stop any unrecorded one, start afresh.
                 for stray in slirp.find(path):
                     await self.slirps.stop(stray)
                 pid = await self.slirps.start(directory, path)
+            # A new tap0 needs its hook bound again; a live one gets fresh addresses.
+            await self._apply_rules(path)
         except (OSError, NetworkError) as exc:
             raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
         return self._handle(machine_id, pid)

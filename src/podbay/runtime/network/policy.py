@@ -14,8 +14,10 @@ A sandbox's packets leave through a host-owned network namespace. Inside it::
         input   lo and replies to the sandbox's own connections only
         forward drop
 
-The same ruleset serves a runc container, gVisor's netstack and a QEMU guest:
-whatever the guest is, its packets pass this namespace's output hook.
+The same policy serves a runc container, gVisor's netstack and a QEMU guest:
+packets from the namespace's kernel stack pass ``inet podbay``'s output hook;
+frames a user-space stack writes to ``tap0`` directly (gVisor) pass
+``netdev podbay_tap``'s egress hook on that device.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "TABLE",
     "TAP_NAME",
     "build_ruleset",
+    "build_tap_ruleset",
 ]
 
 #: slirp4netns's fixed layout (its default ``--cidr=10.0.2.0/24``).
@@ -76,20 +79,11 @@ BLOCKED_IPV6: tuple[str, ...] = (
 )
 
 
-def build_ruleset(
-    host_v4: Iterable[ipaddress.IPv4Network | str] = (),
-    host_v6: Iterable[ipaddress.IPv6Network | str] = (),
-    extra_blocked: Iterable[str] = (),
-    *,
-    replace: bool = False,
-) -> str:
-    """The nftables batch loaded inside a sandbox's namespace, as one atomic transaction.
-
-    With ``replace`` it first swaps out an earlier ``inet podbay`` table (create,
-    delete, create in one batch), which refreshes the host addresses of a running
-    sandbox with no moment unfiltered. Deleting a table makes the kernel wait for
-    an RCU grace period (10-25 ms here), so a fresh namespace loads it without.
-    """
+def _elements(
+    host_v4: Iterable[ipaddress.IPv4Network | str],
+    host_v6: Iterable[ipaddress.IPv6Network | str],
+    extra_blocked: Iterable[str],
+) -> tuple[str, str]:
     v4: list[ipaddress.IPv4Network] = [ipaddress.IPv4Network(n) for n in BLOCKED_IPV4]
     v6: list[ipaddress.IPv6Network] = [ipaddress.IPv6Network(n) for n in BLOCKED_IPV6]
     v4 += [ipaddress.IPv4Network(n, strict=False) for n in host_v4]
@@ -101,11 +95,12 @@ def build_ruleset(
         else:
             v6.append(net)
     # Interval sets refuse overlapping elements: merge first.
-    e4 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v4))
-    e6 = ", ".join(str(n) for n in ipaddress.collapse_addresses(v6))
-    swap = f"table inet {TABLE}\ndelete table inet {TABLE}\n" if replace else ""
+    return (", ".join(str(n) for n in ipaddress.collapse_addresses(v4)),
+            ", ".join(str(n) for n in ipaddress.collapse_addresses(v6)))
+
+
+def _sets(e4: str, e6: str) -> str:
     return f"""\
-{swap}table inet {TABLE} {{
 \tset blocked_v4 {{
 \t\ttype ipv4_addr
 \t\tflags interval
@@ -116,7 +111,31 @@ def build_ruleset(
 \t\tflags interval
 \t\telements = {{ {e6} }}
 \t}}
-\tchain output {{
+"""
+
+
+def build_ruleset(
+    host_v4: Iterable[ipaddress.IPv4Network | str] = (),
+    host_v6: Iterable[ipaddress.IPv6Network | str] = (),
+    extra_blocked: Iterable[str] = (),
+    *,
+    replace: bool = False,
+) -> str:
+    """The nftables batch loaded inside a sandbox's namespace, as one atomic transaction.
+
+    ``inet podbay`` filters what the namespace's own kernel stack sends: a runc
+    sandbox's sockets, or a process's (QEMU's user networking) started inside.
+
+    With ``replace`` it first swaps out an earlier ``inet podbay`` table (create,
+    delete, create in one batch), which refreshes the host addresses of a running
+    sandbox with no moment unfiltered. Deleting a table makes the kernel wait for
+    an RCU grace period (10-25 ms here), so a fresh namespace loads it without.
+    """
+    e4, e6 = _elements(host_v4, host_v6, extra_blocked)
+    swap = f"table inet {TABLE}\ndelete table inet {TABLE}\n" if replace else ""
+    return f"""\
+{swap}table inet {TABLE} {{
+{_sets(e4, e6)}\tchain output {{
 \t\ttype filter hook output priority filter; policy drop;
 \t\toifname "lo" accept
 \t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
@@ -138,6 +157,45 @@ def build_ruleset(
 \t}}
 \tchain forward {{
 \t\ttype filter hook forward priority filter; policy drop;
+\t}}
+}}
+"""
+
+
+def build_tap_ruleset(
+    host_v4: Iterable[ipaddress.IPv4Network | str] = (),
+    host_v6: Iterable[ipaddress.IPv6Network | str] = (),
+    extra_blocked: Iterable[str] = (),
+    *,
+    replace: bool = False,
+) -> str:
+    """The same policy at ``tap0``'s egress hook: ``netdev podbay_tap``.
+
+    A sandbox with a network stack of its own (gVisor's netstack) sends through
+    a packet socket on ``tap0``, which no ``inet`` hook sees; every frame still
+    passes the device's egress hook on its way to slirp4netns. ``reject`` does
+    not exist there, so blocked packets are dropped (a connection attempt times
+    out instead of failing at once). Load it once ``tap0`` exists.
+    """
+    e4, _ = _elements(host_v4, host_v6, extra_blocked)
+    name = f"{TABLE}_tap"
+    swap = f"table netdev {name}\ndelete table netdev {name}\n" if replace else ""
+    # No IPv6 set: every IPv6 frame is dropped ("other").
+    return f"""\
+{swap}table netdev {name} {{
+\tset blocked_v4 {{
+\t\ttype ipv4_addr
+\t\tflags interval
+\t\telements = {{ {e4} }}
+\t}}
+\tchain egress {{
+\t\ttype filter hook egress device "{TAP_NAME}" priority filter; policy drop;
+\t\tether type arp accept
+\t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
+\t\tip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-tcp"
+\t\tip daddr @blocked_v4 counter drop comment "blocked"
+\t\tether type ip accept
+\t\tcounter drop comment "other"
 \t}}
 }}
 """

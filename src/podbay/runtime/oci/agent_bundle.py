@@ -92,9 +92,12 @@ def image_python(image_rootfs: Path, *, inside: bool = False,
             "--library-path", ":".join(where(d) for d in libdirs), where(python)]
 
 
-def sandbox_argv(image_rootfs: Path, *, private_loader: bool = True) -> list[str]:
+def sandbox_argv(image_rootfs: Path, *, private_loader: bool = True,
+                 socket: str | None = None) -> list[str]:
     """The sandbox's first process: the agent on the image's python (see
-    :func:`image_python`), serving the socket on fd 3, with the sandbox's env file."""
+    :func:`image_python`), serving the socket on fd 3 (or binding the path
+    ``socket`` when one is given), with the sandbox's env file."""
+    listen = ["--socket", socket] if socket else ["--fd", "3"]
     return staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
-        AGENT_DIR, "--fd", "3", "--env-file", ENV_FILE)
+        AGENT_DIR, *listen, "--env-file", ENV_FILE)

@@ -43,7 +43,7 @@ from ..base import (
     check_machine_id,
 )
 from ..network import NetworkHandle, NetworkManager
-from . import agent_bundle, bundle, records, storage, userns
+from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
 from .layout import Layout, MachinePaths
@@ -62,11 +62,16 @@ class OciDriver:
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
-        self.runc = Runc(self.rt.oci_runtime, self.layout.runc_root)
+        self.network = NetworkManager(self.layout.run_dir, enabled=self.rt.network)
+        self.runc: Runc = (
+            runsc.Runsc(self.rt.oci_runtime, self.layout.runc_root,
+                        platform=self.rt.runsc_platform or "ptrace",
+                        netns=self.network.netns_path)
+            if Path(self.rt.oci_runtime).name == "runsc"
+            else Runc(self.rt.oci_runtime, self.layout.runc_root))
         self.cgroups = Cgroups()
         self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
                              extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
-        self.network = NetworkManager(self.layout.run_dir, enabled=self.rt.network)
         self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
                                          network=self.network.enabled)
         self._image: Image | None = None
@@ -74,6 +79,8 @@ class OciDriver:
         self._argv: list[str] | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, records.MachineRecord] = {}
+        #: runsc only: hostnames assigned while suspended, set when resumed.
+        self._hostname_on_resume: dict[str, str] = {}
 
     @property
     def base_image(self) -> str:
@@ -88,12 +95,23 @@ class OciDriver:
         if self.runc.available() is None:
             raise DriverError(f"OCI runtime {self.rt.oci_runtime!r} not found "
                               "(apt-get install runc)")
+        if isinstance(self.runc, runsc.Runsc):
+            self.runc.platform = await asyncio.to_thread(
+                runsc.choose_platform, self.runc.binary, self.rt.runsc_platform)
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
         agent_dir = await asyncio.to_thread(staging.stage, self.layout.data_dir / "agent",
                                             python=agent_bundle.image_python(image.rootfs))
         for d in (self.layout.machines, self.layout.runc_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
+        if isinstance(self.runc, runsc.Runsc):
+            if not runsc.reachable(image.rootfs):
+                raise DriverError(
+                    f"runsc's sandbox runs as nobody and cannot reach the base image at "
+                    f"{image.rootfs}: let others traverse its parent directories "
+                    "(chmod o+x) or set runtime.image_dir elsewhere")
+            agent_dir = await asyncio.to_thread(runsc.reachable_agent, agent_dir,
+                                                self.layout.run_dir)
         self._image, self._agent_dir = image, agent_dir
         self._argv = self._agent_argv(image)
 
@@ -101,7 +119,8 @@ class OciDriver:
         private = self.runc.shares_host_kernel
         if private:
             agent_bundle.stage_loader(image.rootfs)
-        return agent_bundle.sandbox_argv(image.rootfs, private_loader=private)
+        socket = None if self.runc.passes_fds else f"{runsc.SOCKET_DIR}/{runsc.SOCKET_NAME}"
+        return agent_bundle.sandbox_argv(image.rootfs, private_loader=private, socket=socket)
 
     def _lock(self, machine_id: str) -> asyncio.Lock:
         return self._locks.setdefault(machine_id, asyncio.Lock())
@@ -195,8 +214,14 @@ class OciDriver:
             return await self.network.setup(spec.machine_id, netns_source=owned.netns_path)
 
         netns_task = asyncio.create_task(make_network())
+        socket_dir = paths.run / "agent"
         try:
-            listener = _listen(paths.socket)
+            listener = _listen(paths.socket) if self.runc.passes_fds else None
+            if listener is None:
+                paths.socket.unlink(missing_ok=True)
+                await asyncio.to_thread(storage.remove_tree, socket_dir)
+                socket_dir.mkdir(mode=0o700)
+                os.chown(socket_dir, self.rt.uid_base, self.rt.uid_base)  # sandbox root
         except BaseException:
             await _settle(mounted, netns_task)
             raise
@@ -226,20 +251,32 @@ class OciDriver:
                         if self.runc.shares_host_kernel else None))
             if owned is not None:
                 facts = dataclasses.replace(facts, userns=owned.userns_path)
-            (paths.run / "config.json").write_text(json.dumps(bundle.config(facts)))
-            # The request waits in the socket's backlog until the agent serves it, so
-            # asking now overlaps runc's own exit with the agent's start-up.
-            ready = asyncio.create_task(wait_ready(paths.socket, self.rt.start_timeout_seconds))
-            try:
-                await self.runc.run_detached(
-                    spec.machine_id, paths.run, listener.fileno(), paths.console,
-                    inherit_rlimits=bundle.rlimits() if owned is not None else None)
-            except BaseException:
-                ready.cancel()
-                await asyncio.gather(ready, return_exceptions=True)
-                raise
+            config = bundle.config(facts)
+            if listener is None:
+                config = runsc.adapt_config(config, socket_dir)
+            (paths.run / "config.json").write_text(json.dumps(config))
+            if listener is None:
+                await self.runc.run_detached(spec.machine_id, paths.run, None, paths.console,
+                                             netns=netns)
+                ready = asyncio.create_task(runsc.wait_bound(
+                    socket_dir / runsc.SOCKET_NAME, paths.socket, self.rt.start_timeout_seconds,
+                    alive=lambda: self._observe_alive(spec.machine_id)))
+            else:
+                # The request waits in the socket's backlog until the agent serves it, so
+                # asking now overlaps runc's own exit with the agent's start-up.
+                ready = asyncio.create_task(
+                    wait_ready(paths.socket, self.rt.start_timeout_seconds))
+                try:
+                    await self.runc.run_detached(
+                        spec.machine_id, paths.run, listener.fileno(), paths.console,
+                        inherit_rlimits=bundle.rlimits() if owned is not None else None)
+                except BaseException:
+                    ready.cancel()
+                    await asyncio.gather(ready, return_exceptions=True)
+                    raise
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
         try:
             await ready
         except DriverError as e:
@@ -358,8 +395,12 @@ class OciDriver:
     async def _thaw(self, machine_id: str) -> None:
         if self.runc.is_runc:
             self.cgroups.thaw(self._paths(machine_id).cgroup)
-        else:
-            await self.runc.call("resume", machine_id, check=False)
+            return
+        await self.runc.call("resume", machine_id, check=False)
+        hostname = self._hostname_on_resume.pop(machine_id, None)
+        if hostname is not None and isinstance(self.runc, runsc.Runsc):
+            with contextlib.suppress(DriverError):  # e.g. thawed only to be killed
+                await self.runc.set_hostname(machine_id, hostname)
 
     async def export_layer(self, machine_id: str, dest: Path) -> None:
         """Copy a stopped machine's writable layer (deletions included, as overlay
@@ -394,10 +435,19 @@ class OciDriver:
                 name = _uts_name(hostname)
                 for file, text in (("hostname", name + "\n"), ("hosts", _hosts(name))):
                     _rewrite_in_place(paths.files / file, text)
-                await _set_hostname(state.pid, name)
+                if isinstance(self.runc, runsc.Runsc):
+                    if state.status == "paused":  # nothing runs in it: set on resume
+                        self._hostname_on_resume[machine_id] = name
+                    else:
+                        await self.runc.set_hostname(machine_id, name)
+                else:
+                    await _set_hostname(state.pid, name)
             self._save(new)
 
     # -- observation ----------------------------------------------------------
+    async def _observe_alive(self, machine_id: str) -> bool:
+        return await self._observe(machine_id) is not MachineState.STOPPED
+
     async def _observe(self, machine_id: str) -> MachineState:
         state = await self.runc.query(machine_id)
         if state is None or state.status not in ("running", "paused"):

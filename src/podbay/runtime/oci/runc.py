@@ -47,9 +47,13 @@ class Runc:
         """The runtime's resolved path, or ``None`` when it is not installed."""
         return shutil.which(self.binary)
 
+    def command(self, *args: str) -> list[str]:
+        """The command line of one call; ``args[-1]`` is the container id."""
+        return self.argv(*args)
+
     async def call(self, *args: str, check: bool = True) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            *self.argv(*args), stdin=asyncio.subprocess.DEVNULL,
+            *self.command(*args), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
         text = out.decode(errors="replace").strip()
@@ -58,35 +62,44 @@ class Runc:
             raise DriverError(f"{self.binary} {args[0]} {args[-1]} failed: {text}")
         return code, text
 
-    async def run_detached(self, container_id: str, bundle: Path, agent_fd: int,
-                           log_path: Path, inherit_rlimits: list[dict[str, Any]] | None = None,
-                           ) -> None:
-        """``runc run -d`` with ``agent_fd`` passed as fd 3; the container's own
-        stdout and stderr (and runc's errors) go to ``log_path``. ``inherit_rlimits``
-        (OCI ``rlimits`` entries) are set on the runtime itself, through
-        ``prlimit(1)``, so that the container inherits them."""
+    #: The runtime hands inherited fds to the container (``--preserve-fds``), so
+    #: the agent can serve on a socket the host made (fd 3).
+    passes_fds = True
+
+    def launch_argv(self, container_id: str, bundle: Path, netns: Path | None) -> list[str]:
+        """The command that starts the container detached (``netns`` is named in
+        the bundle for runc, which joins it itself)."""
         # --no-new-keyring: every sandbox's root is the same host uid, and the kernel
         # allows one uid 200 keys (kernel.keys.maxkeys), so a session keyring per
         # container would stop the 201st sandbox. The seccomp profile refuses every
         # keyring call, so the inherited keyring is out of the sandbox's reach.
-        argv = self.argv("run", "--detach", "--no-new-keyring", "--preserve-fds", "1",
+        return self.argv("run", "--detach", "--no-new-keyring", "--preserve-fds", "1",
                          "--bundle", str(bundle), container_id)
-        exe = self.available()
+
+    async def run_detached(self, container_id: str, bundle: Path, agent_fd: int | None,
+                           log_path: Path, inherit_rlimits: list[dict[str, Any]] | None = None,
+                           *, netns: Path | None = None) -> None:
+        """Start the container detached, with ``agent_fd`` (if any) passed as fd 3;
+        the container's own stdout and stderr (and the runtime's errors) go to
+        ``log_path``. ``inherit_rlimits`` (OCI ``rlimits`` entries) are set on the
+        runtime itself, through ``prlimit(1)``, so that the container inherits them."""
+        argv = self.launch_argv(container_id, bundle, netns)
+        exe = shutil.which(argv[0])
         if exe is None:
-            raise DriverError(f"OCI runtime {self.binary!r} not found on PATH")
+            raise DriverError(f"{argv[0]!r} not found on PATH")
         if inherit_rlimits:
             argv = ["prlimit", *(f"--{_PRLIMIT_NAMES[r['type']]}={r['soft']}:{r['hard']}"
                                  for r in inherit_rlimits), "--", exe, *argv[1:]]
             exe = shutil.which("prlimit") or "/usr/bin/prlimit"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        actions = [(os.POSIX_SPAWN_DUP2, null_fd, 0), (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                   (os.POSIX_SPAWN_DUP2, log_fd, 2)]
+        if agent_fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, agent_fd, AGENT_FD))
         try:
-            pid = os.posix_spawn(exe, argv, _runtime_env(), file_actions=[  # noqa: ASYNC221
-                (os.POSIX_SPAWN_DUP2, null_fd, 0),
-                (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                (os.POSIX_SPAWN_DUP2, log_fd, 2),
-                (os.POSIX_SPAWN_DUP2, agent_fd, AGENT_FD),
-            ])
+            pid = os.posix_spawn(exe, argv, _runtime_env(),  # noqa: ASYNC221
+                                 file_actions=actions)
         finally:
             os.close(log_fd)
             os.close(null_fd)

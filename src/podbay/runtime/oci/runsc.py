@@ -1,0 +1,260 @@
+"""gVisor's ``runsc``: what it needs beyond runc's command line.
+
+- **Global flags.** ``--root`` (this data directory's state), ``--platform``
+  (:func:`choose_platform`), ``--network=sandbox`` (gVisor's own network stack,
+  so a sandbox's sockets never reach the host kernel's), ``--host-uds=create``
+  (the agent's socket, below) and ``--overlay2=none`` (writes go to the
+  machine's own disk, so stop keeps them).
+- **The network namespace.** runsc's sandbox joins the host-owned namespace
+  named in ``config.json`` and takes over its ``tap0`` through a packet
+  socket; the egress policy then holds at ``tap0``'s egress hook (see
+  :mod:`podbay.runtime.network.policy`). This runsc refuses to start when
+  ``/proc/sys/net/core/rmem_default`` exists, its test for "the host's root
+  namespace"; kernels since 6.5 have that file in every namespace. So runsc
+  starts inside the machine's namespace (``nsenter --net``) and in a mount
+  namespace of its own where a read-only empty tmpfs covers that directory
+  (``/proc/sys/net`` is per network namespace, so the cover applies there
+  only). ``ip netns exec`` would remount /sys and hide the cgroups.
+- **The agent's socket.** runsc hands the container only stdio, and an
+  imported listening socket cannot ``accept`` inside gVisor, so the agent
+  binds ``/.podbay/run/agent.sock`` in a directory bound from the host
+  (``--host-uds=create`` lets the gofer make it a real host socket). Once
+  it answers, the host moves the socket file to the machine's run directory,
+  out of the sandbox's sight: whatever sandbox code binds later in that
+  directory is never what the gateway connects to.
+- **Pause** is ``runsc pause`` (gVisor stops every task; memory kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from ..base import DriverError
+from ..network.netns import enter_argv, is_mounted
+from .readiness import wait_ready
+from .runc import Runc
+
+#: Where the agent's socket directory is bound inside a gVisor sandbox.
+SOCKET_DIR = "/.podbay/run"
+SOCKET_NAME = "agent.sock"
+#: An empty directory in the bundle where runsc's own mount namespace gets a
+#: second procfs (see ``_MASK_ROOT_NETNS_TEST``).
+PROC_DIR = "proc"
+
+#: Preference order: systrap (runsc since mid-2023) traps syscalls with seccomp
+#: and no ptrace stops; kvm runs the sentry as a guest (needs a working KVM);
+#: ptrace works everywhere.
+PLATFORMS = ("systrap", "kvm", "ptrace")
+
+# Covering a directory of /proc makes that mount "not fully visible", and the kernel
+# then refuses procfs to any user namespace below (runsc's gofer mounts one): a
+# second, uncovered procfs mounted on an empty directory keeps one fully visible.
+_MASK_ROOT_NETNS_TEST = ('mount -t proc -o nosuid,nodev,noexec podbay "$0" && '
+                         "mount -t tmpfs -o ro,size=4k,mode=555 podbay /proc/sys/net/core "
+                         '&& exec "$@"')
+
+
+class Runsc(Runc):
+    passes_fds = False
+
+    def __init__(self, binary: str, root: Path, *, platform: str,
+                 netns: Callable[[str], Path]) -> None:
+        super().__init__(binary, root)
+        self.platform = platform
+        #: The machine's network namespace file. runsc reaches a sandbox through
+        #: an abstract unix socket, which exists only in the sandbox's network
+        #: namespace, so every command for it runs there.
+        self.netns = netns
+
+    def command(self, *args: str) -> list[str]:
+        path = self.netns(args[-1])
+        return [*enter_argv(path), *self.argv(*args)] if is_mounted(path) else self.argv(*args)
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.binary, "--root", str(self.root), f"--platform={self.platform}",
+                "--network=sandbox", "--host-uds=create", "--overlay2=none", *args]
+
+    def launch_argv(self, container_id: str, bundle: Path, netns: Path | None) -> list[str]:
+        run = self.argv("run", "--detach", "--bundle", str(bundle), container_id)
+        if netns is None:
+            return run
+        visible_proc = bundle / PROC_DIR
+        visible_proc.mkdir(mode=0o700, exist_ok=True)
+        return [*enter_argv(netns), "unshare", "--mount", "--propagation", "slave", "--",
+                "sh", "-c", _MASK_ROOT_NETNS_TEST, str(visible_proc), *run]
+
+    async def set_hostname(self, container_id: str, hostname: str) -> None:
+        """gVisor keeps the sandbox's UTS namespace in its own kernel: set it from
+        a process started inside (``runsc exec``), with the one capability it needs."""
+        argv = [*self.command(container_id)[:-1], "exec", "--user", "0:0", "--cap",
+                "CAP_SYS_ADMIN", container_id, "/bin/hostname", hostname]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
+
+    def _state_file(self, container_id: str) -> Path:
+        return self.root / f"{container_id}_sandbox:{container_id}.state"
+
+    def container_ids(self) -> list[str]:
+        """Containers with state under ``--root`` (runsc keeps one ``.state`` file each)."""
+        try:
+            names = [p.name for p in self.root.iterdir()]
+        except FileNotFoundError:
+            return []
+        return sorted(n.split("_sandbox:", 1)[0] for n in names
+                      if n.endswith(".state") and "_sandbox:" in n)
+
+    async def delete(self, container_id: str) -> None:
+        if not self._state_file(container_id).exists():
+            return
+        code, text = await self.call("delete", "--force", container_id, check=False)
+        if code != 0 and self._state_file(container_id).exists():
+            raise DriverError(f"{self.binary} delete {container_id} failed: {text}")
+
+
+def reachable(path: Path) -> bool:
+    """Every directory above ``path`` lets others through: runsc's sandbox process
+    runs as ``nobody`` and opens bind mounts' sources itself."""
+    return all(os.stat(parent).st_mode & stat.S_IXOTH for parent in path.resolve().parents)
+
+
+def reachable_agent(agent_dir: Path, run_dir: Path) -> Path:
+    """``agent_dir``, or a copy of it under ``run_dir`` (traverse-only) when
+    runsc's sandbox could not reach it (a data directory private to root)."""
+    if reachable(agent_dir):
+        return agent_dir
+    target = run_dir / "agent" / agent_dir.name
+    if (target / "complete").exists():
+        return target
+    target.parent.mkdir(mode=0o755, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(agent_dir, tmp, symlinks=True)
+    (tmp / "complete").touch()
+    try:
+        os.rename(tmp, target)
+    except OSError:  # made concurrently: theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
+    """runc's ``config.json`` made right for runsc (pure).
+
+    gVisor's sysfs and cgroupfs are its own, so /sys is not bound from the host;
+    the agent's socket directory is bound read-write."""
+    mounts: list[dict[str, Any]] = []
+    for mount in cfg["mounts"]:
+        if mount["destination"] == "/sys":
+            mount = {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                     "options": ["nosuid", "noexec", "nodev", "ro"]}
+        mounts.append(mount)
+    mounts.append({"destination": SOCKET_DIR, "type": "bind", "source": str(socket_dir),
+                   "options": ["bind", "nosuid", "nodev", "noexec", "rw"]})
+    return {**cfg, "mounts": mounts}
+
+
+async def wait_bound(bound: Path, final: Path, within: float, *,
+                     alive: Callable[[], Awaitable[bool]]) -> None:
+    """Wait until the agent listens on ``bound`` and answers there, then move the
+    socket file to ``final`` (host only). Raises :class:`DriverError`, at once
+    when ``alive()`` says the sandbox is gone.
+
+    The file appears at ``bind``, a moment before ``listen``: until then a
+    connection is refused, so refusals are retried too."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    delay, next_check = 0.002, loop.time() + 0.25
+    while True:
+        now = loop.time()
+        if now > deadline:
+            raise DriverError(f"the agent did not listen within {within:.0f} s")
+        if bound.is_socket():  # noqa: ASYNC240 - one stat on tmpfs
+            try:
+                await wait_ready(bound, max(0.1, deadline - now))
+                break
+            except DriverError as e:
+                if "Connection refused" not in str(e):
+                    raise
+        if now > next_check:
+            if not await alive():
+                raise DriverError("the sandbox exited before its agent listened")
+            next_check = now + 0.25
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
+    os.replace(bound, final)
+
+
+def available_platforms(binary: str) -> list[str]:
+    """The platforms this runsc build knows (``runsc help platforms``)."""
+    try:
+        out = subprocess.run([binary, "help", "platforms"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isidentifier()]
+
+
+def choose_platform(binary: str, wanted: str = "", *,
+                    cache: Path = Path("/run/podbay/runsc-platform.json")) -> str:
+    """``wanted`` if set; else the first of :data:`PLATFORMS` this runsc has and
+    this host runs. kvm counts only when a sandbox actually starts on it (a
+    device node is no proof: on some hosts KVM guests hang); that probe takes
+    up to 10 s, so its answer is kept in ``cache`` for this runsc and kernel."""
+    if wanted:
+        return wanted
+    resolved = shutil.which(binary)
+    if resolved is None:
+        return "ptrace"
+    st = os.stat(resolved)
+    key = {"runsc": resolved, "size": st.st_size, "mtime": st.st_mtime_ns,
+           "kernel": os.uname().release}
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(cache.read_text())
+        if isinstance(known, dict) and known.get("key") == key:
+            return str(known["platform"])
+    platforms = available_platforms(resolved)
+    chosen = "ptrace"
+    for platform in PLATFORMS:
+        if platform in platforms and (platform != "kvm" or _kvm_runs(resolved)):
+            chosen = platform
+            break
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "platform": chosen}))
+        os.replace(tmp, cache)
+    return chosen
+
+
+def _kvm_runs(binary: str) -> bool:
+    if not Path("/dev/kvm").exists():
+        return False
+    with tempfile.TemporaryDirectory(prefix="podbay-kvm-probe-") as root:
+        argv = [binary, "--root", root, "--platform=kvm", "--network=none", "do", "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=10, check=False,
+                                  stdin=subprocess.DEVNULL)
+            return done.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        finally:
+            # A hung probe's sandbox must not outlive it.
+            listed = subprocess.run([binary, "--root", root, "list", "-quiet"],
+                                    capture_output=True, text=True, check=False).stdout
+            for container in listed.split():
+                subprocess.run([binary, "--root", root, "delete", "-force", container],
+                               capture_output=True, check=False)

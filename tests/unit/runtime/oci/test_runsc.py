@@ -1,0 +1,74 @@
+"""runsc's command lines and bundle, without runsc or root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from podbay.runtime.oci import bundle, runsc
+
+
+def _runsc(tmp_path: Path) -> runsc.Runsc:
+    return runsc.Runsc("runsc", tmp_path / "root", platform="ptrace",
+                       netns=lambda machine_id: tmp_path / machine_id / "netns")
+
+
+def test_global_flags(tmp_path: Path) -> None:
+    argv = _runsc(tmp_path).argv("state", "m1")
+    assert argv[:3] == ["runsc", "--root", str(tmp_path / "root")]
+    assert {"--platform=ptrace", "--network=sandbox", "--host-uds=create",
+            "--overlay2=none"} <= set(argv)
+    assert argv[-2:] == ["state", "m1"]
+
+
+def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(
+        tmp_path: Path) -> None:
+    (tmp_path / "bundle").mkdir()
+    netns = tmp_path / "m1" / "netns"
+    argv = _runsc(tmp_path).launch_argv("m1", tmp_path / "bundle", netns)
+    assert argv[:3] == ["nsenter", f"--net={netns}", "--"]
+    script = argv[argv.index("-c") + 1]
+    assert "/proc/sys/net/core" in script and "mount -t proc" in script
+    assert argv[argv.index("-c") + 2] == str(tmp_path / "bundle" / runsc.PROC_DIR)
+    assert argv[-4:] == ["--detach", "--bundle", str(tmp_path / "bundle"), "m1"]
+
+
+def test_commands_for_a_live_sandbox_enter_its_namespace_only_when_mounted(
+        tmp_path: Path) -> None:
+    # Not an nsfs mount here: the plain command line.
+    assert _runsc(tmp_path).command("state", "m1")[0] == "runsc"
+
+
+def test_container_ids_from_state_files(tmp_path: Path) -> None:
+    r = _runsc(tmp_path)
+    r.root.mkdir()
+    for name in ("a_sandbox:a.state", "a_sandbox:a.lock", "b_sandbox:b.state", "junk"):
+        (r.root / name).touch()
+    assert r.container_ids() == ["a", "b"]
+
+
+def test_bundle_for_gvisor(tmp_path: Path) -> None:
+    facts = bundle.BundleFacts(
+        machine_id="m1", hostname="h", rootfs=Path("/r"), image_rootfs=Path("/i"),
+        agent_dir=Path("/a"), files_dir=Path("/f"), argv=["/x"], uid_base=1000000,
+        memory_bytes=1 << 30, cpus=1.0, pids=256, cgroup_path="/podbay/m1",
+        netns=Path("/n"))
+    cfg = runsc.adapt_config(bundle.config(facts), tmp_path / "sock")
+    mounts = {m["destination"]: m for m in cfg["mounts"]}
+    assert mounts["/sys"]["type"] == "sysfs"  # gVisor's own, not the host's bound in
+    assert mounts[runsc.SOCKET_DIR]["source"] == str(tmp_path / "sock")
+    assert "rw" in mounts[runsc.SOCKET_DIR]["options"]
+    assert cfg["linux"]["uidMappings"][0]["hostID"] == 1000000
+
+
+def test_reachable(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    (private / "inner").mkdir(parents=True)
+    private.chmod(0o700)
+    assert not runsc.reachable(private / "inner")
+    private.chmod(0o711)
+    assert runsc.reachable(private / "inner") == runsc.reachable(tmp_path)
+
+
+def test_platform_setting_wins(tmp_path: Path) -> None:
+    assert runsc.choose_platform("runsc", "kvm", cache=tmp_path / "c.json") == "kvm"
+    assert not (tmp_path / "c.json").exists()
