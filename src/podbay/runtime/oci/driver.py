@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -370,6 +371,17 @@ class OciDriver:
                 await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
         leftover = self.cgroups.remove(paths.cgroup)
+        for _ in range(40):
+            # runsc's delete returns while gVisor's processes may still be exiting
+            # (slowly after an OOM kill); a new start must not inherit the old
+            # cgroup and its charges. What is left in it is this machine's own.
+            if not leftover or self.runc.is_runc:
+                break
+            for pid in self.cgroups.procs(paths.cgroup):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+            leftover = self.cgroups.remove(paths.cgroup)
         if leftover:
             log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
         await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
