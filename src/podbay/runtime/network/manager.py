@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,11 @@ from ...errors import NetworkError
 from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp
 from .policy import DISABLED_RESOLV_CONF, RESOLV_CONF, build_ruleset, build_tap_ruleset
+from .watch import AddressWatch
 
 __all__ = ["NetworkHandle", "NetworkManager"]
+
+log = logging.getLogger("podbay.runtime.network")
 
 _NETNS_FILE = "netns"
 
@@ -77,6 +81,7 @@ class NetworkManager:
         self.slirps = slirp.Slirps(slirp_binary, sandbox=slirp_sandbox,
                                    ready_timeout=ready_timeout)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._watch: AddressWatch | None = None
 
     # -- paths
 
@@ -160,6 +165,31 @@ class NetworkManager:
         if self.enabled:
             await self._apply_rules(path)
 
+    def watch_addresses(self) -> None:
+        """From now on, reload every machine's rules whenever the host's addresses
+        change (a warm machine must not reach an address the host gained after
+        it started). Idempotent; :meth:`close` stops it."""
+        if self.enabled and self._watch is None:
+            self._watch = AddressWatch(self.refresh_all)
+            self._watch.start()
+
+    async def refresh_all(self) -> None:
+        """Reload the rules of every machine with a network (each under its lock,
+        so one being set up gets the new addresses once it is complete)."""
+        for machine_id in self.machines():
+            async with self._lock(machine_id):
+                if netns.is_mounted(self.netns_path(machine_id)):
+                    try:
+                        await self._apply_rules(self.netns_path(machine_id),
+                                                tap=self._has_tap(machine_id))
+                    except OSError as exc:
+                        log.warning("machine %s: reloading its rules failed: %s",
+                                    machine_id, exc)
+
+    def _has_tap(self, machine_id: str) -> bool:
+        return self.slirps.recorded(self.machine_dir(machine_id),
+                                    self.netns_path(machine_id)) is not None
+
     def resolv_conf(self) -> str:
         """``/etc/resolv.conf`` content for this manager's sandboxes."""
         return RESOLV_CONF if self.enabled else DISABLED_RESOLV_CONF
@@ -172,6 +202,9 @@ class NetworkManager:
 
     async def close(self) -> None:
         """Forget child processes without stopping them (slirps outlive the node)."""
+        if self._watch is not None:
+            await self._watch.close()
+            self._watch = None
         self.slirps.forget()
 
     # -- internals

@@ -114,6 +114,7 @@ class OciDriver:
             agent_dir = await asyncio.to_thread(runsc.reachable_agent, agent_dir,
                                                 self.layout.run_dir)
         self._image, self._agent_dir = image, agent_dir
+        self.network.watch_addresses()
         self._argv = self._agent_argv(image)
 
     def _agent_argv(self, image: Image) -> list[str]:
