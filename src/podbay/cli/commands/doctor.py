@@ -95,8 +95,9 @@ def host_checks(settings: object, report: Report) -> None:
                "" if "overlay" in filesystems else "modprobe overlay")
     loop = Path("/dev/loop-control").exists()
     report.add("loop devices", loop, "" if loop else "modprobe loop")
-    tools = [t for t in ("mkfs.ext4", "nsenter", "prlimit") if shutil.which(t) is None]
-    report.add("tools", not tools, "mkfs.ext4, nsenter, prlimit" if not tools else
+    names = ("mkfs.ext4", "nsenter", "prlimit", "setpriv", "unshare")
+    tools = [t for t in names if shutil.which(t) is None]
+    report.add("tools", not tools, ", ".join(names) if not tools else
                f"missing {', '.join(tools)}: apt-get install e2fsprogs util-linux")
     layout = Layout.from_settings(settings)
     network = NetworkManager(layout.run_dir, enabled=rt.network)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import sys
 from pathlib import Path
 
 from ..base import DriverError
@@ -38,21 +37,14 @@ OWNER_UID_COUNT = 1 << 24
 #: The file in a machine's run directory naming its namespace's owner.
 OWNER_FILE = "userns-owner"
 
-_HOLDER = r"""
-import ctypes, os, sys
-uid = int(sys.argv[1])
-os.setgroups([])
-os.setresgid(uid, uid, uid)
-os.setresuid(uid, uid, uid)
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.unshare(0x10000000 | 0x40000000) != 0:
-    sys.stderr.write("unshare(CLONE_NEWUSER|CLONE_NEWNET): "
-                     + os.strerror(ctypes.get_errno()) + "\n")
-    sys.exit(1)
-sys.stdout.write("ready\n")
-sys.stdout.flush()
-sys.stdin.read()
-"""
+def _holder_argv(owner: int) -> list[str]:
+    """As ``owner`` (no groups, no capabilities left), unshare a user and a network
+    namespace, say so, and wait for stdin to close. util-linux and a shell: a few
+    milliseconds, where a Python holder took tens on a busy host."""
+    return ["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups", "--",
+            "unshare", "--user", "--net", "--",
+            "sh", "-c", "echo ready; while read -r _; do :; done"]
+
 
 
 def pick_owner(run_dirs: list[Path]) -> int:
@@ -78,9 +70,9 @@ class OwnedUserNamespace:
     async def open(self) -> None:
         """Start the holder and map its namespace (the paths are then valid)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", "-c", _HOLDER, str(self.owner),
+            *_holder_argv(self.owner),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env={})
+            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         self._proc = proc
         assert proc.stdout is not None and proc.stderr is not None
         try:
