@@ -59,12 +59,13 @@ def test_guest_runs_its_own_kernel_as_real_root(pair: tuple[AgentClient, AgentCl
     a, _ = pair
     guest = a.sh("uname -r").stdout.strip()
     assert guest and guest != os.uname().release
+    assert probes.own_kernel(a) is None
     assert a.sh("id -u").stdout.strip() == "0"
     # No host process in sight: besides the guest kernel's own threads (children
-    # of kthreadd, pid 2), only the agent, the mux and this command's processes.
+    # of kthreadd, pid 2), only the agent and this command's processes.
+    assert probes.guest_processes(a) is None
     rows = [line.split() for line in a.sh("ps -e -o pid=,ppid=").stdout.splitlines()]
-    user = [pid for pid, ppid in rows if "2" not in (pid, ppid)]
-    assert len(user) < 10, user
+    assert len([pid for pid, ppid in rows if "2" not in (pid, ppid)]) < 10, rows
 
 
 def test_no_platform_credentials_inside(pair: tuple[AgentClient, AgentClient]) -> None:

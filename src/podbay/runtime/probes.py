@@ -148,6 +148,24 @@ def pid_namespace(agent: AgentClient) -> str | None:
     return f"{count} processes visible: the host's leak in" if count > 30 else None
 
 
+def own_kernel(agent: AgentClient) -> str | None:
+    """A ``vm`` sandbox runs its own kernel: not the host's release or build."""
+    import os
+
+    inside = agent.sh("uname -r; uname -v").stdout.split("\n")
+    host = [os.uname().release, os.uname().version]
+    if inside[:2] == host:
+        return f"the sandbox runs the host's kernel ({host[0]})"
+    return None
+
+
+def guest_processes(agent: AgentClient) -> str | None:
+    """A guest sees only its own processes (its kernel's threads aside)."""
+    rows = [line.split() for line in agent.sh("ps -e -o pid=,ppid=").stdout.splitlines()]
+    user = [pid for pid, ppid in rows if "2" not in (pid, ppid)]
+    return f"{len(user)} processes visible: the host's leak in" if len(user) > 30 else None
+
+
 def neighbours(a: AgentClient, b: AgentClient) -> str | None:
     if not a.sh("echo x > /workspace/podbay-probe-a && setsid sleep 4321 "
                 "</dev/null >/dev/null 2>&1 &").ok:

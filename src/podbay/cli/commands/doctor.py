@@ -200,6 +200,16 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             ("sandboxes see neither files nor processes of each other",
              lambda: probes.neighbours(a, b)),
         ]
+        if driver.name == "vm":
+            # Root in a guest is the guest's own root (its kernel is the boundary):
+            # the container probes of namespaces and the agent's protection do not apply.
+            checks = [
+                ("own kernel, not the host's", lambda: probes.own_kernel(a)),
+                ("no host environment", lambda: probes.no_host_environment(a)),
+                ("no host processes in sight", lambda: probes.guest_processes(a)),
+                ("sandboxes see neither files nor processes of each other",
+                 lambda: probes.neighbours(a, b)),
+            ]
         if driver.capabilities.network:
             with probes.host_listeners() as (port, addresses):
                 targets = [("127.0.0.1", port), ("10.0.0.1", 80), ("169.254.169.254", 80),
