@@ -18,7 +18,7 @@ CLIENT = [
     "GrepMatch", "PodbayError", "ProcessOutput", "ProcessStatus", "Progress", "RunResult",
     "Sandbox", "SandboxClient", "SandboxHandle", "SandboxNotEnabledError",
     "SandboxPreparingError", "SandboxRecord", "SandboxRequestError", "SandboxUnavailableError",
-    "token_issuer",
+    "token_issuer", "AsyncTerminal", "Terminal",
 ]
 METHODS = [
     "attach", "exec", "exec_combined", "run", "spawn", "poll", "processes", "signal", "kill",

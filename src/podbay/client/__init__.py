@@ -39,8 +39,10 @@ _EXPORTS: dict[str, str] = {
     "SandboxUnavailableError": "podbay.errors",
     "AsyncSandbox": "podbay.client._async.client",
     "AsyncSandboxClient": "podbay.client._async.client",
+    "AsyncTerminal": "podbay.client._async.client",
     "Sandbox": "podbay.client._sync.client",
     "SandboxClient": "podbay.client._sync.client",
+    "Terminal": "podbay.client._sync.client",
     "token_issuer": "podbay.client._config",
     "Cancel": "podbay.client._models",
     "CombinedResult": "podbay.client._models",
@@ -58,6 +60,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AsyncSandbox",
     "AsyncSandboxClient",
+    "AsyncTerminal",
     "Cancel",
     "CombinedResult",
     "DirEntry",
@@ -76,6 +79,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxRequestError",
     "SandboxUnavailableError",
+    "Terminal",
     "token_issuer",
 ]
 
@@ -90,7 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover
         SandboxUnavailableError,
     )
 
-    from ._async.client import AsyncSandbox, AsyncSandboxClient
+    from ._async.client import AsyncSandbox, AsyncSandboxClient, AsyncTerminal
     from ._config import token_issuer
     from ._models import (
         Cancel,
@@ -105,7 +109,7 @@ if TYPE_CHECKING:  # pragma: no cover
         SandboxHandle,
         SandboxRecord,
     )
-    from ._sync.client import Sandbox, SandboxClient
+    from ._sync.client import Sandbox, SandboxClient, Terminal
 
 
 def __getattr__(name: str) -> Any:

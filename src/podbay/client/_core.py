@@ -15,6 +15,7 @@ rule of the contract (the exec deadline, the 202 loop, which refusals mean
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,14 @@ from podbay import __version__
 from podbay.errors import SandboxRequestError, SandboxUnavailableError, refusal_error
 from podbay.wire import codec, paths
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import AttachRequest, SandboxHandle, SandboxList, SandboxRecord
+from podbay.wire.control import (
+    AttachRequest,
+    SandboxHandle,
+    SandboxList,
+    SandboxRecord,
+    ShareRequest,
+    ShareUrl,
+)
 from podbay.wire.data import (
     AgentInfo,
     ExecRequest,
@@ -35,6 +43,7 @@ from podbay.wire.data import (
     ProcessList,
     ProcessOutput,
     ProcessStatus,
+    PtyRequest,
     SpawnRequest,
 )
 from podbay.wire.limits import DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_SANDBOX_CLASS
@@ -161,6 +170,53 @@ class Core:
         url = handle.endpoint.rstrip("/") + path
         return httpx.Request(method, url, headers=merged, json=json, params=params,
                              content=content)
+
+    # -- terminals and ports ------------------------------------------------------------
+
+    def share_request(self, name: str, port: int, expires_in_seconds: int) -> httpx.Request:
+        body = codec.encode(ShareRequest(expires_in_seconds=expires_in_seconds))
+        return self._control("POST", paths.port_share_path(name, port), json=body)
+
+    def parse_share(self, response: httpx.Response) -> ShareUrl:
+        return self.expect(response, ShareUrl, 200)
+
+    @staticmethod
+    def port_url(handle: SandboxHandle, port: int, path: str = "/") -> str:
+        """The URL of ``path`` on ``port`` inside the sandbox, through the gateway."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError("port must be an integer from 1 to 65535")
+        return f"{handle.endpoint.rstrip('/')}{paths.PORTS}/{port}/{path.lstrip('/')}"
+
+    @staticmethod
+    def ws_url(url: str) -> str:
+        """``url`` with its scheme turned into the WebSocket one."""
+        if url.startswith("https://"):
+            return "wss://" + url[len("https://"):]
+        return "ws://" + url.split("://", 1)[1]
+
+    def ws_headers(self, handle: SandboxHandle) -> dict[str, str]:
+        return {"User-Agent": self.user_agent, **handle.headers}
+
+    @staticmethod
+    def pty_start(command: list[str], *, rows: int, cols: int, term: str, cwd: str | None,
+                  env: Mapping[str, str] | None) -> str:
+        """The first message of a terminal: what to start."""
+        _check_argv(command)
+        request = PtyRequest(command=list(command), cwd=cwd, env=dict(env) if env else None,
+                             rows=rows, cols=cols, term=term)
+        return codec.dumps(request).decode()
+
+    @staticmethod
+    def pty_exit(text: str) -> int:
+        """A terminal's text message: its exit code, or the refusal it carries raised."""
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and message.get("type") == "exit" \
+                and isinstance(message.get("exit_code"), int):
+            return int(message["exit_code"])
+        raise refusal_error(400, text.encode())
 
     def exec_timeout_ms(self, requested: int | None) -> int:
         """The deadline exec sends: never later than one second under the request timeout."""

@@ -4,6 +4,7 @@ the sandbox through /v1/ports, and share URLs (valid, expired, forged)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -15,6 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from podbay.client import AsyncSandboxClient, SandboxClient
 from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
@@ -198,3 +200,48 @@ def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
     assert as_credential.status_code == 401
     credential = handle["headers"]["X-Podbay-Credential"]
     assert httpx.get(f"{server.base_url}/share/{credential}/").status_code == 401
+
+
+def test_sdk_sync_terminal_url_transport_and_share(server: PlatformServer, token: str,
+                                                   handle: dict[str, Any],
+                                                   servers: dict[str, int]) -> None:
+    with SandboxClient(identity_token=token, server_url=server.base_url) as client:
+        sandbox = client.sandbox(handle["name"])
+        with sandbox.pty(["python3", "-q"], rows=20, cols=70) as tty:
+            seen = b""
+            while b">>> " not in seen:
+                seen += tty.recv()
+            tty.send("print(6*7)\r")
+            tty.resize(25, 99)
+            tty.send("import shutil; print(shutil.get_terminal_size())\rexit(5)\r")
+            seen = b""
+            while chunk := tty.recv():
+                seen += chunk
+            assert b"42" in seen and b"columns=99, lines=25" in seen
+            assert tty.exit_code == 5
+        url = sandbox.url(servers["http"], "index.html")
+        assert url == f"{handle['endpoint']}/v1/ports/{servers['http']}/index.html"
+        with httpx.Client(transport=sandbox.port_transport()) as http:
+            assert http.get(url).text == "hello from inside\n"
+        shared = sandbox.share_url(servers["http"], expires_in_seconds=60)
+        assert httpx.get(shared + "index.html").text == "hello from inside\n"
+
+
+def test_sdk_async_terminal(server: PlatformServer, token: str, handle: dict[str, Any],
+                            servers: dict[str, int]) -> None:
+    async def main() -> tuple[bytes, int | None, str]:
+        async with AsyncSandboxClient(identity_token=token, server_url=server.base_url) as c:
+            sandbox = c.sandbox(handle["name"])
+            async with await sandbox.pty(["sh", "-c", "read x; echo got $x; exit 4"]) as tty:
+                await tty.send(b"hello\r")
+                seen = b""
+                while chunk := await tty.recv():
+                    seen += chunk
+                code = tty.exit_code
+            async with httpx.AsyncClient(transport=sandbox.port_transport()) as http:
+                page = (await http.get(await sandbox.url(servers["http"]))).text
+            return seen, code, page
+
+    seen, code, page = asyncio.run(main())
+    assert b"got hello" in seen and code == 4
+    assert "index.html" in page or "hello" in page

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
+import json
 import os
 import tempfile
 import time
@@ -35,8 +36,10 @@ from podbay.errors import (
     SandboxPreparingError,
     SandboxRequestError,
     SandboxUnavailableError,
+    refusal_error,
 )
 from podbay.wire import paths
+from podbay.wire.codes import ErrorCode
 from podbay.wire.control import SandboxHandle, SandboxRecord
 from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
 from podbay.wire.limits import BASE64_WRITE_CHUNK
@@ -53,7 +56,10 @@ from .._core import (
 )
 from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
-from ._backend import ByteStream, Lock, run_sync, shielded, sleep
+from ._backend import ByteStream, Lock, run_sync, shielded, sleep, ws_connect
+
+#: Largest WebSocket message a terminal accepts (the gateway's own bound).
+TERMINAL_MESSAGE_LIMIT = 1024 * 1024
 
 OnOutput = Callable[[ProcessOutput], object]
 
@@ -85,7 +91,9 @@ class SandboxClient:
         config = resolve_config(identity_token, server_url, timeout_seconds,
                                 prepare_timeout_seconds, files)
         self._core = Core(config)
-        self._http = httpx.Client(transport=transport,
+        #: Also what :meth:`port_transport` sends through.
+        self._transport = transport or httpx.HTTPTransport()
+        self._http = httpx.Client(transport=self._transport,
                                        timeout=httpx.Timeout(config.timeout_seconds),
                                        follow_redirects=False)
         self._locks: dict[str, Any] = {}
@@ -589,6 +597,73 @@ class SandboxClient:
             response.close()
         check.verify()
 
+    # -- terminals and ports ----------------------------------------------------------------
+
+    def pty(self, name: str, command: builtins.list[str], *, rows: int = 24,
+                  cols: int = 80, term: str = "xterm-256color", cwd: str | None = None,
+                  env: Mapping[str, str] | None = None) -> Terminal:
+        """Start argv on a terminal (a PTY of ``rows`` x ``cols``, ``TERM=term``) and
+        return it, connected over one WebSocket (agents with the ``pty`` feature).
+
+        Everything typed goes to the terminal as is (``b"\\x03"`` is Ctrl-C for
+        its foreground program). Closing the terminal before the command exits
+        hangs it up: the command and what it started are killed.
+
+        >>> with client.pty("thread-42", ["python3", "-q"]) as tty:  # doctest: +SKIP
+        ...     tty.send(b"6*7\\r")
+        ...     tty.recv()
+        """
+        start = self._core.pty_start(command, rows=rows, cols=cols, term=term, cwd=cwd, env=env)
+        handle = self._handle(name)
+        ws = self._ws_open(name, handle, lambda h: self._core.ws_url(
+            h.endpoint.rstrip("/") + paths.PTY))
+        ws.send(start)
+        return Terminal(ws, self._core)
+
+    def _ws_open(self, name: str, handle: SandboxHandle,
+                       url: Callable[[SandboxHandle], str]) -> Any:
+        """A WebSocket to the data plane; a 401/403 before the upgrade re-attaches once."""
+        from websockets.exceptions import InvalidHandshake, InvalidStatus
+
+        for attempt in (1, 2):
+            try:
+                return ws_connect(url(handle), self._core.ws_headers(handle),
+                                        TERMINAL_MESSAGE_LIMIT,
+                                        self._core.config.timeout_seconds)
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if attempt == 1 and status in (401, 403):
+                    handle = self._handle(name, stale=handle)
+                    continue
+                raise refusal_error(status, bytes(exc.response.body or b"")) from None
+            except (OSError, TimeoutError, InvalidHandshake) as exc:
+                raise SandboxUnavailableError(
+                    f"cannot open a WebSocket to sandbox {name!r}: {exc}", exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def url(self, name: str, port: int, path: str = "/") -> str:
+        """The URL of ``path`` on ``port`` inside the sandbox, through the gateway.
+
+        It needs the sandbox's credential: send through :meth:`port_transport`,
+        or hand a person :meth:`share_url` instead.
+        """
+        return self._core.port_url(self._handle(name), port, path)
+
+    def port_transport(self, name: str) -> httpx.BaseTransport:
+        """An httpx transport that adds the sandbox's credential to every request
+        (and re-attaches once when it is refused), for URLs from :meth:`url`.
+
+        >>> http = httpx.Client(transport=client.port_transport("thread-42"))  # doctest: +SKIP
+        >>> http.get(client.url("thread-42", 8000))  # doctest: +SKIP
+        """
+        return _PortTransport(self, name)
+
+    def share_url(self, name: str, port: int, *, expires_in_seconds: int = 3600) -> str:
+        """A signed URL to ``port`` of the sandbox that needs no credential, for a person
+        to open; valid for ``expires_in_seconds`` (at most a week), this sandbox only."""
+        response = self._control(self._core.share_request(name, port, expires_in_seconds))
+        return self._core.parse_share(response).url
+
     # -- control plane -----------------------------------------------------------------------
 
     def get(self, name: str) -> SandboxRecord:
@@ -635,6 +710,94 @@ def _hashed_chunks(source: BinaryIO, size: int,
         if progress is not None:
             progress(digest.size, size)
     yield digest.trailer()
+
+
+class Terminal:
+    """A command on a terminal in the sandbox (see :meth:`SandboxClient.pty`)."""
+
+    def __init__(self, ws: Any, core: Core) -> None:
+        self._ws = ws
+        self._core = core
+        #: The command's exit code, once :meth:`recv` has seen it exit.
+        self.exit_code: int | None = None
+
+    def send(self, data: bytes | str) -> None:
+        """Type ``data`` (text is sent as UTF-8)."""
+        self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._ws.send(json.dumps({"type": "resize", "rows": rows, "cols": cols}))
+
+    def recv(self) -> bytes:
+        """The terminal's next output; ``b""`` once the command has exited
+        (:attr:`exit_code` is then set)."""
+        from websockets.exceptions import ConnectionClosed
+
+        if self.exit_code is not None:
+            return b""
+        try:
+            message = self._ws.recv()
+        except ConnectionClosed as exc:
+            raise SandboxUnavailableError(
+                "the terminal's connection closed before its command exited", exc) from exc
+        if isinstance(message, bytes):
+            return message
+        self.exit_code = self._core.pty_exit(message)
+        return b""
+
+    def wait(self) -> int:
+        """Read (and drop) output until the command exits; its exit code."""
+        while self.recv():
+            pass
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def close(self) -> None:
+        """Close the terminal (a command still running is killed)."""
+        self._ws.close()
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _PortTransport(httpx.BaseTransport):
+    """Adds the sandbox's credential; one re-attach on a credential refusal."""
+
+    def __init__(self, client: SandboxClient, name: str) -> None:
+        self._client = client
+        self._name = name
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        handle = self._client._handle(self._name)
+        try:
+            request.content  # noqa: B018 - a body that can be sent twice?
+            replayable = True
+        except httpx.RequestNotRead:
+            replayable = False
+        for attempt in (1, 2):
+            request.headers.update(handle.headers)
+            response = self._client._transport.handle_request(request)
+            if attempt == 1 and replayable and response.status_code in (401, 403):
+                response.read()
+                if _gateway_refusal(response):
+                    response.close()
+                    handle = self._client._handle(self._name, stale=handle)
+                    continue
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _gateway_refusal(response: httpx.Response) -> bool:
+    """A refusal of the credential by the gateway (not the sandbox's server's own 401)."""
+    try:
+        code = json.loads(response.content).get("code")
+    except (ValueError, AttributeError):
+        return False
+    return code in (ErrorCode.CREDENTIAL_INVALID, ErrorCode.SANDBOX_NOT_RUNNING,
+                    ErrorCode.CREDENTIAL_WRONG_SANDBOX)
 
 
 class Sandbox:
@@ -737,5 +900,21 @@ class Sandbox:
     def delete(self) -> None:
         self.client.delete(self.name)
 
+    def pty(self, command: builtins.list[str], *, rows: int = 24, cols: int = 80,
+                  term: str = "xterm-256color", cwd: str | None = None,
+                  env: Mapping[str, str] | None = None) -> Terminal:
+        return self.client.pty(self.name, command, rows=rows, cols=cols, term=term,
+                                     cwd=cwd, env=env)
 
-__all__ = ["Sandbox", "SandboxClient"]
+    def url(self, port: int, path: str = "/") -> str:
+        return self.client.url(self.name, port, path)
+
+    def port_transport(self) -> httpx.BaseTransport:
+        return self.client.port_transport(self.name)
+
+    def share_url(self, port: int, *, expires_in_seconds: int = 3600) -> str:
+        return self.client.share_url(self.name, port,
+                                           expires_in_seconds=expires_in_seconds)
+
+
+__all__ = ["Sandbox", "SandboxClient", "Terminal"]
