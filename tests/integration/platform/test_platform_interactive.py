@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -245,3 +249,60 @@ def test_sdk_async_terminal(server: PlatformServer, token: str, handle: dict[str
     seen, code, page = asyncio.run(main())
     assert b"got hello" in seen and code == 4
     assert "index.html" in page or "hello" in page
+
+
+class Tmux:
+    """A tmux server of this test's own (its own socket), driven like a person would."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.socket = str(tmp_path / "tmux.sock")
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True,
+                              text=True, timeout=30, check=True)
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-J", "-t", "shell")
+
+    def wait_for(self, text: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never showed on the terminal:\n{self.screen()}")
+
+
+def test_cli_shell_in_tmux(server: PlatformServer, token: str, handle: dict[str, Any],
+                           tmp_path: Path) -> None:
+    tmux = Tmux(tmp_path)
+    status = tmp_path / "status"
+    shell = " ".join(shlex.quote(a) for a in [
+        sys.executable, "-m", "podbay.cli.main", "sandbox", "shell", handle["name"],
+        "--server", server.base_url, "--", "python3", "-q"])
+    tmux("new-session", "-d", "-s", "shell", "-x", "100", "-y", "30",
+         f"env ASTRO_AUTHZ_TOKEN={token} TERM=xterm {shell}; echo $? > {status}; sleep 60")
+    try:
+        tmux.wait_for(">>> ")
+        tmux("send-keys", "-t", "shell", "6*7", "Enter")
+        tmux.wait_for("42")
+        tmux("send-keys", "-t", "shell", "import shutil; shutil.get_terminal_size()", "Enter")
+        tmux.wait_for("columns=100, lines=30")
+        tmux("resize-window", "-t", "shell", "-x", "120", "-y", "40")
+        tmux("send-keys", "-t", "shell", "shutil.get_terminal_size()", "Enter")
+        tmux.wait_for("columns=120, lines=40")
+        # Ctrl-C reaches the program in the sandbox, not the local CLI.
+        tmux("send-keys", "-t", "shell", "import time; time.sleep(60)", "Enter")
+        time.sleep(1)
+        tmux("send-keys", "-t", "shell", "C-c")
+        tmux.wait_for("KeyboardInterrupt")
+        tmux("send-keys", "-t", "shell", "exit(9)", "Enter")
+        deadline = time.monotonic() + 60
+        while not (status.exists() and status.read_text().strip()):
+            assert time.monotonic() < deadline, tmux.screen()
+            time.sleep(0.1)
+        assert status.read_text().strip() == "9"
+    finally:
+        subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)

@@ -222,6 +222,34 @@ def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
     sys.exit(result.exit_code if result.exit_code is not None else 1)
 
 
+@command.command(context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
+              help="Environment variable (repeatable).")
+@click.option("--cwd", default=None, help="Working directory (default /workspace).")
+@_options
+def shell(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
+          token: str | None, server: str | None, as_json: bool) -> None:
+    """Open a terminal in NAME running ARGV (after --; default: bash -l).
+
+    Keys go through as typed (Ctrl-C reaches the program in the sandbox),
+    the window's size follows the local one, and the exit code is the
+    command's.
+    """
+    from podbay.cli.terminal import DEFAULT_SHELL, drive, local_size, raw_mode
+
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    rows, cols = local_size(stdin)
+    term = os.environ.get("TERM") or "xterm-256color"
+    command_env = _env(env)
+    with _session(token, server, as_json) as (client, _), \
+            client.pty(name, list(argv) or DEFAULT_SHELL, rows=rows, cols=cols, term=term,
+                       cwd=cwd, env=command_env) as terminal, raw_mode(stdin):
+        code = drive(terminal, stdin, stdout)
+    sys.exit(code)
+
+
 @command.command()
 @click.argument("name")
 @_options
