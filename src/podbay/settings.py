@@ -97,6 +97,9 @@ class RuntimeSettings:
     image_extra_ca_dir: str = "/usr/local/share/ca-certificates"
     #: How long ``start`` waits for the agent to answer before giving up.
     start_timeout_seconds: float = 30.0
+    #: The account commands and file calls run as when a request names no
+    #: ``user``: root (the reference's behaviour) unless set, e.g. ``user``.
+    default_user: str = ""
 
 
 @dataclass

@@ -8,6 +8,7 @@ field is refused: a silently ignored option is a bug). Every refusal is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -17,27 +18,34 @@ from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode, error_body
 from podbay.wire.data import (
     AgentInfo,
+    ChmodRequest,
     ExecRequest,
     MakeDirRequest,
+    MoveRequest,
     ProcessList,
     PtyRequest,
     SignalRequest,
     SpawnRequest,
 )
-from podbay.wire.limits import MAX_JSON_BODY
+from podbay.wire.limits import MAX_JSON_BODY, POLL_WAIT_MAX_MS
 
 from . import VERSION
+from .exec import ReadBody
 from .exec import run as run_exec
+from .exec import stream as stream_exec
 from .files import Files, FileStream, parse_digest, parse_mode
-from .http import Request, Response
+from .http import ProtocolError, Request, Response
 from .processes import ProcessTable
 from .pty import start as start_pty
 from .reaper import Reaper
 from .tree import kill_all_but_self
 from .tunnel import open_tunnel
+from .users import acting_as, resolve
 
 FEATURES = [paths.FEATURE_FILES, paths.FEATURE_TRAILING_DIGEST, paths.FEATURE_PTY,
-            paths.FEATURE_PORTS]
+            paths.FEATURE_PORTS, paths.FEATURE_FILES_OPS, paths.FEATURE_STDIN,
+            paths.FEATURE_EXEC_OUTPUT, paths.FEATURE_LIVE_OUTPUT, paths.FEATURE_USERS]
+_DEFAULT_USER = paths.DEFAULT_USER_HEADER.lower()
 
 T = TypeVar("T")
 Route = Callable[[Request], Response]
@@ -67,6 +75,44 @@ def _offset(req: Request, name: str) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"{name} must be a byte offset (0 or more)")
     return int(raw)
+
+
+def _encoding(req: Request) -> str:
+    raw = req.query.get("encoding", "utf-8") or "utf-8"
+    if raw not in ("utf-8", "base64"):
+        raise ApiError(ErrorCode.REQUEST_INVALID, "encoding must be utf-8 or base64")
+    return raw
+
+
+def _wait_ms(req: Request) -> int:
+    raw = req.query.get("wait_ms", "0") or "0"
+    if not raw.isdigit() or len(raw) > 9:
+        raise ApiError(ErrorCode.REQUEST_INVALID, "wait_ms must be milliseconds (0 or more)")
+    return min(int(raw), POLL_WAIT_MAX_MS)
+
+
+def _exec_head(req: Request) -> tuple[ExecRequest, ReadBody]:
+    """A stdin-mode exec body: its first line is the request, the rest stdin."""
+    buf = bytearray()
+    while (end := buf.find(b"\n")) < 0:
+        data = req.body.read()
+        if not data:
+            raise ApiError(ErrorCode.REQUEST_INVALID,
+                           "the body must start with one line of exec request JSON")
+        buf += data
+        if len(buf) > MAX_JSON_BODY:
+            raise ProtocolError(413, f"exec request line larger than {MAX_JSON_BODY} bytes")
+    body = loads(ExecRequest, bytes(buf[:end]), strict=True)
+    rest = bytes(buf[end + 1 :])
+
+    def read(n: int) -> bytes:
+        nonlocal rest
+        if rest:
+            data, rest = rest[:n], rest[n:]
+            return data
+        return req.body.read(n)
+
+    return body, read
 
 
 def _flag(req: Request, name: str) -> bool:
@@ -102,6 +148,8 @@ class App:
             paths.FILES_STAT: {"GET": self.stat_file},
             paths.FILES_LIST: {"GET": self.list_dir},
             paths.FILES_MKDIR: {"POST": self.mkdir},
+            paths.FILES_CHMOD: {"POST": self.chmod},
+            paths.FILES_MOVE: {"POST": self.move},
         }
         #: The gateway's own leg of terminals and ports (HTTP/1.1 upgrades): not
         #: client routes, so not in the data plane's OpenAPI document.
@@ -127,6 +175,8 @@ class App:
             process_id = unquote(raw_id)
             if process_id and tail == "signal":
                 methods = {"POST": self.signal}
+            elif process_id and tail == "stdin":
+                methods = {"POST": self.write_stdin}
             elif process_id and "/" not in rest:
                 methods = {"GET": self.poll, "DELETE": self.kill}
         if methods is None:
@@ -146,8 +196,19 @@ class App:
         return json_response(AgentInfo(version=VERSION, features=list(FEATURES)))
 
     def exec(self, req: Request) -> Response:
-        body = _body(req, ExecRequest)
-        return json_response(run_exec(self.reaper, self.workspace, self.declared_env, body))
+        content_type = req.headers.get("content-type", "").partition(";")[0].strip().lower()
+        stdin: ReadBody | None = None
+        if content_type == paths.EXEC_STDIN_CONTENT_TYPE:
+            body, stdin = _exec_head(req)
+        else:
+            body = _body(req, ExecRequest)
+        default_user = req.headers.get(_DEFAULT_USER)
+        if paths.EXEC_STREAM_CONTENT_TYPE in req.headers.get("accept", ""):
+            lines = stream_exec(self.reaper, self.workspace, self.declared_env, body,
+                                stdin=stdin, default_user=default_user, peer=req.peer)
+            return Response(200, lines, content_type=paths.EXEC_STREAM_CONTENT_TYPE)
+        return json_response(run_exec(self.reaper, self.workspace, self.declared_env, body,
+                                      stdin=stdin, default_user=default_user, peer=req.peer))
 
     # -- terminals and ports ------------------------------------------------
     def pty(self, req: Request) -> Response:
@@ -160,14 +221,21 @@ class App:
 
     # -- processes -----------------------------------------------------------
     def spawn(self, req: Request) -> Response:
-        return json_response(self.processes.spawn(_body(req, SpawnRequest)))
+        return json_response(self.processes.spawn(_body(req, SpawnRequest),
+                                                  req.headers.get(_DEFAULT_USER)))
+
+    def write_stdin(self, req: Request) -> Response:
+        proc = self.processes.get(req.params["process_id"])
+        proc.write_stdin(req.body.read, _flag(req, "close"))
+        return Response(204, content_type=None)
 
     def list_processes(self, req: Request) -> Response:
         return json_response(ProcessList(processes=self.processes.list()))
 
     def poll(self, req: Request) -> Response:
         proc = self.processes.get(req.params["process_id"])
-        return json_response(proc.output(_offset(req, "stdout_from"), _offset(req, "stderr_from")))
+        return json_response(proc.output(_offset(req, "stdout_from"), _offset(req, "stderr_from"),
+                                         wait_ms=_wait_ms(req), encoding=_encoding(req)))
 
     def signal(self, req: Request) -> Response:
         body = _body(req, SignalRequest)
@@ -185,8 +253,13 @@ class App:
         return Response(204, content_type=None)
 
     # -- files ---------------------------------------------------------------
+    def _as(self, req: Request) -> AbstractContextManager[None]:
+        """The block runs with the file permissions of the request's ``user``."""
+        return acting_as(resolve(req.query.get("user"), req.headers.get(_DEFAULT_USER)))
+
     def read_file(self, req: Request) -> Response:
-        stream = self.files.open_read(req.query.get("path"))
+        with self._as(req):
+            stream = self.files.open_read(req.query.get("path"))
         body: bytes | FileStream = stream.data if stream.data is not None else stream
         return Response(200, body, headers=[(paths.DIGEST_HEADER, stream.digest)],
                         length=stream.length, content_type="application/octet-stream")
@@ -194,18 +267,34 @@ class App:
     def write_file(self, req: Request) -> Response:
         digest = parse_digest(req.headers.get(paths.DIGEST_HEADER.lower()))
         mode = parse_mode(req.headers.get(paths.MODE_HEADER.lower()))
-        return json_response(self.files.write(req.query.get("path"), req.body.readinto, digest,
-                                             mode))
+        with self._as(req):
+            info = self.files.write(req.query.get("path"), req.body.readinto, digest, mode)
+        return json_response(info)
 
     def delete_file(self, req: Request) -> Response:
-        self.files.delete(req.query.get("path"), _flag(req, "recursive"))
+        with self._as(req):
+            self.files.delete(req.query.get("path"), _flag(req, "recursive"))
         return Response(204, content_type=None)
 
     def stat_file(self, req: Request) -> Response:
-        return json_response(self.files.stat(req.query.get("path")))
+        with self._as(req):
+            return json_response(self.files.stat(req.query.get("path"), _flag(req, "owner")))
 
     def list_dir(self, req: Request) -> Response:
-        return json_response(self.files.list(req.query.get("path")))
+        with self._as(req):
+            return json_response(self.files.list(req.query.get("path")))
 
     def mkdir(self, req: Request) -> Response:
-        return json_response(self.files.mkdir(_body(req, MakeDirRequest)))
+        body = _body(req, MakeDirRequest)
+        with self._as(req):
+            return json_response(self.files.mkdir(body))
+
+    def chmod(self, req: Request) -> Response:
+        body = _body(req, ChmodRequest)
+        with self._as(req):
+            return json_response(self.files.chmod(body))
+
+    def move(self, req: Request) -> Response:
+        body = _body(req, MoveRequest)
+        with self._as(req):
+            return json_response(self.files.move(body))

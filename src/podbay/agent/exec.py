@@ -12,27 +12,43 @@ command itself has exited, whatever is readily available is read for a short
 grace period, then the answer goes out and the grandchild is left running; a
 daemon thread keeps draining (and discarding) its output so it never blocks or
 dies of SIGPIPE.
+
+Beyond the reference: the command may run as another ``user``; its stdin
+may be the request body (fed by a thread as it arrives, never held whole);
+the answer may keep the tail or head and tail of an over-cap stream, with
+its own cap, as text or base64 (:mod:`.output`); and it may be streamed as
+NDJSON events while the command runs (:func:`stream`). When the client goes
+away before the answer (its connection closes), the command's whole tree is
+killed: an exec lives only as long as someone waits for it.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import select
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 
-from podbay.errors import ApiError
+from podbay.errors import ApiError, ProtocolError
 from podbay.wire import limits
+from podbay.wire.codec import dumps
 from podbay.wire.codes import ErrorCode
-from podbay.wire.data import ExecRequest, ExecResult
+from podbay.wire.data import ExecEvent, ExecRequest, ExecResult
 
 from .environment import check_env, command_env
 from .launch import Child, check_command, launch
+from .output import Capture
 from .reaper import Reaper
-from .ring import incomplete_tail
+from .users import resolve
+
+#: Reads up to n bytes of the request body; b"" at its end.
+ReadBody = Callable[[int], bytes]
+#: True once the client's connection is closed (polled when it signals hang-up).
+PeerGone = Callable[[], bool]
 
 READ_SIZE = 64 * 1024
 #: After the command exits, how long pipes a grandchild still holds are read.
@@ -41,34 +57,6 @@ EXIT_GRACE_SECONDS = 0.05
 EXIT_CHECK_SECONDS = 0.05
 #: After a deadline kill, how long to wait for the kernel to deliver it.
 KILL_WAIT_SECONDS = 2.0
-
-
-class _Capture:
-    """One stream's output up to the cap; the rest is counted, not kept."""
-
-    __slots__ = ("cap", "data", "truncated")
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.truncated = False
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[:room]
-        if chunk:
-            self.data += chunk
-
-    def text(self) -> str:
-        data = self.data
-        if self.truncated:
-            # The cut may fall inside a character whose rest was discarded.
-            cut = incomplete_tail(data)
-            if cut:
-                data = data[: len(data) - cut]
-        return data.decode("utf-8", "replace")
 
 
 def resolve_cwd(workspace: str, cwd: str | None) -> str:
@@ -87,75 +75,253 @@ def deadline_ms(timeout_ms: int | None) -> int:
     return min(timeout_ms, limits.EXEC_MAX_TIMEOUT_MS)
 
 
-def run(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-        req: ExecRequest) -> ExecResult:
-    """Run ``req`` to completion (or its deadline) and report."""
-    check_command(req.command, req.cwd)
-    if req.env and (problem := check_env(req.env, "env")):
-        raise ApiError(ErrorCode.REQUEST_INVALID, problem)
-    timeout = deadline_ms(req.timeout_ms) / 1000
-    cwd = resolve_cwd(workspace, req.cwd)
-    started = time.monotonic()
-    child = launch(reaper, req.command, cwd, command_env(declared_env, req.env))
-    out, err = _Capture(limits.EXEC_OUTPUT_CAP), _Capture(limits.EXEC_OUTPUT_CAP)
-    timed_out = _collect(child, {child.stdout_fd(): out, child.stderr_fd(): err},
-                         started + timeout)
-    code = child.code if child.code is not None else 128 + signal.SIGKILL
-    ended = child.exited_mono or time.monotonic()
-    return ExecResult(
-        exit_code=code, stdout=out.text(), stderr=err.text(),
-        duration_ms=int((ended - started) * 1000), timed_out=timed_out,
-        truncated=out.truncated or err.truncated,
-    )
+def output_options(req: ExecRequest) -> tuple[int, str, str]:
+    """(cap, keep, encoding) of the request, checked."""
+    cap = req.max_output_bytes
+    if cap is None:
+        cap = limits.EXEC_OUTPUT_CAP
+    elif not 0 <= cap <= limits.EXEC_OUTPUT_MAX:
+        raise ApiError(ErrorCode.REQUEST_INVALID,
+                       f"max_output_bytes must be 0 to {limits.EXEC_OUTPUT_MAX}")
+    return cap, req.keep or "head", req.output_encoding or "utf-8"
 
 
-def _collect(child: Child, streams: dict[int, _Capture], deadline: float) -> bool:
-    """Drain the pipes until the command has exited and they are closed (or
-    the grace period after its exit ran out). True when the deadline hit."""
-    poller = select.poll()
-    for fd in streams:
-        poller.register(fd, select.POLLIN)
-    timed_out = False
-    stop_at: float | None = None  # set once the command exited (or was killed)
-    try:
-        while True:
-            now = time.monotonic()
-            if child.exited.is_set():
-                if not streams:
+class _Exec:
+    """One started command, its stdin feeder and its deadline."""
+
+    def __init__(self, reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
+                 req: ExecRequest, stdin: ReadBody | None, default_user: str | None,
+                 peer: tuple[int, PeerGone] | None) -> None:
+        check_command(req.command, req.cwd)
+        if req.env and (problem := check_env(req.env, "env")):
+            raise ApiError(ErrorCode.REQUEST_INVALID, problem)
+        self.cap, self.keep, self.encoding = output_options(req)
+        account = resolve(req.user, default_user)
+        timeout = deadline_ms(req.timeout_ms) / 1000
+        cwd = resolve_cwd(workspace, req.cwd)
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.child = launch(reaper, req.command, cwd, command_env(declared_env, req.env),
+                            stdin=stdin is not None, account=account)
+        self.peer = peer
+        self.timed_out = False
+        self.client_gone = False
+        self.feeder: threading.Thread | None = None
+        if stdin is not None:
+            self.feeder = threading.Thread(target=self._feed, args=(stdin,), name="exec-stdin",
+                                           daemon=True)
+            try:
+                self.feeder.start()
+            except RuntimeError:  # no thread to be had (pids limit)
+                self.child.kill_tree()
+                self.child.close_pipes()
+                raise ApiError(ErrorCode.COMMAND_START_FAILED,
+                               "no thread to feed the command's stdin") from None
+
+    def _feed(self, read: ReadBody) -> None:
+        """Copy the request body into the command's stdin, then close it. Once the
+        command exits or stops reading, the rest of the body is read and discarded
+        (non-blocking writes: a grandchild holding the pipe never stalls this)."""
+        fd = self.child.stdin_fd()
+        if fd is not None:
+            os.set_blocking(fd, False)
+        poller = select.poll()
+        if fd is not None:
+            poller.register(fd, select.POLLOUT)
+        try:
+            while data := read(READ_SIZE):
+                view = memoryview(data)
+                while fd is not None and view:
+                    try:
+                        view = view[os.write(fd, view):]
+                    except BlockingIOError:
+                        if self.child.exited.is_set():
+                            fd = None
+                        else:
+                            poller.poll(int(EXIT_CHECK_SECONDS * 1000))
+                    except OSError:  # EPIPE: the command closed its stdin or ended
+                        fd = None
+                if fd is None:
+                    self.child.close_stdin()
+        except (ProtocolError, OSError):  # the client's body broke off: it went away
+            self.client_gone = True
+            self.child.kill_tree()
+        finally:
+            self.child.close_stdin()
+
+    def chunks(self) -> Generator[tuple[int, bytes], None, None]:
+        """(fd, bytes) as the command writes them, until it has exited and its
+        pipes are closed (or the grace after its exit ran out). Sets
+        ``timed_out`` when the deadline hit and kills the tree when the client
+        went away."""
+        child = self.child
+        streams = {child.stdout_fd(), child.stderr_fd()}
+        poller = select.poll()
+        for fd in streams:
+            poller.register(fd, select.POLLIN)
+        peer_fd = -1
+        if self.peer is not None:
+            peer_fd = self.peer[0]
+            # No events asked: only POLLHUP comes, which a unix socket reports once
+            # its peer closed it whole (a client that merely half-closed after its
+            # request, as HTTP/1.0 clients may, still waits for the answer).
+            poller.register(peer_fd, 0)
+        stop_at: float | None = None  # set once the command exited (or was killed)
+        try:
+            while True:
+                now = time.monotonic()
+                if child.exited.is_set():
+                    if not streams:
+                        break
+                    if stop_at is None:
+                        stop_at = now + EXIT_GRACE_SECONDS
+                if not self.timed_out and now >= self.deadline:
+                    self.timed_out = True
+                    self._kill()
+                    stop_at = time.monotonic() + EXIT_GRACE_SECONDS
+                    continue
+                if stop_at is not None and now >= stop_at:
                     break
-                if stop_at is None:
-                    stop_at = now + EXIT_GRACE_SECONDS
-            if not timed_out and now >= deadline:
-                timed_out = True
-                child.kill_tree()
+                limit = stop_at if stop_at is not None else self.deadline
+                if not streams:
+                    child.exited.wait(max(0.0, limit - now))
+                    continue
+                wait = limit - now if stop_at is not None else min(limit - now,
+                                                                   EXIT_CHECK_SECONDS)
+                for fd, _ in poller.poll(max(0, int(wait * 1000) + 1)):
+                    if fd == peer_fd:
+                        poller.unregister(fd)
+                        peer_fd = -1
+                        if self.peer is not None and self.peer[1]() is not False:
+                            self.client_gone = True
+                            self._kill()
+                            stop_at = time.monotonic() + EXIT_GRACE_SECONDS
+                        continue
+                    data = os.read(fd, READ_SIZE)
+                    if data:
+                        yield fd, data
+                    else:
+                        poller.unregister(fd)
+                        streams.discard(fd)
+                if not streams:
+                    # Both pipes closed: the command is exiting; its status is a moment away.
+                    child.exited.wait(max(0.0, (stop_at or self.deadline) - time.monotonic()))
+        finally:
+            if not child.exited.is_set() and (self.client_gone or self.timed_out):
                 child.exited.wait(KILL_WAIT_SECONDS)
-                stop_at = time.monotonic() + EXIT_GRACE_SECONDS
-                continue
-            if stop_at is not None and now >= stop_at:
-                break
-            limit = stop_at if stop_at is not None else deadline
-            if not streams:
-                child.exited.wait(max(0.0, limit - now))
-                continue
-            wait = limit - now if stop_at is not None else min(limit - now, EXIT_CHECK_SECONDS)
-            for fd, _ in poller.poll(max(0, int(wait * 1000) + 1)):
-                data = os.read(fd, READ_SIZE)
-                if data:
-                    streams[fd].add(data)
-                else:
-                    poller.unregister(fd)
-                    del streams[fd]
-            if not streams:
-                # Both pipes closed: the command is exiting; its status is a moment away.
-                child.exited.wait(max(0.0, (stop_at or deadline) - time.monotonic()))
-    finally:
-        if streams:
-            _discard_in_background(child, list(streams))
+            if streams:
+                _discard_in_background(child, list(streams))
+            else:
+                child.close_pipes()
+
+    def _kill(self) -> None:
+        self.child.kill_tree()
+        self.child.exited.wait(KILL_WAIT_SECONDS)
+
+    def finish_feeding(self) -> None:
+        """Wait until the whole request body is read (the connection needs it)."""
+        if self.feeder is not None:
+            self.feeder.join()
+
+    def result(self, out: Capture, err: Capture, extended: bool) -> ExecResult:
+        code = self.child.code if self.child.code is not None else 128 + signal.SIGKILL
+        ended = self.child.exited_mono or time.monotonic()
+        stdout, out_dropped = out.render(self.encoding)
+        stderr, err_dropped = err.render(self.encoding)
+        return ExecResult(
+            exit_code=code, stdout=stdout, stderr=stderr,
+            duration_ms=int((ended - self.started) * 1000), timed_out=self.timed_out,
+            truncated=out.truncated or err.truncated,
+            stdout_dropped=out_dropped if extended else None,
+            stderr_dropped=err_dropped if extended else None,
+        )
+
+
+def run(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
+        req: ExecRequest, *, stdin: ReadBody | None = None, default_user: str | None = None,
+        peer: tuple[int, PeerGone] | None = None) -> ExecResult:
+    """Run ``req`` to completion (or its deadline) and report.
+
+    ``stdin``: the request body to feed the command. ``peer``: the client
+    connection's fd and a check that it is closed, to kill the command when
+    the client leaves.
+    """
+    ex = _Exec(reaper, workspace, declared_env, req, stdin, default_user, peer)
+    out, err = Capture(ex.cap, ex.keep), Capture(ex.cap, ex.keep)
+    captures = {ex.child.stdout_fd(): out, ex.child.stderr_fd(): err}
+    for fd, data in ex.chunks():
+        captures[fd].add(data)
+    ex.finish_feeding()
+    extended = req.asks_beyond_reference() or stdin is not None
+    return ex.result(out, err, extended)
+
+
+def stream(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
+           req: ExecRequest, *, stdin: ReadBody | None = None, default_user: str | None = None,
+           peer: tuple[int, PeerGone] | None = None) -> Iterator[bytes]:
+    """Run ``req`` and yield NDJSON lines (:class:`ExecEvent`) as it writes.
+
+    The command starts (or is refused) before the first line. With a stdin
+    body, nothing is sent until the body is read whole (an HTTP/1.1 client
+    reads the answer only after sending): what the command writes meanwhile is
+    kept as by :func:`run` (cap, keep) and sent then. Text events never split
+    a UTF-8 character. Closing the iterator (the client left) kills the tree.
+    """
+    ex = _Exec(reaper, workspace, declared_env, req, stdin, default_user, peer)
+    return _events(ex)
+
+
+def _events(ex: _Exec) -> Iterator[bytes]:
+    out_fd, err_fd = ex.child.stdout_fd(), ex.child.stderr_fd()
+    out, err = Capture(ex.cap, ex.keep), Capture(ex.cap, ex.keep)
+    b64 = ex.encoding == "base64"
+    decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in (out_fd, err_fd)}
+
+    def event(fd: int, data: bytes, final: bool = False) -> bytes:
+        if b64:
+            import base64
+
+            text = base64.b64encode(data).decode("ascii")
         else:
-            child.close_pipes()
-    return timed_out
+            text = decoders[fd].decode(data, final)
+        if not text:
+            return b""
+        ev = ExecEvent(stdout=text) if fd == out_fd else ExecEvent(stderr=text)
+        return dumps(ev) + b"\n"
 
-
+    chunks = ex.chunks()
+    finished = False
+    try:
+        if ex.feeder is not None:  # hold output until the body is in
+            for fd, data in chunks:
+                (out if fd == out_fd else err).add(data)
+                if not ex.feeder.is_alive():
+                    break
+            ex.finish_feeding()
+            for fd, cap in ((out_fd, out), (err_fd, err)):
+                head, tail = cap.kept()
+                if line := event(fd, head + tail):
+                    yield line
+        for fd, data in chunks:
+            if line := event(fd, data):
+                yield line
+        for fd in (out_fd, err_fd):
+            if line := event(fd, b"", final=True):
+                yield line
+        empty = Capture(0)
+        result = ex.result(empty, empty, True)
+        dropped_out = out.total - sum(map(len, out.kept()))
+        dropped_err = err.total - sum(map(len, err.kept()))
+        result = ExecResult(
+            exit_code=result.exit_code, stdout="", stderr="", duration_ms=result.duration_ms,
+            timed_out=result.timed_out, truncated=bool(dropped_out or dropped_err),
+            stdout_dropped=dropped_out, stderr_dropped=dropped_err)
+        finished = True
+        yield dumps(ExecEvent(result=result)) + b"\n"
+    finally:
+        if not finished:  # the client went away (or the send failed): end the command
+            ex.child.kill_tree()
+        chunks.close()
 def _discard_in_background(child: Child, fds: list[int]) -> None:
     """Keep reading pipes a background process still holds, then close them."""
 

@@ -36,7 +36,14 @@ from typing import Any
 
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
-from podbay.wire.data import DirListing, FileInfo, FileType, MakeDirRequest
+from podbay.wire.data import (
+    ChmodRequest,
+    DirListing,
+    FileInfo,
+    FileType,
+    MakeDirRequest,
+    MoveRequest,
+)
 from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
 from .http import Aborted
@@ -168,9 +175,51 @@ class Files:
         return _info(st, shown)
 
     # -- operations ----------------------------------------------------------
-    def stat(self, raw: str | None) -> FileInfo:
+    def stat(self, raw: str | None, owner: bool = False) -> FileInfo:
         path, shown = self.resolve(raw)
-        return self.info(path, shown)
+        info = self.info(path, shown)
+        if not owner:
+            return info
+        st = os.lstat(path)
+        return FileInfo(name=info.name, path=info.path, type=info.type, size=info.size,
+                        mode=info.mode, mtime=info.mtime, uid=st.st_uid, gid=st.st_gid,
+                        owner=_user_name(st.st_uid))
+
+    def chmod(self, req: ChmodRequest) -> FileInfo:
+        path, shown = self.resolve(req.path)
+        try:
+            os.chmod(path, check_mode(req.mode))
+        except OSError as exc:
+            raise path_refusal(exc, shown) from None
+        return self.info(path, shown, follow=True)
+
+    def move(self, req: MoveRequest) -> FileInfo:
+        """Rename ``source`` to ``destination`` (same filesystem, atomic); an
+        existing destination is replaced only with ``overwrite`` (never a
+        non-empty directory)."""
+        source, shown_source = self.resolve(req.source)
+        dest, shown = self.resolve(req.destination)
+        try:
+            os.lstat(source)
+            if not req.overwrite and os.path.lexists(dest):
+                raise ApiError(ErrorCode.PATH_EXISTS, f"{shown} already exists")
+            parent = os.path.dirname(dest)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            os.rename(source, dest)
+        except FileExistsError:
+            raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
+                           f"{shown}: a parent is not a directory") from None
+        except OSError as exc:
+            if exc.errno == 39:  # ENOTEMPTY
+                raise ApiError(ErrorCode.DIRECTORY_NOT_EMPTY,
+                               f"{shown}: directory not empty") from None
+            if exc.errno == 18:  # EXDEV
+                raise ApiError(ErrorCode.PATH_INVALID,
+                               f"{shown_source} and {shown} are on different filesystems; "
+                               "copy, then delete") from None
+            raise path_refusal(exc, shown_source) from None
+        return self.info(dest, shown)
 
     def list(self, raw: str | None) -> DirListing:
         path, shown = self.resolve(raw)
@@ -323,34 +372,14 @@ def _info(st: os.stat_result, shown: str) -> FileInfo:
     )
 
 
-def _receive(readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest: str,
-             shown: str) -> str:
-    """Body → hash and file, one pass; the digest to check (read from the end of
-    the body when it is ``trailing``)."""
-    buf = bytearray(WRITE_BUFFER)
-    view = memoryview(buf)
-    hold = DIGEST_HEX_LENGTH if digest == DIGEST_TRAILING else 0
-    held = 0  # bytes at the front of buf that may yet be the trailing digest
-    while n := readinto(view[held:]):
-        end = held + n
-        keep = min(hold, end)
-        content = view[: end - keep]
-        hasher.update(content)
-        _write_all(fd, content)
-        if keep:
-            buf[:keep] = buf[end - keep : end]
-        held = keep
-    if not hold:
-        return digest
+def _user_name(uid: int) -> str | None:
+    import pwd
+
     try:
-        trailing = parse_digest(bytes(buf[:held]).decode("ascii")) if held == hold else ""
-    except (UnicodeDecodeError, ApiError):
-        trailing = ""
-    if not trailing or trailing == DIGEST_TRAILING:
-        raise ApiError(ErrorCode.REQUEST_INVALID,
-                      f"{shown}: the body does not end with the content's hex SHA-256 "
-                      "(X-Podbay-Sha256: trailing); nothing was written")
-    return trailing
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
 
 def _sha256() -> Any:

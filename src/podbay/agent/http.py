@@ -83,6 +83,18 @@ class _Connection:
         self.buf += data
         return True
 
+    def peer_closed(self) -> bool:
+        """True when the client closed its side and sent nothing more (checked
+        without consuming: a pipelined request waiting is not a close)."""
+        if self.buf:
+            return False
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def take(self, n: int) -> bytes:
         """Up to ``n`` bytes, from the buffer first, else one ``recv``."""
         if not self.buf and not self.fill():
@@ -211,6 +223,9 @@ class Request:
     keep_alive: bool
     #: Filled by the router: values taken from the path (a process id).
     params: dict[str, str] = field(default_factory=dict)
+    #: The connection's fd and a check that the client closed it (for an exec
+    #: that must end when nobody waits for it any more).
+    peer: tuple[int, Callable[[], bool]] | None = None
 
 
 Handler = Callable[[Request], Response]
@@ -287,7 +302,8 @@ def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Reque
         length = int(value)
     expects = headers.get("expect", "").lower() == "100-continue"
     body = Body(conn, length, chunked, send_continue if expects else None)
-    return Request(method, target, path, query, headers, body, keep_alive)
+    return Request(method, target, path, query, headers, body, keep_alive,
+                   peer=(conn.sock.fileno(), conn.peer_closed))
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:

@@ -26,6 +26,7 @@ from podbay.wire.codes import ErrorCode
 
 from .reaper import Reaper
 from .tree import kill_tree
+from .users import ROOT, Account, command_identity
 
 
 class Child:
@@ -60,6 +61,18 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signum)
 
+    def stdin_fd(self) -> int | None:
+        """The write end of the command's stdin pipe; None without one or once closed."""
+        pipe = self.popen.stdin
+        if pipe is None or pipe.closed:
+            return None
+        return pipe.fileno()
+
+    def close_stdin(self) -> None:
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+
     def stdout_fd(self) -> int:
         assert self.popen.stdout is not None
         return self.popen.stdout.fileno()
@@ -69,7 +82,7 @@ class Child:
         return self.popen.stderr.fileno()
 
     def close_pipes(self) -> None:
-        for pipe in (self.popen.stdout, self.popen.stderr):
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
@@ -88,14 +101,19 @@ def check_command(argv: list[str], cwd: str | None) -> None:
 
 
 def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
-           on_exit: Callable[[Child], None] | None = None) -> Child:
-    """Start ``argv`` in ``cwd`` with exactly ``env``; refuse when nothing ran."""
+           on_exit: Callable[[Child], None] | None = None, *, stdin: bool = False,
+           account: Account = ROOT) -> Child:
+    """Start ``argv`` in ``cwd`` with exactly ``env`` (``HOME``/``USER`` set for
+    another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
+    env = dict(env)
+    uid, gid, groups = command_identity(account, env)
     with reaper.lock:
         try:
             popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
-                close_fds=True, bufsize=0,
+                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+                start_new_session=True, close_fds=True, bufsize=0,
+                user=uid, group=gid, extra_groups=groups,
             )
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None

@@ -11,6 +11,11 @@ still holds them; so a reader that stops at ``exited`` has seen all the
 process wrote. The pump keeps collecting what such a grandchild writes until
 the pipes close.
 
+Beyond the reference: a poll may wait (``wait_ms``) until there is output
+past its offsets or the process exited; output may come as base64 of the raw
+bytes; a process spawned with ``stdin`` takes writes to its stdin, and a
+close, as many times as needed; and it may run as another ``user``.
+
 At most :data:`~podbay.wire.limits.MAX_PROCESSES` are tracked (running, or
 exited and not yet forgotten); an exited one keeps its exit code and times
 until ``DELETE`` forgets it.
@@ -36,6 +41,7 @@ from .exec import resolve_cwd
 from .launch import Child, check_command, launch
 from .reaper import Reaper
 from .ring import Ring
+from .users import resolve
 
 READ_SIZE = 64 * 1024
 #: After the process exits, how long a poll waits for its pipes to close.
@@ -60,6 +66,7 @@ class Process:
         self.stderr_closed = False
         self.forgotten = False
         self.child: Child | None = None
+        self.stdin_lock = threading.Lock()
 
     def _settle(self) -> bool:
         """True when the process counts as exited. Waits (briefly) for its
@@ -82,20 +89,30 @@ class Process:
                 started_at=self.started_at, exit_code=code, exited_at=exited_at,
             )
 
-    def output(self, stdout_from: int, stderr_from: int) -> ProcessOutput:
+    def _news(self, stdout_from: int, stderr_from: int) -> bool:
+        child = self.child
+        return (self.stdout.total > stdout_from or self.stderr.total > stderr_from
+                or child is None or child.code is not None or self.forgotten)
+
+    def output(self, stdout_from: int, stderr_from: int, *, wait_ms: int = 0,
+               encoding: str = "utf-8") -> ProcessOutput:
         with self.cond:
+            if wait_ms > 0:
+                self.cond.wait_for(lambda: self._news(stdout_from, stderr_from),
+                                   wait_ms / 1000)
             exited = self._settle()
             code, exited_at = self._fate(exited)
             # A stream still open (a grandchild may hold it after the exit) holds
             # back an incomplete trailing character; a closed one gives all.
+            raw = encoding == "base64"  # bytes: nothing held back for a character
             out, out_next, out_dropped = self.stdout.read_from(
-                stdout_from, closed=self.stdout_closed)
+                stdout_from, closed=self.stdout_closed or raw)
             err, err_next, err_dropped = self.stderr.read_from(
-                stderr_from, closed=self.stderr_closed)
+                stderr_from, closed=self.stderr_closed or raw)
             return ProcessOutput(
                 process_id=self.id, command=self.argv, state="exited" if exited else "running",
                 started_at=self.started_at, exit_code=code, exited_at=exited_at,
-                stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                stdout=_encode(out, encoding), stderr=_encode(err, encoding),
                 stdout_next=out_next, stderr_next=err_next,
                 stdout_dropped=out_dropped, stderr_dropped=err_dropped,
             )
@@ -125,6 +142,7 @@ class Process:
                             if not self.forgotten:
                                 ring: Ring = getattr(self, streams[fd])
                                 ring.write(data)
+                                self.cond.notify_all()  # a waiting poll has news
                             continue
                         poller.unregister(fd)
                         setattr(self, f"{streams.pop(fd)}_closed", True)
@@ -138,6 +156,43 @@ class Process:
                 self.cond.notify_all()
 
 
+    def write_stdin(self, read: Callable[[int], bytes], close: bool) -> int:
+        """Copy a request body into the process's stdin; then close it if asked.
+        Returns the bytes written. Blocks while the process does not read (the
+        pipe is full), as a local writer would."""
+        child = self.child
+        fd = child.stdin_fd() if child is not None else None
+        if fd is None or child is None:
+            raise ApiError(ErrorCode.PROCESS_STDIN_CLOSED,
+                           f"process {self.id} has no open stdin (spawn it with "
+                           "\"stdin\": true; a closed stdin stays closed)")
+        written = 0
+        with self.stdin_lock:  # two writers never interleave their bytes
+            try:
+                while data := read(READ_SIZE):
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                        written += n
+            except BrokenPipeError:
+                child.close_stdin()
+                raise ApiError(ErrorCode.PROCESS_STDIN_CLOSED,
+                               f"process {self.id} no longer reads its stdin "
+                               f"({written} bytes were written)") from None
+            if close:
+                child.close_stdin()
+        return written
+
+
+def _encode(data: bytes, encoding: str) -> str:
+    if encoding == "base64":
+        import base64
+
+        return base64.b64encode(data).decode("ascii")
+    return data.decode("utf-8", "replace")
+
+
 class ProcessTable:
     """Every tracked process of this sandbox, by id."""
 
@@ -148,8 +203,9 @@ class ProcessTable:
         self._lock = threading.Lock()
         self._procs: dict[str, Process] = {}
 
-    def spawn(self, req: SpawnRequest) -> ProcessStatus:
+    def spawn(self, req: SpawnRequest, default_user: str | None = None) -> ProcessStatus:
         check_command(req.command, req.cwd)
+        account = resolve(req.user, default_user)
         if req.env and (problem := check_env(req.env, "env")):
             raise ApiError(ErrorCode.REQUEST_INVALID, problem)
         env = command_env(self._declared_env, req.env)
@@ -160,7 +216,8 @@ class ProcessTable:
                               f"{limits.MAX_PROCESSES} processes are tracked already; "
                               "kill (forget) one first")
             proc = Process(_new_id(self._procs), list(req.command))
-            proc.child = launch(self._reaper, req.command, cwd, env, on_exit=self._on_exit(proc))
+            proc.child = launch(self._reaper, req.command, cwd, env, on_exit=self._on_exit(proc),
+                                stdin=bool(req.stdin), account=account)
             self._procs[proc.id] = proc
         try:
             threading.Thread(target=proc.pump, name=f"pump-{proc.id}", daemon=True).start()

@@ -151,7 +151,8 @@ class Platform:
                                observe=self.metrics.observe_gateway,
                                on_refusal=self.metrics.refused,
                                on_unreachable=self._suspect,
-                               before_route=self.deletions.check)
+                               before_route=self.deletions.check,
+                               default_user=settings.runtime.default_user or None)
         self.control = Starlette(
             routes=[*health.routes, *openapi.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,

@@ -26,9 +26,12 @@ from podbay.wire.limits import MAX_JSON_BODY
 from podbay.wire.openapi import data_plane
 from podbay.wire.paths import (
     CREDENTIAL_HEADER,
+    DEFAULT_USER_HEADER,
     EXEC,
+    EXEC_STDIN_CONTENT_TYPE,
     FILES,
     PORTS,
+    PROCESSES,
     PTY,
     REQUEST_ID_HEADER,
     SHARE_PREFIX,
@@ -49,6 +52,9 @@ _OPENAPI = b"/openapi.json"
 _PTY = PTY.encode()
 _PORTS = PORTS.encode() + b"/"
 _SHARE = SHARE_PREFIX.encode()
+_PROCESSES = PROCESSES.encode() + b"/"
+_STDIN_TAIL = b"/stdin"
+_EXEC_STDIN = EXEC_STDIN_CONTENT_TYPE.encode()
 #: Data-plane paths without the sandbox prefix (see ``__call__``).
 _BARE = b"/v1/"
 
@@ -77,6 +83,7 @@ class Gateway:
         on_refusal: Callable[[str], None] | None = None,
         on_unreachable: Callable[[str], None] | None = None,
         before_route: Callable[[], Awaitable[None]] | None = None,
+        default_user: str | None = None,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
@@ -91,6 +98,10 @@ class Gateway:
         #: Awaited before the route is looked up: brings the route table up to
         #: date with deletions made by another process.
         self.before_route = before_route
+        #: Told to the agent with every request: the operator's default account.
+        self.extra_headers: list[tuple[bytes, bytes]] = (
+            [(DEFAULT_USER_HEADER.lower().encode(), default_user.encode())]
+            if default_user else [])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -122,9 +133,9 @@ class Gateway:
                 target = tail + b"?" + query if query else tail
                 # Only a native file write streams an unbounded body; every other
                 # body is JSON the agent reads whole.
-                limit = None if scope["method"] == "PUT" and tail == _FILES else MAX_JSON_BODY
+                limit = None if _streams_body(scope, tail) else MAX_JSON_BODY
                 status = await relay(route.pool, scope, receive, send, target, request_id,
-                                     limit)
+                                     limit, self.extra_headers)
                 if status == 502 and self.on_unreachable is not None:
                     self.on_unreachable(sid)
         finally:
@@ -278,3 +289,17 @@ async def _deny(scope: Scope, send: Send, exc: ApiError) -> None:
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})
+
+
+def _streams_body(scope: Scope, tail: bytes) -> bool:
+    """Whether the body streams with no cap: a native file write, an exec's
+    stdin or a process's stdin. Every other body is JSON the agent reads whole."""
+    method = scope["method"]
+    if method == "PUT":
+        return tail == _FILES
+    if method != "POST":
+        return False
+    if tail == _EXEC:
+        return any(key == b"content-type" and value.split(b";")[0].strip().lower() == _EXEC_STDIN
+                   for key, value in scope["headers"])
+    return tail.startswith(_PROCESSES) and tail.endswith(_STDIN_TAIL)

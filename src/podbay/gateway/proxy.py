@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import httptools
 
@@ -35,7 +35,7 @@ from podbay.errors import (
 )
 from podbay.errors import ApiError, BodyTooLarge
 from podbay.wire.codes import ErrorCode
-from podbay.wire.paths import CREDENTIAL_HEADER, REQUEST_ID_HEADER
+from podbay.wire.paths import CREDENTIAL_HEADER, DEFAULT_USER_HEADER, REQUEST_ID_HEADER
 
 from .agentpool import AgentPool
 
@@ -44,6 +44,8 @@ _DROP_REQUEST = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
     b"expect", CREDENTIAL_HEADER.lower().encode(), _REQUEST_ID,
+    # Only the gateway tells the agent the operator's default user.
+    DEFAULT_USER_HEADER.lower().encode(),
     # The client's credentials for the platform are no business of the sandbox.
     b"authorization", b"cookie",
 })
@@ -110,9 +112,12 @@ async def _client_body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-def _request_head(scope: Scope, target: bytes, request_id: str) -> tuple[bytes, str]:
+def _request_head(scope: Scope, target: bytes, request_id: str,
+                  extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[bytes, str]:
     """The head to send and how the body is framed: "none", "length" or "chunked"."""
     lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: agent\r\n"]
+    for key, value in extra:
+        lines += [key, b": ", value, b"\r\n"]
     framing = "none"
     for key, value in scope["headers"]:
         if key == b"content-length":
@@ -130,14 +135,15 @@ def _request_head(scope: Scope, target: bytes, request_id: str) -> tuple[bytes, 
 
 
 async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, target: bytes,
-                request_id: str, body_limit: int | None = None) -> int:
+                request_id: str, body_limit: int | None = None,
+                extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> int:
     """Forward one request; returns the status the client got.
 
     ``body_limit``: the most request-body bytes relayed; a larger declared
     length is refused before the agent is reached, a larger streamed body
     as soon as it passes the limit (413 ``REQUEST_TOO_LARGE`` either way).
     """
-    head, framing = _request_head(scope, target, request_id)
+    head, framing = _request_head(scope, target, request_id, extra_headers)
     if body_limit is not None and framing == "length" \
             and int(_header(scope, b"content-length")) > body_limit:
         return await _too_large(send, request_id, body_limit)

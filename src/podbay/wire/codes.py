@@ -59,6 +59,10 @@ class ErrorCode(StrEnum):
     PROCESS_LIMIT_REACHED = "PROCESS_LIMIT_REACHED"
     PROCESS_NOT_FOUND = "PROCESS_NOT_FOUND"
     SIGNAL_INVALID = "SIGNAL_INVALID"
+    #: The process has no stdin pipe (spawned without ``stdin``) or it is closed.
+    PROCESS_STDIN_CLOSED = "PROCESS_STDIN_CLOSED"
+    #: ``user`` names no account of the sandbox.
+    USER_UNKNOWN = "USER_UNKNOWN"
 
     # -- agent: files ------------------------------------------------------
     PATH_INVALID = "PATH_INVALID"
@@ -109,6 +113,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.PROCESS_LIMIT_REACHED: 429,
     ErrorCode.PROCESS_NOT_FOUND: 404,
     ErrorCode.SIGNAL_INVALID: 400,
+    ErrorCode.PROCESS_STDIN_CLOSED: 409,
+    ErrorCode.USER_UNKNOWN: 400,
     ErrorCode.PATH_INVALID: 400,
     ErrorCode.PATH_NOT_FOUND: 404,
     ErrorCode.PATH_IS_DIRECTORY: 400,

@@ -13,6 +13,10 @@ from typing import Literal
 ProcessState = Literal["running", "exited"]
 SignalName = Literal["TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2"]
 FileType = Literal["file", "directory", "symlink", "other"]
+#: How output travels: UTF-8 text (undecodable bytes replaced) or base64 of the bytes.
+OutputEncoding = Literal["utf-8", "base64"]
+#: Which part of an over-cap stream an exec keeps.
+KeepPart = Literal["head", "tail", "head_tail"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +27,20 @@ class ExecRequest:
     cwd: str | None = None
     env: dict[str, str] | None = None
     timeout_ms: int | None = None
+    # -- beyond the reference (feature "exec-output"; "users") -----------------
+    #: Run as this account of the sandbox (name or numeric uid); default root.
+    user: str | None = None
+    #: "base64": stdout and stderr are base64 of the raw bytes.
+    output_encoding: OutputEncoding | None = None
+    #: Per-stream cap in bytes (default 1 MiB, at most ``EXEC_OUTPUT_MAX``).
+    max_output_bytes: int | None = None
+    #: What an over-cap stream keeps: its first bytes (default), its last, or both.
+    keep: KeepPart | None = None
+
+    def asks_beyond_reference(self) -> bool:
+        """Whether the answer may carry fields the reference does not have."""
+        return (self.output_encoding is not None or self.max_output_bytes is not None
+                or self.keep is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +51,10 @@ class ExecResult:
     duration_ms: int
     timed_out: bool
     truncated: bool
+    #: Bytes of each stream not in the answer; only when the request asked for
+    #: an output option (an old client never sees them).
+    stdout_dropped: int | None = None
+    stderr_dropped: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -47,6 +69,11 @@ class SpawnRequest:
     command: list[str]
     cwd: str | None = None
     env: dict[str, str] | None = None
+    # -- beyond the reference (features "stdin", "users") ----------------------
+    #: Give the process a pipe for stdin (written with ``POST .../stdin``)
+    #: instead of ``/dev/null``.
+    stdin: bool | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +131,10 @@ class FileInfo:
     size: int
     mode: int
     mtime: datetime
+    #: Owner, only where asked (``owner=true``; feature "users").
+    uid: int | None = None
+    gid: int | None = None
+    owner: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +150,35 @@ class MakeDirRequest:
     path: str
     parents: bool = True
     mode: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChmodRequest:
+    """``POST /v1/files/chmod`` (feature "files-ops")."""
+
+    path: str
+    mode: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoveRequest:
+    """``POST /v1/files/move`` (feature "files-ops"): rename, replacing a file
+    at ``destination`` only when ``overwrite``."""
+
+    source: str
+    destination: str
+    overwrite: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecEvent:
+    """One line of a streamed exec answer (feature "live-output"): output as it
+    was written (text, or base64 when the request asked for it), then, last,
+    the result (its ``stdout``/``stderr`` hold only what no event carried)."""
+
+    stdout: str | None = None
+    stderr: str | None = None
+    result: ExecResult | None = None
 
 
 # -- terminals and ports (features "pty", "ports") ---------------------------

@@ -17,6 +17,10 @@ MIB: Final = 1024 * 1024
 
 #: ``exec`` buffers at most this many bytes per stream, then sets ``truncated``.
 EXEC_OUTPUT_CAP: Final = 1 * MIB
+#: The largest per-stream cap an exec may ask for (``max_output_bytes``).
+EXEC_OUTPUT_MAX: Final = 16 * MIB
+#: Longest a poll may wait for news (``wait_ms``): under every client's timeout.
+POLL_WAIT_MAX_MS: Final = 20_000
 #: A spawned process keeps the newest this-many bytes per stream.
 PROCESS_OUTPUT_RETAINED: Final = 1 * MIB
 #: Tracked processes per sandbox (running, or exited and not yet killed).

@@ -30,6 +30,8 @@ FILES: Final = "/v1/files"  # GET read, PUT write, DELETE remove; ?path=
 FILES_STAT: Final = "/v1/files/stat"  # GET ?path=
 FILES_LIST: Final = "/v1/files/list"  # GET ?path=
 FILES_MKDIR: Final = "/v1/files/mkdir"  # POST MakeDirRequest
+FILES_CHMOD: Final = "/v1/files/chmod"  # POST ChmodRequest
+FILES_MOVE: Final = "/v1/files/move"  # POST MoveRequest
 
 
 def process_path(process_id: str) -> str:
@@ -40,6 +42,12 @@ def process_path(process_id: str) -> str:
 
 def process_signal_path(process_id: str) -> str:
     return f"{process_path(process_id)}/signal"
+
+
+def process_stdin_path(process_id: str) -> str:
+    """``POST`` raw bytes to a process spawned with ``stdin: true``; ``?close=true``
+    closes its stdin after them."""
+    return f"{process_path(process_id)}/stdin"
 
 
 # -- headers ----------------------------------------------------------------
@@ -57,11 +65,31 @@ MODE_HEADER: Final = "X-Podbay-Mode"
 #: The data-plane credential, as minted by the control plane and opaque to clients.
 CREDENTIAL_HEADER: Final = "X-Podbay-Credential"
 REQUEST_ID_HEADER: Final = "X-Request-Id"
+#: Set by the gateway (never by a client: it drops theirs) when the operator
+#: made another account than root the default ``user`` of commands and files.
+DEFAULT_USER_HEADER: Final = "X-Podbay-Default-User"
+
+#: An exec body of this type is one line of ExecRequest JSON, then the
+#: command's stdin, raw, to the end of the body (streamed, no size cap).
+EXEC_STDIN_CONTENT_TYPE: Final = "application/vnd.podbay.exec-stdin"
+#: An exec sent with ``Accept:`` this gets its output as it is written: NDJSON
+#: events (see ``podbay.wire.data.ExecEvent``), the last one ``{"result": …}``.
+EXEC_STREAM_CONTENT_TYPE: Final = "application/x-ndjson"
 
 #: Features an agent may advertise at ``/v1/info``.
 FEATURE_FILES: Final = "files"
 #: Writes may carry their digest after the content (``DIGEST_TRAILING``).
 FEATURE_TRAILING_DIGEST: Final = "files.trailing-digest"
+#: ``chmod`` and ``move`` in the native files API; ``stat`` with the owner.
+FEATURE_FILES_OPS: Final = "files-ops"
+#: exec's stdin body; spawn's ``stdin`` and ``POST /v1/processes/{id}/stdin``.
+FEATURE_STDIN: Final = "stdin"
+#: exec's ``output_encoding``, ``max_output_bytes``, ``keep``; poll's ``encoding``.
+FEATURE_EXEC_OUTPUT: Final = "exec-output"
+#: poll's ``wait_ms`` and the streamed exec answer.
+FEATURE_LIVE_OUTPUT: Final = "live-output"
+#: ``user`` on exec, spawn and file calls.
+FEATURE_USERS: Final = "users"
 #: Terminals: ``GET /v1/pty`` upgraded to a WebSocket (see :mod:`podbay.wire.stream`).
 FEATURE_PTY: Final = "pty"
 #: ``/v1/ports/{port}/...`` reaches a server listening inside the sandbox.
