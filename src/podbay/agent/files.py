@@ -379,7 +379,36 @@ def _user_name(uid: int) -> str | None:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return None
-from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
+
+
+def _receive(readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest: str,
+             shown: str) -> str:
+    """Body → hash and file, one pass; the digest to check (read from the end of
+    the body when it is ``trailing``)."""
+    buf = bytearray(WRITE_BUFFER)
+    view = memoryview(buf)
+    hold = DIGEST_HEX_LENGTH if digest == DIGEST_TRAILING else 0
+    held = 0  # bytes at the front of buf that may yet be the trailing digest
+    while n := readinto(view[held:]):
+        end = held + n
+        keep = min(hold, end)
+        content = view[: end - keep]
+        hasher.update(content)
+        _write_all(fd, content)
+        if keep:
+            buf[:keep] = buf[end - keep : end]
+        held = keep
+    if not hold:
+        return digest
+    try:
+        trailing = parse_digest(bytes(buf[:held]).decode("ascii")) if held == hold else ""
+    except (UnicodeDecodeError, ApiError):
+        trailing = ""
+    if not trailing or trailing == DIGEST_TRAILING:
+        raise ApiError(ErrorCode.REQUEST_INVALID,
+                      f"{shown}: the body does not end with the content's hex SHA-256 "
+                      "(X-Podbay-Sha256: trailing); nothing was written")
+    return trailing
 
 
 def _sha256() -> Any:

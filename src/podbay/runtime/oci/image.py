@@ -33,7 +33,7 @@ from ..base import DriverError
 log = logging.getLogger("podbay.runtime.image")
 
 #: Bump when the post-processing below changes what an image contains.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 PACKAGES: tuple[str, ...] = (
     "python3", "python-is-python3", "python3-venv", "python3-pip",
@@ -194,9 +194,37 @@ def _finish_rootfs(rootfs: Path) -> None:
             if entry.is_file() and entry.name != "lock":
                 entry.unlink()
     (rootfs / "etc/hostname").write_text("sandbox\n")
+    _add_user(rootfs)
     # An empty machine-id is what systemd-less containers expect.
     with contextlib.suppress(FileNotFoundError):
         (rootfs / "etc/machine-id").write_text("")
+
+
+#: The unprivileged account every sandbox has (``user`` on exec, spawn, files).
+USER_NAME = "user"
+USER_UID = 1000
+
+
+def _add_user(rootfs: Path) -> None:
+    """``user`` (uid/gid 1000, home /home/user, bash) with passwordless sudo.
+
+    (Inside a sandbox, ``noNewPrivileges`` keeps set-uid binaries such as sudo
+    from raising privileges: the sudoers entry is there for images and drivers
+    that allow it; run a command as root with ``user: "root"`` instead.)
+    """
+    import subprocess
+
+    done = subprocess.run(
+        ["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(USER_UID),
+         "--user-group", "--shell", "/bin/bash", "--groups", "sudo", USER_NAME],
+        capture_output=True, text=True, check=False,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    if done.returncode != 0:
+        raise DriverError(f"adding the account {USER_NAME!r} to the image failed: "
+                          f"{done.stderr.strip()}")
+    sudoers = rootfs / "etc/sudoers.d" / USER_NAME
+    sudoers.write_text(f"{USER_NAME} ALL=(ALL:ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
 
 
 def local_ca_certificates(directory: str) -> tuple[tuple[str, str], ...]:
