@@ -35,6 +35,7 @@ SUBS: list[tuple[str, str]] = [
     (r"\bhttpx\.AsyncClient\b", "httpx.Client"),
     (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
     (r"\baiter_bytes\b", "iter_bytes"),
+    (r"\baiter_lines\b", "iter_lines"),
     (r"\baclose\b", "close"),
     (r"\baread\b", "read"),
     (r"\b__aenter__\b", "__enter__"),

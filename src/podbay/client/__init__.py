@@ -45,7 +45,10 @@ _EXPORTS: dict[str, str] = {
     "Terminal": "podbay.client._sync.client",
     "token_issuer": "podbay.client._config",
     "Cancel": "podbay.client._models",
+    "BytesResult": "podbay.client._models",
     "CombinedResult": "podbay.client._models",
+    "ExecEvent": "podbay.client._models",
+    "FileInfo": "podbay.client._models",
     "DirEntry": "podbay.client._models",
     "ExecResult": "podbay.client._models",
     "GrepMatch": "podbay.client._models",
@@ -57,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "SandboxRecord": "podbay.client._models",
 }
 
+# BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat)
+# resolve as attributes but stay out of the pinned star-import surface.
 __all__ = [
     "AsyncSandbox",
     "AsyncSandboxClient",
@@ -97,10 +102,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._async.client import AsyncSandbox, AsyncSandboxClient, AsyncTerminal
     from ._config import token_issuer
     from ._models import (
+        BytesResult,
         Cancel,
         CombinedResult,
         DirEntry,
+        ExecEvent,
         ExecResult,
+        FileInfo,
         GrepMatch,
         ProcessOutput,
         ProcessStatus,

@@ -40,6 +40,8 @@ from podbay.wire.data import (
     AgentInfo,
     ExecRequest,
     ExecResult,
+    KeepPart,
+    OutputEncoding,
     ProcessList,
     ProcessOutput,
     ProcessStatus,
@@ -224,19 +226,34 @@ class Core:
 
     def exec_body(self, command: list[str], *, cwd: str | None = None,
                   env: Mapping[str, str] | None = None,
-                  timeout_ms: int | None = None) -> dict[str, Any]:
+                  timeout_ms: int | None = None, user: str | None = None,
+                  output_encoding: OutputEncoding | None = None,
+                  max_output_bytes: int | None = None,
+                  keep: KeepPart | None = None) -> dict[str, Any]:
+        """The exec request; the options beyond the reference only when given."""
         _check_argv(command)
-        body: dict[str, Any] = codec.encode(ExecRequest(command=list(command), cwd=cwd,
-                                        env=dict(env) if env is not None else None,
-                                        timeout_ms=self.exec_timeout_ms(timeout_ms)))
+        body: dict[str, Any] = codec.encode(ExecRequest(
+            command=list(command), cwd=cwd, env=dict(env) if env is not None else None,
+            timeout_ms=self.exec_timeout_ms(timeout_ms), user=user,
+            output_encoding=output_encoding, max_output_bytes=max_output_bytes, keep=keep))
         return body
 
     def spawn_body(self, command: list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   env: Mapping[str, str] | None = None, stdin: bool = False,
+                   user: str | None = None) -> dict[str, Any]:
         _check_argv(command)
-        body: dict[str, Any] = codec.encode(SpawnRequest(command=list(command), cwd=cwd,
-                                         env=dict(env) if env is not None else None))
+        body: dict[str, Any] = codec.encode(SpawnRequest(
+            command=list(command), cwd=cwd, env=dict(env) if env is not None else None,
+            stdin=True if stdin else None, user=user))
         return body
+
+    def require(self, name: str, feature: str, what: str) -> None:
+        """Refuse (501 ``FEATURE_UNSUPPORTED``) when the sandbox's agent lacks ``feature``."""
+        features = self.features(name)
+        if features is None or feature not in features:
+            raise SandboxRequestError(
+                501, f"this sandbox's agent does not offer {what} (feature {feature!r})",
+                "FEATURE_UNSUPPORTED")
 
     # -- handle cache ----------------------------------------------------------
 

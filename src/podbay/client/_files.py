@@ -19,10 +19,11 @@ import posixpath
 import tarfile
 import uuid
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import BinaryIO
 
 from podbay.errors import SandboxRequestError, SandboxUnavailableError
-from podbay.wire.data import ExecResult
+from podbay.wire.data import ExecResult, FileInfo
 from podbay.wire.limits import BASE64_WRITE_CHUNK, EXEC_OUTPUT_CAP
 from podbay.wire.paths import DIGEST_HEADER
 
@@ -317,3 +318,62 @@ class DigestCheck:
                 f"reading {self.path}: SHA-256 mismatch after {self.size} bytes "
                 f"(agent {self.expected[:16]}..., received {actual[:16]}...); "
                 "the bytes were discarded")
+
+
+# -- stat, mkdir, chmod, rm, mv through exec (agents without "files-ops") -------
+
+#: ``stat`` fields: type, size, octal mode, uid, gid, owner, mtime (epoch seconds).
+_STAT_FORMAT = "%F|%s|%a|%u|%g|%U|%Y"
+
+
+def stat_command(path: str) -> list[str]:
+    return ["stat", "-c", _STAT_FORMAT, "--", path]
+
+
+def parse_stat(result: ExecResult, path: str) -> FileInfo:
+    if result.exit_code != 0:
+        missing = "No such file" in result.stderr
+        raise SandboxRequestError(404 if missing else 400, f"stat {path}: {_reason(result)}",
+                                  "PATH_NOT_FOUND" if missing else "COMMAND_FAILED")
+    kind, size, mode, uid, gid, owner, mtime = result.stdout.strip().split("|")
+    types = {"regular file": "file", "regular empty file": "file", "directory": "directory",
+             "symbolic link": "symlink"}
+    return FileInfo(
+        name=posixpath.basename(path.rstrip("/")) or path, path=path,
+        type=types.get(kind, "other"),  # type: ignore[arg-type]
+        size=int(size), mode=int(mode, 8), mtime=datetime.fromtimestamp(int(mtime), UTC),
+        uid=int(uid), gid=int(gid), owner=None if owner == "UNKNOWN" else owner)
+
+
+def mkdir_command(path: str, parents: bool, mode: int | None) -> list[str]:
+    argv = ["mkdir"]
+    if parents:
+        argv.append("-p")
+    if mode is not None:
+        argv += ["-m", f"{mode:o}"]
+    return [*argv, "--", path]
+
+
+def chmod_command(path: str, mode: int) -> list[str]:
+    return ["chmod", f"{mode:o}", "--", path]
+
+
+def remove_path_command(path: str, recursive: bool) -> list[str]:
+    if recursive:
+        return ["rm", "-rf", "--", path]
+    return ["sh", "-c", 'if [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1"; else rm -- "$1"; fi',
+            "rm", path]
+
+
+def move_command(source: str, destination: str, overwrite: bool) -> list[str]:
+    script = ('mkdir -p -- "$(dirname -- "$2")" && '
+              + ('mv -T -- "$1" "$2"' if overwrite
+                 else '{ [ ! -e "$2" ] && [ ! -L "$2" ] || { echo EXISTS >&2; exit 17; }; } '
+                      '&& mv -T -n -- "$1" "$2"'))
+    return ["sh", "-c", script, "mv", source, destination]
+
+
+def check_move(result: ExecResult, destination: str) -> None:
+    if result.exit_code == 17:
+        raise SandboxRequestError(409, f"{destination} already exists", "PATH_EXISTS")
+    check_ok(result, f"mv to {destination}")

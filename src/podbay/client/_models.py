@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from podbay.wire.control import SandboxHandle, SandboxRecord
-from podbay.wire.data import ExecResult, ProcessOutput, ProcessStatus
+from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,10 +73,13 @@ class Cancel(Protocol):
 
 
 __all__ = [
+    "BytesResult",
     "Cancel",
     "CombinedResult",
     "DirEntry",
+    "ExecEvent",
     "ExecResult",
+    "FileInfo",
     "GrepMatch",
     "ProcessOutput",
     "ProcessStatus",
@@ -85,3 +88,25 @@ __all__ = [
     "SandboxHandle",
     "SandboxRecord",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BytesResult:
+    """:meth:`~podbay.SandboxClient.exec_bytes`: the output as raw bytes.
+
+    ``stdout_dropped``/``stderr_dropped``: bytes of each stream not kept
+    (see ``keep``); ``truncated`` when any were dropped.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_ms: int
+    timed_out: bool
+    truncated: bool
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from podbay.wire.data import ExecEvent
+
 T = TypeVar("T")
 
 sleep = anyio.sleep
@@ -19,6 +21,8 @@ Lock = anyio.Lock
 
 #: A streamed request body.
 ByteStream = AsyncIterator[bytes]
+#: ``stream()``'s events.
+EventStream = AsyncIterator[ExecEvent]
 
 
 async def run_sync(func: Callable[..., T], *args: Any) -> T:

@@ -18,6 +18,7 @@ this class only sends, sleeps and streams.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import io
@@ -38,10 +39,23 @@ from podbay.errors import (
     refusal_error,
 )
 from podbay.wire import paths
+from podbay.wire.codec import dumps, loads
+from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import SandboxHandle, SandboxRecord
-from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
-from podbay.wire.limits import BASE64_WRITE_CHUNK
+from podbay.wire.data import (
+    ChmodRequest,
+    DirListing,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    KeepPart,
+    MakeDirRequest,
+    MoveRequest,
+    ProcessOutput,
+    ProcessStatus,
+)
+from podbay.wire.limits import BASE64_WRITE_CHUNK, POLL_WAIT_MAX_MS
 
 from .. import _files
 from .._core import (
@@ -53,12 +67,18 @@ from .._core import (
     resolve_config,
     unavailable,
 )
-from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
+from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
-from ._backend import ByteStream, Lock, run_sync, shielded, sleep, ws_connect
+from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
 
 #: Largest WebSocket message a terminal accepts (the gateway's own bound).
 TERMINAL_MESSAGE_LIMIT = 1024 * 1024
+
+#: What ``stdin`` may be: text (sent as UTF-8), bytes, or a binary file object
+#: read in chunks as it is sent (never held whole).
+Stdin = str | bytes | BinaryIO
+#: Stdin is sent in chunks this big.
+STDIN_CHUNK = 1024 * 1024
 
 OnOutput = Callable[[ProcessOutput], object]
 
@@ -251,6 +271,10 @@ class AsyncSandboxClient:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
     ) -> ExecResult:
         """Run argv to completion and return its exit code and output (1 MiB per stream).
 
@@ -258,12 +282,125 @@ class AsyncSandboxClient:
         ``timeout_seconds``, so a command never outlives the request waiting
         for it. A non-zero ``exit_code`` is a result, not an exception.
 
+        Beyond the reference (where the agent offers them): ``user`` runs it
+        as that account of the sandbox; ``stdin`` (text, bytes or a binary
+        file) is streamed to the command; ``max_output_bytes`` (up to 16 MiB)
+        and ``keep`` (``"head"``, ``"tail"``, ``"head_tail"``) say what an
+        over-cap stream keeps, and the result then counts ``stdout_dropped``.
+
         >>> r = await client.exec("thread-42", ["python3", "-c", "print(2 + 2)"])  # doctest: +SKIP
         >>> r.exit_code, r.stdout  # doctest: +SKIP
         (0, '4\\n')
+        >>> r = await client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms)
-        return self._core.parse_exec(await self._data(name, "POST", paths.EXEC, json=body))
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
+                                    max_output_bytes=max_output_bytes, keep=keep)
+        return self._core.parse_exec(await self._exec(name, body, stdin))
+
+    async def exec_bytes(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> BytesResult:
+        """:meth:`exec` with stdout and stderr as raw bytes (base64 on the wire).
+
+        >>> r = await client.exec_bytes("thread-42", ["cat", "/bin/true"])  # doctest: +SKIP
+        >>> r.stdout[:4]  # doctest: +SKIP
+        b'\\x7fELF'
+        """
+        await self._require(name, paths.FEATURE_EXEC_OUTPUT, "bytes output")
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
+                                    output_encoding="base64",
+                                    max_output_bytes=max_output_bytes, keep=keep)
+        result = self._core.parse_exec(await self._exec(name, body, stdin))
+        return BytesResult(
+            exit_code=result.exit_code, stdout=base64.b64decode(result.stdout),
+            stderr=base64.b64decode(result.stderr), duration_ms=result.duration_ms,
+            timed_out=result.timed_out, truncated=result.truncated,
+            stdout_dropped=result.stdout_dropped or 0, stderr_dropped=result.stderr_dropped or 0)
+
+    async def stream(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+    ) -> EventStream:
+        """Run argv and yield its output as it is written: :class:`ExecEvent`
+        items with ``stdout`` or ``stderr`` text, the last one with ``result``
+        (exit code, duration; ``timed_out``). Leaving the loop early (or the
+        connection dropping) kills the command's whole tree.
+
+        >>> async for ev in client.stream("thread-42", ["make"]):  # doctest: +SKIP
+        ...     print(ev.stdout or ev.stderr or ev.result, end="")
+        """
+        await self._require(name, paths.FEATURE_LIVE_OUTPUT, "streamed output")
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user)
+        response = await self._exec(name, body, stdin, stream=True)
+        if response.status_code != 200:
+            raise self._core.refusal(response)
+        try:
+            async for line in response.aiter_lines():
+                if line:
+                    yield loads(ExecEvent, line, strict=False)
+        except httpx.TransportError as exc:
+            raise unavailable(response.request, exc) from exc
+        finally:
+            await response.aclose()
+
+    async def _exec(self, name: str, body: dict[str, Any], stdin: Stdin | None, *,
+                    stream: bool = False) -> httpx.Response:
+        """POST the exec: plain JSON, or the request line then ``stdin`` streamed."""
+        headers = {"Accept": paths.EXEC_STREAM_CONTENT_TYPE} if stream else None
+        if stdin is None:
+            return await self._data(name, "POST", paths.EXEC, json=body, headers=headers,
+                                    stream=stream)
+        await self._require(name, paths.FEATURE_STDIN, "stdin")
+        source = io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin) \
+            if isinstance(stdin, str | bytes | bytearray) else stdin
+        head = dumps(body) + b"\n"
+        start = _position(source)
+        sent = False
+
+        def make_body() -> ByteStream:
+            nonlocal sent
+            if sent:
+                if start is None:
+                    raise SandboxRequestError(
+                        409, "stdin was already read in part and cannot be sent again "
+                        "after a re-attach; retry the call", "STDIN_NOT_REPEATABLE")
+                source.seek(start)
+            sent = True
+            return _stdin_chunks(head, source)
+
+        all_headers = {"Content-Type": paths.EXEC_STDIN_CONTENT_TYPE, **(headers or {})}
+        return await self._data(name, "POST", paths.EXEC, headers=all_headers, body=make_body,
+                                stream=stream)
+
+    async def _features(self, name: str) -> frozenset[str]:
+        """What the sandbox's agent offers beyond the reference (asked once per handle)."""
+        await self._handle(name)
+        features = self._core.features(name)
+        if features is None:
+            features = self._core.parse_features(await self._data(name, "GET", paths.INFO))
+            self._core.store_features(name, features)
+        return features
+
+    async def _require(self, name: str, feature: str, what: str) -> None:
+        await self._features(name)
+        self._core.require(name, feature, what)
 
     async def exec_combined(self, name: str, command: str,
                             timeout_ms: int | None = None) -> CombinedResult:
@@ -277,24 +414,64 @@ class AsyncSandboxClient:
         return _files.combined_result(result)
 
     async def spawn(self, name: str, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None) -> ProcessStatus:
+                    env: Mapping[str, str] | None = None, stdin: bool = False,
+                    user: str | None = None) -> ProcessStatus:
         """Start argv and return at once; read its output with :meth:`poll`.
+
+        ``stdin=True`` gives it a pipe to write with :meth:`write_stdin` (else
+        it reads ``/dev/null``); ``user`` runs it as that account.
 
         >>> proc = await client.spawn("thread-42", ["sleep", "60"])  # doctest: +SKIP
         >>> proc.state  # doctest: +SKIP
         'running'
         """
-        body = self._core.spawn_body(command, cwd=cwd, env=env)
+        if stdin:
+            await self._require(name, paths.FEATURE_STDIN, "stdin")
+        body = self._core.spawn_body(command, cwd=cwd, env=env, stdin=stdin, user=user)
         return self._core.parse_status(await self._data(name, "POST", paths.PROCESSES, json=body))
 
+    async def write_stdin(self, name: str, process_id: str, data: Stdin, *,
+                          close: bool = False) -> None:
+        """Write ``data`` (text, bytes or a binary file, streamed) to the stdin of a
+        process spawned with ``stdin=True``; ``close`` then closes it (EOF). Call
+        as often as needed; writes block while the process does not read.
+
+        >>> p = await client.spawn("thread-42", ["cat"], stdin=True)  # doctest: +SKIP
+        >>> await client.write_stdin("thread-42", p.process_id, "hi", close=True)  # doctest: +SKIP
+        """
+        await self._require(name, paths.FEATURE_STDIN, "stdin")
+        source = io.BytesIO(data.encode() if isinstance(data, str) else data) \
+            if isinstance(data, str | bytes | bytearray) else data
+        start = _position(source)
+
+        def make_body() -> ByteStream:
+            if start is not None:
+                source.seek(start)
+            return _stdin_chunks(b"", source)
+
+        response = await self._data(
+            name, "POST", paths.process_stdin_path(process_id),
+            params={"close": "true"} if close else None,
+            headers={"Content-Type": "application/octet-stream"}, body=make_body)
+        self._core.check(response, 200, 204)
+
+    async def close_stdin(self, name: str, process_id: str) -> None:
+        """Close the stdin of a process spawned with ``stdin=True`` (it reads EOF)."""
+        await self.write_stdin(name, process_id, b"", close=True)
+
     async def poll(self, name: str, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0) -> ProcessOutput:
+                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
         """A process's status and its output after the given byte offsets.
 
         Pass ``stdout_next``/``stderr_next`` back as the next offsets; a
         non-zero ``*_dropped`` means output was lost to the 1 MiB retention.
+        ``wait_ms`` (where the agent offers it; at most 20 s): answer as soon as
+        there is output past the offsets or the process exited, else after
+        ``wait_ms``.
         """
-        params = {"stdout_from": stdout_from, "stderr_from": stderr_from}
+        params: dict[str, str | int] = {"stdout_from": stdout_from, "stderr_from": stderr_from}
+        if wait_ms and paths.FEATURE_LIVE_OUTPUT in await self._features(name):
+            params["wait_ms"] = min(wait_ms, POLL_WAIT_MAX_MS)
         response = await self._data(name, "GET", paths.process_path(process_id), params=params)
         return self._core.parse_output(response)
 
@@ -331,7 +508,11 @@ class AsyncSandboxClient:
         timeout_ms: int | None = None,
         cancel: Cancel | None = None,
     ) -> RunResult:
-        """Spawn argv and poll every ``interval_ms`` until it exits; no output cap.
+        """Spawn argv and follow it until it exits; no output cap.
+
+        Where the agent offers it, each poll waits for news (a long-poll), so
+        output arrives within milliseconds of being written; otherwise it
+        polls every ``interval_ms``.
 
         ``on_output`` gets every poll that brought output. When ``timeout_ms``
         passes or ``cancel.is_set()`` the process is killed and the result says
@@ -349,10 +530,18 @@ class AsyncSandboxClient:
         acc = RunAccumulator(status, on_output)
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         ending: str | None = None
+        live = paths.FEATURE_LIVE_OUTPUT in await self._features(name)
         try:
             while True:
+                wait_ms = None
+                if live:
+                    # Bounded by the deadline and by how often ``cancel`` is checked.
+                    wait_ms = interval_ms if cancel is not None else POLL_WAIT_MAX_MS
+                    if deadline is not None:
+                        wait_ms = max(1, min(wait_ms,
+                                             int((deadline - time.monotonic()) * 1000)))
                 acc.add(await self.poll(name, status.process_id, stdout_from=acc.stdout_next,
-                                        stderr_from=acc.stderr_next))
+                                        stderr_from=acc.stderr_next, wait_ms=wait_ms))
                 if acc.exited:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -361,6 +550,8 @@ class AsyncSandboxClient:
                 if cancel is not None and cancel.is_set():
                     ending = "cancel"
                     break
+                if live:
+                    continue
                 wait = interval_ms / 1000
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
@@ -403,49 +594,50 @@ class AsyncSandboxClient:
         """Whether to use the native files API (``/v1/info`` asked once per handle)."""
         if self._core.config.files == "base64":
             return False
-        await self._handle(name)
-        features = self._core.features(name)
-        if features is None:
-            features = self._core.parse_features(await self._data(name, "GET", paths.INFO))
-            self._core.store_features(name, features)
-        return self._core.wants_native_files(features)
+        return self._core.wants_native_files(await self._features(name))
 
-    async def read_file_bytes(self, name: str, path: str, *,
-                              progress: Progress | None = None) -> bytes:
+    async def read_file_bytes(self, name: str, path: str, *, progress: Progress | None = None,
+                              user: str | None = None) -> bytes:
         """The bytes of ``path``; 404 :class:`SandboxRequestError` when it cannot be read.
 
         Native files: streamed and checked against the agent's SHA-256 (a
         mismatch raises; bad bytes are never returned). Fallback: base64
         through exec, refused (not cut) above exec's 1 MiB output cap.
+        ``user``: read with that account's permissions (409
+        ``PATH_ACCESS_DENIED`` when it may not).
         """
         if await self._native(name):
             buffer = bytearray()
-            await self._download(name, path, buffer.extend, progress)
+            await self._download(name, path, buffer.extend, progress, user)
             return bytes(buffer)
-        result = await self.exec(name, _files.read_command(path))
+        result = await self.exec(name, _files.read_command(path), user=user)
         data = _files.decode_read(result, path)
         if progress is not None:
             progress(len(data), len(data))
         return data
 
-    async def read_file(self, name: str, path: str) -> str:
+    async def read_file(self, name: str, path: str, *, user: str | None = None) -> str:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
-        return (await self.read_file_bytes(name, path)).decode("utf-8", errors="replace")
+        return (await self.read_file_bytes(name, path, user=user)).decode("utf-8",
+                                                                          errors="replace")
 
     async def write_file_bytes(self, name: str, path: str, contents: bytes, *,
-                               progress: Progress | None = None) -> None:
+                               progress: Progress | None = None,
+                               user: str | None = None) -> None:
         """Write ``contents`` to ``path`` (replacing it whole).
 
         Native files: streamed with its SHA-256, which the agent checks before
         the file becomes visible. Fallback: base64 through exec in 48 KiB chunks.
+        ``user``: written as that account (a new file is owned by it).
 
         >>> await client.write_file_bytes("thread-42", "data.bin", b"\\x00\\xff")  # doctest: +SKIP
         """
-        await self._put(name, path, io.BytesIO(bytes(contents)), progress)
+        await self._put(name, path, io.BytesIO(bytes(contents)), progress, user)
 
-    async def write_file(self, name: str, path: str, contents: str) -> None:
+    async def write_file(self, name: str, path: str, contents: str, *,
+                         user: str | None = None) -> None:
         """Write ``contents`` to ``path`` as UTF-8."""
-        await self.write_file_bytes(name, path, contents.encode("utf-8"))
+        await self.write_file_bytes(name, path, contents.encode("utf-8"), user=user)
 
     async def list_dir(self, name: str, path: str = ".") -> builtins.list[DirEntry]:
         """Entries of a directory (relative paths start at ``/workspace``)."""
@@ -464,6 +656,88 @@ class AsyncSandboxClient:
         """
         result = await self.exec(name, _files.grep_command(pattern, path))
         return _files.grep_result(result, pattern, path)
+
+    async def stat(self, name: str, path: str, *, user: str | None = None) -> FileInfo:
+        """Size, permission bits, owner (``uid``, ``gid``, ``owner``), mtime and
+        ``type`` (file, directory, symlink, other) of ``path``, not following a
+        final symlink; 404 :class:`SandboxRequestError` when it does not exist.
+
+        >>> info = await client.stat("thread-42", "setup.py")  # doctest: +SKIP
+        >>> info.type, info.size, oct(info.mode), info.owner  # doctest: +SKIP
+        ('file', 1234, '0o644', 'root')
+        """
+        if await self._files_ops(name):
+            params = {"path": path, "owner": "true", **_as_user(user)}
+            return self._core.expect(
+                await self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200)
+        result = await self.exec(name, _files.stat_command(path), user=user)
+        return _files.parse_stat(result, path)
+
+    async def exists(self, name: str, path: str, *, user: str | None = None) -> bool:
+        """Whether ``path`` exists (a dangling symlink counts: it is there)."""
+        try:
+            await self.stat(name, path, user=user)
+        except SandboxRequestError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def mkdir(self, name: str, path: str, *, parents: bool = True,
+                    mode: int | None = None, user: str | None = None) -> None:
+        """Create a directory (with its parents unless ``parents=False``; an
+        existing directory is fine then)."""
+        if await self._files_ops(name):
+            body = codec_encode(MakeDirRequest(path=path, parents=parents, mode=mode))
+            response = await self._data(name, "POST", paths.FILES_MKDIR, json=body,
+                                        params=_as_user(user))
+            self._core.check(response, 200, 201)
+            return
+        result = await self.exec(name, _files.mkdir_command(path, parents, mode), user=user)
+        _files.check_ok(result, f"mkdir {path}")
+
+    async def chmod(self, name: str, path: str, mode: int, *, user: str | None = None) -> None:
+        """Set the permission bits of ``path`` (e.g. ``0o755``)."""
+        if await self._files_ops(name):
+            response = await self._data(name, "POST", paths.FILES_CHMOD,
+                                        json=codec_encode(ChmodRequest(path=path, mode=mode)),
+                                        params=_as_user(user))
+            self._core.check(response, 200)
+            return
+        _files.check_ok(await self.exec(name, _files.chmod_command(path, mode), user=user),
+                        f"chmod {path}")
+
+    async def remove(self, name: str, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        """Delete a file, an empty directory, or with ``recursive`` a whole tree."""
+        if await self._files_ops(name):
+            params = {"path": path, **_as_user(user)}
+            if recursive:
+                params["recursive"] = "true"
+            response = await self._data(name, "DELETE", paths.FILES, params=params)
+            self._core.check(response, 200, 204)
+            return
+        _files.check_ok(await self.exec(name, _files.remove_path_command(path, recursive),
+                                        user=user), f"rm {path}")
+
+    async def move(self, name: str, source: str, destination: str, *,
+                   overwrite: bool = False, user: str | None = None) -> None:
+        """Rename ``source`` to ``destination`` (parents created); an existing
+        destination is refused (409 ``PATH_EXISTS``) unless ``overwrite``."""
+        if await self._files_ops(name):
+            body = codec_encode(MoveRequest(source=source, destination=destination,
+                                            overwrite=overwrite))
+            response = await self._data(name, "POST", paths.FILES_MOVE, json=body,
+                                        params=_as_user(user))
+            self._core.check(response, 200)
+            return
+        result = await self.exec(name, _files.move_command(source, destination, overwrite),
+                                 user=user)
+        _files.check_move(result, destination)
+
+    async def _files_ops(self, name: str) -> bool:
+        return await self._native(name) and \
+            paths.FEATURE_FILES_OPS in await self._features(name)
 
     async def upload(self, name: str, local_path: str | os.PathLike[str], remote_path: str, *,
                      progress: Progress | None = None) -> None:
@@ -513,15 +787,15 @@ class AsyncSandboxClient:
                 await self.exec(name, _files.remove_command(remote_archive))
 
     async def _put(self, name: str, path: str, source: BinaryIO,
-                   progress: Progress | None) -> None:
+                   progress: Progress | None, user: str | None = None) -> None:
         if await self._native(name):
-            await self._upload(name, path, source, progress)
+            await self._upload(name, path, source, progress, user)
             return
         _, total = await run_sync(_files.file_digest, source)
         done = 0
         try:
             for command in _files.write_commands(path, source):
-                _files.check_write(await self.exec(name, command), path)
+                _files.check_write(await self.exec(name, command, user=user), path)
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
@@ -531,7 +805,7 @@ class AsyncSandboxClient:
             raise
 
     async def _upload(self, name: str, path: str, source: BinaryIO,
-                      progress: Progress | None) -> None:
+                      progress: Progress | None, user: str | None = None) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
             # One pass: the bytes are hashed as they are sent, the digest follows them.
@@ -552,7 +826,8 @@ class AsyncSandboxClient:
 
         headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
                    "Content-Type": "application/octet-stream"}
-        response = await self._data(name, "PUT", paths.FILES, params={"path": path},
+        response = await self._data(name, "PUT", paths.FILES,
+                                    params={"path": path, **_as_user(user)},
                                     headers=headers, body=body)
         self._core.check(response, 200, 201, 204)
 
@@ -578,9 +853,9 @@ class AsyncSandboxClient:
             raise
 
     async def _download(self, name: str, path: str, sink: Callable[[bytes], object],
-                        progress: Progress | None) -> None:
-        response = await self._data(name, "GET", paths.FILES, params={"path": path},
-                                    stream=True)
+                        progress: Progress | None, user: str | None = None) -> None:
+        response = await self._data(name, "GET", paths.FILES,
+                                    params={"path": path, **_as_user(user)}, stream=True)
         if response.status_code != 200:
             raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
@@ -688,6 +963,26 @@ class AsyncSandboxClient:
         response = await self._control(self._core.delete_request(name))
         self._core.forget(name)
         self._core.check(response, 200, 202, 204)
+
+
+def _position(source: BinaryIO) -> int | None:
+    """Where a seekable source stands (to send it again), else None."""
+    try:
+        return source.tell() if source.seekable() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _as_user(user: str | None) -> dict[str, str]:
+    return {"user": user} if user is not None else {}
+
+
+async def _stdin_chunks(head: bytes, source: BinaryIO) -> ByteStream:
+    if head:
+        yield head
+    read = getattr(source, "read1", source.read)  # a pipe: what is there, not a full chunk
+    while chunk := read(STDIN_CHUNK):
+        yield chunk
 
 
 async def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> ByteStream:
@@ -826,10 +1121,28 @@ class AsyncSandbox:
         return await self.client.attach(self.name, sandbox_class)
 
     async def exec(self, command: builtins.list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None,
-                   timeout_ms: int | None = None) -> ExecResult:
+                   env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+                   user: str | None = None, stdin: Stdin | None = None,
+                   max_output_bytes: int | None = None,
+                   keep: KeepPart | None = None) -> ExecResult:
         return await self.client.exec(self.name, command, cwd=cwd, env=env,
-                                      timeout_ms=timeout_ms)
+                                      timeout_ms=timeout_ms, user=user, stdin=stdin,
+                                      max_output_bytes=max_output_bytes, keep=keep)
+
+    async def exec_bytes(self, command: builtins.list[str], *, cwd: str | None = None,
+                         env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+                         user: str | None = None, stdin: Stdin | None = None,
+                         max_output_bytes: int | None = None,
+                         keep: KeepPart | None = None) -> BytesResult:
+        return await self.client.exec_bytes(self.name, command, cwd=cwd, env=env,
+                                            timeout_ms=timeout_ms, user=user, stdin=stdin,
+                                            max_output_bytes=max_output_bytes, keep=keep)
+
+    def stream(self, command: builtins.list[str], *, cwd: str | None = None,
+               env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+               user: str | None = None, stdin: Stdin | None = None) -> EventStream:
+        return self.client.stream(self.name, command, cwd=cwd, env=env,
+                                  timeout_ms=timeout_ms, user=user, stdin=stdin)
 
     async def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
         return await self.client.exec_combined(self.name, command, timeout_ms)
@@ -843,13 +1156,21 @@ class AsyncSandbox:
                                      timeout_ms=timeout_ms, cancel=cancel)
 
     async def spawn(self, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None) -> ProcessStatus:
-        return await self.client.spawn(self.name, command, cwd=cwd, env=env)
+                    env: Mapping[str, str] | None = None, stdin: bool = False,
+                    user: str | None = None) -> ProcessStatus:
+        return await self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin,
+                                       user=user)
+
+    async def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
+        await self.client.write_stdin(self.name, process_id, data, close=close)
+
+    async def close_stdin(self, process_id: str) -> None:
+        await self.client.close_stdin(self.name, process_id)
 
     async def poll(self, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0) -> ProcessOutput:
+                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
         return await self.client.poll(self.name, process_id, stdout_from=stdout_from,
-                                      stderr_from=stderr_from)
+                                      stderr_from=stderr_from, wait_ms=wait_ms)
 
     async def processes(self) -> builtins.list[ProcessStatus]:
         return await self.client.processes(self.name)
@@ -863,18 +1184,42 @@ class AsyncSandbox:
     async def kill_all(self) -> None:
         await self.client.kill_all(self.name)
 
-    async def read_file_bytes(self, path: str, *, progress: Progress | None = None) -> bytes:
-        return await self.client.read_file_bytes(self.name, path, progress=progress)
+    async def read_file_bytes(self, path: str, *, progress: Progress | None = None,
+                              user: str | None = None) -> bytes:
+        return await self.client.read_file_bytes(self.name, path, progress=progress, user=user)
 
-    async def read_file(self, path: str) -> str:
-        return await self.client.read_file(self.name, path)
+    async def read_file(self, path: str, *, user: str | None = None) -> str:
+        return await self.client.read_file(self.name, path, user=user)
 
     async def write_file_bytes(self, path: str, contents: bytes, *,
-                               progress: Progress | None = None) -> None:
-        await self.client.write_file_bytes(self.name, path, contents, progress=progress)
+                               progress: Progress | None = None,
+                               user: str | None = None) -> None:
+        await self.client.write_file_bytes(self.name, path, contents, progress=progress,
+                                           user=user)
 
-    async def write_file(self, path: str, contents: str) -> None:
-        await self.client.write_file(self.name, path, contents)
+    async def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
+        await self.client.write_file(self.name, path, contents, user=user)
+
+    async def stat(self, path: str, *, user: str | None = None) -> FileInfo:
+        return await self.client.stat(self.name, path, user=user)
+
+    async def exists(self, path: str, *, user: str | None = None) -> bool:
+        return await self.client.exists(self.name, path, user=user)
+
+    async def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None,
+                    user: str | None = None) -> None:
+        await self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
+
+    async def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
+        await self.client.chmod(self.name, path, mode, user=user)
+
+    async def remove(self, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        await self.client.remove(self.name, path, recursive=recursive, user=user)
+
+    async def move(self, source: str, destination: str, *, overwrite: bool = False,
+                   user: str | None = None) -> None:
+        await self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
 
     async def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
         return await self.client.list_dir(self.name, path)

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from podbay.wire.data import ExecEvent
+
 T = TypeVar("T")
 
 sleep = time.sleep
@@ -18,6 +20,8 @@ Lock = threading.Lock
 
 #: A streamed request body.
 ByteStream = Iterator[bytes]
+#: ``stream()``'s events.
+EventStream = Iterator[ExecEvent]
 
 
 def run_sync(func: Callable[..., T], *args: Any) -> T:

@@ -19,6 +19,7 @@ this class only sends, sleeps and streams.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import io
@@ -39,10 +40,23 @@ from podbay.errors import (
     refusal_error,
 )
 from podbay.wire import paths
+from podbay.wire.codec import dumps, loads
+from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import SandboxHandle, SandboxRecord
-from podbay.wire.data import DirListing, ExecResult, ProcessOutput, ProcessStatus
-from podbay.wire.limits import BASE64_WRITE_CHUNK
+from podbay.wire.data import (
+    ChmodRequest,
+    DirListing,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    KeepPart,
+    MakeDirRequest,
+    MoveRequest,
+    ProcessOutput,
+    ProcessStatus,
+)
+from podbay.wire.limits import BASE64_WRITE_CHUNK, POLL_WAIT_MAX_MS
 
 from .. import _files
 from .._core import (
@@ -54,12 +68,18 @@ from .._core import (
     resolve_config,
     unavailable,
 )
-from .._models import Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
+from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
-from ._backend import ByteStream, Lock, run_sync, shielded, sleep, ws_connect
+from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
 
 #: Largest WebSocket message a terminal accepts (the gateway's own bound).
 TERMINAL_MESSAGE_LIMIT = 1024 * 1024
+
+#: What ``stdin`` may be: text (sent as UTF-8), bytes, or a binary file object
+#: read in chunks as it is sent (never held whole).
+Stdin = str | bytes | BinaryIO
+#: Stdin is sent in chunks this big.
+STDIN_CHUNK = 1024 * 1024
 
 OnOutput = Callable[[ProcessOutput], object]
 
@@ -252,6 +272,10 @@ class SandboxClient:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
     ) -> ExecResult:
         """Run argv to completion and return its exit code and output (1 MiB per stream).
 
@@ -259,12 +283,125 @@ class SandboxClient:
         ``timeout_seconds``, so a command never outlives the request waiting
         for it. A non-zero ``exit_code`` is a result, not an exception.
 
+        Beyond the reference (where the agent offers them): ``user`` runs it
+        as that account of the sandbox; ``stdin`` (text, bytes or a binary
+        file) is streamed to the command; ``max_output_bytes`` (up to 16 MiB)
+        and ``keep`` (``"head"``, ``"tail"``, ``"head_tail"``) say what an
+        over-cap stream keeps, and the result then counts ``stdout_dropped``.
+
         >>> r = client.exec("thread-42", ["python3", "-c", "print(2 + 2)"])  # doctest: +SKIP
         >>> r.exit_code, r.stdout  # doctest: +SKIP
         (0, '4\\n')
+        >>> r = client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms)
-        return self._core.parse_exec(self._data(name, "POST", paths.EXEC, json=body))
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
+                                    max_output_bytes=max_output_bytes, keep=keep)
+        return self._core.parse_exec(self._exec(name, body, stdin))
+
+    def exec_bytes(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> BytesResult:
+        """:meth:`exec` with stdout and stderr as raw bytes (base64 on the wire).
+
+        >>> r = client.exec_bytes("thread-42", ["cat", "/bin/true"])  # doctest: +SKIP
+        >>> r.stdout[:4]  # doctest: +SKIP
+        b'\\x7fELF'
+        """
+        self._require(name, paths.FEATURE_EXEC_OUTPUT, "bytes output")
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
+                                    output_encoding="base64",
+                                    max_output_bytes=max_output_bytes, keep=keep)
+        result = self._core.parse_exec(self._exec(name, body, stdin))
+        return BytesResult(
+            exit_code=result.exit_code, stdout=base64.b64decode(result.stdout),
+            stderr=base64.b64decode(result.stderr), duration_ms=result.duration_ms,
+            timed_out=result.timed_out, truncated=result.truncated,
+            stdout_dropped=result.stdout_dropped or 0, stderr_dropped=result.stderr_dropped or 0)
+
+    def stream(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+    ) -> EventStream:
+        """Run argv and yield its output as it is written: :class:`ExecEvent`
+        items with ``stdout`` or ``stderr`` text, the last one with ``result``
+        (exit code, duration; ``timed_out``). Leaving the loop early (or the
+        connection dropping) kills the command's whole tree.
+
+        >>> for ev in client.stream("thread-42", ["make"]):  # doctest: +SKIP
+        ...     print(ev.stdout or ev.stderr or ev.result, end="")
+        """
+        self._require(name, paths.FEATURE_LIVE_OUTPUT, "streamed output")
+        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user)
+        response = self._exec(name, body, stdin, stream=True)
+        if response.status_code != 200:
+            raise self._core.refusal(response)
+        try:
+            for line in response.iter_lines():
+                if line:
+                    yield loads(ExecEvent, line, strict=False)
+        except httpx.TransportError as exc:
+            raise unavailable(response.request, exc) from exc
+        finally:
+            response.close()
+
+    def _exec(self, name: str, body: dict[str, Any], stdin: Stdin | None, *,
+                    stream: bool = False) -> httpx.Response:
+        """POST the exec: plain JSON, or the request line then ``stdin`` streamed."""
+        headers = {"Accept": paths.EXEC_STREAM_CONTENT_TYPE} if stream else None
+        if stdin is None:
+            return self._data(name, "POST", paths.EXEC, json=body, headers=headers,
+                                    stream=stream)
+        self._require(name, paths.FEATURE_STDIN, "stdin")
+        source = io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin) \
+            if isinstance(stdin, str | bytes | bytearray) else stdin
+        head = dumps(body) + b"\n"
+        start = _position(source)
+        sent = False
+
+        def make_body() -> ByteStream:
+            nonlocal sent
+            if sent:
+                if start is None:
+                    raise SandboxRequestError(
+                        409, "stdin was already read in part and cannot be sent again "
+                        "after a re-attach; retry the call", "STDIN_NOT_REPEATABLE")
+                source.seek(start)
+            sent = True
+            return _stdin_chunks(head, source)
+
+        all_headers = {"Content-Type": paths.EXEC_STDIN_CONTENT_TYPE, **(headers or {})}
+        return self._data(name, "POST", paths.EXEC, headers=all_headers, body=make_body,
+                                stream=stream)
+
+    def _features(self, name: str) -> frozenset[str]:
+        """What the sandbox's agent offers beyond the reference (asked once per handle)."""
+        self._handle(name)
+        features = self._core.features(name)
+        if features is None:
+            features = self._core.parse_features(self._data(name, "GET", paths.INFO))
+            self._core.store_features(name, features)
+        return features
+
+    def _require(self, name: str, feature: str, what: str) -> None:
+        self._features(name)
+        self._core.require(name, feature, what)
 
     def exec_combined(self, name: str, command: str,
                             timeout_ms: int | None = None) -> CombinedResult:
@@ -278,24 +415,64 @@ class SandboxClient:
         return _files.combined_result(result)
 
     def spawn(self, name: str, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None) -> ProcessStatus:
+                    env: Mapping[str, str] | None = None, stdin: bool = False,
+                    user: str | None = None) -> ProcessStatus:
         """Start argv and return at once; read its output with :meth:`poll`.
+
+        ``stdin=True`` gives it a pipe to write with :meth:`write_stdin` (else
+        it reads ``/dev/null``); ``user`` runs it as that account.
 
         >>> proc = client.spawn("thread-42", ["sleep", "60"])  # doctest: +SKIP
         >>> proc.state  # doctest: +SKIP
         'running'
         """
-        body = self._core.spawn_body(command, cwd=cwd, env=env)
+        if stdin:
+            self._require(name, paths.FEATURE_STDIN, "stdin")
+        body = self._core.spawn_body(command, cwd=cwd, env=env, stdin=stdin, user=user)
         return self._core.parse_status(self._data(name, "POST", paths.PROCESSES, json=body))
 
+    def write_stdin(self, name: str, process_id: str, data: Stdin, *,
+                          close: bool = False) -> None:
+        """Write ``data`` (text, bytes or a binary file, streamed) to the stdin of a
+        process spawned with ``stdin=True``; ``close`` then closes it (EOF). Call
+        as often as needed; writes block while the process does not read.
+
+        >>> p = client.spawn("thread-42", ["cat"], stdin=True)  # doctest: +SKIP
+        >>> client.write_stdin("thread-42", p.process_id, "hi", close=True)  # doctest: +SKIP
+        """
+        self._require(name, paths.FEATURE_STDIN, "stdin")
+        source = io.BytesIO(data.encode() if isinstance(data, str) else data) \
+            if isinstance(data, str | bytes | bytearray) else data
+        start = _position(source)
+
+        def make_body() -> ByteStream:
+            if start is not None:
+                source.seek(start)
+            return _stdin_chunks(b"", source)
+
+        response = self._data(
+            name, "POST", paths.process_stdin_path(process_id),
+            params={"close": "true"} if close else None,
+            headers={"Content-Type": "application/octet-stream"}, body=make_body)
+        self._core.check(response, 200, 204)
+
+    def close_stdin(self, name: str, process_id: str) -> None:
+        """Close the stdin of a process spawned with ``stdin=True`` (it reads EOF)."""
+        self.write_stdin(name, process_id, b"", close=True)
+
     def poll(self, name: str, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0) -> ProcessOutput:
+                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
         """A process's status and its output after the given byte offsets.
 
         Pass ``stdout_next``/``stderr_next`` back as the next offsets; a
         non-zero ``*_dropped`` means output was lost to the 1 MiB retention.
+        ``wait_ms`` (where the agent offers it; at most 20 s): answer as soon as
+        there is output past the offsets or the process exited, else after
+        ``wait_ms``.
         """
-        params = {"stdout_from": stdout_from, "stderr_from": stderr_from}
+        params: dict[str, str | int] = {"stdout_from": stdout_from, "stderr_from": stderr_from}
+        if wait_ms and paths.FEATURE_LIVE_OUTPUT in self._features(name):
+            params["wait_ms"] = min(wait_ms, POLL_WAIT_MAX_MS)
         response = self._data(name, "GET", paths.process_path(process_id), params=params)
         return self._core.parse_output(response)
 
@@ -332,7 +509,11 @@ class SandboxClient:
         timeout_ms: int | None = None,
         cancel: Cancel | None = None,
     ) -> RunResult:
-        """Spawn argv and poll every ``interval_ms`` until it exits; no output cap.
+        """Spawn argv and follow it until it exits; no output cap.
+
+        Where the agent offers it, each poll waits for news (a long-poll), so
+        output arrives within milliseconds of being written; otherwise it
+        polls every ``interval_ms``.
 
         ``on_output`` gets every poll that brought output. When ``timeout_ms``
         passes or ``cancel.is_set()`` the process is killed and the result says
@@ -350,10 +531,18 @@ class SandboxClient:
         acc = RunAccumulator(status, on_output)
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         ending: str | None = None
+        live = paths.FEATURE_LIVE_OUTPUT in self._features(name)
         try:
             while True:
+                wait_ms = None
+                if live:
+                    # Bounded by the deadline and by how often ``cancel`` is checked.
+                    wait_ms = interval_ms if cancel is not None else POLL_WAIT_MAX_MS
+                    if deadline is not None:
+                        wait_ms = max(1, min(wait_ms,
+                                             int((deadline - time.monotonic()) * 1000)))
                 acc.add(self.poll(name, status.process_id, stdout_from=acc.stdout_next,
-                                        stderr_from=acc.stderr_next))
+                                        stderr_from=acc.stderr_next, wait_ms=wait_ms))
                 if acc.exited:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -362,6 +551,8 @@ class SandboxClient:
                 if cancel is not None and cancel.is_set():
                     ending = "cancel"
                     break
+                if live:
+                    continue
                 wait = interval_ms / 1000
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
@@ -404,49 +595,50 @@ class SandboxClient:
         """Whether to use the native files API (``/v1/info`` asked once per handle)."""
         if self._core.config.files == "base64":
             return False
-        self._handle(name)
-        features = self._core.features(name)
-        if features is None:
-            features = self._core.parse_features(self._data(name, "GET", paths.INFO))
-            self._core.store_features(name, features)
-        return self._core.wants_native_files(features)
+        return self._core.wants_native_files(self._features(name))
 
-    def read_file_bytes(self, name: str, path: str, *,
-                              progress: Progress | None = None) -> bytes:
+    def read_file_bytes(self, name: str, path: str, *, progress: Progress | None = None,
+                              user: str | None = None) -> bytes:
         """The bytes of ``path``; 404 :class:`SandboxRequestError` when it cannot be read.
 
         Native files: streamed and checked against the agent's SHA-256 (a
         mismatch raises; bad bytes are never returned). Fallback: base64
         through exec, refused (not cut) above exec's 1 MiB output cap.
+        ``user``: read with that account's permissions (409
+        ``PATH_ACCESS_DENIED`` when it may not).
         """
         if self._native(name):
             buffer = bytearray()
-            self._download(name, path, buffer.extend, progress)
+            self._download(name, path, buffer.extend, progress, user)
             return bytes(buffer)
-        result = self.exec(name, _files.read_command(path))
+        result = self.exec(name, _files.read_command(path), user=user)
         data = _files.decode_read(result, path)
         if progress is not None:
             progress(len(data), len(data))
         return data
 
-    def read_file(self, name: str, path: str) -> str:
+    def read_file(self, name: str, path: str, *, user: str | None = None) -> str:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
-        return (self.read_file_bytes(name, path)).decode("utf-8", errors="replace")
+        return (self.read_file_bytes(name, path, user=user)).decode("utf-8",
+                                                                          errors="replace")
 
     def write_file_bytes(self, name: str, path: str, contents: bytes, *,
-                               progress: Progress | None = None) -> None:
+                               progress: Progress | None = None,
+                               user: str | None = None) -> None:
         """Write ``contents`` to ``path`` (replacing it whole).
 
         Native files: streamed with its SHA-256, which the agent checks before
         the file becomes visible. Fallback: base64 through exec in 48 KiB chunks.
+        ``user``: written as that account (a new file is owned by it).
 
         >>> client.write_file_bytes("thread-42", "data.bin", b"\\x00\\xff")  # doctest: +SKIP
         """
-        self._put(name, path, io.BytesIO(bytes(contents)), progress)
+        self._put(name, path, io.BytesIO(bytes(contents)), progress, user)
 
-    def write_file(self, name: str, path: str, contents: str) -> None:
+    def write_file(self, name: str, path: str, contents: str, *,
+                         user: str | None = None) -> None:
         """Write ``contents`` to ``path`` as UTF-8."""
-        self.write_file_bytes(name, path, contents.encode("utf-8"))
+        self.write_file_bytes(name, path, contents.encode("utf-8"), user=user)
 
     def list_dir(self, name: str, path: str = ".") -> builtins.list[DirEntry]:
         """Entries of a directory (relative paths start at ``/workspace``)."""
@@ -465,6 +657,88 @@ class SandboxClient:
         """
         result = self.exec(name, _files.grep_command(pattern, path))
         return _files.grep_result(result, pattern, path)
+
+    def stat(self, name: str, path: str, *, user: str | None = None) -> FileInfo:
+        """Size, permission bits, owner (``uid``, ``gid``, ``owner``), mtime and
+        ``type`` (file, directory, symlink, other) of ``path``, not following a
+        final symlink; 404 :class:`SandboxRequestError` when it does not exist.
+
+        >>> info = client.stat("thread-42", "setup.py")  # doctest: +SKIP
+        >>> info.type, info.size, oct(info.mode), info.owner  # doctest: +SKIP
+        ('file', 1234, '0o644', 'root')
+        """
+        if self._files_ops(name):
+            params = {"path": path, "owner": "true", **_as_user(user)}
+            return self._core.expect(
+                self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200)
+        result = self.exec(name, _files.stat_command(path), user=user)
+        return _files.parse_stat(result, path)
+
+    def exists(self, name: str, path: str, *, user: str | None = None) -> bool:
+        """Whether ``path`` exists (a dangling symlink counts: it is there)."""
+        try:
+            self.stat(name, path, user=user)
+        except SandboxRequestError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def mkdir(self, name: str, path: str, *, parents: bool = True,
+                    mode: int | None = None, user: str | None = None) -> None:
+        """Create a directory (with its parents unless ``parents=False``; an
+        existing directory is fine then)."""
+        if self._files_ops(name):
+            body = codec_encode(MakeDirRequest(path=path, parents=parents, mode=mode))
+            response = self._data(name, "POST", paths.FILES_MKDIR, json=body,
+                                        params=_as_user(user))
+            self._core.check(response, 200, 201)
+            return
+        result = self.exec(name, _files.mkdir_command(path, parents, mode), user=user)
+        _files.check_ok(result, f"mkdir {path}")
+
+    def chmod(self, name: str, path: str, mode: int, *, user: str | None = None) -> None:
+        """Set the permission bits of ``path`` (e.g. ``0o755``)."""
+        if self._files_ops(name):
+            response = self._data(name, "POST", paths.FILES_CHMOD,
+                                        json=codec_encode(ChmodRequest(path=path, mode=mode)),
+                                        params=_as_user(user))
+            self._core.check(response, 200)
+            return
+        _files.check_ok(self.exec(name, _files.chmod_command(path, mode), user=user),
+                        f"chmod {path}")
+
+    def remove(self, name: str, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        """Delete a file, an empty directory, or with ``recursive`` a whole tree."""
+        if self._files_ops(name):
+            params = {"path": path, **_as_user(user)}
+            if recursive:
+                params["recursive"] = "true"
+            response = self._data(name, "DELETE", paths.FILES, params=params)
+            self._core.check(response, 200, 204)
+            return
+        _files.check_ok(self.exec(name, _files.remove_path_command(path, recursive),
+                                        user=user), f"rm {path}")
+
+    def move(self, name: str, source: str, destination: str, *,
+                   overwrite: bool = False, user: str | None = None) -> None:
+        """Rename ``source`` to ``destination`` (parents created); an existing
+        destination is refused (409 ``PATH_EXISTS``) unless ``overwrite``."""
+        if self._files_ops(name):
+            body = codec_encode(MoveRequest(source=source, destination=destination,
+                                            overwrite=overwrite))
+            response = self._data(name, "POST", paths.FILES_MOVE, json=body,
+                                        params=_as_user(user))
+            self._core.check(response, 200)
+            return
+        result = self.exec(name, _files.move_command(source, destination, overwrite),
+                                 user=user)
+        _files.check_move(result, destination)
+
+    def _files_ops(self, name: str) -> bool:
+        return self._native(name) and \
+            paths.FEATURE_FILES_OPS in self._features(name)
 
     def upload(self, name: str, local_path: str | os.PathLike[str], remote_path: str, *,
                      progress: Progress | None = None) -> None:
@@ -514,15 +788,15 @@ class SandboxClient:
                 self.exec(name, _files.remove_command(remote_archive))
 
     def _put(self, name: str, path: str, source: BinaryIO,
-                   progress: Progress | None) -> None:
+                   progress: Progress | None, user: str | None = None) -> None:
         if self._native(name):
-            self._upload(name, path, source, progress)
+            self._upload(name, path, source, progress, user)
             return
         _, total = run_sync(_files.file_digest, source)
         done = 0
         try:
             for command in _files.write_commands(path, source):
-                _files.check_write(self.exec(name, command), path)
+                _files.check_write(self.exec(name, command, user=user), path)
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
@@ -532,7 +806,7 @@ class SandboxClient:
             raise
 
     def _upload(self, name: str, path: str, source: BinaryIO,
-                      progress: Progress | None) -> None:
+                      progress: Progress | None, user: str | None = None) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
             # One pass: the bytes are hashed as they are sent, the digest follows them.
@@ -553,7 +827,8 @@ class SandboxClient:
 
         headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
                    "Content-Type": "application/octet-stream"}
-        response = self._data(name, "PUT", paths.FILES, params={"path": path},
+        response = self._data(name, "PUT", paths.FILES,
+                                    params={"path": path, **_as_user(user)},
                                     headers=headers, body=body)
         self._core.check(response, 200, 201, 204)
 
@@ -579,9 +854,9 @@ class SandboxClient:
             raise
 
     def _download(self, name: str, path: str, sink: Callable[[bytes], object],
-                        progress: Progress | None) -> None:
-        response = self._data(name, "GET", paths.FILES, params={"path": path},
-                                    stream=True)
+                        progress: Progress | None, user: str | None = None) -> None:
+        response = self._data(name, "GET", paths.FILES,
+                                    params={"path": path, **_as_user(user)}, stream=True)
         if response.status_code != 200:
             raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
@@ -689,6 +964,26 @@ class SandboxClient:
         response = self._control(self._core.delete_request(name))
         self._core.forget(name)
         self._core.check(response, 200, 202, 204)
+
+
+def _position(source: BinaryIO) -> int | None:
+    """Where a seekable source stands (to send it again), else None."""
+    try:
+        return source.tell() if source.seekable() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _as_user(user: str | None) -> dict[str, str]:
+    return {"user": user} if user is not None else {}
+
+
+def _stdin_chunks(head: bytes, source: BinaryIO) -> ByteStream:
+    if head:
+        yield head
+    read = getattr(source, "read1", source.read)  # a pipe: what is there, not a full chunk
+    while chunk := read(STDIN_CHUNK):
+        yield chunk
 
 
 def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> ByteStream:
@@ -827,10 +1122,28 @@ class Sandbox:
         return self.client.attach(self.name, sandbox_class)
 
     def exec(self, command: builtins.list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None,
-                   timeout_ms: int | None = None) -> ExecResult:
+                   env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+                   user: str | None = None, stdin: Stdin | None = None,
+                   max_output_bytes: int | None = None,
+                   keep: KeepPart | None = None) -> ExecResult:
         return self.client.exec(self.name, command, cwd=cwd, env=env,
-                                      timeout_ms=timeout_ms)
+                                      timeout_ms=timeout_ms, user=user, stdin=stdin,
+                                      max_output_bytes=max_output_bytes, keep=keep)
+
+    def exec_bytes(self, command: builtins.list[str], *, cwd: str | None = None,
+                         env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+                         user: str | None = None, stdin: Stdin | None = None,
+                         max_output_bytes: int | None = None,
+                         keep: KeepPart | None = None) -> BytesResult:
+        return self.client.exec_bytes(self.name, command, cwd=cwd, env=env,
+                                            timeout_ms=timeout_ms, user=user, stdin=stdin,
+                                            max_output_bytes=max_output_bytes, keep=keep)
+
+    def stream(self, command: builtins.list[str], *, cwd: str | None = None,
+               env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
+               user: str | None = None, stdin: Stdin | None = None) -> EventStream:
+        return self.client.stream(self.name, command, cwd=cwd, env=env,
+                                  timeout_ms=timeout_ms, user=user, stdin=stdin)
 
     def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
         return self.client.exec_combined(self.name, command, timeout_ms)
@@ -844,13 +1157,21 @@ class Sandbox:
                                      timeout_ms=timeout_ms, cancel=cancel)
 
     def spawn(self, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None) -> ProcessStatus:
-        return self.client.spawn(self.name, command, cwd=cwd, env=env)
+                    env: Mapping[str, str] | None = None, stdin: bool = False,
+                    user: str | None = None) -> ProcessStatus:
+        return self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin,
+                                       user=user)
+
+    def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
+        self.client.write_stdin(self.name, process_id, data, close=close)
+
+    def close_stdin(self, process_id: str) -> None:
+        self.client.close_stdin(self.name, process_id)
 
     def poll(self, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0) -> ProcessOutput:
+                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
         return self.client.poll(self.name, process_id, stdout_from=stdout_from,
-                                      stderr_from=stderr_from)
+                                      stderr_from=stderr_from, wait_ms=wait_ms)
 
     def processes(self) -> builtins.list[ProcessStatus]:
         return self.client.processes(self.name)
@@ -864,18 +1185,42 @@ class Sandbox:
     def kill_all(self) -> None:
         self.client.kill_all(self.name)
 
-    def read_file_bytes(self, path: str, *, progress: Progress | None = None) -> bytes:
-        return self.client.read_file_bytes(self.name, path, progress=progress)
+    def read_file_bytes(self, path: str, *, progress: Progress | None = None,
+                              user: str | None = None) -> bytes:
+        return self.client.read_file_bytes(self.name, path, progress=progress, user=user)
 
-    def read_file(self, path: str) -> str:
-        return self.client.read_file(self.name, path)
+    def read_file(self, path: str, *, user: str | None = None) -> str:
+        return self.client.read_file(self.name, path, user=user)
 
     def write_file_bytes(self, path: str, contents: bytes, *,
-                               progress: Progress | None = None) -> None:
-        self.client.write_file_bytes(self.name, path, contents, progress=progress)
+                               progress: Progress | None = None,
+                               user: str | None = None) -> None:
+        self.client.write_file_bytes(self.name, path, contents, progress=progress,
+                                           user=user)
 
-    def write_file(self, path: str, contents: str) -> None:
-        self.client.write_file(self.name, path, contents)
+    def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
+        self.client.write_file(self.name, path, contents, user=user)
+
+    def stat(self, path: str, *, user: str | None = None) -> FileInfo:
+        return self.client.stat(self.name, path, user=user)
+
+    def exists(self, path: str, *, user: str | None = None) -> bool:
+        return self.client.exists(self.name, path, user=user)
+
+    def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None,
+                    user: str | None = None) -> None:
+        self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
+
+    def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
+        self.client.chmod(self.name, path, mode, user=user)
+
+    def remove(self, path: str, *, recursive: bool = False,
+                     user: str | None = None) -> None:
+        self.client.remove(self.name, path, recursive=recursive, user=user)
+
+    def move(self, source: str, destination: str, *, overwrite: bool = False,
+                   user: str | None = None) -> None:
+        self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
 
     def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
         return self.client.list_dir(self.name, path)
