@@ -46,6 +46,10 @@ class ServerSettings:
     #: Client connections held at once; lowered at start to leave descriptors
     #: for the rest of the server (see ``podbay.control.listener``).
     max_connections: int = 4096
+    #: While a declared environment builds, attach holds the request up to this
+    #: long for the build to finish (then 200) before answering 202: under the
+    #: 30 s timeout of the reference client, which predates 202.
+    attach_hold_seconds: float = 20.0
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -102,13 +102,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._async.client import AsyncSandbox, AsyncSandboxClient, AsyncTerminal
     from ._config import token_issuer
     from ._models import (
-        BytesResult,
+        BytesResult as BytesResult,
+    )
+    from ._models import (
         Cancel,
         CombinedResult,
         DirEntry,
-        ExecEvent,
         ExecResult,
-        FileInfo,
         GrepMatch,
         ProcessOutput,
         ProcessStatus,
@@ -116,6 +116,12 @@ if TYPE_CHECKING:  # pragma: no cover
         RunResult,
         SandboxHandle,
         SandboxRecord,
+    )
+    from ._models import (
+        ExecEvent as ExecEvent,
+    )
+    from ._models import (
+        FileInfo as FileInfo,
     )
     from ._sync.client import Sandbox, SandboxClient, Terminal
 

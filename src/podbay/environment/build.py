@@ -192,10 +192,11 @@ class Environments:
             if time.monotonic() - when < FAILURE_MEMORY_S:
                 return Failed(error)
             del self._failed[key]
-        if key not in self._building:
+        task = self._building.get(key)
+        if task is None:
             task = asyncio.get_running_loop().create_task(self._build(key, section))
             self._building[key] = task
-        return Building(retry_after_seconds=RETRY_AFTER_S)
+        return Building(retry_after_seconds=RETRY_AFTER_S, done=task)
 
     async def wait(self, section: SandboxSection) -> Ready | Failed:
         """Build if needed and wait for the outcome (tests, ``dev up``, pre-warming)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
@@ -45,6 +46,18 @@ async def attach(request: Request) -> Response:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
     result = await platform.sandboxes.attach(deployment, request.path_params["name"],
                                              body.class_)
+    # A client that predates 202 (the reference's) only knows 200: wait for the
+    # build a while, so one finishing meanwhile is answered 200.
+    hold_until = time.monotonic() + platform.settings.server.attach_hold_seconds
+    while isinstance(result, Building) and result.done is not None:
+        left = hold_until - time.monotonic()
+        if left <= 0:
+            break
+        await asyncio.wait({result.done}, timeout=left)
+        if not result.done.done():
+            break
+        result = await platform.sandboxes.attach(deployment, request.path_params["name"],
+                                                 body.class_)
     if isinstance(result, Building):
         return _json(Preparing(name=request.path_params["name"]), 202,
                      {"Retry-After": str(result.retry_after_seconds)})

@@ -18,10 +18,11 @@ nothing to build, nothing to apply.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from podbay.domain import Deployment
 from podbay.runtime.base import Driver
@@ -41,6 +42,9 @@ class Building:
     """The environment is still being built: ask again after ``retry_after_seconds``."""
 
     retry_after_seconds: int
+    #: Completes when the build ends (either way), where there is one to wait
+    #: for: attach holds the request on it for a while before answering 202.
+    done: asyncio.Future[Any] | None = field(default=None, compare=False, repr=False)
 
 
 class EnvironmentService(Protocol):

@@ -1,0 +1,58 @@
+"""Attach holds the request while a declared environment builds: a build that
+ends within the hold is answered 200 (clients that predate 202 work), one that
+does not is answered 202 at the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import httpx
+import pytest
+from platform_fakes import Clock, FakeDriver
+from platform_harness import make_settings
+from test_control_environment_seam import ScriptedEnvironment
+
+from podbay.control.app import create_app
+from podbay.control.services.environment import Building
+from podbay.store.sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+
+async def _attach(tmp_path, env, hold):  # type: ignore[no-untyped-def]
+    settings = make_settings(tmp_path)
+    settings = dataclasses.replace(
+        settings, server=dataclasses.replace(settings.server, attach_hold_seconds=hold))
+    driver = FakeDriver(tmp_path)
+    store = SqliteStore.open(settings.data_dir / "podbay.db")
+    platform = create_app(settings, store, {"container": driver}, environment=env, clock=Clock())
+    try:
+        async with platform.control.router.lifespan_context(platform.control):
+            while not platform.ready:  # noqa: ASYNC110 - a flag, not an event
+                await asyncio.sleep(0.01)
+            _, token = await platform.deployments.create("d", "sandbox:\n  toolchain: x\n")
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=platform),
+                                         base_url="http://podbay.test") as client:
+                return await client.put("/api/v1/sandboxes/s",
+                                        headers={"Authorization": f"Bearer {token}"})
+    finally:
+        await driver.close_all()
+        await store.close()
+
+
+async def test_a_build_ending_within_the_hold_answers_200(tmp_path):
+    env = ScriptedEnvironment()
+    build = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, build.set_result, None)
+    env.prepares = [Building(retry_after_seconds=5, done=build)]
+    response = await _attach(tmp_path, env, hold=20)
+    assert response.status_code == 200 and response.json()["start"] == "created"
+
+
+async def test_a_longer_build_answers_202_at_the_bound(tmp_path):
+    env = ScriptedEnvironment()
+    build = asyncio.get_running_loop().create_future()  # never ends
+    env.prepares = [Building(retry_after_seconds=5, done=build)] * 2
+    response = await _attach(tmp_path, env, hold=0.2)
+    assert response.status_code == 202 and response.headers["retry-after"] == "5"
