@@ -1,5 +1,5 @@
-"""``podbay sandbox exec NAME [--cwd D] [--env K=V]... [--timeout-ms N] -- ARGV``,
-the quick way: the standard library only, no click, no httpx, no SDK.
+"""``podbay sandbox exec NAME [--cwd D] [--env K=V]... [--timeout-ms N] [--user U]
+[--no-stdin] -- ARGV``, the quick way: the standard library only, no click, no httpx, no SDK.
 
 A shell user or script runs this command more than any other, and almost
 all of its time went to Python start-up and imports (~100 ms for httpx and
@@ -20,6 +20,10 @@ re-attaches or waits and repeats). Once the exec request is sent, every
 outcome is reported here, as the full command would: output, notes, its
 exit code; a refusal as ``podbay: <status> <CODE>: <message>`` (exit 1);
 no answer as ``podbay: unavailable: ...`` (exit 2; never retried).
+
+A standard input that is not a terminal (nor ``/dev/null``) is passed to the
+command, streamed in a chunked request body (:func:`local_stdin`), unless
+``--no-stdin``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from podbay.client._config import (
 )
 from podbay.errors import refusal_error, request_error
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
-from podbay.wire.paths import EXEC, SANDBOXES
+from podbay.wire.paths import EXEC, EXEC_STDIN_CONTENT_TYPE, SANDBOXES
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 if TYPE_CHECKING:
@@ -49,7 +53,9 @@ SERVER_ENV = "PODBAY_SERVER_URL"
 TRUNCATED_NOTE = "podbay: output was cut at 1 MiB per stream (use run for more)"
 TIMED_OUT_NOTE = "podbay: the command was killed at its deadline"
 #: Options this path understands; any other hands over to the full command.
-_VALUE_OPTIONS = ("--cwd", "--env", "--timeout-ms", "--token", "--server")
+_VALUE_OPTIONS = ("--cwd", "--env", "--timeout-ms", "--token", "--server", "--user")
+#: Stdin is sent in chunks of at most this many bytes.
+STDIN_CHUNK = 1024 * 1024
 #: Data-plane refusals answered before anything ran, that the SDK handles by repeating.
 _REPEATABLE = (401, 403, 503)
 #: Largest answer head, and answer body, this path reads.
@@ -73,6 +79,26 @@ def print_exec_result(stdout: str, stderr: str, truncated: bool, timed_out: bool
             err.flush()
 
 
+def local_stdin() -> int | None:
+    """fd 0 when it is something to pass to the command: not a terminal (the
+    command's input is then typed, which is ``shell``'s job), not ``/dev/null``
+    and not closed. None otherwise.
+
+    A pipe that is never closed keeps the command waiting for the end of its
+    input, as with ``ssh`` and ``docker exec -i``: ``--no-stdin`` is for that.
+    """
+    try:
+        st = os.fstat(0)
+        if os.isatty(0):
+            return None
+        null = os.stat(os.devnull)
+    except OSError:
+        return None
+    if (st.st_dev, st.st_ino) == (null.st_dev, null.st_ino) or st.st_rdev == null.st_rdev != 0:
+        return None
+    return 0
+
+
 def parse(args: Sequence[str]) -> dict[str, Any] | None:
     """The invocation after ``sandbox exec``, or None when it is not one this path takes.
 
@@ -90,6 +116,10 @@ def parse(args: Sequence[str]) -> dict[str, Any] | None:
         if arg == "--":
             found["argv"] = list(args[i + 1:])
             break
+        if arg == "--no-stdin":
+            found["no_stdin"] = True
+            i += 1
+            continue
         key, eq, value = arg.partition("=")
         if key not in _VALUE_OPTIONS:
             return None
@@ -150,16 +180,17 @@ class _Connections:
         self.open: dict[tuple[str, int], socket.socket] = {}
 
     def request(self, method: str, url: str, headers: dict[str, str],
-                body: bytes) -> tuple[int, str, bytes] | None:
+                body: bytes, then: int | None = None) -> tuple[int, str, bytes] | None:
         """(status, reason, body); None for a URL or header this path does not send.
+        ``then``: an fd whose bytes follow ``body`` until its end (sent chunked).
         Raises OSError (no answer) or ValueError (an answer this path cannot read)."""
         where = split_url(url)
         if where is None:
             return None
         host, port, target = where
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}",
-                 f"Content-Length: {len(body)}", "Accept: */*"]
+        framing = f"Content-Length: {len(body)}" if then is None else "Transfer-Encoding: chunked"
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}", framing, "Accept: */*"]
         for key, value in headers.items():
             if not isinstance(value, str) or any(c in key + value for c in "\r\n\0"):
                 return None
@@ -173,7 +204,13 @@ class _Connections:
             sock = socket.create_connection((host, port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.open[(host, port)] = sock
-        sock.sendall(head + body)
+        if then is None:
+            sock.sendall(head + body)
+        else:
+            sock.sendall(head + b"%x\r\n%b\r\n" % (len(body), body))
+            while chunk := os.read(then, STDIN_CHUNK):
+                sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            sock.sendall(b"0\r\n\r\n")
         status, reason, answer, keep = _read_answer(sock)
         if not keep:
             self.open.pop((host, port)).close()
@@ -294,12 +331,26 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
         if call["env"]:
             body["env"] = call["env"]
         body["timeout_ms"] = exec_timeout_ms(DEFAULT_TIMEOUT_SECONDS, call.get("timeout_ms"))
+        if call.get("user") is not None:
+            body["user"] = call["user"]
         url = endpoint.rstrip("/") + EXEC
+        stdin = None if call.get("no_stdin") else local_stdin()
         try:
-            answered = connections.request(
-                "POST", url, {"User-Agent": agent, **headers,
-                              "Content-Type": "application/json"},
-                json.dumps(body).encode())
+            if stdin is None:
+                answered = connections.request(
+                    "POST", url, {"User-Agent": agent, **headers,
+                                  "Content-Type": "application/json"},
+                    json.dumps(body).encode())
+            else:
+                # The request line, then stdin: once sent, it cannot be sent again,
+                # so every answer (401/403 too) is reported here.
+                answered = connections.request(
+                    "POST", url, {"User-Agent": agent, **headers,
+                                  "Content-Type": EXEC_STDIN_CONTENT_TYPE},
+                    json.dumps(body).encode() + b"\n", then=stdin)
+                if answered is not None and answered[0] in _REPEATABLE:
+                    _fail(_refusal(*answered))
+                    return 1
         except (OSError, ValueError) as exc:
             kind = type(exc).__name__
             _fail(f"unavailable: POST {url.split('?', 1)[0]} failed: {kind}: {exc or kind}")

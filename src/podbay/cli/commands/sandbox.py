@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from podbay.cli.output import Output, fail
-from podbay.cli.quick_exec import print_exec_result
+from podbay.cli.quick_exec import local_stdin, print_exec_result
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -174,13 +174,23 @@ def _command_options(func: F) -> F:
 @click.argument("name")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @_command_options
+@click.option("--user", default=None, help="Run as this account of the sandbox (default root).")
+@click.option("--no-stdin", is_flag=True,
+              help="Do not pass this standard input (a pipe or file) to the command.")
 @_options
 def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
-          timeout_ms: int | None, token: str | None, server: str | None,
-          as_json: bool) -> None:
-    """Run ARGV in NAME (after --); print its output; exit with its exit code."""
+          timeout_ms: int | None, user: str | None, no_stdin: bool, token: str | None,
+          server: str | None, as_json: bool) -> None:
+    """Run ARGV in NAME (after --); print its output; exit with its exit code.
+
+    A standard input that is not a terminal is passed to the command
+    (`echo hi | podbay sandbox exec NAME -- cat` prints hi).
+    """
+    fd = None if no_stdin else local_stdin()
+    stdin = open(fd, "rb", buffering=0, closefd=False) if fd is not None else None  # noqa: SIM115
     with _session(token, server, as_json) as (client, out):
-        result = client.exec(name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms)
+        result = client.exec(name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms,
+                             user=user, stdin=stdin)
         if as_json:
             out.value(result)
         else:
