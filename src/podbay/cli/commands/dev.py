@@ -71,17 +71,30 @@ def _start_server(settings: Any, out: Output) -> None:
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _wait_ready(base_url: str, out: Output, timeout_s: float) -> None:
+def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None = None) -> None:
+    """Wait for the server's health; on a terminal, the base-image build it runs
+    meanwhile is drawn as a bar (from its log)."""
+    from podbay.cli.progress import BuildProgress, follow_log
+
+    bar = BuildProgress(sys.stderr) if log is not None and not out.as_json \
+        and sys.stderr.isatty() else None
+    offset = log.stat().st_size if bar is not None and log is not None and log.exists() else 0
     deadline = time.monotonic() + timeout_s
     said = 0.0
-    while time.monotonic() < deadline:
-        if _health(base_url) == 200:
-            return
-        if time.monotonic() - said > 15:
-            out.info("podbay: waiting for the server to be ready "
-                     "(the first start builds the sandbox base image)...")
-            said = time.monotonic()
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if _health(base_url) == 200:
+                return
+            if bar is not None and log is not None:
+                offset = follow_log(log, offset, bar)
+            elif time.monotonic() - said > 15:
+                out.info("podbay: waiting for the server to be ready "
+                         "(the first start builds the sandbox base image)...")
+                said = time.monotonic()
+            time.sleep(0.5)
+    finally:
+        if bar is not None:
+            bar.close_bar()
     fail(f"podbay serve at {base_url} was not ready after {timeout_s:.0f} s")
 
 
@@ -164,7 +177,7 @@ def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
     status = _health(base_url)
     if status is None:
         _start_server(settings, out)
-    _wait_ready(base_url, out, READY_TIMEOUT_S)
+    _wait_ready(base_url, out, READY_TIMEOUT_S, settings.data_dir / "dev-serve.log")
     removed = _delete_all(base_url, token) if changed else 0
     if created:
         out.info(f"podbay: registered deployment {project}")

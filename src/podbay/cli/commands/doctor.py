@@ -323,7 +323,10 @@ def command(data_dir: Path | None, as_json: bool) -> None:
     host_checks(settings, report)
     summary: dict[str, object] = {}
     if report.ok:
-        asyncio.run(base_image(settings, report))
+        from podbay.cli.progress import build_progress
+
+        with build_progress(enabled=not as_json):
+            asyncio.run(base_image(settings, report))
     if report.ok:
         summary = asyncio.run(class_checks(settings, report))
     if as_json:

@@ -186,7 +186,11 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
                             ws="websockets", ws_max_size=WS_MAX_MESSAGE,
                             ws_per_message_deflate=False)
     server = _Server(config)
+    from podbay.cli.progress import build_progress
+
     try:
-        server.run(sockets=[sock])
+        # On a terminal, the base image and layer builds draw bars instead of lines.
+        with build_progress(enabled=not as_json):
+            server.run(sockets=[sock])
     finally:
         asyncio.run(store.close())

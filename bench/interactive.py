@@ -1,0 +1,150 @@
+"""Interactive figures: output-to-client latency (long-poll vs the 500 ms tick),
+stdin throughput; one run, medians.
+
+    .venv/bin/python bench/interactive.py                         # a real `podbay serve`
+    .venv/bin/python bench/interactive.py --server URL --token T  # an already running server
+
+Latency: a process in the sandbox prints ``time.time()`` every 137 ms (an
+interval that is not a multiple of the tick); the client notes when each
+line reached it. The sandbox shares the host's clock, so the difference is
+the line's trip from the process's write to the caller's hands. Rows: the
+SDK's ``run()`` (long-poll, ``poll(wait_ms=…)``), ``stream()`` (NDJSON
+exec), and the reference client's way (poll, sleep 500 ms, poll again).
+
+stdin: ``exec(["wc", "-c"], stdin=<file>)`` of ``--stdin-mib`` MiB from a
+local file; MB/s = bytes / wall time of the call (it includes the command's
+start and end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from podbay import SandboxClient
+
+MIB = 1024 * 1024
+TICK_S = 0.5
+TICKER = ("import sys, time\n"
+          "for _ in range({n}):\n"
+          "    time.sleep(0.137)\n"
+          "    sys.stdout.write(f'{{time.time():.6f}}\\n'); sys.stdout.flush()\n")
+
+
+def _lags(text: str, received: float, lags: list[float]) -> None:
+    for line in text.splitlines():
+        if line.strip():
+            lags.append((received - float(line)) * 1000)
+
+
+def via_run(client: SandboxClient, name: str, n: int) -> list[float]:
+    lags: list[float] = []
+    client.run(name, ["python3", "-c", TICKER.format(n=n)],
+               on_output=lambda chunk: _lags(chunk.stdout, time.time(), lags))
+    return lags
+
+
+def via_stream(client: SandboxClient, name: str, n: int) -> list[float]:
+    lags: list[float] = []
+    for event in client.stream(name, ["python3", "-c", TICKER.format(n=n)]):
+        if event.stdout:
+            _lags(event.stdout, time.time(), lags)
+    return lags
+
+
+def via_tick(client: SandboxClient, name: str, n: int) -> list[float]:
+    """The reference client's run: poll, sleep 500 ms, poll (no wait_ms)."""
+    lags: list[float] = []
+    proc = client.spawn(name, ["python3", "-c", TICKER.format(n=n)])
+    out_from = 0
+    while True:
+        chunk = client.poll(name, proc.process_id, stdout_from=out_from)
+        _lags(chunk.stdout, time.time(), lags)
+        out_from = chunk.stdout_next
+        if chunk.state == "exited":
+            break
+        time.sleep(TICK_S)
+    client.kill(name, proc.process_id)
+    return lags
+
+
+def stdin_mb_s(client: SandboxClient, name: str, source: Path, rounds: int) -> list[float]:
+    size = source.stat().st_size
+    rates = []
+    for _ in range(rounds):
+        with source.open("rb") as f:
+            started = time.perf_counter()
+            result = client.exec(name, ["wc", "-c"], stdin=f)
+            elapsed = time.perf_counter() - started
+        assert int(result.stdout) == size, result
+        rates.append(size / elapsed / 1e6)
+    return rates
+
+
+def row(label: str, unit: str, values: list[float]) -> dict[str, Any]:
+    values = sorted(values)
+    p90 = values[int(len(values) * 0.9)] if values else float("nan")
+    print(f"{label:<52} p50 {statistics.median(values):9.2f} {unit}   "
+          f"p90 {p90:9.2f}   n={len(values)}")
+    return {"label": label, "unit": unit, "p50": statistics.median(values), "p90": p90,
+            "n": len(values)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server")
+    parser.add_argument("--token")
+    parser.add_argument("--lines", type=int, default=60, help="output lines per latency row")
+    parser.add_argument("--stdin-mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    server = None
+    if args.server and args.token:
+        url, token, target = args.server, args.token, "server at " + args.server
+    else:
+        from podbay.testing.platform import PlatformServer
+
+        server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
+        url, token = server.base_url, server.create_deployment("bench")
+        target = "podbay serve (real container sandbox, gateway, loopback)"
+    print(f"target: {target}")
+    name = f"bench-interactive-{os.getpid()}"
+    rows = []
+    try:
+        with SandboxClient(identity_token=token, server_url=url) as client, \
+                tempfile.TemporaryDirectory() as scratch:
+            client.attach(name)
+            latency: list[tuple[str, Callable[[SandboxClient, str, int], list[float]]]] = [
+                ("output to client: run() (long-poll)", via_run),
+                ("output to client: stream() (NDJSON exec)", via_stream),
+                ("output to client: poll + 500 ms tick (reference)", via_tick),
+            ]
+            for label, measure in latency:
+                rows.append(row(label, "ms", measure(client, name, args.lines)))
+            source = Path(scratch) / "stdin.bin"
+            with source.open("wb") as f:
+                block = os.urandom(MIB)
+                for _ in range(args.stdin_mib):
+                    f.write(block)
+            rows.append(row(f"stdin: exec(wc -c) of {args.stdin_mib} MiB", "MB/s",
+                            stdin_mb_s(client, name, source, args.rounds)))
+            client.delete(name)
+        if args.json:
+            print(json.dumps({"target": target, "rows": rows}))
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
