@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import click
 
@@ -42,7 +42,7 @@ LOGGERS = ("podbay.runtime.image", "podbay.environment")
 class BuildProgress(logging.Handler):
     """Log records of image and layer builds → one click progress bar at a time."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: TextIO) -> None:
         super().__init__(logging.INFO)
         self.stream = stream
         self._lock = threading.Lock()
@@ -127,7 +127,7 @@ def follow_log(path: Path, offset: int, handler: BuildProgress) -> int:
 
 
 @contextlib.contextmanager
-def build_progress(enabled: bool = True, stream: IO[str] | None = None) -> Iterator[None]:
+def build_progress(enabled: bool = True, stream: TextIO | None = None) -> Iterator[None]:
     """Show build progress while the block runs, when ``stream`` (stderr) is a
     terminal and ``enabled`` (false for ``--json``)."""
     out = stream if stream is not None else sys.stderr
