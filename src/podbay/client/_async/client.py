@@ -471,7 +471,9 @@ class AsyncSandboxClient:
         """
         params: dict[str, str | int] = {"stdout_from": stdout_from, "stderr_from": stderr_from}
         if wait_ms and paths.FEATURE_LIVE_OUTPUT in await self._features(name):
-            params["wait_ms"] = min(wait_ms, POLL_WAIT_MAX_MS)
+            # Never longer than the request may take (a second under its timeout).
+            params["wait_ms"] = max(1, min(wait_ms, POLL_WAIT_MAX_MS,
+                                           self._core.exec_timeout_ms(None)))
         response = await self._data(name, "GET", paths.process_path(process_id), params=params)
         return self._core.parse_output(response)
 
