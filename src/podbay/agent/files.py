@@ -201,24 +201,26 @@ class Files:
         dest, shown = self.resolve(req.destination)
         try:
             os.lstat(source)
-            if not req.overwrite and os.path.lexists(dest):
-                raise ApiError(ErrorCode.PATH_EXISTS, f"{shown} already exists")
-            parent = os.path.dirname(dest)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            os.rename(source, dest)
+        except OSError as exc:
+            raise path_refusal(exc, shown_source) from None
+        if not req.overwrite and os.path.lexists(dest):
+            raise ApiError(ErrorCode.PATH_EXISTS, f"{shown} already exists")
+        parent = os.path.dirname(dest)
+        try:
+            os.makedirs(parent, exist_ok=True)
         except FileExistsError:
             raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
                            f"{shown}: a parent is not a directory") from None
         except OSError as exc:
-            if exc.errno == 39:  # ENOTEMPTY
-                raise ApiError(ErrorCode.DIRECTORY_NOT_EMPTY,
-                               f"{shown}: directory not empty") from None
+            raise path_refusal(exc, shown) from None
+        try:
+            os.rename(source, dest)
+        except OSError as exc:
             if exc.errno == 18:  # EXDEV
                 raise ApiError(ErrorCode.PATH_INVALID,
                                f"{shown_source} and {shown} are on different filesystems; "
                                "copy, then delete") from None
-            raise path_refusal(exc, shown_source) from None
+            raise path_refusal(exc, shown) from None
         return self.info(dest, shown)
 
     def list(self, raw: str | None) -> DirListing:

@@ -25,7 +25,9 @@ from .codec import _fields
 from .codes import STATUS, ErrorCode
 from .limits import (
     EXEC_MAX_TIMEOUT_MS,
+    EXEC_OUTPUT_MAX,
     MAX_JSON_BODY,
+    POLL_WAIT_MAX_MS,
     SANDBOX_NAME_PATTERN,
     SIGNAL_NAMES,
 )
@@ -195,19 +197,27 @@ def control_plane(server_url: str) -> dict[str, Any]:
 def data_plane(endpoint: str) -> dict[str, Any]:
     """The data plane's document: paths relative to a handle's ``endpoint``."""
     s = _Schemas(closed={data.ExecRequest, data.SpawnRequest, data.SignalRequest,
-                         data.MakeDirRequest})
+                         data.MakeDirRequest, data.ChmodRequest, data.MoveRequest})
     done = {"204": {"description": "done"}}
     path_q = [{"name": "path", "in": "query", "required": True, "schema": {"type": "string"}}]
     pid = [{"name": "process_id", "in": "path", "required": True,
             "schema": {"type": "string"}}]
     offsets = [{"name": f"{stream}_from", "in": "query", "required": False,
                 "schema": {"type": "integer", "minimum": 0}} for stream in ("stdout", "stderr")]
+    # Beyond the reference: a bounded long-poll, bytes as base64, an account.
+    live = [{"name": "wait_ms", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "maximum": POLL_WAIT_MAX_MS}},
+            {"name": "encoding", "in": "query", "required": False,
+             "schema": {"type": "string", "enum": ["utf-8", "base64"]}}]
+    user_q = [{"name": "user", "in": "query", "required": False, "schema": {"type": "string"}}]
     paths_ = {"PATH_" + c for c in ("INVALID", "NOT_FOUND", "IS_DIRECTORY", "NOT_DIRECTORY",
                                     "ACCESS_DENIED")}
     path_codes = [c for c in C if c.value in paths_]
     exec_body = s.ref(data.ExecRequest)
     s.components["ExecRequest"]["properties"]["timeout_ms"].update(
         {"minimum": 1, "maximum": EXEC_MAX_TIMEOUT_MS})
+    s.components["ExecRequest"]["properties"]["max_output_bytes"].update(
+        {"minimum": 0, "maximum": EXEC_OUTPUT_MAX})
     s.ref(data.SignalRequest)
     s.components["SignalRequest"]["properties"]["signal"]["enum"] = list(SIGNAL_NAMES)
     doc: dict[str, Any] = {
@@ -223,21 +233,21 @@ def data_plane(endpoint: str) -> dict[str, Any]:
                 _CREDENTIAL)},
             paths.EXEC: {"post": _op("Run argv to completion", {"200": {
                 "description": "its exit code and output", **_json(s.ref(data.ExecResult))}},
-                [*_CREDENTIAL, C.COMMAND_START_FAILED], body=_json(exec_body))},
+                [*_CREDENTIAL, C.COMMAND_START_FAILED, C.USER_UNKNOWN], body=_json(exec_body))},
             paths.PROCESSES: {
                 "get": _op("Tracked processes", {"200": {
                     "description": "the list", **_json(s.ref(data.ProcessList))}}, _CREDENTIAL),
                 "post": _op("Start argv and return at once", {"200": {
                     "description": "its status", **_json(s.ref(data.ProcessStatus))}},
-                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.PROCESS_LIMIT_REACHED],
-                    body=_json(s.ref(data.SpawnRequest))),
+                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.PROCESS_LIMIT_REACHED,
+                     C.USER_UNKNOWN], body=_json(s.ref(data.SpawnRequest))),
                 "delete": _op("Kill every process in the sandbox but the agent", done,
                               _CREDENTIAL),
             },
             paths.PROCESSES + "/{process_id}": {
                 "get": _op("Status and output after the given offsets", {"200": {
                     "description": "status and output", **_json(s.ref(data.ProcessOutput))}},
-                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid + offsets),
+                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid + offsets + live),
                 "delete": _op("Kill if running, then forget", done,
                               [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid),
             },
@@ -249,30 +259,40 @@ def data_plane(endpoint: str) -> dict[str, Any]:
                 "get": _op("Read a file", {"200": {
                     "description": "its bytes (X-Podbay-Sha256: their digest)",
                     "content": {"application/octet-stream": {"schema": {}}}}},
-                    [*_CREDENTIAL, *path_codes], params=path_q),
+                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=path_q + user_q),
                 "put": _op("Write a file atomically", {"200": {
                     "description": "what was written", **_json(s.ref(data.FileInfo))}},
                     [*_CREDENTIAL, *path_codes, C.DIGEST_MISSING, C.DIGEST_MISMATCH,
                      C.NO_SPACE, C.PATH_EXISTS],
                     body={"content": {"application/octet-stream": {"schema": {}}}},
-                    params=[*path_q, {"name": paths.DIGEST_HEADER, "in": "header",
+                    params=[*path_q, *user_q, {"name": paths.DIGEST_HEADER, "in": "header",
                                       "required": True, "schema": {
                                           "type": "string", "pattern": "^[0-9a-f]{64}$"}}]),
                 "delete": _op("Remove a file or directory", done,
                               [*_CREDENTIAL, *path_codes, C.DIRECTORY_NOT_EMPTY],
-                              params=[*path_q, {"name": "recursive", "in": "query",
-                                                "schema": {"type": "boolean"}}]),
+                              params=[*path_q, *user_q, {"name": "recursive", "in": "query",
+                                                         "schema": {"type": "boolean"}}]),
             },
             paths.FILES_STAT: {"get": _op("A file's metadata", {"200": {
                 "description": "its metadata", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes], params=path_q)},
+                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=[
+                    *path_q, *user_q, {"name": "owner", "in": "query",
+                                       "schema": {"type": "boolean"}}])},
             paths.FILES_LIST: {"get": _op("A directory's entries", {"200": {
                 "description": "its entries", **_json(s.ref(data.DirListing))}},
-                [*_CREDENTIAL, *path_codes], params=path_q)},
+                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=path_q + user_q)},
             paths.FILES_MKDIR: {"post": _op("Make a directory", {"200": {
                 "description": "the directory", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS],
-                body=_json(s.ref(data.MakeDirRequest)))},
+                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS, C.USER_UNKNOWN],
+                body=_json(s.ref(data.MakeDirRequest)), params=user_q)},
+            paths.FILES_CHMOD: {"post": _op("Set a path's permission bits", {"200": {
+                "description": "the path", **_json(s.ref(data.FileInfo))}},
+                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
+                body=_json(s.ref(data.ChmodRequest)), params=user_q)},
+            paths.FILES_MOVE: {"post": _op("Rename a path (atomic, one filesystem)", {"200": {
+                "description": "the destination", **_json(s.ref(data.FileInfo))}},
+                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS, C.DIRECTORY_NOT_EMPTY,
+                 C.USER_UNKNOWN], body=_json(s.ref(data.MoveRequest)), params=user_q)},
         },
         "components": {"securitySchemes": {"credential": {
             "type": "apiKey", "in": "header", "name": paths.CREDENTIAL_HEADER}}},
