@@ -303,8 +303,9 @@ class Podbay:
         env = {**os.environ, "ASTRO_AUTHZ_TOKEN": self.token,
                "PODBAY_SERVER_URL": self.server.base_url}
         started = time.perf_counter()
+        # No stdin, as typed at a terminal (and as `docker exec` without -i).
         done = subprocess.run([*PODBAY, "sandbox", "exec", name, "--", "true"], env=env,
-                              capture_output=True)
+                              capture_output=True, stdin=subprocess.DEVNULL)
         took = time.perf_counter() - started
         assert done.returncode == 0, done.stderr
         return took
@@ -428,7 +429,8 @@ class Docker:
 
     def cli(self, *args: str) -> float:
         started = time.perf_counter()
-        subprocess.run(["docker", *args], check=True, capture_output=True)
+        subprocess.run(["docker", *args], check=True, capture_output=True,
+                       stdin=subprocess.DEVNULL)
         return time.perf_counter() - started
 
 
