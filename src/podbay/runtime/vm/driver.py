@@ -215,15 +215,18 @@ class VmDriver:
             self._ensure_template(self._shape(MachineSpec(
                 machine_id="default", hostname="sandbox", limits=Limits(
                     memory_bytes=self.rt.memory_bytes, cpus=self.rt.cpus, pids=self.rt.pids,
-                    disk_bytes=self.rt.disk_bytes))))
+                    disk_bytes=self.rt.disk_bytes))), [])
 
-    def _ensure_template(self, shape: templates.Shape) -> templates.Template | None:
-        """The shape's template if it is ready; else start building it (once)."""
-        key = self._template_key(shape)
+    def _ensure_template(self, shape: templates.Shape,
+                         layers: list[Path]) -> templates.Template | None:
+        """The template of this shape and these layer disks if it is ready; else
+        start building it (once)."""
+        key = self._template_key(shape, layers)
         template = templates.find(self.home / "templates", key)
         if template is None and key not in self._building:
             self._building.add(key)
-            self._builds.append(self._relay_loop.submit(self._build_template(key, shape)))
+            self._builds.append(self._relay_loop.submit(
+                self._build_template(key, shape, layers)))
         return template
 
     async def wait_templates(self, within: float = templates.BUILD_SECONDS) -> None:
@@ -349,10 +352,10 @@ class VmDriver:
                                cpus=max(1, math.ceil(spec.limits.cpus)),
                                disk_bytes=spec.limits.disk_bytes, network=self.network.enabled)
 
-    def _template_key(self, shape: templates.Shape) -> str:
+    def _template_key(self, shape: templates.Shape, layers: list[Path]) -> str:
         assert self._initramfs is not None and self._base_disk is not None
         return shape.key(self._initramfs.name, str(self._base_disk), str(self._kernel),
-                         self.accel)
+                         self.accel, *map(str, layers))
 
     async def _boot(self, record: records.MachineRecord) -> None:
         spec = record.spec
@@ -363,14 +366,14 @@ class VmDriver:
                               "runtime.run_dir")
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
-        template = None
-        if self.templates_enabled and not spec.layers and not paths.booted.exists():
-            template = self._ensure_template(self._shape(spec))
         layers = await self._layer_disks(spec)
+        template = None
+        if self.templates_enabled and not paths.booted.exists():
+            template = self._ensure_template(self._shape(spec), layers)
         handle = await self.network.setup(spec.machine_id)
         paths.booted.touch()
         if template is not None:
-            await self._restore(spec, paths, template, network=handle.enabled)
+            await self._restore(spec, paths, layers, template, network=handle.enabled)
         else:
             await self._cold_boot(spec, paths, layers, handle.resolv_conf,
                                   network=handle.enabled)
@@ -413,11 +416,11 @@ class VmDriver:
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
 
-    async def _restore(self, spec: MachineSpec, paths: VmPaths, template: templates.Template,
-                       *, network: bool) -> None:
+    async def _restore(self, spec: MachineSpec, paths: VmPaths, layers: list[Path],
+                       template: templates.Template, *, network: bool) -> None:
         """Start the machine from a template's saved state (see templates.py)."""
         await _copy_sparse(template.disk, paths.disk_image)
-        argv = [*self._argv(spec, paths, [], network=network, initrd=template.initrd),
+        argv = [*self._argv(spec, paths, layers, network=network, initrd=template.initrd),
                 "-incoming", f"exec:cat {shlex.quote(str(template.state))}"]
         await self._launch(spec.machine_id, argv)
         await templates.wait_incoming(paths.qmp, 120.0)
@@ -429,7 +432,8 @@ class VmDriver:
                   "env": dict(spec.env)}
         await self._relay_loop.call(relay.configure(json.dumps(config).encode(), 30.0))
 
-    async def _build_template(self, key: str, shape: templates.Shape) -> None:
+    async def _build_template(self, key: str, shape: templates.Shape,
+                              layers: list[Path]) -> None:
         """Boot a template guest, save it, and keep it under ``templates/<key>``
         (runs on the relay loop, beside whatever the caller's loop does)."""
         root = self.home / "templates" / key
@@ -451,8 +455,8 @@ class VmDriver:
                 config: dict[str, object] = {"hostname": "sandbox", "pids": 1 << 16,
                                              "agent_options": AGENT_OPTIONS, "template": True}
                 await asyncio.to_thread(self._boot_files, paths, config, {}, "sandbox",
-                                        handle.resolv_conf, 0, handle.enabled)
-                await self._launch(machine_id, self._argv(spec, paths, [],
+                                        handle.resolv_conf, len(layers), handle.enabled)
+                await self._launch(machine_id, self._argv(spec, paths, layers,
                                                           network=handle.enabled))
                 relay = Relay(machine_id, paths.socket, paths.mux, fresh=True)
                 await relay.start()

@@ -2,13 +2,13 @@
 
 Under TCG a cold boot costs seconds (the kernel's start-up and Python's are
 translated instruction by instruction). So, per machine shape (memory, CPUs,
-disk size, network on or off, and the boot files), the driver boots one
+disk size, network on or off, layers and the boot files), the driver boots one
 *template* guest in the background: it comes up with the agent imported and
 its socket listening, then waits for a configuration frame. The template is
 stopped, its RAM and devices saved with QMP ``migrate`` to a file, and its
 disk copied; then it is killed.
 
-A machine that starts for the first time with that shape and no layers is
+A machine that starts for the first time with that shape (layers included) is
 *restored* instead of booted: its disk becomes a copy of the template's (its
 own was empty anyway), QEMU starts with ``-incoming`` from the saved state, and
 the relay sends the machine's hostname, pids limit and environment before the
