@@ -72,6 +72,7 @@ class NetworkManager:
         slirp_binary: str = "slirp4netns",
         slirp_sandbox: bool = True,
         ready_timeout: float = 5.0,
+        slirp_limits: slirp.SlirpLimits | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
@@ -79,7 +80,7 @@ class NetworkManager:
         for item in self.extra_blocked:
             ipaddress.ip_network(item, strict=False)  # fail early on a typo
         self.slirps = slirp.Slirps(slirp_binary, sandbox=slirp_sandbox,
-                                   ready_timeout=ready_timeout)
+                                   ready_timeout=ready_timeout, limits=slirp_limits)
         self._locks: dict[str, asyncio.Lock] = {}
         self._watch: AddressWatch | None = None
 
@@ -332,6 +333,7 @@ class NetworkManager:
         if recorded is not None:
             pids.add(recorded)
         await asyncio.gather(*(self.slirps.stop(pid) for pid in pids))
+        self.slirps.remove_cgroup(machine_id)
         try:
             netns.unmount(path)
         except OSError as exc:

@@ -44,6 +44,7 @@ from ..base import (
     check_machine_id,
 )
 from ..network import NetworkHandle, NetworkManager
+from ..network.slirp import SlirpLimits
 from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
@@ -63,7 +64,9 @@ class OciDriver:
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
-        self.network = NetworkManager(self.layout.run_dir, enabled=self.rt.network)
+        self.network = NetworkManager(
+            self.layout.run_dir, enabled=self.rt.network,
+            slirp_limits=SlirpLimits(cgroup_parent=f"{self.layout.cgroup_parent}-net"))
         self.runc: Runc = (
             runsc.Runsc(self.rt.oci_runtime, self.layout.runc_root,
                         platform=self.rt.runsc_platform or "ptrace",
