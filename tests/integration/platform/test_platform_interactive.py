@@ -1,12 +1,17 @@
 """Terminals and ports through the gateway, over real sandboxes of each OCI class:
 a WebSocket PTY running python's REPL, HTTP and WebSocket to servers started in
-the sandbox through /v1/ports, and share URLs (valid, expired, forged)."""
+the sandbox through /v1/ports, and share URLs (valid, expired, forged).
+
+``PODBAY_TEST_INTERACTIVE_CLASSES`` (default ``container``) lists the classes
+to run it over, e.g. ``container,vm``; gvisor sandboxes do not start on this
+host (its runsc has no --preserve-fds)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -24,6 +29,8 @@ from podbay.client import AsyncSandboxClient, SandboxClient
 from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
+
+CLASSES = os.environ.get("PODBAY_TEST_INTERACTIVE_CLASSES", "container").split(",")
 
 #: A stdlib-only WebSocket echo server (the sandbox image has no packages):
 #: answers each text message upper-cased, with the subprotocol it was offered.
@@ -76,13 +83,27 @@ def _read_until(ws: ClientConnection, needle: bytes) -> bytes:
     return seen
 
 
-# gVisor is not among the classes: this host's runsc (2022-12) has no
-# --preserve-fds, so no gvisor sandbox starts here at all (see docs/agent.md).
-@pytest.fixture(scope="module", params=["container"])
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
+    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
+            "PODBAY_RUNTIME_CLASSES": ",".join(CLASSES)}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def token(server: PlatformServer) -> str:
+    return server.create_deployment("interactive")
+
+
+@pytest.fixture(scope="module", params=CLASSES)
 def handle(request: pytest.FixtureRequest, server: PlatformServer,
            token: str) -> Iterator[dict[str, Any]]:
     name = f"interactive-{request.param}"
-    r = server.attach(token, name, json={"class": request.param})
+    for _ in range(600):
+        r = server.attach(token, name, json={"class": request.param})
+        if r.status_code != 503:
+            break
+        time.sleep(1)
     assert r.status_code == 200, r.text
     assert r.json()["class"] == request.param
     yield r.json()
