@@ -208,6 +208,11 @@ def sweep_dead_sessions() -> None:
         settings.runtime.run_dir = str(owner.parent)
         with contextlib.suppress(Exception):
             cleanup(settings)
+        if (owner.parent / "vm").is_dir():
+            from .vm import destroy_vm_machines
+
+            with contextlib.suppress(Exception):
+                destroy_vm_machines(settings)
         owner.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             owner.parent.rmdir()

@@ -17,7 +17,7 @@ import pytest
 from podbay.runtime.base import MachineSpec
 from podbay.settings import Settings
 
-from .fixtures import mark_owner, require_host, sandbox_settings
+from .fixtures import mark_owner, require_host, sandbox_settings, sweep_dead_sessions
 
 T = TypeVar("T")
 
@@ -33,6 +33,14 @@ def vm_host_problem() -> str | None:
     return None
 
 
+def destroy_vm_machines(settings: Settings) -> None:
+    """Every ``vm`` machine of a data directory (a killed test session's): their
+    QEMUs, networks and files."""
+    session = VmSession(settings)
+    session.run(session.driver.adopt())
+    session.close()
+
+
 class VmSession:
     def __init__(self, settings: Settings) -> None:
         from podbay.runtime.vm.driver import VmDriver
@@ -46,6 +54,7 @@ class VmSession:
         """A prepared session on ``data_dir``; fails the test where the host
         cannot run ``vm`` machines (a suite that skipped them proves nothing)."""
         require_host()
+        sweep_dead_sessions()
         problem = vm_host_problem()
         if problem is not None:
             pytest.fail(f"this host cannot run vm sandboxes: {problem}")
