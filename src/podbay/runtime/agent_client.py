@@ -25,6 +25,10 @@ from podbay.wire.data import AgentInfo, ExecRequest, ExecResult
 from podbay.wire.paths import EXEC, INFO
 
 T = TypeVar("T")
+#: Largest answer read from an agent: an exec result (1 MiB per stream, JSON
+#: escaping at most 6x) fits. Code in the sandbox may answer in the agent's
+#: place (a setup command, during a build), so nothing more is read.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class AgentClient:
@@ -54,24 +58,39 @@ class AgentClient:
         headers = {"content-type": "application/json"} if body is not None else {}
         try:
             with httpx.Client(transport=transport, base_url="http://agent",
-                              timeout=timeout) as client:
-                response = client.request(
+                              timeout=timeout) as client, client.stream(
                     method, path, headers=headers,
-                    content=codec.dumps(body) if body is not None else None)
+                    content=codec.dumps(body) if body is not None else None) as response:
+                status, content = response.status_code, _read_bounded(response)
         except httpx.TransportError as exc:
             raise AgentUnreachable(f"agent at {self.socket_path}: {exc!r}") from exc
-        if response.status_code != 200:
-            raise AgentError(response.status_code, _refusal(response))
+        if status != 200:
+            raise AgentError(status, _refusal(content))
         try:
-            return codec.loads(model, response.content, strict=False)
+            return codec.loads(model, content, strict=False)
         except WireError as exc:
-            raise AgentError(response.status_code, f"unexpected answer: {exc}") from None
+            raise AgentError(status, f"unexpected answer: {exc}") from None
 
 
-def _refusal(response: httpx.Response) -> str:
+def _read_bounded(response: httpx.Response) -> bytes:
+    """The body, unless it passes :data:`MAX_ANSWER_BYTES`."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise AgentError(response.status_code, f"answer of {declared} bytes is over the limit")
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise AgentError(response.status_code,
+                             f"answer over {MAX_ANSWER_BYTES} bytes: not read further")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _refusal(content: bytes) -> str:
     """The agent's ``CODE: message``, or the start of whatever else it sent."""
     try:
-        refusal = codec.loads(ErrorBody, response.content, strict=False)
+        refusal = codec.loads(ErrorBody, content, strict=False)
     except WireError:
-        return response.content[:500].decode(errors="replace")
+        return content[:500].decode(errors="replace")
     return f"{refusal.code}: {refusal.error}"
