@@ -51,6 +51,8 @@ ReadBody = Callable[[int], bytes]
 PeerGone = Callable[[], bool]
 
 READ_SIZE = 64 * 1024
+#: How much of a request body the stdin feeder takes at a time.
+STDIN_READ_SIZE = 1024 * 1024
 #: After the command exits, how long pipes a grandchild still holds are read.
 EXIT_GRACE_SECONDS = 0.05
 #: While pipes stay open, how often the loop checks whether the command exited.
@@ -73,6 +75,19 @@ def deadline_ms(timeout_ms: int | None) -> int:
     if timeout_ms <= 0:
         raise ApiError(ErrorCode.REQUEST_INVALID, "timeout_ms must be positive")
     return min(timeout_ms, limits.EXEC_MAX_TIMEOUT_MS)
+
+
+#: ``fcntl`` F_SETPIPE_SZ (Linux): a stdin pipe of 1 MiB rather than 64 KiB
+#: takes a request body's chunks with a sixteenth of the wake-ups.
+_F_SETPIPE_SZ = 1031
+STDIN_PIPE_SIZE = 1024 * 1024
+
+
+def widen_pipe(fd: int) -> None:
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, STDIN_PIPE_SIZE)
 
 
 def output_options(req: ExecRequest) -> tuple[int, str, str]:
@@ -125,11 +140,12 @@ class _Exec:
         fd = self.child.stdin_fd()
         if fd is not None:
             os.set_blocking(fd, False)
+            widen_pipe(fd)
         poller = select.poll()
         if fd is not None:
             poller.register(fd, select.POLLOUT)
         try:
-            while data := read(READ_SIZE):
+            while data := read(STDIN_READ_SIZE):
                 view = memoryview(data)
                 while fd is not None and view:
                     try:

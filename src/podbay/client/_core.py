@@ -142,7 +142,11 @@ class Core:
 
     def attach_request(self, name: str, class_: str | None = None) -> httpx.Request:
         body = codec.encode(AttachRequest(class_=class_ or DEFAULT_SANDBOX_CLASS))
-        return self._control("PUT", paths.sandbox_path(name), json=body)
+        request = self._control("PUT", paths.sandbox_path(name), json=body)
+        # This client waits through 202s itself (Retry-After, prepare_timeout_seconds):
+        # the server need not hold the request for it (RFC 7240).
+        request.headers[paths.PREFER_HEADER] = paths.PREFER_ASYNC
+        return request
 
     def get_request(self, name: str) -> httpx.Request:
         return self._control("GET", paths.sandbox_path(name))

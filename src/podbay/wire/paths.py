@@ -65,6 +65,11 @@ MODE_HEADER: Final = "X-Podbay-Mode"
 #: The data-plane credential, as minted by the control plane and opaque to clients.
 CREDENTIAL_HEADER: Final = "X-Podbay-Credential"
 REQUEST_ID_HEADER: Final = "X-Request-Id"
+#: Sent on attach by a client that handles 202 itself (RFC 7240): the control
+#: plane then answers 202 at once instead of holding the request while the
+#: environment builds (which it does for clients that predate 202).
+PREFER_HEADER: Final = "Prefer"
+PREFER_ASYNC: Final = "respond-async"
 #: Set by the gateway (never by a client: it drops theirs) when the operator
 #: made another account than root the default ``user`` of commands and files.
 DEFAULT_USER_HEADER: Final = "X-Podbay-Default-User"

@@ -20,7 +20,7 @@ from podbay.store.sqlite import SqliteStore
 pytestmark = pytest.mark.anyio
 
 
-async def _attach(tmp_path, env, hold):  # type: ignore[no-untyped-def]
+async def _attach(tmp_path, env, hold, headers=()):  # type: ignore[no-untyped-def]
     settings = make_settings(tmp_path)
     settings = dataclasses.replace(
         settings, server=dataclasses.replace(settings.server, attach_hold_seconds=hold))
@@ -35,7 +35,8 @@ async def _attach(tmp_path, env, hold):  # type: ignore[no-untyped-def]
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=platform),
                                          base_url="http://podbay.test") as client:
                 return await client.put("/api/v1/sandboxes/s",
-                                        headers={"Authorization": f"Bearer {token}"})
+                                        headers={"Authorization": f"Bearer {token}",
+                                                 **dict(headers)})
     finally:
         await driver.close_all()
         await store.close()
@@ -56,3 +57,19 @@ async def test_a_longer_build_answers_202_at_the_bound(tmp_path):
     env.prepares = [Building(retry_after_seconds=5, done=build)] * 2
     response = await _attach(tmp_path, env, hold=0.2)
     assert response.status_code == 202 and response.headers["retry-after"] == "5"
+
+
+async def test_a_client_that_handles_202_gets_it_at_once(tmp_path):
+    env = ScriptedEnvironment()
+    build = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.2, build.set_result, None)
+    env.prepares = [Building(retry_after_seconds=5, done=build)]
+    response = await _attach(tmp_path, env, hold=20, headers={"Prefer": "respond-async"})
+    assert response.status_code == 202
+
+
+def test_the_sdk_says_it_handles_202() -> None:
+    from podbay.client._core import Core, resolve_config
+
+    core = Core(resolve_config("t", "http://x", 30, 60, "auto"))
+    assert core.attach_request("s").headers["prefer"] == "respond-async"

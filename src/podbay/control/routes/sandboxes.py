@@ -15,7 +15,7 @@ from podbay.gateway.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import AttachRequest, Preparing, SandboxList, ShareRequest, ShareUrl
-from podbay.wire.paths import SANDBOXES, SHARE_PREFIX
+from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES, SHARE_PREFIX
 
 from .. import views
 from ..services.environment import Building
@@ -47,8 +47,11 @@ async def attach(request: Request) -> Response:
     result = await platform.sandboxes.attach(deployment, request.path_params["name"],
                                              body.class_)
     # A client that predates 202 (the reference's) only knows 200: wait for the
-    # build a while, so one finishing meanwhile is answered 200.
-    hold_until = time.monotonic() + platform.settings.server.attach_hold_seconds
+    # build a while, so one finishing meanwhile is answered 200. A client that
+    # says it handles 202 (Prefer: respond-async) gets it at once.
+    hold = 0.0 if PREFER_ASYNC in request.headers.get(PREFER_HEADER, "").lower() \
+        else platform.settings.server.attach_hold_seconds
+    hold_until = time.monotonic() + hold
     while isinstance(result, Building) and result.done is not None:
         left = hold_until - time.monotonic()
         if left <= 0:
