@@ -28,6 +28,7 @@ SUBS: list[tuple[str, str]] = [
     (r"\bawait ", ""),
     (r"\bAsyncSandboxClient\b", "SandboxClient"),
     (r"\bAsyncSandbox\b", "Sandbox"),
+    (r"\bAsyncCodeInterpreter\b", "CodeInterpreter"),
     (r"\bAsyncTerminal\b", "Terminal"),
     (r"\b_AsyncPortTransport\b", "_PortTransport"),
     (r"\bhandle_async_request\b", "handle_request"),

@@ -13,6 +13,7 @@
     │   ├── SandboxNotEnabledError       409 SANDBOXES_NOT_CONFIGURED / SANDBOX_NOT_DECLARED
     │   └── SandboxPreparingError        still 202 after ``prepare_timeout_seconds``
     ├── SandboxUnavailableError(message, cause)      no answer (transport)
+    ├── InterpreterError                 run_code's interpreter cannot start or be reached
     │
     │   control plane and operator commands
     ├── DeploymentError                  a deployment command cannot be done (ValueError)
@@ -121,6 +122,11 @@ class SandboxUnavailableError(PodbayError):
         super().__init__(message)
         self.message = message
         self.cause = cause
+
+
+class InterpreterError(PodbayError):
+    """The sandbox's code interpreter could not be started or reached (an
+    exception in the code itself is a result, ``Execution.error``)."""
 
 
 class WireError(PodbayError, ValueError):

@@ -19,11 +19,14 @@ CLIENT = [
     "Sandbox", "SandboxClient", "SandboxHandle", "SandboxNotEnabledError",
     "SandboxPreparingError", "SandboxRecord", "SandboxRequestError", "SandboxUnavailableError",
     "token_issuer", "AsyncTerminal", "Terminal",
+    # The code interpreter (run_code).
+    "AsyncCodeInterpreter", "CodeInterpreter", "CodeResult", "Execution", "ExecutionError",
+    "InterpreterError",
 ]
 METHODS = [
     "attach", "exec", "exec_combined", "run", "spawn", "poll", "processes", "signal", "kill",
     "read_file", "read_file_bytes", "write_file", "write_file_bytes", "list_dir", "grep",
-    "upload", "download", "get", "list", "stop", "delete", "sandbox",
+    "upload", "download", "get", "list", "stop", "delete", "sandbox", "run_code",
 ]
 
 

@@ -37,6 +37,12 @@ _EXPORTS: dict[str, str] = {
     "SandboxPreparingError": "podbay.errors",
     "SandboxRequestError": "podbay.errors",
     "SandboxUnavailableError": "podbay.errors",
+    "InterpreterError": "podbay.errors",
+    "AsyncCodeInterpreter": "podbay.client._async.client",
+    "CodeInterpreter": "podbay.client._sync.client",
+    "CodeResult": "podbay.client._interpreter",
+    "Execution": "podbay.client._interpreter",
+    "ExecutionError": "podbay.client._interpreter",
     "AsyncSandbox": "podbay.client._async.client",
     "AsyncSandboxClient": "podbay.client._async.client",
     "AsyncTerminal": "podbay.client._async.client",
@@ -63,14 +69,20 @@ _EXPORTS: dict[str, str] = {
 # BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat)
 # resolve as attributes but stay out of the pinned star-import surface.
 __all__ = [
+    "AsyncCodeInterpreter",
     "AsyncSandbox",
     "AsyncSandboxClient",
     "AsyncTerminal",
     "Cancel",
+    "CodeInterpreter",
+    "CodeResult",
     "CombinedResult",
     "DirEntry",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
     "GrepMatch",
+    "InterpreterError",
     "PodbayError",
     "ProcessOutput",
     "ProcessStatus",
@@ -92,6 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
     from podbay.errors import (
+        InterpreterError,
         PodbayError,
         SandboxNotEnabledError,
         SandboxPreparingError,
@@ -99,8 +112,9 @@ if TYPE_CHECKING:  # pragma: no cover
         SandboxUnavailableError,
     )
 
-    from ._async.client import AsyncSandbox, AsyncSandboxClient, AsyncTerminal
+    from ._async.client import AsyncCodeInterpreter, AsyncSandbox, AsyncSandboxClient, AsyncTerminal
     from ._config import token_issuer
+    from ._interpreter import CodeResult, Execution, ExecutionError
     from ._models import (
         BytesResult as BytesResult,
     )
@@ -123,7 +137,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._models import (
         FileInfo as FileInfo,
     )
-    from ._sync.client import Sandbox, SandboxClient, Terminal
+    from ._sync.client import CodeInterpreter, Sandbox, SandboxClient, Terminal
 
 
 def __getattr__(name: str) -> Any:

@@ -57,7 +57,7 @@ from podbay.wire.data import (
 )
 from podbay.wire.limits import BASE64_WRITE_CHUNK, POLL_WAIT_MAX_MS
 
-from .. import _files
+from .. import _files, _interpreter
 from .._core import (
     DEFAULT_PREPARE_TIMEOUT_SECONDS,
     DEFAULT_TIMEOUT_SECONDS,
@@ -67,6 +67,7 @@ from .._core import (
     resolve_config,
     unavailable,
 )
+from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
@@ -116,6 +117,7 @@ class AsyncSandboxClient:
                                        timeout=httpx.Timeout(config.timeout_seconds),
                                        follow_redirects=False)
         self._locks: dict[str, Any] = {}
+        self._interpreters: dict[str, AsyncCodeInterpreter] = {}
 
     @property
     def server_url(self) -> str:
@@ -131,6 +133,8 @@ class AsyncSandboxClient:
 
     async def aclose(self) -> None:
         """Close the transport (and its connections)."""
+        for interpreter in self._interpreters.values():
+            await interpreter.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncSandboxClient:
@@ -940,6 +944,31 @@ class AsyncSandboxClient:
         response = await self._control(self._core.share_request(name, port, expires_in_seconds))
         return self._core.parse_share(response).url
 
+    # -- code interpreter --------------------------------------------------------------------
+
+    def code_interpreter(self, name: str) -> AsyncCodeInterpreter:
+        """The sandbox's stateful Python interpreter (one per sandbox, started on first use)."""
+        interpreter = self._interpreters.get(name)
+        if interpreter is None:
+            interpreter = self._interpreters.setdefault(name, AsyncCodeInterpreter(self, name))
+        return interpreter
+
+    async def run_code(self, name: str, code: str, *,
+                       timeout_ms: int | None = None) -> Execution:
+        """Run Python ``code`` in the sandbox's interpreter, whose variables persist
+        from cell to cell; the last expression's value is the result.
+
+        The interpreter runs inside the sandbox (a stdlib-only kernel the SDK
+        uploads and spawns on first use). ``timeout_ms`` interrupts the cell
+        (KeyboardInterrupt) and keeps the interpreter; an exception in the code
+        is ``execution.error``, not raised.
+
+        >>> await client.run_code("thread-42", "x = 1")  # doctest: +SKIP
+        >>> (await client.run_code("thread-42", "x + 1")).text  # doctest: +SKIP
+        '2'
+        """
+        return await self.code_interpreter(name).run(code, timeout_ms=timeout_ms)
+
     # -- control plane -----------------------------------------------------------------------
 
     async def get(self, name: str) -> SandboxRecord:
@@ -1096,6 +1125,159 @@ def _gateway_refusal(response: httpx.Response) -> bool:
                     ErrorCode.CREDENTIAL_WRONG_SANDBOX)
 
 
+class AsyncCodeInterpreter:
+    """One sandbox's Python interpreter as a client sees it (see :meth:`run_code`).
+
+    The kernel listens on ``127.0.0.1:49999`` inside the sandbox, reached through
+    the gateway's port relay with the sandbox's credential plus a token the
+    kernel wrote to a root-only file. Cells from one client run one at a time.
+    """
+
+    def __init__(self, client: AsyncSandboxClient, name: str) -> None:
+        self._client = client
+        self._name = name
+        self._http = httpx.AsyncClient(transport=client.port_transport(name),
+                                       timeout=httpx.Timeout(client._core.config.timeout_seconds))
+        self._lock = Lock()
+        self._token: str | None = None
+        self._kernel_id: str | None = None
+        self._pid: int | None = None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def run(self, code: str, *, timeout_ms: int | None = None) -> Execution:
+        body = _interpreter.run_body(code, timeout_ms)
+        # Bounded only when the cell is: a cell that ignores its interrupt is
+        # killed with the interpreter after a grace period.
+        wait = None if timeout_ms is None else \
+            timeout_ms / 1000 + _interpreter.INTERRUPT_GRACE_SECONDS
+        async with self._lock:
+            restarted = await self._connect() if self._token is None else False
+            for attempt in (1, 2):
+                try:
+                    response = await self._post("/run", body, wait)
+                except httpx.TimeoutException:
+                    await self._kill()
+                    return _interpreter.crashed(
+                        "the cell did not stop when interrupted; the interpreter was killed")
+                except (httpx.TransportError, SandboxUnavailableError) as exc:
+                    return await self._lost(str(exc))
+                except BaseException:
+                    # Cancelled or KeyboardInterrupt while waiting: stop the cell too.
+                    with shielded(10), contextlib.suppress(Exception):
+                        await self.interrupt()
+                    raise
+                if response.status_code == 200:
+                    execution = _interpreter.parse_execution(response.json(),
+                                                             restarted=restarted)
+                    self._kernel_id = execution.kernel_id
+                    return execution
+                gone = _interpreter.is_port_unreachable(response.status_code, response.content) \
+                    or response.status_code == 401
+                if attempt == 1 and gone:
+                    # Nothing ran: no kernel (a resumed sandbox) or another one took over.
+                    self._token = None
+                    restarted = await self._connect() or restarted
+                    continue
+                if response.status_code in (502, 503, 504):
+                    return await self._lost(f"HTTP {response.status_code}")
+                raise _interpreter.InterpreterError(
+                    f"the interpreter refused the cell: {response.status_code} {response.text}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def interrupt(self) -> bool:
+        """KeyboardInterrupt in the running cell, if any; the interpreter stays."""
+        if self._token is None:
+            return False
+        response = await self._post("/interrupt", b"{}", 10)
+        return response.status_code == 200 and bool(response.json().get("interrupted"))
+
+    async def restart(self) -> None:
+        """Kill the interpreter; the next cell starts a new one (state lost)."""
+        async with self._lock:
+            if self._token is None:
+                await self._connect()
+            await self._kill()
+
+    # -- the kernel's life ----------------------------------------------------------------
+
+    async def _post(self, path: str, body: bytes, wait: float | None) -> httpx.Response:
+        url = await self._client.url(self._name, _interpreter.KERNEL_PORT, path)
+        return await self._http.post(url, content=body, timeout=wait, headers={
+            _interpreter.TOKEN_HEADER: self._token or "", "Content-Type": "application/json"})
+
+    async def _health(self, token: str) -> dict[str, Any] | None:
+        url = await self._client.url(self._name, _interpreter.KERNEL_PORT, "/health")
+        try:
+            response = await self._http.get(url, headers={_interpreter.TOKEN_HEADER: token})
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        health: dict[str, Any] = response.json()
+        return health
+
+    async def _read_token(self) -> str | None:
+        try:
+            token = await self._client.read_file(self._name, _interpreter.TOKEN_FILE)
+        except SandboxRequestError:
+            return None
+        return token.strip() or None
+
+    async def _connect(self) -> bool:
+        """Find the sandbox's kernel or start one; true when an earlier one was lost."""
+        token = await self._read_token()
+        if token is not None:
+            health = await self._health(token)
+            if health is not None:
+                return self._adopt(token, health)
+        await self._start()
+        return token is not None or self._kernel_id is not None
+
+    def _adopt(self, token: str, health: dict[str, Any]) -> bool:
+        self._token = token
+        self._pid = int(health["pid"])
+        lost = self._kernel_id is not None and health["kernel_id"] != self._kernel_id
+        self._kernel_id = str(health["kernel_id"])
+        return lost
+
+    async def _start(self) -> None:
+        source = _interpreter.kernel_source()
+        path = _interpreter.kernel_path(source)
+        await self._client.exec(self._name, ["mkdir", "-p", "-m", "700", _interpreter.KERNEL_DIR])
+        await self._client.write_file_bytes(self._name, path, source)
+        status = await self._client.spawn(self._name, _interpreter.kernel_command(path))
+        deadline = time.monotonic() + _interpreter.START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            token = await self._read_token()
+            health = await self._health(token) if token is not None else None
+            if token is not None and health is not None:
+                self._adopt(token, health)
+                return
+            await sleep(0.02)
+        output = await self._client.poll(self._name, status.process_id)
+        raise _interpreter.InterpreterError(
+            f"the interpreter did not start in {_interpreter.START_TIMEOUT_SECONDS:g} s "
+            f"(state {output.state}, exit code {output.exit_code}): {output.stderr[-2000:]}")
+
+    async def _kill(self) -> None:
+        if self._pid is not None:
+            await self._client.exec(self._name, ["kill", "-KILL", str(self._pid)])
+        self._token = None
+        self._pid = None
+
+    async def _lost(self, detail: str) -> Execution:
+        """The connection broke mid-cell: a dead kernel is reported, a live one is not."""
+        if self._token is not None and await self._health(self._token) is not None:
+            raise _interpreter.InterpreterError(
+                f"lost the connection to the interpreter ({detail}); the cell may still be "
+                "running: interrupt() stops it")
+        self._token = None
+        self._pid = None
+        return _interpreter.crashed(detail)
+
+
 class AsyncSandbox:
     """One sandbox by name: the client's methods without the ``name`` argument.
 
@@ -1237,6 +1419,13 @@ class AsyncSandbox:
                        progress: Progress | None = None) -> None:
         await self.client.download(self.name, remote_path, local_path, progress=progress)
 
+    async def run_code(self, code: str, *, timeout_ms: int | None = None) -> Execution:
+        return await self.client.run_code(self.name, code, timeout_ms=timeout_ms)
+
+    @property
+    def code_interpreter(self) -> AsyncCodeInterpreter:
+        return self.client.code_interpreter(self.name)
+
     async def get(self) -> SandboxRecord:
         return await self.client.get(self.name)
 
@@ -1263,4 +1452,4 @@ class AsyncSandbox:
                                            expires_in_seconds=expires_in_seconds)
 
 
-__all__ = ["AsyncSandbox", "AsyncSandboxClient", "AsyncTerminal"]
+__all__ = ["AsyncCodeInterpreter", "AsyncSandbox", "AsyncSandboxClient", "AsyncTerminal"]
