@@ -40,8 +40,9 @@ from .fixtures import small_spec
 
 T = TypeVar("T")
 
-COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; "
-           "sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
+# Written by rename so a reader never sees the file between truncate and write.
+COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
+           "mv /tmp/counter.new /tmp/counter; sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
 
 
 @dataclass
