@@ -177,7 +177,8 @@ async def wait_bound(bound: Path, final: Path, within: float, *,
     connection is refused, so refusals are retried too."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    delay, next_check = 0.002, loop.time() + 0.25
+    # runsc state costs a process start: ask only once the wait is long.
+    delay, next_check = 0.002, loop.time() + 1.0
     while True:
         now = loop.time()
         if now > deadline:
@@ -192,7 +193,7 @@ async def wait_bound(bound: Path, final: Path, within: float, *,
         if now > next_check:
             if not await alive():
                 raise DriverError("the sandbox exited before its agent listened")
-            next_check = now + 0.25
+            next_check = now + 1.0
         await asyncio.sleep(delay)
         delay = min(delay * 1.5, 0.05)
     os.replace(bound, final)
