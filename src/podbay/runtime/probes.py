@@ -212,6 +212,24 @@ def memory_hog(agent: AgentClient) -> str | None:
     return None
 
 
+def kernel_contains(attack: Callable[[], object], victim: AgentClient,
+                    other: AgentClient, restart: Callable[[], None]) -> str | None:
+    """For a sandbox with a kernel of its own (gVisor): an attack that exhausts it
+    (fork bomb, memory hog) may end the whole sandbox, as it would a VM, but
+    ``other`` keeps answering and the victim answers again, restarted if it ended."""
+    with contextlib.suppress(Exception):
+        attack()
+    if other.sh("echo alive", timeout_ms=10_000).stdout.strip() != "alive":
+        return "another sandbox stopped answering"
+    with contextlib.suppress(Exception):
+        if victim.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
+            return None
+    restart()
+    if victim.sh("echo back", timeout_ms=10_000).stdout.strip() != "back":
+        return "the sandbox did not answer again after a restart"
+    return None
+
+
 def disk_quota(agent: AgentClient, disk_bytes: int) -> str | None:
     mib = disk_bytes // (1024 * 1024) + 64
     fill = agent.sh(f"dd if=/dev/zero of=/workspace/fill bs=1M count={mib} 2>&1; "

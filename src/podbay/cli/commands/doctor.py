@@ -162,6 +162,7 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
     from podbay.runtime.base import Limits, MachineSpec, MachineState
     from podbay.runtime.oci import storage
     from podbay.runtime.oci.driver import OciDriver
+    from podbay.runtime.oci.runsc import Runsc
 
     report.prefix = f"{name}: "
     try:
@@ -210,6 +211,22 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                 ("sandboxes see neither files nor processes of each other",
                  lambda: probes.neighbours(a, b)),
             ]
+        gvisor = isinstance(getattr(driver, "runc", None), Runsc)
+        if gvisor:
+            # gVisor is the sandbox's kernel: root inside is its root, user namespaces
+            # and the agent's process are its business (as in a VM's guest).
+            checks = [
+                ("own kernel, not the host's", lambda: probes.own_kernel(a)),
+                ("no host environment", lambda: probes.no_host_environment(a)),
+                ("own process namespace", lambda: probes.pid_namespace(a)),
+                ("sandboxes see neither files nor processes of each other",
+                 lambda: probes.neighbours(a, b)),
+            ]
+        loop = asyncio.get_running_loop()
+
+        def restart_a() -> None:
+            asyncio.run_coroutine_threadsafe(driver.start(specs[0].machine_id), loop).result()
+
         if driver.capabilities.network:
             with probes.host_listeners() as (port, addresses):
                 targets = [("127.0.0.1", port), ("10.0.0.1", 80), ("169.254.169.254", 80),
@@ -223,9 +240,20 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                 "runtime.image_extra_ca_dir (the image is rebuilt with it)"))
         for name, check in checks:
             await asyncio.to_thread(probe, name, check)
-        await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.fork_bomb(a, b))
-        await asyncio.to_thread(probe, "memory hog killed inside its sandbox",
-                                lambda: probes.memory_hog(a))
+        if gvisor:
+            # No OOM killer of its own, and its threads share the pids limit: the
+            # whole sandbox may end, never the host or a neighbour.
+            bomb = "f(){ f | f & }; f; sleep 5"
+            hog = "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
+            await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.kernel_contains(
+                lambda: a.sh(bomb, timeout_ms=3000), a, b, restart_a))
+            await asyncio.to_thread(probe, "memory hog contained", lambda: probes.kernel_contains(
+                lambda: a.sh(hog, timeout_ms=60_000), a, b, restart_a))
+        else:
+            await asyncio.to_thread(probe, "fork bomb contained",
+                                    lambda: probes.fork_bomb(a, b))
+            await asyncio.to_thread(probe, "memory hog killed inside its sandbox",
+                                    lambda: probes.memory_hog(a))
         await asyncio.to_thread(probe, "disk quota", lambda: probes.disk_quota(a, 512 * MIB))
         for _ in range(5):
             await driver.suspend(specs[1].machine_id)
