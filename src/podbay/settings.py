@@ -130,8 +130,16 @@ class CredentialSettings:
 
 
 @dataclass
+class StoreSettings:
+    #: Where state lives: empty is SQLite in the data directory (one host);
+    #: ``postgresql://...`` is a PostgreSQL database several servers can share.
+    url: str = ""
+
+
+@dataclass
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
+    store: StoreSettings = field(default_factory=StoreSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)

@@ -1,4 +1,4 @@
-"""The store interface: small on purpose, so a PostgreSQL store can follow.
+"""The store interface: small on purpose, one contract for SQLite and PostgreSQL.
 
 The store is the one home of sandbox state. Every sandbox write is a
 compare-and-set on the record's ``version``: :meth:`Store.replace_sandbox`

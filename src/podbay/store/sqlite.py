@@ -52,7 +52,7 @@ def migrations() -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def _statements(sql: str) -> list[str]:
+def statements(sql: str) -> list[str]:
     """Split a script into statements (``;`` inside comments is not an end)."""
     out, current = [], ""
     for line in sql.splitlines(keepends=True):
@@ -77,7 +77,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             # Re-check under the write lock: another process may have migrated.
             (now,) = conn.execute("PRAGMA user_version").fetchone()
             if version > now:
-                for statement in _statements(sql):
+                for statement in statements(sql):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {int(version)}")
             conn.execute("COMMIT")

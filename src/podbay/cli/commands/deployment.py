@@ -46,12 +46,15 @@ def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
         DeploymentService,
     )
     from podbay.settings import Settings
-    from podbay.store.sqlite import SqliteStore
+    from podbay.store.opening import open_store
 
     settings = Settings.load(data_dir=data_dir)
 
     async def main() -> T:
-        store = SqliteStore.open(settings.data_dir / "podbay.db")
+        try:
+            store = open_store(settings)
+        except ValueError as exc:
+            fail(str(exc), 2)
         try:
             named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
             service = DeploymentService(

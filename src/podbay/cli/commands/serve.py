@@ -148,7 +148,7 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     from podbay.control.logs import configure_logging
     from podbay.runtime import classes
     from podbay.settings import Settings
-    from podbay.store.sqlite import SqliteStore
+    from podbay.store.opening import open_store
 
     host, port = parse_listen(listen)
     try:
@@ -162,7 +162,10 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
     sock = _bind(settings.server.host, settings.server.port)
     settings.server.port = sock.getsockname()[1]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = SqliteStore.open(settings.data_dir / "podbay.db")
+    try:
+        store = open_store(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
     # A host that can run no class still serves the API (503s, /healthz says why).
     drivers, missing = build_drivers(settings, out)
     app = create_app(settings, store, drivers, validate_section=section_validator(),
