@@ -97,13 +97,13 @@ async def test_concurrent_inserts_never_pass_a_cap(new_store):
 
 
 async def test_concurrent_inserts_never_pass_an_account_cap(new_store):
-    stores = [new_store() for _ in range(2)]
+    stores = [new_store() for _ in range(4)]
     outcomes = await asyncio.gather(*(
-        stores[i % 2].insert_sandbox(_sb("n", dep=f"dep_{i}"), deployment_cap=99,
+        stores[i % 4].insert_sandbox(_sb("n", dep=f"dep_{i}"), deployment_cap=99,
                                      account_cap=3)
-        for i in range(12)))
+        for i in range(24)))
     assert outcomes.count(InsertOutcome.INSERTED) == 3
-    assert outcomes.count(InsertOutcome.ACCOUNT_CAP) == 9
+    assert outcomes.count(InsertOutcome.ACCOUNT_CAP) == 21
 
 
 async def test_two_instances_racing_for_one_name_make_one_sandbox(new_store):
