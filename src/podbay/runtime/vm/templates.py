@@ -37,7 +37,7 @@ from ..base import DriverError
 log = logging.getLogger("podbay.runtime.vm")
 
 #: Bump when what a template holds changes.
-TEMPLATE_VERSION = 1
+TEMPLATE_VERSION = 2
 #: How long building one may take (a TCG boot on a busy host, then the save).
 BUILD_SECONDS = 300.0
 
