@@ -51,6 +51,8 @@ _LOCK_DEPLOYMENT = 1
 _LOCK_ACCOUNT = 2
 
 _VERSION_TABLE = "podbay_schema_version"
+#: Tries of a transaction the database aborted to break a deadlock.
+_ATTEMPTS = 5
 
 
 def dialect(sql: str) -> str:
@@ -147,10 +149,20 @@ class PostgresStore:
         return cls(pool, executor)
 
     async def _tx(self, fn: Callable[[Conn], T]) -> T:
-        """Run ``fn`` in one transaction (committed unless it raises)."""
+        """Run ``fn`` in one transaction (committed unless it raises).
+
+        A transaction PostgreSQL aborts to break a deadlock (another server
+        locking the same rows in another order) ran nothing: run it again.
+        """
         def run() -> T:
-            with self._pool.connection() as conn:
-                return fn(conn)
+            for attempt in range(_ATTEMPTS):
+                try:
+                    with self._pool.connection() as conn:
+                        return fn(conn)
+                except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
+                    if attempt == _ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, run)

@@ -272,3 +272,42 @@ async def test_sub_second_timestamps_survive(store):
                                deployment_cap=9, account_cap=9)
     row = await store.get_sandbox("dep_d", "a")
     assert row.created_at == when and row.last_active_at == when
+
+
+async def _until_a_transaction_waits_for_a_lock(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as watcher:
+        while True:
+            (waiting,) = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()").fetchone()
+            if waiting:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_transaction_aborted_by_a_deadlock_runs_again(postgres_cluster):
+    """Another server locks rows in the other order: PostgreSQL aborts our side
+    of the deadlock, and the store runs its transaction again instead of failing."""
+    url = postgres_cluster.create_database()
+    store = PostgresStore.open(url)
+    try:
+        for name in ("a", "b"):
+            await store.insert_sandbox(_sb(name), deployment_cap=9, account_cap=9)
+        a, b = "sb-dep_d-a", "sb-dep_d-b"
+        with psycopg.connect(url) as other:
+            # The other side waits long before checking for deadlocks, so ours is
+            # the side PostgreSQL aborts.
+            other.execute("SET deadlock_timeout = '30s'")
+            other.execute("UPDATE sandboxes SET name = name WHERE id = %s", (b,))
+            ours = asyncio.ensure_future(store.record_activity(
+                {a: T0 + timedelta(seconds=7), b: T0 + timedelta(seconds=7)}))
+            await _until_a_transaction_waits_for_a_lock(url)  # ours holds a, waits for b
+            await asyncio.to_thread(
+                other.execute, "UPDATE sandboxes SET name = name WHERE id = %s", (a,))
+            other.commit()
+            await ours
+        for name in ("a", "b"):
+            row = await store.get_sandbox("dep_d", name)
+            assert row.last_active_at == T0 + timedelta(seconds=7)
+    finally:
+        await store.close()
