@@ -103,14 +103,16 @@ def _exec_head(req: Request) -> tuple[ExecRequest, ReadBody]:
         if len(buf) > MAX_JSON_BODY:
             raise ProtocolError(413, f"exec request line larger than {MAX_JSON_BODY} bytes")
     body = loads(ExecRequest, bytes(buf[:end]), strict=True)
-    rest = bytes(buf[end + 1 :])
+    rest = memoryview(bytes(buf[end + 1 :]))
 
-    def read(n: int) -> bytes:
+    def read(view: memoryview) -> int:
         nonlocal rest
         if rest:
-            data, rest = rest[:n], rest[n:]
-            return data
-        return req.body.read(n)
+            n = min(len(rest), len(view))
+            view[:n] = rest[:n]
+            rest = rest[n:]
+            return n
+        return req.body.readinto(view)
 
     return body, read
 

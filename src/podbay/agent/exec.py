@@ -45,8 +45,8 @@ from .output import Capture
 from .reaper import Reaper
 from .users import resolve
 
-#: Reads up to n bytes of the request body; b"" at its end.
-ReadBody = Callable[[int], bytes]
+#: Reads request-body bytes into the buffer given; 0 at its end.
+ReadBody = Callable[[memoryview], int]
 #: True once the client's connection is closed (polled when it signals hang-up).
 PeerGone = Callable[[], bool]
 
@@ -144,9 +144,11 @@ class _Exec:
         poller = select.poll()
         if fd is not None:
             poller.register(fd, select.POLLOUT)
+        # One buffer, filled straight from the socket and written from: no copies.
+        buf = memoryview(bytearray(STDIN_READ_SIZE))
         try:
-            while data := read(STDIN_READ_SIZE):
-                view = memoryview(data)
+            while n := read(buf):
+                view = buf[:n]
                 while fd is not None and view:
                     try:
                         view = view[os.write(fd, view):]
