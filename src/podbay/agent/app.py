@@ -215,7 +215,8 @@ class App:
     # -- terminals and ports ------------------------------------------------
     def pty(self, req: Request) -> Response:
         _expect_upgrade(req, paths.UPGRADE_PTY)
-        return start_pty(self.reaper, self.workspace, self.declared_env, _body(req, PtyRequest))
+        return start_pty(self.reaper, self.workspace, self.declared_env, _body(req, PtyRequest),
+                         req.headers.get(_DEFAULT_USER))
 
     def tunnel(self, req: Request) -> Response:
         _expect_upgrade(req, paths.UPGRADE_TUNNEL)

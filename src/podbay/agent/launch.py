@@ -126,14 +126,21 @@ def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
 
 
 def launch_on_terminal(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
-                       terminal: int) -> Child:
+                       terminal: int, *, account: Account = ROOT) -> Child:
     """Start ``argv`` with the terminal ``terminal`` (a pty's follower side) as its
-    standard streams and controlling terminal, leading a session of its own."""
+    standard streams and controlling terminal, leading a session of its own, as
+    ``account`` (which then owns the terminal, as a login would)."""
+    env = dict(env)
+    uid, gid, groups = command_identity(account, env)
+    if uid is not None:
+        with contextlib.suppress(OSError):
+            os.fchown(terminal, uid, -1)
     with reaper.lock:
         try:
             popen = subprocess.Popen(
                 argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=env,
                 start_new_session=True, close_fds=True, bufsize=0,
+                user=uid, group=gid, extra_groups=groups,
                 preexec_fn=_take_terminal,  # runs after setsid, in the child only
             )
         except OSError as exc:

@@ -35,6 +35,7 @@ from podbay.wire import paths, stream
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import PtyRequest
 
+from . import users
 from .environment import check_env, command_env
 from .exec import resolve_cwd
 from .http import Response
@@ -55,9 +56,10 @@ def set_size(fd: int, rows: int, cols: int) -> None:
 
 
 def start(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-          req: PtyRequest) -> Response:
+          req: PtyRequest, default_user: str | None = None) -> Response:
     """Start ``req.command`` on a new pty; the answer takes the connection over."""
     check_command(req.command, req.cwd)
+    account = users.resolve(req.user, default_user)
     try:
         stream.check_size(req.rows, req.cols)
     except FrameError as exc:
@@ -74,7 +76,7 @@ def start(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
     try:
         set_size(follower, req.rows, req.cols)
         child = launch_on_terminal(reaper, req.command, resolve_cwd(workspace, req.cwd), env,
-                                   follower)
+                                   follower, account=account)
     except BaseException:
         os.close(leader)
         raise

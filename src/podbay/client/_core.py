@@ -205,11 +205,11 @@ class Core:
 
     @staticmethod
     def pty_start(command: list[str], *, rows: int, cols: int, term: str, cwd: str | None,
-                  env: Mapping[str, str] | None) -> str:
+                  env: Mapping[str, str] | None, user: str | None = None) -> str:
         """The first message of a terminal: what to start."""
         _check_argv(command)
         request = PtyRequest(command=list(command), cwd=cwd, env=dict(env) if env else None,
-                             rows=rows, cols=cols, term=term)
+                             rows=rows, cols=cols, term=term, user=user)
         return codec.dumps(request).decode()
 
     @staticmethod

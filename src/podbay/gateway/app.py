@@ -242,7 +242,7 @@ class Gateway:
             if port == 0:
                 if await receive() == {"type": "websocket.connect"}:
                     await send({"type": "websocket.accept"})
-                    await terminal.session(route.socket, receive, send)
+                    await terminal.session(route.socket, receive, send, self.extra_headers)
             else:
                 refusal = await ports.relay_websocket(route.socket, port, path, prefix, scope,
                                                       receive, send)

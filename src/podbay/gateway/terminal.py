@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from podbay.asgi import Receive, Send
@@ -45,7 +46,8 @@ async def _refuse(send: Send, exc: ApiError) -> None:
                 "code": CLOSE_ERROR if exc.status >= 500 else CLOSE_POLICY})
 
 
-async def session(socket: Path, receive: Receive, send: Send) -> None:
+async def session(socket: Path, receive: Receive, send: Send,
+                  headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     """Serve one accepted WebSocket to its end."""
     first = await receive()
     if first["type"] != "websocket.receive":
@@ -60,7 +62,7 @@ async def session(socket: Path, receive: Receive, send: Send) -> None:
         except WireError as exc:
             raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid PtyRequest: {exc}") from None
         reader, writer = await upgrade(socket, "POST", paths.PTY, paths.UPGRADE_PTY,
-                                       dumps(request))
+                                       dumps(request), headers)
     except ApiError as exc:
         await _refuse(send, exc)
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from podbay.errors import ApiError
@@ -29,7 +30,7 @@ def unreachable() -> ApiError:
 
 
 async def upgrade(socket: Path, method: str, target: str, token: str,
-                  body: bytes = b"") -> Stream:
+                  body: bytes = b"", headers: Sequence[tuple[bytes, bytes]] = ()) -> Stream:
     """The upgraded connection; :class:`ApiError` with the agent's refusal or
     ``AGENT_UNREACHABLE``."""
     try:
@@ -37,9 +38,10 @@ async def upgrade(socket: Path, method: str, target: str, token: str,
     except OSError:
         raise unreachable() from None
     try:
+        extra = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
         writer.write(f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
-                     f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-                     + body)
+                     f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n".encode()
+                     + extra + b"\r\n" + body)
         await writer.drain()
         head = await _read_head(reader)
         status_line, _, header_block = head.partition(b"\r\n")

@@ -194,6 +194,8 @@ class PtyRequest:
     rows: int = 24
     cols: int = 80
     term: str = "xterm-256color"
+    #: The account to run as (feature "users"); absent: the default user.
+    user: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

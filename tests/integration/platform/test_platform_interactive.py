@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK, Inv
 from websockets.sync.client import ClientConnection, connect
 
 from podbay.client import AsyncSandboxClient, SandboxClient
+from podbay.errors import SandboxRequestError
 from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
@@ -329,3 +330,18 @@ def test_cli_shell_in_tmux(server: PlatformServer, token: str, handle: dict[str,
         assert status.read_text().strip() == "9"
     finally:
         subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)
+
+
+def test_terminal_as_another_user(server: PlatformServer, token: str,
+                                  handle: dict[str, Any]) -> None:
+    with SandboxClient(identity_token=token, server_url=server.base_url) as client:
+        sandbox = client.sandbox(handle["name"])
+        with sandbox.pty(["sh", "-c", "id -un; echo $HOME"], user="user") as tty:
+            seen = b""
+            while chunk := tty.recv():
+                seen += chunk
+        assert seen.split() == [b"user", b"/home/user"], seen
+        assert tty.exit_code == 0
+        with pytest.raises(SandboxRequestError) as refused:
+            sandbox.pty(["true"], user="nobody-here").wait()
+        assert refused.value.code == "USER_UNKNOWN"

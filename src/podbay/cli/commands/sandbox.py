@@ -238,9 +238,10 @@ def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
               help="Environment variable (repeatable).")
 @click.option("--cwd", default=None, help="Working directory (default /workspace).")
+@click.option("--user", default=None, help="Account to run as (default: the sandbox's default).")
 @_options
 def shell(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
-          token: str | None, server: str | None, as_json: bool) -> None:
+          user: str | None, token: str | None, server: str | None, as_json: bool) -> None:
     """Open a terminal in NAME running ARGV (after --; default: bash -l).
 
     Keys go through as typed (Ctrl-C reaches the program in the sandbox),
@@ -255,7 +256,7 @@ def shell(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...
     command_env = _env(env)
     with _session(token, server, as_json) as (client, _), \
             client.pty(name, list(argv) or DEFAULT_SHELL, rows=rows, cols=cols, term=term,
-                       cwd=cwd, env=command_env) as terminal, raw_mode(stdin):
+                       cwd=cwd, env=command_env, user=user) as terminal, raw_mode(stdin):
         code = drive(terminal, stdin, stdout)
     sys.exit(code)
 

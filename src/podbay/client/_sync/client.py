@@ -882,9 +882,11 @@ class SandboxClient:
 
     def pty(self, name: str, command: builtins.list[str], *, rows: int = 24,
                   cols: int = 80, term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None) -> Terminal:
+                  env: Mapping[str, str] | None = None,
+                  user: str | None = None) -> Terminal:
         """Start argv on a terminal (a PTY of ``rows`` x ``cols``, ``TERM=term``) and
-        return it, connected over one WebSocket (agents with the ``pty`` feature).
+        return it, connected over one WebSocket (agents with the ``pty`` feature),
+        as ``user`` (an account of the sandbox; default: the platform's default user).
 
         Everything typed goes to the terminal as is (``b"\\x03"`` is Ctrl-C for
         its foreground program). Closing the terminal before the command exits
@@ -894,7 +896,8 @@ class SandboxClient:
         ...     tty.send(b"6*7\\r")
         ...     tty.recv()
         """
-        start = self._core.pty_start(command, rows=rows, cols=cols, term=term, cwd=cwd, env=env)
+        start = self._core.pty_start(command, rows=rows, cols=cols, term=term, cwd=cwd, env=env,
+                                     user=user)
         handle = self._handle(name)
         ws = self._ws_open(name, handle, lambda h: self._core.ws_url(
             h.endpoint.rstrip("/") + paths.PTY))
@@ -1438,9 +1441,10 @@ class Sandbox:
 
     def pty(self, command: builtins.list[str], *, rows: int = 24, cols: int = 80,
                   term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None) -> Terminal:
+                  env: Mapping[str, str] | None = None,
+                  user: str | None = None) -> Terminal:
         return self.client.pty(self.name, command, rows=rows, cols=cols, term=term,
-                                     cwd=cwd, env=env)
+                                     cwd=cwd, env=env, user=user)
 
     def url(self, port: int, path: str = "/") -> str:
         return self.client.url(self.name, port, path)
