@@ -14,6 +14,14 @@ exec), and the reference client's way (poll, sleep 500 ms, poll again).
 stdin: ``exec(["wc", "-c"], stdin=<file>)`` of ``--stdin-mib`` MiB from a
 local file; MB/s = bytes / wall time of the call (it includes the command's
 start and end).
+
+Terminal echo: ``cat`` on a PTY; one byte typed at a time, the time until
+the terminal's echo of it is back (client → gateway → agent → pty and back).
+
+Ports: ``GET /`` of ``python3 -m http.server`` on the sandbox's loopback,
+through ``/v1/ports`` with ``port_transport`` (one request after another),
+against the same request from inside the sandbox (``http.client``, a new
+connection each, as the relay makes); "added" is the difference of medians.
 """
 
 from __future__ import annotations
@@ -89,6 +97,53 @@ def stdin_mb_s(client: SandboxClient, name: str, source: Path, rounds: int) -> l
     return rates
 
 
+def pty_echo_ms(client: SandboxClient, name: str, n: int) -> list[float]:
+    times = []
+    with client.pty(name, ["cat"]) as tty:
+        for i in range(n):
+            key = b"abcdefghij"[i % 10:i % 10 + 1]
+            started = time.perf_counter()
+            tty.send(key)
+            seen = b""
+            while key not in seen:
+                seen += tty.recv()
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+INSIDE = ("import http.client, statistics, time\n"
+          "t = []\n"
+          "for _ in range({n}):\n"
+          "    s = time.perf_counter()\n"
+          "    c = http.client.HTTPConnection('127.0.0.1', {port}); c.request('GET', '/')\n"
+          "    c.getresponse().read(); c.close()\n"
+          "    t.append((time.perf_counter() - s) * 1000)\n"
+          "print(' '.join(f'{{x:.4f}}' for x in t))\n")
+
+
+def port_ms(client: SandboxClient, name: str, n: int) -> tuple[list[float], list[float]]:
+    import httpx
+
+    port = 8765
+    proc = client.spawn(name, ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"])
+    try:
+        url = client.url(name, port)
+        with httpx.Client(transport=client.port_transport(name)) as http:
+            for _ in range(100):  # until it listens
+                if http.get(url).status_code == 200:
+                    break
+                time.sleep(0.1)
+            through = []
+            for _ in range(n):
+                started = time.perf_counter()
+                http.get(url).raise_for_status()
+                through.append((time.perf_counter() - started) * 1000)
+        inside = client.exec(name, ["python3", "-c", INSIDE.format(n=n, port=port)])
+        return through, [float(x) for x in inside.stdout.split()]
+    finally:
+        client.kill(name, proc.process_id)
+
+
 def row(label: str, unit: str, values: list[float]) -> dict[str, Any]:
     values = sorted(values)
     p90 = values[int(len(values) * 0.9)] if values else float("nan")
@@ -137,6 +192,14 @@ def main() -> int:
                     f.write(block)
             rows.append(row(f"stdin: exec(wc -c) of {args.stdin_mib} MiB", "MB/s",
                             stdin_mb_s(client, name, source, args.rounds)))
+            rows.append(row("terminal: keystroke echo round trip", "ms",
+                            pty_echo_ms(client, name, 200)))
+            through, inside = port_ms(client, name, 200)
+            rows.append(row("ports: GET / through /v1/ports", "ms", through))
+            rows.append(row("ports: GET / from inside the sandbox", "ms", inside))
+            added = statistics.median(through) - statistics.median(inside)
+            print(f"{'ports: added by the relay (difference of medians)':<52} {added:9.2f} ms")
+            rows.append({"label": "ports: added", "unit": "ms", "p50": added})
             client.delete(name)
         if args.json:
             print(json.dumps({"target": target, "rows": rows}))
