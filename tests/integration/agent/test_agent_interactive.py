@@ -188,3 +188,14 @@ def test_chmod_move_and_owner(agent: Agent, workspace: Path) -> None:
 def test_unknown_user_is_refused(agent: Agent) -> None:
     resp = agent.exec(["true"], user="no-such-user-here")
     assert resp.status_code == 400 and resp.json()["code"] == "USER_UNKNOWN"
+
+
+def test_default_user_header_and_explicit_user(agent: Agent) -> None:
+    # The gateway sends the operator's default; a request's own ``user`` wins.
+    headers = {"X-Podbay-Default-User": "nobody"}
+    resp = agent.client.post("/v1/exec", json={"command": ["id", "-u"]}, headers=headers)
+    assert resp.json()["stdout"] == "65534\n"
+    resp = agent.client.post("/v1/exec", json={"command": ["id", "-u"], "user": "root"},
+                             headers=headers)
+    assert resp.json()["stdout"] == "0\n"
+    assert agent.exec(["id", "-u"]).json()["stdout"] == "0\n"
