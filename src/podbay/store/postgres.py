@@ -141,8 +141,11 @@ class PostgresStore:
         """Connect, migrate, and keep up to ``connections`` connections."""
         with psycopg.connect(url, autocommit=True) as conn:
             migrate(conn)
+        # Checked at each checkout (one round trip): after the database restarts
+        # or fails over, the next call gets a fresh connection, not an error.
         pool: ConnectionPool[Conn] = ConnectionPool(
-            url, min_size=1, max_size=connections, open=False, name="podbay-store")
+            url, min_size=1, max_size=connections, open=False, name="podbay-store",
+            check=ConnectionPool.check_connection)
         pool.open(wait=True, timeout=30.0)
         executor = ThreadPoolExecutor(max_workers=connections,
                                       thread_name_prefix="podbay-store")

@@ -311,3 +311,19 @@ async def test_a_transaction_aborted_by_a_deadlock_runs_again(postgres_cluster):
             assert row.last_active_at == T0 + timedelta(seconds=7)
     finally:
         await store.close()
+
+
+async def test_calls_after_the_database_restarts_succeed(postgres_cluster):
+    """Pooled connections die with the server; the next calls get fresh ones."""
+    url = postgres_cluster.create_database()
+    store = PostgresStore.open(url)
+    try:
+        await store.set_meta("k", "before")
+        # Every pooled connection was used, so every one is cut by the restart.
+        await asyncio.gather(*(store.get_meta("k") for _ in range(8)))
+        postgres_cluster.restart()
+        assert await asyncio.gather(*(store.get_meta("k") for _ in range(8))) == ["before"] * 8
+        await store.set_meta("k", "after")
+        assert await store.get_meta("k") == "after"
+    finally:
+        await store.close()
