@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("podbay.cli.commands.doctor", "Check this host can run sandboxes."),
     "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
     "dev": ("podbay.cli.commands.dev", "Local development: real sandboxes for your agent."),
+    "mcp": ("podbay.cli.commands.mcp", "Serve sandboxes as MCP tools (stdio or HTTP)."),
 }
 #: Subcommands that need the ``server`` extra (``pip install podbay`` is the SDK
 #: and the client-side commands only).

@@ -1,0 +1,9 @@
+"""Adapters for agent frameworks, each behind its extra and imported only when used:
+
+- ``podbay mcp`` / :mod:`podbay.integrations.mcp` (``pip install 'podbay[mcp]'``):
+  podbay as Model Context Protocol tools, over stdio or streamable HTTP.
+- :mod:`podbay.integrations.smolagents` (``pip install 'podbay[smolagents]'``):
+  a remote Python executor for smolagents' CodeAgent, on top of ``run_code``.
+
+Importing :mod:`podbay` (or this package) never imports a framework.
+"""

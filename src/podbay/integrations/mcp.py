@@ -1,0 +1,180 @@
+"""podbay as Model Context Protocol tools (``podbay mcp``), with the official ``mcp`` package.
+
+    podbay mcp                                # stdio: for Claude Desktop, IDEs, any MCP host
+    podbay mcp --transport http --port 8765   # streamable HTTP on http://127.0.0.1:8765/mcp
+
+Every tool names its sandbox (``sandbox``): it is created, resumed or reused
+by that name on first use, like every SDK call. The server holds ONE
+identity token (``ASTRO_AUTHZ_TOKEN`` or ``--token``), so whoever can talk to
+it can use that deployment's sandboxes: the HTTP transport listens on
+loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+
+from podbay.client import AsyncSandboxClient, ProcessOutput
+
+INSTRUCTIONS = (
+    "Each tool runs in a podbay sandbox named by its `sandbox` argument: an isolated Linux "
+    "machine created on first use and kept (files included) under that name. Commands are "
+    "argv lists (use ['sh', '-c', '...'] for a shell line); relative paths are under "
+    "/workspace."
+)
+
+
+def _status(status: Any) -> dict[str, Any]:
+    return {"process_id": status.process_id, "state": status.state,
+            "exit_code": status.exit_code, "command": list(status.command)}
+
+
+def build_server(client: AsyncSandboxClient) -> MCPServer:
+    """An MCP server whose tools act on ``client``'s sandboxes."""
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer) -> AsyncIterator[None]:
+        try:
+            yield None
+        finally:
+            await client.aclose()
+
+    server: MCPServer = MCPServer("podbay", instructions=INSTRUCTIONS, lifespan=lifespan)
+
+    @server.tool()
+    async def attach(sandbox: str) -> dict[str, Any]:
+        """Create, resume or reuse the sandbox by name; returns its state and class."""
+        handle = await client.attach(sandbox)
+        return {"sandbox": sandbox, "state": handle.state, "class": handle.class_,
+                "start": handle.start}
+
+    @server.tool()
+    async def list_sandboxes() -> list[dict[str, Any]]:
+        """Every sandbox of this deployment with its state."""
+        return [{"name": r.name, "state": r.state, "class": r.class_}
+                for r in await client.list()]
+
+    @server.tool()
+    async def exec(sandbox: str, command: list[str], cwd: str | None = None,
+                   timeout_ms: int | None = None) -> dict[str, Any]:
+        """Run a command (argv) to completion; returns exit code, stdout and stderr."""
+        result = await client.exec(sandbox, command, cwd=cwd, timeout_ms=timeout_ms)
+        return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                "timed_out": result.timed_out, "truncated": result.truncated}
+
+    @server.tool()
+    async def run(sandbox: str, command: list[str], ctx: Context, cwd: str | None = None,
+                  timeout_ms: int | None = None) -> dict[str, Any]:
+        """Run a command (argv) with its output sent live while it runs (progress
+        notifications whose message is the new output; progress counts characters);
+        returns the whole output and exit code. No output cap."""
+        send, receive = anyio.create_memory_object_stream[ProcessOutput](max_buffer_size=1024)
+
+        def on_output(chunk: ProcessOutput) -> None:
+            # A host that reads slowly loses live chunks, never the result's output.
+            with contextlib.suppress(anyio.WouldBlock):
+                send.send_nowait(chunk)
+
+        async def forward() -> None:
+            received = 0
+            async with receive:
+                async for chunk in receive:
+                    text = chunk.stdout + chunk.stderr
+                    if text:
+                        received += len(text)
+                        await ctx.report_progress(received, None, text)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(forward)
+            async with send:
+                result = await client.run(sandbox, command, cwd=cwd, timeout_ms=timeout_ms,
+                                          on_output=on_output, interval_ms=200)
+        return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                "timed_out": result.timed_out, "killed": result.killed}
+
+    @server.tool()
+    async def read_file(sandbox: str, path: str) -> str:
+        """A file's contents as text (undecodable bytes replaced)."""
+        return await client.read_file(sandbox, path)
+
+    @server.tool()
+    async def read_file_base64(sandbox: str, path: str) -> str:
+        """A file's exact bytes, base64-encoded (for binary files)."""
+        return base64.b64encode(await client.read_file_bytes(sandbox, path)).decode()
+
+    @server.tool()
+    async def write_file(sandbox: str, path: str, content: str) -> str:
+        """Write text to a file, replacing it whole."""
+        await client.write_file(sandbox, path, content)
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    @server.tool()
+    async def list_dir(sandbox: str, path: str = ".") -> list[dict[str, Any]]:
+        """A directory's entries."""
+        return [{"name": e.name, "is_directory": e.is_directory}
+                for e in await client.list_dir(sandbox, path)]
+
+    @server.tool()
+    async def grep(sandbox: str, pattern: str, path: str = ".") -> list[dict[str, Any]]:
+        """Lines matching a regular expression under a path (grep -rn)."""
+        return [{"path": m.path, "line": m.line, "text": m.text}
+                for m in await client.grep(sandbox, pattern, path)]
+
+    @server.tool()
+    async def spawn(sandbox: str, command: list[str], cwd: str | None = None) -> dict[str, Any]:
+        """Start a command in the background; read its output with read_process."""
+        return _status(await client.spawn(sandbox, command, cwd=cwd))
+
+    @server.tool()
+    async def processes(sandbox: str) -> list[dict[str, Any]]:
+        """The processes the sandbox tracks (running, or exited and not yet killed)."""
+        return [_status(p) for p in await client.processes(sandbox)]
+
+    @server.tool()
+    async def read_process(sandbox: str, process_id: str, stdout_from: int = 0,
+                           stderr_from: int = 0) -> dict[str, Any]:
+        """A process's state and its output after the given offsets (pass back *_next)."""
+        out = await client.poll(sandbox, process_id, stdout_from=stdout_from,
+                                stderr_from=stderr_from)
+        return {**_status(out), "stdout": out.stdout, "stderr": out.stderr,
+                "stdout_next": out.stdout_next, "stderr_next": out.stderr_next}
+
+    @server.tool()
+    async def kill_process(sandbox: str, process_id: str) -> str:
+        """Stop a process if it still runs, then forget it."""
+        await client.kill(sandbox, process_id)
+        return f"killed {process_id}"
+
+    @server.tool()
+    async def run_code(sandbox: str, code: str, timeout_ms: int | None = None) -> dict[str, Any]:
+        """Run Python in the sandbox's stateful interpreter (variables persist between calls);
+        returns stdout, stderr, the last expression's repr and any error."""
+        execution = await client.run_code(sandbox, code, timeout_ms=timeout_ms)
+        error = execution.error
+        return {"stdout": execution.stdout, "stderr": execution.stderr, "result": execution.text,
+                "error": None if error is None else {"name": error.name, "value": error.value,
+                                                     "traceback": error.traceback},
+                "images": sum(1 for r in execution.results if r.png is not None),
+                "restarted": execution.restarted}
+
+    return server
+
+
+async def serve(client: AsyncSandboxClient, transport: str = "stdio", *,
+                host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp") -> None:
+    """Serve the tools over ``stdio`` or streamable ``http`` until the host hangs up."""
+    server = build_server(client)
+    # One line per SDK request on stderr is noise in an MCP host's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if transport == "stdio":
+        await server.run_stdio_async()
+    else:
+        await server.run_streamable_http_async(host=host, port=port, streamable_http_path=path)

@@ -1,0 +1,129 @@
+"""``podbay mcp`` driven by the official ``mcp`` package's own client, over stdio and
+streamable HTTP, against a real ``podbay serve`` and real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import Client, StdioServerParameters
+
+from podbay.client import SandboxClient
+from podbay.testing.platform import PlatformServer, free_port
+
+pytestmark = pytest.mark.root
+
+TOOLS = {"attach", "list_sandboxes", "exec", "run", "read_file", "read_file_base64",
+         "write_file", "list_dir", "grep", "spawn", "processes", "read_process",
+         "kill_process", "run_code"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
+    with PlatformServer.start(tmp_path_factory.mktemp("serve-mcp")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def token(server: PlatformServer) -> str:
+    return server.create_deployment("mcp-tests")
+
+
+@pytest.fixture
+def name(server: PlatformServer, token: str) -> Iterator[str]:
+    sandbox = f"mcp-{uuid.uuid4().hex[:8]}"
+    yield sandbox
+    with SandboxClient(identity_token=token, server_url=server.base_url) as client:
+        client.delete(sandbox)
+
+
+def payload(result: Any) -> Any:
+    assert not result.is_error, result.content
+    if result.structured_content is not None:
+        content = result.structured_content
+        return content.get("result", content) if set(content) == {"result"} else content
+    return json.loads(result.content[0].text)
+
+
+async def exercise(client: Client, sandbox: str) -> None:
+    listed = await client.list_tools()
+    assert {tool.name for tool in listed.tools} >= TOOLS
+    exec_tool = next(t for t in listed.tools if t.name == "exec")
+    assert {"sandbox", "command"} <= set(exec_tool.input_schema["required"])
+
+    ran = payload(await client.call_tool("exec", {
+        "sandbox": sandbox, "command": ["sh", "-c", "echo hello from $(hostname); exit 3"]}))
+    assert ran["exit_code"] == 3 and ran["stdout"].startswith("hello from ")
+
+    payload(await client.call_tool("write_file", {"sandbox": sandbox, "path": "notes/a.txt",
+                                                  "content": "alpha\nbeta\n"}))
+    assert payload(await client.call_tool("read_file", {
+        "sandbox": sandbox, "path": "notes/a.txt"})) == "alpha\nbeta\n"
+    matches = payload(await client.call_tool("grep", {"sandbox": sandbox, "pattern": "bet",
+                                                      "path": "notes"}))
+    assert [(m["line"], m["text"]) for m in matches] == [(2, "beta")]
+    entries = payload(await client.call_tool("list_dir", {"sandbox": sandbox, "path": "notes"}))
+    assert [e["name"] for e in entries] == ["a.txt"]
+
+
+def test_stdio_lists_tools_and_runs_a_command(server: PlatformServer, token: str,
+                                              name: str) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "podbay.cli.main", "mcp"],
+        env={**os.environ, "ASTRO_AUTHZ_TOKEN": token})
+    live: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        live.append(message or "")
+
+    async def main() -> None:
+        async with Client(params) as client:
+            await exercise(client, name)
+            # run: the output arrives as progress messages while the command runs.
+            result = payload(await client.call_tool("run", {
+                "sandbox": name,
+                "command": ["sh", "-c", "echo first; sleep 1; echo second"]},
+                progress_callback=on_progress))
+            assert result["stdout"] == "first\nsecond\n" and result["exit_code"] == 0
+            code = payload(await client.call_tool("run_code", {"sandbox": name,
+                                                               "code": "x = 20\nx + 22"}))
+            assert code["result"] == "42" and code["error"] is None
+
+    anyio.run(main)
+    # Two chunks a second apart: the first was sent before the command ended.
+    assert live == ["first\n", "second\n"]
+
+
+def test_streamable_http(server: PlatformServer, token: str, name: str) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "podbay.cli.main", "mcp", "--transport", "http",
+         "--port", str(port)], env={**os.environ, "ASTRO_AUTHZ_TOKEN": token},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=2)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                time.sleep(0.1)
+
+        async def main() -> None:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                await exercise(client, name)
+
+        anyio.run(main)
+    finally:
+        process.terminate()
+        process.wait(20)
