@@ -184,7 +184,10 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
                                 max_connections=cap)
     from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
 
-    config = uvicorn.Config(app, loop="uvloop", http=protocol, lifespan="on",
+    # The vm driver's QEMU machines do not come up under uvloop (its first
+    # machine never answers): with vm enabled, the standard asyncio loop.
+    loop = "asyncio" if classes.VM in drivers else "uvloop"
+    config = uvicorn.Config(app, loop=loop, http=protocol, lifespan="on",
                             log_config=None, access_log=False, timeout_graceful_shutdown=5,
                             ws="websockets", ws_max_size=WS_MAX_MESSAGE,
                             ws_per_message_deflate=False)

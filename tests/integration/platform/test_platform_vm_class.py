@@ -1,0 +1,58 @@
+"""The ``vm`` class through the HTTP API beside ``container``: QEMU guests under
+TCG (never KVM here), with their own kernel, proven in the background while
+the server already serves the default class. (Adopt after a kill -9 is the
+vm conformance suite's.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from podbay.testing.platform import PlatformServer
+
+pytestmark = pytest.mark.root
+
+
+def wait_for_class(server: PlatformServer, name: str, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        health: dict[str, Any] = server.http.get("/healthz").json()
+        if name in health["classes"]["available"]:
+            return health
+        assert time.monotonic() < deadline, f"{name} never became available: {health}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
+    with PlatformServer.start(tmp_path_factory.mktemp("vm-class"), env={
+        "PODBAY_RUNTIME_CLASSES": "vm,container",
+        "PODBAY_RUNTIME_MEMORY_BYTES": str(512 << 20),
+    }) as s:
+        yield s
+
+
+def test_vm_sandboxes_run_their_own_kernel_beside_containers(server):
+    health = wait_for_class(server, "vm")
+    # Under TCG vm works when named, but is not what default means.
+    assert health["classes"]["default"] == "container"
+    token = server.create_deployment("vm-agent")
+    r = server.attach(token, "guest", json={"class": "vm"})
+    assert r.status_code == 200, r.text
+    handle = r.json()
+    assert handle["class"] == "vm" and handle["start"] == "created"
+    release = server.exec(handle, "uname", "-r").json()["stdout"].strip()
+    assert release and release != os.uname().release  # the guest's own kernel
+    assert server.exec(handle, "sh", "-c", "echo kept > /workspace/f").json()["exit_code"] == 0
+    assert server.attach(token, "plain").json()["class"] == "container"
+    # Suspend (QMP stop) and resume keep memory and files.
+    assert server.api("POST", "/api/v1/sandboxes/guest/stop", token).status_code == 204
+    back = server.attach(token, "guest").json()
+    assert back["start"] == "resumed" and back["class"] == "vm"
+    assert server.exec(back, "cat", "/workspace/f").json()["stdout"] == "kept\n"
+    assert server.api("DELETE", "/api/v1/sandboxes/guest", token).status_code == 204
+    assert not list((server.data_dir / "vm" / "machines").iterdir())
