@@ -27,8 +27,7 @@ import logging
 import os
 import signal
 import socket
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager
 from ..network.slirp import SlirpLimits
 from . import agent_bundle, bundle, records, runsc, storage, userns
@@ -57,10 +57,12 @@ log = logging.getLogger("podbay.runtime.oci")
 SOCKET_PATH_MAX = 107
 
 
-class OciDriver:
+class OciDriver(RecordKeepingDriver):
     name = "oci"
+    log = log
 
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
@@ -81,14 +83,9 @@ class OciDriver:
         self._image: Image | None = None
         self._agent_dir: Path | None = None
         self._argv: list[str] | None = None
-        self._locks: dict[str, asyncio.Lock] = {}
         self._records: dict[str, records.MachineRecord] = {}
         #: runsc only: hostnames assigned while suspended, set when resumed.
         self._hostname_on_resume: dict[str, str] = {}
-
-    @property
-    def base_image(self) -> str:
-        return self.recipe.key()
 
     # -- set-up ---------------------------------------------------------------
     async def prepare(self) -> None:
@@ -127,8 +124,9 @@ class OciDriver:
         socket = None if self.runc.passes_fds else f"{runsc.SOCKET_DIR}/{runsc.SOCKET_NAME}"
         return agent_bundle.sandbox_argv(image.rootfs, private_loader=private, socket=socket)
 
-    def _lock(self, machine_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(machine_id, asyncio.Lock())
+    @property
+    def machines(self) -> Path:
+        return self.layout.machines
 
     def _paths(self, machine_id: str) -> MachinePaths:
         return self.layout.machine(check_machine_id(machine_id))
@@ -152,39 +150,6 @@ class OciDriver:
         self._records[record.spec.machine_id] = record
 
     # -- lifecycle ------------------------------------------------------------
-    async def create(self, spec: MachineSpec) -> None:
-        async with self._lock(spec.machine_id):
-            paths = self._paths(spec.machine_id)
-            if records.read(paths.home) is not None:
-                return  # created already (a retry): the first spec stands
-            paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
-                                    self.layout.data_dir / "disks")
-            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
-
-    async def start(self, machine_id: str) -> None:
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is MachineState.RUNNING:
-                return
-            if observed is MachineState.SUSPENDED:
-                await self._thaw(machine_id)
-                self._save(record.with_state(MachineState.RUNNING))
-                return
-            await self.prepare()
-            started = time.perf_counter()
-            await self.release(machine_id)  # whatever a dead incarnation left
-            try:
-                await self._boot(record)
-            except BaseException as e:
-                log.warning("machine %s failed to start: %s", machine_id, e)
-                await self.release(machine_id)
-                raise
-            self._save(record.with_state(MachineState.RUNNING))
-            log.info("machine %s started in %.0f ms", machine_id,
-                     (time.perf_counter() - started) * 1000)
-
     async def _boot(self, record: records.MachineRecord) -> None:
         owned = None
         if self.runc.shares_host_kernel:
@@ -245,7 +210,7 @@ class OciDriver:
             assert isinstance(network, NetworkHandle)
             netns = network.netns_path
             facts = bundle.BundleFacts(
-                machine_id=spec.machine_id, hostname=_uts_name(spec.hostname),
+                machine_id=spec.machine_id, hostname=uts_name(spec.hostname),
                 rootfs=paths.rootfs,
                 image_rootfs=image.rootfs, agent_dir=self._agent_dir,
                 files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
@@ -314,32 +279,13 @@ class OciDriver:
         writes to them counts against its quota) but outside its upper layer."""
         paths.files.mkdir(mode=0o755, exist_ok=True)
         (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
-        name = _uts_name(spec.hostname)
-        owned = {"hostname": name + "\n", "hosts": _hosts(name),
+        name = uts_name(spec.hostname)
+        owned = {"hostname": name + "\n", "hosts": hosts_file(name),
                  "resolv.conf": self.network.resolv_conf()}
         for name, text in owned.items():
             path = paths.files / name
             path.write_text(text)
             os.chown(path, self.rt.uid_base, self.rt.uid_base)
-
-    async def suspend(self, machine_id: str) -> None:
-        await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED, self._freeze)
-
-    async def resume(self, machine_id: str) -> None:
-        await self._flip(machine_id, MachineState.SUSPENDED, MachineState.RUNNING, self._thaw)
-
-    async def _flip(self, machine_id: str, source: MachineState, target: MachineState,
-                    act: Callable[[str], Awaitable[None]]) -> None:
-        """``source`` → ``target`` by ``act`` (freeze or thaw); already ``target`` is done."""
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is target:
-                return
-            if observed is not source:
-                raise DriverError(f"machine {machine_id} is {observed.value}, not {source.value}")
-            await act(machine_id)
-            self._save(record.with_state(target))
 
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):
@@ -422,13 +368,8 @@ class OciDriver:
         """Copy a stopped machine's writable layer (deletions included, as overlay
         whiteouts) to ``dest``, for :attr:`MachineSpec.layers` of other machines."""
         async with self._lock(machine_id):
-            self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is not MachineState.STOPPED:
-                raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
-                                  "exporting its layer")
+            await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
-            await self.release(machine_id)
             paths.run.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(storage.mount_disk, paths.disk_image, paths.disk_mount,
                                     readonly=True)
@@ -448,8 +389,8 @@ class OciDriver:
             state = await self.runc.query(machine_id)
             if state is not None and state.status in ("running", "paused"):
                 paths = self._paths(machine_id)
-                name = _uts_name(hostname)
-                for file, text in (("hostname", name + "\n"), ("hosts", _hosts(name))):
+                name = uts_name(hostname)
+                for file, text in (("hostname", name + "\n"), ("hosts", hosts_file(name))):
                     _rewrite_in_place(paths.files / file, text)
                 if isinstance(self.runc, runsc.Runsc):
                     if state.status == "paused":  # nothing runs in it: set on resume
@@ -471,16 +412,6 @@ class OciDriver:
         if state.status == "paused" or self.cgroups.frozen(self._paths(machine_id).cgroup):
             return MachineState.SUSPENDED
         return MachineState.RUNNING
-
-    async def state(self, machine_id: str) -> MachineState:
-        try:
-            self._record(machine_id)
-        except MachineNotFound:
-            return MachineState.ABSENT
-        return await self._observe(machine_id)
-
-    def agent_socket(self, machine_id: str) -> Path:
-        return self._paths(machine_id).socket
 
     async def adopt(self) -> list[ObservedMachine]:
         """Every machine of this data directory, as it is now; dead incarnations
@@ -513,24 +444,6 @@ class OciDriver:
             log.warning("removing container %s, which has no machine record", orphan)
             await self.runc.delete(orphan)
         return found
-
-    async def _adopt_network(self, machine_id: str) -> bool:
-        """Reload a live machine's network rules and restart its slirp if it died;
-        ``False`` (the machine must be stopped) when its namespace is gone."""
-        try:
-            if await self.network.adopt(machine_id) is not None:
-                return True
-        except DriverError as e:
-            log.warning("machine %s: %s", machine_id, e)
-        log.warning("machine %s lost its network; stopping it", machine_id)
-        return False
-
-    def machine_ids(self) -> list[str]:
-        try:
-            return sorted(p.name for p in self.layout.machines.iterdir()
-                          if (p / records.RECORD).exists())
-        except FileNotFoundError:
-            return []
 
     async def close(self) -> None:
         self._records.clear()
@@ -569,16 +482,6 @@ def _listen(path: Path) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _uts_name(hostname: str) -> str:
-    """What the kernel accepts as a hostname: at most 64 bytes, whole characters."""
-    return hostname.encode()[:64].decode(errors="ignore") or "sandbox"
-
-
-def _hosts(hostname: str) -> str:
-    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-            f"127.0.1.1\t{hostname}\n")
 
 
 def _rewrite_in_place(path: Path, text: str) -> None:

@@ -33,7 +33,6 @@ import os
 import shlex
 import shutil
 import signal
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkManager
 from ..oci import agent_bundle, records, storage
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
@@ -140,10 +140,12 @@ class VmPaths:
         return self.home / "booted"
 
 
-class VmDriver:
+class VmDriver(RecordKeepingDriver):
     name = "vm"
+    log = log
 
     def __init__(self, settings: Settings) -> None:
+        super().__init__()
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
@@ -167,17 +169,10 @@ class VmDriver:
         self._initramfs: Path | None = None
         self._kernel: Path | None = None
         self._init_argv: list[str] = []
-        self._locks: dict[str, asyncio.Lock] = {}
         self._relays: dict[str, Relay] = {}
         self._relay_loop = RelayLoop()
         self._building: set[str] = set()
         self._builds: list[concurrent.futures.Future[None]] = []
-
-    @property
-    def base_image(self) -> str:
-        # The same image as containers, and layers in the same (shifted) ownership,
-        # so environments built by one class serve the others.
-        return self.recipe.key()
 
     @property
     def machines(self) -> Path:
@@ -248,9 +243,6 @@ class VmDriver:
         for partial in (self.home / "templates").glob(".*"):
             shutil.rmtree(partial, ignore_errors=True)
 
-    def _lock(self, machine_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(machine_id, asyncio.Lock())
-
     def _paths(self, machine_id: str) -> VmPaths:
         check_machine_id(machine_id)
         return VmPaths(self.machines / machine_id, self.run_root / machine_id)
@@ -265,39 +257,6 @@ class VmDriver:
         records.write(self._paths(record.spec.machine_id).home, record)
 
     # -- lifecycle ------------------------------------------------------------
-    async def create(self, spec: MachineSpec) -> None:
-        async with self._lock(spec.machine_id):
-            paths = self._paths(spec.machine_id)
-            if records.read(paths.home) is not None:
-                return
-            paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
-                                    self.layout.data_dir / "disks")
-            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
-
-    async def start(self, machine_id: str) -> None:
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is MachineState.RUNNING:
-                return
-            if observed is MachineState.SUSPENDED:
-                await qmp.execute(self._paths(machine_id).qmp, "cont")
-                self._save(record.with_state(MachineState.RUNNING))
-                return
-            await self.prepare()
-            started = time.perf_counter()
-            await self.release(machine_id)
-            try:
-                await self._boot(record)
-            except BaseException as e:
-                log.warning("machine %s failed to start: %s", machine_id, e)
-                await self.release(machine_id)
-                raise
-            self._save(record.with_state(MachineState.RUNNING))
-            log.info("machine %s started in %.0f ms", machine_id,
-                     (time.perf_counter() - started) * 1000)
-
     async def _layer_disks(self, spec: MachineSpec) -> list[Path]:
         out = []
         for layer in spec.layers:
@@ -390,7 +349,7 @@ class VmDriver:
                     hostname: str, resolv_conf: str, layers: int, network: bool) -> None:
         assert self._initramfs is not None
         run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(env)),
-                     "hostname": hostname + "\n", "hosts": _hosts(hostname),
+                     "hostname": hostname + "\n", "hosts": hosts_file(hostname),
                      "resolv.conf": resolv_conf}
         initramfs.boot_archive(
             self._initramfs, paths.initrd,
@@ -409,7 +368,7 @@ class VmDriver:
 
     async def _cold_boot(self, spec: MachineSpec, paths: VmPaths, layers: list[Path],
                          resolv_conf: str, *, network: bool) -> None:
-        name = _uts_name(spec.hostname)
+        name = uts_name(spec.hostname)
         config: dict[str, object] = {"hostname": name, "pids": spec.limits.pids,
                                      "agent_options": AGENT_OPTIONS}
         await asyncio.to_thread(self._boot_files, paths, config, spec.env, name, resolv_conf,
@@ -431,7 +390,7 @@ class VmDriver:
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
         await qmp.execute(paths.qmp, "cont")
-        config = {"hostname": _uts_name(spec.hostname), "pids": spec.limits.pids,
+        config = {"hostname": uts_name(spec.hostname), "pids": spec.limits.pids,
                   "env": dict(spec.env)}
         await self._relay_loop.call(relay.configure(json.dumps(config).encode(), 30.0))
 
@@ -494,27 +453,11 @@ class VmDriver:
         lines = str(text).strip().splitlines()
         return " | ".join(lines[-8:]) or "(empty)"
 
-    async def suspend(self, machine_id: str) -> None:
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is MachineState.SUSPENDED:
-                return
-            if observed is not MachineState.RUNNING:
-                raise DriverError(f"machine {machine_id} is {observed.value}, not running")
-            await qmp.execute(self._paths(machine_id).qmp, "stop")
-            self._save(record.with_state(MachineState.SUSPENDED))
+    async def _freeze(self, machine_id: str) -> None:
+        await qmp.execute(self._paths(machine_id).qmp, "stop")
 
-    async def resume(self, machine_id: str) -> None:
-        async with self._lock(machine_id):
-            record = self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is MachineState.RUNNING:
-                return
-            if observed is not MachineState.SUSPENDED:
-                raise DriverError(f"machine {machine_id} is {observed.value}, not suspended")
-            await qmp.execute(self._paths(machine_id).qmp, "cont")
-            self._save(record.with_state(MachineState.RUNNING))
+    async def _thaw(self, machine_id: str) -> None:
+        await qmp.execute(self._paths(machine_id).qmp, "cont")
 
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):
@@ -586,13 +529,8 @@ class VmDriver:
         to its disk, so the file system is checked (``e2fsck``, in user space)
         before the host kernel mounts it read-only."""
         async with self._lock(machine_id):
-            self._record(machine_id)
-            observed = await self._observe(machine_id)
-            if observed is not MachineState.STOPPED:
-                raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
-                                  "exporting its layer")
+            await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
-            await self.release(machine_id)
             check = await asyncio.create_subprocess_exec(
                 "e2fsck", "-f", "-y", str(paths.disk_image), stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
@@ -621,7 +559,7 @@ class VmDriver:
             if relay is not None and await self._observe(machine_id) is not MachineState.STOPPED:
                 # Delivered in order before any later request on the channel, so
                 # the next command sees it (a suspended guest takes it on resume).
-                await self._relay_loop.call(relay.set_hostname(_uts_name(hostname)))
+                await self._relay_loop.call(relay.set_hostname(uts_name(hostname)))
 
     # -- observation ----------------------------------------------------------
     async def _observe(self, machine_id: str) -> MachineState:
@@ -638,16 +576,6 @@ class VmDriver:
         if state in ("paused", "suspended", "prelaunch"):
             return MachineState.SUSPENDED
         return MachineState.STOPPED  # shut down, panicked, internal error
-
-    async def state(self, machine_id: str) -> MachineState:
-        try:
-            self._record(machine_id)
-        except MachineNotFound:
-            return MachineState.ABSENT
-        return await self._observe(machine_id)
-
-    def agent_socket(self, machine_id: str) -> Path:
-        return self._paths(machine_id).socket
 
     async def adopt(self) -> list[ObservedMachine]:
         found: list[ObservedMachine] = []
@@ -678,24 +606,6 @@ class VmDriver:
             found.append(ObservedMachine(machine_id=machine_id, state=observed,
                                          labels=dict(record.spec.labels)))
         return found
-
-    async def _adopt_network(self, machine_id: str) -> bool:
-        """Reload a live machine's rules (and restart its slirp4netns if it died);
-        ``False`` when its namespace is gone (QEMU's sockets went with it)."""
-        try:
-            if await self.network.adopt(machine_id) is not None:
-                return True
-        except DriverError as e:
-            log.warning("machine %s: %s", machine_id, e)
-        log.warning("machine %s lost its network; stopping it", machine_id)
-        return False
-
-    def machine_ids(self) -> list[str]:
-        try:
-            return sorted(p.name for p in self.machines.iterdir()
-                          if (p / records.RECORD).exists())
-        except FileNotFoundError:
-            return []
 
     async def close(self) -> None:
         # A template still building is abandoned: its guest is killed.
@@ -732,13 +642,4 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
-
-
-def _uts_name(hostname: str) -> str:
-    return hostname.encode()[:64].decode(errors="ignore") or "sandbox"
-
-
-def _hosts(hostname: str) -> str:
-    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-            f"127.0.1.1\t{hostname}\n")
 

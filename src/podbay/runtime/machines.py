@@ -1,0 +1,199 @@
+"""What the drivers that keep a record per machine on disk share (``oci``, ``vm``).
+
+Both keep ``machines/<id>/machine.json`` (spec and commanded state) beside a
+sparse ext4 file for the writable layer, serialise calls for one machine with
+an asyncio lock, and observe the live state from their own runtime (runc's
+state, QEMU's QMP status). What differs is how a machine runs, so each driver
+supplies :meth:`_paths`, :meth:`_record`, :meth:`_save`, :meth:`_observe`,
+:meth:`_boot`, :meth:`_freeze`, :meth:`_thaw`, :meth:`release` and the directory
+of its records; the bookkeeping around them is written once here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Protocol
+
+from .base import DriverError, MachineNotFound, MachineSpec, MachineState
+from .network import NetworkManager
+from .oci import records, storage
+from .oci.image import Recipe
+from .oci.layout import Layout
+
+
+class MachineFiles(Protocol):
+    """Where one machine's files are (each driver has more of them)."""
+
+    @property
+    def home(self) -> Path: ...
+
+    @property
+    def disk_image(self) -> Path: ...
+
+    @property
+    def socket(self) -> Path: ...
+
+
+class RecordKeepingDriver(ABC):
+    """The shared half of a driver whose machines are records plus a disk file."""
+
+    layout: Layout
+    recipe: Recipe
+    network: NetworkManager
+    #: The driver's own logger (its messages keep their names).
+    log: logging.Logger
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def base_image(self) -> str:
+        # One image for every class, and layers in the same (shifted) ownership,
+        # so environments built by one class serve the others.
+        return self.recipe.key()
+
+    @property
+    @abstractmethod
+    def machines(self) -> Path:
+        """The directory holding one directory (and record) per machine."""
+
+    @abstractmethod
+    def _paths(self, machine_id: str) -> MachineFiles: ...
+
+    @abstractmethod
+    def _record(self, machine_id: str) -> records.MachineRecord:
+        """The machine's record; :class:`MachineNotFound` when there is none."""
+
+    @abstractmethod
+    def _save(self, record: records.MachineRecord) -> None: ...
+
+    @abstractmethod
+    async def _observe(self, machine_id: str) -> MachineState:
+        """What the runtime says the machine is now (never ``absent``)."""
+
+    @abstractmethod
+    async def prepare(self) -> None: ...
+
+    @abstractmethod
+    async def _boot(self, record: records.MachineRecord) -> None:
+        """Start a new incarnation of a stopped machine (its agent answers)."""
+
+    @abstractmethod
+    async def _freeze(self, machine_id: str) -> None:
+        """Halt a running machine, memory and files kept."""
+
+    @abstractmethod
+    async def _thaw(self, machine_id: str) -> None:
+        """Let a halted machine run again."""
+
+    @abstractmethod
+    async def release(self, machine_id: str) -> None:
+        """End the incarnation; the disk stays."""
+
+    def _lock(self, machine_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(machine_id, asyncio.Lock())
+
+    async def create(self, spec: MachineSpec) -> None:
+        async with self._lock(spec.machine_id):
+            paths = self._paths(spec.machine_id)
+            if records.read(paths.home) is not None:
+                return  # created already (a retry): the first spec stands
+            paths.home.mkdir(parents=True, exist_ok=True)
+            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
+                                    self.layout.data_dir / "disks")
+            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
+
+    async def start(self, machine_id: str) -> None:
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is MachineState.RUNNING:
+                return
+            if observed is MachineState.SUSPENDED:
+                await self._thaw(machine_id)
+                self._save(record.with_state(MachineState.RUNNING))
+                return
+            await self.prepare()
+            started = time.perf_counter()
+            await self.release(machine_id)  # whatever a dead incarnation left
+            try:
+                await self._boot(record)
+            except BaseException as e:
+                self.log.warning("machine %s failed to start: %s", machine_id, e)
+                await self.release(machine_id)
+                raise
+            self._save(record.with_state(MachineState.RUNNING))
+            self.log.info("machine %s started in %.0f ms", machine_id,
+                          (time.perf_counter() - started) * 1000)
+
+    async def suspend(self, machine_id: str) -> None:
+        await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED)
+
+    async def resume(self, machine_id: str) -> None:
+        await self._flip(machine_id, MachineState.SUSPENDED, MachineState.RUNNING)
+
+    async def _flip(self, machine_id: str, source: MachineState,
+                    target: MachineState) -> None:
+        """``source`` → ``target`` (freeze or thaw); already ``target`` is done."""
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            observed = await self._observe(machine_id)
+            if observed is target:
+                return
+            if observed is not source:
+                raise DriverError(f"machine {machine_id} is {observed.value}, not {source.value}")
+            await (self._freeze if target is MachineState.SUSPENDED else self._thaw)(machine_id)
+            self._save(record.with_state(target))
+
+    async def _release_stopped(self, machine_id: str) -> None:
+        """For work on a stopped machine's disk (under the machine's lock): it
+        exists, is stopped, and nothing of an old incarnation holds its files."""
+        self._record(machine_id)
+        observed = await self._observe(machine_id)
+        if observed is not MachineState.STOPPED:
+            raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
+                              "exporting its layer")
+        await self.release(machine_id)
+
+    async def state(self, machine_id: str) -> MachineState:
+        try:
+            self._record(machine_id)
+        except MachineNotFound:
+            return MachineState.ABSENT
+        return await self._observe(machine_id)
+
+    def agent_socket(self, machine_id: str) -> Path:
+        return self._paths(machine_id).socket
+
+    async def _adopt_network(self, machine_id: str) -> bool:
+        """Reload a live machine's network rules and restart its slirp if it died;
+        ``False`` (the machine must be stopped) when its namespace is gone."""
+        try:
+            if await self.network.adopt(machine_id) is not None:
+                return True
+        except DriverError as e:
+            self.log.warning("machine %s: %s", machine_id, e)
+        self.log.warning("machine %s lost its network; stopping it", machine_id)
+        return False
+
+    def machine_ids(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.machines.iterdir()
+                          if (p / records.RECORD).exists())
+        except FileNotFoundError:
+            return []
+
+
+def uts_name(hostname: str) -> str:
+    """What the kernel accepts as a hostname: at most 64 bytes, whole characters."""
+    return hostname.encode()[:64].decode(errors="ignore") or "sandbox"
+
+
+def hosts_file(hostname: str) -> str:
+    """The sandbox's ``/etc/hosts``: loopback names and its own hostname."""
+    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"127.0.1.1\t{hostname}\n")
