@@ -205,14 +205,7 @@ class Files:
             raise path_refusal(exc, shown_source) from None
         if not req.overwrite and os.path.lexists(dest):
             raise ApiError(ErrorCode.PATH_EXISTS, f"{shown} already exists")
-        parent = os.path.dirname(dest)
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except FileExistsError:
-            raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
-                           f"{shown}: a parent is not a directory") from None
-        except OSError as exc:
-            raise path_refusal(exc, shown) from None
+        _make_parents(os.path.dirname(dest), shown)
         try:
             os.rename(source, dest)
         except OSError as exc:
@@ -294,13 +287,7 @@ class Files:
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise ApiError(ErrorCode.PATH_IS_DIRECTORY, f"{shown} is a directory")
         parent, name = os.path.split(target)
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except FileExistsError:
-            raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
-                          f"{shown}: a parent is not a directory") from None
-        except OSError as exc:
-            raise path_refusal(exc, shown) from None
+        _make_parents(parent, shown)
         temp = os.path.join(parent, f".{name}.podbay-{os.urandom(4).hex()}.tmp")
         try:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -364,6 +351,17 @@ class Files:
         except OSError as exc:
             raise path_refusal(exc, shown) from None
         return self.info(path, shown, follow=True)
+
+
+def _make_parents(parent: str, shown: str) -> None:
+    """Create the missing directories above a path being written or moved to."""
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except FileExistsError:
+        raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
+                       f"{shown}: a parent is not a directory") from None
+    except OSError as exc:
+        raise path_refusal(exc, shown) from None
 
 
 def _info(st: os.stat_result, shown: str) -> FileInfo:
