@@ -11,7 +11,7 @@ with the image's bare interpreter) and the CLI do not pay for the client.
 
 from __future__ import annotations
 
-import importlib
+from podbay.wire._lazy import lazy_getattr
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
@@ -44,17 +44,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names
-    from typing import Any
-
     from podbay.client import *
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'podbay' has no attribute {name!r}")
-    value = getattr(importlib.import_module("podbay.client"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "podbay.client"))
 
 
 def __dir__() -> list[str]:

@@ -24,7 +24,7 @@ Errors (from :mod:`podbay.errors`)::
 
 from __future__ import annotations
 
-import importlib
+from podbay.wire._lazy import lazy_getattr
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
@@ -101,8 +101,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any
-
     from podbay.errors import (
         InterpreterError,
         PodbayError,
@@ -140,10 +138,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._sync.client import CodeInterpreter, Sandbox, SandboxClient, Terminal
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'podbay.client' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -11,22 +11,22 @@ the CLI's quick exec path needs only the paths.
 
 from __future__ import annotations
 
-import importlib
+from ._lazy import lazy_getattr
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
 _EXPORTS: dict[str, str] = {
-    "WireError": "codec",
-    "decode": "codec",
-    "dumps": "codec",
-    "encode": "codec",
-    "format_time": "codec",
-    "loads": "codec",
-    "parse_time": "codec",
-    "NOT_ENABLED_CODES": "codes",
-    "STATUS": "codes",
-    "ErrorCode": "codes",
-    "error_body": "codes",
+    "WireError": ".codec",
+    "decode": ".codec",
+    "dumps": ".codec",
+    "encode": ".codec",
+    "format_time": ".codec",
+    "loads": ".codec",
+    "parse_time": ".codec",
+    "NOT_ENABLED_CODES": ".codes",
+    "STATUS": ".codes",
+    "ErrorCode": ".codes",
+    "error_body": ".codes",
 }
 
 __all__ = [
@@ -44,16 +44,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any
-
     from .codec import WireError, decode, dumps, encode, format_time, loads, parse_time
     from .codes import NOT_ENABLED_CODES, STATUS, ErrorCode, error_body
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'podbay.wire' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
