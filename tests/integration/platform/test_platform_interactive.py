@@ -66,7 +66,8 @@ while True:
         if b0 & 15 == 8:
             c.sendall(b"\x88\x02" + data[:2]); c.close(); break
         out = (h["x-forwarded-prefix"] + " " + data.decode().upper()).encode()
-        c.sendall(bytes([0x81, len(out)]) + out)
+        size = bytes([len(out)]) if len(out) < 126 else b"\x7e" + struct.pack(">H", len(out))
+        c.sendall(b"\x81" + size + out)
 '''
 
 
@@ -193,6 +194,16 @@ def test_websocket_through_ports(handle: dict[str, Any], servers: dict[str, int]
     with pytest.raises(InvalidStatus) as refused:
         connect(url)
     assert refused.value.response.status_code == 401
+
+
+def test_websocket_through_a_share_url(server: PlatformServer, token: str,
+                                       handle: dict[str, Any], servers: dict[str, int]) -> None:
+    shared = server.api("POST", f"/api/v1/sandboxes/{handle['name']}/ports/{servers['ws']}"
+                                "/share", token).json()["url"]
+    with connect(shared.replace("http://", "ws://", 1) + "chat") as ws:
+        ws.send("hi")
+        prefix = "/share/" + shared.split("/share/")[1].rstrip("/")
+        assert ws.recv(timeout=60) == f"{prefix} HI"
 
 
 def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
