@@ -221,3 +221,22 @@ def test_replacing_agent_paths_inside_is_refused(oci_machines: Machines) -> None
     assert not m.sh("rm -rf /.podbay/agent").ok or m.sh("test -d /.podbay/agent/podbay").ok
     assert not m.sh("ln -sf /etc/passwd /.podbay/env.json").ok
     assert m.sh("echo ok").ok
+
+
+def test_destroy_while_suspended_leaves_nothing(oci_machines: Machines,
+                                                oci_session: DriverSession) -> None:
+    # runsc panics deleting a paused container and left it running.
+    m = oci_machines.up()
+    oci_session.run(oci_session.driver.suspend(m.id))
+    oci_session.run(oci_session.driver.destroy(m.id))
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+            and m.id in _cmdline(p)]
+    assert left == []
+    assert m.id not in oci_session.driver.runc.container_ids()
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

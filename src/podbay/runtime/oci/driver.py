@@ -317,7 +317,7 @@ class OciDriver(RecordKeepingDriver):
             if self.runc.is_runc:
                 await self.runc.kill_init(
                     machine_id, thaw=lambda: self._thaw_if(frozen, machine_id))
-            elif frozen:
+            elif frozen and not isinstance(self.runc, runsc.Runsc):  # runsc: see delete
                 await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
         leftover = self.cgroups.remove(paths.cgroup)

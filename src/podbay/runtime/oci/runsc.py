@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import DriverError
+from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
 from .readiness import wait_ready
 from .runc import Runc
@@ -77,7 +79,8 @@ class Runsc(Runc):
         self.netns = netns
 
     def command(self, *args: str) -> list[str]:
-        path = self.netns(args[-1])
+        # The container id is the last argument, but for ``kill ID SIGNAL``.
+        path = self.netns(args[-2] if args[0] == "kill" else args[-1])
         return [*enter_argv(path), *self.argv(*args)] if is_mounted(path) else self.argv(*args)
 
     def argv(self, *args: str) -> list[str]:
@@ -105,6 +108,27 @@ class Runsc(Runc):
         if proc.returncode != 0:
             raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
 
+    def _end_paused(self, container_id: str) -> bool:
+        """This runsc panics deleting a paused container ("invalid state transition:
+        paused => stopped") and leaves it running. A paused one is ended here:
+        its sandbox and gofer processes are killed (frozen, they run nothing) and
+        its state files removed. ``False`` when it is not paused."""
+        state_file = self._state_file(container_id)
+        try:
+            raw = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            return False
+        if raw.get("status") != "paused":
+            return False
+        pids = [int((raw.get("sandbox") or {}).get("pid") or 0), int(raw.get("goferPid") or 0)]
+        for pid in pids:
+            if pid > 0 and _runsc_process_of(pid, container_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for path in (state_file, state_file.with_suffix(".lock")):
+            path.unlink(missing_ok=True)
+        return True
+
     def _state_file(self, container_id: str) -> Path:
         return self.root / f"{container_id}_sandbox:{container_id}.state"
 
@@ -118,11 +142,19 @@ class Runsc(Runc):
                       if n.endswith(".state") and "_sandbox:" in n)
 
     async def delete(self, container_id: str) -> None:
-        if not self._state_file(container_id).exists():
+        state_file = self._state_file(container_id)
+        if not state_file.exists():
+            return
+        if self._end_paused(container_id):
             return
         code, text = await self.call("delete", "--force", container_id, check=False)
         if code != 0 and self._state_file(container_id).exists():
             raise DriverError(f"{self.binary} delete {container_id} failed: {text}")
+
+
+def _runsc_process_of(pid: int, container_id: str) -> bool:
+    argv = procscan.cmdline(pid)
+    return bool(argv) and argv[0].startswith("runsc") and container_id in " ".join(argv)
 
 
 def reachable(path: Path) -> bool:
