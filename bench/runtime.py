@@ -239,9 +239,13 @@ def main() -> None:
     print(f"destroy          p50 {result['destroy_ms_p50']:.0f} ms")
     print(f"density          {d['sandboxes']} idle sandboxes ({d['stopped_because']}), "
           f"{d['answering']} answering; started in {d['seconds_to_start_all']:.1f} s")
-    print(f"agent memory     RSS median {d['agent_rss_mib']['median']:.1f} MiB "
-          f"(max {d['agent_rss_mib']['max']:.1f}), PSS median {d['agent_pss_mib_median']:.1f} "
-          f"MiB; host memory per sandbox {d['host_memory_per_sandbox_mib']:.1f} MiB")
+    rss = d["agent_rss_mib"]
+    if rss["median"] is None:  # no single process holds it (gVisor: sentry and gofer)
+        print(f"host memory      {d['host_memory_per_sandbox_mib']:.1f} MiB per idle sandbox")
+    else:
+        print(f"agent memory     RSS median {rss['median']:.1f} MiB (max {rss['max']:.1f}), "
+              f"PSS median {d['agent_pss_mib_median']:.1f} MiB; host memory per sandbox "
+              f"{d['host_memory_per_sandbox_mib']:.1f} MiB")
 
 
 if __name__ == "__main__":
