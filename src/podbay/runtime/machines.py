@@ -16,26 +16,12 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Protocol
 
 from .base import DriverError, MachineNotFound, MachineSpec, MachineState
 from .network import NetworkManager
 from .oci import records, storage
 from .oci.image import Recipe
-from .oci.layout import Layout
-
-
-class MachineFiles(Protocol):
-    """Where one machine's files are (each driver has more of them)."""
-
-    @property
-    def home(self) -> Path: ...
-
-    @property
-    def disk_image(self) -> Path: ...
-
-    @property
-    def socket(self) -> Path: ...
+from .oci.layout import Layout, MachineDirs
 
 
 class RecordKeepingDriver(ABC):
@@ -62,7 +48,7 @@ class RecordKeepingDriver(ABC):
         """The directory holding one directory (and record) per machine."""
 
     @abstractmethod
-    def _paths(self, machine_id: str) -> MachineFiles: ...
+    def _paths(self, machine_id: str) -> MachineDirs: ...
 
     @abstractmethod
     def _record(self, machine_id: str) -> records.MachineRecord:

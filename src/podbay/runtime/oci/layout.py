@@ -65,14 +65,24 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class MachinePaths:
+class MachineDirs:
+    """A machine's two directories and what every driver keeps in them."""
+
     home: Path  # persistent
     run: Path  # volatile
-    cgroup: str
 
     @property
     def disk_image(self) -> Path:
         return self.home / "disk.ext4"
+
+    @property
+    def socket(self) -> Path:
+        return self.run / "agent.sock"
+
+
+@dataclass(frozen=True)
+class MachinePaths(MachineDirs):
+    cgroup: str
 
     @property
     def disk_mount(self) -> Path:
@@ -86,10 +96,6 @@ class MachinePaths:
     def files(self) -> Path:
         """Host files bound into the sandbox: on its disk, beside ``upper/``."""
         return self.disk_mount / "host"
-
-    @property
-    def socket(self) -> Path:
-        return self.run / "agent.sock"
 
     @property
     def console(self) -> Path:

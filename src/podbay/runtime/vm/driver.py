@@ -52,7 +52,7 @@ from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkManager
 from ..oci import agent_bundle, records, storage
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
-from ..oci.layout import Layout
+from ..oci.layout import Layout, MachineDirs
 from ..oci.readiness import wait_ready
 from . import disks, initramfs, qmp, templates
 from .relay import Relay, RelayLoop
@@ -106,18 +106,7 @@ def host_tsc_khz() -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class VmPaths:
-    home: Path
-    run: Path
-
-    @property
-    def disk_image(self) -> Path:
-        return self.home / "disk.ext4"
-
-    @property
-    def socket(self) -> Path:
-        return self.run / "agent.sock"
-
+class VmPaths(MachineDirs):
     @property
     def mux(self) -> Path:
         return self.run / "mux.sock"

@@ -216,6 +216,8 @@ class Relay:
                     if done is not None:
                         done.set()
                     continue
+                # Mirrors the guest's dispatch in guest/init.py (a deliberate twin:
+                # there threads in the guest's interpreter, here asyncio queues).
                 stream = self.streams.get(sid)
                 if stream is None:
                     continue

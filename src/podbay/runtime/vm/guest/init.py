@@ -252,6 +252,9 @@ class Mux:
                 old.close()
             stream.start()
             return
+        # The stream frames are dispatched as the host's relay.py does (a deliberate
+        # twin): this side runs threads in the guest's bare interpreter, the host's
+        # side asyncio queues, so the two cannot share the code that feeds them.
         known = self.streams.get(sid)
         if known is None:
             return  # a stream that just ended: its late frames are moot
