@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from .base import DriverError, MachineNotFound, MachineSpec, MachineState
+from .base import DriverError, MachineNotFound, MachineSpec, MachineState, ObservedMachine
 from .network import NetworkManager
 from .oci import records, storage
 from .oci.image import Recipe
@@ -154,6 +154,38 @@ class RecordKeepingDriver(ABC):
 
     def agent_socket(self, machine_id: str) -> Path:
         return self._paths(machine_id).socket
+
+    async def _adopt_records(self) -> list[ObservedMachine]:
+        """Every machine with a record, as it is now: a dead incarnation (or a
+        live one whose network is gone) is released to ``stopped``, a live one is
+        handed to :meth:`_adopt_live`; the record follows what was observed."""
+        found: list[ObservedMachine] = []
+        try:
+            homes = sorted(p for p in self.machines.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            homes = []
+        for home in homes:
+            record = records.read(home)
+            if record is None:
+                continue  # a create that never finished: gc removes it
+            machine_id = record.spec.machine_id
+            async with self._lock(machine_id):
+                observed = await self._observe(machine_id)
+                if observed is not MachineState.STOPPED and not await self._adopt_network(
+                        machine_id):
+                    observed = MachineState.STOPPED
+                if observed is MachineState.STOPPED:
+                    await self.release(machine_id)
+                else:
+                    await self._adopt_live(machine_id)
+                if observed.value != record.commanded.value:
+                    self._save(record.with_state(observed))
+            found.append(ObservedMachine(machine_id=machine_id, state=observed,
+                                         labels=dict(record.spec.labels)))
+        return found
+
+    async def _adopt_live(self, machine_id: str) -> None:  # noqa: B027 - an optional hook
+        """Reconnect what a live machine needs beyond its network (nothing here)."""
 
     async def _adopt_network(self, machine_id: str) -> bool:
         """Reload a live machine's network rules and restart its slirp if it died;

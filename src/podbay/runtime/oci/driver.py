@@ -416,30 +416,9 @@ class OciDriver(RecordKeepingDriver):
     async def adopt(self) -> list[ObservedMachine]:
         """Every machine of this data directory, as it is now; dead incarnations
         (agent gone, mounts without a container) are cleaned up to ``stopped``."""
-        found: list[ObservedMachine] = []
-        known: set[str] = set()
-        try:
-            homes = sorted(p for p in self.layout.machines.iterdir() if p.is_dir())
-        except FileNotFoundError:
-            homes = []
-        for home in homes:
-            record = records.read(home)
-            if record is None:
-                continue  # a create that never finished: gc removes it
-            machine_id = record.spec.machine_id
-            known.add(machine_id)
-            async with self._lock(machine_id):
-                self._records[machine_id] = record
-                observed = await self._observe(machine_id)
-                if observed is not MachineState.STOPPED and not await self._adopt_network(
-                        machine_id):
-                    observed = MachineState.STOPPED
-                if observed is MachineState.STOPPED:
-                    await self.release(machine_id)
-                if observed.value != record.commanded.value:
-                    self._save(record.with_state(observed))
-            found.append(ObservedMachine(machine_id=machine_id, state=observed,
-                                         labels=dict(record.spec.labels)))
+        self._records.clear()  # read again from disk, as adopted
+        found = await self._adopt_records()
+        known = {machine.machine_id for machine in found}
         for orphan in set(self.runc.container_ids()) - known:
             log.warning("removing container %s, which has no machine record", orphan)
             await self.runc.delete(orphan)

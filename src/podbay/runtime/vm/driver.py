@@ -567,34 +567,15 @@ class VmDriver(RecordKeepingDriver):
         return MachineState.STOPPED  # shut down, panicked, internal error
 
     async def adopt(self) -> list[ObservedMachine]:
-        found: list[ObservedMachine] = []
         await self._clear_template_leftovers()  # a killed node's half-built templates
-        try:
-            homes = sorted(p for p in self.machines.iterdir() if p.is_dir())
-        except FileNotFoundError:
-            homes = []
-        for home in homes:
-            record = records.read(home)
-            if record is None:
-                continue
-            machine_id = record.spec.machine_id
-            async with self._lock(machine_id):
-                observed = await self._observe(machine_id)
-                if observed is not MachineState.STOPPED and not await self._adopt_network(
-                        machine_id):
-                    observed = MachineState.STOPPED
-                if observed is MachineState.STOPPED:
-                    await self.release(machine_id)
-                elif machine_id not in self._relays:
-                    paths = self._paths(machine_id)
-                    relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
-                    self._relays[machine_id] = relay
-                    await self._relay_loop.call(relay.start())
-                if observed.value != record.commanded.value:
-                    self._save(record.with_state(observed))
-            found.append(ObservedMachine(machine_id=machine_id, state=observed,
-                                         labels=dict(record.spec.labels)))
-        return found
+        return await self._adopt_records()
+
+    async def _adopt_live(self, machine_id: str) -> None:
+        if machine_id not in self._relays:
+            paths = self._paths(machine_id)
+            relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
+            self._relays[machine_id] = relay
+            await self._relay_loop.call(relay.start())
 
     async def close(self) -> None:
         # A template still building is abandoned: its guest is killed.
