@@ -68,6 +68,9 @@ _EXPORTS: dict[str, str] = {
 
 # BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat)
 # resolve as attributes but stay out of the pinned star-import surface.
+# ``podbay.__all__`` repeats most of this list on purpose (a deliberate twin):
+# ``import podbay`` must not load the client to learn its names;
+# tests/unit/test_public_api.py pins both.
 __all__ = [
     "AsyncCodeInterpreter",
     "AsyncSandbox",
