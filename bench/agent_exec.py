@@ -101,8 +101,11 @@ def burst(sock_path: str, pid: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=500, help="exec samples (default 500)")
-    parser.add_argument("--python", default="/usr/bin/python3.11",
-                        help="interpreter to run the agent with (the image's)")
+    parser.add_argument(
+        "--python",
+        default="/usr/bin/python3.11",
+        help="interpreter to run the agent with (the image's)",
+    )
     parser.add_argument("--poll-seconds", type=float, default=2.0)
     args = parser.parse_args()
 
@@ -116,9 +119,11 @@ def main() -> int:
     listener.listen(128)
     started = time.perf_counter()
     proc = subprocess.Popen(
-        agent_argv([args.python], staged, "--fd", str(listener.fileno()),
-                   "--workspace", str(workspace)),
-        pass_fds=(listener.fileno(),), env=dict(AGENT_ENV),
+        agent_argv(
+            [args.python], staged, "--fd", str(listener.fileno()), "--workspace", str(workspace)
+        ),
+        pass_fds=(listener.fileno(),),
+        env=dict(AGENT_ENV),
     )
     listener.close()
     try:
@@ -150,8 +155,9 @@ def main() -> int:
             spawn_ms.append((t3 - t2) * 1000)
         after_exec_rss = rss_kib(proc.pid)
 
-        status, raw = client.request("POST", "/v1/processes",
-                                     json.dumps({"command": ["yes", "a" * 63]}).encode())
+        status, raw = client.request(
+            "POST", "/v1/processes", json.dumps({"command": ["yes", "a" * 63]}).encode()
+        )
         process_id = json.loads(raw)["process_id"]
         delivered = 0
         polls = 0
@@ -185,16 +191,20 @@ def main() -> int:
     print(f"  ratio agent / subprocess.run p50:   {p50_agent / p50_run:7.2f}x")
     print(f"  ratio agent / posix_spawn p50:      {p50_agent / p50_spawn:7.2f}x")
     print("poll throughput (yes, polled back to back)")
-    print(f"  delivered {delivered / elapsed / 1e6:8.1f} MB/s over {polls} polls "
-          f"({delivered / max(polls, 1) / 1024:.0f} KiB/poll); produced "
-          f"{produced / elapsed / 1e6:.1f} MB/s, dropped {produced - delivered} bytes")
+    print(
+        f"  delivered {delivered / elapsed / 1e6:8.1f} MB/s over {polls} polls "
+        f"({delivered / max(polls, 1) / 1024:.0f} KiB/poll); produced "
+        f"{produced / elapsed / 1e6:.1f} MB/s, dropped {produced - delivered} bytes"
+    )
     print("agent process")
     print(f"  launch to first answer  {first_answer_ms:7.1f} ms  ({args.python} -I -S)")
     print(f"  idle RSS                {idle_rss / 1024:7.1f} MiB")
     print(f"  RSS after execs         {after_exec_rss / 1024:7.1f} MiB")
     print(f"  RSS after poll run      {poll_rss / 1024:7.1f} MiB")
-    print(f"  RSS after a burst       {burst_rss / 1024:7.1f} MiB  "
-          "(16 concurrent execs printing 1 MiB each, 1 s later)")
+    print(
+        f"  RSS after a burst       {burst_rss / 1024:7.1f} MiB  "
+        "(16 concurrent execs printing 1 MiB each, 1 s later)"
+    )
     return 0
 
 

@@ -38,8 +38,12 @@ def pct(samples: list[float], p: float) -> float:
 
 def summary(samples: list[float]) -> dict[str, float]:
     ms = [s * 1000 for s in samples]
-    return {"n": len(ms), "p50_ms": round(statistics.median(ms), 2),
-            "p99_ms": round(pct(ms, 99), 2), "mean_ms": round(statistics.fmean(ms), 2)}
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(pct(ms, 99), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+    }
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -61,8 +65,9 @@ def agent_socket(server: PlatformServer, endpoint: str) -> Path:
 
     sandbox_id = endpoint.rsplit("/", 1)[1]
     with sqlite3.connect(server.data_dir / "podbay.db") as db:
-        (machine_id,) = db.execute("SELECT machine_id FROM sandboxes WHERE id=?",
-                                   (sandbox_id,)).fetchone()
+        (machine_id,) = db.execute(
+            "SELECT machine_id FROM sandboxes WHERE id=?", (sandbox_id,)
+        ).fetchone()
     settings = Settings.load(environ={**server.env}, data_dir=server.data_dir)
     return OciDriver(settings).agent_socket(machine_id)
 
@@ -72,11 +77,13 @@ async def throughput(server: PlatformServer, handles: list[dict], seconds: float
     stop_at = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
         async def loop(h: dict) -> None:
             nonlocal count
             while time.perf_counter() < stop_at:
-                r = await client.post(h["endpoint"] + "/v1/exec", headers=h["headers"],
-                                      json={"command": ["true"]})
+                r = await client.post(
+                    h["endpoint"] + "/v1/exec", headers=h["headers"], json={"command": ["true"]}
+                )
                 assert r.status_code == 200, r.text
                 count += 1
 
@@ -92,8 +99,12 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, object] = {"warm_pool": args.warm_pool}
     root = Path(tempfile.mkdtemp(prefix="podbay-bench-"))
-    env = {"PODBAY_RUNTIME_WARM_POOL": str(args.warm_pool), "PODBAY_CAPS_PER_DEPLOYMENT": "100",
-           "PODBAY_CAPS_PER_ACCOUNT": "100", "PODBAY_LOG_LEVEL": "warning"}
+    env = {
+        "PODBAY_RUNTIME_WARM_POOL": str(args.warm_pool),
+        "PODBAY_CAPS_PER_DEPLOYMENT": "100",
+        "PODBAY_CAPS_PER_ACCOUNT": "100",
+        "PODBAY_LOG_LEVEL": "warning",
+    }
     with PlatformServer.start(root, env=env) as server:
         token = server.create_deployment("bench")
         http = server.http
@@ -109,8 +120,9 @@ def main() -> None:
 
         # -- a burst: 10 new sandboxes at once (drains a small pool)
         with concurrent.futures.ThreadPoolExecutor(10) as burst:
-            times = list(burst.map(lambda i: timed(lambda: server.attach(token, f"burst-{i}")),
-                                   range(10)))
+            times = list(
+                burst.map(lambda i: timed(lambda: server.attach(token, f"burst-{i}")), range(10))
+            )
         results["attach_new_burst_of_10"] = summary(times)
         for i in range(10):
             server.api("DELETE", f"/api/v1/sandboxes/burst-{i}", token)
@@ -119,7 +131,8 @@ def main() -> None:
         for _ in range(20):
             server.attach(token, "hot")
         results["attach_running"] = summary(
-            [timed(lambda: server.attach(token, "hot")) for _ in range(300)])
+            [timed(lambda: server.attach(token, "hot")) for _ in range(300)]
+        )
 
         resumed = []
         for _ in range(30):
@@ -131,22 +144,31 @@ def main() -> None:
         body = {"command": ["true"]}
         for _ in range(50):
             http.post(h["endpoint"] + "/v1/exec", headers=h["headers"], json=body)
-        results["exec_gateway"] = summary([timed(lambda: http.post(
-            h["endpoint"] + "/v1/exec", headers=h["headers"], json=body)) for _ in range(500)])
+        results["exec_gateway"] = summary(
+            [
+                timed(
+                    lambda: http.post(h["endpoint"] + "/v1/exec", headers=h["headers"], json=body)
+                )
+                for _ in range(500)
+            ]
+        )
         sock = agent_socket(server, h["endpoint"])
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
-                          base_url="http://agent") as direct:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://agent"
+        ) as direct:
             for _ in range(50):
                 direct.post("/v1/exec", json=body)
             results["exec_agent_only"] = summary(
-                [timed(lambda: direct.post("/v1/exec", json=body)) for _ in range(500)])
+                [timed(lambda: direct.post("/v1/exec", json=body)) for _ in range(500)]
+            )
 
         handles = [server.attach(token, f"tp-{i}").json() for i in range(20)]
         cpu_before = cpu_seconds(server.pid())
         rate = asyncio.run(throughput(server, handles, 10.0))
         results["exec_throughput_20_sandboxes_per_s"] = round(rate, 1)
         results["serve_cpu_ms_per_exec"] = round(
-            (cpu_seconds(server.pid()) - cpu_before) * 1000 / (rate * 10.0), 3)
+            (cpu_seconds(server.pid()) - cpu_before) * 1000 / (rate * 10.0), 3
+        )
         rss = {}
         for line in Path(f"/proc/{server.pid()}/status").read_text().splitlines():
             if line.startswith(("VmRSS", "VmHWM")):

@@ -114,15 +114,19 @@ def cmdline(pid: int) -> list[str]:
 
 
 def pids_matching(predicate: Callable[[list[str]], bool]) -> list[int]:
-    return [int(e.name) for e in os.scandir("/proc")
-            if e.name.isdigit() and predicate(cmdline(int(e.name)))]
+    return [
+        int(e.name)
+        for e in os.scandir("/proc")
+        if e.name.isdigit() and predicate(cmdline(int(e.name)))
+    ]
 
 
 class Row:
     """One line of the table: podbay's samples, Docker's, in one unit."""
 
-    def __init__(self, name: str, unit: str, scale: float = 1000.0,
-                 higher_is_better: bool = False) -> None:
+    def __init__(
+        self, name: str, unit: str, scale: float = 1000.0, higher_is_better: bool = False
+    ) -> None:
         self.name, self.unit, self.scale = name, unit, scale
         self.higher_is_better = higher_is_better
         self.podbay: list[float] = []
@@ -136,8 +140,12 @@ class Row:
         return self
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"row": self.name, "unit": self.unit, "n": len(self.podbay),
-                               "a": round(median(self.podbay), 3)}
+        out: dict[str, Any] = {
+            "row": self.name,
+            "unit": self.unit,
+            "n": len(self.podbay),
+            "a": round(median(self.podbay), 3),
+        }
         if self.docker:
             out["b"] = round(median(self.docker), 3)
             pairs = [a / b for a, b in zip(self.podbay, self.docker, strict=False) if b]
@@ -146,6 +154,7 @@ class Row:
 
 
 # -- floors ---------------------------------------------------------------------------
+
 
 def floor_spawn() -> float:
     started = time.perf_counter()
@@ -193,19 +202,23 @@ def loopback_server() -> Iterator[int]:
 
 
 def python_start(flags: list[str]) -> Sample:
-    return lambda: timed(lambda: subprocess.run([sys.executable, *flags, "-c", "pass"],
-                                                check=True))
+    return lambda: timed(lambda: subprocess.run([sys.executable, *flags, "-c", "pass"], check=True))
 
 
 # -- podbay ---------------------------------------------------------------------------
+
 
 class Podbay:
     """One ``podbay serve`` and an SDK client on it."""
 
     def __init__(self, warm_pool: int) -> None:
         root = Path(tempfile.mkdtemp(prefix="podbay-compare-"))
-        env = {"PODBAY_RUNTIME_WARM_POOL": str(warm_pool), "PODBAY_CAPS_PER_DEPLOYMENT": "100",
-               "PODBAY_CAPS_PER_ACCOUNT": "100", "PODBAY_LOG_LEVEL": "warning"}
+        env = {
+            "PODBAY_RUNTIME_WARM_POOL": str(warm_pool),
+            "PODBAY_CAPS_PER_DEPLOYMENT": "100",
+            "PODBAY_CAPS_PER_ACCOUNT": "100",
+            "PODBAY_LOG_LEVEL": "warning",
+        }
         self.server = PlatformServer.start(root, env=env)
         self.token = self.server.create_deployment("compare")
         self.client = SandboxClient(identity_token=self.token, server_url=self.server.base_url)
@@ -225,8 +238,9 @@ class Podbay:
         handle = self.client.attach(name)
         sandbox_id = handle.endpoint.rstrip("/").rsplit("/", 1)[1]
         with sqlite3.connect(self.server.data_dir / "podbay.db") as db:
-            (machine_id,) = db.execute("SELECT machine_id FROM sandboxes WHERE id=?",
-                                       (sandbox_id,)).fetchone()
+            (machine_id,) = db.execute(
+                "SELECT machine_id FROM sandboxes WHERE id=?", (sandbox_id,)
+            ).fetchone()
         return str(machine_id)
 
     def driver(self) -> Any:
@@ -269,8 +283,11 @@ class Podbay:
                 k = i
                 while time.perf_counter() < stop_at:
                     h = handles[k % len(handles)]
-                    r = http.post(h.endpoint.rstrip("/") + "/v1/exec", headers=h.headers,
-                                  json={"command": ["true"]})
+                    r = http.post(
+                        h.endpoint.rstrip("/") + "/v1/exec",
+                        headers=h.headers,
+                        json={"command": ["true"]},
+                    )
                     assert r.status_code == 200, r.text
                     count[i] += 1
                     k += clients
@@ -293,19 +310,28 @@ class Podbay:
             machine_id = self.machine_id(n)
             state = driver.runc.state(machine_id)
             agents.append(pss_kib(state.pid))
-            found = pids_matching(lambda argv, m=machine_id: bool(argv)
-                                  and argv[0].endswith("slirp4netns")
-                                  and any(m in a for a in argv))
+            found = pids_matching(
+                lambda argv, m=machine_id: (
+                    bool(argv) and argv[0].endswith("slirp4netns") and any(m in a for a in argv)
+                )
+            )
             slirps.append(sum(pss_kib(p) for p in found))
         return median(agents), median(slirps)
 
     def cli_exec(self, name: str) -> float:
-        env = {**os.environ, "ASTRO_AUTHZ_TOKEN": self.token,
-               "PODBAY_SERVER_URL": self.server.base_url}
+        env = {
+            **os.environ,
+            "ASTRO_AUTHZ_TOKEN": self.token,
+            "PODBAY_SERVER_URL": self.server.base_url,
+        }
         started = time.perf_counter()
         # No stdin, as typed at a terminal (and as `docker exec` without -i).
-        done = subprocess.run([*PODBAY, "sandbox", "exec", name, "--", "true"], env=env,
-                              capture_output=True, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [*PODBAY, "sandbox", "exec", name, "--", "true"],
+            env=env,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
         took = time.perf_counter() - started
         assert done.returncode == 0, done.stderr
         return took
@@ -341,13 +367,17 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 # -- Docker ---------------------------------------------------------------------------
 
+
 class Docker:
     """Docker Engine through its API socket and its CLI (runc, the daemon's default)."""
 
     def __init__(self, image: str) -> None:
         self.image = image
-        self.api = httpx.Client(transport=httpx.HTTPTransport(uds=DOCKER_SOCKET),
-                                base_url="http://docker/v1.41", timeout=120)
+        self.api = httpx.Client(
+            transport=httpx.HTTPTransport(uds=DOCKER_SOCKET),
+            base_url="http://docker/v1.41",
+            timeout=120,
+        )
         self.containers: list[str] = []
 
     @classmethod
@@ -364,8 +394,10 @@ class Docker:
             return None
 
     def create_started(self) -> str:
-        r = self.api.post("/containers/create", json={
-            "Image": self.image, "Cmd": ["sleep", "infinity"], "HostConfig": {"Init": True}})
+        r = self.api.post(
+            "/containers/create",
+            json={"Image": self.image, "Cmd": ["sleep", "infinity"], "HostConfig": {"Init": True}},
+        )
         r.raise_for_status()
         cid = str(r.json()["Id"])
         self.containers.append(cid)
@@ -373,8 +405,10 @@ class Docker:
         return cid
 
     def exec(self, cid: str, argv: list[str]) -> bytes:
-        r = self.api.post(f"/containers/{cid}/exec", json={
-            "Cmd": argv, "AttachStdout": True, "AttachStderr": True})
+        r = self.api.post(
+            f"/containers/{cid}/exec",
+            json={"Cmd": argv, "AttachStdout": True, "AttachStderr": True},
+        )
         r.raise_for_status()
         out = self.api.post(f"/exec/{r.json()['Id']}/start", json={"Detach": False, "Tty": False})
         out.raise_for_status()
@@ -422,19 +456,22 @@ class Docker:
         totals = []
         for cid in cids:
             pid = int(self.api.get(f"/containers/{cid}/json").json()["State"]["Pid"])
-            shims = pids_matching(lambda argv, c=cid: bool(argv) and "containerd-shim" in argv[0]
-                                  and any(c in a for a in argv))
+            shims = pids_matching(
+                lambda argv, c=cid: (
+                    bool(argv) and "containerd-shim" in argv[0] and any(c in a for a in argv)
+                )
+            )
             totals.append(pss_kib(pid) + sum(pss_kib(p) for p in shims))
         return median(totals)
 
     def cli(self, *args: str) -> float:
         started = time.perf_counter()
-        subprocess.run(["docker", *args], check=True, capture_output=True,
-                       stdin=subprocess.DEVNULL)
+        subprocess.run(["docker", *args], check=True, capture_output=True, stdin=subprocess.DEVNULL)
         return time.perf_counter() - started
 
 
 # -- the run ----------------------------------------------------------------------------
+
 
 def make_source(directory: Path, mib: int) -> tuple[Path, str, int]:
     source = directory / "source.bin"
@@ -499,8 +536,10 @@ class PodbaySide:
         if key == "exec_hot":
             return {key: timed(lambda: c.exec("hot", ["true"]))}
         if key == "suspend":
-            return {"suspend": timed(lambda: c.stop("hot")),
-                    "resume": timed(lambda: c.attach("hot"))}
+            return {
+                "suspend": timed(lambda: c.stop("hot")),
+                "resume": timed(lambda: c.attach("hot")),
+            }
         if key == "write_sdk":
             return {key: timed(lambda: c.upload("hot", self.source, "bench.bin"))}
         if key == "write_agent":
@@ -511,8 +550,11 @@ class PodbaySide:
             return {key: self.pooled.throughput(self.many, 8, 5.0)}
         if key == "memory":
             agent, slirp = self.pooled.idle_memory_kib(self.many[:10], settle=2.0)
-            return {key: (agent + slirp) / 1024, "agent_pss": agent / 1024,
-                    "slirp_pss": slirp / 1024}
+            return {
+                key: (agent + slirp) / 1024,
+                "agent_pss": agent / 1024,
+                "slirp_pss": slirp / 1024,
+            }
         raise KeyError(key)
 
 
@@ -534,10 +576,14 @@ class DockerSide:
         if key == "exec_hot":
             return {key: timed(lambda: d.exec(self.hot, ["true"]))}
         if key == "suspend":
-            return {"suspend": timed(lambda: d.api.post(
-                        f"/containers/{self.hot}/pause").raise_for_status()),
-                    "resume": timed(lambda: d.api.post(
-                        f"/containers/{self.hot}/unpause").raise_for_status())}
+            return {
+                "suspend": timed(
+                    lambda: d.api.post(f"/containers/{self.hot}/pause").raise_for_status()
+                ),
+                "resume": timed(
+                    lambda: d.api.post(f"/containers/{self.hot}/unpause").raise_for_status()
+                ),
+            }
         if key == "write_sdk":
             return {key: d.cli("cp", str(self.source), f"{self.hot}:/tmp/bench.bin")}
         if key == "cli":
@@ -555,9 +601,24 @@ class WorkerSide:
     def __init__(self, src: str, cli: str, source: Path, digest: str, size: int) -> None:
         env = {**os.environ, "PYTHONPATH": src}
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "--cli", cli,
-             "--source", str(source), "--digest", digest, "--size", str(size)],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--cli",
+                cli,
+                "--source",
+                str(source),
+                "--digest",
+                digest,
+                "--size",
+                str(size),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if not ready.startswith("ready"):
@@ -610,8 +671,9 @@ def floors(source: Path, runs: int, mib: int) -> list[Row]:
         return timed(lambda: subprocess.run(["cp", str(source), str(target)], check=True))
 
     host_cp()
-    out.append(Row(f"host cp of the same {mib} MiB file", "ms").run(
-        host_cp, None, max(3, runs // 3)))
+    out.append(
+        Row(f"host cp of the same {mib} MiB file", "ms").run(host_cp, None, max(3, runs // 3))
+    )
     out.append(Row("python -I -S -c pass", "ms").run(python_start(["-I", "-S"]), None, runs))
     out.append(Row("python -c pass", "ms").run(python_start([]), None, runs))
     return out
@@ -632,8 +694,10 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
             extra["second"] = "Docker Engine (B), interleaved"
         else:
             extra["second"] = "none (Docker is not running): the machine's floors instead"
-        rows = {key: Row(label.format(mib=args.mib), unit, scale, better)
-                for key, label, unit, scale, _, better in ROWS}
+        rows = {
+            key: Row(label.format(mib=args.mib), unit, scale, better)
+            for key, label, unit, scale, _, better in ROWS
+        }
         more: dict[str, list[float]] = {}
         wanted = set(args.rows.split(",")) if args.rows else None
         for key, _, _, _, share, _ in ROWS:
@@ -644,8 +708,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
                     for name, value in side.sample(key).items():
                         row = rows.get(name)
                         if row is None:
-                            more.setdefault(f"{name}{'' if i == 0 else ' (B)'}", []).append(
-                                value)
+                            more.setdefault(f"{name}{'' if i == 0 else ' (B)'}", []).append(value)
                         else:
                             (row.podbay if i == 0 else row.docker).append(value * row.scale)
         extra.update({k: round(median(v), 2) for k, v in more.items()})
@@ -664,16 +727,28 @@ def main() -> int:
     parser.add_argument("--docker-image", default="debian:bookworm-slim")
     parser.add_argument("--no-docker", action="store_true")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--cli", default=None, metavar="COMMAND",
-                        help="how to run podbay's CLI (default: the podbay script beside "
-                             "this interpreter), e.g. 'python -m podbay.cli.main'")
-    parser.add_argument("--against", metavar="SRC",
-                        help="interleave with podbay from another checkout's src directory "
-                             "(column B) instead of Docker")
-    parser.add_argument("--against-cli", default=f"{sys.executable} -m podbay.cli.main",
-                        metavar="COMMAND", help="how to run that checkout's CLI")
-    parser.add_argument("--rows", metavar="KEY,KEY",
-                        help="only these rows: " + ", ".join(k for k, *_ in ROWS))
+    parser.add_argument(
+        "--cli",
+        default=None,
+        metavar="COMMAND",
+        help="how to run podbay's CLI (default: the podbay script beside "
+        "this interpreter), e.g. 'python -m podbay.cli.main'",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="SRC",
+        help="interleave with podbay from another checkout's src directory "
+        "(column B) instead of Docker",
+    )
+    parser.add_argument(
+        "--against-cli",
+        default=f"{sys.executable} -m podbay.cli.main",
+        metavar="COMMAND",
+        help="how to run that checkout's CLI",
+    )
+    parser.add_argument(
+        "--rows", metavar="KEY,KEY", help="only these rows: " + ", ".join(k for k, *_ in ROWS)
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
     parser.add_argument("--digest", help=argparse.SUPPRESS)
@@ -685,8 +760,16 @@ def main() -> int:
         return worker(args)
     rows, machine, extra = run(args)
     if args.json:
-        print(json.dumps({"rows": [r.as_dict() for r in rows],
-                          "floors": [r.as_dict() for r in machine], **extra}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rows": [r.as_dict() for r in rows],
+                    "floors": [r.as_dict() for r in machine],
+                    **extra,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"A: podbay (this checkout); B: {extra.pop('second')}")
     print(f"{'row':52} {'A':>10} {'B':>10} {'A/B':>7}  unit")

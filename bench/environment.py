@@ -53,14 +53,21 @@ def attach(server: PlatformServer, token: str, name: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--warm-pool", type=int, default=0,
-                        help="ready machines per environment (0: every attach boots one)")
+    parser.add_argument(
+        "--warm-pool",
+        type=int,
+        default=0,
+        help="ready machines per environment (0: every attach boots one)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="podbay-bench-env-") as tmp, \
-            PlatformServer.start(Path(tmp), env={
-                "PODBAY_RUNTIME_WARM_POOL": str(args.warm_pool)}) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="podbay-bench-env-") as tmp,
+        PlatformServer.start(
+            Path(tmp), env={"PODBAY_RUNTIME_WARM_POOL": str(args.warm_pool)}
+        ) as server,
+    ):
         plain = server.create_deployment("plain", PLAIN)
         declared = server.create_deployment("declared", DECLARED)
 
@@ -74,8 +81,7 @@ def main() -> None:
                 if args.warm_pool:
                     time.sleep(0.3)  # let the pool refill, as a conversation's pace would
                 times[kind].append(attach(server, token, name))
-                assert server.api("DELETE", f"/api/v1/sandboxes/{name}", token
-                                  ).status_code == 204
+                assert server.api("DELETE", f"/api/v1/sandboxes/{name}", token).status_code == 204
 
     p50 = {k: statistics.median(v) * 1000 for k, v in times.items()}
     result = {
@@ -93,8 +99,10 @@ def main() -> None:
     print(f"{'new sandbox, ready to exec':<34}{'p50 ms':>10}")
     print(f"{'  no packages':<34}{result['plain_p50_ms']:>10}")
     print(f"{'  declared (layer cached) + setup':<34}{result['declared_p50_ms']:>10}")
-    print(f"ratio declared / plain: {result['ratio']}x  (target < 2x; "
-          f"{args.rounds} rounds, warm pool {args.warm_pool})")
+    print(
+        f"ratio declared / plain: {result['ratio']}x  (target < 2x; "
+        f"{args.rounds} rounds, warm pool {args.warm_pool})"
+    )
 
 
 if __name__ == "__main__":

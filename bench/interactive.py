@@ -41,10 +41,12 @@ from podbay import SandboxClient
 
 MIB = 1024 * 1024
 TICK_S = 0.5
-TICKER = ("import sys, time\n"
-          "for _ in range({n}):\n"
-          "    time.sleep(0.137)\n"
-          "    sys.stdout.write(f'{{time.time():.6f}}\\n'); sys.stdout.flush()\n")
+TICKER = (
+    "import sys, time\n"
+    "for _ in range({n}):\n"
+    "    time.sleep(0.137)\n"
+    "    sys.stdout.write(f'{{time.time():.6f}}\\n'); sys.stdout.flush()\n"
+)
 
 
 def _lags(text: str, received: float, lags: list[float]) -> None:
@@ -55,8 +57,11 @@ def _lags(text: str, received: float, lags: list[float]) -> None:
 
 def via_run(client: SandboxClient, name: str, n: int) -> list[float]:
     lags: list[float] = []
-    client.run(name, ["python3", "-c", TICKER.format(n=n)],
-               on_output=lambda chunk: _lags(chunk.stdout, time.time(), lags))
+    client.run(
+        name,
+        ["python3", "-c", TICKER.format(n=n)],
+        on_output=lambda chunk: _lags(chunk.stdout, time.time(), lags),
+    )
     return lags
 
 
@@ -101,7 +106,7 @@ def pty_echo_ms(client: SandboxClient, name: str, n: int) -> list[float]:
     times = []
     with client.pty(name, ["cat"]) as tty:
         for i in range(n):
-            key = b"abcdefghij"[i % 10:i % 10 + 1]
+            key = b"abcdefghij"[i % 10 : i % 10 + 1]
             started = time.perf_counter()
             tty.send(key)
             seen = b""
@@ -111,14 +116,16 @@ def pty_echo_ms(client: SandboxClient, name: str, n: int) -> list[float]:
     return times
 
 
-INSIDE = ("import http.client, statistics, time\n"
-          "t = []\n"
-          "for _ in range({n}):\n"
-          "    s = time.perf_counter()\n"
-          "    c = http.client.HTTPConnection('127.0.0.1', {port}); c.request('GET', '/')\n"
-          "    c.getresponse().read(); c.close()\n"
-          "    t.append((time.perf_counter() - s) * 1000)\n"
-          "print(' '.join(f'{{x:.4f}}' for x in t))\n")
+INSIDE = (
+    "import http.client, statistics, time\n"
+    "t = []\n"
+    "for _ in range({n}):\n"
+    "    s = time.perf_counter()\n"
+    "    c = http.client.HTTPConnection('127.0.0.1', {port}); c.request('GET', '/')\n"
+    "    c.getresponse().read(); c.close()\n"
+    "    t.append((time.perf_counter() - s) * 1000)\n"
+    "print(' '.join(f'{{x:.4f}}' for x in t))\n"
+)
 
 
 def port_ms(client: SandboxClient, name: str, n: int) -> tuple[list[float], list[float]]:
@@ -147,10 +154,17 @@ def port_ms(client: SandboxClient, name: str, n: int) -> tuple[list[float], list
 def row(label: str, unit: str, values: list[float]) -> dict[str, Any]:
     values = sorted(values)
     p90 = values[int(len(values) * 0.9)] if values else float("nan")
-    print(f"{label:<52} p50 {statistics.median(values):9.2f} {unit}   "
-          f"p90 {p90:9.2f}   n={len(values)}")
-    return {"label": label, "unit": unit, "p50": statistics.median(values), "p90": p90,
-            "n": len(values)}
+    print(
+        f"{label:<52} p50 {statistics.median(values):9.2f} {unit}   "
+        f"p90 {p90:9.2f}   n={len(values)}"
+    )
+    return {
+        "label": label,
+        "unit": unit,
+        "p50": statistics.median(values),
+        "p90": p90,
+        "n": len(values),
+    }
 
 
 def main() -> int:
@@ -175,8 +189,10 @@ def main() -> int:
     name = f"bench-interactive-{os.getpid()}"
     rows = []
     try:
-        with SandboxClient(identity_token=token, server_url=url) as client, \
-                tempfile.TemporaryDirectory() as scratch:
+        with (
+            SandboxClient(identity_token=token, server_url=url) as client,
+            tempfile.TemporaryDirectory() as scratch,
+        ):
             client.attach(name)
             latency: list[tuple[str, Callable[[SandboxClient, str, int], list[float]]]] = [
                 ("output to client: run() (long-poll)", via_run),
@@ -190,10 +206,16 @@ def main() -> int:
                 block = os.urandom(MIB)
                 for _ in range(args.stdin_mib):
                     f.write(block)
-            rows.append(row(f"stdin: exec(wc -c) of {args.stdin_mib} MiB", "MB/s",
-                            stdin_mb_s(client, name, source, args.rounds)))
-            rows.append(row("terminal: keystroke echo round trip", "ms",
-                            pty_echo_ms(client, name, 200)))
+            rows.append(
+                row(
+                    f"stdin: exec(wc -c) of {args.stdin_mib} MiB",
+                    "MB/s",
+                    stdin_mb_s(client, name, source, args.rounds),
+                )
+            )
+            rows.append(
+                row("terminal: keystroke echo round trip", "ms", pty_echo_ms(client, name, 200))
+            )
             through, inside = port_ms(client, name, 200)
             rows.append(row("ports: GET / through /v1/ports", "ms", through))
             rows.append(row("ports: GET / from inside the sandbox", "ms", inside))

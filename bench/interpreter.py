@@ -71,7 +71,8 @@ def main() -> int:
                 for _ in range(args.rounds):
                     samples["run_code"].append(timed(lambda: sb.run_code("1+1")))
                     samples["relay_floor"].append(
-                        timed(lambda: http.get(health_url, headers=headers)))
+                        timed(lambda: http.get(health_url, headers=headers))
+                    )
                 for _ in range(min(args.rounds, 100)):
                     samples["exec"].append(timed(lambda: sb.exec(["true"])))
             client.delete(name)
@@ -87,8 +88,10 @@ def main() -> int:
     else:
         print(f"first run_code (uploads and starts the kernel): {rows['cold_start_ms']} ms")
         for label in samples:
-            print(f"{label:12} p50 {rows[f'{label}_p50_ms']:7.2f} ms   "
-                  f"p90 {rows[f'{label}_p90_ms']:7.2f} ms   ({len(samples[label])} samples)")
+            print(
+                f"{label:12} p50 {rows[f'{label}_p50_ms']:7.2f} ms   "
+                f"p90 {rows[f'{label}_p90_ms']:7.2f} ms   ({len(samples[label])} samples)"
+            )
     return 0
 
 

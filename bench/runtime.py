@@ -51,9 +51,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def spec(prefix: str, memory_bytes: int = 1 * GIB) -> MachineSpec:
-    return MachineSpec(machine_id=f"{prefix}-{uuid.uuid4().hex[:10]}", hostname="bench",
-                       limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=256,
-                                     disk_bytes=10 * GIB))
+    return MachineSpec(
+        machine_id=f"{prefix}-{uuid.uuid4().hex[:10]}",
+        hostname="bench",
+        limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=256, disk_bytes=10 * GIB),
+    )
 
 
 def make_driver(name: str, settings: Settings) -> Driver:
@@ -131,8 +133,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             ready.append(t2 - t0)
             ids.append(s.machine_id)
             await asyncio.sleep(0.2)  # let the last agent settle, as between real attaches
-        out["create_to_ready_ms"] = {"p50": pct(ready, 0.5) * 1000, "p99": pct(ready, 0.99) * 1000,
-                                     "runs": len(ready)}
+        out["create_to_ready_ms"] = {
+            "p50": pct(ready, 0.5) * 1000,
+            "p99": pct(ready, 0.99) * 1000,
+            "runs": len(ready),
+        }
         out["create_ms_p50"] = pct(creates, 0.5) * 1000
 
         agent = AgentClient(driver.agent_socket(ids[0]))
@@ -190,12 +195,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 pss.append(p)
         mem_end = available_mib()
         out["density"] = {
-            "sandboxes": len(started), "stopped_because": stop_reason,
+            "sandboxes": len(started),
+            "stopped_because": stop_reason,
             "seconds_to_start_all": took,
             "host_memory_used_mib": mem_start - mem_end,
             "host_memory_per_sandbox_mib": (mem_start - mem_end) / max(1, len(started)),
-            "agent_rss_mib": {"median": statistics.median(rss) if rss else None,
-                              "max": max(rss) if rss else None},
+            "agent_rss_mib": {
+                "median": statistics.median(rss) if rss else None,
+                "max": max(rss) if rss else None,
+            },
             "agent_pss_mib_median": statistics.median(pss) if pss else None,
         }
         alive = 0
@@ -214,8 +222,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--class", dest="sandbox_class", choices=tuple(classes.CLASSES),
-                        default="container")
+    parser.add_argument(
+        "--class", dest="sandbox_class", choices=tuple(classes.CLASSES), default="container"
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--memory-mib", type=int, default=1024)
     parser.add_argument("--density-max", type=int, default=100)
@@ -228,24 +237,34 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    r, s, u, d = (result["create_to_ready_ms"], result["suspend_ms"], result["resume_ms"],
-                  result["density"])
+    r, s, u, d = (
+        result["create_to_ready_ms"],
+        result["suspend_ms"],
+        result["resume_ms"],
+        result["density"],
+    )
     e = result["exec_true_ms"]
-    print(f"create-to-ready  p50 {r['p50']:.0f} ms  p99 {r['p99']:.0f} ms  ({r['runs']} runs; "
-          f"create alone p50 {result['create_ms_p50']:.0f} ms)")
+    print(
+        f"create-to-ready  p50 {r['p50']:.0f} ms  p99 {r['p99']:.0f} ms  ({r['runs']} runs; "
+        f"create alone p50 {result['create_ms_p50']:.0f} ms)"
+    )
     print(f"exec true        p50 {e['p50']:.2f} ms  p99 {e['p99']:.2f} ms")
     print(f"suspend          p50 {s['p50']:.2f} ms  p99 {s['p99']:.2f} ms")
     print(f"resume           p50 {u['p50']:.2f} ms  p99 {u['p99']:.2f} ms")
     print(f"destroy          p50 {result['destroy_ms_p50']:.0f} ms")
-    print(f"density          {d['sandboxes']} idle sandboxes ({d['stopped_because']}), "
-          f"{d['answering']} answering; started in {d['seconds_to_start_all']:.1f} s")
+    print(
+        f"density          {d['sandboxes']} idle sandboxes ({d['stopped_because']}), "
+        f"{d['answering']} answering; started in {d['seconds_to_start_all']:.1f} s"
+    )
     rss = d["agent_rss_mib"]
     if rss["median"] is None:  # no single process holds it (gVisor: sentry and gofer)
         print(f"host memory      {d['host_memory_per_sandbox_mib']:.1f} MiB per idle sandbox")
     else:
-        print(f"agent memory     RSS median {rss['median']:.1f} MiB (max {rss['max']:.1f}), "
-              f"PSS median {d['agent_pss_mib_median']:.1f} MiB; host memory per sandbox "
-              f"{d['host_memory_per_sandbox_mib']:.1f} MiB")
+        print(
+            f"agent memory     RSS median {rss['median']:.1f} MiB (max {rss['max']:.1f}), "
+            f"PSS median {d['agent_pss_mib_median']:.1f} MiB; host memory per sandbox "
+            f"{d['host_memory_per_sandbox_mib']:.1f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -66,12 +66,19 @@ def measure(label: str, size: int, action: Any) -> dict[str, Any]:
     action()
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    row = {"what": label, "mib": size / MIB, "seconds": round(seconds, 3),
-           "mb_per_s": round(size / seconds / 1e6, 1), "rss_growth_mib": round(growth / 1024, 1),
-           "python_peak_mib": round(peak / MIB, 2)}
-    print(f"{label:10} {size / MIB:.0f} MiB in {seconds:.2f} s = {row['mb_per_s']} MB/s; "
-          f"client RSS growth {row['rss_growth_mib']} MiB, Python peak "
-          f"{row['python_peak_mib']} MiB")
+    row = {
+        "what": label,
+        "mib": size / MIB,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(size / seconds / 1e6, 1),
+        "rss_growth_mib": round(growth / 1024, 1),
+        "python_peak_mib": round(peak / MIB, 2),
+    }
+    print(
+        f"{label:10} {size / MIB:.0f} MiB in {seconds:.2f} s = {row['mb_per_s']} MB/s; "
+        f"client RSS growth {row['rss_growth_mib']} MiB, Python peak "
+        f"{row['python_peak_mib']} MiB"
+    )
     return row
 
 
@@ -101,10 +108,16 @@ def exec_latency(client: SandboxClient, name: str, rounds: int) -> dict[str, Any
             sdk_times.append(time.perf_counter() - t)
     raw_p50 = statistics.median(raw_times) * 1000
     sdk_p50 = statistics.median(sdk_times) * 1000
-    print(f"exec p50   raw httpx {raw_p50:.2f} ms, SDK {sdk_p50:.2f} ms, "
-          f"difference {sdk_p50 - raw_p50:+.2f} ms ({rounds} rounds each, interleaved)")
-    return {"raw_p50_ms": round(raw_p50, 3), "sdk_p50_ms": round(sdk_p50, 3),
-            "difference_ms": round(sdk_p50 - raw_p50, 3), "rounds": rounds}
+    print(
+        f"exec p50   raw httpx {raw_p50:.2f} ms, SDK {sdk_p50:.2f} ms, "
+        f"difference {sdk_p50 - raw_p50:+.2f} ms ({rounds} rounds each, interleaved)"
+    )
+    return {
+        "raw_p50_ms": round(raw_p50, 3),
+        "sdk_p50_ms": round(sdk_p50, 3),
+        "difference_ms": round(sdk_p50 - raw_p50, 3),
+        "rounds": rounds,
+    }
 
 
 def main() -> int:
@@ -127,8 +140,10 @@ def main() -> int:
     print(f"target: {target}")
     name = f"bench-{os.getpid()}"
     try:
-        with SandboxClient(identity_token=token, server_url=url) as client, \
-                tempfile.TemporaryDirectory() as scratch:
+        with (
+            SandboxClient(identity_token=token, server_url=url) as client,
+            tempfile.TemporaryDirectory() as scratch,
+        ):
             source = Path(scratch) / "up.bin"
             with open(source, "wb") as f:
                 block = os.urandom(MIB)
@@ -138,14 +153,12 @@ def main() -> int:
             client.attach(name)
             up = measure("upload", size, lambda: client.upload(name, source, "bench.bin"))
             back = Path(scratch) / "down.bin"
-            down = measure("download", size,
-                           lambda: client.download(name, "bench.bin", back))
+            down = measure("download", size, lambda: client.download(name, "bench.bin", back))
             assert digest(back) == digest(source), "round trip changed the bytes"
             latency = exec_latency(client, name, args.rounds)
             client.delete(name)
         if args.json:
-            print(json.dumps({"target": target, "upload": up, "download": down,
-                              "exec": latency}))
+            print(json.dumps({"target": target, "upload": up, "download": down, "exec": latency}))
     finally:
         if server is not None:
             server.close()

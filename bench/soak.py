@@ -57,8 +57,15 @@ def sample(server: PlatformServer) -> dict[str, Any]:
 
 
 class Worker:
-    def __init__(self, server: PlatformServer, token: str, names: list[str],
-                 statuses: Counter[int], stop: threading.Event, seed: int) -> None:
+    def __init__(
+        self,
+        server: PlatformServer,
+        token: str,
+        names: list[str],
+        statuses: Counter[int],
+        stop: threading.Event,
+        seed: int,
+    ) -> None:
         self.server = server
         self.token = token
         self.names = names
@@ -80,8 +87,9 @@ class Worker:
 
     def data(self, name: str, method: str, path: str, **kw: Any) -> httpx.Response:
         h = self.handle(name)
-        r = self.http.request(method, h["endpoint"] + path,
-                              headers={**h["headers"], **kw.pop("headers", {})}, **kw)
+        r = self.http.request(
+            method, h["endpoint"] + path, headers={**h["headers"], **kw.pop("headers", {})}, **kw
+        )
         if r.status_code == 401:  # suspended by a 'stop' step: attach again, once
             self.handles.pop(name, None)
             h = self.handle(name)
@@ -92,12 +100,17 @@ class Worker:
         name = self.rng.choice(self.names)
         kind = self.rng.choices(
             ["exec", "spawn", "files", "list", "stop", "hostile", "slow"],
-            weights=[40, 10, 15, 15, 3, 15, 2])[0]
+            weights=[40, 10, 15, 15, 3, 15, 2],
+        )[0]
         if kind == "exec":
             self.data(name, "POST", "/v1/exec", json={"command": ["sh", "-c", "echo $$"]})
         elif kind == "spawn":
-            r = self.data(name, "POST", "/v1/processes",
-                          json={"command": ["sh", "-c", "seq 1 2000; sleep 0.2"]})
+            r = self.data(
+                name,
+                "POST",
+                "/v1/processes",
+                json={"command": ["sh", "-c", "seq 1 2000; sleep 0.2"]},
+            )
             if r.status_code == 200:
                 pid = r.json()["process_id"]
                 time.sleep(0.3)
@@ -106,8 +119,14 @@ class Worker:
         elif kind == "files":
             body = os.urandom(self.rng.choice([100, 64 * 1024, 1024 * 1024]))
             path = f"/workspace/soak-{self.rng.randrange(8)}"
-            self.data(name, "PUT", "/v1/files", params={"path": path}, content=body,
-                      headers={"X-Podbay-Sha256": hashlib.sha256(body).hexdigest()})
+            self.data(
+                name,
+                "PUT",
+                "/v1/files",
+                params={"path": path},
+                content=body,
+                headers={"X-Podbay-Sha256": hashlib.sha256(body).hexdigest()},
+            )
             self.data(name, "GET", "/v1/files", params={"path": path})
         elif kind == "list":
             self.record(self.server.api("GET", "/api/v1/sandboxes", self.token))
@@ -123,11 +142,13 @@ class Worker:
     def hostile(self, name: str) -> None:
         choice = self.rng.randrange(4)
         if choice == 0:
-            self.data(name, "POST", "/v1/exec",
-                      content=b'{"command":' + b"[" * 5000 + b"]" * 5000 + b"}")
+            self.data(
+                name, "POST", "/v1/exec", content=b'{"command":' + b"[" * 5000 + b"]" * 5000 + b"}"
+            )
         elif choice == 1:
-            self.data(name, "POST", "/v1/exec",
-                      content=b'{"command":["true"],"env":{"\\ud800":"x"}}')
+            self.data(
+                name, "POST", "/v1/exec", content=b'{"command":["true"],"env":{"\\ud800":"x"}}'
+            )
         elif choice == 2:
             self.data(name, "POST", "/v1/exec", content=b"[" * (9 * 1024 * 1024))
         else:
@@ -138,8 +159,9 @@ class Worker:
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=60) as sock:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         with socket.create_connection(("127.0.0.1", self.server.port), timeout=60) as sock:
-            sock.sendall(b"PUT /api/v1/sandboxes/x HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Length: 1000\r\n\r\n{")
+            sock.sendall(
+                b"PUT /api/v1/sandboxes/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+            )
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -152,8 +174,10 @@ class Worker:
 
 def quarter_medians(samples: list[dict[str, Any]], key: str) -> tuple[float, float]:
     n = max(1, len(samples) // 4)
-    return (statistics.median(s[key] for s in samples[:n]),
-            statistics.median(s[key] for s in samples[-n:]))
+    return (
+        statistics.median(s[key] for s in samples[:n]),
+        statistics.median(s[key] for s in samples[-n:]),
+    )
 
 
 def main() -> None:
@@ -165,20 +189,26 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="podbay-soak-") as tmp, \
-            PlatformServer.start(Path(tmp), env={
+    with (
+        tempfile.TemporaryDirectory(prefix="podbay-soak-") as tmp,
+        PlatformServer.start(
+            Path(tmp),
+            env={
                 "PODBAY_CAPS_PER_DEPLOYMENT": str(args.sandboxes),
                 "PODBAY_SERVER_HEAD_TIMEOUT_SECONDS": "5",
                 "PODBAY_SERVER_BODY_TIMEOUT_SECONDS": "5",
-            }) as server:
+            },
+        ) as server,
+    ):
         token = server.create_deployment("soak")
         names = [f"soak-{i}" for i in range(args.sandboxes)]
         for name in names:
             server.attach(token, name).raise_for_status()
         stop = threading.Event()
         statuses: Counter[int] = Counter()
-        workers = [Worker(server, token, names, statuses, stop, seed=i)
-                   for i in range(args.workers)]
+        workers = [
+            Worker(server, token, names, statuses, stop, seed=i) for i in range(args.workers)
+        ]
         threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
         samples = [sample(server)]
         started = time.monotonic()
@@ -189,10 +219,13 @@ def main() -> None:
             samples.append(sample(server))
             if not args.json:
                 s = samples[-1]
-                print(f"{time.monotonic() - started:7.0f}s rss {s['rss_mib']:7.1f} MiB  "
-                      f"fds {s['fds']:4d}  threads {s['threads']:3d}  "
-                      f"sandboxes {s['sandboxes']} ({s['running']} running)  "
-                      f"requests {sum(statuses.values())}", flush=True)
+                print(
+                    f"{time.monotonic() - started:7.0f}s rss {s['rss_mib']:7.1f} MiB  "
+                    f"fds {s['fds']:4d}  threads {s['threads']:3d}  "
+                    f"sandboxes {s['sandboxes']} ({s['running']} running)  "
+                    f"requests {sum(statuses.values())}",
+                    flush=True,
+                )
         stop.set()
         for t in threads:
             t.join(180)
@@ -201,7 +234,9 @@ def main() -> None:
         tracebacks = server.log_path.read_text().count("Traceback")
 
     result: dict[str, Any] = {
-        "duration_s": args.duration, "workers": args.workers, "sandboxes": args.sandboxes,
+        "duration_s": args.duration,
+        "workers": args.workers,
+        "sandboxes": args.sandboxes,
         "requests": sum(statuses.values()),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "server_5xx": sum(v for k, v in statuses.items() if k >= 500),
@@ -210,8 +245,12 @@ def main() -> None:
     }
     for key in ("rss_mib", "fds", "threads"):
         first, last = quarter_medians(samples, key)
-        result[key] = {"first_quarter_median": first, "last_quarter_median": last,
-                       "max": max(s[key] for s in samples), "after_idle": samples[-1][key]}
+        result[key] = {
+            "first_quarter_median": first,
+            "last_quarter_median": last,
+            "max": max(s[key] for s in samples),
+            "after_idle": samples[-1][key],
+        }
     result["max_sandboxes"] = max(s["sandboxes"] for s in samples)
     print(json.dumps(result, indent=None if args.json else 2))
 

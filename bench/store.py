@@ -41,10 +41,19 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def sandbox(name: str, dep: str = "dep_bench") -> Sandbox:
-    return Sandbox(id=f"sb-{dep}-{name}", deployment_id=dep, account="acct", name=name,
-                   class_="container", state=SandboxState.CREATING,
-                   machine_id=f"m-{dep}-{name}", created_at=T0, last_active_at=T0,
-                   started_at=None, ceiling_at=None)
+    return Sandbox(
+        id=f"sb-{dep}-{name}",
+        deployment_id=dep,
+        account="acct",
+        name=name,
+        class_="container",
+        state=SandboxState.CREATING,
+        machine_id=f"m-{dep}-{name}",
+        created_at=T0,
+        last_active_at=T0,
+        started_at=None,
+        ceiling_at=None,
+    )
 
 
 async def timed(n: int, call: Callable[[int], Awaitable[object]]) -> dict[str, float]:
@@ -54,16 +63,22 @@ async def timed(n: int, call: Callable[[int], Awaitable[object]]) -> dict[str, f
         await call(i)
         samples.append((time.perf_counter() - start) * 1000)
     samples.sort()
-    return {"p50_ms": round(statistics.median(samples), 3),
-            "p95_ms": round(samples[int(len(samples) * 0.95) - 1], 3)}
+    return {
+        "p50_ms": round(statistics.median(samples), 3),
+        "p95_ms": round(samples[int(len(samples) * 0.95) - 1], 3),
+    }
 
 
 async def measure(open_one: Callable[[], Store], n: int, racers: int) -> dict[str, object]:
     first, second = open_one(), open_one()
     try:
         out: dict[str, object] = {}
-        out["insert"] = await timed(n, lambda i: first.insert_sandbox(
-            sandbox(f"s{i}"), deployment_cap=10**6, account_cap=10**6))
+        out["insert"] = await timed(
+            n,
+            lambda i: first.insert_sandbox(
+                sandbox(f"s{i}"), deployment_cap=10**6, account_cap=10**6
+            ),
+        )
         out["get"] = await timed(n, lambda i: first.get_sandbox("dep_bench", f"s{i}"))
         rows = [await first.get_sandbox("dep_bench", f"s{i}") for i in range(n)]
 
@@ -74,16 +89,27 @@ async def measure(open_one: Callable[[], Store], n: int, racers: int) -> dict[st
 
         out["replace"] = await timed(n, start)
 
-        outcomes = await asyncio.gather(*(
-            (first if i % 2 else second).insert_sandbox(
-                replace(sandbox("raced", dep="dep_race"), id=f"sb-r{i}", machine_id=f"m-r{i}"),
-                deployment_cap=10**6, account_cap=10**6) for i in range(racers)))
+        outcomes = await asyncio.gather(
+            *(
+                (first if i % 2 else second).insert_sandbox(
+                    replace(sandbox("raced", dep="dep_race"), id=f"sb-r{i}", machine_id=f"m-r{i}"),
+                    deployment_cap=10**6,
+                    account_cap=10**6,
+                )
+                for i in range(racers)
+            )
+        )
         out["name_race_rows"] = outcomes.count(InsertOutcome.INSERTED)
         row = await first.get_sandbox("dep_race", "raced")
         assert row is not None
-        won = await asyncio.gather(*(
-            (first if i % 2 else second).replace_sandbox(
-                row, row.started(T0, timedelta(hours=i + 1))) for i in range(racers)))
+        won = await asyncio.gather(
+            *(
+                (first if i % 2 else second).replace_sandbox(
+                    row, row.started(T0, timedelta(hours=i + 1))
+                )
+                for i in range(racers)
+            )
+        )
         out["cas_race_winners"] = sum(1 for w in won if w is not None)
         return out
     finally:
@@ -102,8 +128,7 @@ async def main() -> None:
         results["sqlite"] = await measure(lambda: SqliteStore.open(path), args.n, args.racers)
     with TemporaryCluster.start() as cluster:
         url = cluster.create_database()
-        results["postgres"] = await measure(lambda: PostgresStore.open(url), args.n,
-                                            args.racers)
+        results["postgres"] = await measure(lambda: PostgresStore.open(url), args.n, args.racers)
     print(json.dumps(results, indent=2))
     for name, figures in results.items():
         assert isinstance(figures, dict)

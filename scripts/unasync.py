@@ -13,6 +13,8 @@ the async source silently stopped it from applying.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,8 +64,24 @@ def unasync(text: str, used: set[str] | None = None) -> str:
     return text
 
 
-def generate(source: Path, used: set[str] | None = None) -> str:
-    return HEADER.format(name=source.name) + unasync(source.read_text(), used)
+def formatted(text: str, target: Path) -> str:
+    """``text`` as ``ruff format`` writes it, so the generated file passes the
+    same format check as the rest of the tree."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        raise SystemExit("unasync: ruff is needed to format the generated client")
+    done = subprocess.run(
+        [ruff, "format", "--stdin-filename", str(target), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def generate(source: Path, target: Path, used: set[str] | None = None) -> str:
+    return formatted(HEADER.format(name=source.name) + unasync(source.read_text(), used), target)
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +89,7 @@ def main(argv: list[str]) -> int:
     stale = []
     used: set[str] = set()
     for source, target in FILES.items():
-        wanted = generate(source, used)
+        wanted = generate(source, target, used)
         current = target.read_text() if target.exists() else None
         if current == wanted:
             continue

@@ -74,8 +74,7 @@ class ApiError(PodbayError):
     404
     """
 
-    def __init__(self, code: ErrorCode, message: str, *,
-                 retry_after: float | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -172,8 +171,7 @@ class SetupFailed(PodbayError):
         self.command = command
         self.exit_code = exit_code
         self.output = output
-        super().__init__(f"setup[{index}] `{command}` failed with exit code {exit_code}:\n"
-                         f"{output}")
+        super().__init__(f"setup[{index}] `{command}` failed with exit code {exit_code}:\n{output}")
 
 
 class AgentError(PodbayError):

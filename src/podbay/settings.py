@@ -148,9 +148,7 @@ class Settings:
     log_level: str = "info"
 
     @classmethod
-    def load(
-        cls, *, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def load(cls, *, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then ``PODBAY_*`` variables, then ``overrides`` (``None`` skipped)."""
         settings = cls()
         env = os.environ if environ is None else environ

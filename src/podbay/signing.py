@@ -70,8 +70,15 @@ CREDENTIAL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "sandbox credential", renew
 SHARE_URL = TokenKind(ErrorCode.CREDENTIAL_INVALID, "share URL", renew="ask for a new one")
 
 
-def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequence[str],
-           audience: str | None = None, issuer: str | None = None) -> dict[str, Any]:
+def verify(
+    keys: VerifyingKeys,
+    token: str,
+    kind: TokenKind,
+    *,
+    require: Sequence[str],
+    audience: str | None = None,
+    issuer: str | None = None,
+) -> dict[str, Any]:
     """The claims of ``token`` if one of ``keys`` signed it and it is in date.
 
     Otherwise ``kind``'s refusal (expired, or not valid). Without
@@ -84,13 +91,19 @@ def verify(keys: VerifyingKeys, token: str, kind: TokenKind, *, require: Sequenc
         if public is None:
             raise kind.invalid()
         claims: dict[str, Any] = jwt.decode(
-            token, public, algorithms=[ALGORITHM], audience=audience, issuer=issuer,
-            options={"require": list(require)})
+            token,
+            public,
+            algorithms=[ALGORITHM],
+            audience=audience,
+            issuer=issuer,
+            options={"require": list(require)},
+        )
     except jwt.ExpiredSignatureError:
         raise kind.expired() from None
     except jwt.InvalidIssuerError:
-        raise ApiError(kind.code, f"the {kind.name} was issued for another server "
-                                  f"(its iss is not {issuer})") from None
+        raise ApiError(
+            kind.code, f"the {kind.name} was issued for another server (its iss is not {issuer})"
+        ) from None
     except jwt.InvalidTokenError:
         raise kind.invalid() from None
     return claims

@@ -12,7 +12,8 @@ from podbay.testing.fixtures import (  # noqa: F401
 
 
 @pytest.fixture(scope="session", params=OCI_RUNTIMES)
-def oci_settings(request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def oci_settings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Settings]:
     """The oci driver's conformance under runc and under runsc (gVisor)."""
     yield from settings_for(tmp_path_factory, request.param)

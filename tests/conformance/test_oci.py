@@ -18,8 +18,12 @@ pytestmark = pytest.mark.root
 class TestOciConformance(DriverConformance):
     @pytest.fixture
     def conformance(self, oci_session: DriverSession) -> Harness:
-        return Harness(oci_session.driver, oci_session.run, oci_session.settings,
-                       factory="podbay.runtime.registry:build")
+        return Harness(
+            oci_session.driver,
+            oci_session.run,
+            oci_session.settings,
+            factory="podbay.runtime.registry:build",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,7 @@ def generic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver
     assert runc is not None
     link = bin_dir / "oci-runtime"
     os.symlink(runc, link)
-    settings = sandbox_settings(tmp_path_factory.mktemp("podbay-generic"),
-                                oci_runtime=str(link))
+    settings = sandbox_settings(tmp_path_factory.mktemp("podbay-generic"), oci_runtime=str(link))
     mark_owner(settings)
     session = DriverSession(settings)
     assert not session.driver.runc.is_runc
@@ -46,5 +49,9 @@ def generic_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver
 class TestGenericOciRuntime(DriverConformance):
     @pytest.fixture
     def conformance(self, generic_session: DriverSession) -> Harness:
-        return Harness(generic_session.driver, generic_session.run, generic_session.settings,
-                       factory="podbay.runtime.registry:build")
+        return Harness(
+            generic_session.driver,
+            generic_session.run,
+            generic_session.settings,
+            factory="podbay.runtime.registry:build",
+        )

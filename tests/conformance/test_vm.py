@@ -40,8 +40,12 @@ def vm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmSession]:
 class TestVmConformance(DriverConformance):
     @pytest.fixture
     def conformance(self, vm_session: VmSession) -> Harness:
-        return Harness(vm_session.driver, vm_session.run, vm_session.settings,
-                       factory="podbay.runtime.vm.driver:VmDriver")
+        return Harness(
+            vm_session.driver,
+            vm_session.run,
+            vm_session.settings,
+            factory="podbay.runtime.vm.driver:VmDriver",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,9 @@ def pair(vm_session: VmSession) -> Iterator[tuple[AgentClient, AgentClient]]:
     """Two small guests for the isolation probes, kept for the module."""
     clients = []
     for _ in range(2):
-        spec = small_spec(env={"PODBAY_PROBE": "1"}, pids=64, memory_bytes=256 << 20,
-                          disk_bytes=PROBE_DISK)
+        spec = small_spec(
+            env={"PODBAY_PROBE": "1"}, pids=64, memory_bytes=256 << 20, disk_bytes=PROBE_DISK
+        )
         clients.append(AgentClient(vm_session.driver.agent_socket(vm_session.up(spec))))
     yield clients[0], clients[1]
 
@@ -84,7 +89,8 @@ def test_disk_quota(pair: tuple[AgentClient, AgentClient]) -> None:
 
 
 def test_memory_hog_is_killed_inside_and_agent_answers(
-        pair: tuple[AgentClient, AgentClient]) -> None:
+    pair: tuple[AgentClient, AgentClient],
+) -> None:
     assert probes.memory_hog(pair[0]) is None
 
 
@@ -96,17 +102,23 @@ def test_removing_python_does_not_stop_the_agent(pair: tuple[AgentClient, AgentC
     assert probes.python_removed(pair[1]) is None
 
 
-def _request(socket_path: Path, method: str, path: str, body: bytes | None = None
-             ) -> tuple[int, bytes]:
+def _request(
+    socket_path: Path, method: str, path: str, body: bytes | None = None
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("agent", timeout=120)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(120)
     sock.connect(str(socket_path))
     conn.sock = sock
     try:
-        headers = {} if body is None else {
-            "Content-Type": "application/octet-stream",
-            DIGEST_HEADER: hashlib.sha256(body).hexdigest()}
+        headers = (
+            {}
+            if body is None
+            else {
+                "Content-Type": "application/octet-stream",
+                DIGEST_HEADER: hashlib.sha256(body).hexdigest(),
+            }
+        )
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
@@ -115,7 +127,8 @@ def _request(socket_path: Path, method: str, path: str, body: bytes | None = Non
 
 
 def test_files_cross_the_channel_intact_beside_other_requests(
-        vm_session: VmSession, pair: tuple[AgentClient, AgentClient]) -> None:
+    vm_session: VmSession, pair: tuple[AgentClient, AgentClient]
+) -> None:
     """Megabytes each way over the multiplexed serial port, flow-controlled,
     while other connections keep being answered; checked at both ends."""
     a, _ = pair

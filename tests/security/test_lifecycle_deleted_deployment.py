@@ -14,9 +14,12 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
-        "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "3600",
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"),
+        env={
+            "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "3600",
+        },
+    ) as s:
         yield s
 
 

@@ -56,11 +56,17 @@ def wait_for_file(server: PlatformServer, token: str, path: str) -> str:
 
 
 def test_exec_past_the_grace_gets_json_503_and_its_command_runs_on(
-        server: PlatformServer, token: str) -> None:
+    server: PlatformServer, token: str
+) -> None:
     handle = server.attach(token, "raw").json()
-    thread, out = in_thread(lambda: httpx.post(
-        handle["endpoint"] + "/v1/exec", headers=handle["headers"], timeout=120,
-        json={"command": ["sh", "-c", "sleep 9; echo done > /workspace/done"]}))
+    thread, out = in_thread(
+        lambda: httpx.post(
+            handle["endpoint"] + "/v1/exec",
+            headers=handle["headers"],
+            timeout=120,
+            json={"command": ["sh", "-c", "sleep 9; echo done > /workspace/done"]},
+        )
+    )
     time.sleep(1.5)  # the exec is in flight
     server.terminate(timeout=60)
     thread.join(60)
@@ -77,8 +83,9 @@ def test_exec_past_the_grace_gets_json_503_and_its_command_runs_on(
 def test_sdk_rides_over_the_restart_and_repeats(server: PlatformServer, token: str) -> None:
     with SandboxClient(identity_token=token) as client:
         client.attach("sdk")
-        thread, out = in_thread(lambda: client.exec(
-            "sdk", ["sh", "-c", "echo run >> /workspace/runs; sleep 8"]))
+        thread, out = in_thread(
+            lambda: client.exec("sdk", ["sh", "-c", "echo run >> /workspace/runs; sleep 8"])
+        )
         time.sleep(1.5)
         server.restart()
         thread.join(120)

@@ -32,8 +32,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def life(tmp_path: Path) -> AsyncIterator[Harness]:
-    async with build_harness(tmp_path, make_settings(tmp_path, idle=IDLE, ttl=TTL,
-                                                     max_age=24 * 3600)) as h:
+    async with build_harness(
+        tmp_path, make_settings(tmp_path, idle=IDLE, ttl=TTL, max_age=24 * 3600)
+    ) as h:
         yield h
 
 
@@ -83,7 +84,8 @@ def test_store_migration_gives_old_suspended_rows_a_suspension_time(tmp_path: Pa
         conn.execute(
             "INSERT INTO sandboxes (id, deployment_id, account, name, class, state, machine_id,"
             " created_at, last_active_at) VALUES (?, 'd', 'a', ?, 'default', ?, ?, 100, 200)",
-            (sid, sid, state_, "m-" + sid))
+            (sid, sid, state_, "m-" + sid),
+        )
     conn.commit()
     conn.close()
     store = SqliteStore.open(db)

@@ -95,8 +95,10 @@ def test_host(tmp_path: Path) -> Iterator[Upstream]:
         sh(*inside, "addr", "add", f"{TEST_HOST}/30", "dev", peer)
         sh(*inside, "link", "set", peer, "up")
         sh(*inside, "route", "add", "default", "via", HOST_SIDE)
-        server = subprocess.Popen(["nsenter", f"--net={netns}", "--", sys.executable, "-c",
-                                   SERVER, str(PORT)], stdout=subprocess.PIPE)
+        server = subprocess.Popen(
+            ["nsenter", f"--net={netns}", "--", sys.executable, "-c", SERVER, str(PORT)],
+            stdout=subprocess.PIPE,
+        )
         assert server.stdout is not None and server.stdout.readline() == b"ready\n"
         yield Upstream(netns, server)
     finally:
@@ -120,7 +122,8 @@ def open_fds(pid: int) -> int:
 
 
 def test_a_flood_of_connections_stays_within_the_helpers_budget(
-        oci_machines: Machines, oci_session: DriverSession, test_host: Upstream) -> None:
+    oci_machines: Machines, oci_session: DriverSession, test_host: Upstream
+) -> None:
     flooder, neighbour = oci_machines.up(), oci_machines.up()
     slirp = slirp_pid(oci_session, flooder.id)
     # It sits in cgroups of its own (memory, pids, CPU), not the host's root.
@@ -135,8 +138,8 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
 
     def flood() -> None:
         result["done"] = flooder.agent.exec(
-            ["python3", "-c", FLOOD, TEST_HOST, str(PORT), str(attempts), "4"],
-            timeout_ms=240_000)
+            ["python3", "-c", FLOOD, TEST_HOST, str(PORT), str(attempts), "4"], timeout_ms=240_000
+        )
 
     thread = threading.Thread(target=flood)
     thread.start()
@@ -153,10 +156,12 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
     assert failed > 0 and held < attempts
     # Its memory stayed within the budget (at the limit the kernel ends it: the
     # flooding sandbox then has lost its own network, nobody else's).
-    peak_file = memory / ("memory.peak" if (memory / "memory.peak").exists()
-                          else "memory.max_usage_in_bytes")
+    peak_file = memory / (
+        "memory.peak" if (memory / "memory.peak").exists() else "memory.max_usage_in_bytes"
+    )
     assert int(peak_file.read_text()) <= BUDGET.memory_bytes
     # The neighbour's network never noticed.
-    reached = neighbour.agent.exec(["python3", "-c", PROBE, TEST_HOST, str(PORT)],
-                                   timeout_ms=30_000)
+    reached = neighbour.agent.exec(
+        ["python3", "-c", PROBE, TEST_HOST, str(PORT)], timeout_ms=30_000
+    )
     assert reached.ok and reached.stdout.strip() == "reached", reached

@@ -50,8 +50,9 @@ except OSError as e:
 
 
 @pytest.fixture(scope="module", params=OCI_RUNTIMES)
-def oci_settings(request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def oci_settings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Settings]:
     yield from settings_for(tmp_path_factory, request.param)
 
 
@@ -83,8 +84,9 @@ class Server:
 def gained_address() -> Iterator[str]:
     """An address the host gains now (on a veth pair of this test's own)."""
     subprocess.run(["ip", "link", "del", LINK], capture_output=True, check=False)
-    subprocess.run(["ip", "link", "add", LINK, "type", "veth", "peer", "name", f"{LINK}p"],
-                   check=True)
+    subprocess.run(
+        ["ip", "link", "add", LINK, "type", "veth", "peer", "name", f"{LINK}p"], check=True
+    )
     try:
         subprocess.run(["ip", "addr", "add", f"{NEW_ADDRESS}/32", "dev", LINK], check=True)
         for link in (LINK, f"{LINK}p"):
@@ -95,14 +97,18 @@ def gained_address() -> Iterator[str]:
 
 
 def blocked_in_rules(netns: Path, address: str) -> bool:
-    listed = subprocess.run(["nsenter", f"--net={netns}", "nft", "-j", "list", "set", "inet",
-                             "podbay", "blocked_v4"], capture_output=True, text=True,
-                            check=False).stdout
+    listed = subprocess.run(
+        ["nsenter", f"--net={netns}", "nft", "-j", "list", "set", "inet", "podbay", "blocked_v4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     return address in listed
 
 
 def test_an_address_gained_after_start_is_refused(
-        oci_machines: Machines, oci_session: DriverSession) -> None:
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     warm = oci_machines.up()  # rules loaded now, before the host has the address
     netns = Path(oci_session.settings.runtime.run_dir) / warm.id / "netns"
     assert not blocked_in_rules(netns, NEW_ADDRESS)
@@ -114,11 +120,11 @@ def test_an_address_gained_after_start_is_refused(
                 assert time.monotonic() < deadline, "the running sandbox's rules went stale"
                 # The driver lives on this loop (as in the server): let it run.
                 oci_session.run(asyncio.sleep(0.1))
-            done = warm.agent.exec(["python3", "-c", CONNECT, address, str(server.port)],
-                                   timeout_ms=20_000)
+            done = warm.agent.exec(
+                ["python3", "-c", CONNECT, address, str(server.port)], timeout_ms=20_000
+            )
             assert done.ok, done.stderr
             assert json.loads(done.stdout) in ("ConnectionRefusedError", "TimeoutError")
             assert server.accepted == 0
         finally:
             server.sock.close()
-

@@ -45,8 +45,11 @@ def hostile_agent(path: Path, head: bytes, body_total: int, written: list[int]) 
 @pytest.mark.parametrize("framing", [b"content-length: %d\r\n", b"transfer-encoding: chunked\r\n"])
 def test_endless_answer_is_cut_off(tmp_path: Path, framing: bytes) -> None:
     total = 256 * 1024 * 1024
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + (
-        framing % total if b"%d" in framing else framing) + b"\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        + (framing % total if b"%d" in framing else framing)
+        + b"\r\n"
+    )
     if b"chunked" in framing:
         head += b"%x\r\n" % total  # one chunk that never ends
     written: list[int] = []

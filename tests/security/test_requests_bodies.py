@@ -61,10 +61,12 @@ def chunks(total: int, size: int = 256 * 1024) -> Iterator[bytes]:
         sent += size
 
 
-def test_attach_declaring_512_mib_is_413_before_reading(server: PlatformServer,
-                                                        token: str) -> None:
-    answer = head_only(server.port, f"PUT /api/v1/sandboxes/{NAME} HTTP/1.1\r\nHost: x\r\n"
-                       f"Authorization: Bearer {token}\r\nContent-Length: {512 << 20}\r\n")
+def test_attach_declaring_512_mib_is_413_before_reading(server: PlatformServer, token: str) -> None:
+    answer = head_only(
+        server.port,
+        f"PUT /api/v1/sandboxes/{NAME} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: {512 << 20}\r\n",
+    )
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert b"REQUEST_TOO_LARGE" in answer
 
@@ -74,28 +76,38 @@ def test_attach_streaming_past_the_limit_is_413(server: PlatformServer, token: s
     assert (r.status_code, r.json()["code"]) == (413, "REQUEST_TOO_LARGE")
 
 
-def test_exec_declaring_512_mib_is_413_before_reading(server: PlatformServer,
-                                                      handle: dict[str, Any]) -> None:
+def test_exec_declaring_512_mib_is_413_before_reading(
+    server: PlatformServer, handle: dict[str, Any]
+) -> None:
     path = handle["endpoint"].split(str(server.port), 1)[1]
     credential = "".join(f"{k}: {v}\r\n" for k, v in handle["headers"].items())
-    answer = head_only(server.port, f"POST {path}/v1/exec HTTP/1.1\r\nHost: x\r\n"
-                       f"{credential}Content-Length: {512 << 20}\r\n")
+    answer = head_only(
+        server.port,
+        f"POST {path}/v1/exec HTTP/1.1\r\nHost: x\r\n{credential}Content-Length: {512 << 20}\r\n",
+    )
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert b"REQUEST_TOO_LARGE" in answer
 
 
-def test_exec_streaming_past_the_limit_is_413(server: PlatformServer,
-                                              handle: dict[str, Any]) -> None:
+def test_exec_streaming_past_the_limit_is_413(
+    server: PlatformServer, handle: dict[str, Any]
+) -> None:
     r = server.data(handle, "POST", "/v1/exec", content=chunks(2 * MAX_JSON_BODY))
     assert (r.status_code, r.json()["code"]) == (413, "REQUEST_TOO_LARGE")
     assert server.exec(handle, "true").status_code == 200
 
 
-def test_native_file_writes_are_not_capped_by_the_json_limit(server: PlatformServer,
-                                                             handle: dict[str, Any]) -> None:
+def test_native_file_writes_are_not_capped_by_the_json_limit(
+    server: PlatformServer, handle: dict[str, Any]
+) -> None:
     data = b"z" * (MAX_JSON_BODY + 1024 * 1024)
-    r = server.data(handle, "PUT", "/v1/files", params={"path": "/workspace/big"},
-                    headers={"X-Podbay-Sha256": hashlib.sha256(data).hexdigest()},
-                    content=data)
+    r = server.data(
+        handle,
+        "PUT",
+        "/v1/files",
+        params={"path": "/workspace/big"},
+        headers={"X-Podbay-Sha256": hashlib.sha256(data).hexdigest()},
+        content=data,
+    )
     assert r.status_code == 200, r.text
     assert r.json()["size"] == len(data)

@@ -28,8 +28,13 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 
 #: Examples per operation: about two minutes for both documents on 2 cores.
 EXAMPLES = 30
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 CHECKS = [not_a_server_error, response_schema_conformance]
 #: Fuzzed commands get a short deadline: a generated argv may name a real
 #: program that waits (the contract allows a day).
@@ -44,9 +49,12 @@ data_schema = schemathesis.openapi.from_dict(data_plane("/sandbox/placeholder"))
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
-        "PODBAY_CAPS_PER_DEPLOYMENT": "4",
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"),
+        env={
+            "PODBAY_CAPS_PER_DEPLOYMENT": "4",
+        },
+    ) as s:
         yield s
 
 
@@ -73,8 +81,9 @@ def test_documents_are_served(server: PlatformServer, handle: dict[str, Any]) ->
 @control_schema.parametrize()
 @FUZZ
 def test_control_plane_fuzz(case: Any, server: PlatformServer, token: str) -> None:
-    r = case.call_and_validate(base_url=server.base_url, checks=CHECKS,
-                               headers={"Authorization": f"Bearer {token}"})
+    r = case.call_and_validate(
+        base_url=server.base_url, checks=CHECKS, headers={"Authorization": f"Bearer {token}"}
+    )
     SEEN.append(("control", case.method, case.path, r.status_code))
 
 
@@ -83,8 +92,9 @@ def test_control_plane_fuzz(case: Any, server: PlatformServer, token: str) -> No
 def test_data_plane_fuzz(case: Any, server: PlatformServer, handle: dict[str, Any]) -> None:
     if case.path == "/v1/exec" and isinstance(case.body, dict):
         case.body["timeout_ms"] = EXEC_DEADLINE_MS
-    r = case.call_and_validate(base_url=handle["endpoint"], checks=CHECKS,
-                               headers=dict(handle["headers"]))
+    r = case.call_and_validate(
+        base_url=handle["endpoint"], checks=CHECKS, headers=dict(handle["headers"])
+    )
     SEEN.append(("data", case.method, case.path, r.status_code))
 
 

@@ -64,6 +64,7 @@ def no_body():  # type: ignore[no-untyped-def]
 
 async def hostile_agent(path: Path, answer_chunks, heads: list[bytes], written: list[int]):  # type: ignore[no-untyped-def]
     """Reads one request head, then writes ``answer_chunks`` until the peer stops reading."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         heads.append(await reader.readuntil(b"\r\n\r\n"))
         total = 0
@@ -98,8 +99,9 @@ async def test_endless_answer_head_is_cut_off_and_answered_502(tmp_path: Path) -
     written: list[int] = []
     server = await hostile_agent(tmp_path / "a.sock", chunks(), heads, written)
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
-                         "rid")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
+    )
     for _ in range(1000):  # the hostile side notices the gateway hung up
         if written:
             break
@@ -116,33 +118,39 @@ async def test_too_many_answer_headers_is_502(tmp_path: Path) -> None:
     answer = b"HTTP/1.1 200 OK\r\n" + b"a: b\r\n" * 10_000 + b"content-length: 2\r\n\r\n{}"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
-                         "rid")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
+    )
     server.close()
     assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
     assert len(sink.headers) < 10
 
 
-@pytest.mark.parametrize("status_line", [b"HTTP/1.1 101 Switching Protocols",
-                                         b"HTTP/1.1 100 Continue"])
+@pytest.mark.parametrize(
+    "status_line", [b"HTTP/1.1 101 Switching Protocols", b"HTTP/1.1 100 Continue"]
+)
 async def test_non_final_status_is_502(tmp_path: Path, status_line: bytes) -> None:
     answer = status_line + b"\r\ncontent-length: 0\r\n\r\n"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
-                         "rid")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
+    )
     server.close()
     assert status == 502 and sink.status == 502
 
 
 async def test_answer_headers_that_act_on_the_client_are_dropped(tmp_path: Path) -> None:
-    answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-              b"set-cookie: session=stolen; Path=/\r\nlocation: http://evil.example/\r\n"
-              b"x-podbay-sha256: abc\r\ncontent-length: 2\r\n\r\n{}")
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"set-cookie: session=stolen; Path=/\r\nlocation: http://evil.example/\r\n"
+        b"x-podbay-sha256: abc\r\ncontent-length: 2\r\n\r\n{}"
+    )
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info",
-                         "rid")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
+    )
     server.close()
     names = {k for k, _ in sink.headers}
     assert status == 200 and sink.body == b"{}"
@@ -155,20 +163,28 @@ async def test_client_authorization_and_cookies_never_reach_the_agent(tmp_path: 
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
     server = await hostile_agent(tmp_path / "a.sock", [answer], heads, [])
     sink = Sink()
-    await relay(AgentPool(tmp_path / "a.sock"),
-                scope(headers=[(b"authorization", b"Bearer identity-token-secret"),
-                               (b"cookie", b"session=cookie-secret"),
-                               (b"x-podbay-credential", b"credential-secret"),
-                               (b"x-other", b"kept")]),
-                no_body(), sink, b"/v1/info", "rid")
+    await relay(
+        AgentPool(tmp_path / "a.sock"),
+        scope(
+            headers=[
+                (b"authorization", b"Bearer identity-token-secret"),
+                (b"cookie", b"session=cookie-secret"),
+                (b"x-podbay-credential", b"credential-secret"),
+                (b"x-other", b"kept"),
+            ]
+        ),
+        no_body(),
+        sink,
+        b"/v1/info",
+        "rid",
+    )
     server.close()
     head = heads[0].lower()
     assert b"secret" not in head
     assert b"x-other: kept" in head
 
 
-async def test_agent_that_never_answers_is_let_go_when_the_client_leaves(
-        tmp_path: Path) -> None:
+async def test_agent_that_never_answers_is_let_go_when_the_client_leaves(tmp_path: Path) -> None:
     """A hijacked agent reads the request and never answers: once the client
     leaves, the gateway closes that connection (it used to wait for ever)."""
     asked = asyncio.Event()
@@ -194,8 +210,9 @@ async def test_agent_that_never_answers_is_let_go_when_the_client_leaves(
         return {"type": "http.disconnect"}
 
     sink = Sink()
-    relaying = asyncio.create_task(relay(AgentPool(tmp_path / "a.sock"), scope(), receive,
-                                         sink, b"/v1/exec", "rid"))
+    relaying = asyncio.create_task(
+        relay(AgentPool(tmp_path / "a.sock"), scope(), receive, sink, b"/v1/exec", "rid")
+    )
     await asyncio.wait_for(asked.wait(), 30)
     leave.set()
     assert await asyncio.wait_for(relaying, 30) == 499

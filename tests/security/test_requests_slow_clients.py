@@ -27,13 +27,16 @@ PATIENCE = 60.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
-        "PODBAY_SERVER_HEAD_TIMEOUT_SECONDS": "2",
-        "PODBAY_SERVER_BODY_TIMEOUT_SECONDS": "2",
-        "PODBAY_SERVER_MAX_CONNECTIONS": "64",
-        "PODBAY_LIFECYCLE_IDLE_SECONDS": "3",
-        "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"),
+        env={
+            "PODBAY_SERVER_HEAD_TIMEOUT_SECONDS": "2",
+            "PODBAY_SERVER_BODY_TIMEOUT_SECONDS": "2",
+            "PODBAY_SERVER_MAX_CONNECTIONS": "64",
+            "PODBAY_LIFECYCLE_IDLE_SECONDS": "3",
+            "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
+        },
+    ) as s:
         yield s
 
 
@@ -62,16 +65,16 @@ def test_silent_connection_is_closed(server: PlatformServer) -> None:
 def test_stalled_body_is_dropped(server: PlatformServer) -> None:
     token = server.create_deployment("stalled-body")
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(f"PUT /api/v1/sandboxes/stalled HTTP/1.1\r\nHost: x\r\n"
-                     f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n{{"
-                     .encode())
+        sock.sendall(
+            f"PUT /api/v1/sandboxes/stalled HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: 1000\r\n\r\n{{".encode()
+        )
         closed_by_server(sock)
     assert "Traceback" not in server.log_path.read_text()
 
 
 def _sandbox_state(server: PlatformServer, name: str) -> str:
-    db = sqlite3.connect(f"file:{server.data_dir / 'podbay.db'}?mode=ro", uri=True,
-                         timeout=30)
+    db = sqlite3.connect(f"file:{server.data_dir / 'podbay.db'}?mode=ro", uri=True, timeout=30)
     try:
         row = db.execute("SELECT state FROM sandboxes WHERE name = ?", (name,)).fetchone()
     finally:

@@ -26,8 +26,10 @@ def test_sandbox_code_cannot_trace_or_rob_the_agent(oci_machines: Machines) -> N
     assert all(v.startswith("refused") for v in outcomes.values()), outcomes
     assert probes.agent_out_of_reach(m.agent) is None
     # The agent still serves, and commands may still trace their own processes.
-    traced = m.sh("sleep 30 & pid=$!; python3 -c \"import ctypes, sys; "
-                  "libc = ctypes.CDLL(None, use_errno=True); "
-                  "sys.exit(libc.ptrace(0x4206, int(sys.argv[1]), 0, 0))\" $pid; "
-                  "echo traced=$?; kill $pid")
+    traced = m.sh(
+        'sleep 30 & pid=$!; python3 -c "import ctypes, sys; '
+        "libc = ctypes.CDLL(None, use_errno=True); "
+        'sys.exit(libc.ptrace(0x4206, int(sys.argv[1]), 0, 0))" $pid; '
+        "echo traced=$?; kill $pid"
+    )
     assert "traced=0" in traced.stdout, traced

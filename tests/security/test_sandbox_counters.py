@@ -77,13 +77,13 @@ def probe_inside(agent: AgentClient) -> list[str]:
 
 
 def probe_host() -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          timeout=30, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=30, check=True
+    )
     return done.stdout.strip().split("|")
 
 
-def test_one_sandbox_exhausting_its_counters_leaves_others_working(
-        oci_machines: Machines) -> None:
+def test_one_sandbox_exhausting_its_counters_leaves_others_working(oci_machines: Machines) -> None:
     greedy, neighbour = oci_machines.up(), oci_machines.up()
     assert probe_inside(neighbour.agent) == ["ok", "ok", "ok"]
     started = greedy.agent.sh(f"python3 -c '{EXHAUST}' </dev/null >/dev/null 2>&1 &")

@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 MIB = 1024 * 1024
 
 
-def test_deleted_files_return_space_to_the_host(oci_machines: Machines,
-                                                oci_session: DriverSession) -> None:
+def test_deleted_files_return_space_to_the_host(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     m = oci_machines.up(disk_bytes=512 * MIB)
     disk = oci_session.driver.layout.machine(m.id).disk_image
 
@@ -39,17 +40,20 @@ def test_deleted_files_return_space_to_the_host(oci_machines: Machines,
     while allocated() > full - 96 * MIB:
         assert time.monotonic() < deadline, (
             f"the host file kept {allocated() // MIB} MiB after 128 MiB were deleted "
-            f"(was {full // MIB} MiB)")
+            f"(was {full // MIB} MiB)"
+        )
         time.sleep(0.5)
 
 
 def test_new_sandboxes_are_refused_below_the_disk_reserve(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     root = tmp_path_factory.mktemp("reserve")
     free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
     # A reserve just above what is free: the host counts as full.
-    with PlatformServer.start(root, env={
-            "PODBAY_RUNTIME_DISK_RESERVE_BYTES": str(free + 1024**4)}) as server:
+    with PlatformServer.start(
+        root, env={"PODBAY_RUNTIME_DISK_RESERVE_BYTES": str(free + 1024**4)}
+    ) as server:
         token = server.create_deployment("reserve-agent")
         refused = server.attach(token, "one-too-many")
         assert refused.status_code == 507, refused.text

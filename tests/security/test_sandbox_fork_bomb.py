@@ -23,15 +23,20 @@ from podbay.wire import paths
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
 
 #: Leaves the exec's session, then forks for ever (each child too).
-BOMB = ("import os, time\nos.setsid()\nwhile True:\n    try:\n        os.fork()\n"
-        "    except OSError:\n        time.sleep(0.05)\n")
+BOMB = (
+    "import os, time\nos.setsid()\nwhile True:\n    try:\n        os.fork()\n"
+    "    except OSError:\n        time.sleep(0.05)\n"
+)
 
 
 def others(agent: AgentClient) -> list[str]:
     """The sandbox's processes but the agent and this probe's own."""
     listing = agent.exec(["ps", "-e", "-o", "pid=,args="], timeout_ms=10_000).stdout
-    return [line.strip() for line in listing.splitlines()
-            if line.split()[0] != "1" and "ps -e -o" not in line]
+    return [
+        line.strip()
+        for line in listing.splitlines()
+        if line.split()[0] != "1" and "ps -e -o" not in line
+    ]
 
 
 def recovers(agent: AgentClient, within: float = 20.0) -> bool:

@@ -66,10 +66,22 @@ def test_tokens_expire_by_default(token: str) -> None:
 def test_operator_set_lifetime_is_enforced(server: PlatformServer) -> None:
     server.create_deployment("short-lived")
     short = subprocess.run(
-        [sys.executable, "-m", "podbay.cli.main", "deployment", "token", "short-lived",
-         "--data-dir", str(server.data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "podbay.cli.main",
+            "deployment",
+            "token",
+            "short-lived",
+            "--data-dir",
+            str(server.data_dir),
+        ],
         env={**server.env, "PODBAY_CREDENTIALS_IDENTITY_TTL_SECONDS": "1"},
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     claims = jwt.decode(short, options={"verify_signature": False})
     assert claims["exp"] - claims["iat"] == 1
     time.sleep(max(0.0, claims["exp"] + 1.5 - time.time()))

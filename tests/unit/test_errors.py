@@ -30,14 +30,14 @@ def _podbay_exceptions() -> dict[str, type[BaseException]]:
 def test_every_exception_derives_from_podbay_error() -> None:
     found = _podbay_exceptions()
     assert "podbay.errors.DriverError" in found  # the walk reached the runtime
-    outside_the_tree = [name for name, cls in found.items()
-                        if not issubclass(cls, podbay.errors.PodbayError)]
+    outside_the_tree = [
+        name for name, cls in found.items() if not issubclass(cls, podbay.errors.PodbayError)
+    ]
     assert outside_the_tree == []
 
 
 def test_exceptions_live_in_errors_py() -> None:
-    elsewhere = {name for name in _podbay_exceptions()
-                 if not name.startswith("podbay.errors.")}
+    elsewhere = {name for name in _podbay_exceptions() if not name.startswith("podbay.errors.")}
     assert elsewhere <= DEFINED_ELSEWHERE
 
 

@@ -16,13 +16,16 @@ def test_importing_podbay_imports_no_framework() -> None:
         f"loaded = [m for m in {FRAMEWORKS!r} if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
 
 def test_podbay_mcp_is_listed_without_importing_mcp() -> None:
-    done = subprocess.run([sys.executable, "-m", "podbay.cli.main", "--help"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "podbay.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "mcp" in done.stdout

@@ -159,8 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     reaper.start()
     app = App(reaper, os.path.abspath(args.workspace), declared_env)
     where = listener.getsockname() or f"fd {args.fd}"
-    print(f"podbay-agent {VERSION}: serving on {where} (pid {os.getpid()})",
-          file=sys.stderr, flush=True)
+    print(
+        f"podbay-agent {VERSION}: serving on {where} (pid {os.getpid()})",
+        file=sys.stderr,
+        flush=True,
+    )
     if os.getpid() == 1:
         # No handlers at all: the kernel then drops every signal sent to a
         # namespace's init from inside it (SIGKILL included), so no `kill 1`

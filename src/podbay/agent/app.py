@@ -42,9 +42,17 @@ from .tree import kill_all_but_self
 from .tunnel import open_tunnel
 from .users import acting_as, resolve
 
-FEATURES = [paths.FEATURE_FILES, paths.FEATURE_TRAILING_DIGEST, paths.FEATURE_PTY,
-            paths.FEATURE_PORTS, paths.FEATURE_FILES_OPS, paths.FEATURE_STDIN,
-            paths.FEATURE_EXEC_OUTPUT, paths.FEATURE_LIVE_OUTPUT, paths.FEATURE_USERS]
+FEATURES = [
+    paths.FEATURE_FILES,
+    paths.FEATURE_TRAILING_DIGEST,
+    paths.FEATURE_PTY,
+    paths.FEATURE_PORTS,
+    paths.FEATURE_FILES_OPS,
+    paths.FEATURE_STDIN,
+    paths.FEATURE_EXEC_OUTPUT,
+    paths.FEATURE_LIVE_OUTPUT,
+    paths.FEATURE_USERS,
+]
 _DEFAULT_USER = paths.DEFAULT_USER_HEADER.lower()
 
 T = TypeVar("T")
@@ -62,7 +70,8 @@ def refusal_response(code: ErrorCode, message: str) -> Response:
 def protocol_refusal(status: int, message: str) -> Response:
     """How the HTTP layer's own faults are answered: in the contract's shape."""
     code = {500: ErrorCode.INTERNAL, 413: ErrorCode.REQUEST_TOO_LARGE}.get(
-        status, ErrorCode.REQUEST_INVALID)
+        status, ErrorCode.REQUEST_INVALID
+    )
     return refusal_response(code, message)
 
 
@@ -97,8 +106,9 @@ def _exec_head(req: Request) -> tuple[ExecRequest, ReadBody]:
     while (end := buf.find(b"\n")) < 0:
         data = req.body.read()
         if not data:
-            raise ApiError(ErrorCode.REQUEST_INVALID,
-                           "the body must start with one line of exec request JSON")
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, "the body must start with one line of exec request JSON"
+            )
         buf += data
         if len(buf) > MAX_JSON_BODY:
             raise ProtocolError(413, f"exec request line larger than {MAX_JSON_BODY} bytes")
@@ -143,10 +153,16 @@ class App:
         self.routes: dict[str, dict[str, Route]] = {
             paths.INFO: {"GET": self.info},
             paths.EXEC: {"POST": self.exec},
-            paths.PROCESSES: {"GET": self.list_processes, "POST": self.spawn,
-                              "DELETE": self.kill_everything},
-            paths.FILES: {"GET": self.read_file, "PUT": self.write_file,
-                          "DELETE": self.delete_file},
+            paths.PROCESSES: {
+                "GET": self.list_processes,
+                "POST": self.spawn,
+                "DELETE": self.kill_everything,
+            },
+            paths.FILES: {
+                "GET": self.read_file,
+                "PUT": self.write_file,
+                "DELETE": self.delete_file,
+            },
             paths.FILES_STAT: {"GET": self.stat_file},
             paths.FILES_LIST: {"GET": self.list_dir},
             paths.FILES_MKDIR: {"POST": self.mkdir},
@@ -186,8 +202,10 @@ class App:
         handler = methods.get(req.method)
         if handler is None:
             allowed = ", ".join(sorted(methods))
-            resp = refusal_response(ErrorCode.METHOD_NOT_ALLOWED,
-                                    f"{req.method} is not allowed on {req.path}; use {allowed}")
+            resp = refusal_response(
+                ErrorCode.METHOD_NOT_ALLOWED,
+                f"{req.method} is not allowed on {req.path}; use {allowed}",
+            )
             resp.headers.append(("Allow", allowed))
             return resp
         req.params = {"process_id": process_id} if process_id else {}
@@ -206,17 +224,38 @@ class App:
             body = _body(req, ExecRequest)
         default_user = req.headers.get(_DEFAULT_USER)
         if paths.EXEC_STREAM_CONTENT_TYPE in req.headers.get("accept", ""):
-            lines = stream_exec(self.reaper, self.workspace, self.declared_env, body,
-                                stdin=stdin, default_user=default_user, peer=req.peer)
+            lines = stream_exec(
+                self.reaper,
+                self.workspace,
+                self.declared_env,
+                body,
+                stdin=stdin,
+                default_user=default_user,
+                peer=req.peer,
+            )
             return Response(200, lines, content_type=paths.EXEC_STREAM_CONTENT_TYPE)
-        return json_response(run_exec(self.reaper, self.workspace, self.declared_env, body,
-                                      stdin=stdin, default_user=default_user, peer=req.peer))
+        return json_response(
+            run_exec(
+                self.reaper,
+                self.workspace,
+                self.declared_env,
+                body,
+                stdin=stdin,
+                default_user=default_user,
+                peer=req.peer,
+            )
+        )
 
     # -- terminals and ports ------------------------------------------------
     def pty(self, req: Request) -> Response:
         _expect_upgrade(req, paths.UPGRADE_PTY)
-        return start_pty(self.reaper, self.workspace, self.declared_env, _body(req, PtyRequest),
-                         req.headers.get(_DEFAULT_USER))
+        return start_pty(
+            self.reaper,
+            self.workspace,
+            self.declared_env,
+            _body(req, PtyRequest),
+            req.headers.get(_DEFAULT_USER),
+        )
 
     def tunnel(self, req: Request) -> Response:
         _expect_upgrade(req, paths.UPGRADE_TUNNEL)
@@ -224,8 +263,9 @@ class App:
 
     # -- processes -----------------------------------------------------------
     def spawn(self, req: Request) -> Response:
-        return json_response(self.processes.spawn(_body(req, SpawnRequest),
-                                                  req.headers.get(_DEFAULT_USER)))
+        return json_response(
+            self.processes.spawn(_body(req, SpawnRequest), req.headers.get(_DEFAULT_USER))
+        )
 
     def write_stdin(self, req: Request) -> Response:
         proc = self.processes.get(req.params["process_id"])
@@ -237,8 +277,14 @@ class App:
 
     def poll(self, req: Request) -> Response:
         proc = self.processes.get(req.params["process_id"])
-        return json_response(proc.output(_offset(req, "stdout_from"), _offset(req, "stderr_from"),
-                                         wait_ms=_wait_ms(req), encoding=_encoding(req)))
+        return json_response(
+            proc.output(
+                _offset(req, "stdout_from"),
+                _offset(req, "stderr_from"),
+                wait_ms=_wait_ms(req),
+                encoding=_encoding(req),
+            )
+        )
 
     def signal(self, req: Request) -> Response:
         body = _body(req, SignalRequest)
@@ -264,8 +310,13 @@ class App:
         with self._as(req):
             stream = self.files.open_read(req.query.get("path"))
         body: bytes | FileStream = stream.data if stream.data is not None else stream
-        return Response(200, body, headers=[(paths.DIGEST_HEADER, stream.digest)],
-                        length=stream.length, content_type="application/octet-stream")
+        return Response(
+            200,
+            body,
+            headers=[(paths.DIGEST_HEADER, stream.digest)],
+            length=stream.length,
+            content_type="application/octet-stream",
+        )
 
     def write_file(self, req: Request) -> Response:
         digest = parse_digest(req.headers.get(paths.DIGEST_HEADER.lower()))

@@ -96,17 +96,25 @@ def output_options(req: ExecRequest) -> tuple[int, str, str]:
     if cap is None:
         cap = limits.EXEC_OUTPUT_CAP
     elif not 0 <= cap <= limits.EXEC_OUTPUT_MAX:
-        raise ApiError(ErrorCode.REQUEST_INVALID,
-                       f"max_output_bytes must be 0 to {limits.EXEC_OUTPUT_MAX}")
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, f"max_output_bytes must be 0 to {limits.EXEC_OUTPUT_MAX}"
+        )
     return cap, req.keep or "head", req.output_encoding or "utf-8"
 
 
 class _Exec:
     """One started command, its stdin feeder and its deadline."""
 
-    def __init__(self, reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-                 req: ExecRequest, stdin: ReadBody | None, default_user: str | None,
-                 peer: tuple[int, PeerGone] | None) -> None:
+    def __init__(
+        self,
+        reaper: Reaper,
+        workspace: str,
+        declared_env: Mapping[str, str],
+        req: ExecRequest,
+        stdin: ReadBody | None,
+        default_user: str | None,
+        peer: tuple[int, PeerGone] | None,
+    ) -> None:
         check_command(req.command, req.cwd)
         if req.env and (problem := check_env(req.env, "env")):
             raise ApiError(ErrorCode.REQUEST_INVALID, problem)
@@ -116,22 +124,30 @@ class _Exec:
         cwd = resolve_cwd(workspace, req.cwd)
         self.started = time.monotonic()
         self.deadline = self.started + timeout
-        self.child = launch(reaper, req.command, cwd, command_env(declared_env, req.env),
-                            stdin=stdin is not None, account=account)
+        self.child = launch(
+            reaper,
+            req.command,
+            cwd,
+            command_env(declared_env, req.env),
+            stdin=stdin is not None,
+            account=account,
+        )
         self.peer = peer
         self.timed_out = False
         self.client_gone = False
         self.feeder: threading.Thread | None = None
         if stdin is not None:
-            self.feeder = threading.Thread(target=self._feed, args=(stdin,), name="exec-stdin",
-                                           daemon=True)
+            self.feeder = threading.Thread(
+                target=self._feed, args=(stdin,), name="exec-stdin", daemon=True
+            )
             try:
                 self.feeder.start()
             except RuntimeError:  # no thread to be had (pids limit)
                 self.child.kill_tree()
                 self.child.close_pipes()
-                raise ApiError(ErrorCode.COMMAND_START_FAILED,
-                               "no thread to feed the command's stdin") from None
+                raise ApiError(
+                    ErrorCode.COMMAND_START_FAILED, "no thread to feed the command's stdin"
+                ) from None
 
     def _feed(self, read: ReadBody) -> None:
         """Copy the request body into the command's stdin, then close it. Once the
@@ -151,7 +167,7 @@ class _Exec:
                 view = buf[:n]
                 while fd is not None and view:
                     try:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(fd, view) :]
                     except BlockingIOError:
                         if self.child.exited.is_set():
                             fd = None
@@ -204,8 +220,7 @@ class _Exec:
                 if not streams:
                     child.exited.wait(max(0.0, limit - now))
                     continue
-                wait = limit - now if stop_at is not None else min(limit - now,
-                                                                   EXIT_CHECK_SECONDS)
+                wait = limit - now if stop_at is not None else min(limit - now, EXIT_CHECK_SECONDS)
                 for fd, _ in poller.poll(max(0, int(wait * 1000) + 1)):
                     if fd == peer_fd:
                         poller.unregister(fd)
@@ -247,17 +262,27 @@ class _Exec:
         stdout, out_dropped = out.render(self.encoding)
         stderr, err_dropped = err.render(self.encoding)
         return ExecResult(
-            exit_code=code, stdout=stdout, stderr=stderr,
-            duration_ms=int((ended - self.started) * 1000), timed_out=self.timed_out,
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_ms=int((ended - self.started) * 1000),
+            timed_out=self.timed_out,
             truncated=out.truncated or err.truncated,
             stdout_dropped=out_dropped if extended else None,
             stderr_dropped=err_dropped if extended else None,
         )
 
 
-def run(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-        req: ExecRequest, *, stdin: ReadBody | None = None, default_user: str | None = None,
-        peer: tuple[int, PeerGone] | None = None) -> ExecResult:
+def run(
+    reaper: Reaper,
+    workspace: str,
+    declared_env: Mapping[str, str],
+    req: ExecRequest,
+    *,
+    stdin: ReadBody | None = None,
+    default_user: str | None = None,
+    peer: tuple[int, PeerGone] | None = None,
+) -> ExecResult:
     """Run ``req`` to completion (or its deadline) and report.
 
     ``stdin``: the request body to feed the command. ``peer``: the client
@@ -274,9 +299,16 @@ def run(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
     return ex.result(out, err, extended)
 
 
-def stream(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-           req: ExecRequest, *, stdin: ReadBody | None = None, default_user: str | None = None,
-           peer: tuple[int, PeerGone] | None = None) -> Iterator[bytes]:
+def stream(
+    reaper: Reaper,
+    workspace: str,
+    declared_env: Mapping[str, str],
+    req: ExecRequest,
+    *,
+    stdin: ReadBody | None = None,
+    default_user: str | None = None,
+    peer: tuple[int, PeerGone] | None = None,
+) -> Iterator[bytes]:
     """Run ``req`` and yield NDJSON lines (:class:`ExecEvent`) as it writes.
 
     The command starts (or is refused) before the first line. With a stdin
@@ -331,15 +363,23 @@ def _events(ex: _Exec) -> Iterator[bytes]:
         dropped_out = out.total - sum(map(len, out.kept()))
         dropped_err = err.total - sum(map(len, err.kept()))
         result = ExecResult(
-            exit_code=result.exit_code, stdout="", stderr="", duration_ms=result.duration_ms,
-            timed_out=result.timed_out, truncated=bool(dropped_out or dropped_err),
-            stdout_dropped=dropped_out, stderr_dropped=dropped_err)
+            exit_code=result.exit_code,
+            stdout="",
+            stderr="",
+            duration_ms=result.duration_ms,
+            timed_out=result.timed_out,
+            truncated=bool(dropped_out or dropped_err),
+            stdout_dropped=dropped_out,
+            stderr_dropped=dropped_err,
+        )
         finished = True
         yield dumps(ExecEvent(result=result)) + b"\n"
     finally:
         if not finished:  # the client went away (or the send failed): end the command
             ex.child.kill_tree()
         chunks.close()
+
+
 def _discard_in_background(child: Child, fds: list[int]) -> None:
     """Keep reading pipes a background process still holds, then close them."""
 

@@ -75,8 +75,9 @@ def parse_digest(value: str | None) -> str:
     """The writer's hex SHA-256, lower-cased, or ``trailing`` (it follows the
     content); refused when absent or malformed."""
     if value is None or not value.strip():
-        raise ApiError(ErrorCode.DIGEST_MISSING,
-                      "a write must carry the content's SHA-256 in X-Podbay-Sha256")
+        raise ApiError(
+            ErrorCode.DIGEST_MISSING, "a write must carry the content's SHA-256 in X-Podbay-Sha256"
+        )
     digest = value.strip().lower()
     if digest == DIGEST_TRAILING:
         return digest
@@ -181,9 +182,17 @@ class Files:
         if not owner:
             return info
         st = os.lstat(path)
-        return FileInfo(name=info.name, path=info.path, type=info.type, size=info.size,
-                        mode=info.mode, mtime=info.mtime, uid=st.st_uid, gid=st.st_gid,
-                        owner=_user_name(st.st_uid))
+        return FileInfo(
+            name=info.name,
+            path=info.path,
+            type=info.type,
+            size=info.size,
+            mode=info.mode,
+            mtime=info.mtime,
+            uid=st.st_uid,
+            gid=st.st_gid,
+            owner=_user_name(st.st_uid),
+        )
 
     def chmod(self, req: ChmodRequest) -> FileInfo:
         path, shown = self.resolve(req.path)
@@ -210,9 +219,10 @@ class Files:
             os.rename(source, dest)
         except OSError as exc:
             if exc.errno == 18:  # EXDEV
-                raise ApiError(ErrorCode.PATH_INVALID,
-                               f"{shown_source} and {shown} are on different filesystems; "
-                               "copy, then delete") from None
+                raise ApiError(
+                    ErrorCode.PATH_INVALID,
+                    f"{shown_source} and {shown} are on different filesystems; copy, then delete",
+                ) from None
             raise path_refusal(exc, shown) from None
         return self.info(dest, shown)
 
@@ -269,8 +279,9 @@ class Files:
             stream.close()
         return stream
 
-    def write(self, raw: str | None, readinto: Callable[[memoryview], int], digest: str,
-              mode: int | None) -> FileInfo:
+    def write(
+        self, raw: str | None, readinto: Callable[[memoryview], int], digest: str, mode: int | None
+    ) -> FileInfo:
         """Stream the body (``readinto``) into place atomically once its SHA-256 is
         ``digest`` (or, for ``trailing``, the body's last 64 bytes)."""
         path, shown = self.resolve(raw)
@@ -297,9 +308,11 @@ class Files:
             hasher = _sha256()
             digest = _receive(readinto, fd, hasher, digest, shown)
             if hasher.hexdigest() != digest:
-                raise ApiError(ErrorCode.DIGEST_MISMATCH,
-                              f"{shown}: the content's SHA-256 is {hasher.hexdigest()}, "
-                              f"not {digest}; nothing was written")
+                raise ApiError(
+                    ErrorCode.DIGEST_MISMATCH,
+                    f"{shown}: the content's SHA-256 is {hasher.hexdigest()}, "
+                    f"not {digest}; nothing was written",
+                )
             if old is not None:
                 with contextlib.suppress(OSError):
                     os.fchown(fd, old.st_uid, old.st_gid)
@@ -332,8 +345,9 @@ class Files:
                 os.rmdir(path)
         except OSError as exc:
             if exc.errno == 17:  # EEXIST: some filesystems say this for a non-empty rmdir
-                raise ApiError(ErrorCode.DIRECTORY_NOT_EMPTY,
-                              f"{shown}: directory not empty") from None
+                raise ApiError(
+                    ErrorCode.DIRECTORY_NOT_EMPTY, f"{shown}: directory not empty"
+                ) from None
             raise path_refusal(exc, shown) from None
 
     def mkdir(self, req: MakeDirRequest) -> FileInfo:
@@ -358,16 +372,20 @@ def _make_parents(parent: str, shown: str) -> None:
     try:
         os.makedirs(parent, exist_ok=True)
     except FileExistsError:
-        raise ApiError(ErrorCode.PATH_NOT_DIRECTORY,
-                       f"{shown}: a parent is not a directory") from None
+        raise ApiError(
+            ErrorCode.PATH_NOT_DIRECTORY, f"{shown}: a parent is not a directory"
+        ) from None
     except OSError as exc:
         raise path_refusal(exc, shown) from None
 
 
 def _info(st: os.stat_result, shown: str) -> FileInfo:
     return FileInfo(
-        name=os.path.basename(shown) or shown, path=shown, type=_file_type(st.st_mode),
-        size=st.st_size, mode=stat.S_IMODE(st.st_mode),
+        name=os.path.basename(shown) or shown,
+        path=shown,
+        type=_file_type(st.st_mode),
+        size=st.st_size,
+        mode=stat.S_IMODE(st.st_mode),
         mtime=datetime.fromtimestamp(st.st_mtime, UTC),
     )
 
@@ -381,8 +399,9 @@ def _user_name(uid: int) -> str | None:
         return None
 
 
-def _receive(readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest: str,
-             shown: str) -> str:
+def _receive(
+    readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest: str, shown: str
+) -> str:
     """Body → hash and file, one pass; the digest to check (read from the end of
     the body when it is ``trailing``)."""
     buf = bytearray(WRITE_BUFFER)
@@ -405,9 +424,11 @@ def _receive(readinto: Callable[[memoryview], int], fd: int, hasher: Any, digest
     except (UnicodeDecodeError, ApiError):
         trailing = ""
     if not trailing or trailing == DIGEST_TRAILING:
-        raise ApiError(ErrorCode.REQUEST_INVALID,
-                      f"{shown}: the body does not end with the content's hex SHA-256 "
-                      "(X-Podbay-Sha256: trailing); nothing was written")
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID,
+            f"{shown}: the body does not end with the content's hex SHA-256 "
+            "(X-Podbay-Sha256: trailing); nothing was written",
+        )
     return trailing
 
 
@@ -421,4 +442,4 @@ def _sha256() -> Any:
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -44,12 +44,24 @@ DRAIN_LIMIT = 8 * 1024 * 1024
 RECV_SIZE = 256 * 1024
 
 REASONS = {
-    100: "Continue", 101: "Switching Protocols", 200: "OK", 204: "No Content",
-    400: "Bad Request", 401: "Unauthorized",
-    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-    413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error",
-    501: "Not Implemented", 505: "HTTP Version Not Supported", 507: "Insufficient Storage",
+    100: "Continue",
+    101: "Switching Protocols",
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    505: "HTTP Version Not Supported",
+    507: "Insufficient Storage",
 }
 
 
@@ -133,8 +145,13 @@ class _Connection:
 class Body:
     """A request body, read incrementally (``Content-Length`` or chunked)."""
 
-    def __init__(self, conn: _Connection, length: int | None, chunked: bool,
-                 on_first_read: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        conn: _Connection,
+        length: int | None,
+        chunked: bool,
+        on_first_read: Callable[[], None] | None = None,
+    ) -> None:
         self._conn = conn
         self._left = length or 0  # bytes left: whole body, or current chunk
         self._chunked = chunked
@@ -279,13 +296,13 @@ def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Reque
         raise ProtocolError(400, "request target must be a path")
     path, _, raw_query = target.partition("?")
     try:
-        query = dict(parse_qsl(raw_query, keep_blank_values=True, max_num_fields=100,
-                               errors="strict"))
+        query = dict(
+            parse_qsl(raw_query, keep_blank_values=True, max_num_fields=100, errors="strict")
+        )
     except ValueError as exc:
         raise ProtocolError(400, f"malformed query string ({exc})") from None
     connection = headers.get("connection", "").lower()
-    keep_alive = ("close" not in connection if version == "HTTP/1.1"
-                  else "keep-alive" in connection)
+    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     length: int | None = None
     chunked = False
     if "transfer-encoding" in headers:
@@ -302,8 +319,16 @@ def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Reque
         length = int(value)
     expects = headers.get("expect", "").lower() == "100-continue"
     body = Body(conn, length, chunked, send_continue if expects else None)
-    return Request(method, target, path, query, headers, body, keep_alive,
-                   peer=(conn.sock.fileno(), conn.peer_closed))
+    return Request(
+        method,
+        target,
+        path,
+        query,
+        headers,
+        body,
+        keep_alive,
+        peer=(conn.sock.fileno(), conn.peer_closed),
+    )
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -333,8 +358,13 @@ def write_response(sock: socket.socket, resp: Response, keep_alive: bool) -> boo
             close()
 
 
-def _write_streamed(sock: socket.socket, resp: Response, body: Iterable[bytes],
-                    headers: list[tuple[str, str]], keep_alive: bool) -> bool:
+def _write_streamed(
+    sock: socket.socket,
+    resp: Response,
+    body: Iterable[bytes],
+    headers: list[tuple[str, str]],
+    keep_alive: bool,
+) -> bool:
     if resp.length is not None:
         headers.append(("Content-Length", str(resp.length)))
         sock.sendall(_head(resp.status, headers))
@@ -441,8 +471,9 @@ class _Spare:
         with self._cond:
             if self._busy or self._sock is not None:
                 return False
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                            _timeval(SPARE_IDLE_TIMEOUT_SECONDS))
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(SPARE_IDLE_TIMEOUT_SECONDS)
+            )
             self._sock = sock
             self._cond.notify()
             return True
@@ -488,8 +519,12 @@ class Server:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
             if tcp:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            thread = threading.Thread(target=serve_connection, name="http-conn",
-                                      args=(sock, self.handler, self.refuse), daemon=True)
+            thread = threading.Thread(
+                target=serve_connection,
+                name="http-conn",
+                args=(sock, self.handler, self.refuse),
+                daemon=True,
+            )
             try:
                 thread.start()
             except RuntimeError:

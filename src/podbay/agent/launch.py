@@ -100,9 +100,16 @@ def check_command(argv: list[str], cwd: str | None) -> None:
         raise ApiError(ErrorCode.REQUEST_INVALID, "cwd must not contain NUL characters")
 
 
-def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
-           on_exit: Callable[[Child], None] | None = None, *, stdin: bool = False,
-           account: Account = ROOT) -> Child:
+def launch(
+    reaper: Reaper,
+    argv: list[str],
+    cwd: str,
+    env: Mapping[str, str],
+    on_exit: Callable[[Child], None] | None = None,
+    *,
+    stdin: bool = False,
+    account: Account = ROOT,
+) -> Child:
     """Start ``argv`` in ``cwd`` with exactly ``env`` (``HOME``/``USER`` set for
     another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
     env = dict(env)
@@ -110,10 +117,18 @@ def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
     with reaper.lock:
         try:
             popen = subprocess.Popen(
-                argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                start_new_session=True, close_fds=True, bufsize=0,
-                user=uid, group=gid, extra_groups=groups,
+                argv,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                bufsize=0,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
             )
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None
@@ -125,8 +140,15 @@ def launch(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
     return child
 
 
-def launch_on_terminal(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[str, str],
-                       terminal: int, *, account: Account = ROOT) -> Child:
+def launch_on_terminal(
+    reaper: Reaper,
+    argv: list[str],
+    cwd: str,
+    env: Mapping[str, str],
+    terminal: int,
+    *,
+    account: Account = ROOT,
+) -> Child:
     """Start ``argv`` with the terminal ``terminal`` (a pty's follower side) as its
     standard streams and controlling terminal, leading a session of its own, as
     ``account`` (which then owns the terminal, as a login would)."""
@@ -138,9 +160,18 @@ def launch_on_terminal(reaper: Reaper, argv: list[str], cwd: str, env: Mapping[s
     with reaper.lock:
         try:
             popen = subprocess.Popen(
-                argv, stdin=terminal, stdout=terminal, stderr=terminal, cwd=cwd, env=env,
-                start_new_session=True, close_fds=True, bufsize=0,
-                user=uid, group=gid, extra_groups=groups,
+                argv,
+                stdin=terminal,
+                stdout=terminal,
+                stderr=terminal,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                bufsize=0,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
                 preexec_fn=_take_terminal,  # runs after setsid, in the child only
             )
         except OSError as exc:

@@ -53,7 +53,7 @@ class Capture:
 
     def kept(self) -> tuple[bytes, bytes]:
         """(head, tail) as kept; tail is empty unless the stream overflowed the head."""
-        tail = self.tail[max(0, len(self.tail) - self.tail_cap):] if self.tail_cap else b""
+        tail = self.tail[max(0, len(self.tail) - self.tail_cap) :] if self.tail_cap else b""
         return bytes(self.head), bytes(tail)
 
     def render(self, encoding: str) -> tuple[str, int]:

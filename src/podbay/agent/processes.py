@@ -85,36 +85,54 @@ class Process:
             exited = self._settle()
             code, exited_at = self._fate(exited)
             return ProcessStatus(
-                process_id=self.id, command=self.argv, state="exited" if exited else "running",
-                started_at=self.started_at, exit_code=code, exited_at=exited_at,
+                process_id=self.id,
+                command=self.argv,
+                state="exited" if exited else "running",
+                started_at=self.started_at,
+                exit_code=code,
+                exited_at=exited_at,
             )
 
     def _news(self, stdout_from: int, stderr_from: int) -> bool:
         child = self.child
-        return (self.stdout.total > stdout_from or self.stderr.total > stderr_from
-                or child is None or child.code is not None or self.forgotten)
+        return (
+            self.stdout.total > stdout_from
+            or self.stderr.total > stderr_from
+            or child is None
+            or child.code is not None
+            or self.forgotten
+        )
 
-    def output(self, stdout_from: int, stderr_from: int, *, wait_ms: int = 0,
-               encoding: str = "utf-8") -> ProcessOutput:
+    def output(
+        self, stdout_from: int, stderr_from: int, *, wait_ms: int = 0, encoding: str = "utf-8"
+    ) -> ProcessOutput:
         with self.cond:
             if wait_ms > 0:
-                self.cond.wait_for(lambda: self._news(stdout_from, stderr_from),
-                                   wait_ms / 1000)
+                self.cond.wait_for(lambda: self._news(stdout_from, stderr_from), wait_ms / 1000)
             exited = self._settle()
             code, exited_at = self._fate(exited)
             # A stream still open (a grandchild may hold it after the exit) holds
             # back an incomplete trailing character; a closed one gives all.
             raw = encoding == "base64"  # bytes: nothing held back for a character
             out, out_next, out_dropped = self.stdout.read_from(
-                stdout_from, closed=self.stdout_closed or raw)
+                stdout_from, closed=self.stdout_closed or raw
+            )
             err, err_next, err_dropped = self.stderr.read_from(
-                stderr_from, closed=self.stderr_closed or raw)
+                stderr_from, closed=self.stderr_closed or raw
+            )
             return ProcessOutput(
-                process_id=self.id, command=self.argv, state="exited" if exited else "running",
-                started_at=self.started_at, exit_code=code, exited_at=exited_at,
-                stdout=_encode(out, encoding), stderr=_encode(err, encoding),
-                stdout_next=out_next, stderr_next=err_next,
-                stdout_dropped=out_dropped, stderr_dropped=err_dropped,
+                process_id=self.id,
+                command=self.argv,
+                state="exited" if exited else "running",
+                started_at=self.started_at,
+                exit_code=code,
+                exited_at=exited_at,
+                stdout=_encode(out, encoding),
+                stderr=_encode(err, encoding),
+                stdout_next=out_next,
+                stderr_next=err_next,
+                stdout_dropped=out_dropped,
+                stderr_dropped=err_dropped,
             )
 
     def _fate(self, exited: bool) -> tuple[int | None, datetime | None]:
@@ -155,7 +173,6 @@ class Process:
                 self.stdout_closed = self.stderr_closed = True
                 self.cond.notify_all()
 
-
     def write_stdin(self, read: Callable[[int], bytes], close: bool) -> int:
         """Copy a request body into the process's stdin; then close it if asked.
         Returns the bytes written. Blocks while the process does not read (the
@@ -163,9 +180,11 @@ class Process:
         child = self.child
         fd = child.stdin_fd() if child is not None else None
         if fd is None or child is None:
-            raise ApiError(ErrorCode.PROCESS_STDIN_CLOSED,
-                           f"process {self.id} has no open stdin (spawn it with "
-                           "\"stdin\": true; a closed stdin stays closed)")
+            raise ApiError(
+                ErrorCode.PROCESS_STDIN_CLOSED,
+                f"process {self.id} has no open stdin (spawn it with "
+                '"stdin": true; a closed stdin stays closed)',
+            )
         written = 0
         with self.stdin_lock:  # two writers never interleave their bytes
             try:
@@ -177,9 +196,10 @@ class Process:
                         written += n
             except BrokenPipeError:
                 child.close_stdin()
-                raise ApiError(ErrorCode.PROCESS_STDIN_CLOSED,
-                               f"process {self.id} no longer reads its stdin "
-                               f"({written} bytes were written)") from None
+                raise ApiError(
+                    ErrorCode.PROCESS_STDIN_CLOSED,
+                    f"process {self.id} no longer reads its stdin ({written} bytes were written)",
+                ) from None
             if close:
                 child.close_stdin()
         return written
@@ -212,12 +232,21 @@ class ProcessTable:
         cwd = resolve_cwd(self._workspace, req.cwd)
         with self._lock:
             if len(self._procs) >= limits.MAX_PROCESSES:
-                raise ApiError(ErrorCode.PROCESS_LIMIT_REACHED,
-                              f"{limits.MAX_PROCESSES} processes are tracked already; "
-                              "kill (forget) one first")
+                raise ApiError(
+                    ErrorCode.PROCESS_LIMIT_REACHED,
+                    f"{limits.MAX_PROCESSES} processes are tracked already; "
+                    "kill (forget) one first",
+                )
             proc = Process(_new_id(self._procs), list(req.command))
-            proc.child = launch(self._reaper, req.command, cwd, env, on_exit=self._on_exit(proc),
-                                stdin=bool(req.stdin), account=account)
+            proc.child = launch(
+                self._reaper,
+                req.command,
+                cwd,
+                env,
+                on_exit=self._on_exit(proc),
+                stdin=bool(req.stdin),
+                account=account,
+            )
             self._procs[proc.id] = proc
         try:
             threading.Thread(target=proc.pump, name=f"pump-{proc.id}", daemon=True).start()
@@ -226,8 +255,10 @@ class ProcessTable:
                 self._procs.pop(proc.id, None)
             proc.child.kill_group()
             proc.child.close_pipes()
-            raise ApiError(ErrorCode.COMMAND_START_FAILED,
-                          f"cannot collect the output of {req.command[0]!r}: {exc}") from None
+            raise ApiError(
+                ErrorCode.COMMAND_START_FAILED,
+                f"cannot collect the output of {req.command[0]!r}: {exc}",
+            ) from None
         return proc.status()
 
     @staticmethod
@@ -256,8 +287,9 @@ class ProcessTable:
         signum = SIGNALS.get(name)
         if signum is None:
             allowed = ", ".join(limits.SIGNAL_NAMES)
-            raise ApiError(ErrorCode.SIGNAL_INVALID,
-                          f"unknown signal {name!r}; use one of {allowed}")
+            raise ApiError(
+                ErrorCode.SIGNAL_INVALID, f"unknown signal {name!r}; use one of {allowed}"
+            )
         proc = self.get(process_id)
         child = proc.child
         if child is not None and child.code is None:

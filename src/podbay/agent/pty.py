@@ -55,8 +55,13 @@ def set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def start(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
-          req: PtyRequest, default_user: str | None = None) -> Response:
+def start(
+    reaper: Reaper,
+    workspace: str,
+    declared_env: Mapping[str, str],
+    req: PtyRequest,
+    default_user: str | None = None,
+) -> Response:
     """Start ``req.command`` on a new pty; the answer takes the connection over."""
     check_command(req.command, req.cwd)
     account = users.resolve(req.user, default_user)
@@ -65,8 +70,9 @@ def start(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
     except FrameError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, str(exc)) from None
     if not req.term or len(req.term) > MAX_TERM_LENGTH or not req.term.isprintable():
-        raise ApiError(ErrorCode.REQUEST_INVALID,
-                       f"term must be 1 to {MAX_TERM_LENGTH} printable characters")
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, f"term must be 1 to {MAX_TERM_LENGTH} printable characters"
+        )
     problem = check_env(req.env or {}, "env")
     if problem:
         raise ApiError(ErrorCode.REQUEST_INVALID, problem)
@@ -75,16 +81,20 @@ def start(reaper: Reaper, workspace: str, declared_env: Mapping[str, str],
     leader, follower = os.openpty()
     try:
         set_size(follower, req.rows, req.cols)
-        child = launch_on_terminal(reaper, req.command, resolve_cwd(workspace, req.cwd), env,
-                                   follower, account=account)
+        child = launch_on_terminal(
+            reaper, req.command, resolve_cwd(workspace, req.cwd), env, follower, account=account
+        )
     except BaseException:
         os.close(leader)
         raise
     finally:
         os.close(follower)
-    return Response(101, headers=[("Connection", "Upgrade"), ("Upgrade", paths.UPGRADE_PTY)],
-                    content_type=None, upgrade=lambda sock, rest: Session(
-                        child, leader, sock, rest).run())
+    return Response(
+        101,
+        headers=[("Connection", "Upgrade"), ("Upgrade", paths.UPGRADE_PTY)],
+        content_type=None,
+        upgrade=lambda sock, rest: Session(child, leader, sock, rest).run(),
+    )
 
 
 class Session:
@@ -121,16 +131,18 @@ class Session:
         while True:
             if self.child.code is not None and drain_until is None:
                 drain_until = time.monotonic() + EXIT_DRAIN_SECONDS
-            if drain_until is not None and (not self.terminal_open
-                                            or time.monotonic() >= drain_until):
+            if drain_until is not None and (
+                not self.terminal_open or time.monotonic() >= drain_until
+            ):
                 self.sock.sendall(stream.exit_frame(self.child.code or 0))
                 return True
             poller = select.poll()
             if len(self.pending) < MAX_PENDING_INPUT:
                 poller.register(self.sock, select.POLLIN)
             if self.terminal_open:
-                poller.register(self.leader, select.POLLIN
-                                | (select.POLLOUT if self.pending else 0))
+                poller.register(
+                    self.leader, select.POLLIN | (select.POLLOUT if self.pending else 0)
+                )
             # Wake now and then to notice the command's exit (the reaper sets it).
             timeout = 20 if drain_until is not None else 100
             for fd, event in poller.poll(timeout):
@@ -171,11 +183,11 @@ class Session:
         """Act on every whole frame received; a partial one stays in the inbox."""
         inbox = self.inbox
         while len(inbox) >= stream.HEADER.size:
-            kind, length = stream.parse_header(bytes(inbox[:stream.HEADER.size]))
+            kind, length = stream.parse_header(bytes(inbox[: stream.HEADER.size]))
             end = stream.HEADER.size + length
             if len(inbox) < end:
                 return
-            payload = bytes(inbox[stream.HEADER.size:end])
+            payload = bytes(inbox[stream.HEADER.size : end])
             del inbox[:end]
             if kind == stream.DATA:
                 if self.terminal_open:

@@ -89,5 +89,4 @@ class Reaper:
                 try:
                     callback(exit_code(status))
                 except Exception as exc:  # pragma: no cover - a bug, but keep reaping
-                    print(f"podbay-agent: exit callback for {pid} failed: {exc!r}",
-                          file=sys.stderr)
+                    print(f"podbay-agent: exit callback for {pid} failed: {exc!r}", file=sys.stderr)

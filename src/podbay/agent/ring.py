@@ -73,7 +73,7 @@ class Ring:
         cap = self.capacity
         if n >= cap:
             self._buf = bytearray(cap)
-            self._put((self.total + n - cap) % cap, memoryview(data)[n - cap:])
+            self._put((self.total + n - cap) % cap, memoryview(data)[n - cap :])
             self.total += n
             return
         view = memoryview(data)

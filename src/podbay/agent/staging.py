@@ -38,16 +38,21 @@ def staged_files(root: Path | None = None) -> list[tuple[str, Path]]:
     root = root or source_root()
     files = [(name, root / name) for name in STAGED_MODULES]
     for package in STAGED_PACKAGES:
-        files += [(str(path.relative_to(root)), path)
-                  for path in sorted((root / package).rglob("*.py"))
-                  if "__pycache__" not in path.parts]
+        files += [
+            (str(path.relative_to(root)), path)
+            for path in sorted((root / package).rglob("*.py"))
+            if "__pycache__" not in path.parts
+        ]
     return sorted(files)
 
 
 def launch_code(staged: str | os.PathLike[str]) -> str:
     """The ``python -c`` program that runs the agent staged at ``staged``."""
-    return (f"import sys; sys.path.insert(0, {os.fspath(staged)!r}); "
-            "from podbay.agent.__main__ import main; sys.exit(main())")
+    return (
+        f"import sys; sys.path.insert(0, {os.fspath(staged)!r}); "
+        "from podbay.agent.__main__ import main; sys.exit(main())"
+    )
+
 
 #: The environment to start the agent with (commands never see it: they get a
 #: clean one). glibc's malloc otherwise raises its mmap threshold after the
@@ -90,8 +95,17 @@ def stage(parent: str | os.PathLike[str], *, python: Sequence[str] = (sys.execut
         dest = package / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
-    argv = [*python, "-I", "-S", "-m", "compileall", "-q", "--invalidation-mode",
-            "unchecked-hash", str(package)]
+    argv = [
+        *python,
+        "-I",
+        "-S",
+        "-m",
+        "compileall",
+        "-q",
+        "--invalidation-mode",
+        "unchecked-hash",
+        str(package),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)

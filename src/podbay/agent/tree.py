@@ -40,7 +40,7 @@ def _table() -> Table:
                 stat = f.read()
         except OSError:  # exited meanwhile
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()
+        fields = stat[stat.rindex(b")") + 2 :].split()
         if fields[0] in (b"Z", b"X"):
             continue
         found[int(name)] = (int(fields[1]), int(fields[2]), int(fields[3]))
@@ -76,8 +76,11 @@ def kill_tree(leader: int) -> int:
         os.killpg(leader, signal.SIGSTOP)  # the whole group at once, forks included
 
     def members(table: Table) -> set[int]:
-        roots = {pid for pid, (_, group, session) in table.items()
-                 if pid == leader or group == leader or session == leader}
+        roots = {
+            pid
+            for pid, (_, group, session) in table.items()
+            if pid == leader or group == leader or session == leader
+        }
         return _descendants(roots, table)
 
     killed = _stop_all(members)

@@ -47,16 +47,20 @@ def connect(port: int) -> socket.socket:
         upstream.settimeout(None)
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return upstream
-    raise ApiError(ErrorCode.PORT_UNREACHABLE,
-                   f"nothing inside the sandbox accepts connections on port {port} "
-                   f"({errors[0]})")
+    raise ApiError(
+        ErrorCode.PORT_UNREACHABLE,
+        f"nothing inside the sandbox accepts connections on port {port} ({errors[0]})",
+    )
 
 
 def open_tunnel(req: Request) -> Response:
     upstream = connect(parse_port(req.query.get("port")))
-    return Response(101, headers=[("Connection", "Upgrade"),
-                                  ("Upgrade", paths.UPGRADE_TUNNEL)],
-                    content_type=None, upgrade=lambda sock, rest: splice(sock, upstream, rest))
+    return Response(
+        101,
+        headers=[("Connection", "Upgrade"), ("Upgrade", paths.UPGRADE_TUNNEL)],
+        content_type=None,
+        upgrade=lambda sock, rest: splice(sock, upstream, rest),
+    )
 
 
 def splice(downstream: socket.socket, upstream: socket.socket, received: bytes) -> None:
@@ -66,8 +70,9 @@ def splice(downstream: socket.socket, upstream: socket.socket, received: bytes) 
     try:
         if received:
             upstream.sendall(received)
-        back = threading.Thread(target=_copy, args=(upstream, downstream), name="tunnel-back",
-                                daemon=True)
+        back = threading.Thread(
+            target=_copy, args=(upstream, downstream), name="tunnel-back", daemon=True
+        )
         back.start()
         _copy(downstream, upstream)
         back.join()

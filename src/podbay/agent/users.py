@@ -49,8 +49,9 @@ def resolve(requested: str | None, default: str | None = None) -> Account:
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError, OverflowError):
-        raise ApiError(ErrorCode.USER_UNKNOWN,
-                       f"user {name!r} is not an account of this sandbox") from None
+        raise ApiError(
+            ErrorCode.USER_UNKNOWN, f"user {name!r} is not an account of this sandbox"
+        ) from None
     try:
         groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid))
     except OSError:
@@ -58,8 +59,9 @@ def resolve(requested: str | None, default: str | None = None) -> Account:
     return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/", groups)
 
 
-def command_identity(account: Account,
-                     env: dict[str, str]) -> tuple[int | None, int | None, list[int] | None]:
+def command_identity(
+    account: Account, env: dict[str, str]
+) -> tuple[int | None, int | None, list[int] | None]:
     """``Popen``'s ``user``, ``group`` and ``extra_groups`` to run as ``account``
     (all None for root); ``env`` gets its ``HOME``, ``USER`` and ``LOGNAME``."""
     if account.is_root:

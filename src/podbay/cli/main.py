@@ -36,7 +36,8 @@ class LazyGroup(click.Group):
             return None
         if cmd_name in SERVER_COMMANDS and _missing_server_extra():
             raise click.ClickException(
-                f"podbay {cmd_name} needs the server extra: pip install 'podbay[server]'")
+                f"podbay {cmd_name} needs the server extra: pip install 'podbay[server]'"
+            )
         command = importlib.import_module(entry[0]).command
         assert isinstance(command, click.Command)
         return command

@@ -16,8 +16,9 @@ from podbay.wire.codec import encode
 
 
 class Output:
-    def __init__(self, *, as_json: bool = False, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+    def __init__(
+        self, *, as_json: bool = False, out: TextIO | None = None, err: TextIO | None = None
+    ) -> None:
         self.as_json = as_json
         self.out = out or sys.stdout
         self.err = err or sys.stderr
@@ -30,19 +31,23 @@ class Output:
             self.out.write(text if text.endswith("\n") else text + "\n")
         self.out.flush()
 
-    def table(self, rows: Sequence[Sequence[Any]], headers: Sequence[str],
-              data: Any = None) -> None:
+    def table(
+        self, rows: Sequence[Sequence[Any]], headers: Sequence[str], data: Any = None
+    ) -> None:
         """Rows as aligned columns, or ``data`` as JSON with ``--json``."""
         if self.as_json:
-            self.value(data if data is not None else [dict(zip(headers, r, strict=True))
-                                                      for r in rows])
+            self.value(
+                data if data is not None else [dict(zip(headers, r, strict=True)) for r in rows]
+            )
             return
-        cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r]
-                                                for r in rows]
+        cells = [[str(h) for h in headers]] + [
+            ["" if c is None else str(c) for c in r] for r in rows
+        ]
         widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
         for row in cells:
-            self.out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-                           .rstrip() + "\n")
+            self.out.write(
+                "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n"
+            )
         self.out.flush()
 
     def line(self, text: str) -> None:

@@ -59,8 +59,9 @@ class BuildProgress(logging.Handler):
 
     def _open(self, length: int, label: str) -> None:
         self._close()
-        self._bar = click.progressbar(length=length, label=label, file=self.stream,
-                                      show_eta=False, show_pos=True)
+        self._bar = click.progressbar(
+            length=length, label=label, file=self.stream, show_eta=False, show_pos=True
+        )
         self._bar.__enter__()
         self._bar.update(0)
         self._stage = 0
@@ -121,8 +122,9 @@ def follow_log(path: Path, offset: int, handler: BuildProgress) -> int:
         except (ValueError, KeyError, TypeError):
             continue
         if name.startswith(LOGGERS):
-            handler.emit(logging.makeLogRecord({"name": name, "msg": message,
-                                                "levelno": logging.INFO}))
+            handler.emit(
+                logging.makeLogRecord({"name": name, "msg": message, "levelno": logging.INFO})
+            )
     return offset + end
 
 

@@ -63,8 +63,14 @@ _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 
 
-def print_exec_result(stdout: str, stderr: str, truncated: bool, timed_out: bool,
-                      out: TextIO | None = None, err: TextIO | None = None) -> None:
+def print_exec_result(
+    stdout: str,
+    stderr: str,
+    truncated: bool,
+    timed_out: bool,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> None:
     """An exec's output as ``podbay sandbox exec`` prints it (both paths use this)."""
     out = out or sys.stdout
     err = err or sys.stderr
@@ -114,7 +120,7 @@ def parse(args: Sequence[str]) -> dict[str, Any] | None:
     while i < len(args):
         arg = args[i]
         if arg == "--":
-            found["argv"] = list(args[i + 1:])
+            found["argv"] = list(args[i + 1 :])
             break
         if arg == "--no-stdin":
             found["no_stdin"] = True
@@ -156,7 +162,7 @@ def split_url(url: str) -> tuple[str, int, str] | None:
     """
     if not url.startswith("http://"):
         return None
-    authority, slash, path = url[len("http://"):].partition("/")
+    authority, slash, path = url[len("http://") :].partition("/")
     if "@" in authority or any(c in url for c in " \r\n\t"):
         return None
     host, port = authority, "80"
@@ -179,8 +185,9 @@ class _Connections:
         self.timeout = timeout
         self.open: dict[tuple[str, int], socket.socket] = {}
 
-    def request(self, method: str, url: str, headers: dict[str, str],
-                body: bytes, then: int | None = None) -> tuple[int, str, bytes] | None:
+    def request(
+        self, method: str, url: str, headers: dict[str, str], body: bytes, then: int | None = None
+    ) -> tuple[int, str, bytes] | None:
         """(status, reason, body); None for a URL or header this path does not send.
         ``then``: an fd whose bytes follow ``body`` until its end (sent chunked).
         Raises OSError (no answer) or ValueError (an answer this path cannot read)."""
@@ -237,7 +244,7 @@ class _Reader:
                 raise ValueError("answer head too large")
             if not self.more():
                 raise ConnectionError("the server closed the connection mid-answer")
-        data, self.buf = self.buf[:end], self.buf[end + len(mark):]
+        data, self.buf = self.buf[:end], self.buf[end + len(mark) :]
         return data
 
     def exactly(self, n: int) -> bytes:
@@ -312,10 +319,15 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                 return None  # the full command reports the server's refusal
             # A valid name's only character a path segment must escape is ":".
             attached = connections.request(
-                "PUT", f"{server}{SANDBOXES}/{call['name'].replace(':', '%3A')}",
-                {"Authorization": f"Bearer {token}", "User-Agent": agent,
-                 "Content-Type": "application/json"},
-                json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode())
+                "PUT",
+                f"{server}{SANDBOXES}/{call['name'].replace(':', '%3A')}",
+                {
+                    "Authorization": f"Bearer {token}",
+                    "User-Agent": agent,
+                    "Content-Type": "application/json",
+                },
+                json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode(),
+            )
             if attached is None or attached[0] not in (200, 201):
                 return None
             raw = attached[2]
@@ -338,16 +350,21 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
         try:
             if stdin is None:
                 answered = connections.request(
-                    "POST", url, {"User-Agent": agent, **headers,
-                                  "Content-Type": "application/json"},
-                    json.dumps(body).encode())
+                    "POST",
+                    url,
+                    {"User-Agent": agent, **headers, "Content-Type": "application/json"},
+                    json.dumps(body).encode(),
+                )
             else:
                 # The request line, then stdin: once sent, it cannot be sent again,
                 # so every answer (401/403 too) is reported here.
                 answered = connections.request(
-                    "POST", url, {"User-Agent": agent, **headers,
-                                  "Content-Type": EXEC_STDIN_CONTENT_TYPE},
-                    json.dumps(body).encode() + b"\n", then=stdin)
+                    "POST",
+                    url,
+                    {"User-Agent": agent, **headers, "Content-Type": EXEC_STDIN_CONTENT_TYPE},
+                    json.dumps(body).encode() + b"\n",
+                    then=stdin,
+                )
                 if answered is not None and answered[0] in _REPEATABLE:
                     _fail(_refusal(*answered))
                     return 1
@@ -366,11 +383,17 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
             code = int(result["exit_code"])
             stdout, stderr = str(result.get("stdout", "")), str(result.get("stderr", ""))
         except (ValueError, KeyError, TypeError) as exc:
-            _fail(str(request_error(200, f"unexpected answer from POST {url}: {exc}",
-                                    "RESPONSE_INVALID")))
+            _fail(
+                str(
+                    request_error(
+                        200, f"unexpected answer from POST {url}: {exc}", "RESPONSE_INVALID"
+                    )
+                )
+            )
             return 1
-        print_exec_result(stdout, stderr, bool(result.get("truncated")),
-                          bool(result.get("timed_out")))
+        print_exec_result(
+            stdout, stderr, bool(result.get("truncated")), bool(result.get("timed_out"))
+        )
         return code
     except KeyboardInterrupt:
         _fail("interrupted")

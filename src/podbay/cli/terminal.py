@@ -71,6 +71,7 @@ def drive(terminal: Terminal, stdin: int, stdout: int) -> int:
     resized = threading.Event()
     previous = None
     if os.isatty(stdin):
+
         def on_winch(signum: int, frame: object) -> None:
             resized.set()
             os.write(wake_write, b"w")

@@ -35,7 +35,6 @@ def token_issuer(token: str) -> str:
     return issuer
 
 
-
 def exec_timeout_ms(timeout_seconds: float, requested: int | None) -> int:
     """The deadline an exec sends: never later than one second under the request
     timeout, so the answer arrives before the client gives up.

@@ -174,8 +174,7 @@ class Core:
         """A data-plane request: the handle's endpoint plus its opaque headers."""
         merged = {"User-Agent": self.user_agent, **handle.headers, **(headers or {})}
         url = handle.endpoint.rstrip("/") + path
-        return httpx.Request(method, url, headers=merged, json=json, params=params,
-                             content=content)
+        return httpx.Request(method, url, headers=merged, json=json, params=params, content=content)
 
     # -- terminals and ports ------------------------------------------------------------
 
@@ -197,19 +196,34 @@ class Core:
     def ws_url(url: str) -> str:
         """``url`` with its scheme turned into the WebSocket one."""
         if url.startswith("https://"):
-            return "wss://" + url[len("https://"):]
+            return "wss://" + url[len("https://") :]
         return "ws://" + url.split("://", 1)[1]
 
     def ws_headers(self, handle: SandboxHandle) -> dict[str, str]:
         return {"User-Agent": self.user_agent, **handle.headers}
 
     @staticmethod
-    def pty_start(command: list[str], *, rows: int, cols: int, term: str, cwd: str | None,
-                  env: Mapping[str, str] | None, user: str | None = None) -> str:
+    def pty_start(
+        command: list[str],
+        *,
+        rows: int,
+        cols: int,
+        term: str,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        user: str | None = None,
+    ) -> str:
         """The first message of a terminal: what to start."""
         _check_argv(command)
-        request = PtyRequest(command=list(command), cwd=cwd, env=dict(env) if env else None,
-                             rows=rows, cols=cols, term=term, user=user)
+        request = PtyRequest(
+            command=list(command),
+            cwd=cwd,
+            env=dict(env) if env else None,
+            rows=rows,
+            cols=cols,
+            term=term,
+            user=user,
+        )
         return codec.dumps(request).decode()
 
     @staticmethod
@@ -219,8 +233,11 @@ class Core:
             message = json.loads(text)
         except ValueError:
             message = None
-        if isinstance(message, dict) and message.get("type") == "exit" \
-                and isinstance(message.get("exit_code"), int):
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "exit"
+            and isinstance(message.get("exit_code"), int)
+        ):
             return int(message["exit_code"])
         raise refusal_error(400, text.encode())
 
@@ -228,27 +245,53 @@ class Core:
         """The deadline exec sends: never later than one second under the request timeout."""
         return exec_timeout_ms(self.config.timeout_seconds, requested)
 
-    def exec_body(self, command: list[str], *, cwd: str | None = None,
-                  env: Mapping[str, str] | None = None,
-                  timeout_ms: int | None = None, user: str | None = None,
-                  output_encoding: OutputEncoding | None = None,
-                  max_output_bytes: int | None = None,
-                  keep: KeepPart | None = None) -> dict[str, Any]:
+    def exec_body(
+        self,
+        command: list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        output_encoding: OutputEncoding | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> dict[str, Any]:
         """The exec request; the options beyond the reference only when given."""
         _check_argv(command)
-        body: dict[str, Any] = codec.encode(ExecRequest(
-            command=list(command), cwd=cwd, env=dict(env) if env is not None else None,
-            timeout_ms=self.exec_timeout_ms(timeout_ms), user=user,
-            output_encoding=output_encoding, max_output_bytes=max_output_bytes, keep=keep))
+        body: dict[str, Any] = codec.encode(
+            ExecRequest(
+                command=list(command),
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                timeout_ms=self.exec_timeout_ms(timeout_ms),
+                user=user,
+                output_encoding=output_encoding,
+                max_output_bytes=max_output_bytes,
+                keep=keep,
+            )
+        )
         return body
 
-    def spawn_body(self, command: list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, stdin: bool = False,
-                   user: str | None = None) -> dict[str, Any]:
+    def spawn_body(
+        self,
+        command: list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> dict[str, Any]:
         _check_argv(command)
-        body: dict[str, Any] = codec.encode(SpawnRequest(
-            command=list(command), cwd=cwd, env=dict(env) if env is not None else None,
-            stdin=True if stdin else None, user=user))
+        body: dict[str, Any] = codec.encode(
+            SpawnRequest(
+                command=list(command),
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=True if stdin else None,
+                user=user,
+            )
+        )
         return body
 
     def require(self, name: str, feature: str, what: str) -> None:
@@ -256,8 +299,10 @@ class Core:
         features = self.features(name)
         if features is None or feature not in features:
             raise SandboxRequestError(
-                501, f"this sandbox's agent does not offer {what} (feature {feature!r})",
-                "FEATURE_UNSUPPORTED")
+                501,
+                f"this sandbox's agent does not offer {what} (feature {feature!r})",
+                "FEATURE_UNSUPPORTED",
+            )
 
     # -- handle cache ----------------------------------------------------------
 
@@ -300,8 +345,10 @@ class Core:
         supported = features is not None and paths.FEATURE_FILES in features
         if mode == "native" and not supported:
             raise SandboxRequestError(
-                501, "this sandbox's agent does not offer native files (files='native')",
-                "FILES_UNSUPPORTED")
+                501,
+                "this sandbox's agent does not offer native files (files='native')",
+                "FILES_UNSUPPORTED",
+            )
         return supported
 
     # -- answers ---------------------------------------------------------------
@@ -404,7 +451,8 @@ def decode(response: httpx.Response, model: type[T]) -> T:
         raise SandboxRequestError(
             response.status_code,
             f"unexpected answer from {response.request.method} {response.request.url}: {exc}",
-            "RESPONSE_INVALID") from None
+            "RESPONSE_INVALID",
+        ) from None
 
 
 def unavailable(request: httpx.Request, exc: Exception) -> SandboxUnavailableError:
@@ -412,12 +460,15 @@ def unavailable(request: httpx.Request, exc: Exception) -> SandboxUnavailableErr
     kind = type(exc).__name__
     detail = str(exc) or kind
     return SandboxUnavailableError(
-        f"{request.method} {request.url.copy_with(query=None)} failed: {kind}: {detail}", exc)
+        f"{request.method} {request.url.copy_with(query=None)} failed: {kind}: {detail}", exc
+    )
 
 
 def _check_argv(command: Any) -> None:
     if isinstance(command, str | bytes) or not command:
-        raise TypeError("command is argv (a non-empty list of strings), not a shell line;"
-                        ' use ["/bin/sh", "-c", line] or exec_combined()')
+        raise TypeError(
+            "command is argv (a non-empty list of strings), not a shell line;"
+            ' use ["/bin/sh", "-c", line] or exec_combined()'
+        )
     if not all(isinstance(a, str) for a in command):
         raise TypeError("every argv element must be a str")

@@ -40,11 +40,16 @@ def combined_command(line: str) -> list[str]:
 
 
 def combined_result(result: ExecResult) -> CombinedResult:
-    return CombinedResult(output=result.stdout, exit_code=result.exit_code,
-                          truncated=result.truncated, timed_out=result.timed_out)
+    return CombinedResult(
+        output=result.stdout,
+        exit_code=result.exit_code,
+        truncated=result.truncated,
+        timed_out=result.timed_out,
+    )
 
 
 # -- base64 fallback ---------------------------------------------------------
+
 
 def read_command(path: str) -> list[str]:
     return [SH, "-c", 'exec base64 -w 0 -- "$1"', "sh", path]
@@ -53,8 +58,7 @@ def read_command(path: str) -> list[str]:
 def decode_read(result: ExecResult, path: str) -> bytes:
     """Bytes of a base64 read; a truncated read is refused, never returned as a prefix."""
     if result.exit_code != 0:
-        raise SandboxRequestError(404, f"cannot read {path}: {_reason(result)}",
-                                  "PATH_NOT_FOUND")
+        raise SandboxRequestError(404, f"cannot read {path}: {_reason(result)}", "PATH_NOT_FOUND")
     if result.truncated:
         raise SandboxRequestError(
             413,
@@ -62,12 +66,14 @@ def decode_read(result: ExecResult, path: str) -> bytes:
             f"{EXEC_OUTPUT_CAP // (1024 * 1024)} MiB output cap (files above "
             f"{EXEC_OUTPUT_CAP * 3 // 4 // 1024} KiB); this sandbox's agent has no native "
             "files API",
-            "FILE_TOO_LARGE")
+            "FILE_TOO_LARGE",
+        )
     try:
         return base64.b64decode("".join(result.stdout.split()), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise SandboxRequestError(502, f"reading {path}: base64 did not decode ({exc})",
-                                  "RESPONSE_INVALID") from None
+        raise SandboxRequestError(
+            502, f"reading {path}: base64 did not decode ({exc})", "RESPONSE_INVALID"
+        ) from None
 
 
 def write_commands(path: str, source: BinaryIO) -> Iterator[list[str]]:
@@ -104,12 +110,18 @@ def check_write(result: ExecResult, path: str) -> None:
     if result.exit_code != 0:
         missing = "No such file" in result.stderr or "nonexistent" in result.stderr
         full = "No space left" in result.stderr or "quota exceeded" in result.stderr
-        status, code = ((404, "PATH_NOT_FOUND") if missing else (507, "NO_SPACE") if full
-                        else (409, "PATH_ACCESS_DENIED"))
+        status, code = (
+            (404, "PATH_NOT_FOUND")
+            if missing
+            else (507, "NO_SPACE")
+            if full
+            else (409, "PATH_ACCESS_DENIED")
+        )
         raise SandboxRequestError(status, f"cannot write {path}: {_reason(result)}", code)
 
 
 # -- list_dir and grep ---------------------------------------------------------
+
 
 def list_command(path: str) -> list[str]:
     return [SH, "-c", 'cd -- "$1" && exec ls -1Ap', "sh", path]
@@ -117,8 +129,7 @@ def list_command(path: str) -> list[str]:
 
 def parse_list(result: ExecResult, path: str) -> list[DirEntry]:
     if result.exit_code != 0:
-        raise SandboxRequestError(404, f"cannot list {path}: {_reason(result)}",
-                                  "PATH_NOT_FOUND")
+        raise SandboxRequestError(404, f"cannot list {path}: {_reason(result)}", "PATH_NOT_FOUND")
     entries = []
     for line in result.stdout.splitlines():
         if not line:
@@ -158,13 +169,14 @@ def grep_result(result: ExecResult, pattern: str, path: str) -> list[GrepMatch]:
     if result.exit_code == 0 or matches:
         return matches
     if "No such file" in result.stderr:
-        raise SandboxRequestError(404, f"cannot search {path}: {_reason(result)}",
-                                  "PATH_NOT_FOUND")
-    raise SandboxRequestError(400, f"grep {pattern!r} in {path} failed: {_reason(result)}",
-                              "GREP_FAILED")
+        raise SandboxRequestError(404, f"cannot search {path}: {_reason(result)}", "PATH_NOT_FOUND")
+    raise SandboxRequestError(
+        400, f"grep {pattern!r} in {path} failed: {_reason(result)}", "GREP_FAILED"
+    )
 
 
 # -- directories (tar) and remote temporaries ------------------------------------
+
 
 def remote_temp(kind: str) -> str:
     return f"/tmp/.podbay-{kind}-{uuid.uuid4().hex}.tar"
@@ -199,8 +211,11 @@ def safe_extract(tar: tarfile.TarFile, destination: str) -> None:
         if os.path.commonpath([root, target]) != root or os.path.isabs(member.name):
             raise tarfile.TarError(f"archive member escapes the destination: {member.name}")
         if member.issym() or member.islnk():
-            link = os.path.join(os.path.dirname(target), member.linkname) if member.issym() \
+            link = (
+                os.path.join(os.path.dirname(target), member.linkname)
+                if member.issym()
                 else os.path.join(root, member.linkname)
+            )
             if os.path.commonpath([root, os.path.realpath(link)]) != root:
                 raise tarfile.TarError(f"archive link escapes the destination: {member.name}")
         elif not (member.isfile() or member.isdir()):
@@ -215,8 +230,14 @@ def is_dir_command(path: str) -> list[str]:
 
 
 def untar_command(archive: str, directory: str) -> list[str]:
-    return [SH, "-c", 'mkdir -p -- "$2" && tar -xf "$1" -C "$2"; s=$?; rm -f -- "$1"; exit $s',
-            "sh", archive, directory]
+    return [
+        SH,
+        "-c",
+        'mkdir -p -- "$2" && tar -xf "$1" -C "$2"; s=$?; rm -f -- "$1"; exit $s',
+        "sh",
+        archive,
+        directory,
+    ]
 
 
 def tar_command(directory: str, archive: str) -> list[str]:
@@ -238,6 +259,7 @@ def _reason(result: ExecResult) -> str:
 
 
 # -- digests -----------------------------------------------------------------------
+
 
 def remaining_size(source: BinaryIO) -> int:
     """Bytes from a seekable file's current position to its end (position kept)."""
@@ -308,16 +330,19 @@ class DigestCheck:
     def verify(self) -> None:
         if not self.expected:
             raise SandboxUnavailableError(
-                f"reading {self.path}: the agent sent no {DIGEST_HEADER} digest")
+                f"reading {self.path}: the agent sent no {DIGEST_HEADER} digest"
+            )
         if self.total is not None and self.size != self.total:
             raise SandboxUnavailableError(
-                f"reading {self.path}: {self.size} of {self.total} bytes arrived; discarded")
+                f"reading {self.path}: {self.size} of {self.total} bytes arrived; discarded"
+            )
         actual = self._digest.hexdigest()
         if actual != self.expected:
             raise SandboxUnavailableError(
                 f"reading {self.path}: SHA-256 mismatch after {self.size} bytes "
                 f"(agent {self.expected[:16]}..., received {actual[:16]}...); "
-                "the bytes were discarded")
+                "the bytes were discarded"
+            )
 
 
 # -- stat, mkdir, chmod, rm, mv through exec (agents without "files-ops") -------
@@ -333,16 +358,29 @@ def stat_command(path: str) -> list[str]:
 def parse_stat(result: ExecResult, path: str) -> FileInfo:
     if result.exit_code != 0:
         missing = "No such file" in result.stderr
-        raise SandboxRequestError(404 if missing else 400, f"stat {path}: {_reason(result)}",
-                                  "PATH_NOT_FOUND" if missing else "COMMAND_FAILED")
+        raise SandboxRequestError(
+            404 if missing else 400,
+            f"stat {path}: {_reason(result)}",
+            "PATH_NOT_FOUND" if missing else "COMMAND_FAILED",
+        )
     kind, size, mode, uid, gid, owner, mtime = result.stdout.strip().split("|")
-    types = {"regular file": "file", "regular empty file": "file", "directory": "directory",
-             "symbolic link": "symlink"}
+    types = {
+        "regular file": "file",
+        "regular empty file": "file",
+        "directory": "directory",
+        "symbolic link": "symlink",
+    }
     return FileInfo(
-        name=posixpath.basename(path.rstrip("/")) or path, path=path,
+        name=posixpath.basename(path.rstrip("/")) or path,
+        path=path,
         type=types.get(kind, "other"),  # type: ignore[arg-type]
-        size=int(size), mode=int(mode, 8), mtime=datetime.fromtimestamp(int(mtime), UTC),
-        uid=int(uid), gid=int(gid), owner=None if owner == "UNKNOWN" else owner)
+        size=int(size),
+        mode=int(mode, 8),
+        mtime=datetime.fromtimestamp(int(mtime), UTC),
+        uid=int(uid),
+        gid=int(gid),
+        owner=None if owner == "UNKNOWN" else owner,
+    )
 
 
 def mkdir_command(path: str, parents: bool, mode: int | None) -> list[str]:
@@ -361,15 +399,22 @@ def chmod_command(path: str, mode: int) -> list[str]:
 def remove_path_command(path: str, recursive: bool) -> list[str]:
     if recursive:
         return ["rm", "-rf", "--", path]
-    return ["sh", "-c", 'if [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1"; else rm -- "$1"; fi',
-            "rm", path]
+    return [
+        "sh",
+        "-c",
+        'if [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1"; else rm -- "$1"; fi',
+        "rm",
+        path,
+    ]
 
 
 def move_command(source: str, destination: str, overwrite: bool) -> list[str]:
-    script = ('mkdir -p -- "$(dirname -- "$2")" && '
-              + ('mv -T -- "$1" "$2"' if overwrite
-                 else '{ [ ! -e "$2" ] && [ ! -L "$2" ] || { echo EXISTS >&2; exit 17; }; } '
-                      '&& mv -T -n -- "$1" "$2"'))
+    script = 'mkdir -p -- "$(dirname -- "$2")" && ' + (
+        'mv -T -- "$1" "$2"'
+        if overwrite
+        else '{ [ ! -e "$2" ] && [ ! -L "$2" ] || { echo EXISTS >&2; exit 17; }; } '
+        '&& mv -T -n -- "$1" "$2"'
+    )
     return ["sh", "-c", script, "mv", source, destination]
 
 

@@ -121,27 +121,44 @@ def parse_execution(payload: Any, *, restarted: bool) -> Execution:
     """The kernel's ``/run`` answer as an :class:`Execution`."""
     if not isinstance(payload, dict):
         raise InterpreterError(f"the interpreter answered {payload!r}")
-    results = [CodeResult(is_main_result=bool(r.get("main")), formats=dict(r.get("formats") or {}))
-               for r in payload.get("results") or [] if isinstance(r, dict)]
+    results = [
+        CodeResult(is_main_result=bool(r.get("main")), formats=dict(r.get("formats") or {}))
+        for r in payload.get("results") or []
+        if isinstance(r, dict)
+    ]
     raw_error = payload.get("error")
     error = None
     if isinstance(raw_error, dict):
-        error = ExecutionError(name=str(raw_error.get("name", "")),
-                               value=str(raw_error.get("value", "")),
-                               traceback=str(raw_error.get("traceback", "")))
-    return Execution(stdout=str(payload.get("stdout", "")), stderr=str(payload.get("stderr", "")),
-                     results=results, error=error,
-                     execution_count=int(payload.get("execution_count") or 0),
-                     timed_out=bool(payload.get("timed_out")), restarted=restarted,
-                     kernel_id=str(payload.get("kernel_id", "")))
+        error = ExecutionError(
+            name=str(raw_error.get("name", "")),
+            value=str(raw_error.get("value", "")),
+            traceback=str(raw_error.get("traceback", "")),
+        )
+    return Execution(
+        stdout=str(payload.get("stdout", "")),
+        stderr=str(payload.get("stderr", "")),
+        results=results,
+        error=error,
+        execution_count=int(payload.get("execution_count") or 0),
+        timed_out=bool(payload.get("timed_out")),
+        restarted=restarted,
+        kernel_id=str(payload.get("kernel_id", "")),
+    )
 
 
 def crashed(detail: str) -> Execution:
     """The cell's answer when the interpreter died under it."""
-    message = (f"the interpreter process died while running this cell ({detail}); "
-               "its state is lost and the next run_code starts a new interpreter")
-    return Execution(stdout="", stderr="", error=ExecutionError(
-        name="InterpreterCrashed", value=message, traceback=f"InterpreterCrashed: {message}\n"))
+    message = (
+        f"the interpreter process died while running this cell ({detail}); "
+        "its state is lost and the next run_code starts a new interpreter"
+    )
+    return Execution(
+        stdout="",
+        stderr="",
+        error=ExecutionError(
+            name="InterpreterCrashed", value=message, traceback=f"InterpreterCrashed: {message}\n"
+        ),
+    )
 
 
 def run_body(code: str, timeout_ms: int | None) -> bytes:

@@ -77,7 +77,7 @@ class Capture(io.TextIOBase):
         room = OUTPUT_CAP - self.size
         if len(text) > room:
             self.dropped += len(text) - max(room, 0)
-            text = text[:max(room, 0)]
+            text = text[: max(room, 0)]
         self.parts.append(text)
         self.size += len(text)
         return len(text)
@@ -148,8 +148,9 @@ def open_figures(skip: object) -> list[dict[str, Any]]:
     for number in pyplot.get_fignums():
         figure = pyplot.figure(number)
         if figure is not skip:
-            shown.append({"main": False, "formats": {
-                "text/plain": repr(figure), "image/png": _png(figure)}})
+            shown.append(
+                {"main": False, "formats": {"text/plain": repr(figure), "image/png": _png(figure)}}
+            )
     pyplot.close("all")
     return shown
 
@@ -183,10 +184,15 @@ class Kernel:
             job["done"].set()
 
     def interrupted_late(self) -> dict[str, Any]:
-        return {"stdout": "", "stderr": "", "results": [], "error": {
-            "name": "KeyboardInterrupt", "value": "", "traceback": "KeyboardInterrupt\n"},
-            "execution_count": self.count, "kernel_id": self.kernel_id,
-            "timed_out": self.timed_out}
+        return {
+            "stdout": "",
+            "stderr": "",
+            "results": [],
+            "error": {"name": "KeyboardInterrupt", "value": "", "traceback": "KeyboardInterrupt\n"},
+            "execution_count": self.count,
+            "kernel_id": self.kernel_id,
+            "timed_out": self.timed_out,
+        }
 
     def execute(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
         self.count += 1
@@ -232,9 +238,15 @@ class Kernel:
         except Exception as exc:
             if error is None:
                 error = self.describe(exc)
-        return {"stdout": stdout.text(), "stderr": stderr.text(), "results": results,
-                "error": error, "execution_count": self.count, "kernel_id": self.kernel_id,
-                "timed_out": self.timed_out}
+        return {
+            "stdout": stdout.text(),
+            "stderr": stderr.text(),
+            "results": results,
+            "error": error,
+            "execution_count": self.count,
+            "kernel_id": self.kernel_id,
+            "timed_out": self.timed_out,
+        }
 
     @staticmethod
     def describe(exc: BaseException) -> dict[str, str]:
@@ -259,16 +271,23 @@ class Kernel:
 
     def run(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
         with self.one_at_a_time:
-            job: dict[str, Any] = {"code": code, "timeout_ms": timeout_ms,
-                                   "done": threading.Event()}
+            job: dict[str, Any] = {
+                "code": code,
+                "timeout_ms": timeout_ms,
+                "done": threading.Event(),
+            }
             self.jobs.put(job)
             job["done"].wait()
             result: dict[str, Any] = job["result"]
             return result
 
     def health(self) -> dict[str, Any]:
-        return {"protocol": PROTOCOL, "kernel_id": self.kernel_id, "pid": os.getpid(),
-                "execution_count": self.count}
+        return {
+            "protocol": PROTOCOL,
+            "kernel_id": self.kernel_id,
+            "pid": os.getpid(),
+            "execution_count": self.count,
+        }
 
 
 def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
@@ -291,8 +310,13 @@ def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
             given = self.headers.get(TOKEN_HEADER, "")
             if secrets.compare_digest(given.encode(), token.encode()):
                 return True
-            self.answer(401, {"code": "INTERPRETER_TOKEN_INVALID",
-                              "message": "wrong or missing interpreter token"})
+            self.answer(
+                401,
+                {
+                    "code": "INTERPRETER_TOKEN_INVALID",
+                    "message": "wrong or missing interpreter token",
+                },
+            )
             return False
 
         def body(self) -> dict[str, Any]:
@@ -324,9 +348,15 @@ def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
             if self.path == "/run":
                 code, timeout_ms = payload.get("code"), payload.get("timeout_ms")
                 if not isinstance(code, str) or not (
-                        timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0)):
-                    self.answer(400, {"code": "REQUEST_INVALID",
-                                      "message": "code must be a string, timeout_ms > 0"})
+                    timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0)
+                ):
+                    self.answer(
+                        400,
+                        {
+                            "code": "REQUEST_INVALID",
+                            "message": "code must be a string, timeout_ms > 0",
+                        },
+                    )
                     return
                 self.answer(200, kernel.run(code, timeout_ms))
             elif self.path == "/interrupt":

@@ -24,8 +24,9 @@ class RunAccumulator:
     ('ab', 0)
     """
 
-    def __init__(self, status: ProcessStatus,
-                 on_output: Callable[[ProcessOutput], object] | None = None) -> None:
+    def __init__(
+        self, status: ProcessStatus, on_output: Callable[[ProcessOutput], object] | None = None
+    ) -> None:
         self.process_id = status.process_id
         self._last: ProcessStatus = status
         self._on_output = on_output
@@ -50,8 +51,9 @@ class RunAccumulator:
             self._stdout.append(chunk.stdout)
         if chunk.stderr:
             self._stderr.append(chunk.stderr)
-        if self._on_output is not None and (chunk.stdout or chunk.stderr
-                                            or chunk.stdout_dropped or chunk.stderr_dropped):
+        if self._on_output is not None and (
+            chunk.stdout or chunk.stderr or chunk.stdout_dropped or chunk.stderr_dropped
+        ):
             self._on_output(chunk)
 
     def result(self, *, timed_out: bool, killed: bool) -> RunResult:

@@ -99,9 +99,12 @@ class Platform:
         self.keys = keys or KeyRing.open(settings.data_dir / "keys")
         self.metrics = Metrics()
         #: ``missing``: why an enabled class has no driver (e.g. its module is absent).
-        self.classes = ClassRuntimes(enabled_classes(settings), drivers,
-                                     pin=settings.runtime.default_class.strip(),
-                                     missing=missing)
+        self.classes = ClassRuntimes(
+            enabled_classes(settings),
+            drivers,
+            pin=settings.runtime.default_class.strip(),
+            missing=missing,
+        )
         self._check = check
         self._prove = prove
         self.activity = ActivityTracker(clock)
@@ -113,46 +116,77 @@ class Platform:
         self._tasks: list[asyncio.Task[Any]] = []
         self._checking: set[str] = set()
         rt = settings.runtime
-        self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
-                             disk_bytes=rt.disk_bytes)
+        self.limits = Limits(
+            memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
+        )
         self.transitions: Transitions | None = None
         #: Warm pools by class; a class found unable to run here loses its pool.
         self.pools: dict[str, WarmPool] = {}
         self.lifecycle: Lifecycle | None = None
         if self.classes.drivers:
             self.transitions = Transitions(
-                store, self.classes, self.routes, self.metrics, clock,
-                timedelta(seconds=settings.lifecycle.max_age_seconds))
+                store,
+                self.classes,
+                self.routes,
+                self.metrics,
+                clock,
+                timedelta(seconds=settings.lifecycle.max_age_seconds),
+            )
             if rt.warm_pool > 0:
-                self.pools = {name: WarmPool(driver, self.limits, rt.warm_pool,
-                                             on_change=self._pool_changed,
-                                             shortfall=functools.partial(
-                                                 reserve_shortfall, settings.data_dir,
-                                                 rt.disk_reserve_bytes))
-                              for name, driver in self.classes.drivers.items()}
-            self.lifecycle = Lifecycle(store=store, transitions=self.transitions,
-                                       activity=self.activity, locks=self.locks,
-                                       settings=settings.lifecycle, clock=clock)
+                self.pools = {
+                    name: WarmPool(
+                        driver,
+                        self.limits,
+                        rt.warm_pool,
+                        on_change=self._pool_changed,
+                        shortfall=functools.partial(
+                            reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes
+                        ),
+                    )
+                    for name, driver in self.classes.drivers.items()
+                }
+            self.lifecycle = Lifecycle(
+                store=store,
+                transitions=self.transitions,
+                activity=self.activity,
+                locks=self.locks,
+                settings=settings.lifecycle,
+                clock=clock,
+            )
         self.deployments = DeploymentService(
-            store, self.keys, issuer=self.base_url,
+            store,
+            self.keys,
+            issuer=self.base_url,
             identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
-            validate_section=validate_section, clock=clock,
-            deleted_marker=marker_path(settings.data_dir))
+            validate_section=validate_section,
+            clock=clock,
+            deleted_marker=marker_path(settings.data_dir),
+        )
         self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.routes)
         ttl = settings.credentials.ttl_seconds
         self.sandboxes = SandboxService(
-            settings=settings, store=store, classes=self.classes,
-            transitions=self.transitions, environment=self.environment,
-            activity=self.activity, locks=self.locks, pools=self.pools, clock=clock,
+            settings=settings,
+            store=store,
+            classes=self.classes,
+            transitions=self.transitions,
+            environment=self.environment,
+            activity=self.activity,
+            locks=self.locks,
+            pools=self.pools,
+            clock=clock,
             mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
         self.verifier = CredentialVerifier(self.keys)
-        self.gateway = Gateway(self.verifier, self.routes, self.activity,
-                               observe=self.metrics.observe_gateway,
-                               on_refusal=self.metrics.refused,
-                               on_unreachable=self._suspect,
-                               before_route=self.deletions.check,
-                               default_user=settings.runtime.default_user or None)
+        self.gateway = Gateway(
+            self.verifier,
+            self.routes,
+            self.activity,
+            observe=self.metrics.observe_gateway,
+            on_refusal=self.metrics.refused,
+            on_unreachable=self._suspect,
+            before_route=self.deletions.check,
+            default_user=settings.runtime.default_user or None,
+        )
         self.control = Starlette(
             routes=[*health.routes, *openapi.routes, *sandboxes.routes],
             exception_handlers=errors.handlers,
@@ -164,8 +198,9 @@ class Platform:
     def _mint(self, sandbox_id: str, incarnation: int, ttl: float) -> tuple[str, datetime]:
         """A data-plane credential, already known to this process's gateway: the
         sandbox's first call then skips the signature check."""
-        token, expires = mint_credential(self.keys, sandbox_id=sandbox_id,
-                                         incarnation=incarnation, ttl_seconds=ttl)
+        token, expires = mint_credential(
+            self.keys, sandbox_id=sandbox_id, incarnation=incarnation, ttl_seconds=ttl
+        )
         self.verifier.remember(token, Credential(sandbox_id, incarnation, expires.timestamp()))
         return token, expires
 
@@ -215,16 +250,23 @@ class Platform:
             # Answer in the contract's shape (not a bare text/plain 500), so a
             # client re-attaches once the server is back. The request ends here.
             if not started:
-                await send_error(send, ApiError(
-                    ErrorCode.SERVER_SHUTTING_DOWN,
-                    "the server shut down while this request ran; attach again and repeat "
-                    "it (a command already started keeps running in the sandbox)"),
-                    _request_id(scope))
+                await send_error(
+                    send,
+                    ApiError(
+                        ErrorCode.SERVER_SHUTTING_DOWN,
+                        "the server shut down while this request ran; attach again and repeat "
+                        "it (a command already started keeps running in the sandbox)",
+                    ),
+                    _request_id(scope),
+                )
 
     # -- readiness -----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
-        return {"ready": self.ready, "classes": self.classes.describe(),
-                "error": self.startup_error}
+        return {
+            "ready": self.ready,
+            "classes": self.classes.describe(),
+            "error": self.startup_error,
+        }
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -234,7 +276,8 @@ class Platform:
             self._tasks.append(asyncio.create_task(self._start_runtime()))
         else:  # not one enabled class has a driver: say why on /healthz
             self.startup_error = "no sandbox class can run here: " + "; ".join(
-                f"{s.name}: {s.detail}" for s in self.classes.statuses() if s.enabled)
+                f"{s.name}: {s.detail}" for s in self.classes.statuses() if s.enabled
+            )
         try:
             yield
         finally:
@@ -246,7 +289,8 @@ class Platform:
             await self.classes.start(self._check, self._prove, later=self._class_ready)
             running = self.classes.running()
             await self.lifecycle.reconcile(
-                {name: await driver.adopt() for name, driver in running.items()})
+                {name: await driver.adopt() for name, driver in running.items()}
+            )
         except Exception as exc:
             log.exception("the runtime could not start")
             self.startup_error = str(exc)
@@ -257,9 +301,10 @@ class Platform:
             default_pool.refill(Prepared(), delay=0.0)
             await default_pool.wait_filled()
         self.ready = self.sandboxes.ready = True
-        log.info("ready: sandboxes can be created",
-                 extra={"classes": list(self.classes.available),
-                        "default": self.classes.default})
+        log.info(
+            "ready: sandboxes can be created",
+            extra={"classes": list(self.classes.available), "default": self.classes.default},
+        )
         self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
 
     async def _class_ready(self, name: str) -> None:
@@ -289,8 +334,9 @@ class Platform:
                 await driver.close()
 
 
-def create_app(settings: Settings, store: Store, drivers: Mapping[str, Driver],
-               **options: Any) -> Platform:
+def create_app(
+    settings: Settings, store: Store, drivers: Mapping[str, Driver], **options: Any
+) -> Platform:
     """The whole platform as one ASGI app. ``options``: ``keys``, ``environment``,
     ``validate_section``, ``clock``, ``check``, ``prove``, ``missing`` (see
     :class:`Platform`)."""

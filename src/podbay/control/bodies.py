@@ -45,8 +45,7 @@ class BodyLimit:
         await self.app(scope, bounded_receive, send)
 
     def _refusal(self) -> ApiError:
-        return ApiError(ErrorCode.REQUEST_TOO_LARGE,
-                        f"the request body is over {self.limit} bytes")
+        return ApiError(ErrorCode.REQUEST_TOO_LARGE, f"the request body is over {self.limit} bytes")
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -59,7 +58,15 @@ def _content_length(scope: Scope) -> int | None:
 
 async def _refuse(send: Send, exc: ApiError) -> None:
     body = json.dumps(exc.body()).encode()
-    await send({"type": "http.response.start", "status": exc.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

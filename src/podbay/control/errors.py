@@ -22,8 +22,12 @@ def error_response(exc: ApiError, request: Request) -> Response:
     if platform is not None:
         platform.metrics.refused(exc.code.value)
     headers = None if exc.retry_after is None else {"Retry-After": f"{exc.retry_after:g}"}
-    return Response(json.dumps(exc.body()), status_code=exc.status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        json.dumps(exc.body()),
+        status_code=exc.status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:

@@ -113,8 +113,9 @@ class KeyRing:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
         private = Ed25519PrivateKey.generate()
-        newest = max((int(k.split("-", 1)[0]) for k in self._keys if k.split("-", 1)[0].isdigit()),
-                     default=0)
+        newest = max(
+            (int(k.split("-", 1)[0]) for k in self._keys if k.split("-", 1)[0].isdigit()), default=0
+        )
         kid = f"{max(int(time.time() * 1000), newest + 1):013d}-{secrets.token_hex(2)}"
         pem = private.private_bytes(
             serialization.Encoding.PEM,

@@ -65,8 +65,9 @@ def connection_cap(wanted: int, descriptor_limit: int) -> int:
     return max(1, min(wanted, room))
 
 
-def guarded_protocol(*, head_timeout: float, body_timeout: float,
-                     max_connections: int) -> type[HttpToolsProtocol]:
+def guarded_protocol(
+    *, head_timeout: float, body_timeout: float, max_connections: int
+) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the guards above (pass as ``http=``)."""
 
     class GuardedProtocol(HttpToolsProtocol):
@@ -123,8 +124,10 @@ def guarded_protocol(*, head_timeout: float, body_timeout: float,
             self._head_timer = None
             if self.transport.is_closing():
                 return
-            exc = ApiError(ErrorCode.REQUEST_TIMEOUT,
-                           f"the request head did not arrive within {head_timeout:g} s")
+            exc = ApiError(
+                ErrorCode.REQUEST_TIMEOUT,
+                f"the request head did not arrive within {head_timeout:g} s",
+            )
             self.transport.write(_answer(exc))
             self.transport.close()
 
@@ -144,5 +147,7 @@ def guarded_protocol(*, head_timeout: float, body_timeout: float,
 
 def _answer(exc: ApiError) -> bytes:
     body = json.dumps(exc.body()).encode()
-    return (f"HTTP/1.1 {exc.status} Request Timeout\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {exc.status} Request Timeout\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body

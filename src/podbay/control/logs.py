@@ -24,14 +24,18 @@ from podbay.wire.paths import REQUEST_ID_HEADER
 
 request_id: ContextVar[str | None] = ContextVar("podbay_request_id", default=None)
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", "color_message"}
+    "message",
+    "asctime",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -41,8 +45,9 @@ class JsonFormatter(logging.Formatter):
             out["request_id"] = rid
         for key, value in vars(record).items():
             if key not in _RESERVED and not key.startswith("_"):
-                out[key] = value if isinstance(value, str | int | float | bool | None) \
-                    else str(value)
+                out[key] = (
+                    value if isinstance(value, str | int | float | bool | None) else str(value)
+                )
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out)
@@ -73,8 +78,10 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == self._HEADER),
-                   None) or uuid.uuid4().hex
+        rid = (
+            next((v.decode("latin-1") for k, v in scope["headers"] if k == self._HEADER), None)
+            or uuid.uuid4().hex
+        )
         token = request_id.set(rid)
         started = datetime.now(UTC)
         status = 0
@@ -83,8 +90,10 @@ class RequestIdMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (self._HEADER, rid.encode())]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (self._HEADER, rid.encode())],
+                }
             await send(message)
 
         try:
@@ -92,7 +101,16 @@ class RequestIdMiddleware:
         finally:
             ms = (datetime.now(UTC) - started).total_seconds() * 1000
             if scope["path"] not in ("/healthz", "/metrics"):
-                self.log.info("%s %s %s", scope["method"], scope["path"], status,
-                              extra={"status": status, "duration_ms": round(ms, 2),
-                                     "method": scope["method"], "path": scope["path"]})
+                self.log.info(
+                    "%s %s %s",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    extra={
+                        "status": status,
+                        "duration_ms": round(ms, 2),
+                        "method": scope["method"],
+                        "path": scope["path"],
+                    },
+                )
             request_id.reset(token)

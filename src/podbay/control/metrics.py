@@ -24,20 +24,35 @@ _FAST = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.sandboxes = Gauge("podbay_sandboxes", "Sandboxes by state.", ["state"],
-                               registry=self.registry)
-        self.attach = Histogram("podbay_attach_seconds", "Attach latency.", ["start"],
-                                buckets=_FAST, registry=self.registry)
-        self.gateway = Histogram("podbay_gateway_request_seconds",
-                                 "Data-plane requests through the gateway.", ["kind"],
-                                 buckets=_FAST, registry=self.registry)
-        self.transitions = Counter("podbay_lifecycle_transitions_total",
-                                   "Sandbox state transitions.", ["transition"],
-                                   registry=self.registry)
-        self.refusals = Counter("podbay_refusals_total", "Refusals by code.", ["code"],
-                                registry=self.registry)
-        self.warm_pool = Gauge("podbay_warm_pool_machines", "Ready machines in the warm pool.",
-                               registry=self.registry)
+        self.sandboxes = Gauge(
+            "podbay_sandboxes", "Sandboxes by state.", ["state"], registry=self.registry
+        )
+        self.attach = Histogram(
+            "podbay_attach_seconds",
+            "Attach latency.",
+            ["start"],
+            buckets=_FAST,
+            registry=self.registry,
+        )
+        self.gateway = Histogram(
+            "podbay_gateway_request_seconds",
+            "Data-plane requests through the gateway.",
+            ["kind"],
+            buckets=_FAST,
+            registry=self.registry,
+        )
+        self.transitions = Counter(
+            "podbay_lifecycle_transitions_total",
+            "Sandbox state transitions.",
+            ["transition"],
+            registry=self.registry,
+        )
+        self.refusals = Counter(
+            "podbay_refusals_total", "Refusals by code.", ["code"], registry=self.registry
+        )
+        self.warm_pool = Gauge(
+            "podbay_warm_pool_machines", "Ready machines in the warm pool.", registry=self.registry
+        )
 
     def transition(self, old: str, new: str) -> None:
         self.transitions.labels(f"{old}->{new}").inc()

@@ -38,8 +38,10 @@ def verify_identity_token(keys: KeyRing, token: str | None, *, issuer: str) -> s
     (an old URL, another installation sharing keys) is refused.
     """
     if not token:
-        raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
-                       "an identity token is required (Authorization: Bearer <token>)")
+        raise ApiError(
+            ErrorCode.IDENTITY_TOKEN_INVALID,
+            "an identity token is required (Authorization: Bearer <token>)",
+        )
     claims = verify(keys, token, IDENTITY_TOKEN, require=["sub", "iat", "iss"], issuer=issuer)
     sub = claims.get("sub")
     if not isinstance(sub, str):

@@ -26,8 +26,7 @@ def record(sandbox: Sandbox) -> SandboxRecord:
         state=_SHOWN[sandbox.state],
         created_at=sandbox.created_at,
         last_active_at=sandbox.last_active_at,
-        ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended")
-        else None,
+        ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended") else None,
     )
 
 

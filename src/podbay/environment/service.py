@@ -37,14 +37,17 @@ class DeclaredEnvironment:
     @staticmethod
     def section(deployment: Deployment) -> SandboxSection:
         if deployment.sandbox_section is None:
-            raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
-                           f"deployment {deployment.name!r} declares no sandbox section")
+            raise ApiError(
+                ErrorCode.SANDBOX_NOT_DECLARED,
+                f"deployment {deployment.name!r} declares no sandbox section",
+            )
         try:
             return parse_section(deployment.sandbox_section)
         except SpecError as exc:
             # Registered before validation existed, or edited by hand.
-            raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
-                           f"the sandbox section is not valid: {exc}") from None
+            raise ApiError(
+                ErrorCode.SANDBOX_PREPARE_FAILED, f"the sandbox section is not valid: {exc}"
+            ) from None
 
     async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         section = self.section(deployment)
@@ -52,8 +55,10 @@ class DeclaredEnvironment:
         if isinstance(state, Building):
             return state
         if isinstance(state, Failed):
-            raise ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
-                           f"preparing the sandbox environment failed: {state.error}")
+            raise ApiError(
+                ErrorCode.SANDBOX_PREPARE_FAILED,
+                f"preparing the sandbox environment failed: {state.error}",
+            )
         return Prepared(key=pool_key(section), layers=state.layers, env=sandbox_env(section))
 
     async def apply(self, deployment: Deployment, driver: Driver, machine_id: str) -> None:
@@ -81,6 +86,7 @@ def pool_key(section: SandboxSection) -> str:
     """Machines are interchangeable when their layers and env are: the pool's key."""
     if section.is_empty_install and not section.env:
         return ""
-    raw = json.dumps({"layer": section.layer_key(), "env": dict(sorted(section.env.items()))},
-                     sort_keys=True)
+    raw = json.dumps(
+        {"layer": section.layer_key(), "env": dict(sorted(section.env.items()))}, sort_keys=True
+    )
     return hashlib.sha256(raw.encode()).hexdigest()

@@ -43,9 +43,7 @@ _PYTHON = re.compile(
     rf"{_PY_NAME}(?:\[{_PY_NAME}(?:,{_PY_NAME})*\])?(?:{_PY_VERSION}(?:,{_PY_VERSION})*)?"
 )
 # npm: optional @scope/, name, optional @version-or-range-or-tag.
-_NPM = re.compile(
-    r"(?:@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(?:@[A-Za-z0-9.^~<>=*+-]+)?"
-)
+_NPM = re.compile(r"(?:@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(?:@[A-Za-z0-9.^~<>=*+-]+)?")
 _PY_VERSION_DECL = re.compile(r"3\.\d{1,2}")
 _NODE_VERSION_DECL = re.compile(r"\d{1,2}")
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -107,8 +105,9 @@ class _Checker:
     def fail(self, where: str, what: str) -> None:
         self.problems.append((where, what))
 
-    def strings(self, value: Any, where: str, *, pattern: re.Pattern[str] | None = None,
-                kind: str = "") -> tuple[str, ...]:
+    def strings(
+        self, value: Any, where: str, *, pattern: re.Pattern[str] | None = None, kind: str = ""
+    ) -> tuple[str, ...]:
         if value is None:
             return ()
         if not isinstance(value, list):
@@ -127,9 +126,17 @@ class _Checker:
                 out.append(item)
         return tuple(out)
 
-    def language(self, value: Any, where: str, version: re.Pattern[str], example: str,
-                 packages: re.Pattern[str], kind: str, *,
-                 whole_number_version: bool) -> LanguageSpec | None:
+    def language(
+        self,
+        value: Any,
+        where: str,
+        version: re.Pattern[str],
+        example: str,
+        packages: re.Pattern[str],
+        kind: str,
+        *,
+        whole_number_version: bool,
+    ) -> LanguageSpec | None:
         if value is None:
             return None
         if not isinstance(value, dict):
@@ -142,18 +149,17 @@ class _Checker:
         declared: str | None = None
         if isinstance(raw, bool | float):
             # YAML reads 3.10 as 3.1: a float is never taken as a version.
-            self.fail(f"{where}.version", f"must be a quoted string such as \"{example}\"")
+            self.fail(f"{where}.version", f'must be a quoted string such as "{example}"')
         elif isinstance(raw, int) and whole_number_version:
             declared = str(raw)
         elif raw is not None and not isinstance(raw, str | int):
-            self.fail(f"{where}.version", f"must be a string such as \"{example}\"")
+            self.fail(f"{where}.version", f'must be a string such as "{example}"')
         elif raw is not None:
             declared = str(raw)
         if declared is not None and not version.fullmatch(declared):
-            self.fail(f"{where}.version", f"{declared!r} must look like \"{example}\"")
+            self.fail(f"{where}.version", f'{declared!r} must look like "{example}"')
             declared = None
-        pkgs = self.strings(value.get("packages"), f"{where}.packages",
-                            pattern=packages, kind=kind)
+        pkgs = self.strings(value.get("packages"), f"{where}.packages", pattern=packages, kind=kind)
         return LanguageSpec(version=declared, packages=tuple(sorted(set(pkgs))))
 
 
@@ -161,8 +167,15 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
     """Validate a parsed ``sandbox`` section; raise :class:`SpecError` listing every problem."""
     check = _Checker()
     if not isinstance(data, dict) or not data:
-        raise SpecError([(where, "must be a non-empty mapping; it needs at least "
-                                 "toolchain: auto, always or never")])
+        raise SpecError(
+            [
+                (
+                    where,
+                    "must be a non-empty mapping; it needs at least "
+                    "toolchain: auto, always or never",
+                )
+            ]
+        )
     for key in data:
         if key in RESERVED_KEYS:
             check.fail(f"{where}.{key}", f"{key!r} is reserved and not supported")
@@ -172,16 +185,30 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
     raw_toolchain = data.get("toolchain")
     toolchain = next((t for t in TOOLCHAINS if t == raw_toolchain), None)
     if toolchain is None:
-        got = ("is required" if raw_toolchain is None
-               else f"{raw_toolchain!r} is not allowed")
+        got = "is required" if raw_toolchain is None else f"{raw_toolchain!r} is not allowed"
         check.fail(f"{where}.toolchain", f"{got}; must be one of auto, always, never")
 
-    packages = check.strings(data.get("packages"), f"{where}.packages",
-                             pattern=_DEBIAN, kind="Debian")
-    python = check.language(data.get("python"), f"{where}.python", _PY_VERSION_DECL, "3.12",
-                            _PYTHON, "Python", whole_number_version=False)
-    node = check.language(data.get("node"), f"{where}.node", _NODE_VERSION_DECL, "22",
-                          _NPM, "npm", whole_number_version=True)
+    packages = check.strings(
+        data.get("packages"), f"{where}.packages", pattern=_DEBIAN, kind="Debian"
+    )
+    python = check.language(
+        data.get("python"),
+        f"{where}.python",
+        _PY_VERSION_DECL,
+        "3.12",
+        _PYTHON,
+        "Python",
+        whole_number_version=False,
+    )
+    node = check.language(
+        data.get("node"),
+        f"{where}.node",
+        _NODE_VERSION_DECL,
+        "22",
+        _NPM,
+        "npm",
+        whole_number_version=True,
+    )
 
     env: dict[str, str] = {}
     raw_env = data.get("env")

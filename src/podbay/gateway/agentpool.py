@@ -41,8 +41,12 @@ class AgentPool:
 
     def release(self, conn: Connection) -> None:
         reader, writer = conn
-        if self.closed or len(self._idle) >= self.max_idle or reader.at_eof() \
-                or writer.is_closing():
+        if (
+            self.closed
+            or len(self._idle) >= self.max_idle
+            or reader.at_eof()
+            or writer.is_closing()
+        ):
             writer.close()
             return
         self._idle.append(conn)

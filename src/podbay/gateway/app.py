@@ -61,8 +61,16 @@ _BARE = b"/v1/"
 
 async def _send_json(send: Send, document: object) -> None:
     body = json.dumps(document).encode()
-    await send({"type": "http.response.start", "status": 200, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -100,8 +108,8 @@ class Gateway:
         self.before_route = before_route
         #: Told to the agent with every request: the operator's default account.
         self.extra_headers: list[tuple[bytes, bytes]] = (
-            [(DEFAULT_USER_HEADER.lower().encode(), default_user.encode())]
-            if default_user else [])
+            [(DEFAULT_USER_HEADER.lower().encode(), default_user.encode())] if default_user else []
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -126,24 +134,27 @@ class Gateway:
         self.activity.begin(sid)
         try:
             if tail.startswith(_PORTS):
-                status = await self._port(route, scope, receive, send, tail, request_id,
-                                          _prefix(raw_path, tail))
+                status = await self._port(
+                    route, scope, receive, send, tail, request_id, _prefix(raw_path, tail)
+                )
             else:
                 query = scope.get("query_string") or b""
                 target = tail + b"?" + query if query else tail
                 # Only a native file write streams an unbounded body; every other
                 # body is JSON the agent reads whole.
                 limit = None if _streams_body(scope, tail) else MAX_JSON_BODY
-                status = await relay(route.pool, scope, receive, send, target, request_id,
-                                     limit, self.extra_headers)
+                status = await relay(
+                    route.pool, scope, receive, send, target, request_id, limit, self.extra_headers
+                )
                 if status == 502 and self.on_unreachable is not None:
                     self.on_unreachable(sid)
         finally:
             self.activity.end(sid)
         self._observe("exec" if tail == _EXEC else "other", status, started)
 
-    async def _authorize(self, scope: Scope, sandbox_id: bytes | None,
-                         tail: bytes) -> tuple[str, Route]:
+    async def _authorize(
+        self, scope: Scope, sandbox_id: bytes | None, tail: bytes
+    ) -> tuple[str, Route]:
         """The sandbox the credential reaches and its route; the refusal otherwise
         (counted for metrics)."""
         credential_token = None
@@ -156,14 +167,16 @@ class Gateway:
             credential = self.verifier.verify(credential_token)
             sid = credential.sandbox_id if sandbox_id is None else sandbox_id.decode("latin-1")
             if credential.sandbox_id != sid:
-                raise ApiError(ErrorCode.CREDENTIAL_WRONG_SANDBOX,
-                               "the credential is for another sandbox")
+                raise ApiError(
+                    ErrorCode.CREDENTIAL_WRONG_SANDBOX, "the credential is for another sandbox"
+                )
             if self.before_route is not None:
                 await self.before_route()
             route = self.routes.get(sid)
             if route is None or route.incarnation != credential.incarnation:
-                raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,
-                               "the sandbox is not running; attach again")
+                raise ApiError(
+                    ErrorCode.SANDBOX_NOT_RUNNING, "the sandbox is not running; attach again"
+                )
         except ApiError as exc:
             if self.on_refusal is not None:
                 self.on_refusal(exc.code.value)
@@ -172,24 +185,31 @@ class Gateway:
 
     async def _share_route(self, raw_path: bytes) -> tuple[str, Route, int, bytes, str]:
         """A share URL's sandbox, route, port, the path within and the prefix before it."""
-        token, slash, rest = raw_path[len(_SHARE):].partition(b"/")
+        token, slash, rest = raw_path[len(_SHARE) :].partition(b"/")
         try:
             share = verify_share(self.verifier.keys, token.decode("latin-1"))
             if self.before_route is not None:
                 await self.before_route()
             route = self.routes.get(share.sandbox_id)
             if route is None:
-                raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING,
-                               "the shared sandbox is not running right now")
+                raise ApiError(
+                    ErrorCode.SANDBOX_NOT_RUNNING, "the shared sandbox is not running right now"
+                )
         except ApiError as exc:
             if self.on_refusal is not None:
                 self.on_refusal(exc.code.value)
             raise
-        return (share.sandbox_id, route, share.port, slash + rest if slash else b"/",
-                _SHARE.decode() + token.decode("latin-1"))
+        return (
+            share.sandbox_id,
+            route,
+            share.port,
+            slash + rest if slash else b"/",
+            _SHARE.decode() + token.decode("latin-1"),
+        )
 
-    async def _shared(self, scope: Scope, receive: Receive, send: Send, raw_path: bytes,
-                      request_id: str) -> None:
+    async def _shared(
+        self, scope: Scope, receive: Receive, send: Send, raw_path: bytes, request_id: str
+    ) -> None:
         try:
             sid, route, port, path, prefix = await self._share_route(raw_path)
         except ApiError as exc:
@@ -197,23 +217,34 @@ class Gateway:
             return
         self.activity.begin(sid)
         try:
-            await ports.relay_http(route.socket, port, path, prefix, scope, receive, send,
-                                   request_id)
+            await ports.relay_http(
+                route.socket, port, path, prefix, scope, receive, send, request_id
+            )
         finally:
             self.activity.end(sid)
 
-    async def _port(self, route: Route, scope: Scope, receive: Receive, send: Send,
-                    tail: bytes, request_id: str, prefix: str) -> int:
+    async def _port(
+        self,
+        route: Route,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        tail: bytes,
+        request_id: str,
+        prefix: str,
+    ) -> int:
         target = ports.parse_target(tail)
         if target is None:
-            exc = ApiError(ErrorCode.ROUTE_NOT_FOUND,
-                           "a port path is /v1/ports/{port}/..., port from 1 to 65535")
+            exc = ApiError(
+                ErrorCode.ROUTE_NOT_FOUND,
+                "a port path is /v1/ports/{port}/..., port from 1 to 65535",
+            )
             await send_error(send, exc, request_id)
             return exc.status
         port, path = target
-        return await ports.relay_http(route.socket, port, path,
-                                      prefix + f"{PORTS}/{port}", scope, receive, send,
-                                      request_id)
+        return await ports.relay_http(
+            route.socket, port, path, prefix + f"{PORTS}/{port}", scope, receive, send, request_id
+        )
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Terminals and WebSocket ports: every check before the upgrade is accepted;
@@ -232,8 +263,10 @@ class Gateway:
                     port, path = target
                     prefix = _prefix(raw_path, tail) + f"{PORTS}/{port}"
                 else:
-                    raise ApiError(ErrorCode.ROUTE_NOT_FOUND,
-                                   f"no WebSocket at this path; use {PTY} or {PORTS}/{{port}}/")
+                    raise ApiError(
+                        ErrorCode.ROUTE_NOT_FOUND,
+                        f"no WebSocket at this path; use {PTY} or {PORTS}/{{port}}/",
+                    )
         except ApiError as exc:
             await _deny(scope, send, exc)
             return
@@ -244,8 +277,9 @@ class Gateway:
                     await send({"type": "websocket.accept"})
                     await terminal.session(route.socket, receive, send, self.extra_headers)
             else:
-                refusal = await ports.relay_websocket(route.socket, port, path, prefix, scope,
-                                                      receive, send)
+                refusal = await ports.relay_websocket(
+                    route.socket, port, path, prefix, scope, receive, send
+                )
                 if refusal is not None:
                     await _deny(scope, send, refusal)
         finally:
@@ -269,13 +303,13 @@ def _split(raw_path: bytes) -> tuple[bytes | None, bytes]:
         # A client that resolved "/v1/..." against the endpoint (URL
         # semantics) lost the prefix: the credential alone names the sandbox.
         return None, raw_path
-    sandbox_id, slash, tail = raw_path[len(PREFIX):].partition(b"/")
+    sandbox_id, slash, tail = raw_path[len(PREFIX) :].partition(b"/")
     return sandbox_id, slash + tail
 
 
 def _prefix(raw_path: bytes, tail: bytes) -> str:
     """The path before the data-plane path (``/sandbox/<id>`` or empty)."""
-    return raw_path[:len(raw_path) - len(tail)].decode("latin-1")
+    return raw_path[: len(raw_path) - len(tail)].decode("latin-1")
 
 
 async def _deny(scope: Scope, send: Send, exc: ApiError) -> None:
@@ -283,9 +317,16 @@ async def _deny(scope: Scope, send: Send, exc: ApiError) -> None:
     status where the server offers the denial extension, else a close."""
     if "websocket.http.response" in (scope.get("extensions") or {}):
         body = json.dumps(exc.body()).encode()
-        await send({"type": "websocket.http.response.start", "status": exc.status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": exc.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})
@@ -300,6 +341,8 @@ def _streams_body(scope: Scope, tail: bytes) -> bool:
     if method != "POST":
         return False
     if tail == _EXEC:
-        return any(key == b"content-type" and value.split(b";")[0].strip().lower() == _EXEC_STDIN
-                   for key, value in scope["headers"])
+        return any(
+            key == b"content-type" and value.split(b";")[0].strip().lower() == _EXEC_STDIN
+            for key, value in scope["headers"]
+        )
     return tail.startswith(_PROCESSES) and tail.endswith(_STDIN_TAIL)

@@ -40,23 +40,30 @@ class Share:
     port: int
 
 
-def mint_share(keys: SigningKeys, *, sandbox_id: str, port: int,
-               ttl_seconds: float) -> tuple[str, datetime]:
+def mint_share(
+    keys: SigningKeys, *, sandbox_id: str, port: int, ttl_seconds: float
+) -> tuple[str, datetime]:
     """A share token for one port of one sandbox (any incarnation), and when it expires."""
     now = time.time()
     exp = int(now + ttl_seconds)
-    token = sign(keys, {"aud": SHARE_AUDIENCE, "sub": sandbox_id, "port": port,
-                        "iat": int(now), "exp": exp})
+    token = sign(
+        keys, {"aud": SHARE_AUDIENCE, "sub": sandbox_id, "port": port, "iat": int(now), "exp": exp}
+    )
     return token, datetime.fromtimestamp(exp, UTC)
 
 
 def verify_share(keys: VerifyingKeys, token: str) -> Share:
     """What a share token grants; 401 ``CREDENTIAL_INVALID`` when forged or expired."""
-    claims = verify(keys, token, SHARE_URL, require=["sub", "exp", "aud", "port"],
-                    audience=SHARE_AUDIENCE)
+    claims = verify(
+        keys, token, SHARE_URL, require=["sub", "exp", "aud", "port"], audience=SHARE_AUDIENCE
+    )
     sub, port = claims.get("sub"), claims.get("port")
-    if not isinstance(sub, str) or not isinstance(port, int) or isinstance(port, bool) \
-            or not 1 <= port <= 65535:
+    if (
+        not isinstance(sub, str)
+        or not isinstance(port, int)
+        or isinstance(port, bool)
+        or not 1 <= port <= 65535
+    ):
         raise SHARE_URL.invalid()
     return Share(sub, port)
 
@@ -74,8 +81,9 @@ def mint_credential(
     """A credential and when it expires."""
     now = time.time()
     exp = int(now + ttl_seconds)
-    token = sign(keys, {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation,
-                        "iat": int(now), "exp": exp})
+    token = sign(
+        keys, {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation, "iat": int(now), "exp": exp}
+    )
     return token, datetime.fromtimestamp(exp, UTC)
 
 
@@ -93,8 +101,9 @@ class CredentialVerifier:
 
     def verify(self, token: str | None) -> Credential:
         if not token:
-            raise ApiError(ErrorCode.CREDENTIAL_INVALID,
-                           "a sandbox credential is required; attach to get one")
+            raise ApiError(
+                ErrorCode.CREDENTIAL_INVALID, "a sandbox credential is required; attach to get one"
+            )
         cached = self._cache.get(token)
         if cached is not None:
             if cached.expires <= time.time():
@@ -117,8 +126,9 @@ class CredentialVerifier:
             self._cache.popitem(last=False)
 
     def _verify_signature(self, token: str) -> Credential:
-        claims = verify(self._keys, token, CREDENTIAL, require=["sub", "exp", "aud"],
-                        audience=AUDIENCE)
+        claims = verify(
+            self._keys, token, CREDENTIAL, require=["sub", "exp", "aud"], audience=AUDIENCE
+        )
         sub, inc = claims.get("sub"), claims.get("inc")
         if not isinstance(sub, str) or not isinstance(inc, int) or isinstance(inc, bool):
             raise CREDENTIAL.invalid()

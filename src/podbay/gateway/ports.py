@@ -41,20 +41,35 @@ MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 100
 #: Largest WebSocket message relayed either way.
 MAX_MESSAGE = 1024 * 1024
-_DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"te",
-                            b"trailer", b"transfer-encoding", b"upgrade", b"set-cookie",
-                            b"content-length"})
-_DROP_PORT_REQUEST = _DROP_REQUEST | {b"x-forwarded-host", b"x-forwarded-proto",
-                                      b"x-forwarded-prefix", b"sec-websocket-key",
-                                      b"sec-websocket-version", b"sec-websocket-extensions",
-                                      b"sec-websocket-protocol"}
+_DROP_RESPONSE = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"set-cookie",
+        b"content-length",
+    }
+)
+_DROP_PORT_REQUEST = _DROP_REQUEST | {
+    b"x-forwarded-host",
+    b"x-forwarded-proto",
+    b"x-forwarded-prefix",
+    b"sec-websocket-key",
+    b"sec-websocket-version",
+    b"sec-websocket-extensions",
+    b"sec-websocket-protocol",
+}
 #: Request bodies to a port are bounded only by the server in the sandbox.
 _BODY_LIMIT: int | None = None
 
 
 def parse_target(tail: bytes) -> tuple[int, bytes] | None:
     """``/v1/ports/8080/a/b`` → ``(8080, b"/a/b")``; None when it names no port."""
-    rest = tail[len(paths.PORTS) + 1:]
+    rest = tail[len(paths.PORTS) + 1 :]
     raw_port, slash, path = rest.partition(b"/")
     if not raw_port.isdigit() or len(raw_port) > 5 or not 1 <= int(raw_port) <= 65535:
         return None
@@ -64,28 +79,46 @@ def parse_target(tail: bytes) -> tuple[int, bytes] | None:
 def _forwarding(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
     host = next((v for k, v in scope["headers"] if k == b"host"), b"")
     scheme = scope.get("scheme", "http").replace("ws", "http")
-    return [(b"x-forwarded-host", host), (b"x-forwarded-proto", scheme.encode()),
-            (b"x-forwarded-prefix", prefix.encode())]
+    return [
+        (b"x-forwarded-host", host),
+        (b"x-forwarded-proto", scheme.encode()),
+        (b"x-forwarded-prefix", prefix.encode()),
+    ]
 
 
 def _headers_in(scope: Scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k not in _DROP_PORT_REQUEST]
 
 
-async def relay_http(socket: Path, port: int, path: bytes, prefix: str, scope: Scope,
-                     receive: Receive, send: Send, request_id: str) -> int:
+async def relay_http(
+    socket: Path,
+    port: int,
+    path: bytes,
+    prefix: str,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    request_id: str,
+) -> int:
     """Forward one HTTP request to ``port``; returns the status the client got."""
     try:
-        reader, writer = await upgrade(socket, "GET", f"{paths.TUNNEL}?port={port}",
-                                       paths.UPGRADE_TUNNEL)
+        reader, writer = await upgrade(
+            socket, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL
+        )
     except ApiError as exc:
         await send_error(send, exc, request_id)
         return exc.status
     query = scope.get("query_string") or b""
     target = path + b"?" + query if query else path
     framing = "none"
-    lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: localhost:",
-             str(port).encode(), b"\r\nconnection: close\r\n"]
+    lines = [
+        scope["method"].encode(),
+        b" ",
+        target,
+        b" HTTP/1.1\r\nhost: localhost:",
+        str(port).encode(),
+        b"\r\nconnection: close\r\n",
+    ]
     for key, value in [*_headers_in(scope), *_forwarding(scope, prefix)]:
         lines += [key, b": ", value, b"\r\n"]
     for key, value in scope["headers"]:
@@ -121,8 +154,7 @@ async def relay_http(socket: Path, port: int, path: bytes, prefix: str, scope: S
                 if not 200 <= status <= 599:
                     raise AgentAnswerInvalid(f"status {status} is not a final answer")
                 headers = [(k, v) for k, v in answer.headers if k not in _DROP_RESPONSE]
-                await send({"type": "http.response.start", "status": status,
-                            "headers": headers})
+                await send({"type": "http.response.start", "status": status, "headers": headers})
                 started = True
             chunks, answer.body = answer.body, []
             for chunk in chunks:
@@ -133,9 +165,14 @@ async def relay_http(socket: Path, port: int, path: bytes, prefix: str, scope: S
         return 499
     except (OSError, httptools.HttpParserError, AgentAnswerInvalid, BodyTooLarge):
         if not started:
-            await send_error(send, ApiError(
-                ErrorCode.PORT_UNREACHABLE,
-                f"the server on port {port} in the sandbox gave no usable answer"), request_id)
+            await send_error(
+                send,
+                ApiError(
+                    ErrorCode.PORT_UNREACHABLE,
+                    f"the server on port {port} in the sandbox gave no usable answer",
+                ),
+                request_id,
+            )
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 502
@@ -172,40 +209,52 @@ class _Answer:
 # -- WebSocket ---------------------------------------------------------------------------
 
 
-async def relay_websocket(socket: Path, port: int, path: bytes, prefix: str, scope: Scope,
-                          receive: Receive, send: Send) -> ApiError | None:
+async def relay_websocket(
+    socket: Path, port: int, path: bytes, prefix: str, scope: Scope, receive: Receive, send: Send
+) -> ApiError | None:
     """Connect to the WebSocket server on ``port`` and relay until either side
     closes. Returns the refusal to answer (before accepting) when the upstream
     handshake fails."""
     try:
-        reader, writer = await upgrade(socket, "GET", f"{paths.TUNNEL}?port={port}",
-                                       paths.UPGRADE_TUNNEL)
+        reader, writer = await upgrade(
+            socket, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL
+        )
     except ApiError as exc:
         return exc
     query = scope.get("query_string") or b""
     target = (path + b"?" + query if query else path).decode("latin-1")
     try:
-        protocol = ClientProtocol(parse_uri(f"ws://localhost:{port}{target}"),
-                                  subprotocols=scope.get("subprotocols") or None,
-                                  max_size=MAX_MESSAGE)
+        protocol = ClientProtocol(
+            parse_uri(f"ws://localhost:{port}{target}"),
+            subprotocols=scope.get("subprotocols") or None,
+            max_size=MAX_MESSAGE,
+        )
         request = protocol.connect()
         for key, value in [*_headers_in(scope), *_forwarding(scope, prefix)]:
             name = key.decode("latin-1")
-            if name not in ("sec-websocket-key", "sec-websocket-version", "upgrade",
-                            "connection", "host"):
+            if name not in (
+                "sec-websocket-key",
+                "sec-websocket-version",
+                "upgrade",
+                "connection",
+                "host",
+            ):
                 request.headers[name] = value.decode("latin-1")
         protocol.send_request(request)
         writer.write(b"".join(protocol.data_to_send()))
         response = await _handshake(protocol, reader)
     except (OSError, InvalidHandshake, ValueError, asyncio.IncompleteReadError):
         writer.close()
-        return ApiError(ErrorCode.PORT_UNREACHABLE,
-                        f"the server on port {port} in the sandbox refused the WebSocket")
+        return ApiError(
+            ErrorCode.PORT_UNREACHABLE,
+            f"the server on port {port} in the sandbox refused the WebSocket",
+        )
     if await receive() != {"type": "websocket.connect"}:
         writer.close()
         return None
-    await send({"type": "websocket.accept",
-                "subprotocol": response.headers.get("Sec-WebSocket-Protocol")})
+    await send(
+        {"type": "websocket.accept", "subprotocol": response.headers.get("Sec-WebSocket-Protocol")}
+    )
     inbound = asyncio.ensure_future(_ws_client_to_server(receive, protocol, writer))
     outbound = asyncio.ensure_future(_ws_server_to_client(protocol, reader, writer, send))
     try:
@@ -239,14 +288,14 @@ async def _handshake(protocol: ClientProtocol, reader: asyncio.StreamReader) -> 
             raise ConnectionResetError("closed during the handshake")
 
 
-async def _ws_client_to_server(receive: Receive, protocol: ClientProtocol,
-                               writer: asyncio.StreamWriter) -> None:
+async def _ws_client_to_server(
+    receive: Receive, protocol: ClientProtocol, writer: asyncio.StreamWriter
+) -> None:
     while True:
         message = await receive()
         try:
             if message["type"] == "websocket.disconnect":
-                protocol.send_close(1000 if message.get("code", 1000) in (1000, 1001)
-                                    else 1001)
+                protocol.send_close(1000 if message.get("code", 1000) in (1000, 1001) else 1001)
                 writer.write(b"".join(protocol.data_to_send()))
                 await writer.drain()
                 return
@@ -260,8 +309,9 @@ async def _ws_client_to_server(receive: Receive, protocol: ClientProtocol,
         await writer.drain()
 
 
-async def _ws_server_to_client(protocol: ClientProtocol, reader: asyncio.StreamReader,
-                               writer: asyncio.StreamWriter, send: Send) -> None:
+async def _ws_server_to_client(
+    protocol: ClientProtocol, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, send: Send
+) -> None:
     parts: list[bytes] = []
     size = 0
     text = False

@@ -40,19 +40,42 @@ from podbay.wire.paths import CREDENTIAL_HEADER, DEFAULT_USER_HEADER, REQUEST_ID
 from .agentpool import AgentPool
 
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
-_DROP_REQUEST = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-    b"expect", CREDENTIAL_HEADER.lower().encode(), _REQUEST_ID,
-    # Only the gateway tells the agent the operator's default user.
-    DEFAULT_USER_HEADER.lower().encode(),
-    # The client's credentials for the platform are no business of the sandbox.
-    b"authorization", b"cookie",
-})
+_DROP_REQUEST = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+        CREDENTIAL_HEADER.lower().encode(),
+        _REQUEST_ID,
+        # Only the gateway tells the agent the operator's default user.
+        DEFAULT_USER_HEADER.lower().encode(),
+        # The client's credentials for the platform are no business of the sandbox.
+        b"authorization",
+        b"cookie",
+    }
+)
 #: Answer headers passed on to the client (all others are dropped): what the
 #: agent's answers use, nothing that acts on the client (cookies, redirects).
-_KEEP_RESPONSE = frozenset({b"content-type", b"content-length", b"allow", b"retry-after",
-                            b"cache-control", b"etag", b"last-modified"})
+_KEEP_RESPONSE = frozenset(
+    {
+        b"content-type",
+        b"content-length",
+        b"allow",
+        b"retry-after",
+        b"cache-control",
+        b"etag",
+        b"last-modified",
+    }
+)
 _KEEP_RESPONSE_PREFIX = b"x-podbay-"
 READ_SIZE = 64 * 1024
 #: Largest answer head (status line and headers) read from an agent.
@@ -63,11 +86,17 @@ MAX_RESPONSE_HEADERS = 100
 
 async def send_error(send: Send, exc: ApiError, request_id: str) -> None:
     body = json.dumps(exc.body()).encode()
-    await send({"type": "http.response.start", "status": exc.status, "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (_REQUEST_ID, request_id.encode()),
-    ]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (_REQUEST_ID, request_id.encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -112,8 +141,9 @@ async def _client_body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-def _request_head(scope: Scope, target: bytes, request_id: str,
-                  extra: Sequence[tuple[bytes, bytes]] = ()) -> tuple[bytes, str]:
+def _request_head(
+    scope: Scope, target: bytes, request_id: str, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> tuple[bytes, str]:
     """The head to send and how the body is framed: "none", "length" or "chunked"."""
     lines = [scope["method"].encode(), b" ", target, b" HTTP/1.1\r\nhost: agent\r\n"]
     for key, value in extra:
@@ -134,9 +164,16 @@ def _request_head(scope: Scope, target: bytes, request_id: str,
     return b"".join(lines), framing
 
 
-async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, target: bytes,
-                request_id: str, body_limit: int | None = None,
-                extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> int:
+async def relay(
+    pool: AgentPool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    target: bytes,
+    request_id: str,
+    body_limit: int | None = None,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> int:
     """Forward one request; returns the status the client got.
 
     ``body_limit``: the most request-body bytes relayed; a larger declared
@@ -144,8 +181,11 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
     as soon as it passes the limit (413 ``REQUEST_TOO_LARGE`` either way).
     """
     head, framing = _request_head(scope, target, request_id, extra_headers)
-    if body_limit is not None and framing == "length" \
-            and int(_header(scope, b"content-length")) > body_limit:
+    if (
+        body_limit is not None
+        and framing == "length"
+        and int(_header(scope, b"content-length")) > body_limit
+    ):
         return await _too_large(send, request_id, body_limit)
     try:
         conn = await pool.acquire()
@@ -180,14 +220,12 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
                     raise AgentAnswerInvalid(f"status {status} is not a final answer")
                 headers = [(k, v) for k, v in response.headers if _passed_on(k)]
                 headers.append((_REQUEST_ID, request_id.encode()))
-                await send({"type": "http.response.start", "status": status,
-                            "headers": headers})
+                await send({"type": "http.response.start", "status": status, "headers": headers})
                 started = True
             if response.body:
                 chunks, response.body = response.body, []
                 for chunk in chunks:
-                    await send({"type": "http.response.body", "body": chunk,
-                                "more_body": True})
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if response.keep_alive and not gone.is_set():
@@ -219,8 +257,9 @@ async def relay(pool: AgentPool, scope: Scope, receive: Receive, send: Send, tar
             watcher.cancel()
 
 
-async def _watch_client(receive: Receive, writer: asyncio.StreamWriter,
-                        gone: asyncio.Event) -> None:
+async def _watch_client(
+    receive: Receive, writer: asyncio.StreamWriter, gone: asyncio.Event
+) -> None:
     """Close the agent connection when the client disconnects (wakes the relay's read)."""
     while True:
         message = await receive()
@@ -230,8 +269,13 @@ async def _watch_client(receive: Receive, writer: asyncio.StreamWriter,
             return
 
 
-async def _send_request(writer: asyncio.StreamWriter, head: bytes, framing: str,
-                        receive: Receive, body_limit: int | None) -> None:
+async def _send_request(
+    writer: asyncio.StreamWriter,
+    head: bytes,
+    framing: str,
+    receive: Receive,
+    body_limit: int | None,
+) -> None:
     writer.write(head)
     if framing == "none":
         await writer.drain()

@@ -39,8 +39,11 @@ class RouteTable:
 
     def add(self, sandbox_id: str, machine_id: str, incarnation: int, socket: Path) -> None:
         old = self._routes.get(sandbox_id)
-        if old and (old.machine_id, old.incarnation, old.socket) == (machine_id, incarnation,
-                                                                       socket):
+        if old and (old.machine_id, old.incarnation, old.socket) == (
+            machine_id,
+            incarnation,
+            socket,
+        ):
             return
         route = self._routes[sandbox_id] = Route(sandbox_id, machine_id, incarnation, socket)
         if old is not None:

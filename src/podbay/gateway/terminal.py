@@ -42,12 +42,14 @@ CLOSE_ERROR = 1011
 
 async def _refuse(send: Send, exc: ApiError) -> None:
     await send({"type": "websocket.send", "text": json.dumps(exc.body())})
-    await send({"type": "websocket.close",
-                "code": CLOSE_ERROR if exc.status >= 500 else CLOSE_POLICY})
+    await send(
+        {"type": "websocket.close", "code": CLOSE_ERROR if exc.status >= 500 else CLOSE_POLICY}
+    )
 
 
-async def session(socket: Path, receive: Receive, send: Send,
-                  headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+async def session(
+    socket: Path, receive: Receive, send: Send, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     """Serve one accepted WebSocket to its end."""
     first = await receive()
     if first["type"] != "websocket.receive":
@@ -55,14 +57,16 @@ async def session(socket: Path, receive: Receive, send: Send,
     try:
         text = first.get("text")
         if text is None:
-            raise ApiError(ErrorCode.REQUEST_INVALID,
-                           "the first message must be a PtyRequest as JSON text")
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, "the first message must be a PtyRequest as JSON text"
+            )
         try:
             request = loads(PtyRequest, text.encode(), strict=True)
         except WireError as exc:
             raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid PtyRequest: {exc}") from None
-        reader, writer = await upgrade(socket, "POST", paths.PTY, paths.UPGRADE_PTY,
-                                       dumps(request), headers)
+        reader, writer = await upgrade(
+            socket, "POST", paths.PTY, paths.UPGRADE_PTY, dumps(request), headers
+        )
     except ApiError as exc:
         await _refuse(send, exc)
         return
@@ -72,8 +76,7 @@ async def session(socket: Path, receive: Receive, send: Send,
         done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
         if outbound in done:
             closed = outbound.result()
-            await send({"type": "websocket.close",
-                        "code": CLOSE_NORMAL if closed else CLOSE_ERROR})
+            await send({"type": "websocket.close", "code": CLOSE_NORMAL if closed else CLOSE_ERROR})
         else:
             with contextlib.suppress(ApiError):
                 inbound.result()  # a client's bad message: its session ends

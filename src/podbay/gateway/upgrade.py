@@ -29,8 +29,14 @@ def unreachable() -> ApiError:
     return ApiError(ErrorCode.AGENT_UNREACHABLE, "the sandbox's agent did not answer")
 
 
-async def upgrade(socket: Path, method: str, target: str, token: str,
-                  body: bytes = b"", headers: Sequence[tuple[bytes, bytes]] = ()) -> Stream:
+async def upgrade(
+    socket: Path,
+    method: str,
+    target: str,
+    token: str,
+    body: bytes = b"",
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> Stream:
     """The upgraded connection; :class:`ApiError` with the agent's refusal or
     ``AGENT_UNREACHABLE``."""
     try:
@@ -39,9 +45,13 @@ async def upgrade(socket: Path, method: str, target: str, token: str,
         raise unreachable() from None
     try:
         extra = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
-        writer.write(f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
-                     f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n".encode()
-                     + extra + b"\r\n" + body)
+        writer.write(
+            f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
+            f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n".encode()
+            + extra
+            + b"\r\n"
+            + body
+        )
         await writer.drain()
         head = await _read_head(reader)
         status_line, _, header_block = head.partition(b"\r\n")
@@ -56,8 +66,9 @@ async def upgrade(socket: Path, method: str, target: str, token: str,
         writer.close()
         if isinstance(exc, ApiError | asyncio.CancelledError):
             raise
-        if isinstance(exc, OSError | asyncio.IncompleteReadError | asyncio.LimitOverrunError
-                      | ValueError):
+        if isinstance(
+            exc, OSError | asyncio.IncompleteReadError | asyncio.LimitOverrunError | ValueError
+        ):
             raise unreachable() from None
         raise
 

@@ -33,8 +33,12 @@ INSTRUCTIONS = (
 
 
 def _status(status: Any) -> dict[str, Any]:
-    return {"process_id": status.process_id, "state": status.state,
-            "exit_code": status.exit_code, "command": list(status.command)}
+    return {
+        "process_id": status.process_id,
+        "state": status.state,
+        "exit_code": status.exit_code,
+        "command": list(status.command),
+    }
 
 
 def build_server(client: AsyncSandboxClient) -> MCPServer:
@@ -53,26 +57,40 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
     async def attach(sandbox: str) -> dict[str, Any]:
         """Create, resume or reuse the sandbox by name; returns its state and class."""
         handle = await client.attach(sandbox)
-        return {"sandbox": sandbox, "state": handle.state, "class": handle.class_,
-                "start": handle.start}
+        return {
+            "sandbox": sandbox,
+            "state": handle.state,
+            "class": handle.class_,
+            "start": handle.start,
+        }
 
     @server.tool()
     async def list_sandboxes() -> list[dict[str, Any]]:
         """Every sandbox of this deployment with its state."""
-        return [{"name": r.name, "state": r.state, "class": r.class_}
-                for r in await client.list()]
+        return [{"name": r.name, "state": r.state, "class": r.class_} for r in await client.list()]
 
     @server.tool()
-    async def exec(sandbox: str, command: list[str], cwd: str | None = None,
-                   timeout_ms: int | None = None) -> dict[str, Any]:
+    async def exec(
+        sandbox: str, command: list[str], cwd: str | None = None, timeout_ms: int | None = None
+    ) -> dict[str, Any]:
         """Run a command (argv) to completion; returns exit code, stdout and stderr."""
         result = await client.exec(sandbox, command, cwd=cwd, timeout_ms=timeout_ms)
-        return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                "timed_out": result.timed_out, "truncated": result.truncated}
+        return {
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "timed_out": result.timed_out,
+            "truncated": result.truncated,
+        }
 
     @server.tool()
-    async def run(sandbox: str, command: list[str], ctx: Context, cwd: str | None = None,
-                  timeout_ms: int | None = None) -> dict[str, Any]:
+    async def run(
+        sandbox: str,
+        command: list[str],
+        ctx: Context,
+        cwd: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[str, Any]:
         """Run a command (argv) with its output sent live while it runs (progress
         notifications whose message is the new output; progress counts characters);
         returns the whole output and exit code. No output cap."""
@@ -95,10 +113,21 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(forward)
             async with send:
-                result = await client.run(sandbox, command, cwd=cwd, timeout_ms=timeout_ms,
-                                          on_output=on_output, interval_ms=200)
-        return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                "timed_out": result.timed_out, "killed": result.killed}
+                result = await client.run(
+                    sandbox,
+                    command,
+                    cwd=cwd,
+                    timeout_ms=timeout_ms,
+                    on_output=on_output,
+                    interval_ms=200,
+                )
+        return {
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "timed_out": result.timed_out,
+            "killed": result.killed,
+        }
 
     @server.tool()
     async def read_file(sandbox: str, path: str) -> str:
@@ -119,14 +148,18 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
     @server.tool()
     async def list_dir(sandbox: str, path: str = ".") -> list[dict[str, Any]]:
         """A directory's entries."""
-        return [{"name": e.name, "is_directory": e.is_directory}
-                for e in await client.list_dir(sandbox, path)]
+        return [
+            {"name": e.name, "is_directory": e.is_directory}
+            for e in await client.list_dir(sandbox, path)
+        ]
 
     @server.tool()
     async def grep(sandbox: str, pattern: str, path: str = ".") -> list[dict[str, Any]]:
         """Lines matching a regular expression under a path (grep -rn)."""
-        return [{"path": m.path, "line": m.line, "text": m.text}
-                for m in await client.grep(sandbox, pattern, path)]
+        return [
+            {"path": m.path, "line": m.line, "text": m.text}
+            for m in await client.grep(sandbox, pattern, path)
+        ]
 
     @server.tool()
     async def spawn(sandbox: str, command: list[str], cwd: str | None = None) -> dict[str, Any]:
@@ -139,13 +172,20 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
         return [_status(p) for p in await client.processes(sandbox)]
 
     @server.tool()
-    async def read_process(sandbox: str, process_id: str, stdout_from: int = 0,
-                           stderr_from: int = 0) -> dict[str, Any]:
+    async def read_process(
+        sandbox: str, process_id: str, stdout_from: int = 0, stderr_from: int = 0
+    ) -> dict[str, Any]:
         """A process's state and its output after the given offsets (pass back *_next)."""
-        out = await client.poll(sandbox, process_id, stdout_from=stdout_from,
-                                stderr_from=stderr_from)
-        return {**_status(out), "stdout": out.stdout, "stderr": out.stderr,
-                "stdout_next": out.stdout_next, "stderr_next": out.stderr_next}
+        out = await client.poll(
+            sandbox, process_id, stdout_from=stdout_from, stderr_from=stderr_from
+        )
+        return {
+            **_status(out),
+            "stdout": out.stdout,
+            "stderr": out.stderr,
+            "stdout_next": out.stdout_next,
+            "stderr_next": out.stderr_next,
+        }
 
     @server.tool()
     async def kill_process(sandbox: str, process_id: str) -> str:
@@ -159,17 +199,28 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
         returns stdout, stderr, the last expression's repr and any error."""
         execution = await client.run_code(sandbox, code, timeout_ms=timeout_ms)
         error = execution.error
-        return {"stdout": execution.stdout, "stderr": execution.stderr, "result": execution.text,
-                "error": None if error is None else {"name": error.name, "value": error.value,
-                                                     "traceback": error.traceback},
-                "images": sum(1 for r in execution.results if r.png is not None),
-                "restarted": execution.restarted}
+        return {
+            "stdout": execution.stdout,
+            "stderr": execution.stderr,
+            "result": execution.text,
+            "error": None
+            if error is None
+            else {"name": error.name, "value": error.value, "traceback": error.traceback},
+            "images": sum(1 for r in execution.results if r.png is not None),
+            "restarted": execution.restarted,
+        }
 
     return server
 
 
-async def serve(client: AsyncSandboxClient, transport: str = "stdio", *,
-                host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp") -> None:
+async def serve(
+    client: AsyncSandboxClient,
+    transport: str = "stdio",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    path: str = "/mcp",
+) -> None:
     """Serve the tools over ``stdio`` or streamable ``http`` until the host hangs up."""
     server = build_server(client)
     # One line per SDK request on stderr is noise in an MCP host's log.

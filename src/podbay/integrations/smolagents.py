@@ -24,10 +24,7 @@ from smolagents.utils import AgentError
 from podbay.client import SandboxClient
 
 #: Checks which top-level modules the sandbox lacks (only those are installed).
-_MISSING = (
-    "import importlib.util as _u\n"
-    "[_m for _m in {modules!r} if _u.find_spec(_m) is None]"
-)
+_MISSING = "import importlib.util as _u\n[_m for _m in {modules!r} if _u.find_spec(_m) is None]"
 
 
 class PodbayExecutor(RemotePythonExecutor):
@@ -38,11 +35,19 @@ class PodbayExecutor(RemotePythonExecutor):
     bounds each step (the cell is interrupted; the interpreter stays).
     """
 
-    def __init__(self, additional_imports: list[str], logger: AgentLogger | None = None, *,
-                 sandbox: str, client: SandboxClient | None = None,
-                 allow_pickle: bool = False, timeout_ms: int | None = None) -> None:
-        super().__init__(additional_imports, logger or AgentLogger(level=LogLevel.INFO),
-                         allow_pickle)
+    def __init__(
+        self,
+        additional_imports: list[str],
+        logger: AgentLogger | None = None,
+        *,
+        sandbox: str,
+        client: SandboxClient | None = None,
+        allow_pickle: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        super().__init__(
+            additional_imports, logger or AgentLogger(level=LogLevel.INFO), allow_pickle
+        )
         self._owns_client = client is None
         self.client = client if client is not None else SandboxClient()
         self.sandbox = self.client.sandbox(sandbox)
@@ -53,19 +58,27 @@ class PodbayExecutor(RemotePythonExecutor):
     def install_packages(self, additional_imports: list[str]) -> list[str]:
         """pip-installs the imports the sandbox lacks (declaring them in the
         deployment's environment is faster: built once, cached)."""
-        modules = sorted({name.split(".")[0] for name in additional_imports
-                          if name and name != "*" and not name.endswith("*")})
+        modules = sorted(
+            {
+                name.split(".")[0]
+                for name in additional_imports
+                if name and name != "*" and not name.endswith("*")
+            }
+        )
         if not modules:
             return additional_imports
         missing = self.sandbox.run_code(_MISSING.format(modules=modules)).text
         wanted = [m for m in modules if missing is not None and repr(m) in missing]
         if wanted:
             # The sandbox is disposable and its Python is the image's own (PEP 668 marks it).
-            result = self.sandbox.exec(["python3", "-m", "pip", "install", "--quiet",
-                                        "--break-system-packages", *wanted])
+            result = self.sandbox.exec(
+                ["python3", "-m", "pip", "install", "--quiet", "--break-system-packages", *wanted]
+            )
             if result.exit_code != 0:
-                self.logger.log(f"pip install {' '.join(wanted)} failed: {result.stderr[-2000:]}",
-                                level=LogLevel.INFO)
+                self.logger.log(
+                    f"pip install {' '.join(wanted)} failed: {result.stderr[-2000:]}",
+                    level=LogLevel.INFO,
+                )
         return additional_imports
 
     def run_code_raise_errors(self, code: str) -> CodeOutput:
@@ -76,8 +89,11 @@ class PodbayExecutor(RemotePythonExecutor):
             if error.name == RemotePythonExecutor.FINAL_ANSWER_EXCEPTION:
                 answer = self._deserialize_final_answer(error.value, self.allow_pickle)
                 return CodeOutput(output=answer, logs=logs, is_final_answer=True)
-            raise AgentError(f"{logs}\nExecuting code yielded an error:\n{error.name}\n"
-                             f"{error.value}\n{error.traceback}", self.logger)
+            raise AgentError(
+                f"{logs}\nExecuting code yielded an error:\n{error.name}\n"
+                f"{error.value}\n{error.traceback}",
+                self.logger,
+            )
         main = execution.result
         if main is None:
             return CodeOutput(output=None, logs=logs, is_final_answer=False)
@@ -101,8 +117,14 @@ def _value(formats: dict[str, Any]) -> Any:
             import PIL.Image
 
             return PIL.Image.open(BytesIO(base64.b64decode(data)))
-    for mime in ("application/json", "text/html", "text/markdown", "text/latex",
-                 "image/svg+xml", "text/plain"):
+    for mime in (
+        "application/json",
+        "text/html",
+        "text/markdown",
+        "text/latex",
+        "image/svg+xml",
+        "text/plain",
+    ):
         if mime in formats:
             return formats[mime]
     return None

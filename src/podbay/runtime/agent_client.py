@@ -42,8 +42,14 @@ class AgentClient:
     def info(self) -> AgentInfo:
         return self._call("GET", INFO, None, AgentInfo, timeout=10)
 
-    def exec(self, command: list[str], *, timeout_ms: int = 60_000, cwd: str | None = None,
-             env: dict[str, str] | None = None) -> ExecResult:
+    def exec(
+        self,
+        command: list[str],
+        *,
+        timeout_ms: int = 60_000,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
         body = ExecRequest(command=command, cwd=cwd, env=env or None, timeout_ms=timeout_ms)
         return self._call("POST", EXEC, body, ExecResult, timeout=timeout_ms / 1000 + 30)
 
@@ -51,16 +57,24 @@ class AgentClient:
         """``sh -c script``: convenient for probes."""
         return self.exec(["sh", "-c", script], timeout_ms=timeout_ms)
 
-    def _call(self, method: str, path: str, body: object | None, model: type[T], *,
-              timeout: float) -> T:
+    def _call(
+        self, method: str, path: str, body: object | None, model: type[T], *, timeout: float
+    ) -> T:
         # No TLS on a unix socket: verify=False spares loading the CA bundle.
         transport = httpx.HTTPTransport(uds=str(self.socket_path), verify=False)
         headers = {"content-type": "application/json"} if body is not None else {}
         try:
-            with httpx.Client(transport=transport, base_url="http://agent",
-                              timeout=timeout) as client, client.stream(
-                    method, path, headers=headers,
-                    content=codec.dumps(body) if body is not None else None) as response:
+            with (
+                httpx.Client(
+                    transport=transport, base_url="http://agent", timeout=timeout
+                ) as client,
+                client.stream(
+                    method,
+                    path,
+                    headers=headers,
+                    content=codec.dumps(body) if body is not None else None,
+                ) as response,
+            ):
                 status, content = response.status_code, _read_bounded(response)
         except httpx.TransportError as exc:
             raise AgentUnreachable(f"agent at {self.socket_path}: {exc!r}") from exc
@@ -81,8 +95,9 @@ def _read_bounded(response: httpx.Response) -> bytes:
     for chunk in response.iter_bytes():
         size += len(chunk)
         if size > MAX_ANSWER_BYTES:
-            raise AgentError(response.status_code,
-                             f"answer over {MAX_ANSWER_BYTES} bytes: not read further")
+            raise AgentError(
+                response.status_code, f"answer over {MAX_ANSWER_BYTES} bytes: not read further"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 

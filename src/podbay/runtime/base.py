@@ -117,9 +117,7 @@ class Driver(Protocol):
     async def destroy(self, machine_id: str) -> None:
         """Leave nothing behind: processes, mounts, cgroups, namespaces, files."""
 
-    async def assign(
-        self, machine_id: str, *, hostname: str, labels: Mapping[str, str]
-    ) -> None:
+    async def assign(self, machine_id: str, *, hostname: str, labels: Mapping[str, str]) -> None:
         """Give a machine (typically a ready one from a warm pool) its sandbox's
         hostname and labels, without restarting it."""
 

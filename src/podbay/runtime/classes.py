@@ -80,12 +80,15 @@ class SandboxClass:
 
 
 CLASSES: dict[str, SandboxClass] = {
-    VM: SandboxClass(VM, "podbay.runtime.vm.driver:VmDriver",
-                     "QEMU microVM with its own kernel"),
-    GVISOR: SandboxClass(GVISOR, "podbay.runtime.oci.driver:OciDriver",
-                         "gVisor (runsc): an application kernel in user space"),
-    CONTAINER: SandboxClass(CONTAINER, "podbay.runtime.oci.driver:OciDriver",
-                            "runc container on the host's kernel"),
+    VM: SandboxClass(VM, "podbay.runtime.vm.driver:VmDriver", "QEMU microVM with its own kernel"),
+    GVISOR: SandboxClass(
+        GVISOR,
+        "podbay.runtime.oci.driver:OciDriver",
+        "gVisor (runsc): an application kernel in user space",
+    ),
+    CONTAINER: SandboxClass(
+        CONTAINER, "podbay.runtime.oci.driver:OciDriver", "runc container on the host's kernel"
+    ),
 }
 #: The vm host check: boots a guest to tell KVM from TCG.
 VM_PROBE = "podbay.runtime.vm.probe:probe"
@@ -102,21 +105,24 @@ def enabled_classes(settings: Settings) -> tuple[str, ...]:
     raw = [part.strip() for part in settings.runtime.classes.split(",") if part.strip()]
     unknown = [name for name in raw if name not in CLASSES]
     if unknown:
-        raise ValueError(f"runtime.classes: unknown class {unknown[0]!r} "
-                         f"(known: {', '.join(CLASSES)})")
+        raise ValueError(
+            f"runtime.classes: unknown class {unknown[0]!r} (known: {', '.join(CLASSES)})"
+        )
     if not raw:
         raise ValueError(f"runtime.classes enables no class (known: {', '.join(CLASSES)})")
     if len(set(raw)) != len(raw):
         raise ValueError(f"runtime.classes lists a class twice: {settings.runtime.classes!r}")
     pin = settings.runtime.default_class.strip()
     if pin and pin not in raw:
-        raise ValueError(f"runtime.default_class={pin!r} is not enabled by "
-                         f"runtime.classes ({', '.join(raw)})")
+        raise ValueError(
+            f"runtime.default_class={pin!r} is not enabled by runtime.classes ({', '.join(raw)})"
+        )
     return tuple(raw)
 
 
-def resolve_default(enabled: Sequence[str], checks: Mapping[str, HostCheck],
-                    pin: str = "") -> str | None:
+def resolve_default(
+    enabled: Sequence[str], checks: Mapping[str, HostCheck], pin: str = ""
+) -> str | None:
     """What ``default`` means: the pin if set (even when it cannot run here: a
     pin is the operator's word); else the first enabled class that works at
     useful speed; else the first that works at all; else ``None``."""
@@ -172,11 +178,9 @@ async def host_check(settings: Settings, name: str) -> HostCheck:
     try:
         return await asyncio.wait_for(_host_check(settings, name), CHECK_TIMEOUT_S)
     except TimeoutError:
-        return HostCheck(False, False, f"the {name} host check took over "
-                                       f"{CHECK_TIMEOUT_S:.0f} s")
+        return HostCheck(False, False, f"the {name} host check took over {CHECK_TIMEOUT_S:.0f} s")
     except Exception as exc:  # a check that breaks says so; it never takes serve down
-        return HostCheck(False, False, f"the {name} host check failed: "
-                                       f"{type(exc).__name__}: {exc}")
+        return HostCheck(False, False, f"the {name} host check failed: {type(exc).__name__}: {exc}")
 
 
 async def _host_check(settings: Settings, name: str) -> HostCheck:
@@ -197,7 +201,8 @@ async def _host_check(settings: Settings, name: str) -> HostCheck:
 
 async def _first_line(*argv: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await proc.communicate()
     return (out.decode(errors="replace").splitlines() or [""])[0].strip()
 
@@ -206,8 +211,17 @@ async def _runsc_check(path: str, version: str) -> HostCheck:
     """``runsc do uname -r`` answers with gVisor's kernel release, not the host's."""
     with tempfile.TemporaryDirectory(prefix="podbay-runsc-") as state:
         proc = await asyncio.create_subprocess_exec(
-            path, "--root", state, "--network=none", "do", "uname", "-r",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=state)
+            path,
+            "--root",
+            state,
+            "--network=none",
+            "do",
+            "uname",
+            "-r",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=state,
+        )
         out, err = await proc.communicate()
     release = out.decode(errors="replace").strip()
     if proc.returncode != 0:
@@ -231,8 +245,11 @@ async def _vm_check(settings: Settings) -> HostCheck:
     accel = settings.runtime.vm_accel
     if check.fast and accel != "kvm":
         # KVM boots guests here, but the operator runs them under TCG.
-        return HostCheck(True, False, f"{check.detail}; guests run under {accel} "
-                                      "(runtime.vm_accel=kvm for useful speed)")
+        return HostCheck(
+            True,
+            False,
+            f"{check.detail}; guests run under {accel} (runtime.vm_accel=kvm for useful speed)",
+        )
     if accel == "kvm" and check.works and not check.fast:
         return HostCheck(False, False, f"{check.detail}; but runtime.vm_accel=kvm")
     return check
@@ -266,8 +283,7 @@ async def prove_class(settings: Settings, name: str, driver: Driver) -> str:
     rt = settings.runtime
     # The sandboxes' own limits (gVisor's kernel needs threads a tiny pids limit
     # would starve), on a small disk.
-    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
-                    disk_bytes=512 * MIB)
+    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=512 * MIB)
     took = await asyncio.wait_for(smoke(driver, limits), PROOF_TIMEOUT_S)
     return f"a sandbox answered in {took * 1000:.0f} ms"
 
@@ -281,8 +297,11 @@ async def smoke(driver: Driver, limits: Limits) -> float:
 
     machine_id = f"probe-{uuid.uuid4().hex[:12]}"
     started = time.perf_counter()
-    await driver.create(MachineSpec(machine_id=machine_id, hostname="probe", limits=limits,
-                                    labels={"podbay.role": "probe"}))
+    await driver.create(
+        MachineSpec(
+            machine_id=machine_id, hostname="probe", limits=limits, labels={"podbay.role": "probe"}
+        )
+    )
     try:
         await driver.start(machine_id)
         took = time.perf_counter() - started

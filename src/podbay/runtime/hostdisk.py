@@ -30,6 +30,8 @@ def reserve_shortfall(directory: Path, reserve: int) -> str | None:
     free = shutil.disk_usage(probe).free
     if free >= reserve:
         return None
-    return (f"the host has {free / GIB:.1f} GiB free at {probe}, below the reserve of "
-            f"{reserve / GIB:.1f} GiB (runtime.disk_reserve_bytes): no new sandbox until "
-            "space is freed")
+    return (
+        f"the host has {free / GIB:.1f} GiB free at {probe}, below the reserve of "
+        f"{reserve / GIB:.1f} GiB (runtime.disk_reserve_bytes): no new sandbox until "
+        "space is freed"
+    )

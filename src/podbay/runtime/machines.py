@@ -89,8 +89,9 @@ class RecordKeepingDriver(ABC):
             if records.read(paths.home) is not None:
                 return  # created already (a retry): the first spec stands
             paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(paths.disk_image, spec.limits.disk_bytes,
-                                    self.layout.data_dir / "disks")
+            await storage.make_disk(
+                paths.disk_image, spec.limits.disk_bytes, self.layout.data_dir / "disks"
+            )
             self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
 
     async def start(self, machine_id: str) -> None:
@@ -113,8 +114,9 @@ class RecordKeepingDriver(ABC):
                 await self.release(machine_id)
                 raise
             self._save(record.with_state(MachineState.RUNNING))
-            self.log.info("machine %s started in %.0f ms", machine_id,
-                          (time.perf_counter() - started) * 1000)
+            self.log.info(
+                "machine %s started in %.0f ms", machine_id, (time.perf_counter() - started) * 1000
+            )
 
     async def suspend(self, machine_id: str) -> None:
         await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED)
@@ -122,8 +124,7 @@ class RecordKeepingDriver(ABC):
     async def resume(self, machine_id: str) -> None:
         await self._flip(machine_id, MachineState.SUSPENDED, MachineState.RUNNING)
 
-    async def _flip(self, machine_id: str, source: MachineState,
-                    target: MachineState) -> None:
+    async def _flip(self, machine_id: str, source: MachineState, target: MachineState) -> None:
         """``source`` → ``target`` (freeze or thaw); already ``target`` is done."""
         async with self._lock(machine_id):
             record = self._record(machine_id)
@@ -141,8 +142,9 @@ class RecordKeepingDriver(ABC):
         self._record(machine_id)
         observed = await self._observe(machine_id)
         if observed is not MachineState.STOPPED:
-            raise DriverError(f"machine {machine_id} is {observed.value}; stop it before "
-                              "exporting its layer")
+            raise DriverError(
+                f"machine {machine_id} is {observed.value}; stop it before exporting its layer"
+            )
         await self.release(machine_id)
 
     async def state(self, machine_id: str) -> MachineState:
@@ -172,7 +174,8 @@ class RecordKeepingDriver(ABC):
             async with self._lock(machine_id):
                 observed = await self._observe(machine_id)
                 if observed is not MachineState.STOPPED and not await self._adopt_network(
-                        machine_id):
+                    machine_id
+                ):
                     observed = MachineState.STOPPED
                 if observed is MachineState.STOPPED:
                     await self.release(machine_id)
@@ -180,8 +183,11 @@ class RecordKeepingDriver(ABC):
                     await self._adopt_live(machine_id)
                 if observed.value != record.commanded.value:
                     self._save(record.with_state(observed))
-            found.append(ObservedMachine(machine_id=machine_id, state=observed,
-                                         labels=dict(record.spec.labels)))
+            found.append(
+                ObservedMachine(
+                    machine_id=machine_id, state=observed, labels=dict(record.spec.labels)
+                )
+            )
         return found
 
     async def _adopt_live(self, machine_id: str) -> None:  # noqa: B027 - an optional hook
@@ -200,8 +206,7 @@ class RecordKeepingDriver(ABC):
 
     def machine_ids(self) -> list[str]:
         try:
-            return sorted(p.name for p in self.machines.iterdir()
-                          if (p / records.RECORD).exists())
+            return sorted(p.name for p in self.machines.iterdir() if (p / records.RECORD).exists())
         except FileNotFoundError:
             return []
 
@@ -213,5 +218,6 @@ def uts_name(hostname: str) -> str:
 
 def hosts_file(hostname: str) -> str:
     """The sandbox's ``/etc/hosts``: loopback names and its own hostname."""
-    return ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-            f"127.0.1.1\t{hostname}\n")
+    return (
+        f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+    )

@@ -138,8 +138,11 @@ def agent_attacks(agent: AgentClient) -> dict[str, str]:
 
 def agent_out_of_reach(agent: AgentClient) -> str | None:
     """Sandbox code can neither trace the agent nor take its socket or memory."""
-    won = [f"{name}: {outcome}" for name, outcome in agent_attacks(agent).items()
-           if not outcome.startswith("refused")]
+    won = [
+        f"{name}: {outcome}"
+        for name, outcome in agent_attacks(agent).items()
+        if not outcome.startswith("refused")
+    ]
     return "; ".join(won) if won else None
 
 
@@ -167,8 +170,9 @@ def guest_processes(agent: AgentClient) -> str | None:
 
 
 def neighbours(a: AgentClient, b: AgentClient) -> str | None:
-    if not a.sh("echo x > /workspace/podbay-probe-a && setsid sleep 4321 "
-                "</dev/null >/dev/null 2>&1 &").ok:
+    if not a.sh(
+        "echo x > /workspace/podbay-probe-a && setsid sleep 4321 </dev/null >/dev/null 2>&1 &"
+    ).ok:
         return "could not write in the first sandbox"
     if b.sh("test -e /workspace/podbay-probe-a").ok:
         return "a file of one sandbox is visible in another"
@@ -203,8 +207,9 @@ def fork_bomb(bomb: AgentClient, other: AgentClient) -> str | None:
 
 
 def memory_hog(agent: AgentClient) -> str | None:
-    hog = agent.sh("python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'",
-                   timeout_ms=60_000)
+    hog = agent.sh(
+        "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'", timeout_ms=60_000
+    )
     if hog.exit_code != 137:
         return f"the memory hog ended with {hog.exit_code}, not killed (137)"
     if agent.sh("echo ok").stdout.strip() != "ok":
@@ -212,8 +217,12 @@ def memory_hog(agent: AgentClient) -> str | None:
     return None
 
 
-def kernel_contains(attack: Callable[[], object], victim: AgentClient,
-                    other: AgentClient, restart: Callable[[], None]) -> str | None:
+def kernel_contains(
+    attack: Callable[[], object],
+    victim: AgentClient,
+    other: AgentClient,
+    restart: Callable[[], None],
+) -> str | None:
     """For a sandbox with a kernel of its own (gVisor): an attack that exhausts it
     (fork bomb, memory hog) may end the whole sandbox, as it would a VM, but
     ``other`` keeps answering and the victim answers again, restarted if it ended."""
@@ -232,8 +241,9 @@ def kernel_contains(attack: Callable[[], object], victim: AgentClient,
 
 def disk_quota(agent: AgentClient, disk_bytes: int) -> str | None:
     mib = disk_bytes // (1024 * 1024) + 64
-    fill = agent.sh(f"dd if=/dev/zero of=/workspace/fill bs=1M count={mib} 2>&1; "
-                    "rm -f /workspace/fill")
+    fill = agent.sh(
+        f"dd if=/dev/zero of=/workspace/fill bs=1M count={mib} 2>&1; rm -f /workspace/fill"
+    )
     if "No space left" not in fill.stdout:
         return f"writing {mib} MiB into a {disk_bytes >> 20} MiB disk did not fail"
     return None
@@ -277,27 +287,29 @@ def host_listeners() -> Iterator[tuple[int, list[str]]]:
 def host_ipv4_addresses() -> list[str]:
     import subprocess
 
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
-                         check=False).stdout
-    return sorted({line.split()[3].split("/")[0] for line in out.splitlines()
-                   if len(line.split()) > 3})
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=False
+    ).stdout
+    return sorted(
+        {line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3}
+    )
 
 
 def unreachable(agent: AgentClient, targets: list[tuple[str, int]]) -> str | None:
     reached = []
     for host, port in targets:
-        result = agent.exec(["timeout", "3", "bash", "-c",
-                             f"exec 3<>/dev/tcp/{host}/{port}"],
-                            timeout_ms=10_000)
+        result = agent.exec(
+            ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}"], timeout_ms=10_000
+        )
         if result.exit_code == 0:
             reached.append(f"{host}:{port}")
     return f"reached {', '.join(reached)}" if reached else None
 
 
 def outbound(agent: AgentClient, url: str, hint: str = "") -> str | None:
-    result = agent.exec(["curl", "-sS", "-o", "/dev/null", "-m", "15", "-w", "%{http_code}",
-                         url], timeout_ms=30_000)
+    result = agent.exec(
+        ["curl", "-sS", "-o", "/dev/null", "-m", "15", "-w", "%{http_code}", url], timeout_ms=30_000
+    )
     if result.exit_code != 0:
-        return f"curl {url} failed: {result.stderr.strip()[:200]}" + (f"; {hint}" if hint
-                                                                       else "")
+        return f"curl {url} failed: {result.stderr.strip()[:200]}" + (f"; {hint}" if hint else "")
     return None

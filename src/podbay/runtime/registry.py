@@ -30,8 +30,9 @@ def factory(name: str) -> Callable[[Settings], Driver]:
     try:
         module, _, attribute = DRIVERS[name].partition(":")
     except KeyError:
-        raise ValueError(f"unknown runtime driver {name!r} (known: "
-                         f"{', '.join(sorted(DRIVERS))})") from None
+        raise ValueError(
+            f"unknown runtime driver {name!r} (known: {', '.join(sorted(DRIVERS))})"
+        ) from None
     built: Callable[[Settings], Driver] = getattr(importlib.import_module(module), attribute)
     return built
 

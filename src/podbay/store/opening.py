@@ -26,8 +26,7 @@ def open_store(settings: Settings) -> Store:
         try:
             from .postgres import PostgresStore
         except ImportError as exc:
-            raise ValueError(
-                "store.url names PostgreSQL: install podbay[postgres]") from exc
+            raise ValueError("store.url names PostgreSQL: install podbay[postgres]") from exc
         import psycopg
 
         try:

@@ -104,26 +104,51 @@ def _dt(value: float | None) -> datetime | None:
 
 def _sandbox(row: Sequence[Any]) -> Sandbox:
     return Sandbox(
-        id=row[0], deployment_id=row[1], account=row[2], name=row[3], class_=row[4],
-        state=SandboxState(row[5]), machine_id=row[6], created_at=_at(row[7]),
-        last_active_at=_at(row[8]), started_at=_dt(row[9]),
-        ceiling_at=_dt(row[10]), incarnation=row[11], version=row[12],
+        id=row[0],
+        deployment_id=row[1],
+        account=row[2],
+        name=row[3],
+        class_=row[4],
+        state=SandboxState(row[5]),
+        machine_id=row[6],
+        created_at=_at(row[7]),
+        last_active_at=_at(row[8]),
+        started_at=_dt(row[9]),
+        ceiling_at=_dt(row[10]),
+        incarnation=row[11],
+        version=row[12],
         suspended_at=_dt(row[13]),
     )
 
 
 def _deployment(row: Sequence[Any]) -> Deployment:
     return Deployment(
-        id=row[0], name=row[1], account=row[2], spec_text=row[3],
+        id=row[0],
+        name=row[1],
+        account=row[2],
+        spec_text=row[3],
         sandbox_section=None if row[4] is None else json.loads(row[4]),
-        created_at=_at(row[5]), updated_at=_at(row[6]),
+        created_at=_at(row[5]),
+        updated_at=_at(row[6]),
     )
 
 
 def _sandbox_values(s: Sandbox) -> tuple[Any, ...]:
-    return (s.id, s.deployment_id, s.account, s.name, s.class_, s.state.value, s.machine_id,
-            _ts(s.created_at), _ts(s.last_active_at), _ts(s.started_at), _ts(s.ceiling_at),
-            s.incarnation, _ts(s.suspended_at))
+    return (
+        s.id,
+        s.deployment_id,
+        s.account,
+        s.name,
+        s.class_,
+        s.state.value,
+        s.machine_id,
+        _ts(s.created_at),
+        _ts(s.last_active_at),
+        _ts(s.started_at),
+        _ts(s.ceiling_at),
+        s.incarnation,
+        _ts(s.suspended_at),
+    )
 
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -144,11 +169,15 @@ class PostgresStore:
         # Checked at each checkout (one round trip): after the database restarts
         # or fails over, the next call gets a fresh connection, not an error.
         pool: ConnectionPool[Conn] = ConnectionPool(
-            url, min_size=1, max_size=connections, open=False, name="podbay-store",
-            check=ConnectionPool.check_connection)
+            url,
+            min_size=1,
+            max_size=connections,
+            open=False,
+            name="podbay-store",
+            check=ConnectionPool.check_connection,
+        )
         pool.open(wait=True, timeout=30.0)
-        executor = ThreadPoolExecutor(max_workers=connections,
-                                      thread_name_prefix="podbay-store")
+        executor = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="podbay-store")
         return cls(pool, executor)
 
     async def _tx(self, fn: Callable[[Conn], T]) -> T:
@@ -157,6 +186,7 @@ class PostgresStore:
         A transaction PostgreSQL aborts to break a deadlock (another server
         locking the same rows in another order) ran nothing: run it again.
         """
+
         def run() -> T:
             for attempt in range(_ATTEMPTS):
                 try:
@@ -179,8 +209,16 @@ class PostgresStore:
             cur = conn.execute(
                 f"INSERT INTO deployments ({_DEPLOYMENT_COLUMNS})"
                 " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-                (d.id, d.name, d.account, d.spec_text, section, _ts(d.created_at),
-                 _ts(d.updated_at)))
+                (
+                    d.id,
+                    d.name,
+                    d.account,
+                    d.spec_text,
+                    section,
+                    _ts(d.created_at),
+                    _ts(d.updated_at),
+                ),
+            )
             return cur.rowcount == 1
 
         return await self._tx(run)
@@ -188,47 +226,64 @@ class PostgresStore:
     async def update_deployment(self, deployment: Deployment) -> bool:
         d = deployment
         section = None if d.sandbox_section is None else json.dumps(d.sandbox_section)
-        return await self._tx(lambda conn: conn.execute(
-            "UPDATE deployments SET spec_text=%s, sandbox_section=%s, account=%s,"
-            " updated_at=%s WHERE id=%s",
-            (d.spec_text, section, d.account, _ts(d.updated_at), d.id),
-        ).rowcount == 1)
+        return await self._tx(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE deployments SET spec_text=%s, sandbox_section=%s, account=%s,"
+                    " updated_at=%s WHERE id=%s",
+                    (d.spec_text, section, d.account, _ts(d.updated_at), d.id),
+                ).rowcount
+                == 1
+            )
+        )
 
     async def get_deployment(self, deployment_id: str) -> Deployment | None:
-        row = await self._tx(lambda conn: conn.execute(
-            f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE id=%s", (deployment_id,)
-        ).fetchone())
+        row = await self._tx(
+            lambda conn: conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE id=%s", (deployment_id,)
+            ).fetchone()
+        )
         return None if row is None else _deployment(row)
 
     async def find_deployment(self, name: str) -> Deployment | None:
-        row = await self._tx(lambda conn: conn.execute(
-            f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE name=%s", (name,)
-        ).fetchone())
+        row = await self._tx(
+            lambda conn: conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE name=%s", (name,)
+            ).fetchone()
+        )
         return None if row is None else _deployment(row)
 
     async def list_deployments(self) -> list[Deployment]:
         # Byte order, as SQLite sorts: the same list whatever the server's locale.
-        rows = await self._tx(lambda conn: conn.execute(
-            f'SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY name COLLATE "C"'
-        ).fetchall())
+        rows = await self._tx(
+            lambda conn: conn.execute(
+                f'SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY name COLLATE "C"'
+            ).fetchall()
+        )
         return [_deployment(r) for r in rows]
 
     async def remove_deployment(self, deployment_id: str) -> bool:
         def run(conn: Conn) -> bool:
-            gone = conn.execute("DELETE FROM deployments WHERE id=%s",
-                                (deployment_id,)).rowcount == 1
+            gone = (
+                conn.execute("DELETE FROM deployments WHERE id=%s", (deployment_id,)).rowcount == 1
+            )
             conn.execute(
                 "UPDATE sandboxes SET state='deleting', version=version+1"
-                " WHERE deployment_id=%s AND state<>'deleting'", (deployment_id,))
+                " WHERE deployment_id=%s AND state<>'deleting'",
+                (deployment_id,),
+            )
             return gone
 
         return await self._tx(run)
 
     # -- sandboxes -----------------------------------------------------------
     async def get_sandbox(self, deployment_id: str, name: str) -> Sandbox | None:
-        row = await self._tx(lambda conn: conn.execute(
-            f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE deployment_id=%s AND name=%s",
-            (deployment_id, name)).fetchone())
+        row = await self._tx(
+            lambda conn: conn.execute(
+                f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE deployment_id=%s AND name=%s",
+                (deployment_id, name),
+            ).fetchone()
+        )
         return None if row is None else _sandbox(row)
 
     async def list_sandboxes(
@@ -261,23 +316,29 @@ class PostgresStore:
             # Deployment before account, always: two inserts never wait on each
             # other in opposite orders. Held to commit, so whoever comes next
             # counts (read committed: a fresh snapshot per statement) our row.
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                         (_LOCK_DEPLOYMENT, s.deployment_id))
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                         (_LOCK_ACCOUNT, s.account))
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                (_LOCK_DEPLOYMENT, s.deployment_id),
+            )
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_ACCOUNT, s.account)
+            )
             exists = conn.execute(
                 "SELECT 1 FROM sandboxes WHERE deployment_id=%s AND name=%s",
-                (s.deployment_id, s.name)).fetchone()
+                (s.deployment_id, s.name),
+            ).fetchone()
             if exists:
                 return InsertOutcome.EXISTS
             counted = conn.execute(
                 "SELECT count(*) FROM sandboxes WHERE deployment_id=%s AND state<>'deleting'",
-                (s.deployment_id,)).fetchone()
+                (s.deployment_id,),
+            ).fetchone()
             if counted is not None and counted[0] >= deployment_cap:
                 return InsertOutcome.DEPLOYMENT_CAP
             counted = conn.execute(
                 "SELECT count(*) FROM sandboxes WHERE account=%s AND state<>'deleting'",
-                (s.account,)).fetchone()
+                (s.account,),
+            ).fetchone()
             if counted is not None and counted[0] >= account_cap:
                 return InsertOutcome.ACCOUNT_CAP
             try:
@@ -285,7 +346,8 @@ class PostgresStore:
                     conn.execute(
                         f"INSERT INTO sandboxes ({_SANDBOX_COLUMNS})"
                         " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,0,%s)",
-                        _sandbox_values(s))
+                        _sandbox_values(s),
+                    )
             except pg_errors.UniqueViolation as exc:
                 if exc.diag.constraint_name == "sandboxes_deployment_id_name_key":
                     return InsertOutcome.EXISTS
@@ -298,18 +360,27 @@ class PostgresStore:
         if new.id != old.id:
             raise ValueError("replace_sandbox: ids differ")
         values = _sandbox_values(new)[1:]
-        row = await self._tx(lambda conn: conn.execute(
-            "UPDATE sandboxes SET deployment_id=%s, account=%s, name=%s, class=%s, state=%s,"
-            " machine_id=%s, created_at=%s, last_active_at=GREATEST(last_active_at, %s),"
-            " started_at=%s, ceiling_at=%s, incarnation=%s, suspended_at=%s,"
-            f" version=version+1 WHERE id=%s AND version=%s RETURNING {_SANDBOX_COLUMNS}",
-            (*values, old.id, old.version)).fetchone())
+        row = await self._tx(
+            lambda conn: conn.execute(
+                "UPDATE sandboxes SET deployment_id=%s, account=%s, name=%s, class=%s, state=%s,"
+                " machine_id=%s, created_at=%s, last_active_at=GREATEST(last_active_at, %s),"
+                " started_at=%s, ceiling_at=%s, incarnation=%s, suspended_at=%s,"
+                f" version=version+1 WHERE id=%s AND version=%s RETURNING {_SANDBOX_COLUMNS}",
+                (*values, old.id, old.version),
+            ).fetchone()
+        )
         return None if row is None else _sandbox(row)
 
     async def delete_sandbox(self, sandbox: Sandbox) -> bool:
-        return await self._tx(lambda conn: conn.execute(
-            "DELETE FROM sandboxes WHERE id=%s AND version=%s",
-            (sandbox.id, sandbox.version)).rowcount == 1)
+        return await self._tx(
+            lambda conn: (
+                conn.execute(
+                    "DELETE FROM sandboxes WHERE id=%s AND version=%s",
+                    (sandbox.id, sandbox.version),
+                ).rowcount
+                == 1
+            )
+        )
 
     async def record_activity(self, seen: Mapping[str, datetime]) -> None:
         if not seen:
@@ -321,21 +392,27 @@ class PostgresStore:
         def run(conn: Conn) -> None:
             with conn.cursor() as cur:
                 cur.executemany(
-                    "UPDATE sandboxes SET last_active_at=GREATEST(last_active_at, %s)"
-                    " WHERE id=%s", rows)
+                    "UPDATE sandboxes SET last_active_at=GREATEST(last_active_at, %s) WHERE id=%s",
+                    rows,
+                )
 
         await self._tx(run)
 
     # -- meta --------------------------------------------------------------------
     async def get_meta(self, key: str) -> str | None:
-        row = await self._tx(lambda conn: conn.execute(
-            "SELECT value FROM meta WHERE key=%s", (key,)).fetchone())
+        row = await self._tx(
+            lambda conn: conn.execute("SELECT value FROM meta WHERE key=%s", (key,)).fetchone()
+        )
         return None if row is None else str(row[0])
 
     async def set_meta(self, key: str, value: str) -> None:
-        await self._tx(lambda conn: conn.execute(
-            "INSERT INTO meta (key, value) VALUES (%s, %s)"
-            " ON CONFLICT (key) DO UPDATE SET value=excluded.value", (key, value)))
+        await self._tx(
+            lambda conn: conn.execute(
+                "INSERT INTO meta (key, value) VALUES (%s, %s)"
+                " ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+        )
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -61,7 +61,8 @@ def statements(sql: str) -> list[str]:
             out.append(current.strip())
             current = ""
     if current.strip() and not all(
-            ln.strip().startswith("--") or not ln.strip() for ln in current.splitlines()):
+        ln.strip().startswith("--") or not ln.strip() for ln in current.splitlines()
+    ):
         raise ValueError(f"incomplete statement in migration: {current!r}")
     return out
 
@@ -102,26 +103,51 @@ def _dt(value: float | None) -> datetime | None:
 
 def _sandbox(row: tuple[Any, ...]) -> Sandbox:
     return Sandbox(
-        id=row[0], deployment_id=row[1], account=row[2], name=row[3], class_=row[4],
-        state=SandboxState(row[5]), machine_id=row[6], created_at=_at(row[7]),
-        last_active_at=_at(row[8]), started_at=_dt(row[9]),
-        ceiling_at=_dt(row[10]), incarnation=row[11], version=row[12],
+        id=row[0],
+        deployment_id=row[1],
+        account=row[2],
+        name=row[3],
+        class_=row[4],
+        state=SandboxState(row[5]),
+        machine_id=row[6],
+        created_at=_at(row[7]),
+        last_active_at=_at(row[8]),
+        started_at=_dt(row[9]),
+        ceiling_at=_dt(row[10]),
+        incarnation=row[11],
+        version=row[12],
         suspended_at=_dt(row[13]),
     )
 
 
 def _deployment(row: tuple[Any, ...]) -> Deployment:
     return Deployment(
-        id=row[0], name=row[1], account=row[2], spec_text=row[3],
+        id=row[0],
+        name=row[1],
+        account=row[2],
+        spec_text=row[3],
         sandbox_section=None if row[4] is None else json.loads(row[4]),
-        created_at=_at(row[5]), updated_at=_at(row[6]),
+        created_at=_at(row[5]),
+        updated_at=_at(row[6]),
     )
 
 
 def _sandbox_values(s: Sandbox) -> tuple[Any, ...]:
-    return (s.id, s.deployment_id, s.account, s.name, s.class_, s.state.value, s.machine_id,
-            _ts(s.created_at), _ts(s.last_active_at), _ts(s.started_at), _ts(s.ceiling_at),
-            s.incarnation, _ts(s.suspended_at))
+    return (
+        s.id,
+        s.deployment_id,
+        s.account,
+        s.name,
+        s.class_,
+        s.state.value,
+        s.machine_id,
+        _ts(s.created_at),
+        _ts(s.last_active_at),
+        _ts(s.started_at),
+        _ts(s.ceiling_at),
+        s.incarnation,
+        _ts(s.suspended_at),
+    )
 
 
 class SqliteStore:
@@ -137,8 +163,9 @@ class SqliteStore:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podbay-store")
 
         def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                   timeout=10.0)
+            conn = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=10000")
@@ -175,8 +202,15 @@ class SqliteStore:
             try:
                 conn.execute(
                     f"INSERT INTO deployments ({_DEPLOYMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
-                    (d.id, d.name, d.account, d.spec_text, section, _ts(d.created_at),
-                     _ts(d.updated_at)),
+                    (
+                        d.id,
+                        d.name,
+                        d.account,
+                        d.spec_text,
+                        section,
+                        _ts(d.created_at),
+                        _ts(d.updated_at),
+                    ),
                 )
             except sqlite3.IntegrityError:
                 return False
@@ -187,45 +221,63 @@ class SqliteStore:
     async def update_deployment(self, deployment: Deployment) -> bool:
         d = deployment
         section = None if d.sandbox_section is None else json.dumps(d.sandbox_section)
-        return await self._run(lambda conn: conn.execute(
-            "UPDATE deployments SET spec_text=?, sandbox_section=?, account=?, updated_at=?"
-            " WHERE id=?",
-            (d.spec_text, section, d.account, _ts(d.updated_at), d.id),
-        ).rowcount == 1)
+        return await self._run(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE deployments SET spec_text=?, sandbox_section=?, account=?, updated_at=?"
+                    " WHERE id=?",
+                    (d.spec_text, section, d.account, _ts(d.updated_at), d.id),
+                ).rowcount
+                == 1
+            )
+        )
 
     async def get_deployment(self, deployment_id: str) -> Deployment | None:
-        row = await self._run(lambda conn: conn.execute(
-            f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE id=?", (deployment_id,)
-        ).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE id=?", (deployment_id,)
+            ).fetchone()
+        )
         return None if row is None else _deployment(row)
 
     async def find_deployment(self, name: str) -> Deployment | None:
-        row = await self._run(lambda conn: conn.execute(
-            f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE name=?", (name,)
-        ).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE name=?", (name,)
+            ).fetchone()
+        )
         return None if row is None else _deployment(row)
 
     async def list_deployments(self) -> list[Deployment]:
-        rows = await self._run(lambda conn: conn.execute(
-            f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY name").fetchall())
+        rows = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY name"
+            ).fetchall()
+        )
         return [_deployment(r) for r in rows]
 
     async def remove_deployment(self, deployment_id: str) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
-            gone = conn.execute("DELETE FROM deployments WHERE id=?",
-                                (deployment_id,)).rowcount == 1
+            gone = (
+                conn.execute("DELETE FROM deployments WHERE id=?", (deployment_id,)).rowcount == 1
+            )
             conn.execute(
                 "UPDATE sandboxes SET state='deleting', version=version+1"
-                " WHERE deployment_id=? AND state!='deleting'", (deployment_id,))
+                " WHERE deployment_id=? AND state!='deleting'",
+                (deployment_id,),
+            )
             return gone
 
         return await self._tx(run)
 
     # -- sandboxes -----------------------------------------------------------
     async def get_sandbox(self, deployment_id: str, name: str) -> Sandbox | None:
-        row = await self._run(lambda conn: conn.execute(
-            f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE deployment_id=? AND name=?",
-            (deployment_id, name)).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE deployment_id=? AND name=?",
+                (deployment_id, name),
+            ).fetchone()
+        )
         return None if row is None else _sandbox(row)
 
     async def list_sandboxes(
@@ -255,23 +307,27 @@ class SqliteStore:
 
         def run(conn: sqlite3.Connection) -> InsertOutcome:
             # Inside BEGIN IMMEDIATE: counts and insert see one snapshot, one writer.
-            exists = conn.execute("SELECT 1 FROM sandboxes WHERE deployment_id=? AND name=?",
-                                  (s.deployment_id, s.name)).fetchone()
+            exists = conn.execute(
+                "SELECT 1 FROM sandboxes WHERE deployment_id=? AND name=?",
+                (s.deployment_id, s.name),
+            ).fetchone()
             if exists:
                 return InsertOutcome.EXISTS
             (per_deployment,) = conn.execute(
                 "SELECT count(*) FROM sandboxes WHERE deployment_id=? AND state!='deleting'",
-                (s.deployment_id,)).fetchone()
+                (s.deployment_id,),
+            ).fetchone()
             if per_deployment >= deployment_cap:
                 return InsertOutcome.DEPLOYMENT_CAP
             (per_account,) = conn.execute(
-                "SELECT count(*) FROM sandboxes WHERE account=? AND state!='deleting'",
-                (s.account,)).fetchone()
+                "SELECT count(*) FROM sandboxes WHERE account=? AND state!='deleting'", (s.account,)
+            ).fetchone()
             if per_account >= account_cap:
                 return InsertOutcome.ACCOUNT_CAP
             conn.execute(
                 f"INSERT INTO sandboxes ({_SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?)",
-                _sandbox_values(s))
+                _sandbox_values(s),
+            )
             return InsertOutcome.INSERTED
 
         return await self._tx(run)
@@ -287,19 +343,26 @@ class SqliteStore:
                 " machine_id=?, created_at=?, last_active_at=max(last_active_at, ?),"
                 " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, version=version+1"
                 " WHERE id=? AND version=?",
-                (*values, old.id, old.version)).rowcount
+                (*values, old.id, old.version),
+            ).rowcount
             if not changed:
                 return None
-            row = conn.execute(f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE id=?",
-                               (old.id,)).fetchone()
+            row = conn.execute(
+                f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE id=?", (old.id,)
+            ).fetchone()
             return _sandbox(row)
 
         return await self._tx(run)
 
     async def delete_sandbox(self, sandbox: Sandbox) -> bool:
-        return await self._run(lambda conn: conn.execute(
-            "DELETE FROM sandboxes WHERE id=? AND version=?",
-            (sandbox.id, sandbox.version)).rowcount == 1)
+        return await self._run(
+            lambda conn: (
+                conn.execute(
+                    "DELETE FROM sandboxes WHERE id=? AND version=?", (sandbox.id, sandbox.version)
+                ).rowcount
+                == 1
+            )
+        )
 
     async def record_activity(self, seen: Mapping[str, datetime]) -> None:
         if not seen:
@@ -309,20 +372,26 @@ class SqliteStore:
         def run(conn: sqlite3.Connection) -> None:
             # Not a version bump: activity never conflicts with a transition.
             conn.executemany(
-                "UPDATE sandboxes SET last_active_at=max(last_active_at, ?) WHERE id=?", rows)
+                "UPDATE sandboxes SET last_active_at=max(last_active_at, ?) WHERE id=?", rows
+            )
 
         await self._tx(run)
 
     # -- meta --------------------------------------------------------------------
     async def get_meta(self, key: str) -> str | None:
-        row = await self._run(lambda conn: conn.execute(
-            "SELECT value FROM meta WHERE key=?", (key,)).fetchone())
+        row = await self._run(
+            lambda conn: conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        )
         return None if row is None else str(row[0])
 
     async def set_meta(self, key: str, value: str) -> None:
-        await self._run(lambda conn: conn.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?)"
-            " ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value)))
+        await self._run(
+            lambda conn: conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+        )
 
     async def close(self) -> None:
         def run(conn: sqlite3.Connection) -> None:

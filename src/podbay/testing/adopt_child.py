@@ -25,8 +25,7 @@ async def main() -> None:
         await driver.create(spec)
         await driver.start(spec.machine_id)
         sock = driver.agent_socket(spec.machine_id)
-        result = await asyncio.to_thread(
-            AgentClient(sock).sh, f"echo {state} > /workspace/mark")
+        result = await asyncio.to_thread(AgentClient(sock).sh, f"echo {state} > /workspace/mark")
         assert result.exit_code == 0, result
         if state == "suspended":
             await driver.suspend(spec.machine_id)

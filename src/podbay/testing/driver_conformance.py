@@ -41,8 +41,10 @@ from .fixtures import small_spec
 T = TypeVar("T")
 
 # Written by rename so a reader never sees the file between truncate and write.
-COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
-           "mv /tmp/counter.new /tmp/counter; sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
+COUNTER = (
+    "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
+    "mv /tmp/counter.new /tmp/counter; sleep 0.05; done' </dev/null >/dev/null 2>&1 &"
+)
 
 
 @dataclass
@@ -65,8 +67,9 @@ class Harness:
     def state(self, machine_id: str) -> MachineState:
         return MachineState(self.run(self.driver.state(machine_id)))
 
-    def twice(self, step: Callable[[], Coroutine[Any, Any, Any]], machine_id: str,
-              then: MachineState) -> None:
+    def twice(
+        self, step: Callable[[], Coroutine[Any, Any, Any]], machine_id: str, then: MachineState
+    ) -> None:
         """Run ``step`` twice (a repeat must be a no-op), each time ending in ``then``."""
         for _ in range(2):
             self.run(step())
@@ -148,8 +151,11 @@ class DriverConformance:
         if not h.driver.capabilities.stop_keeps_files:
             pytest.skip("driver does not keep files across stop")
         mid = h.up()
-        h.sh(mid, "echo kept > /workspace/file && printf '#!/bin/sh\\necho tool\\n' "
-                  "> /usr/local/bin/tool && chmod +x /usr/local/bin/tool && " + COUNTER)
+        h.sh(
+            mid,
+            "echo kept > /workspace/file && printf '#!/bin/sh\\necho tool\\n' "
+            "> /usr/local/bin/tool && chmod +x /usr/local/bin/tool && " + COUNTER,
+        )
         h.run(h.driver.stop(mid))
         h.run(h.driver.start(mid))
         assert h.sh(mid, "cat /workspace/file").strip() == "kept"
@@ -187,9 +193,12 @@ class DriverConformance:
 
     def test_export_layer_serves_other_machines(self, h: Harness, tmp_path: Any) -> None:
         mid = h.up()
-        h.sh(mid, "mkdir -p /opt/tool && echo v1 > /opt/tool/version && rm /usr/bin/less && "
-                  "rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && "
-                  "echo mine > /etc/apt/apt.conf.d/only && ln -s /opt/tool/version /opt/link")
+        h.sh(
+            mid,
+            "mkdir -p /opt/tool && echo v1 > /opt/tool/version && rm /usr/bin/less && "
+            "rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && "
+            "echo mine > /etc/apt/apt.conf.d/only && ln -s /opt/tool/version /opt/link",
+        )
         with pytest.raises(DriverError):
             h.run(h.driver.export_layer(mid, tmp_path / "early"))  # still running
         h.run(h.driver.stop(mid))
@@ -230,9 +239,12 @@ class DriverConformance:
         if not h.driver.capabilities.suspend:
             del specs["suspended"]
         payload = pickle.dumps((h.factory, h.settings, specs))
-        child = subprocess.Popen([sys.executable, "-m", "podbay.testing.adopt_child"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "podbay.testing.adopt_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert child.stdin is not None and child.stdout is not None
         child.stdin.write(payload)
         child.stdin.close()

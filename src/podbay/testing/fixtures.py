@@ -80,15 +80,25 @@ def sandbox_settings(data_dir: Path, **runtime: Any) -> Settings:
     return settings
 
 
-def small_spec(machine_id: str | None = None, *, hostname: str = "sandbox",
-               memory_bytes: int = 512 * 1024 * 1024, pids: int = 256,
-               disk_bytes: int = 2 * GIB, env: dict[str, str] | None = None,
-               labels: dict[str, str] | None = None,
-               layers: tuple[Path, ...] = ()) -> MachineSpec:
+def small_spec(
+    machine_id: str | None = None,
+    *,
+    hostname: str = "sandbox",
+    memory_bytes: int = 512 * 1024 * 1024,
+    pids: int = 256,
+    disk_bytes: int = 2 * GIB,
+    env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    layers: tuple[Path, ...] = (),
+) -> MachineSpec:
     return MachineSpec(
-        machine_id=machine_id or f"t-{uuid.uuid4().hex[:12]}", hostname=hostname,
+        machine_id=machine_id or f"t-{uuid.uuid4().hex[:12]}",
+        hostname=hostname,
         limits=Limits(memory_bytes=memory_bytes, cpus=1.0, pids=pids, disk_bytes=disk_bytes),
-        env=env or {}, labels=labels or {}, layers=layers)
+        env=env or {},
+        labels=labels or {},
+        layers=layers,
+    )
 
 
 class DriverSession:
@@ -145,17 +155,18 @@ def _destroy_vms(settings: Settings) -> None:
 OCI_RUNTIMES = ("runc", "runsc")
 
 
-def settings_for(tmp_path_factory: pytest.TempPathFactory,
-                 oci_runtime: str = "runc") -> Iterator[Settings]:
+def settings_for(
+    tmp_path_factory: pytest.TempPathFactory, oci_runtime: str = "runc"
+) -> Iterator[Settings]:
     """The body of ``oci_settings``, for a module that runs under several runtimes::
 
-        @pytest.fixture(scope="module", params=OCI_RUNTIMES)
-        def oci_settings(request, tmp_path_factory):
-            yield from settings_for(tmp_path_factory, request.param)
+    @pytest.fixture(scope="module", params=OCI_RUNTIMES)
+    def oci_settings(request, tmp_path_factory):
+        yield from settings_for(tmp_path_factory, request.param)
 
-        @pytest.fixture(scope="module")
-        def oci_session(oci_settings):
-            yield from session_for(oci_settings)
+    @pytest.fixture(scope="module")
+    def oci_session(oci_settings):
+        yield from session_for(oci_settings)
     """
     require_host()
     if shutil.which(oci_runtime) is None:
@@ -164,8 +175,9 @@ def settings_for(tmp_path_factory: pytest.TempPathFactory,
             pytest.fail(f"this host cannot run sandboxes: {message}")
         pytest.skip(message)
     sweep_dead_sessions()
-    settings = sandbox_settings(tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"),
-                                oci_runtime=oci_runtime)
+    settings = sandbox_settings(
+        tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"), oci_runtime=oci_runtime
+    )
     mark_owner(settings)
     yield settings
     cleanup(settings)
@@ -186,9 +198,15 @@ def mark_owner(settings: Settings) -> None:
     """Record which process and data directory a test run directory belongs to."""
     run_dir = Path(settings.runtime.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / OWNER_FILE).write_text(json.dumps({
-        "pid": os.getpid(), "data_dir": str(settings.data_dir),
-        "image_dir": settings.runtime.image_dir}))
+    (run_dir / OWNER_FILE).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "data_dir": str(settings.data_dir),
+                "image_dir": settings.runtime.image_dir,
+            }
+        )
+    )
 
 
 def sweep_dead_sessions() -> None:

@@ -49,8 +49,7 @@ class PlatformServer:
         self.run_dir = f"/run/podbay-test/{uuid.uuid4().hex[:8]}"
         self.env = {
             **os.environ,
-            "PODBAY_RUNTIME_IMAGE_DIR": os.environ.get("PODBAY_TEST_IMAGE_DIR",
-                                                       DEFAULT_IMAGE_DIR),
+            "PODBAY_RUNTIME_IMAGE_DIR": os.environ.get("PODBAY_TEST_IMAGE_DIR", DEFAULT_IMAGE_DIR),
             "PODBAY_RUNTIME_RUN_DIR": self.run_dir,
             "PODBAY_RUNTIME_WARM_POOL": "0",
             # runc unless a test asks for more: the platform's behaviour is the
@@ -64,8 +63,9 @@ class PlatformServer:
 
     # -- life of the server process ------------------------------------------------
     @classmethod
-    def start(cls, root: Path, *, env: dict[str, str] | None = None,
-              wait: bool = True) -> PlatformServer:
+    def start(
+        cls, root: Path, *, env: dict[str, str] | None = None, wait: bool = True
+    ) -> PlatformServer:
         require_host()
         root.mkdir(parents=True, exist_ok=True)
         server = cls(root, env or {}, free_port())
@@ -77,17 +77,30 @@ class PlatformServer:
     def spawn(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "podbay.cli.main", "serve", "--data-dir", str(self.data_dir),
-             "--listen", f"127.0.0.1:{self.port}"],
-            env=self.env, stdout=log, stderr=log, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "podbay.cli.main",
+                "serve",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         log.close()
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"podbay serve exited {self.process.returncode}:\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"podbay serve exited {self.process.returncode}:\n" + self.log_tail()
+                )
             try:
                 r = self.http.get("/healthz", timeout=2)
                 if r.status_code == 200:
@@ -147,17 +160,24 @@ class PlatformServer:
         self.close()
 
     # -- the CLI ---------------------------------------------------------------------
-    def cli(self, *args: str, input: str | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "podbay.cli.main", *args, "--data-dir", str(self.data_dir)],
-            env=self.env, input=input, capture_output=True, text=True, timeout=60)
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
         return result
 
-    def create_deployment(self, name: str, spec: str | None = SANDBOX_SPEC,
-                          account: str | None = None) -> str:
+    def create_deployment(
+        self, name: str, spec: str | None = SANDBOX_SPEC, account: str | None = None
+    ) -> str:
         """Register ``name`` through the CLI; returns its identity token."""
         args = ["deployment", "create", name]
         if spec is not None:

@@ -28,8 +28,10 @@ PG_ROOT = Path("/usr/lib/postgresql")
 
 def pg_bin_dir() -> Path:
     """The newest installed server's ``bin`` (Debian: ``/usr/lib/postgresql/N/bin``)."""
-    found = sorted((p for p in PG_ROOT.glob("*/bin") if (p / "pg_ctl").exists()),
-                   key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+    found = sorted(
+        (p for p in PG_ROOT.glob("*/bin") if (p / "pg_ctl").exists()),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    )
     if not found:
         raise RuntimeError("PostgreSQL server not installed (Debian package postgresql)")
     return found[-1]
@@ -59,14 +61,37 @@ class TemporaryCluster:
             os.chown(root, entry.pw_uid, entry.pw_gid)
         cluster = cls(root, user)
         try:
-            cluster._run("initdb", "-D", str(cluster.data), "-U", "postgres",
-                         "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+            cluster._run(
+                "initdb",
+                "-D",
+                str(cluster.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            )
             # Sockets only, in our directory; fsync off: a test cluster needs no durability.
-            options = (f"-c listen_addresses='' -c unix_socket_directories='{root}'"
-                       " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-                       " -c max_connections=200")
-            cluster._run("pg_ctl", "-D", str(cluster.data), "-l", str(root / "server.log"),
-                         "-o", options, "-w", "-t", "60", "start")
+            options = (
+                f"-c listen_addresses='' -c unix_socket_directories='{root}'"
+                " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+                " -c max_connections=200"
+            )
+            cluster._run(
+                "pg_ctl",
+                "-D",
+                str(cluster.data),
+                "-l",
+                str(root / "server.log"),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
         except BaseException:
             cluster._remove()
             raise
@@ -89,8 +114,19 @@ class TemporaryCluster:
         ``immediate`` would not with this cluster's settings) and start again."""
         # -l: the new server's output goes to the log, not to our pipes (which
         # would keep subprocess.run waiting for their end).
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
-                  "-m", "fast", "-w", "-t", "60", "restart")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "60",
+            "restart",
+        )
 
     def stop(self) -> None:
         try:
@@ -104,6 +140,10 @@ class TemporaryCluster:
     def __enter__(self) -> TemporaryCluster:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

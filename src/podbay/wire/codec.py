@@ -164,8 +164,12 @@ def _convert(tp: Any, value: Any, strict: bool, where: str) -> Any:
         if not isinstance(value, dict):
             raise WireError(where, "must be an object")
         key_type, item = get_args(tp)
-        return {_convert(key_type, k, strict, _join(where, "<key>")):
-                _convert(item, v, strict, _join(where, k)) for k, v in value.items()}
+        return {
+            _convert(key_type, k, strict, _join(where, "<key>")): _convert(
+                item, v, strict, _join(where, k)
+            )
+            for k, v in value.items()
+        }
     if dataclasses.is_dataclass(tp):
         return _convert_dataclass(tp, value, strict, where)
     if isinstance(tp, type) and issubclass(tp, Enum):

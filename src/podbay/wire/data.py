@@ -39,8 +39,11 @@ class ExecRequest:
 
     def asks_beyond_reference(self) -> bool:
         """Whether the answer may carry fields the reference does not have."""
-        return (self.output_encoding is not None or self.max_output_bytes is not None
-                or self.keep is not None)
+        return (
+            self.output_encoding is not None
+            or self.max_output_bytes is not None
+            or self.keep is not None
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -106,13 +106,21 @@ def _refusals(codes: list[ErrorCode]) -> dict[str, Any]:
     by_status: dict[int, list[str]] = {}
     for code in codes:
         by_status.setdefault(STATUS[code], []).append(code.value)
-    return {str(status): {"description": " or ".join(sorted(names)), **_json(_ERROR)}
-            for status, names in sorted(by_status.items())}
+    return {
+        str(status): {"description": " or ".join(sorted(names)), **_json(_ERROR)}
+        for status, names in sorted(by_status.items())
+    }
 
 
-def _op(summary: str, ok: dict[str, Any], refusals: list[ErrorCode], *,
-        body: dict[str, Any] | None = None, params: list[dict[str, Any]] | None = None,
-        body_required: bool = True) -> dict[str, Any]:
+def _op(
+    summary: str,
+    ok: dict[str, Any],
+    refusals: list[ErrorCode],
+    *,
+    body: dict[str, Any] | None = None,
+    params: list[dict[str, Any]] | None = None,
+    body_required: bool = True,
+) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "responses": {**ok, **_refusals(refusals)}}
     if body is not None:
         op["requestBody"] = {"required": body_required, **body}
@@ -125,69 +133,130 @@ C = ErrorCode
 #: Refusals any endpoint of either plane may send.
 _ANY = [C.REQUEST_INVALID, C.REQUEST_TOO_LARGE, C.SERVER_SHUTTING_DOWN]
 _IDENTITY = [C.IDENTITY_TOKEN_INVALID, C.SANDBOX_NAME_INVALID, *_ANY]
-_CREDENTIAL = [C.CREDENTIAL_INVALID, C.SANDBOX_NOT_RUNNING, C.CREDENTIAL_WRONG_SANDBOX,
-               C.AGENT_UNREACHABLE, *_ANY]
+_CREDENTIAL = [
+    C.CREDENTIAL_INVALID,
+    C.SANDBOX_NOT_RUNNING,
+    C.CREDENTIAL_WRONG_SANDBOX,
+    C.AGENT_UNREACHABLE,
+    *_ANY,
+]
 
 
 def _name_param() -> dict[str, Any]:
-    return {"name": "name", "in": "path", "required": True,
-            "schema": {"type": "string", "pattern": SANDBOX_NAME_PATTERN}}
+    return {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": SANDBOX_NAME_PATTERN},
+    }
 
 
 def control_plane(server_url: str) -> dict[str, Any]:
     """The control plane's document (``/api/v1/sandboxes``)."""
     s = _Schemas(closed={control.AttachRequest, control.ShareRequest})
-    handle = {"200": {"description": "the sandbox, running, and how to reach it",
-                      **_json(s.ref(control.SandboxHandle))},
-              "202": {"description": "the declared environment is being prepared; "
-                                     "repeat after Retry-After",
-                      **_json(s.ref(control.Preparing))}}
-    record = {"200": {"description": "the sandbox (no credentials)",
-                      **_json(s.ref(control.SandboxRecord))}}
+    handle = {
+        "200": {
+            "description": "the sandbox, running, and how to reach it",
+            **_json(s.ref(control.SandboxHandle)),
+        },
+        "202": {
+            "description": "the declared environment is being prepared; repeat after Retry-After",
+            **_json(s.ref(control.Preparing)),
+        },
+    }
+    record = {
+        "200": {
+            "description": "the sandbox (no credentials)",
+            **_json(s.ref(control.SandboxRecord)),
+        }
+    }
     done = {"204": {"description": "done"}}
     name = [_name_param()]
     one = f"{paths.SANDBOXES}/{{name}}"
     doc: dict[str, Any] = {
         "openapi": VERSION,
-        "info": {"title": "podbay control plane", "version": "1",
-                 "description": "Sandboxes by name for the deployment the identity token "
-                                "names. Every refusal is {error, code}."},
+        "info": {
+            "title": "podbay control plane",
+            "version": "1",
+            "description": "Sandboxes by name for the deployment the identity token "
+            "names. Every refusal is {error, code}.",
+        },
         "servers": [{"url": server_url}],
         "security": [{"identityToken": []}],
         "paths": {
-            paths.SANDBOXES: {"get": _op(
-                "This deployment's sandboxes",
-                {"200": {"description": "the list", **_json(s.ref(control.SandboxList))}},
-                [C.IDENTITY_TOKEN_INVALID, *_ANY])},
-            one: {
-                "put": _op("Create, resume or reuse the sandbox", handle,
-                           [*_IDENTITY, C.SANDBOX_LIMIT_REACHED, C.SANDBOXES_NOT_CONFIGURED,
-                            C.SANDBOX_NOT_DECLARED, C.SANDBOX_CLASS_UNKNOWN,
-                            C.SANDBOX_PREPARE_FAILED, C.SANDBOX_APPLY_FAILED,
-                            C.SANDBOX_START_FAILED, C.SANDBOXES_UNAVAILABLE],
-                           body=_json(s.ref(control.AttachRequest)), body_required=False,
-                           params=name),
-                "get": _op("The sandbox's record", record,
-                           [*_IDENTITY, C.SANDBOX_NOT_FOUND], params=name),
-                "delete": _op("Drop the sandbox and its files", done,
-                              [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
-                              params=name),
+            paths.SANDBOXES: {
+                "get": _op(
+                    "This deployment's sandboxes",
+                    {"200": {"description": "the list", **_json(s.ref(control.SandboxList))}},
+                    [C.IDENTITY_TOKEN_INVALID, *_ANY],
+                )
             },
-            f"{one}/stop": {"post": _op(
-                "Suspend its compute early", done,
-                [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE], params=name)},
-            f"{one}/ports/{{port}}/share": {"post": _op(
-                "A signed, expiring URL to one port of the sandbox, for a person",
-                {"200": {"description": "the URL and when it expires",
-                         **_json(s.ref(control.ShareUrl))}},
-                [*_IDENTITY, C.SANDBOX_NOT_FOUND],
-                body=_json(s.ref(control.ShareRequest)), body_required=False,
-                params=[*name, {"name": "port", "in": "path", "required": True,
-                                "schema": {"type": "integer", "minimum": 1,
-                                           "maximum": 65535}}])},
+            one: {
+                "put": _op(
+                    "Create, resume or reuse the sandbox",
+                    handle,
+                    [
+                        *_IDENTITY,
+                        C.SANDBOX_LIMIT_REACHED,
+                        C.SANDBOXES_NOT_CONFIGURED,
+                        C.SANDBOX_NOT_DECLARED,
+                        C.SANDBOX_CLASS_UNKNOWN,
+                        C.SANDBOX_PREPARE_FAILED,
+                        C.SANDBOX_APPLY_FAILED,
+                        C.SANDBOX_START_FAILED,
+                        C.SANDBOXES_UNAVAILABLE,
+                    ],
+                    body=_json(s.ref(control.AttachRequest)),
+                    body_required=False,
+                    params=name,
+                ),
+                "get": _op(
+                    "The sandbox's record", record, [*_IDENTITY, C.SANDBOX_NOT_FOUND], params=name
+                ),
+                "delete": _op(
+                    "Drop the sandbox and its files",
+                    done,
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
+                    params=name,
+                ),
+            },
+            f"{one}/stop": {
+                "post": _op(
+                    "Suspend its compute early",
+                    done,
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
+                    params=name,
+                )
+            },
+            f"{one}/ports/{{port}}/share": {
+                "post": _op(
+                    "A signed, expiring URL to one port of the sandbox, for a person",
+                    {
+                        "200": {
+                            "description": "the URL and when it expires",
+                            **_json(s.ref(control.ShareUrl)),
+                        }
+                    },
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND],
+                    body=_json(s.ref(control.ShareRequest)),
+                    body_required=False,
+                    params=[
+                        *name,
+                        {
+                            "name": "port",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 65535},
+                        },
+                    ],
+                )
+            },
         },
-        "components": {"securitySchemes": {"identityToken": {
-            "type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
+        "components": {
+            "securitySchemes": {
+                "identityToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            }
+        },
     }
     s.ref(control.ErrorBody)
     doc["components"]["schemas"] = s.components
@@ -196,106 +265,241 @@ def control_plane(server_url: str) -> dict[str, Any]:
 
 def data_plane(endpoint: str) -> dict[str, Any]:
     """The data plane's document: paths relative to a handle's ``endpoint``."""
-    s = _Schemas(closed={data.ExecRequest, data.SpawnRequest, data.SignalRequest,
-                         data.MakeDirRequest, data.ChmodRequest, data.MoveRequest})
+    s = _Schemas(
+        closed={
+            data.ExecRequest,
+            data.SpawnRequest,
+            data.SignalRequest,
+            data.MakeDirRequest,
+            data.ChmodRequest,
+            data.MoveRequest,
+        }
+    )
     done = {"204": {"description": "done"}}
     path_q = [{"name": "path", "in": "query", "required": True, "schema": {"type": "string"}}]
-    pid = [{"name": "process_id", "in": "path", "required": True,
-            "schema": {"type": "string"}}]
-    offsets = [{"name": f"{stream}_from", "in": "query", "required": False,
-                "schema": {"type": "integer", "minimum": 0}} for stream in ("stdout", "stderr")]
+    pid = [{"name": "process_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    offsets = [
+        {
+            "name": f"{stream}_from",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0},
+        }
+        for stream in ("stdout", "stderr")
+    ]
     # Beyond the reference: a bounded long-poll, bytes as base64, an account.
-    live = [{"name": "wait_ms", "in": "query", "required": False,
-             "schema": {"type": "integer", "minimum": 0, "maximum": POLL_WAIT_MAX_MS}},
-            {"name": "encoding", "in": "query", "required": False,
-             "schema": {"type": "string", "enum": ["utf-8", "base64"]}}]
+    live = [
+        {
+            "name": "wait_ms",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0, "maximum": POLL_WAIT_MAX_MS},
+        },
+        {
+            "name": "encoding",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "enum": ["utf-8", "base64"]},
+        },
+    ]
     user_q = [{"name": "user", "in": "query", "required": False, "schema": {"type": "string"}}]
-    paths_ = {"PATH_" + c for c in ("INVALID", "NOT_FOUND", "IS_DIRECTORY", "NOT_DIRECTORY",
-                                    "ACCESS_DENIED")}
+    paths_ = {
+        "PATH_" + c
+        for c in ("INVALID", "NOT_FOUND", "IS_DIRECTORY", "NOT_DIRECTORY", "ACCESS_DENIED")
+    }
     path_codes = [c for c in C if c.value in paths_]
     exec_body = s.ref(data.ExecRequest)
     s.components["ExecRequest"]["properties"]["timeout_ms"].update(
-        {"minimum": 1, "maximum": EXEC_MAX_TIMEOUT_MS})
+        {"minimum": 1, "maximum": EXEC_MAX_TIMEOUT_MS}
+    )
     s.components["ExecRequest"]["properties"]["max_output_bytes"].update(
-        {"minimum": 0, "maximum": EXEC_OUTPUT_MAX})
+        {"minimum": 0, "maximum": EXEC_OUTPUT_MAX}
+    )
     s.ref(data.SignalRequest)
     s.components["SignalRequest"]["properties"]["signal"]["enum"] = list(SIGNAL_NAMES)
     doc: dict[str, Any] = {
         "openapi": VERSION,
-        "info": {"title": "podbay data plane", "version": "1",
-                 "description": "Commands, processes and files of one sandbox, through the "
-                                f"gateway. JSON bodies at most {MAX_JSON_BODY} bytes."},
+        "info": {
+            "title": "podbay data plane",
+            "version": "1",
+            "description": "Commands, processes and files of one sandbox, through the "
+            f"gateway. JSON bodies at most {MAX_JSON_BODY} bytes.",
+        },
         "servers": [{"url": endpoint}],
         "security": [{"credential": []}],
         "paths": {
-            paths.INFO: {"get": _op("What this agent can do", {"200": {
-                "description": "version and features", **_json(s.ref(data.AgentInfo))}},
-                _CREDENTIAL)},
-            paths.EXEC: {"post": _op("Run argv to completion", {"200": {
-                "description": "its exit code and output", **_json(s.ref(data.ExecResult))}},
-                [*_CREDENTIAL, C.COMMAND_START_FAILED, C.USER_UNKNOWN], body=_json(exec_body))},
+            paths.INFO: {
+                "get": _op(
+                    "What this agent can do",
+                    {
+                        "200": {
+                            "description": "version and features",
+                            **_json(s.ref(data.AgentInfo)),
+                        }
+                    },
+                    _CREDENTIAL,
+                )
+            },
+            paths.EXEC: {
+                "post": _op(
+                    "Run argv to completion",
+                    {
+                        "200": {
+                            "description": "its exit code and output",
+                            **_json(s.ref(data.ExecResult)),
+                        }
+                    },
+                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.USER_UNKNOWN],
+                    body=_json(exec_body),
+                )
+            },
             paths.PROCESSES: {
-                "get": _op("Tracked processes", {"200": {
-                    "description": "the list", **_json(s.ref(data.ProcessList))}}, _CREDENTIAL),
-                "post": _op("Start argv and return at once", {"200": {
-                    "description": "its status", **_json(s.ref(data.ProcessStatus))}},
-                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.PROCESS_LIMIT_REACHED,
-                     C.USER_UNKNOWN], body=_json(s.ref(data.SpawnRequest))),
-                "delete": _op("Kill every process in the sandbox but the agent", done,
-                              _CREDENTIAL),
+                "get": _op(
+                    "Tracked processes",
+                    {"200": {"description": "the list", **_json(s.ref(data.ProcessList))}},
+                    _CREDENTIAL,
+                ),
+                "post": _op(
+                    "Start argv and return at once",
+                    {"200": {"description": "its status", **_json(s.ref(data.ProcessStatus))}},
+                    [*_CREDENTIAL, C.COMMAND_START_FAILED, C.PROCESS_LIMIT_REACHED, C.USER_UNKNOWN],
+                    body=_json(s.ref(data.SpawnRequest)),
+                ),
+                "delete": _op("Kill every process in the sandbox but the agent", done, _CREDENTIAL),
             },
             paths.PROCESSES + "/{process_id}": {
-                "get": _op("Status and output after the given offsets", {"200": {
-                    "description": "status and output", **_json(s.ref(data.ProcessOutput))}},
-                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid + offsets + live),
-                "delete": _op("Kill if running, then forget", done,
-                              [*_CREDENTIAL, C.PROCESS_NOT_FOUND], params=pid),
+                "get": _op(
+                    "Status and output after the given offsets",
+                    {
+                        "200": {
+                            "description": "status and output",
+                            **_json(s.ref(data.ProcessOutput)),
+                        }
+                    },
+                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND],
+                    params=pid + offsets + live,
+                ),
+                "delete": _op(
+                    "Kill if running, then forget",
+                    done,
+                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND],
+                    params=pid,
+                ),
             },
-            paths.PROCESSES + "/{process_id}/signal": {"post": _op(
-                "Signal the process group", done,
-                [*_CREDENTIAL, C.PROCESS_NOT_FOUND, C.SIGNAL_INVALID],
-                body=_json(s.ref(data.SignalRequest)), params=pid)},
+            paths.PROCESSES + "/{process_id}/signal": {
+                "post": _op(
+                    "Signal the process group",
+                    done,
+                    [*_CREDENTIAL, C.PROCESS_NOT_FOUND, C.SIGNAL_INVALID],
+                    body=_json(s.ref(data.SignalRequest)),
+                    params=pid,
+                )
+            },
             paths.FILES: {
-                "get": _op("Read a file", {"200": {
-                    "description": "its bytes (X-Podbay-Sha256: their digest)",
-                    "content": {"application/octet-stream": {"schema": {}}}}},
-                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=path_q + user_q),
-                "put": _op("Write a file atomically", {"200": {
-                    "description": "what was written", **_json(s.ref(data.FileInfo))}},
-                    [*_CREDENTIAL, *path_codes, C.DIGEST_MISSING, C.DIGEST_MISMATCH,
-                     C.NO_SPACE, C.PATH_EXISTS],
+                "get": _op(
+                    "Read a file",
+                    {
+                        "200": {
+                            "description": "its bytes (X-Podbay-Sha256: their digest)",
+                            "content": {"application/octet-stream": {"schema": {}}},
+                        }
+                    },
+                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
+                    params=path_q + user_q,
+                ),
+                "put": _op(
+                    "Write a file atomically",
+                    {"200": {"description": "what was written", **_json(s.ref(data.FileInfo))}},
+                    [
+                        *_CREDENTIAL,
+                        *path_codes,
+                        C.DIGEST_MISSING,
+                        C.DIGEST_MISMATCH,
+                        C.NO_SPACE,
+                        C.PATH_EXISTS,
+                    ],
                     body={"content": {"application/octet-stream": {"schema": {}}}},
-                    params=[*path_q, *user_q, {"name": paths.DIGEST_HEADER, "in": "header",
-                                      "required": True, "schema": {
-                                          "type": "string", "pattern": "^[0-9a-f]{64}$"}}]),
-                "delete": _op("Remove a file or directory", done,
-                              [*_CREDENTIAL, *path_codes, C.DIRECTORY_NOT_EMPTY],
-                              params=[*path_q, *user_q, {"name": "recursive", "in": "query",
-                                                         "schema": {"type": "boolean"}}]),
+                    params=[
+                        *path_q,
+                        *user_q,
+                        {
+                            "name": paths.DIGEST_HEADER,
+                            "in": "header",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                        },
+                    ],
+                ),
+                "delete": _op(
+                    "Remove a file or directory",
+                    done,
+                    [*_CREDENTIAL, *path_codes, C.DIRECTORY_NOT_EMPTY],
+                    params=[
+                        *path_q,
+                        *user_q,
+                        {"name": "recursive", "in": "query", "schema": {"type": "boolean"}},
+                    ],
+                ),
             },
-            paths.FILES_STAT: {"get": _op("A file's metadata", {"200": {
-                "description": "its metadata", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=[
-                    *path_q, *user_q, {"name": "owner", "in": "query",
-                                       "schema": {"type": "boolean"}}])},
-            paths.FILES_LIST: {"get": _op("A directory's entries", {"200": {
-                "description": "its entries", **_json(s.ref(data.DirListing))}},
-                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN], params=path_q + user_q)},
-            paths.FILES_MKDIR: {"post": _op("Make a directory", {"200": {
-                "description": "the directory", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS, C.USER_UNKNOWN],
-                body=_json(s.ref(data.MakeDirRequest)), params=user_q)},
-            paths.FILES_CHMOD: {"post": _op("Set a path's permission bits", {"200": {
-                "description": "the path", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
-                body=_json(s.ref(data.ChmodRequest)), params=user_q)},
-            paths.FILES_MOVE: {"post": _op("Rename a path (atomic, one filesystem)", {"200": {
-                "description": "the destination", **_json(s.ref(data.FileInfo))}},
-                [*_CREDENTIAL, *path_codes, C.PATH_EXISTS, C.DIRECTORY_NOT_EMPTY,
-                 C.USER_UNKNOWN], body=_json(s.ref(data.MoveRequest)), params=user_q)},
+            paths.FILES_STAT: {
+                "get": _op(
+                    "A file's metadata",
+                    {"200": {"description": "its metadata", **_json(s.ref(data.FileInfo))}},
+                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
+                    params=[
+                        *path_q,
+                        *user_q,
+                        {"name": "owner", "in": "query", "schema": {"type": "boolean"}},
+                    ],
+                )
+            },
+            paths.FILES_LIST: {
+                "get": _op(
+                    "A directory's entries",
+                    {"200": {"description": "its entries", **_json(s.ref(data.DirListing))}},
+                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
+                    params=path_q + user_q,
+                )
+            },
+            paths.FILES_MKDIR: {
+                "post": _op(
+                    "Make a directory",
+                    {"200": {"description": "the directory", **_json(s.ref(data.FileInfo))}},
+                    [*_CREDENTIAL, *path_codes, C.PATH_EXISTS, C.USER_UNKNOWN],
+                    body=_json(s.ref(data.MakeDirRequest)),
+                    params=user_q,
+                )
+            },
+            paths.FILES_CHMOD: {
+                "post": _op(
+                    "Set a path's permission bits",
+                    {"200": {"description": "the path", **_json(s.ref(data.FileInfo))}},
+                    [*_CREDENTIAL, *path_codes, C.USER_UNKNOWN],
+                    body=_json(s.ref(data.ChmodRequest)),
+                    params=user_q,
+                )
+            },
+            paths.FILES_MOVE: {
+                "post": _op(
+                    "Rename a path (atomic, one filesystem)",
+                    {"200": {"description": "the destination", **_json(s.ref(data.FileInfo))}},
+                    [
+                        *_CREDENTIAL,
+                        *path_codes,
+                        C.PATH_EXISTS,
+                        C.DIRECTORY_NOT_EMPTY,
+                        C.USER_UNKNOWN,
+                    ],
+                    body=_json(s.ref(data.MoveRequest)),
+                    params=user_q,
+                )
+            },
         },
-        "components": {"securitySchemes": {"credential": {
-            "type": "apiKey", "in": "header", "name": paths.CREDENTIAL_HEADER}}},
+        "components": {
+            "securitySchemes": {
+                "credential": {"type": "apiKey", "in": "header", "name": paths.CREDENTIAL_HEADER}
+            }
+        },
     }
     s.ref(control.ErrorBody)
     doc["components"]["schemas"] = s.components

@@ -48,7 +48,7 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 
 def data_frames(data: bytes) -> list[bytes]:
     """``data`` as DATA frames of at most :data:`MAX_FRAME` bytes each."""
-    return [frame(DATA, data[i:i + MAX_FRAME]) for i in range(0, len(data), MAX_FRAME)]
+    return [frame(DATA, data[i : i + MAX_FRAME]) for i in range(0, len(data), MAX_FRAME)]
 
 
 def resize_frame(rows: int, cols: int) -> bytes:
@@ -62,8 +62,7 @@ def exit_frame(code: int) -> bytes:
 
 def check_size(rows: int, cols: int) -> None:
     for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, int) \
-                or not 1 <= value <= MAX_DIMENSION:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
             raise FrameError(f"{name} must be an integer from 1 to {MAX_DIMENSION}")
 
 

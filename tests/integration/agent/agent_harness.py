@@ -28,14 +28,16 @@ DECLARED = {"PODBAY_DECLARED": "from-env-file"}
 class Agent:
     """One running agent: its process, socket, workspace and a client."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock_path: str, workspace: Path,
-                 wrapped: bool = False) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], sock_path: str, workspace: Path, wrapped: bool = False
+    ) -> None:
         self.proc = proc
         self.wrapped = wrapped
         self.sock_path = sock_path
         self.workspace = workspace
-        self.client = httpx.Client(transport=httpx.HTTPTransport(uds=sock_path),
-                                   base_url="http://agent", timeout=30)
+        self.client = httpx.Client(
+            transport=httpx.HTTPTransport(uds=sock_path), base_url="http://agent", timeout=30
+        )
 
     @property
     def pid(self) -> int:
@@ -48,8 +50,9 @@ class Agent:
         return self.proc.pid
 
     def new_client(self) -> httpx.Client:
-        return httpx.Client(transport=httpx.HTTPTransport(uds=self.sock_path),
-                            base_url="http://agent", timeout=30)
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=self.sock_path), base_url="http://agent", timeout=30
+        )
 
     def exec(self, command: list[str], **fields: Any) -> httpx.Response:
         return self.client.post("/v1/exec", json={"command": command, **fields})
@@ -112,8 +115,16 @@ def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent
     listener.bind(sock_path)
     listener.listen(128)
     fd = listener.fileno()
-    argv = agent_argv([sys.executable], staged, "--fd", str(fd), "--workspace", str(workspace),
-                      "--env-file", str(env_file))
+    argv = agent_argv(
+        [sys.executable],
+        staged,
+        "--fd",
+        str(fd),
+        "--workspace",
+        str(workspace),
+        "--env-file",
+        str(env_file),
+    )
     env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak"}
     proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=env, cwd=str(tmp))
     listener.close()

@@ -35,12 +35,15 @@ def test_socket_mode_serves_info_exec_processes_and_files(tmp_path: Path) -> Non
         assert proc.stderr is not None
         assert "serving on" in proc.stderr.readline()
         assert sock.stat().st_mode & 0o777 == 0o600
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
-                          base_url="http://agent") as client:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://agent"
+        ) as client:
             assert {"files", "files.trailing-digest", "pty", "ports"} <= set(
-                client.get("/v1/info").json()["features"])
+                client.get("/v1/info").json()["features"]
+            )
             assert client.post("/v1/exec", json={"command": ["pwd"]}).json()["stdout"] == (
-                f"{tmp_path}\n")
+                f"{tmp_path}\n"
+            )
             assert client.post("/v1/processes", json={"command": ["true"]}).status_code == 200
             assert client.get("/v1/files/list", params={"path": "."}).status_code == 200
     finally:
@@ -70,7 +73,10 @@ def test_listen_mode_on_tcp(tmp_path: Path) -> None:
 
 def test_bad_options_exit_2(tmp_path: Path) -> None:
     podbay = Path(sys.executable).parent / "podbay"
-    done = subprocess.run([str(podbay), "agent", "--fd", "3", "--env-file",
-                           str(tmp_path / "missing.json")], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [str(podbay), "agent", "--fd", "3", "--env-file", str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2 and "env file" in done.stderr

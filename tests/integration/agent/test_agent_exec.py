@@ -147,7 +147,11 @@ def test_environment_is_clean_base_then_env_file_then_request(agent: Agent) -> N
     assert AGENT_SECRET not in env
     assert env == {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": "/elsewhere", "LANG": "C.UTF-8", "TERM": "xterm", "EXTRA": "1", **DECLARED,
+        "HOME": "/elsewhere",
+        "LANG": "C.UTF-8",
+        "TERM": "xterm",
+        "EXTRA": "1",
+        **DECLARED,
     }
 
 
@@ -155,13 +159,18 @@ def test_fifty_concurrent_execs(agent: Agent) -> None:
     # A barrier, not a stopwatch: each command waits until all fifty have
     # started, so the run only completes if they ran side by side.
     barrier = f"/tmp/podbay-barrier-{os.getpid()}-{time.monotonic_ns()}"
-    script = (f"mkdir -p {barrier}; touch {barrier}/$0; "
-              f"while [ $(ls {barrier} | wc -l) -lt 50 ]; do sleep 0.05; done; echo $0")
+    script = (
+        f"mkdir -p {barrier}; touch {barrier}/$0; "
+        f"while [ $(ls {barrier} | wc -l) -lt 50 ]; do sleep 0.05; done; echo $0"
+    )
 
     def one(i: int) -> tuple[int, dict[str, object]]:
         with agent.new_client() as client:
-            resp = client.post("/v1/exec", json={"command": ["sh", "-c", script, str(i)],
-                                                 "timeout_ms": 120_000}, timeout=180)
+            resp = client.post(
+                "/v1/exec",
+                json={"command": ["sh", "-c", script, str(i)], "timeout_ms": 120_000},
+                timeout=180,
+            )
             return i, resp.json()
 
     with ThreadPoolExecutor(50) as pool:

@@ -20,8 +20,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _put(agent: Agent, path: str, data: bytes, digest: str | None = None,
-         mode: str | None = None) -> httpx.Response:
+def _put(
+    agent: Agent, path: str, data: bytes, digest: str | None = None, mode: str | None = None
+) -> httpx.Response:
     headers = {"X-Podbay-Sha256": digest if digest is not None else _sha(data)}
     if mode is not None:
         headers["X-Podbay-Mode"] = mode
@@ -39,7 +40,11 @@ def test_binary_round_trip(agent: Agent, workspace: Path) -> None:
     assert resp.status_code == 200, resp.text
     info = resp.json()
     assert (info["type"], info["size"], info["path"], info["name"]) == (
-        "file", len(data), path, "blob.dat")
+        "file",
+        len(data),
+        path,
+        "blob.dat",
+    )
     got = agent.client.get("/v1/files", params={"path": path})
     assert got.status_code == 200
     assert got.content == data
@@ -60,8 +65,12 @@ def test_chunked_upload_and_empty_file(agent: Agent, workspace: Path) -> None:
     def chunks() -> Iterator[bytes]:
         yield from parts
 
-    resp = agent.client.put("/v1/files", params={"path": f"{workspace}/c"}, content=chunks(),
-                            headers={"X-Podbay-Sha256": _sha(data)})
+    resp = agent.client.put(
+        "/v1/files",
+        params={"path": f"{workspace}/c"},
+        content=chunks(),
+        headers={"X-Podbay-Sha256": _sha(data)},
+    )
     assert resp.status_code == 200, resp.text
     assert (workspace / "c").read_bytes() == data
     assert _put(agent, f"{workspace}/empty", b"").json()["size"] == 0
@@ -94,14 +103,22 @@ def test_trailing_digest_follows_the_content(agent: Agent, workspace: Path) -> N
     assert resp.json()["size"] == len(data)
     assert (workspace / "t.bin").read_bytes() == data
     # in pieces smaller than the digest, so that it straddles reads
-    parts = [data[:10], data[10:11], data[11:] + _sha(data).encode()[:30],
-             _sha(data).encode()[30:63], _sha(data).encode()[63:]]
-    resp = agent.client.put("/v1/files", params={"path": f"{workspace}/t2.bin"},
-                            content=iter(parts), headers={"X-Podbay-Sha256": "TRAILING"})
+    parts = [
+        data[:10],
+        data[10:11],
+        data[11:] + _sha(data).encode()[:30],
+        _sha(data).encode()[30:63],
+        _sha(data).encode()[63:],
+    ]
+    resp = agent.client.put(
+        "/v1/files",
+        params={"path": f"{workspace}/t2.bin"},
+        content=iter(parts),
+        headers={"X-Podbay-Sha256": "TRAILING"},
+    )
     assert resp.status_code == 200, resp.text
     assert (workspace / "t2.bin").read_bytes() == data
-    assert _put(agent, f"{workspace}/e", _sha(b"").encode(), digest="trailing").json()[
-        "size"] == 0
+    assert _put(agent, f"{workspace}/e", _sha(b"").encode(), digest="trailing").json()["size"] == 0
 
 
 def test_trailing_digest_refusals_write_nothing(agent: Agent, workspace: Path) -> None:
@@ -150,7 +167,9 @@ def test_symlink_to_a_directory_is_not_a_file(agent: Agent, workspace: Path) -> 
     (workspace / "dir" / "inner").write_text("i")
     (workspace / "link").symlink_to(workspace / "dir")
     assert _code(agent.client.get("/v1/files", params={"path": f"{workspace}/link"})) == (
-        400, "PATH_IS_DIRECTORY")
+        400,
+        "PATH_IS_DIRECTORY",
+    )
     assert _code(_put(agent, f"{workspace}/link", b"x")) == (400, "PATH_IS_DIRECTORY")
     assert (workspace / "link").is_symlink() and (workspace / "dir" / "inner").exists()
     stat = agent.client.get("/v1/files/stat", params={"path": f"{workspace}/link"}).json()
@@ -174,18 +193,24 @@ def test_directory_and_file_confusions(agent: Agent, workspace: Path) -> None:
     assert _code(get("/v1/files", params={"path": f"{workspace}/d"})) == (400, "PATH_IS_DIRECTORY")
     assert _code(_put(agent, f"{workspace}/d", b"x")) == (400, "PATH_IS_DIRECTORY")
     assert _code(get("/v1/files/list", params={"path": f"{workspace}/f"})) == (
-        400, "PATH_NOT_DIRECTORY")
+        400,
+        "PATH_NOT_DIRECTORY",
+    )
     assert _code(_put(agent, f"{workspace}/f/child", b"x")) == (400, "PATH_NOT_DIRECTORY")
     assert _code(get("/v1/files", params={"path": f"{workspace}/none"})) == (404, "PATH_NOT_FOUND")
     assert _code(get("/v1/files/list", params={"path": f"{workspace}/none"})) == (
-        404, "PATH_NOT_FOUND")
+        404,
+        "PATH_NOT_FOUND",
+    )
     assert _code(_put(agent, f"{workspace}/trailing/", b"x")) == (400, "PATH_INVALID")
 
 
 def test_fifo_is_refused_not_waited_on(agent: Agent, workspace: Path) -> None:
     os.mkfifo(workspace / "fifo")
     assert _code(agent.client.get("/v1/files", params={"path": f"{workspace}/fifo"})) == (
-        400, "PATH_INVALID")
+        400,
+        "PATH_INVALID",
+    )
 
 
 def test_list_and_stat(agent: Agent, workspace: Path) -> None:
@@ -213,7 +238,9 @@ def test_delete(agent: Agent, workspace: Path) -> None:
     assert not (workspace / "f").exists()
     assert _code(delete("/v1/files", params={"path": f"{workspace}/f"})) == (404, "PATH_NOT_FOUND")
     assert _code(delete("/v1/files", params={"path": f"{workspace}/tree"})) == (
-        409, "DIRECTORY_NOT_EMPTY")
+        409,
+        "DIRECTORY_NOT_EMPTY",
+    )
     resp = delete("/v1/files", params={"path": f"{workspace}/tree", "recursive": "true"})
     assert resp.status_code == 204 and not (workspace / "tree").exists()
 
@@ -224,11 +251,13 @@ def test_mkdir(agent: Agent, workspace: Path) -> None:
     assert (resp.json()["type"], resp.json()["mode"]) == ("directory", 0o700)
     again = agent.client.post("/v1/files/mkdir", json={"path": f"{workspace}/a/b/c"})
     assert again.status_code == 200  # parents=True: like mkdir -p
-    exists = agent.client.post("/v1/files/mkdir",
-                               json={"path": f"{workspace}/a/b/c", "parents": False})
+    exists = agent.client.post(
+        "/v1/files/mkdir", json={"path": f"{workspace}/a/b/c", "parents": False}
+    )
     assert _code(exists) == (409, "PATH_EXISTS")
-    orphan = agent.client.post("/v1/files/mkdir",
-                               json={"path": f"{workspace}/x/y", "parents": False})
+    orphan = agent.client.post(
+        "/v1/files/mkdir", json={"path": f"{workspace}/x/y", "parents": False}
+    )
     assert _code(orphan) == (404, "PATH_NOT_FOUND")
 
 
@@ -244,8 +273,12 @@ def test_large_file_streams_in_constant_memory(fresh_agent: Agent) -> None:
             yield block
 
     before = fresh_agent.rss_kib("VmRSS")
-    resp = fresh_agent.client.put("/v1/files", params={"path": "big"}, content=body(),
-                                  headers={"X-Podbay-Sha256": data_digest.hexdigest()})
+    resp = fresh_agent.client.put(
+        "/v1/files",
+        params={"path": "big"},
+        content=body(),
+        headers={"X-Podbay-Sha256": data_digest.hexdigest()},
+    )
     assert resp.status_code == 200 and resp.json()["size"] == size
     received = hashlib.sha256()
     total = 0
@@ -263,8 +296,10 @@ def test_upload_cut_short_leaves_nothing_behind(agent: Agent, workspace: Path) -
     import socket
 
     (workspace / "keep").write_bytes(b"old")
-    head = (f"PUT /v1/files?path={workspace}/keep HTTP/1.1\r\nHost: a\r\n"
-            f"X-Podbay-Sha256: {'0' * 64}\r\nContent-Length: 100000\r\n\r\n").encode()
+    head = (
+        f"PUT /v1/files?path={workspace}/keep HTTP/1.1\r\nHost: a\r\n"
+        f"X-Podbay-Sha256: {'0' * 64}\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(agent.sock_path)
         sock.sendall(head + b"x" * 5000)

@@ -14,8 +14,11 @@ from agent_harness import Agent
 
 def _mount(target: Path, options: str) -> bool:
     target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
-                          capture_output=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        capture_output=True,
+        check=False,
+    )
     return done.returncode == 0
 
 
@@ -31,8 +34,12 @@ def small_fs(workspace: Path) -> Iterator[Path]:
 def test_full_filesystem_is_no_space_and_leaves_nothing(agent: Agent, small_fs: Path) -> None:
     (small_fs / "keep").write_bytes(b"old")
     data = b"x" * (1024 * 1024)
-    resp = agent.client.put("/v1/files", params={"path": f"{small_fs}/keep"}, content=data,
-                            headers={"X-Podbay-Sha256": hashlib.sha256(data).hexdigest()})
+    resp = agent.client.put(
+        "/v1/files",
+        params={"path": f"{small_fs}/keep"},
+        content=data,
+        headers={"X-Podbay-Sha256": hashlib.sha256(data).hexdigest()},
+    )
     assert (resp.status_code, resp.json()["code"]) == (507, "NO_SPACE")
     assert sorted(p.name for p in small_fs.iterdir()) == ["keep"]
     assert (small_fs / "keep").read_bytes() == b"old"
@@ -40,8 +47,12 @@ def test_full_filesystem_is_no_space_and_leaves_nothing(agent: Agent, small_fs: 
 
 def test_read_only_filesystem_is_access_denied(agent: Agent, small_fs: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
-    resp = agent.client.put("/v1/files", params={"path": f"{small_fs}/new"}, content=b"x",
-                            headers={"X-Podbay-Sha256": hashlib.sha256(b"x").hexdigest()})
+    resp = agent.client.put(
+        "/v1/files",
+        params={"path": f"{small_fs}/new"},
+        content=b"x",
+        headers={"X-Podbay-Sha256": hashlib.sha256(b"x").hexdigest()},
+    )
     assert (resp.status_code, resp.json()["code"]) == (409, "PATH_ACCESS_DENIED")
     resp = agent.client.post("/v1/files/mkdir", json={"path": f"{small_fs}/d"})
     assert (resp.status_code, resp.json()["code"]) == (409, "PATH_ACCESS_DENIED")

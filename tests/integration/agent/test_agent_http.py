@@ -77,10 +77,14 @@ def test_unknown_route_and_wrong_method(agent: Agent) -> None:
 
 def test_keep_alive_chunked_body_and_expect_continue(agent: Agent) -> None:
     body = b'{"command": ["echo", "chunked"]}'
-    first = (b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-             + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-    second = (b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
-              b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    first = (
+        b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    )
+    second = (
+        b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
     raw = _raw(agent, first + second)
     assert raw.count(b"HTTP/1.1 200 OK") == 2
     assert raw.count(b'"stdout":"chunked\\n"') == 2

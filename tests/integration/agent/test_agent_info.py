@@ -11,5 +11,14 @@ def test_info_reports_version_and_files_feature(agent: Agent) -> None:
     body = resp.json()
     assert set(body) == {"version", "features"}
     assert body["version"] == podbay.__version__
-    assert {"files", "files.trailing-digest", "pty", "ports", "files-ops", "stdin",
-            "exec-output", "live-output", "users"} <= set(body["features"])
+    assert {
+        "files",
+        "files.trailing-digest",
+        "pty",
+        "ports",
+        "files-ops",
+        "stdin",
+        "exec-output",
+        "live-output",
+        "users",
+    } <= set(body["features"])

@@ -30,8 +30,10 @@ def test_exec_stdin_streams_binary_through(agent: Agent) -> None:
     for _ in range(50):
         digest.update(block)
     resp = agent.client.post(
-        "/v1/exec", headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
-        content=_stdin_body({"command": ["sha256sum"]}, iter([block] * 50)))
+        "/v1/exec",
+        headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
+        content=_stdin_body({"command": ["sha256sum"]}, iter([block] * 50)),
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["exit_code"] == 0
@@ -41,16 +43,21 @@ def test_exec_stdin_streams_binary_through(agent: Agent) -> None:
 
 def test_exec_stdin_ignored_by_the_command_is_discarded(agent: Agent) -> None:
     resp = agent.client.post(
-        "/v1/exec", headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
-        content=_stdin_body({"command": ["head", "-c", "3"]}, iter([b"abcdef" * MIB])))
+        "/v1/exec",
+        headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
+        content=_stdin_body({"command": ["head", "-c", "3"]}, iter([b"abcdef" * MIB])),
+    )
     assert resp.json()["stdout"] == "abc"
     # The connection is still good for the next request.
     assert agent.exec(["echo", "next"]).json()["stdout"] == "next\n"
 
 
 def test_exec_stdin_body_needs_its_request_line(agent: Agent) -> None:
-    resp = agent.client.post("/v1/exec", headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
-                             content=b'{"command": ["cat"]}')
+    resp = agent.client.post(
+        "/v1/exec",
+        headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
+        content=b'{"command": ["cat"]}',
+    )
     assert resp.status_code == 400 and resp.json()["code"] == "REQUEST_INVALID"
 
 
@@ -59,8 +66,7 @@ def test_spawned_process_stdin_written_many_times_then_closed(agent: Agent) -> N
     for part in (b"one ", b"two ", b"three"):
         resp = agent.client.post(f"/v1/processes/{pid}/stdin", content=part)
         assert resp.status_code == 204, resp.text
-    resp = agent.client.post(f"/v1/processes/{pid}/stdin", params={"close": "true"},
-                             content=b"!")
+    resp = agent.client.post(f"/v1/processes/{pid}/stdin", params={"close": "true"}, content=b"!")
     assert resp.status_code == 204
     agent.wait_exited(pid)
     out = agent.client.get(f"/v1/processes/{pid}").json()
@@ -80,7 +86,13 @@ def test_spawn_without_stdin_has_none(agent: Agent) -> None:
 
 def test_reference_exec_answer_has_no_new_fields(agent: Agent) -> None:
     assert set(agent.exec(["true"]).json()) == {
-        "exit_code", "stdout", "stderr", "duration_ms", "timed_out", "truncated"}
+        "exit_code",
+        "stdout",
+        "stderr",
+        "duration_ms",
+        "timed_out",
+        "truncated",
+    }
 
 
 def test_tail_kept_10_mib_output(agent: Agent) -> None:
@@ -93,16 +105,21 @@ def test_tail_kept_10_mib_output(agent: Agent) -> None:
 
 
 def test_head_tail_with_marker_and_own_cap(agent: Agent) -> None:
-    resp = agent.exec(["python3", "-c", "print('x' * 100, end=''); print('y' * 100, end='')"],
-                      keep="head_tail", max_output_bytes=20)
+    resp = agent.exec(
+        ["python3", "-c", "print('x' * 100, end=''); print('y' * 100, end='')"],
+        keep="head_tail",
+        max_output_bytes=20,
+    )
     body = resp.json()
     assert body["stdout"] == "x" * 10 + "\n[... 180 bytes dropped ...]\n" + "y" * 10
     assert body["stdout_dropped"] == 180 and body["truncated"] is True
 
 
 def test_bytes_output_is_base64_and_exact(agent: Agent) -> None:
-    resp = agent.exec(["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)))"],
-                      output_encoding="base64")
+    resp = agent.exec(
+        ["python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)))"],
+        output_encoding="base64",
+    )
     assert base64.b64decode(resp.json()["stdout"]) == bytes(range(256))
 
 
@@ -137,8 +154,9 @@ def test_poll_bytes(agent: Agent) -> None:
 
 def test_streamed_exec_sends_output_as_written(agent: Agent) -> None:
     command = ["sh", "-c", "echo first; sleep 1; echo second >&2; exit 3"]
-    with agent.client.stream("POST", "/v1/exec", json={"command": command},
-                             headers={"Accept": EXEC_STREAM_CONTENT_TYPE}) as resp:
+    with agent.client.stream(
+        "POST", "/v1/exec", json={"command": command}, headers={"Accept": EXEC_STREAM_CONTENT_TYPE}
+    ) as resp:
         assert resp.headers["content-type"] == EXEC_STREAM_CONTENT_TYPE
         lines = resp.iter_lines()
         first = json.loads(next(lines))
@@ -156,8 +174,9 @@ def test_exec_killed_when_its_client_leaves(agent: Agent, tmp_path: Path) -> Non
     body = json.dumps({"command": ["sh", "-c", f"echo $$ > {marker}; exec sleep 300"]}).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(agent.sock_path)
-        sock.sendall(b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(body), body))
+        sock.sendall(
+            b"POST /v1/exec HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         deadline = time.monotonic() + 10
         while not marker.exists() or not marker.read_text().strip():
             assert time.monotonic() < deadline
@@ -170,16 +189,19 @@ def test_chmod_move_and_owner(agent: Agent, workspace: Path) -> None:
     (workspace / "a.txt").write_text("hi")
     resp = agent.client.post("/v1/files/chmod", json={"path": f"{rel}/a.txt", "mode": 0o600})
     assert resp.status_code == 200 and resp.json()["mode"] == 0o600
-    resp = agent.client.post("/v1/files/move", json={"source": f"{rel}/a.txt",
-                                                     "destination": f"{rel}/d/b.txt"})
+    resp = agent.client.post(
+        "/v1/files/move", json={"source": f"{rel}/a.txt", "destination": f"{rel}/d/b.txt"}
+    )
     assert resp.status_code == 200, resp.text
     assert (workspace / "d/b.txt").read_text() == "hi" and not (workspace / "a.txt").exists()
     (workspace / "c.txt").write_text("c")
-    resp = agent.client.post("/v1/files/move", json={"source": f"{rel}/c.txt",
-                                                     "destination": f"{rel}/d/b.txt"})
+    resp = agent.client.post(
+        "/v1/files/move", json={"source": f"{rel}/c.txt", "destination": f"{rel}/d/b.txt"}
+    )
     assert resp.status_code == 409 and resp.json()["code"] == "PATH_EXISTS"
-    stat = agent.client.get("/v1/files/stat", params={"path": f"{rel}/d/b.txt",
-                                                      "owner": "true"}).json()
+    stat = agent.client.get(
+        "/v1/files/stat", params={"path": f"{rel}/d/b.txt", "owner": "true"}
+    ).json()
     assert (stat["uid"], stat["owner"], stat["size"]) == (0, "root", 2)
     plain = agent.client.get("/v1/files/stat", params={"path": f"{rel}/d/b.txt"}).json()
     assert "owner" not in plain and "uid" not in plain
@@ -195,7 +217,8 @@ def test_default_user_header_and_explicit_user(agent: Agent) -> None:
     headers = {"X-Podbay-Default-User": "nobody"}
     resp = agent.client.post("/v1/exec", json={"command": ["id", "-u"]}, headers=headers)
     assert resp.json()["stdout"] == "65534\n"
-    resp = agent.client.post("/v1/exec", json={"command": ["id", "-u"], "user": "root"},
-                             headers=headers)
+    resp = agent.client.post(
+        "/v1/exec", json={"command": ["id", "-u"], "user": "root"}, headers=headers
+    )
     assert resp.json()["stdout"] == "0\n"
     assert agent.exec(["id", "-u"]).json()["stdout"] == "0\n"

@@ -16,8 +16,9 @@ from agent_harness import Agent, start_agent
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                           capture_output=True, check=False)
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False
+    )
     return probe.returncode == 0
 
 
@@ -35,7 +36,7 @@ def init_agent(tmp_path: Path, staged: Path) -> Iterator[Agent]:
 def _namespace_processes(agent: Agent) -> list[tuple[int, str, str]]:
     """(pid, state, name) of every process in the agent's PID namespace, seen
     from inside (the command doing the looking included)."""
-    script = "for s in /proc/[0-9]*/stat; do cat \"$s\" 2>/dev/null; echo; done"
+    script = 'for s in /proc/[0-9]*/stat; do cat "$s" 2>/dev/null; echo; done'
     out = agent.exec(["sh", "-c", script]).json()["stdout"]
     rows = []
     for line in out.splitlines():
@@ -75,8 +76,11 @@ def test_sigkill_from_the_host_ends_the_whole_sandbox(init_agent: Agent) -> None
         out = init_agent.client.get(f"/v1/processes/{pid}").json()["stdout"]
     inner = int(out)  # a pid inside the namespace; find the sleeper from outside
     # Children of every thread of the agent (each lists what it forked).
-    sleepers = [int(p) for task in Path(f"/proc/{init_agent.pid}/task").iterdir()
-                for p in (task / "children").read_text().split()]
+    sleepers = [
+        int(p)
+        for task in Path(f"/proc/{init_agent.pid}/task").iterdir()
+        for p in (task / "children").read_text().split()
+    ]
     assert sleepers and inner > 1
     init_agent.stop()
     deadline = time.monotonic() + 2

@@ -13,8 +13,9 @@ MIB = 1024 * 1024
 
 
 def _poll(agent: Agent, pid: str, stdout_from: int = 0, stderr_from: int = 0) -> dict[str, Any]:
-    resp = agent.client.get(f"/v1/processes/{pid}",
-                            params={"stdout_from": stdout_from, "stderr_from": stderr_from})
+    resp = agent.client.get(
+        f"/v1/processes/{pid}", params={"stdout_from": stdout_from, "stderr_from": stderr_from}
+    )
     assert resp.status_code == 200, resp.text
     return dict(resp.json())
 
@@ -43,8 +44,7 @@ def test_spawn_poll_and_exit(agent: Agent) -> None:
 
 def test_five_mib_polled_after_exit_drops_exactly_four(agent: Agent) -> None:
     # 524288 lines of 10 bytes: line i starts at byte 10*i.
-    script = ("import sys; w = sys.stdout.buffer.write\n"
-              "for i in range(524288): w(b'%09d\\n' % i)")
+    script = "import sys; w = sys.stdout.buffer.write\nfor i in range(524288): w(b'%09d\\n' % i)"
     pid = agent.spawn(["python3", "-c", script]).json()["process_id"]
     agent.wait_exited(pid)
     out = _poll(agent, pid)
@@ -181,12 +181,15 @@ def test_a_process_that_is_never_read_never_blocks(agent: Agent) -> None:
     agent.client.delete(f"/v1/processes/{pid}")
 
 
-def test_kill_takes_the_tree_and_kill_all_takes_every_descendant(fresh_agent: Agent,
-                                                                 tmp_path: Path) -> None:
+def test_kill_takes_the_tree_and_kill_all_takes_every_descendant(
+    fresh_agent: Agent, tmp_path: Path
+) -> None:
     # Outside a sandbox (not PID 1): the agent's own descendants only, never kill(-1).
     pids = tmp_path / "pids"
-    escaped = (f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 & "
-               f"echo $$ >> {pids}; sleep 300")
+    escaped = (
+        f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 & "
+        f"echo $$ >> {pids}; sleep 300"
+    )
     pid = fresh_agent.spawn(["sh", "-c", escaped]).json()["process_id"]
     deadline = time.monotonic() + 10
     while len(pids.read_text().split() if pids.exists() else []) < 2:
@@ -198,8 +201,13 @@ def test_kill_takes_the_tree_and_kill_all_takes_every_descendant(fresh_agent: Ag
     pids.unlink()
     # An orphan in a session of its own (lineage to a tracked command lost) and a
     # tracked process: DELETE /v1/processes takes both, the agent lives on.
-    fresh_agent.spawn(["sh", "-c", f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' "
-                                   "</dev/null >/dev/null 2>&1 &"])
+    fresh_agent.spawn(
+        [
+            "sh",
+            "-c",
+            f"setsid sh -c 'echo $$ >> {pids}; exec sleep 300' </dev/null >/dev/null 2>&1 &",
+        ]
+    )
     tracked = fresh_agent.spawn(["sleep", "300"]).json()["process_id"]
     deadline = time.monotonic() + 10
     while not pids.exists() or not pids.read_text().strip():

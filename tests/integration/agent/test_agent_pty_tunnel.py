@@ -13,14 +13,18 @@ from agent_harness import Agent
 from podbay.wire import paths, stream
 
 
-def _upgrade(agent: Agent, method: str, target: str, token: str,
-             body: bytes = b"") -> tuple[socket.socket, bytes, bytes]:
+def _upgrade(
+    agent: Agent, method: str, target: str, token: str, body: bytes = b""
+) -> tuple[socket.socket, bytes, bytes]:
     """Send an upgrade request; the socket, the answer's head and what followed it."""
     sock = socket.socket(socket.AF_UNIX)
     sock.settimeout(30)
     sock.connect(agent.sock_path)
-    sock.sendall(f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
-                 f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
+        f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -37,10 +41,10 @@ class _Frames:
     def next(self) -> tuple[bytes, bytes]:
         while True:
             if len(self.buf) >= stream.HEADER.size:
-                kind, length = stream.parse_header(bytes(self.buf[:stream.HEADER.size]))
+                kind, length = stream.parse_header(bytes(self.buf[: stream.HEADER.size]))
                 end = stream.HEADER.size + length
                 if len(self.buf) >= end:
-                    payload = bytes(self.buf[stream.HEADER.size:end])
+                    payload = bytes(self.buf[stream.HEADER.size : end])
                     del self.buf[:end]
                     return kind, payload
             chunk = self.sock.recv(65536)
@@ -63,16 +67,23 @@ def _pty(agent: Agent, **fields: object) -> tuple[socket.socket, bytes, _Frames]
 
 
 def test_python_repl_on_a_terminal_answers_resizes_and_reports_its_exit(agent: Agent) -> None:
-    sock, head, frames = _pty(agent, command=["python3", "-q", "-i"], rows=30, cols=100,
-                              term="xterm-mono")
+    sock, head, frames = _pty(
+        agent, command=["python3", "-q", "-i"], rows=30, cols=100, term="xterm-mono"
+    )
     assert head.startswith(b"HTTP/1.1 101"), head
     frames.output_until(b">>> ")
     sock.sendall(stream.frame(stream.DATA, b"6*7\r"))
     assert b"42" in frames.output_until(b"42")
-    sock.sendall(stream.frame(stream.DATA, b"import os, shutil; print(os.environ['TERM'], "
-                                            b"shutil.get_terminal_size(), os.isatty(0))\r"))
+    sock.sendall(
+        stream.frame(
+            stream.DATA,
+            b"import os, shutil; print(os.environ['TERM'], "
+            b"shutil.get_terminal_size(), os.isatty(0))\r",
+        )
+    )
     assert b"xterm-mono os.terminal_size(columns=100, lines=30) True" in frames.output_until(
-        b"True")
+        b"True"
+    )
     sock.sendall(stream.resize_frame(50, 132))
     sock.sendall(stream.frame(stream.DATA, b"print(shutil.get_terminal_size())\r"))
     assert b"columns=132, lines=50" in frames.output_until(b"lines=50")
@@ -109,14 +120,19 @@ def test_a_closed_terminal_kills_its_command(agent: Agent) -> None:
 
 
 def test_a_command_that_cannot_start_is_refused_without_upgrade(agent: Agent) -> None:
-    sock, head, rest = _upgrade(agent, "POST", paths.PTY, paths.UPGRADE_PTY,
-                                json.dumps({"command": ["/no/such"]}).encode())
+    sock, head, rest = _upgrade(
+        agent, "POST", paths.PTY, paths.UPGRADE_PTY, json.dumps({"command": ["/no/such"]}).encode()
+    )
     assert head.startswith(b"HTTP/1.1 400"), head
     assert b"COMMAND_START_FAILED" in rest or b"COMMAND_START_FAILED" in sock.recv(4096)
-    for bad in ({"command": ["sh"], "rows": 0}, {"command": ["sh"], "term": "a\nb"},
-                {"command": ["sh"], "extra": 1}):
-        sock, head, _ = _upgrade(agent, "POST", paths.PTY, paths.UPGRADE_PTY,
-                                 json.dumps(bad).encode())
+    for bad in (
+        {"command": ["sh"], "rows": 0},
+        {"command": ["sh"], "term": "a\nb"},
+        {"command": ["sh"], "extra": 1},
+    ):
+        sock, head, _ = _upgrade(
+            agent, "POST", paths.PTY, paths.UPGRADE_PTY, json.dumps(bad).encode()
+        )
         assert head.startswith(b"HTTP/1.1 400"), (bad, head)
 
 
@@ -139,8 +155,7 @@ def test_tunnel_splices_to_a_server_on_the_sandbox_loopback(agent: Agent) -> Non
                 conn.sendall(data.upper())
 
     threading.Thread(target=echo_once, daemon=True).start()
-    sock, head, rest = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}",
-                                paths.UPGRADE_TUNNEL)
+    sock, head, rest = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL)
     assert head.startswith(b"HTTP/1.1 101"), head
     sock.sendall(b"hello" * 100_000)
     sock.shutdown(socket.SHUT_WR)

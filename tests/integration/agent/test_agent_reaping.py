@@ -32,14 +32,14 @@ def test_no_zombies_after_execs_processes_and_orphans(fresh_agent: Agent) -> Non
         orphan_pids.append(int(body["stdout"]))
         agent.exec(["true"])
         agent.exec(["sh", "-c", "exit 3"])
-    ids = [agent.spawn(["sh", "-c", "(sleep 0.1 &); exit 0"]).json()["process_id"]
-           for _ in range(10)]
+    ids = [
+        agent.spawn(["sh", "-c", "(sleep 0.1 &); exit 0"]).json()["process_id"] for _ in range(10)
+    ]
     for pid in ids:
         agent.wait_exited(pid)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if not _children(agent.pid) and not any(Path(f"/proc/{p}").exists()
-                                                 for p in orphan_pids):
+        if not _children(agent.pid) and not any(Path(f"/proc/{p}").exists() for p in orphan_pids):
             break
         time.sleep(0.05)
     assert _children(agent.pid) == []  # no zombie, no orphan left behind

@@ -45,8 +45,10 @@ def name(platform: RealServer) -> Iterator[str]:
     """A fresh sandbox name, deleted afterwards."""
     sandbox = f"it-{uuid.uuid4().hex[:10]}"
     yield sandbox
-    with SandboxClient(identity_token=platform.token, server_url=platform.url) as client, \
-            contextlib.suppress(Exception):  # never created, or already gone
+    with (
+        SandboxClient(identity_token=platform.token, server_url=platform.url) as client,
+        contextlib.suppress(Exception),
+    ):  # never created, or already gone
         client.delete(sandbox)
 
 
@@ -93,4 +95,3 @@ def make_client(face: str, platform: RealServer) -> Iterator[Any]:
 @pytest.fixture
 def client(make_client: Any) -> Any:
     return make_client()
-

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.root
 def unsigned_token(iss: str) -> str:
     """An identity token the client can read its server from (``iss``), which no
     server accepts: enough to point the client somewhere."""
+
     def part(obj: dict[str, str]) -> str:
         return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
 
@@ -26,12 +27,18 @@ def unsigned_token(iss: str) -> str:
 
 @pytest.fixture
 def cli(platform: Any) -> Any:
-    def run(*args: str, token: str | None = None, check: bool = False
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, token: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "ASTRO_AUTHZ_TOKEN": token or platform.token}
         env.pop("PODBAY_SERVER_URL", None)
-        done = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", *args],
-                              capture_output=True, text=True, env=env, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "podbay.cli.main", "sandbox", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         if check:
             assert done.returncode == 0, done.stderr
         return done
@@ -48,8 +55,16 @@ def test_exec_exits_with_the_commands_code(cli: Any, name: str) -> None:
 
 
 def test_run_streams_and_exits_with_the_code(cli: Any, name: str) -> None:
-    done = cli("run", name, "--interval-ms", "50", "--", "/bin/sh", "-c",
-               "echo a; sleep 0.2; echo b >&2; exit 3")
+    done = cli(
+        "run",
+        name,
+        "--interval-ms",
+        "50",
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo a; sleep 0.2; echo b >&2; exit 3",
+    )
     assert (done.returncode, done.stdout, done.stderr) == (3, "a\n", "b\n")
 
 
@@ -59,8 +74,7 @@ def test_lifecycle_and_json(cli: Any, name: str) -> None:
     # The record names the class the sandbox runs in: the one attach answered
     # (podbay resolves "default"; the reference stub keeps the word).
     assert attached["class"] in ("default", "container")
-    assert json.loads(cli("get", name, "--json", check=True).stdout)["class"] == \
-        attached["class"]
+    assert json.loads(cli("get", name, "--json", check=True).stdout)["class"] == attached["class"]
     rows = json.loads(cli("list", "--json", check=True).stdout)
     assert name in [r["name"] for r in rows]
     assert name in cli("list", check=True).stdout
@@ -114,15 +128,21 @@ def test_unreachable_and_no_token(cli: Any) -> None:
     assert down.returncode == 2 and down.stderr.startswith("podbay: unavailable:")
     assert "Traceback" not in down.stderr
     env = {k: v for k, v in os.environ.items() if k != "ASTRO_AUTHZ_TOKEN"}
-    none = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", "list"],
-                          capture_output=True, text=True, env=env)
+    none = subprocess.run(
+        [sys.executable, "-m", "podbay.cli.main", "sandbox", "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert none.returncode == 2 and "ASTRO_AUTHZ_TOKEN" in none.stderr
 
 
-QUICK = ("import atexit, sys; marker = sys.argv.pop(1); "
-         "atexit.register(lambda: open(marker, 'w').write(' '.join("
-         "m for m in ('click', 'httpx') if m in sys.modules))); "
-         "from podbay.cli.entry import main; main()")
+QUICK = (
+    "import atexit, sys; marker = sys.argv.pop(1); "
+    "atexit.register(lambda: open(marker, 'w').write(' '.join("
+    "m for m in ('click', 'httpx') if m in sys.modules))); "
+    "from podbay.cli.entry import main; main()"
+)
 
 
 def test_quick_exec_answers_as_the_full_command(platform: Any, name: str, tmp_path: Path) -> None:
@@ -133,23 +153,48 @@ def test_quick_exec_answers_as_the_full_command(platform: Any, name: str, tmp_pa
     marker = tmp_path / "loaded"
 
     def both(*args: str) -> tuple[Any, Any, str]:
-        quick = subprocess.run([sys.executable, "-c", QUICK, str(marker), "sandbox", "exec",
-                                *args], capture_output=True, text=True, env=env, timeout=120)
-        full = subprocess.run([sys.executable, "-m", "podbay.cli.main", "sandbox", "exec",
-                               *args], capture_output=True, text=True, env=env, timeout=120)
+        quick = subprocess.run(
+            [sys.executable, "-c", QUICK, str(marker), "sandbox", "exec", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        full = subprocess.run(
+            [sys.executable, "-m", "podbay.cli.main", "sandbox", "exec", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         return quick, full, marker.read_text()
 
-    for args in ([name, "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
-                 [name, "--cwd", "/tmp", "--env", "A=1", "--env=B=2", "--", "/bin/sh", "-c",
-                  "pwd; echo $A$B"],
-                 [name, "--timeout-ms", "300", "--", "sleep", "5"],
-                 [name, "--cwd", "/nonexistent", "--", "true"],
-                 [name, "--", "/no/such/program"],
-                 ["bad name!", "--", "true"],
-                 [name, "--server", platform.url, "--", "printf", "\u00e9\\377"]):
+    for args in (
+        [name, "--", "/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
+        [
+            name,
+            "--cwd",
+            "/tmp",
+            "--env",
+            "A=1",
+            "--env=B=2",
+            "--",
+            "/bin/sh",
+            "-c",
+            "pwd; echo $A$B",
+        ],
+        [name, "--timeout-ms", "300", "--", "sleep", "5"],
+        [name, "--cwd", "/nonexistent", "--", "true"],
+        [name, "--", "/no/such/program"],
+        ["bad name!", "--", "true"],
+        [name, "--server", platform.url, "--", "printf", "\u00e9\\377"],
+    ):
         quick, full, loaded = both(*args)
-        assert (quick.returncode, quick.stdout, quick.stderr) == \
-            (full.returncode, full.stdout, full.stderr), args
+        assert (quick.returncode, quick.stdout, quick.stderr) == (
+            full.returncode,
+            full.stdout,
+            full.stderr,
+        ), args
         if args[0] == name:
             assert loaded == "", args  # the quick path answered by itself
     quick, full, loaded = both(name, "--json", "--", "echo", "hi")

@@ -21,13 +21,19 @@ FULL = "import sys; from podbay.cli.main import main; sys.argv[0] = 'podbay'; ma
 def _podbay(platform: Any, path: str, *args: str, stdin: Any) -> subprocess.CompletedProcess:
     env = {**os.environ, "ASTRO_AUTHZ_TOKEN": platform.token}
     env.pop("PODBAY_SERVER_URL", None)
-    return subprocess.run([sys.executable, "-c", path, "sandbox", "exec", *args],
-                          stdin=stdin, capture_output=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", path, "sandbox", "exec", *args],
+        stdin=stdin,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("path", [QUICK, FULL], ids=["quick", "full"])
-def test_piped_stdin_user_and_exit_code(platform: Any, name: str, path: str,
-                                        tmp_path: Path) -> None:
+def test_piped_stdin_user_and_exit_code(
+    platform: Any, name: str, path: str, tmp_path: Path
+) -> None:
     echo = subprocess.Popen(["echo", "hi"], stdout=subprocess.PIPE)
     done = _podbay(platform, path, name, "--", "cat", stdin=echo.stdout)
     echo.wait()
@@ -40,8 +46,19 @@ def test_piped_stdin_user_and_exit_code(platform: Any, name: str, path: str,
     assert done.returncode == 5
     assert done.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
     with source.open("rb") as f:
-        done = _podbay(platform, path, name, "--user", "user", "--no-stdin", "--",
-                       "sh", "-c", "id -un; wc -c", stdin=f)
+        done = _podbay(
+            platform,
+            path,
+            name,
+            "--user",
+            "user",
+            "--no-stdin",
+            "--",
+            "sh",
+            "-c",
+            "id -un; wc -c",
+            stdin=f,
+        )
     assert (done.stdout, done.returncode) == (b"user\n0\n", 0), done.stderr
     done = _podbay(platform, path, name, "--", "cat", stdin=subprocess.DEVNULL)
     assert (done.stdout, done.returncode) == (b"", 0)

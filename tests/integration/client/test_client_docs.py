@@ -30,8 +30,9 @@ def snippets() -> list[Any]:
 @pytest.mark.parametrize("code", snippets())
 def test_snippet_runs_as_printed(code: str, platform: Any) -> None:
     env = {**os.environ, "ASTRO_AUTHZ_TOKEN": platform.token}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("4", "hi")
     from podbay import SandboxClient

@@ -97,8 +97,12 @@ def test_output_tail_10_mib_bytes_and_head_tail(client: Any, name: str) -> None:
     result = client.exec(name, ["python3", "-c", script], keep="tail")
     assert result.truncated and result.stdout_dropped == 9 * MIB
     assert len(result.stdout) == MIB and result.stdout.endswith("aTAIL")
-    both = client.exec(name, ["python3", "-c", "print('x' * 50 + 'y' * 50, end='')"],
-                       keep="head_tail", max_output_bytes=10)
+    both = client.exec(
+        name,
+        ["python3", "-c", "print('x' * 50 + 'y' * 50, end='')"],
+        keep="head_tail",
+        max_output_bytes=10,
+    )
     assert both.stdout == "xxxxx\n[... 90 bytes dropped ...]\nyyyyy"
     raw = client.exec_bytes(name, ["printf", "\\377\\000\\001"])
     assert raw.stdout == b"\xff\x00\x01" and raw.stdout_dropped == 0
@@ -108,8 +112,11 @@ def test_output_tail_10_mib_bytes_and_head_tail(client: Any, name: str) -> None:
 
 def test_stream_is_live_and_run_returns(client: Any, name: str) -> None:
     flag = "/tmp/stream-go"
-    command = ["sh", "-c", f"echo first; while [ ! -e {flag} ]; do sleep 0.01; done; "
-                           "echo second >&2; exit 4"]
+    command = [
+        "sh",
+        "-c",
+        f"echo first; while [ ! -e {flag} ]; do sleep 0.01; done; echo second >&2; exit 4",
+    ]
 
     def release(sync: Any) -> Any:
         if isinstance(sync, SandboxClient):
@@ -122,8 +129,11 @@ def test_stream_is_live_and_run_returns(client: Any, name: str) -> None:
     assert events[1].stderr == "second\n"
     assert events[-1].result.exit_code == 4
     seen: list[str] = []
-    run = client.run(name, ["sh", "-c", "echo a; sleep 0.2; echo b"],
-                     on_output=lambda chunk: seen.append(chunk.stdout))
+    run = client.run(
+        name,
+        ["sh", "-c", "echo a; sleep 0.2; echo b"],
+        on_output=lambda chunk: seen.append(chunk.stdout),
+    )
     assert (run.stdout, run.exit_code) == ("a\nb\n", 0) and "".join(seen) == "a\nb\n"
 
 
@@ -151,8 +161,7 @@ def test_files_operations(client: Any, name: str) -> None:
 def test_exec_killed_when_the_client_leaves(client: Any, name: str) -> None:
     handle = client.attach(name)
     pidfile = "/tmp/left.pid"
-    body = {"command": ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 600"],
-            "timeout_ms": 600_000}
+    body = {"command": ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 600"], "timeout_ms": 600_000}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
         httpx.post(handle.endpoint + "/v1/exec", json=body, headers=handle.headers, timeout=3)
     pid = client.read_file(name, pidfile).strip()

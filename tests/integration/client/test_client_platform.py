@@ -33,11 +33,14 @@ BINARY = b"\x00\xff" * 1000 + bytes(range(256)) + b"\xff\x00\n\r\x00"
 def test_commands(client: Any, name: str) -> None:
     handle = client.attach(name)
     assert handle.state == "running" and handle.name == name
-    result = client.exec(name, ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
-                         env={"GREETING": "hi"})
+    result = client.exec(
+        name, ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], env={"GREETING": "hi"}
+    )
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
-    assert client.exec(name, ["/bin/sh", "-c", 'echo "$GREETING"'],
-                       env={"GREETING": "hi"}).stdout == "hi\n"
+    assert (
+        client.exec(name, ["/bin/sh", "-c", 'echo "$GREETING"'], env={"GREETING": "hi"}).stdout
+        == "hi\n"
+    )
     timed = client.exec(name, ["sleep", "10"], timeout_ms=300)
     assert timed.timed_out and timed.exit_code == 137
     combined = client.exec_combined(name, "echo 1; echo 2 >&2; echo 3")
@@ -68,13 +71,17 @@ def test_processes(client: Any, name: str) -> None:
 
 def test_run(client: Any, name: str) -> None:
     chunks: list[str] = []
-    result = client.run(name, ["/bin/sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done; "
-                                                "echo bad >&2; exit 5"],
-                        interval_ms=50, on_output=lambda c: chunks.append(c.stdout))
+    result = client.run(
+        name,
+        ["/bin/sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done; echo bad >&2; exit 5"],
+        interval_ms=50,
+        on_output=lambda c: chunks.append(c.stdout),
+    )
     assert (result.exit_code, result.stdout, result.stderr) == (5, "1\n2\n3\n", "bad\n")
     assert not result.killed and "".join(chunks) == "1\n2\n3\n"
-    timed = client.run(name, ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=50,
-                       timeout_ms=500)
+    timed = client.run(
+        name, ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=50, timeout_ms=500
+    )
     assert timed.killed and timed.timed_out and timed.stdout == "begin\n"
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
@@ -100,7 +107,8 @@ def test_files(make_client: Any, name: str, files: str, tmp_path: Path) -> None:
     names = {(e.name, e.is_directory) for e in client.list_dir(name)}
     assert {("notes.txt", False), ("sub", True)} <= names
     assert client.grep(name, "TODO", "notes.txt") == [
-        GrepMatch(path="notes.txt", line=2, text="TODO: x:y")]
+        GrepMatch(path="notes.txt", line=2, text="TODO: x:y")
+    ]
     assert client.grep(name, "TODO") == [GrepMatch(path="./notes.txt", line=2, text="TODO: x:y")]
     assert client.grep(name, "no-such-thing") == []
     with pytest.raises(SandboxRequestError) as info:
@@ -159,8 +167,10 @@ def test_control_plane(client: Any, name: str) -> None:
 def test_handle_object(platform: Any, name: str) -> None:
     from podbay import SandboxClient
 
-    with SandboxClient(identity_token=platform.token, server_url=platform.url) as client, \
-            client.sandbox(name) as sb:
+    with (
+        SandboxClient(identity_token=platform.token, server_url=platform.url) as client,
+        client.sandbox(name) as sb,
+    ):
         sb.write_file("hi.py", "print('hi')\n")
         assert sb.exec(["python3", "hi.py"]).stdout == "hi\n"
 
@@ -182,8 +192,9 @@ def test_401_reattaches_once(platform: Any, name: str) -> None:
     from podbay import SandboxClient
 
     transport = CountAttaches()
-    with SandboxClient(identity_token=platform.token, server_url=platform.url,
-                       transport=transport) as client:
+    with SandboxClient(
+        identity_token=platform.token, server_url=platform.url, transport=transport
+    ) as client:
         handle = client.attach(name)
         forged = {k: v[:-4] + "AAAA" for k, v in handle.headers.items()}
         client._core.store(name, dataclasses.replace(handle, headers=forged))
@@ -223,8 +234,9 @@ class ALoseAnswers(httpx.AsyncBaseTransport):
         return response
 
 
-def test_transport_failure_is_not_retried(make_client: Any, face: str, name: str,
-                                          platform: Any) -> None:
+def test_transport_failure_is_not_retried(
+    make_client: Any, face: str, name: str, platform: Any
+) -> None:
     transport: Any = LoseAnswers() if face == "sync" else ALoseAnswers()
     client = make_client(transport=transport)
     client.attach(name)

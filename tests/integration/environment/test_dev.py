@@ -18,8 +18,14 @@ pytestmark = pytest.mark.root
 
 
 def dev(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "podbay.cli.main", "dev", *args], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "podbay.cli.main", "dev", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def servers_of(data_dir: Path) -> list[int]:
@@ -44,7 +50,8 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
     project = tmp_path / "my-agent"
     project.mkdir()
     (project / "astropods.yml").write_text(
-        "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo one > v']\n")
+        "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo one > v']\n"
+    )
     try:
         up = dev(project, env, "up", *listen)
         assert up.returncode == 0, up.stderr
@@ -53,11 +60,17 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
         token = line.split("=", 1)[1]
         assert len(servers_of(helper.data_dir)) == 1  # it started one
 
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                           headers={"authorization": f"Bearer {token}"})
+        api = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=60,
+            headers={"authorization": f"Bearer {token}"},
+        )
         handle = api.put("/api/v1/sandboxes/t1").json()
-        out = api.post(handle["endpoint"] + "/v1/exec", headers=handle["headers"],
-                       json={"command": ["cat", "v"]}).json()
+        out = api.post(
+            handle["endpoint"] + "/v1/exec",
+            headers=handle["headers"],
+            json={"command": ["cat", "v"]},
+        ).json()
         assert out["stdout"] == "one\n"
 
         # Unchanged: reused, nothing deleted, same server.
@@ -68,13 +81,17 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
 
         # A changed file applies on the next up: old sandboxes go, new ones use it.
         (project / "astropods.yml").write_text(
-            "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo two > v']\n")
+            "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo two > v']\n"
+        )
         changed = dev(project, env, "up", *listen)
         assert changed.returncode == 0 and "changed" in changed.stderr, changed.stderr
         assert api.get("/api/v1/sandboxes/t1").status_code == 404
         handle = api.put("/api/v1/sandboxes/t2").json()
-        out = api.post(handle["endpoint"] + "/v1/exec", headers=handle["headers"],
-                       json={"command": ["cat", "v"]}).json()
+        out = api.post(
+            handle["endpoint"] + "/v1/exec",
+            headers=handle["headers"],
+            json={"command": ["cat", "v"]},
+        ).json()
         assert out["stdout"] == "two\n"
 
         down = dev(project, env, "down", *listen)

@@ -33,8 +33,9 @@ sandbox:
 BUILD_TIMEOUT_S = 600
 
 
-def attach_until_ready(server: PlatformServer, token: str, name: str) -> tuple[
-        httpx.Response, list[httpx.Response]]:
+def attach_until_ready(
+    server: PlatformServer, token: str, name: str
+) -> tuple[httpx.Response, list[httpx.Response]]:
     """PUT until the answer is not 202; returns the last answer and the 202s."""
     waits: list[httpx.Response] = []
     deadline = time.monotonic() + BUILD_TIMEOUT_S
@@ -55,8 +56,7 @@ def run(server: PlatformServer, handle: dict[str, Any], *argv: str) -> dict[str,
 
 def layers(server: PlatformServer) -> list[Path]:
     root = server.data_dir / "layers"
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() \
-        else []
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
 
 
 def test_packages_env_and_setup_are_installed_once_and_reused(server: PlatformServer) -> None:
@@ -103,7 +103,8 @@ def test_packages_env_and_setup_are_installed_once_and_reused(server: PlatformSe
 
 
 def test_a_package_that_does_not_exist_fails_with_the_step_then_a_fix_builds(
-        server: PlatformServer) -> None:
+    server: PlatformServer,
+) -> None:
     bad = "name: broken\nsandbox:\n  toolchain: never\n  packages: [podbay-no-such-package]\n"
     token = server.create_deployment("broken", bad)
     response, _ = attach_until_ready(server, token, "b1")
@@ -122,8 +123,10 @@ def test_a_package_that_does_not_exist_fails_with_the_step_then_a_fix_builds(
 
 
 def test_a_failing_setup_command_is_named_with_its_output(server: PlatformServer) -> None:
-    spec = ("name: setup-fails\nsandbox:\n  toolchain: never\n  setup:\n"
-            "    - echo fine\n    - echo 'the reason' >&2; exit 3\n")
+    spec = (
+        "name: setup-fails\nsandbox:\n  toolchain: never\n  setup:\n"
+        "    - echo fine\n    - echo 'the reason' >&2; exit 3\n"
+    )
     token = server.create_deployment("setup-fails", spec)
     response, _ = attach_until_ready(server, token, "s1")
     assert response.status_code == 409, response.text
@@ -136,8 +139,9 @@ def test_a_failing_setup_command_is_named_with_its_output(server: PlatformServer
 
 
 def test_an_invalid_section_is_refused_at_registration(server: PlatformServer) -> None:
-    bad = ("name: x\nsandbox:\n  toolchain: auto\n  python:\n"
-           "    packages: [ok, 'pandas && curl x']\n")
+    bad = (
+        "name: x\nsandbox:\n  toolchain: auto\n  python:\n    packages: [ok, 'pandas && curl x']\n"
+    )
     result = server.cli("deployment", "create", "invalid", "--spec", "-", input=bad, check=False)
     assert result.returncode != 0
     assert "sandbox.python.packages[1]" in result.stderr
@@ -145,7 +149,8 @@ def test_an_invalid_section_is_refused_at_registration(server: PlatformServer) -
 
 
 def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
-        server: PlatformServer) -> None:
+    server: PlatformServer,
+) -> None:
     from podbay import AsyncSandboxClient, SandboxClient, SandboxPreparingError
 
     spec = "name: sdk-env\nsandbox:\n  toolchain: never\n  packages: [bc]\n"
@@ -153,8 +158,9 @@ def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
 
     async def attach_impatiently() -> SandboxPreparingError:
         # The async face here and the sync face below: both meet real 202s.
-        async with AsyncSandboxClient(identity_token=token, server_url=server.base_url,
-                                      prepare_timeout_seconds=0.5) as impatient:
+        async with AsyncSandboxClient(
+            identity_token=token, server_url=server.base_url, prepare_timeout_seconds=0.5
+        ) as impatient:
             with pytest.raises(SandboxPreparingError) as info:
                 await impatient.attach("w1")
             return info.value
@@ -168,8 +174,10 @@ def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
 
 
 def test_node_of_the_declared_major_with_global_packages(server: PlatformServer) -> None:
-    spec = ('name: node-env\nsandbox:\n  toolchain: never\n  node:\n    version: "22"\n'
-            "    packages: [semver@7, left-pad]\n")
+    spec = (
+        'name: node-env\nsandbox:\n  toolchain: never\n  node:\n    version: "22"\n'
+        "    packages: [semver@7, left-pad]\n"
+    )
     token = server.create_deployment("node-env", spec)
     response, _ = attach_until_ready(server, token, "n1")
     assert response.status_code == 200, response.text

@@ -22,9 +22,22 @@ from podbay.testing.platform import PlatformServer, free_port
 
 pytestmark = pytest.mark.root
 
-TOOLS = {"attach", "list_sandboxes", "exec", "run", "read_file", "read_file_base64",
-         "write_file", "list_dir", "grep", "spawn", "processes", "read_process",
-         "kill_process", "run_code"}
+TOOLS = {
+    "attach",
+    "list_sandboxes",
+    "exec",
+    "run",
+    "read_file",
+    "read_file_base64",
+    "write_file",
+    "list_dir",
+    "grep",
+    "spawn",
+    "processes",
+    "read_process",
+    "kill_process",
+    "run_code",
+}
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +73,39 @@ async def exercise(client: Client, sandbox: str) -> None:
     exec_tool = next(t for t in listed.tools if t.name == "exec")
     assert {"sandbox", "command"} <= set(exec_tool.input_schema["required"])
 
-    ran = payload(await client.call_tool("exec", {
-        "sandbox": sandbox, "command": ["sh", "-c", "echo hello from $(hostname); exit 3"]}))
+    ran = payload(
+        await client.call_tool(
+            "exec",
+            {"sandbox": sandbox, "command": ["sh", "-c", "echo hello from $(hostname); exit 3"]},
+        )
+    )
     assert ran["exit_code"] == 3 and ran["stdout"].startswith("hello from ")
 
-    payload(await client.call_tool("write_file", {"sandbox": sandbox, "path": "notes/a.txt",
-                                                  "content": "alpha\nbeta\n"}))
-    assert payload(await client.call_tool("read_file", {
-        "sandbox": sandbox, "path": "notes/a.txt"})) == "alpha\nbeta\n"
-    matches = payload(await client.call_tool("grep", {"sandbox": sandbox, "pattern": "bet",
-                                                      "path": "notes"}))
+    payload(
+        await client.call_tool(
+            "write_file", {"sandbox": sandbox, "path": "notes/a.txt", "content": "alpha\nbeta\n"}
+        )
+    )
+    assert (
+        payload(await client.call_tool("read_file", {"sandbox": sandbox, "path": "notes/a.txt"}))
+        == "alpha\nbeta\n"
+    )
+    matches = payload(
+        await client.call_tool("grep", {"sandbox": sandbox, "pattern": "bet", "path": "notes"})
+    )
     assert [(m["line"], m["text"]) for m in matches] == [(2, "beta")]
     entries = payload(await client.call_tool("list_dir", {"sandbox": sandbox, "path": "notes"}))
     assert [e["name"] for e in entries] == ["a.txt"]
 
 
-def test_stdio_lists_tools_and_runs_a_command(server: PlatformServer, token: str,
-                                              name: str) -> None:
+def test_stdio_lists_tools_and_runs_a_command(
+    server: PlatformServer, token: str, name: str
+) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "podbay.cli.main", "mcp"],
-        env={**os.environ, "ASTRO_AUTHZ_TOKEN": token})
+        command=sys.executable,
+        args=["-m", "podbay.cli.main", "mcp"],
+        env={**os.environ, "ASTRO_AUTHZ_TOKEN": token},
+    )
     live: list[str] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -89,13 +115,17 @@ def test_stdio_lists_tools_and_runs_a_command(server: PlatformServer, token: str
         async with Client(params) as client:
             await exercise(client, name)
             # run: the output arrives as progress messages while the command runs.
-            result = payload(await client.call_tool("run", {
-                "sandbox": name,
-                "command": ["sh", "-c", "echo first; sleep 1; echo second"]},
-                progress_callback=on_progress))
+            result = payload(
+                await client.call_tool(
+                    "run",
+                    {"sandbox": name, "command": ["sh", "-c", "echo first; sleep 1; echo second"]},
+                    progress_callback=on_progress,
+                )
+            )
             assert result["stdout"] == "first\nsecond\n" and result["exit_code"] == 0
-            code = payload(await client.call_tool("run_code", {"sandbox": name,
-                                                               "code": "x = 20\nx + 22"}))
+            code = payload(
+                await client.call_tool("run_code", {"sandbox": name, "code": "x = 20\nx + 22"})
+            )
             assert code["result"] == "42" and code["error"] is None
 
     anyio.run(main)
@@ -106,9 +136,20 @@ def test_stdio_lists_tools_and_runs_a_command(server: PlatformServer, token: str
 def test_streamable_http(server: PlatformServer, token: str, name: str) -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "podbay.cli.main", "mcp", "--transport", "http",
-         "--port", str(port)], env={**os.environ, "ASTRO_AUTHZ_TOKEN": token},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "podbay.cli.main",
+            "mcp",
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "ASTRO_AUTHZ_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

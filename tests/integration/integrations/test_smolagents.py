@@ -35,8 +35,9 @@ sandbox:
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxClient]:
     with PlatformServer.start(tmp_path_factory.mktemp("serve-smolagents")) as server:
         token = server.create_deployment("smolagents-tests", SPEC)
-        with SandboxClient(identity_token=token, server_url=server.base_url,
-                           prepare_timeout_seconds=900) as c:
+        with SandboxClient(
+            identity_token=token, server_url=server.base_url, prepare_timeout_seconds=900
+        ) as c:
             yield c
 
 
@@ -73,11 +74,13 @@ class ScriptedModel(Model):
 
 
 def test_a_code_agent_runs_its_steps_in_the_sandbox(executor: PodbayExecutor) -> None:
-    model = ScriptedModel([
-        "Thought: compute in the sandbox.\n<code>\nimport os\nv = len(os.uname().nodename)\n"
-        "print(v > 0)\n</code>",
-        "Thought: done.\n<code>\nfinal_answer(v * 0 + 42)\n</code>",
-    ])
+    model = ScriptedModel(
+        [
+            "Thought: compute in the sandbox.\n<code>\nimport os\nv = len(os.uname().nodename)\n"
+            "print(v > 0)\n</code>",
+            "Thought: done.\n<code>\nfinal_answer(v * 0 + 42)\n</code>",
+        ]
+    )
     agent = CodeAgent(tools=[], model=model, executor=executor, max_steps=4)
     assert agent.run("What is the answer?") == 42
     assert executor("v > 0").output == "True"  # the agent's variable lives in the sandbox

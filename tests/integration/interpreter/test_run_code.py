@@ -38,8 +38,9 @@ def token(server: PlatformServer) -> str:
 @pytest.fixture(scope="module")
 def client(server: PlatformServer, token: str) -> Iterator[SandboxClient]:
     # The first attach waits for the environment (matplotlib) to build.
-    with SandboxClient(identity_token=token, server_url=server.base_url,
-                       prepare_timeout_seconds=900) as c:
+    with SandboxClient(
+        identity_token=token, server_url=server.base_url, prepare_timeout_seconds=900
+    ) as c:
         yield c
 
 
@@ -71,15 +72,17 @@ def test_state_output_and_errors(client: SandboxClient, name: str) -> None:
     assert syntax.error is not None and syntax.error.name == "SyntaxError"
     # The interpreter itself runs in the sandbox, not here.
     where = sb.run_code("import socket, os; socket.gethostname(), os.getpid()")
-    assert where.text is not None and where.text != repr((__import__("socket").gethostname(),
-                                                          __import__("os").getpid()))
+    assert where.text is not None and where.text != repr(
+        (__import__("socket").gethostname(), __import__("os").getpid())
+    )
     assert sb.run_code("x").text == "1"
 
 
 def test_rich_outputs(client: SandboxClient, name: str) -> None:
     sb = client.sandbox(name)
-    plot = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\n"
-                       "plt.title('squares')")
+    plot = sb.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares')"
+    )
     assert plot.error is None, plot.error
     figures = [r for r in plot.results if not r.is_main_result]
     assert len(figures) == 1
@@ -96,15 +99,17 @@ def test_rich_outputs(client: SandboxClient, name: str) -> None:
         "    def _repr_html_(self): return '<table><tr><td>1</td></tr></table>'\n"
         "    def _repr_json_(self): return {'rows': [[1]]}\n"
         "    def __repr__(self): return 'Table(1 row)'\n"
-        "Table()")
+        "Table()"
+    )
     assert rich.result is not None
     assert rich.result.html == "<table><tr><td>1</td></tr></table>"
     assert rich.result.json == {"rows": [[1]]}
     assert rich.text == "Table(1 row)"
 
 
-def test_an_infinite_loop_is_interrupted_and_the_state_kept(client: SandboxClient,
-                                                            name: str) -> None:
+def test_an_infinite_loop_is_interrupted_and_the_state_kept(
+    client: SandboxClient, name: str
+) -> None:
     sb = client.sandbox(name)
     sb.run_code("kept = 'still here'")
     looped = sb.run_code("n = 0\nwhile True:\n    n += 1", timeout_ms=1000)
@@ -138,8 +143,7 @@ def test_suspend_and_resume_keep_the_state(client: SandboxClient, name: str) -> 
     assert resumed.kernel_id == before.kernel_id
 
 
-def test_an_interpreter_gone_between_cells_is_replaced(client: SandboxClient,
-                                                       name: str) -> None:
+def test_an_interpreter_gone_between_cells_is_replaced(client: SandboxClient, name: str) -> None:
     sb = client.sandbox(name)
     pid = sb.run_code("z = 1\nimport os\nos.getpid()").text
     assert pid is not None
@@ -153,8 +157,9 @@ def test_an_interpreter_gone_between_cells_is_replaced(client: SandboxClient,
     assert again.restarted and again.kernel_id != replaced.kernel_id
 
 
-def test_async_face_shares_the_sandbox_interpreter(client: SandboxClient, token: str,
-                                                   server: PlatformServer, name: str) -> None:
+def test_async_face_shares_the_sandbox_interpreter(
+    client: SandboxClient, token: str, server: PlatformServer, name: str
+) -> None:
     client.sandbox(name).run_code("shared = [1, 2]")
 
     async def main() -> tuple[str | None, bool]:

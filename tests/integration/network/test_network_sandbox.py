@@ -23,8 +23,9 @@ from podbay.testing.fixtures import (
 
 
 @pytest.fixture(scope="module", params=OCI_RUNTIMES)
-def oci_settings(request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def oci_settings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Settings]:
     """Every probe here runs against runc and against runsc (gVisor)."""
     yield from settings_for(tmp_path_factory, request.param)
 
@@ -75,9 +76,12 @@ def test_real_sandbox_network(
     if gvisor:
         # That file is gVisor's own; the host-owned namespace is untouched.
         netns = Path(oci_session.settings.runtime.run_dir) / m.id / "netns"
-        forward = subprocess.run(["nsenter", f"--net={netns}", "cat",
-                                  "/proc/sys/net/ipv4/ip_forward"],
-                                 capture_output=True, text=True, check=True).stdout
+        forward = subprocess.run(
+            ["nsenter", f"--net={netns}", "cat", "/proc/sys/net/ipv4/ip_forward"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert forward.strip() == "0"
     else:
         assert not down.ok

@@ -31,8 +31,10 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentClient]:
 
 def connect(agent: AgentClient, host: str, port: int) -> str:
     """What a TCP connect from inside the guest gets: the first line, or the error."""
-    result = agent.exec(["timeout", "5", "bash", "-c",
-                         f"exec 3<>/dev/tcp/{host}/{port} && head -n1 <&3"], timeout_ms=20_000)
+    result = agent.exec(
+        ["timeout", "5", "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port} && head -n1 <&3"],
+        timeout_ms=20_000,
+    )
     return result.stdout.strip() if result.exit_code == 0 else f"failed: {result.stderr}"
 
 

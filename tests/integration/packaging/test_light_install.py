@@ -16,14 +16,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 #: Distributions that only the ``server`` extra may bring (lower-case, as pip lists them).
-SERVER_ONLY = {"starlette", "uvicorn", "cryptography", "prometheus-client", "pyjwt",
-               "pyyaml", "httptools", "uvloop"}
+SERVER_ONLY = {
+    "starlette",
+    "uvicorn",
+    "cryptography",
+    "prometheus-client",
+    "pyjwt",
+    "pyyaml",
+    "httptools",
+    "uvloop",
+}
 
 
 def run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                          env={"PATH": "/usr/bin:/bin", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                               "HOME": "/nonexistent"})
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "HOME": "/nonexistent"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +50,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_sdk_imports(venv: Path) -> None:
-    done = run([str(venv / "bin" / "python"), "-c",
-                "import podbay; print(podbay.SandboxClient.__name__, "
-                "podbay.AsyncSandboxClient.__name__)"])
+    done = run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import podbay; print(podbay.SandboxClient.__name__, "
+            "podbay.AsyncSandboxClient.__name__)",
+        ]
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["SandboxClient", "AsyncSandboxClient"]
 
@@ -63,5 +81,6 @@ def test_a_server_command_names_the_extra(venv: Path, command: str) -> None:
     done = run([str(venv / "bin" / "podbay"), command])
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert lines == [f"Error: podbay {command} needs the server extra: "
-                     "pip install 'podbay[server]'"], done.stderr
+    assert lines == [
+        f"Error: podbay {command} needs the server extra: pip install 'podbay[server]'"
+    ], done.stderr

@@ -14,10 +14,13 @@ pytestmark = pytest.mark.root
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
     """One server for the tests that need no special settings."""
-    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
-        "PODBAY_CAPS_PER_DEPLOYMENT": "3",
-        "PODBAY_CAPS_PER_ACCOUNT": "5",
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"),
+        env={
+            "PODBAY_CAPS_PER_DEPLOYMENT": "3",
+            "PODBAY_CAPS_PER_ACCOUNT": "5",
+        },
+    ) as s:
         yield s
 
 

@@ -66,9 +66,11 @@ def test_refusals(server, token):
     no_section = server.create_deployment("no-section", NO_SANDBOX_SPEC)
     r = server.attach(no_section, "x")
     assert (r.status_code, r.json()["code"]) == (409, "SANDBOX_NOT_DECLARED")
-    for method, path in (("GET", "/api/v1/sandboxes/nope"),
-                         ("POST", "/api/v1/sandboxes/nope/stop"),
-                         ("DELETE", "/api/v1/sandboxes/nope")):
+    for method, path in (
+        ("GET", "/api/v1/sandboxes/nope"),
+        ("POST", "/api/v1/sandboxes/nope/stop"),
+        ("DELETE", "/api/v1/sandboxes/nope"),
+    ):
         r = server.api(method, path, token)
         assert (r.status_code, r.json()["code"]) == (404, "SANDBOX_NOT_FOUND")
     assert set(r.json()) == {"error", "code"}
@@ -80,8 +82,9 @@ def test_other_deployment_sees_nothing(server, token):
     mine = server.api("GET", "/api/v1/sandboxes/private", token)
     missing = server.api("GET", "/api/v1/sandboxes/absent", token)
     assert mine.status_code == missing.status_code == 404
-    assert mine.json()["error"].replace("private", "N") == \
-        missing.json()["error"].replace("absent", "N")
+    assert mine.json()["error"].replace("private", "N") == missing.json()["error"].replace(
+        "absent", "N"
+    )
     assert server.api("DELETE", "/api/v1/sandboxes/private", token).status_code == 404
     assert server.exec(h, "true").status_code == 200  # untouched
     server.api("DELETE", "/api/v1/sandboxes/private", other)
@@ -133,8 +136,9 @@ def test_metrics_and_request_id(server, token):
 
 
 def test_deployment_cli(server):
-    out = server.cli("deployment", "create", "cli-agent", "--spec", "-",
-                     input="sandbox:\n  toolchain: never\n")
+    out = server.cli(
+        "deployment", "create", "cli-agent", "--spec", "-", input="sandbox:\n  toolchain: never\n"
+    )
     token = out.stdout.strip().splitlines()[-1]
     assert token.count(".") == 2
     assert "cli-agent" in server.cli("deployment", "list").stdout
@@ -147,8 +151,9 @@ def test_deployment_cli(server):
     assert r.json()["code"] == "SANDBOX_NOT_DECLARED"
     server.cli("deployment", "delete", "cli-agent")
     assert server.api("GET", "/api/v1/sandboxes", token).status_code == 401
-    bad = server.cli("deployment", "create", "bad", "--spec", "-", input="sandbox: [1]\n",
-                     check=False)
+    bad = server.cli(
+        "deployment", "create", "bad", "--spec", "-", input="sandbox: [1]\n", check=False
+    )
     assert bad.returncode != 0
 
 
@@ -175,12 +180,19 @@ def test_streaming_file_in_constant_memory(server, token):
         raise AssertionError
 
     before = hwm()
-    r = server.data(h, "PUT", "/v1/files", params={"path": "/workspace/big"}, content=body(),
-                    headers={"X-Podbay-Sha256": digest.hexdigest()})
+    r = server.data(
+        h,
+        "PUT",
+        "/v1/files",
+        params={"path": "/workspace/big"},
+        content=body(),
+        headers={"X-Podbay-Sha256": digest.hexdigest()},
+    )
     assert r.status_code in (200, 201, 204), r.text
     got = hashlib.sha256()
-    with server.http.stream("GET", h["endpoint"] + "/v1/files", params={"path": "/workspace/big"},
-                            headers=h["headers"]) as resp:
+    with server.http.stream(
+        "GET", h["endpoint"] + "/v1/files", params={"path": "/workspace/big"}, headers=h["headers"]
+    ) as resp:
         assert resp.status_code == 200
         for chunk in resp.iter_bytes():
             got.update(chunk)

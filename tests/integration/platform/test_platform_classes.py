@@ -32,9 +32,12 @@ def all_proven(server: PlatformServer) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("classes"), env={
-        "PODBAY_RUNTIME_CLASSES": "gvisor,container",
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("classes"),
+        env={
+            "PODBAY_RUNTIME_CLASSES": "gvisor,container",
+        },
+    ) as s:
         all_proven(s)
         yield s
 
@@ -52,8 +55,11 @@ def kernel(server: PlatformServer, handle: dict[str, Any]) -> str:
 
 def test_default_is_gvisor_here_and_the_handle_says_so(server, token):
     health = all_proven(server)
-    assert health["classes"] == {"default": "gvisor", "available": ["gvisor", "container"],
-                                 "enabled": ["gvisor", "container"]}
+    assert health["classes"] == {
+        "default": "gvisor",
+        "available": ["gvisor", "container"],
+        "enabled": ["gvisor", "container"],
+    }
     r = server.attach(token, "by-default")
     assert r.status_code == 200, r.text
     handle = r.json()
@@ -75,10 +81,13 @@ def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):
         wrote = server.exec(handle, "sh", "-c", f"echo {handle['class']} > /workspace/who")
         assert wrote.status_code == 200 and wrote.json()["exit_code"] == 0
     for handle in (g, c):
-        assert server.exec(handle, "cat", "/workspace/who").json()["stdout"] == \
-            handle["class"] + "\n"
-    listed = {s["name"]: s["class"] for s in
-              server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]}
+        assert (
+            server.exec(handle, "cat", "/workspace/who").json()["stdout"] == handle["class"] + "\n"
+        )
+    listed = {
+        s["name"]: s["class"]
+        for s in server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]
+    }
     assert listed["g"] == "gvisor" and listed["c"] == "container"
 
 
@@ -95,8 +104,10 @@ def test_the_classes_refusals(server, token):
 
 
 def test_suspend_resume_and_restart_adopt_each_class(server, token):
-    handles = {name: server.attach(token, f"life-{name}", json={"class": name}).json()
-               for name in ("gvisor", "container")}
+    handles = {
+        name: server.attach(token, f"life-{name}", json={"class": name}).json()
+        for name in ("gvisor", "container")
+    }
     for name, handle in handles.items():
         server.exec(handle, "sh", "-c", f"echo {name} > /workspace/kept")
         stop = server.api("POST", f"/api/v1/sandboxes/life-{name}/stop", token)
@@ -117,8 +128,10 @@ def test_delete_leaves_nothing_in_either_class(server, token):
     g = server.attach(token, "gone-g", json={"class": "gvisor"}).json()
     c = server.attach(token, "gone-c", json={"class": "container"}).json()
     run_dirs = {"container": Path(server.run_dir), "gvisor": Path(f"{server.run_dir}-gvisor")}
-    homes = {"container": server.data_dir / "machines",
-             "gvisor": server.data_dir / "gvisor" / "machines"}
+    homes = {
+        "container": server.data_dir / "machines",
+        "gvisor": server.data_dir / "gvisor" / "machines",
+    }
     before = {name: {p.name for p in homes[name].iterdir()} for name in homes}
     for name in ("gone-g", "gone-c"):
         assert server.api("DELETE", f"/api/v1/sandboxes/{name}", token).status_code == 204
@@ -133,7 +146,8 @@ def test_delete_leaves_nothing_in_either_class(server, token):
 
 def test_one_environment_layer_serves_both_classes(server):
     token = server.create_deployment(
-        "classy-env", "name: classy-env\nsandbox:\n  toolchain: never\n  packages: [tree]\n")
+        "classy-env", "name: classy-env\nsandbox:\n  toolchain: never\n  packages: [tree]\n"
+    )
     handles = {}
     for name in ("gvisor", "container"):
         deadline = time.monotonic() + 600

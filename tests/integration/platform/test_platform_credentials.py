@@ -26,11 +26,15 @@ def test_missing_forged_other_sandbox(server, token):
     r = server.http.post(a["endpoint"] + "/v1/exec", json={"command": ["true"]})
     assert (r.status_code, r.json()["code"]) == (401, "CREDENTIAL_INVALID")
     forged = {k: _tamper(v) for k, v in a["headers"].items()}
-    r = server.http.post(a["endpoint"] + "/v1/exec", headers=forged,
-                         json={"command": ["touch", "/workspace/ran"]})
+    r = server.http.post(
+        a["endpoint"] + "/v1/exec", headers=forged, json={"command": ["touch", "/workspace/ran"]}
+    )
     assert (r.status_code, r.json()["code"]) == (401, "CREDENTIAL_INVALID")
-    r = server.http.post(b["endpoint"] + "/v1/exec", headers=a["headers"],
-                         json={"command": ["touch", "/workspace/ran"]})
+    r = server.http.post(
+        b["endpoint"] + "/v1/exec",
+        headers=a["headers"],
+        json={"command": ["touch", "/workspace/ran"]},
+    )
     assert (r.status_code, r.json()["code"]) == (403, "CREDENTIAL_WRONG_SANDBOX")
     # nothing ran in either sandbox
     for h in (a, b):

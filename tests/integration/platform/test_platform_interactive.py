@@ -34,7 +34,7 @@ CLASSES = os.environ.get("PODBAY_TEST_INTERACTIVE_CLASSES", "container,gvisor").
 
 #: A stdlib-only WebSocket echo server (the sandbox image has no packages):
 #: answers each text message upper-cased, with the subprotocol it was offered.
-WS_ECHO = r'''
+WS_ECHO = r"""
 import base64, hashlib, socket, struct, sys
 srv = socket.create_server(("127.0.0.1", int(sys.argv[1])))
 while True:
@@ -68,7 +68,7 @@ while True:
         out = (h["x-forwarded-prefix"] + " " + data.decode().upper()).encode()
         size = bytes([len(out)]) if len(out) < 126 else b"\x7e" + struct.pack(">H", len(out))
         c.sendall(b"\x81" + size + out)
-'''
+"""
 
 
 def _ws_url(handle: dict[str, Any], path: str) -> str:
@@ -86,8 +86,9 @@ def _read_until(ws: ClientConnection, needle: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve"), env={
-            "PODBAY_RUNTIME_CLASSES": ",".join(CLASSES)}) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"), env={"PODBAY_RUNTIME_CLASSES": ",".join(CLASSES)}
+    ) as s:
         yield s
 
 
@@ -97,8 +98,9 @@ def token(server: PlatformServer) -> str:
 
 
 @pytest.fixture(scope="module", params=CLASSES)
-def handle(request: pytest.FixtureRequest, server: PlatformServer,
-           token: str) -> Iterator[dict[str, Any]]:
+def handle(
+    request: pytest.FixtureRequest, server: PlatformServer, token: str
+) -> Iterator[dict[str, Any]]:
     name = f"interactive-{request.param}"
     for _ in range(600):
         r = server.attach(token, name, json={"class": request.param})
@@ -149,21 +151,36 @@ def test_pty_refusals(handle: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def servers(server: PlatformServer, handle: dict[str, Any]) -> dict[str, int]:
     """An HTTP server and a WebSocket echo server, on the sandbox's loopback."""
-    put = server.data(handle, "PUT", "/v1/files", params={"path": "ws_echo.py"},
-                      content=WS_ECHO.encode(),
-                      headers={"X-Podbay-Sha256": hashlib.sha256(WS_ECHO.encode()).hexdigest()})
+    put = server.data(
+        handle,
+        "PUT",
+        "/v1/files",
+        params={"path": "ws_echo.py"},
+        content=WS_ECHO.encode(),
+        headers={"X-Podbay-Sha256": hashlib.sha256(WS_ECHO.encode()).hexdigest()},
+    )
     assert put.status_code == 200, put.text
     site = "site"
-    assert server.exec(handle, "sh", "-c", f"mkdir -p {site} && echo hello from inside "
-                                          f"> {site}/index.html").json()["exit_code"] == 0
-    for argv in (["python3", "-m", "http.server", "8123", "--bind", "127.0.0.1",
-                  "--directory", site], ["python3", "ws_echo.py", "8124"]):
+    assert (
+        server.exec(
+            handle, "sh", "-c", f"mkdir -p {site} && echo hello from inside > {site}/index.html"
+        ).json()["exit_code"]
+        == 0
+    )
+    for argv in (
+        ["python3", "-m", "http.server", "8123", "--bind", "127.0.0.1", "--directory", site],
+        ["python3", "ws_echo.py", "8124"],
+    ):
         r = server.data(handle, "POST", "/v1/processes", json={"command": argv})
         assert r.status_code == 200, r.text
     for port in (8123, 8124):
         for _ in range(200):
-            probe = server.exec(handle, "python3", "-c",
-                                f"import socket; socket.create_connection(('127.0.0.1', {port}))")
+            probe = server.exec(
+                handle,
+                "python3",
+                "-c",
+                f"import socket; socket.create_connection(('127.0.0.1', {port}))",
+            )
             if probe.json()["exit_code"] == 0:
                 break
             time.sleep(0.1)
@@ -172,8 +189,9 @@ def servers(server: PlatformServer, handle: dict[str, Any]) -> dict[str, int]:
     return {"http": 8123, "ws": 8124}
 
 
-def test_http_through_ports(server: PlatformServer, handle: dict[str, Any],
-                            servers: dict[str, int]) -> None:
+def test_http_through_ports(
+    server: PlatformServer, handle: dict[str, Any], servers: dict[str, int]
+) -> None:
     r = server.data(handle, "GET", f"/v1/ports/{servers['http']}/index.html")
     assert r.status_code == 200 and r.text == "hello from inside\n", r.text
     assert server.data(handle, "GET", f"/v1/ports/{servers['http']}/nope").status_code == 404
@@ -196,18 +214,21 @@ def test_websocket_through_ports(handle: dict[str, Any], servers: dict[str, int]
     assert refused.value.response.status_code == 401
 
 
-def test_websocket_through_a_share_url(server: PlatformServer, token: str,
-                                       handle: dict[str, Any], servers: dict[str, int]) -> None:
-    shared = server.api("POST", f"/api/v1/sandboxes/{handle['name']}/ports/{servers['ws']}"
-                                "/share", token).json()["url"]
+def test_websocket_through_a_share_url(
+    server: PlatformServer, token: str, handle: dict[str, Any], servers: dict[str, int]
+) -> None:
+    shared = server.api(
+        "POST", f"/api/v1/sandboxes/{handle['name']}/ports/{servers['ws']}/share", token
+    ).json()["url"]
     with connect(shared.replace("http://", "ws://", 1) + "chat") as ws:
         ws.send("hi")
         prefix = "/share/" + shared.split("/share/")[1].rstrip("/")
         assert ws.recv(timeout=60) == f"{prefix} HI"
 
 
-def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
-                    servers: dict[str, int]) -> None:
+def test_share_urls(
+    server: PlatformServer, token: str, handle: dict[str, Any], servers: dict[str, int]
+) -> None:
     name = handle["name"]
     path = f"/api/v1/sandboxes/{name}/ports/{servers['http']}/share"
     shared = server.api("POST", path, token, json={"expires_in_seconds": 600})
@@ -219,8 +240,9 @@ def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
     _, claims, signature = url.split("/share/")[1].rstrip("/").split(".")
     forged = url.replace(signature, signature[::-1])
     assert httpx.get(forged + "index.html").status_code == 401
-    other = server.api("POST", f"/api/v1/sandboxes/{name}/ports/{servers['ws']}/share",
-                       token).json()["url"]
+    other = server.api(
+        "POST", f"/api/v1/sandboxes/{name}/ports/{servers['ws']}/share", token
+    ).json()["url"]
     other_claims = other.split("/share/")[1].split(".")[1]
     assert httpx.get(url.replace(claims, other_claims) + "index.html").status_code == 401
     assert server.api("POST", path, None).status_code == 401
@@ -231,16 +253,17 @@ def test_share_urls(server: PlatformServer, token: str, handle: dict[str, Any],
     assert expired.status_code == 401 and "expired" in expired.json()["error"]
     # A share URL is no credential, and a credential no share URL.
     share_token = url.split("/share/")[1].rstrip("/")
-    as_credential = server.data(handle, "GET", "/v1/info",
-                                headers={"X-Podbay-Credential": share_token})
+    as_credential = server.data(
+        handle, "GET", "/v1/info", headers={"X-Podbay-Credential": share_token}
+    )
     assert as_credential.status_code == 401
     credential = handle["headers"]["X-Podbay-Credential"]
     assert httpx.get(f"{server.base_url}/share/{credential}/").status_code == 401
 
 
-def test_sdk_sync_terminal_url_transport_and_share(server: PlatformServer, token: str,
-                                                   handle: dict[str, Any],
-                                                   servers: dict[str, int]) -> None:
+def test_sdk_sync_terminal_url_transport_and_share(
+    server: PlatformServer, token: str, handle: dict[str, Any], servers: dict[str, int]
+) -> None:
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         sandbox = client.sandbox(handle["name"])
         with sandbox.pty(["python3", "-q"], rows=20, cols=70) as tty:
@@ -263,8 +286,9 @@ def test_sdk_sync_terminal_url_transport_and_share(server: PlatformServer, token
         assert httpx.get(shared + "index.html").text == "hello from inside\n"
 
 
-def test_sdk_async_terminal(server: PlatformServer, token: str, handle: dict[str, Any],
-                            servers: dict[str, int]) -> None:
+def test_sdk_async_terminal(
+    server: PlatformServer, token: str, handle: dict[str, Any], servers: dict[str, int]
+) -> None:
     async def main() -> tuple[bytes, int | None, str]:
         async with AsyncSandboxClient(identity_token=token, server_url=server.base_url) as c:
             sandbox = c.sandbox(handle["name"])
@@ -290,8 +314,13 @@ class Tmux:
         self.socket = str(tmp_path / "tmux.sock")
 
     def __call__(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True,
-                              text=True, timeout=30, check=True)
+        done = subprocess.run(
+            ["tmux", "-S", self.socket, *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         return done.stdout
 
     def screen(self) -> str:
@@ -307,15 +336,38 @@ class Tmux:
         raise AssertionError(f"{text!r} never showed on the terminal:\n{self.screen()}")
 
 
-def test_cli_shell_in_tmux(server: PlatformServer, token: str, handle: dict[str, Any],
-                           tmp_path: Path) -> None:
+def test_cli_shell_in_tmux(
+    server: PlatformServer, token: str, handle: dict[str, Any], tmp_path: Path
+) -> None:
     tmux = Tmux(tmp_path)
     status = tmp_path / "status"
-    shell = " ".join(shlex.quote(a) for a in [
-        sys.executable, "-m", "podbay.cli.main", "sandbox", "shell", handle["name"],
-        "--server", server.base_url, "--", "python3", "-q"])
-    tmux("new-session", "-d", "-s", "shell", "-x", "100", "-y", "30",
-         f"env ASTRO_AUTHZ_TOKEN={token} TERM=xterm {shell}; echo $? > {status}; sleep 60")
+    shell = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "podbay.cli.main",
+            "sandbox",
+            "shell",
+            handle["name"],
+            "--server",
+            server.base_url,
+            "--",
+            "python3",
+            "-q",
+        ]
+    )
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "shell",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        f"env ASTRO_AUTHZ_TOKEN={token} TERM=xterm {shell}; echo $? > {status}; sleep 60",
+    )
     try:
         tmux.wait_for(">>> ")
         tmux("send-keys", "-t", "shell", "6*7", "Enter")
@@ -343,8 +395,9 @@ def test_cli_shell_in_tmux(server: PlatformServer, token: str, handle: dict[str,
         subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)
 
 
-def test_terminal_as_another_user(server: PlatformServer, token: str,
-                                  handle: dict[str, Any]) -> None:
+def test_terminal_as_another_user(
+    server: PlatformServer, token: str, handle: dict[str, Any]
+) -> None:
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         sandbox = client.sandbox(handle["name"])
         with sandbox.pty(["sh", "-c", "id -un; echo $HOME"], user="user") as tty:

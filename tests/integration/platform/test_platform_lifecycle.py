@@ -45,8 +45,9 @@ def test_idle_suspends_then_reclaims(fast):
     token = fast.create_deployment("idle-agent")
     h = fast.attach(token, "idle").json()
     fast.exec(h, "sh", "-c", "echo kept > /workspace/f")
-    spawned = fast.data(h, "POST", "/v1/processes",
-                        json={"command": ["sh", "-c", "echo tick; sleep 600"]}).json()
+    spawned = fast.data(
+        h, "POST", "/v1/processes", json={"command": ["sh", "-c", "echo tick; sleep 600"]}
+    ).json()
     _wait_state(fast, token, "idle", "suspended")
     r = fast.exec(h, "true")
     assert (r.status_code, r.json()["code"]) == (401, "SANDBOX_NOT_RUNNING")

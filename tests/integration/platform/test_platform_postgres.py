@@ -35,7 +35,8 @@ def test_serve_on_postgres_attaches_and_keeps_state_there(make_server, cluster):
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT s.name, s.state FROM sandboxes s JOIN deployments d"
-            " ON d.id = s.deployment_id WHERE d.name = 'pg-agent'").fetchall()
+            " ON d.id = s.deployment_id WHERE d.name = 'pg-agent'"
+        ).fetchall()
     assert rows == [("t1", "running")]
     assert not (server.data_dir / "podbay.db").exists()  # nothing went to SQLite
 
@@ -48,13 +49,29 @@ def test_serve_on_postgres_attaches_and_keeps_state_there(make_server, cluster):
 
 
 def test_serve_refuses_a_store_url_it_cannot_use(tmp_path, cluster):
-    for url, says in [("mysql://x/y", "postgresql://"),
-                      (cluster.url("no_such_database"), "cannot use the database")]:
+    for url, says in [
+        ("mysql://x/y", "postgresql://"),
+        (cluster.url("no_such_database"), "cannot use the database"),
+    ]:
         result = subprocess.run(
-            [sys.executable, "-m", "podbay.cli.main", "serve", "--data-dir",
-             str(tmp_path / "data"), "--listen", "127.0.0.1:0"],
-            env={"PATH": "/usr/bin:/bin", "PODBAY_STORE_URL": url,
-                 "PODBAY_RUNTIME_RUN_DIR": str(tmp_path / "run")},
-            capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "podbay.cli.main",
+                "serve",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PODBAY_STORE_URL": url,
+                "PODBAY_RUNTIME_RUN_DIR": str(tmp_path / "run"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 2, result.stderr
         assert says in result.stderr

@@ -30,15 +30,25 @@ def quickstart() -> str:
 
 def test_quickstart_runs_as_printed(tmp_path):
     port = free_port()
-    script = (quickstart().replace("127.0.0.1:8700", f"127.0.0.1:{port}")
-              .replace("/tmp/", f"{tmp_path}/"))
+    script = (
+        quickstart().replace("127.0.0.1:8700", f"127.0.0.1:{port}").replace("/tmp/", f"{tmp_path}/")
+    )
     server = PlatformServer(tmp_path, {}, port)  # for its settings and clean-up only
-    env = {**server.env, "PODBAY_DATA_DIR": str(server.data_dir),
-           "PODBAY_SERVER_PORT": str(port),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=ROOT)
+    env = {
+        **server.env,
+        "PODBAY_DATA_DIR": str(server.data_dir),
+        "PODBAY_SERVER_PORT": str(port),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    proc = subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     try:
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err

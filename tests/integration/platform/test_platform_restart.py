@@ -12,8 +12,12 @@ pytestmark = pytest.mark.root
 
 
 def _machines(server) -> list[str]:
-    out = subprocess.run(["runc", "--root", f"{server.run_dir}/runc", "list", "-q"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["runc", "--root", f"{server.run_dir}/runc", "list", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return sorted(out.stdout.split())
 
 
@@ -23,8 +27,12 @@ def test_kill9_then_restart_loses_and_duplicates_nothing(make_server):
     a = server.attach(token, "a").json()
     b = server.attach(token, "b").json()
     server.api("POST", "/api/v1/sandboxes/b/stop", token)
-    proc = server.data(a, "POST", "/v1/processes", json={
-        "command": ["sh", "-c", "echo before; sleep 1; echo after"]}).json()
+    proc = server.data(
+        a,
+        "POST",
+        "/v1/processes",
+        json={"command": ["sh", "-c", "echo before; sleep 1; echo after"]},
+    ).json()
     machines = _machines(server)
     assert len(machines) == 2
 
@@ -34,8 +42,10 @@ def test_kill9_then_restart_loses_and_duplicates_nothing(make_server):
     server.wait_ready()
 
     assert _machines(server) == machines
-    listed = {s["name"]: s["state"] for s in
-              server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]}
+    listed = {
+        s["name"]: s["state"]
+        for s in server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]
+    }
     assert listed == {"a": "running", "b": "suspended"}
     deadline = time.monotonic() + 10
     while True:  # the old handle still works: same sandbox, same incarnation
@@ -70,8 +80,10 @@ def test_start_failure_is_502_and_leaves_nothing(make_server, tmp_path):
     broken = tmp_path / "broken"
     runc = tmp_path / "bin" / "runc"
     runc.parent.mkdir()
-    runc.write_text(f"#!/bin/sh\nif [ -e {broken} ]; then for a in \"$@\"; do\n"
-                    f"  [ \"$a\" = run ] && exit 1; done; fi\nexec {shutil.which('runc')} \"$@\"\n")
+    runc.write_text(
+        f'#!/bin/sh\nif [ -e {broken} ]; then for a in "$@"; do\n'
+        f'  [ "$a" = run ] && exit 1; done; fi\nexec {shutil.which("runc")} "$@"\n'
+    )
     runc.chmod(0o755)
     server = make_server({"PODBAY_RUNTIME_OCI_RUNTIME": str(runc)})
     broken.touch()
@@ -114,8 +126,9 @@ def test_machine_killed_underneath_is_brought_back(server, token):
     server.exec(h, "sh", "-c", "echo kept > /workspace/f")
     before = set(_machines(server))
     (machine_id,) = [m for m in before if m not in _machines_except(server, h)]
-    subprocess.run(["runc", "--root", f"{server.run_dir}/runc", "kill", machine_id, "KILL"],
-                   check=True)
+    subprocess.run(
+        ["runc", "--root", f"{server.run_dir}/runc", "kill", machine_id, "KILL"], check=True
+    )
     deadline = time.monotonic() + 10
     while True:
         r = server.exec(h, "true")
@@ -125,8 +138,7 @@ def test_machine_killed_underneath_is_brought_back(server, token):
         time.sleep(0.1)
     assert r.json()["code"] == "AGENT_UNREACHABLE"
     deadline = time.monotonic() + 10
-    while server.api("GET", "/api/v1/sandboxes/doomed-machine", token).json()["state"] \
-            != "stopped":
+    while server.api("GET", "/api/v1/sandboxes/doomed-machine", token).json()["state"] != "stopped":
         assert time.monotonic() < deadline
         time.sleep(0.1)
     again = server.attach(token, "doomed-machine").json()
@@ -141,6 +153,7 @@ def _machines_except(server, handle) -> list[str]:
 
     sandbox_id = handle["endpoint"].rsplit("/", 1)[1]
     with sqlite3.connect(server.data_dir / "podbay.db") as db:
-        (mine,) = db.execute("SELECT machine_id FROM sandboxes WHERE id=?",
-                             (sandbox_id,)).fetchone()
+        (mine,) = db.execute(
+            "SELECT machine_id FROM sandboxes WHERE id=?", (sandbox_id,)
+        ).fetchone()
     return [m for m in _machines(server) if m != mine]

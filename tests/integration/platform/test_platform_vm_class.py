@@ -29,10 +29,13 @@ def wait_for_class(server: PlatformServer, name: str, timeout: float = 600) -> d
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("vm-class"), env={
-        "PODBAY_RUNTIME_CLASSES": "vm,container",
-        "PODBAY_RUNTIME_MEMORY_BYTES": str(512 << 20),
-    }) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("vm-class"),
+        env={
+            "PODBAY_RUNTIME_CLASSES": "vm,container",
+            "PODBAY_RUNTIME_MEMORY_BYTES": str(512 << 20),
+        },
+    ) as s:
         yield s
 
 

@@ -44,8 +44,11 @@ def test_freeze_and_thaw_a_busy_process(version: int) -> None:
     path = f"/podbay-test-{uuid.uuid4().hex[:8]}"
     for d in groups.dirs(path) if version == 2 else [root / "freezer" / path.strip("/")]:
         d.mkdir(parents=True)
-    procs = (root / path.strip("/") / "cgroup.procs" if version == 2
-             else root / "freezer" / path.strip("/") / "cgroup.procs")
+    procs = (
+        root / path.strip("/") / "cgroup.procs"
+        if version == 2
+        else root / "freezer" / path.strip("/") / "cgroup.procs"
+    )
     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
     try:
         procs.write_text(str(busy.pid))

@@ -24,8 +24,12 @@ def footprint(session: DriverSession) -> dict[str, object]:
     layout = driver.layout  # type: ignore[attr-defined]
     roots = (str(layout.run_dir), str(layout.data_dir))
     mounts = sorted(m for m in storage.mountpoints() if m.startswith(roots))
-    cgroups = sorted(str(p) for d in driver.cgroups.existing(layout.cgroup_parent)  # type: ignore[attr-defined]
-                     for p in d.rglob("*") if p.is_dir())
+    cgroups = sorted(
+        str(p)
+        for d in driver.cgroups.existing(layout.cgroup_parent)  # type: ignore[attr-defined]
+        for p in d.rglob("*")
+        if p.is_dir()
+    )
     # Other test sessions on this host run sandboxes in the same uid range: pick ours
     # by cgroup (this data directory's instance) or by our run directory.
     procs = []
@@ -47,7 +51,8 @@ def footprint(session: DriverSession) -> dict[str, object]:
         "processes": sorted(procs),
         "loops": storage.loop_devices_for(disks),
         "run_dirs": sorted(p.name for p in layout.run_dir.iterdir())
-        if layout.run_dir.exists() else [],
+        if layout.run_dir.exists()
+        else [],
         "machine_dirs": sorted(p.name for p in layout.machines.iterdir()),
     }
 
@@ -141,15 +146,17 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     # Simulate a create/destroy that died half-way: the record is gone, the rest is not.
     layout = driver.layout  # type: ignore[attr-defined]
     (layout.machine(broken.machine_id).home / "machine.json").unlink()
-    env = {**os.environ, "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
-           "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir}
+    env = {
+        **os.environ,
+        "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
+        "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir,
+    }
     argv = [sys.executable, "-m", "podbay.cli.main", "gc", "--data-dir", str(settings.data_dir)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert broken.machine_id in done.stdout
     assert run(driver.state(kept.machine_id)) is MachineState.RUNNING
-    done = subprocess.run([*argv, "--all"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([*argv, "--all"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert run(driver.state(kept.machine_id)) is MachineState.ABSENT
     after = settled(oci_session, before)

@@ -19,18 +19,31 @@ pytestmark = pytest.mark.root
 def test_doctor_reports_each_class_and_what_default_means(tmp_path: Path) -> None:
     require_host()
     settings = sandbox_settings(tmp_path / "d")
-    env = {**os.environ,
-           "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir,
-           "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
-           "PODBAY_RUNTIME_CLASSES": "gvisor,container",
-           # gVisor made unavailable on purpose: the report must say why, and
-           # default must fall back to what works.
-           "PODBAY_RUNTIME_GVISOR_RUNTIME": "/nonexistent/runsc"}
+    env = {
+        **os.environ,
+        "PODBAY_RUNTIME_IMAGE_DIR": settings.runtime.image_dir,
+        "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
+        "PODBAY_RUNTIME_CLASSES": "gvisor,container",
+        # gVisor made unavailable on purpose: the report must say why, and
+        # default must fall back to what works.
+        "PODBAY_RUNTIME_GVISOR_RUNTIME": "/nonexistent/runsc",
+    }
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "podbay.cli.main", "doctor", "--data-dir",
-             str(settings.data_dir), "--json"], env=env, capture_output=True, text=True,
-            timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "podbay.cli.main",
+                "doctor",
+                "--data-dir",
+                str(settings.data_dir),
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         cleanup(settings)
     report = json.loads(done.stdout)

@@ -20,9 +20,14 @@ pytestmark = pytest.mark.root
 
 def gc(data_dir: Path, run_dir: str) -> list[str]:
     env = {**os.environ, "PODBAY_RUNTIME_RUN_DIR": run_dir}
-    done = subprocess.run([sys.executable, "-m", "podbay.cli.main", "gc", "--data-dir",
-                           str(data_dir), "--json"], env=env, capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "podbay.cli.main", "gc", "--data-dir", str(data_dir), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return list(json.loads(done.stdout)["removed"])
 
 
@@ -34,8 +39,12 @@ def test_an_old_image_a_gvisor_machine_stands_on_is_kept(tmp_path: Path) -> None
     (old / "rootfs").mkdir(parents=True)
     home = data_dir / "gvisor" / "machines" / "m-standing-on-old"
     home.mkdir(parents=True)
-    records.write(home, records.MachineRecord(small_spec("m-standing-on-old"),
-                                              MachineState.STOPPED, image="0ld1mage"))
+    records.write(
+        home,
+        records.MachineRecord(
+            small_spec("m-standing-on-old"), MachineState.STOPPED, image="0ld1mage"
+        ),
+    )
     try:
         removed = gc(data_dir, settings.runtime.run_dir)
         assert old.is_dir(), removed

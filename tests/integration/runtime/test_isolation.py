@@ -28,8 +28,9 @@ pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module", params=OCI_RUNTIMES)
-def oci_settings(request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def oci_settings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Settings]:
     """Every probe here runs against runc and against runsc (gVisor)."""
     yield from settings_for(tmp_path_factory, request.param)
 
@@ -37,6 +38,8 @@ def oci_settings(request: pytest.FixtureRequest,
 @pytest.fixture(scope="module")
 def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
     yield from session_for(oci_settings)
+
+
 MIB = 1024 * 1024
 
 
@@ -65,8 +68,9 @@ def test_two_sandboxes_see_neither_files_nor_processes(oci_machines: Machines) -
     assert b.sh("cat /proc/1/cmdline | tr '\\0' ' '").stdout.count("podbay.agent") == 1
 
 
-def test_root_inside_is_not_root_outside(oci_machines: Machines,
-                                         oci_session: DriverSession) -> None:
+def test_root_inside_is_not_root_outside(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     m = oci_machines.up()
     assert m.sh("id -u").stdout.strip() == "0"
     uid_base = oci_session.settings.runtime.uid_base
@@ -112,8 +116,10 @@ def test_hardening(oci_machines: Machines, oci_session: DriverSession) -> None:
     # see runc.py): keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING) is refused.
     number = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
     if number is not None:
-        keyctl = m.sh("python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
-                      f"r = libc.syscall({number}, 0, -3, 0); print(r, ctypes.get_errno())'")
+        keyctl = m.sh(
+            "python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+            f"r = libc.syscall({number}, 0, -3, 0); print(r, ctypes.get_errno())'"
+        )
         assert keyctl.stdout.split() == ["-1", "1"], keyctl  # EPERM
     assert m.sh("grep NoNewPrivs /proc/self/status").stdout.split()[1] == "1"
     assert m.sh("grep Seccomp: /proc/self/status").stdout.split()[1] == "2"
@@ -172,8 +178,9 @@ def assert_comes_back(m: Machine, session: DriverSession, *, may_stop: bool) -> 
         time.sleep(0.5)
 
 
-def test_memory_hog_is_killed_inside_and_agent_answers(oci_machines: Machines,
-                                                      oci_session: DriverSession) -> None:
+def test_memory_hog_is_killed_inside_and_agent_answers(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     m, other = oci_machines.up(memory_bytes=256 * MIB), oci_machines.up()
     hog_script = "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
     if gvisor(oci_session):
@@ -204,11 +211,14 @@ def test_disk_quota(oci_machines: Machines, oci_session: DriverSession) -> None:
     assert m.sh("echo fine > /workspace/after && cat /workspace/after").stdout.strip() == "fine"
 
 
-def test_removing_python_does_not_stop_the_agent(oci_machines: Machines,
-                                                 oci_session: DriverSession) -> None:
+def test_removing_python_does_not_stop_the_agent(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     m = oci_machines.up()
-    assert m.sh("rm -rf /usr/bin/python3* /usr/lib/python3* /usr/lib/python3.11 "
-                "/etc/ld.so.cache /usr/local/lib/python3* && ! command -v python3").ok
+    assert m.sh(
+        "rm -rf /usr/bin/python3* /usr/lib/python3* /usr/lib/python3.11 "
+        "/etc/ld.so.cache /usr/local/lib/python3* && ! command -v python3"
+    ).ok
     assert m.sh("echo works").stdout.strip() == "works"
     # A fresh boot on the same files still gets an agent.
     oci_session.run(oci_session.driver.stop(m.id))
@@ -223,14 +233,14 @@ def test_replacing_agent_paths_inside_is_refused(oci_machines: Machines) -> None
     assert m.sh("echo ok").ok
 
 
-def test_destroy_while_suspended_leaves_nothing(oci_machines: Machines,
-                                                oci_session: DriverSession) -> None:
+def test_destroy_while_suspended_leaves_nothing(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
     # runsc panics deleting a paused container and left it running.
     m = oci_machines.up()
     oci_session.run(oci_session.driver.suspend(m.id))
     oci_session.run(oci_session.driver.destroy(m.id))
-    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
-            and m.id in _cmdline(p)]
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and m.id in _cmdline(p)]
     assert left == []
     assert m.id not in oci_session.driver.runc.container_ids()
 

@@ -27,8 +27,10 @@ def _conn(data: bytes) -> _Connection:
 
 
 def test_parses_head_query_and_content_length_body() -> None:
-    conn = _conn(b"POST /v1/x?path=a%20b&n=1 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-A: 2\r\n"
-                 b"Content-Length: 5\r\n\r\nhello")
+    conn = _conn(
+        b"POST /v1/x?path=a%20b&n=1 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nX-A: 2\r\n"
+        b"Content-Length: 5\r\n\r\nhello"
+    )
     req = parse_request(conn, lambda: None)
     assert req is not None
     assert (req.method, req.path, req.query) == ("POST", "/v1/x", {"path": "a b", "n": "1"})
@@ -38,8 +40,10 @@ def test_parses_head_query_and_content_length_body() -> None:
 
 
 def test_chunked_body_with_extensions_and_trailers() -> None:
-    conn = _conn(b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                 b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n")
+    conn = _conn(
+        b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n"
+    )
     req = parse_request(conn, lambda: None)
     assert req is not None
     assert req.body.read_all(100) == b"abcde"

@@ -42,11 +42,16 @@ def test_env_layers_and_env_file(tmp_path: Path) -> None:
 
 
 def test_os_errors_map_to_path_codes() -> None:
-    cases = {errno.ENOENT: ErrorCode.PATH_NOT_FOUND, errno.EISDIR: ErrorCode.PATH_IS_DIRECTORY,
-             errno.ENOTDIR: ErrorCode.PATH_NOT_DIRECTORY,
-             errno.EACCES: ErrorCode.PATH_ACCESS_DENIED,
-             errno.ENOSPC: ErrorCode.NO_SPACE, errno.EDQUOT: ErrorCode.NO_SPACE,
-             errno.ENOTEMPTY: ErrorCode.DIRECTORY_NOT_EMPTY, errno.EIO: ErrorCode.INTERNAL}
+    cases = {
+        errno.ENOENT: ErrorCode.PATH_NOT_FOUND,
+        errno.EISDIR: ErrorCode.PATH_IS_DIRECTORY,
+        errno.ENOTDIR: ErrorCode.PATH_NOT_DIRECTORY,
+        errno.EACCES: ErrorCode.PATH_ACCESS_DENIED,
+        errno.ENOSPC: ErrorCode.NO_SPACE,
+        errno.EDQUOT: ErrorCode.NO_SPACE,
+        errno.ENOTEMPTY: ErrorCode.DIRECTORY_NOT_EMPTY,
+        errno.EIO: ErrorCode.INTERNAL,
+    }
     for number, code in cases.items():
         refusal = path_refusal(OSError(number, os.strerror(number)), "/p")
         assert refusal.code == code and refusal.message.startswith("/p: ")
@@ -92,7 +97,12 @@ def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> 
     the staged tree: the standard library, podbay.errors, podbay.wire and podbay.agent."""
     staged = stage(tmp_path / "staged")
     assert sorted(p.name for p in (staged / "podbay").iterdir()) == [
-        "__init__.py", "__pycache__", "agent", "errors.py", "wire"]
+        "__init__.py",
+        "__pycache__",
+        "agent",
+        "errors.py",
+        "wire",
+    ]
     modules = sorted(p.stem for p in (staged / "podbay" / "agent").glob("*.py"))
     probe = (
         "import sys, importlib\n"
@@ -107,12 +117,23 @@ def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> 
         "assert not extra, extra\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True,
-                            text=True, cwd=tmp_path, env={}, check=False)
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={},
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
-    help_run = subprocess.run(agent_argv([sys.executable], staged, "--help"), capture_output=True,
-                              text=True, env={}, check=False)
+    help_run = subprocess.run(
+        agent_argv([sys.executable], staged, "--help"),
+        capture_output=True,
+        text=True,
+        env={},
+        check=False,
+    )
     assert help_run.returncode == 0 and "--fd" in help_run.stdout
 
 
@@ -126,8 +147,9 @@ def test_cli_forwards_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("podbay.agent.__main__.main", fake_main)
     from podbay.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["agent", "--socket", "/tmp/s.sock", "--workspace", "/w",
-                                      "--env-file", "/e.json"])
+    result = CliRunner().invoke(
+        cli, ["agent", "--socket", "/tmp/s.sock", "--workspace", "/w", "--env-file", "/e.json"]
+    )
     assert result.exit_code == 0, result.output
     assert seen == [["--socket", "/tmp/s.sock", "--workspace", "/w", "--env-file", "/e.json"]]
 

@@ -17,8 +17,12 @@ class Terminal(io.StringIO):
 def _image_build() -> None:
     log = logging.getLogger("podbay.runtime.image")
     log.info("building base image %s (Debian %s, %d packages); this runs once", "k", "b", 3)
-    for line in ("I: downloading packages with apt...", "I: extracting archives...",
-                 "I: installing essential packages...", "I: cleaning package lists"):
+    for line in (
+        "I: downloading packages with apt...",
+        "I: extracting archives...",
+        "I: installing essential packages...",
+        "I: cleaning package lists",
+    ):
         log.info("mmdebstrap: %s", line)
     log.info("base image: shifting ownership to uid %d+", 1000000)
     log.info("base image %s ready in %.0f s", "k", 9)
@@ -59,9 +63,13 @@ def test_dev_up_follows_the_serve_log(tmp_path) -> None:  # type: ignore[no-unty
     from podbay.cli.progress import BuildProgress, follow_log
 
     log = tmp_path / "dev-serve.log"
-    rows = [{"logger": "podbay.runtime.image", "message": m} for m in (
-        "building base image k (Debian bookworm, 3 packages); this runs once",
-        "mmdebstrap: I: extracting archives...")]
+    rows = [
+        {"logger": "podbay.runtime.image", "message": m}
+        for m in (
+            "building base image k (Debian bookworm, 3 packages); this runs once",
+            "mmdebstrap: I: extracting archives...",
+        )
+    ]
     rows.insert(1, {"logger": "uvicorn", "message": "not a build line"})
     log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"logger": "podb')
     term = Terminal()

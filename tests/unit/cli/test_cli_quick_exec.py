@@ -9,34 +9,67 @@ from podbay.cli.quick_exec import parse, run
 
 
 def test_takes_the_plain_forms() -> None:
-    call = parse(["box", "--cwd", "/tmp", "--env", "A=1", "--env=B=x=y", "--timeout-ms=50",
-                  "--token", "t", "--server=http://s", "--", "ls", "--json"])
-    assert call == {"name": "box", "cwd": "/tmp", "env": {"A": "1", "B": "x=y"},
-                    "timeout_ms": 50, "token": "t", "server": "http://s",
-                    "argv": ["ls", "--json"]}
+    call = parse(
+        [
+            "box",
+            "--cwd",
+            "/tmp",
+            "--env",
+            "A=1",
+            "--env=B=x=y",
+            "--timeout-ms=50",
+            "--token",
+            "t",
+            "--server=http://s",
+            "--",
+            "ls",
+            "--json",
+        ]
+    )
+    assert call == {
+        "name": "box",
+        "cwd": "/tmp",
+        "env": {"A": "1", "B": "x=y"},
+        "timeout_ms": 50,
+        "token": "t",
+        "server": "http://s",
+        "argv": ["ls", "--json"],
+    }
 
 
 def test_hands_over_what_the_full_command_must_judge() -> None:
-    for args in (["box", "--json", "--", "true"], ["box", "-h"], ["box", "true"],
-                 ["box", "--"], ["--cwd", "x", "box", "--", "true"], ["box", "--env", "A",
-                 "--", "true"], ["box", "--timeout-ms", "soon", "--", "true"], ["box", "--cwd"],
-                 []):
+    for args in (
+        ["box", "--json", "--", "true"],
+        ["box", "-h"],
+        ["box", "true"],
+        ["box", "--"],
+        ["--cwd", "x", "box", "--", "true"],
+        ["box", "--env", "A", "--", "true"],
+        ["box", "--timeout-ms", "soon", "--", "true"],
+        ["box", "--cwd"],
+        [],
+    ):
         assert parse(args) is None, args
 
 
 def test_hands_over_without_a_token_or_to_https() -> None:
     assert run(["box", "--", "true"], environ={}) is None
-    assert run(["box", "--server", "https://cp.example", "--token", "t", "--", "true"],
-               environ={}) is None
+    assert (
+        run(["box", "--server", "https://cp.example", "--token", "t", "--", "true"], environ={})
+        is None
+    )
     assert run(["box", "--token", "not-a-jwt", "--", "true"], environ={}) is None
 
 
 def test_loads_neither_click_nor_httpx_nor_typing() -> None:
-    code = ("import sys; import podbay.cli.entry, podbay.cli.quick_exec; "
-            "print(sorted(m for m in ('click', 'httpx', 'typing', 'http.client', 'urllib.parse')"
-            " if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys; import podbay.cli.entry, podbay.cli.quick_exec; "
+        "print(sorted(m for m in ('click', 'httpx', 'typing', 'http.client', 'urllib.parse')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -46,8 +79,17 @@ def test_split_url() -> None:
     assert split_url("http://cp:8700") == ("cp", 8700, "/")
     assert split_url("http://cp/gw/x?y=1") == ("cp", 80, "/gw/x?y=1")
     assert split_url("http://[::1]:9/v1") == ("::1", 9, "/v1")
-    for bad in ("https://cp/", "ftp://cp", "http://u@cp/", "http://cp:99999/", "http://cp:x/",
-                "http://:80/", "http://cp/a b", "http://[::1/", "http://cp/\r\nX: y"):
+    for bad in (
+        "https://cp/",
+        "ftp://cp",
+        "http://u@cp/",
+        "http://cp:99999/",
+        "http://cp:x/",
+        "http://:80/",
+        "http://cp/a b",
+        "http://[::1/",
+        "http://cp/\r\nX: y",
+    ):
         assert split_url(bad) is None, bad
 
 
@@ -64,13 +106,22 @@ def test_reads_length_chunked_and_closing_answers() -> None:
             return _read_answer(b)
 
     assert answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi") == (200, "OK", b"hi", True)
-    assert answer(b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n"
-                  b"3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n") == (
-        404, "Not Found", b"abcde", True)
+    assert answer(
+        b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n"
+    ) == (404, "Not Found", b"abcde", True)
     assert answer(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it") == (
-        200, "OK", b"all of it", False)
-    for bad in (b"SSH-2.0\r\n\r\n", b"HTTP/1.1 2x0 OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nbad\r\n\r\n",
-                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"):
+        200,
+        "OK",
+        b"all of it",
+        False,
+    )
+    for bad in (
+        b"SSH-2.0\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nbad\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ):
         try:
             answer(bad)
         except ValueError:

@@ -84,12 +84,11 @@ class Fake:
         return self.data(request, path)
 
     def count(self, method: str, suffix: str) -> int:
-        return sum(1 for r in self.requests if r.method == method
-                   and r.url.path.endswith(suffix))
+        return sum(1 for r in self.requests if r.method == method and r.url.path.endswith(suffix))
 
     def local(self, path: str, cwd: str | None = None) -> Path:
         if path.startswith("/workspace"):
-            return self.workspace / path[len("/workspace"):].lstrip("/")
+            return self.workspace / path[len("/workspace") :].lstrip("/")
         if path.startswith("/"):
             return Path(path)
         return self.local(cwd or "/workspace") / path
@@ -118,20 +117,32 @@ class Fake:
             if self.preparing > 0:
                 self.preparing -= 1
                 headers = {"Retry-After": self.retry_after} if self.retry_after else {}
-                return httpx.Response(202, json={"name": name, "state": "creating"},
-                                      headers=headers)
+                return httpx.Response(
+                    202, json={"name": name, "state": "creating"}, headers=headers
+                )
             self.attaches += 1
             now = datetime.now(UTC)
-            record = self.sandboxes.setdefault(name, {
-                "name": name, "class": "default", "state": "running",
-                "created_at": now.isoformat(), "last_active_at": now.isoformat()})
+            record = self.sandboxes.setdefault(
+                name,
+                {
+                    "name": name,
+                    "class": "default",
+                    "state": "running",
+                    "created_at": now.isoformat(),
+                    "last_active_at": now.isoformat(),
+                },
+            )
             record["state"] = "running"
             credential = f"cred-{name}-{self.attaches}"
             self.credentials[name] = credential
-            handle = {**record, "endpoint": f"{ENDPOINT}/{name}",
-                      "headers": {"X-Podbay-Credential": credential},
-                      "expires_at": (now + self.ttl).isoformat(), "start": "created",
-                      "future_field": "ignored by old clients"}
+            handle = {
+                **record,
+                "endpoint": f"{ENDPOINT}/{name}",
+                "headers": {"X-Podbay-Credential": credential},
+                "expires_at": (now + self.ttl).isoformat(),
+                "start": "created",
+                "future_field": "ignored by old clients",
+            }
             return httpx.Response(200, json=handle)
         record = self.sandboxes.get(name)
         if record is None:
@@ -174,10 +185,11 @@ class Fake:
         if route == "/v1/processes":
             if method == "POST":
                 return self.spawn(json.loads(request.content))
-            return httpx.Response(200, json={"processes": [self.status(p, i)
-                                                           for i, p in self.procs.items()]})
+            return httpx.Response(
+                200, json={"processes": [self.status(p, i) for i, p in self.procs.items()]}
+            )
         if route.startswith("/v1/processes/"):
-            pid, _, action = route[len("/v1/processes/"):].partition("/")
+            pid, _, action = route[len("/v1/processes/") :].partition("/")
             proc = self.procs.get(pid)
             if proc is None:
                 return refusal(404, "PROCESS_NOT_FOUND")
@@ -202,9 +214,13 @@ class Fake:
         cwd = self.local(body.get("cwd") or "/workspace")
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(body["command"], cwd=cwd, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE,
-                                    env={**os.environ, **(body.get("env") or {})})
+            proc = subprocess.Popen(
+                body["command"],
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **(body.get("env") or {})},
+            )
         except OSError as exc:
             return refusal(400, "COMMAND_START_FAILED", str(exc))
         timed_out = False
@@ -216,30 +232,42 @@ class Fake:
             timed_out = True
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         truncated = len(out) > EXEC_OUTPUT_CAP or len(err) > EXEC_OUTPUT_CAP
-        return httpx.Response(200, json={
-            "exit_code": code,
-            "stdout": out[:EXEC_OUTPUT_CAP].decode(errors="replace"),
-            "stderr": err[:EXEC_OUTPUT_CAP].decode(errors="replace"),
-            "duration_ms": int((time.monotonic() - start) * 1000),
-            "timed_out": timed_out, "truncated": truncated})
+        return httpx.Response(
+            200,
+            json={
+                "exit_code": code,
+                "stdout": out[:EXEC_OUTPUT_CAP].decode(errors="replace"),
+                "stderr": err[:EXEC_OUTPUT_CAP].decode(errors="replace"),
+                "duration_ms": int((time.monotonic() - start) * 1000),
+                "timed_out": timed_out,
+                "truncated": truncated,
+            },
+        )
 
     def spawn(self, body: dict[str, Any]) -> httpx.Response:
         pid = f"p{len(self.procs) + 1}-{time.monotonic_ns()}"
         out = Path(tempfile.mktemp(prefix="fake-out-"))
         err = Path(tempfile.mktemp(prefix="fake-err-"))
         with open(out, "wb") as o, open(err, "wb") as e:
-            popen = subprocess.Popen(body["command"], stdout=o, stderr=e,
-                                     cwd=self.local(body.get("cwd") or "/workspace"),
-                                     start_new_session=True)
+            popen = subprocess.Popen(
+                body["command"],
+                stdout=o,
+                stderr=e,
+                cwd=self.local(body.get("cwd") or "/workspace"),
+                start_new_session=True,
+            )
         proc = Proc(popen, body["command"], out, err, datetime.now(UTC))
         self.procs[pid] = proc
         return httpx.Response(200, json=self.status(proc, pid))
 
     def status(self, proc: Proc, pid: str) -> dict[str, Any]:
         code = proc.popen.poll()
-        status: dict[str, Any] = {"process_id": pid, "command": proc.command,
-                                  "state": "running" if code is None else "exited",
-                                  "started_at": proc.started_at.isoformat()}
+        status: dict[str, Any] = {
+            "process_id": pid,
+            "command": proc.command,
+            "state": "running" if code is None else "exited",
+            "started_at": proc.started_at.isoformat(),
+        }
         if code is not None:
             status["exit_code"] = code if code >= 0 else 128 - code
             status["exited_at"] = datetime.now(UTC).isoformat()
@@ -247,24 +275,37 @@ class Fake:
 
     def poll(self, pid: str, proc: Proc, params: httpx.QueryParams) -> httpx.Response:
         status = self.status(proc, pid)  # before reading: exited => all output is in
-        out = proc.out.read_bytes()[int(params.get("stdout_from", 0)):]
-        err = proc.err.read_bytes()[int(params.get("stderr_from", 0)):]
-        return httpx.Response(200, json={
-            **status,
-            "stdout": out.decode(errors="replace"),
-            "stderr": err.decode(errors="replace"),
-            "stdout_next": int(params.get("stdout_from", 0)) + len(out),
-            "stderr_next": int(params.get("stderr_from", 0)) + len(err),
-            "stdout_dropped": 0, "stderr_dropped": 0})
+        out = proc.out.read_bytes()[int(params.get("stdout_from", 0)) :]
+        err = proc.err.read_bytes()[int(params.get("stderr_from", 0)) :]
+        return httpx.Response(
+            200,
+            json={
+                **status,
+                "stdout": out.decode(errors="replace"),
+                "stderr": err.decode(errors="replace"),
+                "stdout_next": int(params.get("stdout_from", 0)) + len(out),
+                "stderr_next": int(params.get("stderr_from", 0)) + len(err),
+                "stdout_dropped": 0,
+                "stderr_dropped": 0,
+            },
+        )
 
     def files(self, request: httpx.Request, route: str) -> httpx.Response:
         target = self.local(request.url.params["path"])
         if route == "/v1/files/list":
             if not target.is_dir():
                 return refusal(404, "PATH_NOT_FOUND")
-            entries = [{"name": p.name, "path": str(p), "size": 0, "mode": 0o644,
-                        "type": "directory" if p.is_dir() else "file",
-                        "mtime": datetime.now(UTC).isoformat()} for p in sorted(target.iterdir())]
+            entries = [
+                {
+                    "name": p.name,
+                    "path": str(p),
+                    "size": 0,
+                    "mode": 0o644,
+                    "type": "directory" if p.is_dir() else "file",
+                    "mtime": datetime.now(UTC).isoformat(),
+                }
+                for p in sorted(target.iterdir())
+            ]
             return httpx.Response(200, json={"path": str(target), "entries": entries})
         if request.method == "GET":
             if not target.is_file():

@@ -19,8 +19,9 @@ def anyio_backend() -> str:
 
 @pytest.mark.anyio
 async def test_cancelling_run_kills_the_process(fake: Fake) -> None:
-    async with AsyncSandboxClient(identity_token=fake.token,
-                                  transport=httpx.MockTransport(fake)) as client:
+    async with AsyncSandboxClient(
+        identity_token=fake.token, transport=httpx.MockTransport(fake)
+    ) as client:
         with anyio.move_on_after(0.3):
             await client.run("t", ["sleep", "30"], interval_ms=20)
             pytest.fail("run returned although it was cancelled")
@@ -32,8 +33,9 @@ async def test_cancelling_run_kills_the_process(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_concurrent_first_calls_attach_once(fake: Fake) -> None:
-    async with AsyncSandboxClient(identity_token=fake.token,
-                                  transport=httpx.MockTransport(fake)) as client:
+    async with AsyncSandboxClient(
+        identity_token=fake.token, transport=httpx.MockTransport(fake)
+    ) as client:
         async with anyio.create_task_group() as tg:
             for _ in range(5):
                 tg.start_soon(client.exec, "t", ["true"])

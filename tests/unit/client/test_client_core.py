@@ -25,10 +25,17 @@ from podbay.wire.limits import BASE64_WRITE_CHUNK
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def result(stdout: str = "", *, exit_code: int = 0, stderr: str = "",
-           truncated: bool = False) -> ExecResult:
-    return ExecResult(exit_code=exit_code, stdout=stdout, stderr=stderr, duration_ms=1,
-                      timed_out=False, truncated=truncated)
+def result(
+    stdout: str = "", *, exit_code: int = 0, stderr: str = "", truncated: bool = False
+) -> ExecResult:
+    return ExecResult(
+        exit_code=exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        duration_ms=1,
+        timed_out=False,
+        truncated=truncated,
+    )
 
 
 # -- token and configuration ---------------------------------------------------------
@@ -38,8 +45,15 @@ def test_token_issuer_reads_iss_without_a_key() -> None:
     assert token_issuer(make_token("https://cp.example:8700/")) == "https://cp.example:8700/"
 
 
-@pytest.mark.parametrize("token", ["nodots", "a.!!!.c", "a." + base64.urlsafe_b64encode(
-    json.dumps({"sub": "x"}).encode()).decode() + ".c", "a.W10.c"])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "nodots",
+        "a.!!!.c",
+        "a." + base64.urlsafe_b64encode(json.dumps({"sub": "x"}).encode()).decode() + ".c",
+        "a.W10.c",
+    ],
+)
 def test_token_issuer_refuses_bad_tokens(token: str) -> None:
     with pytest.raises(ValueError):
         token_issuer(token)
@@ -64,8 +78,15 @@ def test_client_construction_reads_the_environment(monkeypatch: pytest.MonkeyPat
     assert AsyncSandboxClient().server_url == "http://from-token:8700"
 
 
-@pytest.mark.parametrize("kwargs", [{"timeout_seconds": 1}, {"files": "ftp"},
-                                    {"server_url": "cp:80"}, {"prepare_timeout_seconds": -1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"timeout_seconds": 1},
+        {"files": "ftp"},
+        {"server_url": "cp:80"},
+        {"prepare_timeout_seconds": -1},
+    ],
+)
 def test_config_is_checked(kwargs: dict[str, object]) -> None:
     base: dict[str, object] = {"identity_token": "t", "server_url": "http://cp"}
     with pytest.raises(ValueError):
@@ -96,10 +117,16 @@ def test_control_requests_carry_the_identity_token_and_escape_names() -> None:
 
 
 def test_data_requests_merge_the_opaque_headers() -> None:
-    handle = SandboxHandle(name="n", class_="default", state="running",
-                           created_at=datetime.now(UTC), last_active_at=datetime.now(UTC),
-                           endpoint="http://node:9/sbx/n/", headers={"X-Cred": "c"},
-                           expires_at=datetime.now(UTC) + timedelta(minutes=15))
+    handle = SandboxHandle(
+        name="n",
+        class_="default",
+        state="running",
+        created_at=datetime.now(UTC),
+        last_active_at=datetime.now(UTC),
+        endpoint="http://node:9/sbx/n/",
+        headers={"X-Cred": "c"},
+        expires_at=datetime.now(UTC) + timedelta(minutes=15),
+    )
     request = core().data_request(handle, "GET", "/v1/info")
     assert str(request.url) == "http://node:9/sbx/n/v1/info"
     assert request.headers["X-Cred"] == "c" and "Authorization" not in request.headers
@@ -108,9 +135,16 @@ def test_data_requests_merge_the_opaque_headers() -> None:
 def test_handle_cache_renews_within_a_minute_of_expiry() -> None:
     c = core()
     now = datetime.now(UTC)
-    handle = SandboxHandle(name="n", class_="default", state="running", created_at=now,
-                           last_active_at=now, endpoint="http://e", headers={},
-                           expires_at=now + timedelta(seconds=90))
+    handle = SandboxHandle(
+        name="n",
+        class_="default",
+        state="running",
+        created_at=now,
+        last_active_at=now,
+        endpoint="http://e",
+        headers={},
+        expires_at=now + timedelta(seconds=90),
+    )
     c.store("n", handle)
     assert c.cached("n", now) is handle
     assert c.cached("n", now + timedelta(seconds=31)) is None
@@ -118,8 +152,9 @@ def test_handle_cache_renews_within_a_minute_of_expiry() -> None:
     assert c.cached("n", now) is None
 
 
-@pytest.mark.parametrize(("header", "expected"), [(None, 5.0), ("3", 3.0), ("0.5", 0.5),
-                                                  ("junk", 5.0), ("-4", 0.0)])
+@pytest.mark.parametrize(
+    ("header", "expected"), [(None, 5.0), ("3", 3.0), ("0.5", 0.5), ("junk", 5.0), ("-4", 0.0)]
+)
 def test_retry_after(header: str | None, expected: float) -> None:
     headers = {"Retry-After": header} if header else {}
     assert Core.retry_after(httpx.Response(202, headers=headers)) == expected
@@ -127,8 +162,11 @@ def test_retry_after(header: str | None, expected: float) -> None:
 
 def test_refusals_map_to_the_exception_tree() -> None:
     def refuse(status: int, body: object) -> SandboxRequestError:
-        response = httpx.Response(status, json=body) if not isinstance(body, str) else \
-            httpx.Response(status, text=body)
+        response = (
+            httpx.Response(status, json=body)
+            if not isinstance(body, str)
+            else httpx.Response(status, text=body)
+        )
         return Core.refusal(response)
 
     for code in ("SANDBOXES_NOT_CONFIGURED", "SANDBOX_NOT_DECLARED"):
@@ -144,9 +182,18 @@ def test_refusals_map_to_the_exception_tree() -> None:
 
 def test_lenient_decoding_survives_new_fields() -> None:
     now = datetime.now(UTC).isoformat()
-    response = httpx.Response(200, json={"name": "n", "class": "default", "state": "running",
-                                         "created_at": now, "last_active_at": now, "new": 1},
-                              request=httpx.Request("GET", "http://cp"))
+    response = httpx.Response(
+        200,
+        json={
+            "name": "n",
+            "class": "default",
+            "state": "running",
+            "created_at": now,
+            "last_active_at": now,
+            "new": 1,
+        },
+        request=httpx.Request("GET", "http://cp"),
+    )
     assert core().parse_record(response).name == "n"
     broken = httpx.Response(200, json={"name": 1}, request=httpx.Request("GET", "http://cp"))
     with pytest.raises(SandboxRequestError, match="unexpected answer"):
@@ -161,10 +208,12 @@ def test_grep_parsing() -> None:
     out = "a.py\x0012:x = 1: two\nsub/b:c.txt\x003:TODO: a:b\n"
     assert _files.parse_grep(out, ".") == [
         _files.GrepMatch(path="a.py", line=12, text="x = 1: two"),
-        _files.GrepMatch(path="sub/b:c.txt", line=3, text="TODO: a:b")]
+        _files.GrepMatch(path="sub/b:c.txt", line=3, text="TODO: a:b"),
+    ]
     # a grep without -Z (another server's image): "path:line:text"
     assert _files.parse_grep("f.txt:2:a:b\n", "f.txt") == [
-        _files.GrepMatch(path="f.txt", line=2, text="a:b")]
+        _files.GrepMatch(path="f.txt", line=2, text="a:b")
+    ]
     # a cut last line is dropped, not returned half
     assert len(_files.parse_grep("a\x001:x\na\x002:y", ".", truncated=True)) == 1
     with pytest.raises(SandboxRequestError) as info:
@@ -205,7 +254,10 @@ def test_base64_read_refuses_truncation_and_maps_missing() -> None:
 def test_list_parsing() -> None:
     entries = _files.parse_list(result("a\nsub/\n.hidden\n"), ".")
     assert [(e.name, e.is_directory) for e in entries] == [
-        ("a", False), ("sub", True), (".hidden", False)]
+        ("a", False),
+        ("sub", True),
+        (".hidden", False),
+    ]
 
 
 def test_digest_check() -> None:
@@ -222,13 +274,17 @@ def test_digest_check() -> None:
 
 
 def test_generated_sync_client_is_up_to_date() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_unasync_fails_on_a_rule_that_matches_nothing(monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_unasync_fails_on_a_rule_that_matches_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = importlib.util.spec_from_file_location("unasync", ROOT / "scripts" / "unasync.py")
     assert spec is not None and spec.loader is not None
     unasync = importlib.util.module_from_spec(spec)

@@ -38,7 +38,11 @@ def test_attach_returns_a_typed_handle_and_caches_it(client: Any, fake: Fake) ->
     handle = client.attach("thread-42")
     assert isinstance(handle, SandboxHandle)
     assert (handle.name, handle.class_, handle.state, handle.start) == (
-        "thread-42", "default", "running", "created")
+        "thread-42",
+        "default",
+        "running",
+        "created",
+    )
     assert "X-Podbay-Credential" not in repr(handle)  # credentials stay out of logs
     client.exec("thread-42", ["true"])
     client.exec("thread-42", ["true"])
@@ -104,8 +108,9 @@ def test_401_twice_is_raised_not_retried_again(client: Any, fake: Fake) -> None:
     assert fake.count("POST", "/v1/exec") == 2
 
 
-def test_transport_failure_after_send_is_not_retried(client: Any, fake: Fake,
-                                                     tmp_path: Any) -> None:
+def test_transport_failure_after_send_is_not_retried(
+    client: Any, fake: Fake, tmp_path: Any
+) -> None:
     fake.fail_after_send = {"/v1/exec"}
     marker = fake.workspace / "ran"
     with pytest.raises(SandboxUnavailableError) as info:
@@ -118,6 +123,7 @@ def test_transport_failure_after_send_is_not_retried(client: Any, fake: Fake,
 def test_unreachable_control_plane_is_unavailable(make_client: Any, fake: Fake) -> None:
     def down(request: Any) -> Any:
         import httpx
+
         raise httpx.ConnectError("connection refused", request=request)
 
     fake.control = lambda request, path: down(request)  # type: ignore[method-assign]
@@ -140,8 +146,9 @@ def test_handle_is_renewed_before_it_expires(client: Any, fake: Fake) -> None:
 
 
 def test_exec_result_and_deadline(client: Any, fake: Fake) -> None:
-    result = client.exec("t", ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"],
-                         env={"X": "1"}, cwd="/workspace")
+    result = client.exec(
+        "t", ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], env={"X": "1"}, cwd="/workspace"
+    )
     assert isinstance(result, ExecResult)
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
     assert not result.timed_out and not result.truncated
@@ -201,9 +208,12 @@ def test_spawn_poll_processes_signal_kill(client: Any) -> None:
 
 def test_run_collects_whole_output_and_reaps(client: Any) -> None:
     seen: list[str] = []
-    result = client.run("t", ["/bin/sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; "
-                                               "echo e >&2; exit 2"],
-                        interval_ms=20, on_output=lambda c: seen.append(c.stdout))
+    result = client.run(
+        "t",
+        ["/bin/sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done; echo e >&2; exit 2"],
+        interval_ms=20,
+        on_output=lambda c: seen.append(c.stdout),
+    )
     assert isinstance(result, RunResult)
     assert (result.stdout, result.stderr, result.exit_code) == ("1\n2\n3\n", "e\n", 2)
     assert not result.killed and not result.timed_out and result.state == "exited"
@@ -212,8 +222,9 @@ def test_run_collects_whole_output_and_reaps(client: Any) -> None:
 
 
 def test_run_timeout_kills(client: Any) -> None:
-    result = client.run("t", ["/bin/sh", "-c", "echo begin; exec sleep 30"],
-                        interval_ms=20, timeout_ms=500)
+    result = client.run(
+        "t", ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=20, timeout_ms=500
+    )
     assert result.killed and result.timed_out
     assert result.stdout == "begin\n"
     assert result.exit_code == 137
@@ -264,7 +275,8 @@ def test_native_path_is_used_when_advertised(make_client: Any, fake: Fake) -> No
     assert fake.count("GET", "/v1/info") == 1  # cached per handle
     put = next(r for r in fake.requests if r.method == "PUT" and r.url.path.endswith("files"))
     assert put.headers["X-Podbay-Sha256"] == (
-        "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881")
+        "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+    )
 
 
 def test_fallback_when_not_advertised(make_client: Any, fake: Fake) -> None:
@@ -287,8 +299,9 @@ def test_base64_writes_are_chunked_at_48_kib(make_client: Any, fake: Fake) -> No
     progress: list[tuple[int, int | None]] = []
     client.write_file_bytes("t", "big.bin", data, progress=lambda d, t: progress.append((d, t)))
     assert (fake.workspace / "big.bin").read_bytes() == data
-    execs = [json.loads(r.content)["command"] for r in fake.requests
-             if r.url.path.endswith("/v1/exec")]
+    execs = [
+        json.loads(r.content)["command"] for r in fake.requests if r.url.path.endswith("/v1/exec")
+    ]
     assert len(execs) == 4  # three chunks, one rename
     assert all(len(c[3]) <= 4 * BASE64_WRITE_CHUNK // 3 + 4 for c in execs[:3])
     assert progress[-1] == (len(data), len(data))
@@ -309,8 +322,7 @@ def test_native_digest_mismatch_raises(client: Any, fake: Fake) -> None:
         client.read_file_bytes("t", "f")
 
 
-def test_native_download_mismatch_leaves_no_file(client: Any, fake: Fake,
-                                                 tmp_path: Any) -> None:
+def test_native_download_mismatch_leaves_no_file(client: Any, fake: Fake, tmp_path: Any) -> None:
     (fake.workspace / "f").write_bytes(b"hello")
     fake.corrupt_reads = True
     target = tmp_path / "local"
@@ -325,9 +337,11 @@ def test_list_dir(files_client: Any, fake: Fake) -> None:
     (fake.workspace / "a.txt").write_text("a")
     (fake.workspace / ".hidden").write_text("h")
     entries = sorted(files_client.list_dir("t"), key=lambda e: e.name)
-    assert entries == [DirEntry(name=".hidden", is_directory=False),
-                       DirEntry(name="a.txt", is_directory=False),
-                       DirEntry(name="sub", is_directory=True)]
+    assert entries == [
+        DirEntry(name=".hidden", is_directory=False),
+        DirEntry(name="a.txt", is_directory=False),
+        DirEntry(name="sub", is_directory=True),
+    ]
     with pytest.raises(SandboxRequestError) as info:
         files_client.list_dir("t", "missing")
     assert info.value.status == 404
@@ -338,8 +352,10 @@ def test_grep(client: Any, fake: Fake) -> None:
     (fake.workspace / "src" / "a.py").write_text("x = 1\n# TODO: a:b:c\n")
     (fake.workspace / "b.txt").write_text("nothing\nTODO here\n")
     matches = sorted(client.grep("t", "TODO"), key=lambda m: m.path)
-    assert matches == [GrepMatch(path="./b.txt", line=2, text="TODO here"),
-                       GrepMatch(path="./src/a.py", line=2, text="# TODO: a:b:c")]
+    assert matches == [
+        GrepMatch(path="./b.txt", line=2, text="TODO here"),
+        GrepMatch(path="./src/a.py", line=2, text="# TODO: a:b:c"),
+    ]
     single = client.grep("t", "TODO", "src/a.py")
     assert single == [GrepMatch(path="src/a.py", line=2, text="# TODO: a:b:c")]
     assert client.grep("t", "absent-pattern") == []
@@ -348,8 +364,7 @@ def test_grep(client: Any, fake: Fake) -> None:
     assert info.value.status == 404
 
 
-def test_upload_download_file_and_directory(files_client: Any, fake: Fake,
-                                            tmp_path: Any) -> None:
+def test_upload_download_file_and_directory(files_client: Any, fake: Fake, tmp_path: Any) -> None:
     src = tmp_path / "src"
     (src / "nested").mkdir(parents=True)
     (src / "a.bin").write_bytes(BINARY)
@@ -443,7 +458,8 @@ def test_run_interrupted_by_the_caller_kills_and_propagates(client: Any, fake: F
         raise Stop
 
     with pytest.raises(Stop):
-        client.run("t", ["/bin/sh", "-c", "echo go; exec sleep 30"], interval_ms=20,
-                   on_output=interrupt)
+        client.run(
+            "t", ["/bin/sh", "-c", "echo go; exec sleep 30"], interval_ms=20, on_output=interrupt
+        )
     assert client.processes("t") == []
     assert any(r.url.path.endswith("/signal") for r in fake.requests)

@@ -32,8 +32,11 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                seen: list[tuple[str, str]] | None = None) -> None:
+async def _echo(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    seen: list[tuple[str, str]] | None = None,
+) -> None:
     """Answer every request with what it was: method, path, headers, body size.
     Connections are counted in ``seen`` as ("CONNECT", ""), requests as (method, path)."""
     if seen is not None:
@@ -67,10 +70,13 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         break
                     size += len(await reader.readexactly(n))
                     await reader.readexactly(2)
-            body = json.dumps({"method": method, "path": target, "headers": headers,
-                               "size": size}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            body = json.dumps(
+                {"method": method, "path": target, "headers": headers, "size": size}
+            ).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -128,7 +134,8 @@ class FakeDriver:
         path = self.agent_socket(machine_id)
         path.unlink(missing_ok=True)
         m.server = await asyncio.start_unix_server(
-            functools.partial(_echo, seen=m.requests), path=str(path))
+            functools.partial(_echo, seen=m.requests), path=str(path)
+        )
         m.state = MachineState.RUNNING
         m.starts += 1
 
@@ -157,8 +164,7 @@ class FakeDriver:
         if m is not None:
             await self._close(m)
 
-    async def assign(self, machine_id: str, *, hostname: str,
-                     labels: Mapping[str, str]) -> None:
+    async def assign(self, machine_id: str, *, hostname: str, labels: Mapping[str, str]) -> None:
         self.calls.append(("assign", machine_id))
         self._get(machine_id).labels = dict(labels)
 
@@ -170,8 +176,10 @@ class FakeDriver:
         return self.root / f"{machine_id}.sock"
 
     async def adopt(self) -> list[ObservedMachine]:
-        return [ObservedMachine(machine_id=k, state=m.state, labels=dict(m.labels))
-                for k, m in self.machines.items()]
+        return [
+            ObservedMachine(machine_id=k, state=m.state, labels=dict(m.labels))
+            for k, m in self.machines.items()
+        ]
 
     async def export_layer(self, machine_id: str, dest: Path) -> None:
         raise DriverError("not supported")

@@ -26,19 +26,22 @@ class Harness:
     store: SqliteStore
     settings: Settings
 
-    async def deployment(self, name: str = "agent", *, sandbox: bool = True,
-                         account: str = "default") -> str:
+    async def deployment(
+        self, name: str = "agent", *, sandbox: bool = True, account: str = "default"
+    ) -> str:
         spec = "name: x\nsandbox:\n  toolchain: never\n" if sandbox else "name: x\n"
         _, token = await self.platform.deployments.create(name, spec, account)
         return token
 
     async def attach(self, token: str, name: str, **kw: object) -> httpx.Response:
-        return await self.client.put(f"/api/v1/sandboxes/{name}",
-                                     headers={"Authorization": f"Bearer {token}"}, **kw)
+        return await self.client.put(
+            f"/api/v1/sandboxes/{name}", headers={"Authorization": f"Bearer {token}"}, **kw
+        )
 
     async def call(self, method: str, path: str, token: str, **kw: object) -> httpx.Response:
-        return await self.client.request(method, path,
-                                         headers={"Authorization": f"Bearer {token}"}, **kw)
+        return await self.client.request(
+            method, path, headers={"Authorization": f"Bearer {token}"}, **kw
+        )
 
 
 def make_settings(tmp: Path, **lifecycle: float) -> Settings:
@@ -55,13 +58,18 @@ def make_settings(tmp: Path, **lifecycle: float) -> Settings:
     return settings
 
 
-def build_harness(tmp_path: Path, settings: Settings | None = None,
-                  driver: FakeDriver | None = None, *,
-                  drivers: Mapping[str, FakeDriver] | None = None,
-                  check: ClassCheck | None = None,
-                  prove: ClassProof | None = None):  # type: ignore[no-untyped-def]
+def build_harness(
+    tmp_path: Path,
+    settings: Settings | None = None,
+    driver: FakeDriver | None = None,
+    *,
+    drivers: Mapping[str, FakeDriver] | None = None,
+    check: ClassCheck | None = None,
+    prove: ClassProof | None = None,
+):  # type: ignore[no-untyped-def]
     """One fake ``container`` driver, or ``drivers`` by class (whose classes the
     settings must enable); ``Harness.driver`` is the ``container`` one."""
+
     @contextlib.asynccontextmanager
     async def run() -> AsyncIterator[Harness]:
         s = settings or make_settings(tmp_path)
@@ -76,8 +84,9 @@ def build_harness(tmp_path: Path, settings: Settings | None = None,
                 if platform.ready:
                     break
                 await asyncio.sleep(0.01)
-            async with httpx.AsyncClient(transport=transport,
-                                         base_url="http://podbay.test") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://podbay.test"
+            ) as client:
                 yield Harness(platform, d, clock, client, store, s)
         if driver is None and drivers is None:  # passed-in drivers outlive the harness
             await d.close_all()

@@ -84,16 +84,16 @@ async def test_get_list_stop_delete(harness):
     got = await harness.call("GET", "/api/v1/sandboxes/one", token)
     assert got.status_code == 200
     record = got.json()
-    assert set(record) == {"name", "class", "state", "created_at", "last_active_at",
-                           "ceiling_at"}
+    assert set(record) == {"name", "class", "state", "created_at", "last_active_at", "ceiling_at"}
     assert "headers" not in record
     listed = await harness.call("GET", "/api/v1/sandboxes", token)
     assert [s["name"] for s in listed.json()["sandboxes"]] == ["one", "two"]
 
     stop = await harness.call("POST", "/api/v1/sandboxes/one/stop", token)
     assert stop.status_code == 204
-    assert (await harness.call("GET", "/api/v1/sandboxes/one", token)).json()["state"] == \
-        "suspended"
+    assert (await harness.call("GET", "/api/v1/sandboxes/one", token)).json()[
+        "state"
+    ] == "suspended"
     resumed = await harness.attach(token, "one")
     assert resumed.json()["start"] == "resumed"
 
@@ -102,8 +102,10 @@ async def test_get_list_stop_delete(harness):
     missing = await harness.call("GET", "/api/v1/sandboxes/one", token)
     assert missing.status_code == 404
     assert missing.json()["code"] == "SANDBOX_NOT_FOUND"
-    for method, path in (("DELETE", "/api/v1/sandboxes/one"),
-                         ("POST", "/api/v1/sandboxes/one/stop")):
+    for method, path in (
+        ("DELETE", "/api/v1/sandboxes/one"),
+        ("POST", "/api/v1/sandboxes/one/stop"),
+    ):
         assert (await harness.call(method, path, token)).status_code == 404
     fresh = await harness.attach(token, "one")
     assert fresh.json()["start"] == "created"
@@ -113,15 +115,18 @@ async def test_other_deployment_is_indistinguishable_from_missing(harness):
     mine = await harness.deployment("mine")
     theirs = await harness.deployment("theirs")
     await harness.attach(theirs, "secret")
-    for method, path in (("GET", "/api/v1/sandboxes/secret"),
-                         ("POST", "/api/v1/sandboxes/secret/stop"),
-                         ("DELETE", "/api/v1/sandboxes/secret")):
+    for method, path in (
+        ("GET", "/api/v1/sandboxes/secret"),
+        ("POST", "/api/v1/sandboxes/secret/stop"),
+        ("DELETE", "/api/v1/sandboxes/secret"),
+    ):
         other = await harness.call(method, path, mine)
         missing = await harness.call(method, path.replace("secret", "nothing-here"), mine)
         assert other.status_code == missing.status_code == 404
         assert other.json()["code"] == missing.json()["code"]
-        assert other.json()["error"].replace("secret", "N") == \
-            missing.json()["error"].replace("nothing-here", "N")
+        assert other.json()["error"].replace("secret", "N") == missing.json()["error"].replace(
+            "nothing-here", "N"
+        )
     assert (await harness.call("GET", "/api/v1/sandboxes", mine)).json() == {"sandboxes": []}
     # Attaching the same name from another deployment makes a separate sandbox.
     mine_attach = await harness.attach(mine, "secret")

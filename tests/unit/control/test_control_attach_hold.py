@@ -23,7 +23,8 @@ pytestmark = pytest.mark.anyio
 async def _attach(tmp_path, env, hold, headers=()):  # type: ignore[no-untyped-def]
     settings = make_settings(tmp_path)
     settings = dataclasses.replace(
-        settings, server=dataclasses.replace(settings.server, attach_hold_seconds=hold))
+        settings, server=dataclasses.replace(settings.server, attach_hold_seconds=hold)
+    )
     driver = FakeDriver(tmp_path)
     store = SqliteStore.open(settings.data_dir / "podbay.db")
     platform = create_app(settings, store, {"container": driver}, environment=env, clock=Clock())
@@ -32,11 +33,13 @@ async def _attach(tmp_path, env, hold, headers=()):  # type: ignore[no-untyped-d
             while not platform.ready:  # noqa: ASYNC110 - a flag, not an event
                 await asyncio.sleep(0.01)
             _, token = await platform.deployments.create("d", "sandbox:\n  toolchain: x\n")
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=platform),
-                                         base_url="http://podbay.test") as client:
-                return await client.put("/api/v1/sandboxes/s",
-                                        headers={"Authorization": f"Bearer {token}",
-                                                 **dict(headers)})
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=platform), base_url="http://podbay.test"
+            ) as client:
+                return await client.put(
+                    "/api/v1/sandboxes/s",
+                    headers={"Authorization": f"Bearer {token}", **dict(headers)},
+                )
     finally:
         await driver.close_all()
         await store.close()

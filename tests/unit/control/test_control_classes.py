@@ -31,15 +31,25 @@ def checks(results: dict[str, HostCheck]) -> Callable[[str, Driver], object]:
     return check
 
 
-async def run(tmp_path: Path, drivers: dict[str, FakeDriver], *, classes: str,
-              pin: str = "", results: dict[str, HostCheck] | None = None,
-              prove: Callable[[str, Driver], object] | None = None,
-              ) -> AsyncIterator[Harness]:
+async def run(
+    tmp_path: Path,
+    drivers: dict[str, FakeDriver],
+    *,
+    classes: str,
+    pin: str = "",
+    results: dict[str, HostCheck] | None = None,
+    prove: Callable[[str, Driver], object] | None = None,
+) -> AsyncIterator[Harness]:
     settings = make_settings(tmp_path)
     settings.runtime.classes = classes
     settings.runtime.default_class = pin
-    async with build_harness(tmp_path, settings, drivers=drivers,  # type: ignore[arg-type]
-                             check=checks(results or {}), prove=prove) as h:
+    async with build_harness(
+        tmp_path,
+        settings,
+        drivers=drivers,  # type: ignore[arg-type]
+        check=checks(results or {}),
+        prove=prove,
+    ) as h:
         yield h
 
 
@@ -63,8 +73,11 @@ async def test_default_is_the_first_enabled_class_that_runs_and_the_record_says_
     listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
     assert [s["class"] for s in listed] == ["gvisor"]
     health = (await h.client.get("/healthz")).json()
-    assert health["classes"] == {"default": "gvisor", "available": ["gvisor", "container"],
-                                 "enabled": ["gvisor", "container"]}
+    assert health["classes"] == {
+        "default": "gvisor",
+        "available": ["gvisor", "container"],
+        "enabled": ["gvisor", "container"],
+    }
 
 
 async def test_a_named_class_runs_on_its_own_driver_and_the_gateway_reaches_it(both):
@@ -172,8 +185,7 @@ async def test_a_pin_decides_default(tmp_path):
 async def test_a_pinned_default_that_cannot_run_refuses_new_sandboxes_only(tmp_path):
     drivers = two_classes(tmp_path)
     down = {"gvisor": HostCheck(False, False, "gVisor cannot start here")}
-    async for h in run(tmp_path, drivers, classes="gvisor,container", pin="gvisor",
-                       results=down):
+    async for h in run(tmp_path, drivers, classes="gvisor,container", pin="gvisor", results=down):
         token = await h.deployment()
         r = await h.attach(token, "p")
         assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
@@ -221,13 +233,16 @@ async def test_no_driver_at_all_says_why_on_healthz(tmp_path):
     store = SqliteStore.open(settings.data_dir / "podbay.db")
     platform = create_app(settings, store, {}, missing={"vm": "no module podbay.runtime.vm"})
     transport = httpx.ASGITransport(app=platform)
-    async with platform.control.router.lifespan_context(platform.control), \
-            httpx.AsyncClient(transport=transport, base_url="http://podbay.test") as client:
+    async with (
+        platform.control.router.lifespan_context(platform.control),
+        httpx.AsyncClient(transport=transport, base_url="http://podbay.test") as client,
+    ):
         health = await client.get("/healthz")
     await store.close()
     assert health.status_code == 503
-    assert health.json()["error"] == ("no sandbox class can run here: "
-                                      "vm: no module podbay.runtime.vm")
+    assert health.json()["error"] == (
+        "no sandbox class can run here: vm: no module podbay.runtime.vm"
+    )
 
 
 async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(tmp_path):
@@ -241,8 +256,7 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
         return f"a {name} machine answered"
 
     tcg = {"vm": HostCheck(True, False, "TCG only")}
-    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg,
-                       prove=prove):
+    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg, prove=prove):
         assert h.platform.ready and h.platform.classes.default == "gvisor"
         token = await h.deployment()
         early = await h.attach(token, "v", json={"class": "vm"})
@@ -262,8 +276,7 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
         await d.close_all()
 
 
-async def test_when_the_default_candidate_cannot_run_a_machine_the_next_one_is_default(
-        tmp_path):
+async def test_when_the_default_candidate_cannot_run_a_machine_the_next_one_is_default(tmp_path):
     drivers = two_classes(tmp_path)
 
     async def prove(name: str, driver: Driver) -> str:
@@ -294,8 +307,7 @@ async def test_a_class_proven_late_takes_up_its_machines_after_a_restart(tmp_pat
             await booted.wait()
         return "ok"
 
-    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg,
-                       prove=prove):
+    async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg, prove=prove):
         r = await h.client.get(v["endpoint"] + "/v1/info", headers=v["headers"])
         assert r.status_code == 401  # not routed while its class is unproven
         booted.set()

@@ -45,10 +45,12 @@ async def seam(tmp_path):
     async with platform.control.router.lifespan_context(platform.control):
         while not platform.ready:
             import asyncio
+
             await asyncio.sleep(0.01)
         _, token = await platform.deployments.create("d", "sandbox:\n  toolchain: never\n")
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=platform),
-                                     base_url="http://podbay.test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=platform), base_url="http://podbay.test"
+        ) as client:
             yield client, token, env, driver, store
     await driver.close_all()
     await store.close()
@@ -78,8 +80,12 @@ async def test_202_then_200(seam):
 
 async def test_prepare_failed(seam):
     client, token, env, driver, store = seam
-    env.prepares = [ApiError(ErrorCode.SANDBOX_PREPARE_FAILED,
-                             "step apt-get install exited 100: E: Unable to locate package")]
+    env.prepares = [
+        ApiError(
+            ErrorCode.SANDBOX_PREPARE_FAILED,
+            "step apt-get install exited 100: E: Unable to locate package",
+        )
+    ]
     r = await client.put("/api/v1/sandboxes/s", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 409 and r.json()["code"] == "SANDBOX_PREPARE_FAILED"
     assert "apt-get" in r.json()["error"]

@@ -29,8 +29,9 @@ def _path(handle, tail):
 
 async def test_relays_with_credential(harness):
     h = await _handle(harness)
-    r = await harness.client.post(_path(h, "/v1/exec?x=1"), headers=h["headers"],
-                                  json={"command": ["true"]})
+    r = await harness.client.post(
+        _path(h, "/v1/exec?x=1"), headers=h["headers"], json={"command": ["true"]}
+    )
     assert r.status_code == 200
     echoed = r.json()
     assert echoed["method"] == "POST"
@@ -48,20 +49,30 @@ async def test_missing_forged_expired(harness):
     assert missing.status_code == 401 and missing.json()["code"] == "CREDENTIAL_INVALID"
     forged_key = Ed25519PrivateKey.generate()
     kid = harness.platform.keys.active().kid
-    forged = jwt.encode({"aud": AUDIENCE, "sub": h["endpoint"].rsplit("/", 1)[1], "inc": 1,
-                         "exp": int(time.time()) + 60}, forged_key, algorithm="EdDSA",
-                        headers={"kid": kid})
+    forged = jwt.encode(
+        {
+            "aud": AUDIENCE,
+            "sub": h["endpoint"].rsplit("/", 1)[1],
+            "inc": 1,
+            "exp": int(time.time()) + 60,
+        },
+        forged_key,
+        algorithm="EdDSA",
+        headers={"kid": kid},
+    )
     r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: forged})
     assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
-    expired, _ = mint_credential(harness.platform.keys,
-                                 sandbox_id=h["endpoint"].rsplit("/", 1)[1],
-                                 incarnation=1, ttl_seconds=-5)
+    expired, _ = mint_credential(
+        harness.platform.keys,
+        sandbox_id=h["endpoint"].rsplit("/", 1)[1],
+        incarnation=1,
+        ttl_seconds=-5,
+    )
     r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: expired})
     assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
     assert "expired" in r.json()["error"]
     # an identity token is not a credential
-    r = await harness.client.post(_path(h, "/v1/exec"),
-                                  headers={CREDENTIAL_HEADER: harness._tok})
+    r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: harness._tok})
     assert r.status_code == 401
 
 
@@ -114,8 +125,9 @@ async def test_streaming_large_body(harness):
         for _ in range(64):
             yield b"x" * 65536
 
-    r = await harness.client.put(_path(h, "/v1/files?path=/workspace/big"),
-                                 headers=h["headers"], content=chunks())
+    r = await harness.client.put(
+        _path(h, "/v1/files?path=/workspace/big"), headers=h["headers"], content=chunks()
+    )
     assert r.status_code == 200
     assert r.json()["size"] == 64 * 65536
 
@@ -162,14 +174,16 @@ async def test_dead_machine_is_noticed_and_carried_over(harness):
 
 async def test_the_agent_connection_is_open_before_the_first_call(harness):
     h = await _handle(harness, "prewarmed")
-    (machine,) = [m for m in harness.driver.machines.values()
-                  if m.labels.get("podbay.name") == "prewarmed"]
+    (machine,) = [
+        m for m in harness.driver.machines.values() if m.labels.get("podbay.name") == "prewarmed"
+    ]
     for _ in range(100):  # the connection is opened while the attach is answered
         if machine.requests:
             break
         await asyncio.sleep(0.01)
     assert machine.requests == [("CONNECT", "")]
-    r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"],
-                                  json={"command": ["true"]})
+    r = await harness.client.post(
+        _path(h, "/v1/exec"), headers=h["headers"], json={"command": ["true"]}
+    )
     assert r.status_code == 200
     assert machine.requests == [("CONNECT", ""), ("POST", "/v1/exec")]  # no second connect

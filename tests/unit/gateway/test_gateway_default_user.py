@@ -18,8 +18,9 @@ async def test_only_the_gateway_names_the_default_user(tmp_path):  # type: ignor
     pool = AgentPool(tmp_path / "a.sock")
     forged = [(b"x-podbay-default-user", b"root")]
     for extra in ([(b"x-podbay-default-user", b"user")], []):
-        status = await relay(pool, _scope(headers=forged), _receive([]), _Sink(),
-                             b"/v1/exec", "rid", None, extra)
+        status = await relay(
+            pool, _scope(headers=forged), _receive([]), _Sink(), b"/v1/exec", "rid", None, extra
+        )
         assert status == 200
     with_setting, without = (head.lower() for head, _, _ in seen)
     assert with_setting.count(b"x-podbay-default-user") == 1

@@ -19,6 +19,7 @@ def anyio_backend() -> str:
 
 async def _agent(path, answers, seen):  # type: ignore[no-untyped-def]
     """Serve ``answers`` (raw bytes, or None to hang up) one per request, in order."""
+
     async def handle(reader, writer):  # type: ignore[no-untyped-def]
         try:
             while answers:
@@ -54,8 +55,10 @@ def _scope(method="POST", headers=()):  # type: ignore[no-untyped-def]
 
 
 def _receive(chunks):  # type: ignore[no-untyped-def]
-    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-                for i, c in enumerate(chunks)] or [{"type": "http.request", "body": b""}]
+    messages = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ] or [{"type": "http.request", "body": b""}]
 
     async def receive():  # type: ignore[no-untyped-def]
         if messages:
@@ -94,10 +97,20 @@ async def test_length_body_keepalive_reuse(tmp_path):
     pool = AgentPool(tmp_path / "a.sock")
     for _ in range(2):
         sink = _Sink()
-        status = await relay(pool, _scope(headers=[(b"content-length", b"5"),
-                                                   (b"x-podbay-credential", b"secret"),
-                                                   (b"x-custom", b"1")]),
-                             _receive([b"he", b"llo"]), sink, b"/v1/exec?a=1", "rid")
+        status = await relay(
+            pool,
+            _scope(
+                headers=[
+                    (b"content-length", b"5"),
+                    (b"x-podbay-credential", b"secret"),
+                    (b"x-custom", b"1"),
+                ]
+            ),
+            _receive([b"he", b"llo"]),
+            sink,
+            b"/v1/exec?a=1",
+            "rid",
+        )
         assert status == 200 and sink.body == b"{}"
         assert sink.headers[b"x-request-id"] == b"rid"
     head, body, _ = seen[0]
@@ -109,13 +122,19 @@ async def test_length_body_keepalive_reuse(tmp_path):
 
 async def test_chunked_both_ways(tmp_path):
     seen: list = []
-    answer = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-              b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+    answer = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n"
+    )
     server = await _agent(tmp_path / "a.sock", [answer], seen)
     sink = _Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"),
-                         _scope("PUT", [(b"transfer-encoding", b"chunked")]),
-                         _receive([b"x" * 10, b"y" * 5]), sink, b"/v1/files", "r")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"),
+        _scope("PUT", [(b"transfer-encoding", b"chunked")]),
+        _receive([b"x" * 10, b"y" * 5]),
+        sink,
+        b"/v1/files",
+        "r",
+    )
     assert status == 200 and sink.body == b"abcdefg"
     assert b"transfer-encoding" not in sink.headers
     assert seen[0][1] == b"x" * 10 + b"y" * 5
@@ -125,16 +144,18 @@ async def test_chunked_both_ways(tmp_path):
 async def test_agent_hangs_up_before_answering(tmp_path):
     server = await _agent(tmp_path / "a.sock", [None], [])
     sink = _Sink()
-    status = await relay(AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink,
-                         b"/v1/info", "r")
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
+    )
     assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
     server.close()
 
 
 async def test_no_agent_socket(tmp_path):
     sink = _Sink()
-    status = await relay(AgentPool(tmp_path / "none.sock"), _scope("GET"), _receive([]), sink,
-                         b"/v1/info", "r")
+    status = await relay(
+        AgentPool(tmp_path / "none.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
+    )
     assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
 
 
@@ -144,8 +165,7 @@ async def test_connection_close_answer_is_not_reused(tmp_path):
     server = await _agent(tmp_path / "a.sock", [closing], seen)
     pool = AgentPool(tmp_path / "a.sock")
     sink = _Sink()
-    assert await relay(pool, _scope("DELETE"), _receive([]), sink, b"/v1/processes/1",
-                       "r") == 204
+    assert await relay(pool, _scope("DELETE"), _receive([]), sink, b"/v1/processes/1", "r") == 204
     assert pool._idle == []
     server.close()
 
@@ -155,8 +175,9 @@ async def test_large_response_streams_in_chunks(tmp_path):
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"z" * size
     server = await _agent(tmp_path / "a.sock", [answer], [])
     sink = _Sink()
-    await relay(AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink,
-                b"/v1/files", "r")
+    await relay(
+        AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/files", "r"
+    )
     sizes = [len(m.get("body", b"")) for m in sink.messages[1:]]
     assert sum(sizes) == size and max(sizes) <= 1 << 20
     assert sink.headers[b"content-length"] == str(size).encode()

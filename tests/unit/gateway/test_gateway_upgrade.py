@@ -37,17 +37,21 @@ def _answering(data: bytes, close: bool = True) -> Answer:
         await writer.drain()
         if close:
             writer.close()
+
     return answer
 
 
-@pytest.mark.parametrize("data", [
-    b"garbage\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
-    b"HTTP/1.1 502 Bad\r\ncontent-length: 9\r\n\r\nnot json!",
-    b"HTTP/1.1 400 Bad\r\ncontent-length: 99999999\r\n\r\n",
-    b"HTTP/1.1 101 Switching" ,  # cut before the head ends
-    b"HTTP/1.1 101 Switching\r\n" + b"x: y\r\n" * (MAX_HEAD // 6 + 10) + b"\r\n",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+        b"HTTP/1.1 502 Bad\r\ncontent-length: 9\r\n\r\nnot json!",
+        b"HTTP/1.1 400 Bad\r\ncontent-length: 99999999\r\n\r\n",
+        b"HTTP/1.1 101 Switching",  # cut before the head ends
+        b"HTTP/1.1 101 Switching\r\n" + b"x: y\r\n" * (MAX_HEAD // 6 + 10) + b"\r\n",
+    ],
+)
 def test_hostile_answers_are_agent_unreachable(tmp_path: Path, data: bytes) -> None:
     refusal = asyncio.run(_with_agent(tmp_path, _answering(data)))
     assert refusal is not None and refusal.code.value == "AGENT_UNREACHABLE"
@@ -73,13 +77,16 @@ def test_no_agent_is_agent_unreachable(tmp_path: Path) -> None:
     assert refusal is not None and refusal.code.value == "AGENT_UNREACHABLE"
 
 
-@pytest.mark.parametrize("frames", [
-    b"d" + (stream.MAX_FRAME + 1).to_bytes(4, "big"),  # too long
-    b"q\x00\x00\x00\x00",  # unknown kind
-    stream.resize_frame(10, 10),  # a kind only the gateway sends
-    stream.frame(stream.EXIT, b"\x00"),  # a malformed exit
-    stream.frame(stream.DATA, b"partial")[:7],  # cut short
-])
+@pytest.mark.parametrize(
+    "frames",
+    [
+        b"d" + (stream.MAX_FRAME + 1).to_bytes(4, "big"),  # too long
+        b"q\x00\x00\x00\x00",  # unknown kind
+        stream.resize_frame(10, 10),  # a kind only the gateway sends
+        stream.frame(stream.EXIT, b"\x00"),  # a malformed exit
+        stream.frame(stream.DATA, b"partial")[:7],  # cut short
+    ],
+)
 def test_hostile_frames_from_the_agent_end_the_terminal(frames: bytes) -> None:
     async def main() -> tuple[bool, list[dict[str, object]]]:
         reader = asyncio.StreamReader()

@@ -14,10 +14,22 @@ def test_dull_ids_pass(machine_id: str) -> None:
     assert check_machine_id(machine_id) == machine_id
 
 
-@pytest.mark.parametrize("machine_id", [
-    "", "a" * 64, "-leading-dash", "Upper", "dot.ted", "../escape", "a/b", "a b", "é",
-    "a\n", "a\x00",
-])
+@pytest.mark.parametrize(
+    "machine_id",
+    [
+        "",
+        "a" * 64,
+        "-leading-dash",
+        "Upper",
+        "dot.ted",
+        "../escape",
+        "a/b",
+        "a b",
+        "é",
+        "a\n",
+        "a\x00",
+    ],
+)
 def test_anything_that_could_escape_a_path_or_cgroup_is_refused(machine_id: str) -> None:
     with pytest.raises(ValueError, match="invalid machine id"):
         check_machine_id(machine_id)

@@ -13,29 +13,40 @@ from podbay.runtime import classes
 from podbay.runtime.classes import HostCheck, enabled_classes, resolve_default
 from podbay.settings import Settings
 
-RUNS, SLOW, DOWN = HostCheck(True, True, ""), HostCheck(True, False, ""), \
-    HostCheck(False, False, "")
+RUNS, SLOW, DOWN = (
+    HostCheck(True, True, ""),
+    HostCheck(True, False, ""),
+    HostCheck(False, False, ""),
+)
 
 
 def settings(**runtime: str) -> Settings:
-    s = Settings.load(environ={f"PODBAY_RUNTIME_{k.upper()}": v for k, v in runtime.items()},
-                      data_dir=Path("/srv/podbay"))
+    s = Settings.load(
+        environ={f"PODBAY_RUNTIME_{k.upper()}": v for k, v in runtime.items()},
+        data_dir=Path("/srv/podbay"),
+    )
     return s
 
 
 def test_enabled_classes_default_and_order():
     assert enabled_classes(settings()) == ("gvisor", "container")
     assert enabled_classes(settings(classes="vm, gvisor,container")) == (
-        "vm", "gvisor", "container")
+        "vm",
+        "gvisor",
+        "container",
+    )
     assert enabled_classes(settings(classes="container,gvisor")) == ("container", "gvisor")
 
 
-@pytest.mark.parametrize(("raw", "pin", "problem"), [
-    ("gvisor,gpu", "", "unknown class 'gpu'"),
-    (" , ", "", "enables no class"),
-    ("container,container", "", "twice"),
-    ("container", "gvisor", "default_class='gvisor' is not enabled"),
-])
+@pytest.mark.parametrize(
+    ("raw", "pin", "problem"),
+    [
+        ("gvisor,gpu", "", "unknown class 'gpu'"),
+        (" , ", "", "enables no class"),
+        ("container,container", "", "twice"),
+        ("container", "gvisor", "default_class='gvisor' is not enabled"),
+    ],
+)
 def test_enabled_classes_refuses_what_cannot_be_meant(raw, pin, problem):
     with pytest.raises(ValueError, match=problem):
         enabled_classes(settings(classes=raw, default_class=pin))
@@ -46,11 +57,11 @@ def test_default_is_the_first_enabled_class_at_useful_speed():
     assert resolve_default(every, {"vm": RUNS, "gvisor": RUNS, "container": RUNS}) == "vm"
     # vm under TCG works but is not useful speed: default skips it.
     assert resolve_default(every, {"vm": SLOW, "gvisor": RUNS, "container": RUNS}) == "gvisor"
-    assert resolve_default(every, {"vm": DOWN, "gvisor": DOWN, "container": RUNS}) == \
-        "container"
+    assert resolve_default(every, {"vm": DOWN, "gvisor": DOWN, "container": RUNS}) == "container"
     # Order is the operator's preference.
-    assert resolve_default(("container", "gvisor"), {"gvisor": RUNS, "container": RUNS}) == \
-        "container"
+    assert (
+        resolve_default(("container", "gvisor"), {"gvisor": RUNS, "container": RUNS}) == "container"
+    )
     # Nothing fast: the first that works at all; nothing works: none.
     assert resolve_default(("vm",), {"vm": SLOW}) == "vm"
     assert resolve_default(("gvisor",), {"gvisor": DOWN}) is None
@@ -69,9 +80,11 @@ def test_gvisor_gets_its_own_data_and_run_directories_over_the_shared_image():
     assert classes.class_settings(base, "container") is base
     # Default run directories differ too: they hash the data directory.
     from podbay.runtime.oci.layout import Layout
+
     plain = settings()
-    layouts = [Layout.from_settings(classes.class_settings(plain, n))
-               for n in ("container", "gvisor")]
+    layouts = [
+        Layout.from_settings(classes.class_settings(plain, n)) for n in ("container", "gvisor")
+    ]
     assert layouts[0].run_dir != layouts[1].run_dir
     assert layouts[0].cgroup_parent != layouts[1].cgroup_parent
     assert layouts[0].image_dir == layouts[1].image_dir
@@ -100,8 +113,7 @@ def test_vm_without_its_driver_is_unavailable_with_the_reason(monkeypatch):
 
 
 def test_a_missing_runtime_binary_says_what_to_install():
-    check = asyncio.run(classes.host_check(settings(gvisor_runtime="/nonexistent/runsc"),
-                                           "gvisor"))
+    check = asyncio.run(classes.host_check(settings(gvisor_runtime="/nonexistent/runsc"), "gvisor"))
     assert not check.works
     expected = "not found: apt-get install runsc" if os.geteuid() == 0 else "needs root"
     assert expected in check.detail
@@ -118,23 +130,28 @@ def test_a_probe_that_hangs_is_cut_off(monkeypatch):
     assert not check.works and "took over" in check.detail
 
 
-@pytest.mark.parametrize(("answer", "accel", "works", "fast", "says"), [
-    ((True, True, "a KVM guest booted"), "kvm", True, True, "a KVM guest booted"),
-    # KVM works but the operator runs guests under TCG: works, not at useful speed.
-    ((True, True, "a KVM guest booted"), "tcg", True, False, "runtime.vm_accel=kvm"),
-    ((True, False, "a KVM guest hung: TCG only"), "tcg", True, False, "TCG only"),
-    # Told to use KVM where KVM guests hang: it cannot run.
-    ((True, False, "a KVM guest hung: TCG only"), "kvm", False, False, "but runtime.vm_accel"),
-    ((False, False, "qemu not found"), "tcg", False, False, "qemu not found"),
-])
-def test_vm_is_useful_speed_only_where_kvm_boots_and_is_used(monkeypatch, answer, accel,
-                                                             works, fast, says):
+@pytest.mark.parametrize(
+    ("answer", "accel", "works", "fast", "says"),
+    [
+        ((True, True, "a KVM guest booted"), "kvm", True, True, "a KVM guest booted"),
+        # KVM works but the operator runs guests under TCG: works, not at useful speed.
+        ((True, True, "a KVM guest booted"), "tcg", True, False, "runtime.vm_accel=kvm"),
+        ((True, False, "a KVM guest hung: TCG only"), "tcg", True, False, "TCG only"),
+        # Told to use KVM where KVM guests hang: it cannot run.
+        ((True, False, "a KVM guest hung: TCG only"), "kvm", False, False, "but runtime.vm_accel"),
+        ((False, False, "qemu not found"), "tcg", False, False, "qemu not found"),
+    ],
+)
+def test_vm_is_useful_speed_only_where_kvm_boots_and_is_used(
+    monkeypatch, answer, accel, works, fast, says
+):
     async def probe(settings: Settings) -> tuple[bool, bool, str]:
         return answer
 
     real_load = classes._load
-    monkeypatch.setattr(classes, "_load",
-                        lambda target: probe if target == classes.VM_PROBE else real_load(target))
+    monkeypatch.setattr(
+        classes, "_load", lambda target: probe if target == classes.VM_PROBE else real_load(target)
+    )
     check = asyncio.run(classes.host_check(settings(vm_accel=accel), "vm"))
     assert (check.works, check.fast) == (works, fast)
     assert says in check.detail

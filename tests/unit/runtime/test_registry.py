@@ -20,7 +20,8 @@ def test_an_unknown_name_says_which_are_known() -> None:
 
 
 def test_a_registered_driver_is_built_when_settings_name_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from podbay.runtime.oci.driver import OciDriver
 
     monkeypatch.setattr(registry, "DRIVERS", dict(registry.DRIVERS))

@@ -46,8 +46,11 @@ async def new_store(store_kind, store_target) -> AsyncIterator[Callable[[], Stor
     def open_one() -> Store:
         from pathlib import Path
 
-        store: Store = (SqliteStore.open(Path(store_target)) if store_kind == "sqlite"
-                        else PostgresStore.open(store_target))
+        store: Store = (
+            SqliteStore.open(Path(store_target))
+            if store_kind == "sqlite"
+            else PostgresStore.open(store_target)
+        )
         opened.append(store)
         return store
 

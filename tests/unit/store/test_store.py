@@ -20,14 +20,31 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _dep(name="d", account="acct", section=None) -> Deployment:
-    return Deployment(id=f"dep_{name}", name=name, account=account, spec_text="x: 1",
-                      sandbox_section=section, created_at=T0, updated_at=T0)
+    return Deployment(
+        id=f"dep_{name}",
+        name=name,
+        account=account,
+        spec_text="x: 1",
+        sandbox_section=section,
+        created_at=T0,
+        updated_at=T0,
+    )
 
 
 def _sb(name, dep="dep_d", account="acct", state=SandboxState.CREATING) -> Sandbox:
-    return Sandbox(id=f"sb-{dep}-{name}", deployment_id=dep, account=account, name=name,
-                   class_="default", state=state, machine_id=f"m-{dep}-{name}".replace("_", "-"),
-                   created_at=T0, last_active_at=T0, started_at=None, ceiling_at=None)
+    return Sandbox(
+        id=f"sb-{dep}-{name}",
+        deployment_id=dep,
+        account=account,
+        name=name,
+        class_="default",
+        state=state,
+        machine_id=f"m-{dep}-{name}".replace("_", "-"),
+        created_at=T0,
+        last_active_at=T0,
+        started_at=None,
+        ceiling_at=None,
+    )
 
 
 async def test_migrations_numbered_and_recorded(tmp_path):
@@ -68,40 +85,61 @@ async def test_remove_deployment_marks_sandboxes_deleting(store):
 
 
 async def test_insert_unique_and_caps(store):
-    assert await store.insert_sandbox(_sb("a"), deployment_cap=2, account_cap=3) == \
-        InsertOutcome.INSERTED
-    assert await store.insert_sandbox(replace(_sb("a"), id="sb-x", machine_id="m-x"),
-                                      deployment_cap=2, account_cap=3) == InsertOutcome.EXISTS
-    assert await store.insert_sandbox(_sb("b"), deployment_cap=2, account_cap=3) == \
-        InsertOutcome.INSERTED
-    assert await store.insert_sandbox(_sb("c"), deployment_cap=2, account_cap=3) == \
-        InsertOutcome.DEPLOYMENT_CAP
-    assert await store.insert_sandbox(_sb("c", dep="dep_e"), deployment_cap=2,
-                                      account_cap=3) == InsertOutcome.INSERTED
-    assert await store.insert_sandbox(_sb("d", dep="dep_f"), deployment_cap=2,
-                                      account_cap=3) == InsertOutcome.ACCOUNT_CAP
+    assert (
+        await store.insert_sandbox(_sb("a"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.INSERTED
+    )
+    assert (
+        await store.insert_sandbox(
+            replace(_sb("a"), id="sb-x", machine_id="m-x"), deployment_cap=2, account_cap=3
+        )
+        == InsertOutcome.EXISTS
+    )
+    assert (
+        await store.insert_sandbox(_sb("b"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.INSERTED
+    )
+    assert (
+        await store.insert_sandbox(_sb("c"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.DEPLOYMENT_CAP
+    )
+    assert (
+        await store.insert_sandbox(_sb("c", dep="dep_e"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.INSERTED
+    )
+    assert (
+        await store.insert_sandbox(_sb("d", dep="dep_f"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.ACCOUNT_CAP
+    )
     # deleting rows do not count
     row = await store.get_sandbox("dep_d", "a")
     await store.replace_sandbox(row, row.moved(SandboxState.DELETING))
-    assert await store.insert_sandbox(_sb("d", dep="dep_f"), deployment_cap=2,
-                                      account_cap=3) == InsertOutcome.INSERTED
+    assert (
+        await store.insert_sandbox(_sb("d", dep="dep_f"), deployment_cap=2, account_cap=3)
+        == InsertOutcome.INSERTED
+    )
 
 
 async def test_concurrent_inserts_never_pass_a_cap(new_store):
     stores = [new_store() for _ in range(4)]
-    outcomes = await asyncio.gather(*(
-        stores[i % 4].insert_sandbox(_sb(f"n{i}"), deployment_cap=5, account_cap=99)
-        for i in range(20)))
+    outcomes = await asyncio.gather(
+        *(
+            stores[i % 4].insert_sandbox(_sb(f"n{i}"), deployment_cap=5, account_cap=99)
+            for i in range(20)
+        )
+    )
     assert outcomes.count(InsertOutcome.INSERTED) == 5
     assert len(await stores[0].list_sandboxes()) == 5
 
 
 async def test_concurrent_inserts_never_pass_an_account_cap(new_store):
     stores = [new_store() for _ in range(4)]
-    outcomes = await asyncio.gather(*(
-        stores[i % 4].insert_sandbox(_sb("n", dep=f"dep_{i}"), deployment_cap=99,
-                                     account_cap=3)
-        for i in range(24)))
+    outcomes = await asyncio.gather(
+        *(
+            stores[i % 4].insert_sandbox(_sb("n", dep=f"dep_{i}"), deployment_cap=99, account_cap=3)
+            for i in range(24)
+        )
+    )
     assert outcomes.count(InsertOutcome.INSERTED) == 3
     assert outcomes.count(InsertOutcome.ACCOUNT_CAP) == 21
 
@@ -109,9 +147,14 @@ async def test_concurrent_inserts_never_pass_an_account_cap(new_store):
 async def test_two_instances_racing_for_one_name_make_one_sandbox(new_store):
     """As two replicas attaching one new name at once: one row, the rest see it."""
     first, second = new_store(), new_store()
-    racers = [(first if i % 2 else second).insert_sandbox(
-        replace(_sb("shared"), id=f"sb-{i}", machine_id=f"m-{i}"),
-        deployment_cap=99, account_cap=99) for i in range(30)]
+    racers = [
+        (first if i % 2 else second).insert_sandbox(
+            replace(_sb("shared"), id=f"sb-{i}", machine_id=f"m-{i}"),
+            deployment_cap=99,
+            account_cap=99,
+        )
+        for i in range(30)
+    ]
     outcomes = await asyncio.gather(*racers)
     assert outcomes.count(InsertOutcome.INSERTED) == 1
     assert outcomes.count(InsertOutcome.EXISTS) == 29
@@ -126,11 +169,13 @@ async def test_exactly_one_racing_transition_wins(new_store):
     await first.insert_sandbox(_sb("a"), deployment_cap=9, account_cap=9)
     row = await second.get_sandbox("dep_d", "a")
     # Half start it (each with its own ceiling), half delete it: one of them wins.
-    wanted = [row.started(T0, timedelta(hours=i)) if i % 3 else row.moved(SandboxState.DELETING)
-              for i in range(24)]
-    results = await asyncio.gather(*(
-        (first if i % 2 else second).replace_sandbox(row, new)
-        for i, new in enumerate(wanted)))
+    wanted = [
+        row.started(T0, timedelta(hours=i)) if i % 3 else row.moved(SandboxState.DELETING)
+        for i in range(24)
+    ]
+    results = await asyncio.gather(
+        *((first if i % 2 else second).replace_sandbox(row, new) for i, new in enumerate(wanted))
+    )
     winners = [r for r in results if r is not None]
     assert len(winners) == 1 and winners[0].version == row.version + 1
     assert await first.get_sandbox("dep_d", "a") == winners[0]
@@ -178,13 +223,14 @@ async def test_meta(store):
     assert await store.get_meta("public_url") == "http://b"
 
 
-async def test_sandboxes_from_before_classes_are_containers(new_store, store_kind,
-                                                           store_target):
+async def test_sandboxes_from_before_classes_are_containers(new_store, store_kind, store_target):
     """Every sandbox made before classes existed runs in the container class."""
     old = new_store()
     assert await old.add_deployment(_dep())
-    assert await old.insert_sandbox(_sb("a"), deployment_cap=5, account_cap=5) is \
-        InsertOutcome.INSERTED  # written with class "default", as before classes
+    assert (
+        await old.insert_sandbox(_sb("a"), deployment_cap=5, account_cap=5)
+        is InsertOutcome.INSERTED
+    )  # written with class "default", as before classes
     _rewind(store_kind, store_target, 2)  # the schema before classes
     upgraded = new_store()
     row = await upgraded.get_sandbox("dep_d", "a")
@@ -203,26 +249,34 @@ def _rewind(kind: str, target: str, version: int) -> None:
 
 def _columns(kind: str, target: str) -> dict[str, list[tuple[str, str]]]:
     """Table → [(column, type family)] as the database itself reports them."""
+
     def family(declared: str) -> str:
         declared = declared.lower()
-        return ("number" if declared in {"real", "double precision"} else
-                "integer" if declared in {"integer"} else declared)
+        return (
+            "number"
+            if declared in {"real", "double precision"}
+            else "integer"
+            if declared in {"integer"}
+            else declared
+        )
 
     out: dict[str, list[tuple[str, str]]] = {}
     if kind == "sqlite":
         conn = sqlite3.connect(target)
-        tables = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        tables = [
+            r[0]
+            for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+        ]
         for table in tables:
-            out[table] = [(r[1], family(r[2])) for r in
-                          conn.execute(f"PRAGMA table_info({table})")]
+            out[table] = [(r[1], family(r[2])) for r in conn.execute(f"PRAGMA table_info({table})")]
         conn.close()
         return out
     with psycopg.connect(target) as pg:
         for table, column, kind_ in pg.execute(
-                "SELECT table_name, column_name, data_type FROM information_schema.columns"
-                " WHERE table_schema='public' AND table_name <> 'podbay_schema_version'"
-                " ORDER BY table_name, ordinal_position"):
+            "SELECT table_name, column_name, data_type FROM information_schema.columns"
+            " WHERE table_schema='public' AND table_name <> 'podbay_schema_version'"
+            " ORDER BY table_name, ordinal_position"
+        ):
             out.setdefault(table, []).append((column, family(kind_)))
     return out
 
@@ -268,8 +322,9 @@ def test_dialect_keeps_unix_seconds_exact():
 async def test_sub_second_timestamps_survive(store):
     """Unix seconds with microseconds come back exactly (no 4-byte float anywhere)."""
     when = T0 + timedelta(microseconds=123456)
-    await store.insert_sandbox(replace(_sb("a"), created_at=when, last_active_at=when),
-                               deployment_cap=9, account_cap=9)
+    await store.insert_sandbox(
+        replace(_sb("a"), created_at=when, last_active_at=when), deployment_cap=9, account_cap=9
+    )
     row = await store.get_sandbox("dep_d", "a")
     assert row.created_at == when and row.last_active_at == when
 
@@ -279,7 +334,8 @@ async def _until_a_transaction_waits_for_a_lock(url: str) -> None:
         while True:
             (waiting,) = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database()").fetchone()
+                " AND datname = current_database()"
+            ).fetchone()
             if waiting:
                 return
             await asyncio.sleep(0.02)
@@ -299,11 +355,13 @@ async def test_a_transaction_aborted_by_a_deadlock_runs_again(postgres_cluster):
             # the side PostgreSQL aborts.
             other.execute("SET deadlock_timeout = '30s'")
             other.execute("UPDATE sandboxes SET name = name WHERE id = %s", (b,))
-            ours = asyncio.ensure_future(store.record_activity(
-                {a: T0 + timedelta(seconds=7), b: T0 + timedelta(seconds=7)}))
+            ours = asyncio.ensure_future(
+                store.record_activity({a: T0 + timedelta(seconds=7), b: T0 + timedelta(seconds=7)})
+            )
             await _until_a_transaction_waits_for_a_lock(url)  # ours holds a, waits for b
             await asyncio.to_thread(
-                other.execute, "UPDATE sandboxes SET name = name WHERE id = %s", (a,))
+                other.execute, "UPDATE sandboxes SET name = name WHERE id = %s", (a,)
+            )
             other.commit()
             await ours
         for name in ("a", "b"):

@@ -27,8 +27,9 @@ def test_times_are_rfc3339_utc_with_z() -> None:
 
 
 def test_class_travels_under_its_wire_name() -> None:
-    record = SandboxRecord(name="a", class_="default", state="running", created_at=NOW,
-                           last_active_at=NOW)
+    record = SandboxRecord(
+        name="a", class_="default", state="running", created_at=NOW, last_active_at=NOW
+    )
     data = encode(record)
     assert data["class"] == "default" and "class_" not in data
     assert "ceiling_at" not in data  # absent, not null
@@ -45,18 +46,20 @@ def test_strict_refuses_unknown_fields_lenient_ignores_them() -> None:
     assert decode(ExecRequest, data, strict=False) == ExecRequest(command=["ls"])
 
 
-@pytest.mark.parametrize(("data", "field"), [
-    ({}, "command"),
-    ({"command": "ls"}, "command"),
-    ({"command": ["ls", 1]}, "command[1]"),
-    ({"command": ["ls"], "timeout_ms": True}, "timeout_ms"),
-    ({"command": ["ls"], "timeout_ms": 1.5}, "timeout_ms"),
-    ({"command": ["ls"], "env": {"A": 1}}, "env.A"),
-    ({"command": ["ls"], "env": ["A=1"]}, "env"),
-    ({"command": ["ls"], "cwd": None}, None),
-])
-def test_types_are_checked_and_faults_located(data: dict[str, object],
-                                              field: str | None) -> None:
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({}, "command"),
+        ({"command": "ls"}, "command"),
+        ({"command": ["ls", 1]}, "command[1]"),
+        ({"command": ["ls"], "timeout_ms": True}, "timeout_ms"),
+        ({"command": ["ls"], "timeout_ms": 1.5}, "timeout_ms"),
+        ({"command": ["ls"], "env": {"A": 1}}, "env.A"),
+        ({"command": ["ls"], "env": ["A=1"]}, "env"),
+        ({"command": ["ls"], "cwd": None}, None),
+    ],
+)
+def test_types_are_checked_and_faults_located(data: dict[str, object], field: str | None) -> None:
     if field is None:
         assert decode(ExecRequest, data).cwd is None
         return
@@ -75,10 +78,18 @@ def test_literals_and_nested_models() -> None:
 
 
 def test_handle_round_trip_and_json_bytes() -> None:
-    handle = SandboxHandle(name="t", class_="default", state="running", created_at=NOW,
-                           last_active_at=NOW, ceiling_at=NOW, endpoint="http://h/x",
-                           headers={"authorization": "Bearer x"}, expires_at=NOW,
-                           start="created")
+    handle = SandboxHandle(
+        name="t",
+        class_="default",
+        state="running",
+        created_at=NOW,
+        last_active_at=NOW,
+        ceiling_at=NOW,
+        endpoint="http://h/x",
+        headers={"authorization": "Bearer x"},
+        expires_at=NOW,
+        start="created",
+    )
     assert loads(SandboxHandle, codec.dumps(handle)) == handle
 
 

@@ -25,13 +25,19 @@ def test_contract_statuses() -> None:
     assert ErrorCode.COMMAND_START_FAILED.status == 400
     # Clients re-attach on 401/403: only credential problems may use them.
     reattach = {c for c, s in STATUS.items() if s in (401, 403)}
-    assert reattach == {ErrorCode.IDENTITY_TOKEN_INVALID, ErrorCode.CREDENTIAL_INVALID,
-                        ErrorCode.SANDBOX_NOT_RUNNING, ErrorCode.CREDENTIAL_WRONG_SANDBOX}
+    assert reattach == {
+        ErrorCode.IDENTITY_TOKEN_INVALID,
+        ErrorCode.CREDENTIAL_INVALID,
+        ErrorCode.SANDBOX_NOT_RUNNING,
+        ErrorCode.CREDENTIAL_WRONG_SANDBOX,
+    }
 
 
 def test_error_body_and_api_error() -> None:
-    assert error_body(ErrorCode.SANDBOX_NOT_FOUND, "no") == {"error": "no",
-                                                             "code": "SANDBOX_NOT_FOUND"}
+    assert error_body(ErrorCode.SANDBOX_NOT_FOUND, "no") == {
+        "error": "no",
+        "code": "SANDBOX_NOT_FOUND",
+    }
     err = ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN, "only default")
     assert err.status == 409 and err.body()["code"] == "SANDBOX_CLASS_UNKNOWN"
 

@@ -21,8 +21,13 @@ def _operations(doc: dict) -> set[tuple[str, str]]:  # type: ignore[type-arg]
 
 
 def test_control_plane_document_matches_the_routes() -> None:
-    routes = {(method, route.path) for route in sandboxes.routes if isinstance(route, Route)
-              for method in (route.methods or ()) if method != "HEAD"}
+    routes = {
+        (method, route.path)
+        for route in sandboxes.routes
+        if isinstance(route, Route)
+        for method in (route.methods or ())
+        if method != "HEAD"
+    }
     assert _operations(control_plane("http://x")) == routes
 
 

@@ -14,14 +14,24 @@ import click
 @click.option("--fd", type=int, metavar="N", help="Serve on an inherited listening socket.")
 @click.option("--workspace", metavar="DIR", help="Default cwd and base of relative paths.")
 @click.option("--env-file", metavar="PATH", help="JSON object of variables for every command.")
-def command(socket_path: str | None, listen: str | None, fd: int | None,
-            workspace: str | None, env_file: str | None) -> None:
+def command(
+    socket_path: str | None,
+    listen: str | None,
+    fd: int | None,
+    workspace: str | None,
+    env_file: str | None,
+) -> None:
     """Run the sandbox agent: exec, processes and files over HTTP/1.1."""
     from podbay.agent.__main__ import main
 
     argv: list[str] = []
-    for flag, value in (("--socket", socket_path), ("--listen", listen), ("--fd", fd),
-                        ("--workspace", workspace), ("--env-file", env_file)):
+    for flag, value in (
+        ("--socket", socket_path),
+        ("--listen", listen),
+        ("--fd", fd),
+        ("--workspace", workspace),
+        ("--env-file", env_file),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     raise SystemExit(main(argv))

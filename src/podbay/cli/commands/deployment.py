@@ -25,13 +25,17 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 data_dir_option = click.option(
-    "--data-dir", type=click.Path(path_type=Path), default=None,
-    help="The server's data directory (default /var/lib/podbay as root).")
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The server's data directory (default /var/lib/podbay as root).",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
-def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
-                 issuer: str | None = None) -> T:
+def with_service(
+    data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *, issuer: str | None = None
+) -> T:
     """Open the store and key ring, build the service, run ``work(service)``.
 
     Tokens name ``issuer``, else the public URL the server recorded, else the
@@ -58,10 +62,13 @@ def with_service(data_dir: Path | None, work: Callable[[Any], Awaitable[T]], *,
         try:
             named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
             service = DeploymentService(
-                store, KeyRing.open(settings.data_dir / "keys"), issuer=named,
+                store,
+                KeyRing.open(settings.data_dir / "keys"),
+                issuer=named,
                 identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
                 validate_section=section_validator(),
-                deleted_marker=marker_path(settings.data_dir))
+                deleted_marker=marker_path(settings.data_dir),
+            )
             return await work(service)
         finally:
             await store.close()
@@ -84,8 +91,13 @@ def read_spec(spec: str | None) -> str:
 
 
 def _row(d: Any) -> dict[str, Any]:
-    return {"name": d.name, "id": d.id, "account": d.account,
-            "sandbox": d.declares_sandbox, "created_at": d.created_at}
+    return {
+        "name": d.name,
+        "id": d.id,
+        "account": d.account,
+        "sandbox": d.declares_sandbox,
+        "created_at": d.created_at,
+    }
 
 
 @click.group()
@@ -99,8 +111,7 @@ def command() -> None:
 @click.option("--account", default="default", help="Account the deployment counts against.")
 @data_dir_option
 @json_option
-def create(name: str, spec: str | None, account: str, data_dir: Path | None,
-           as_json: bool) -> None:
+def create(name: str, spec: str | None, account: str, data_dir: Path | None, as_json: bool) -> None:
     """Register NAME; print its identity token (last line of stdout)."""
     text = read_spec(spec)
     deployment, token = with_service(data_dir, lambda s: s.create(name, text, account))
@@ -142,7 +153,9 @@ def list_(data_dir: Path | None, as_json: bool) -> None:
     rows = [_row(d) for d in deployments]
     Output(as_json=as_json).table(
         [(r["name"], r["account"], "yes" if r["sandbox"] else "no", r["id"]) for r in rows],
-        ["NAME", "ACCOUNT", "SANDBOX", "ID"], data=rows)
+        ["NAME", "ACCOUNT", "SANDBOX", "ID"],
+        data=rows,
+    )
 
 
 @command.command()
@@ -171,8 +184,7 @@ def _keyring(data_dir: Path | None) -> KeyRing:
 def keys_list(data_dir: Path | None) -> None:
     ring = _keyring(data_dir)
     active = ring.active().kid
-    Output().table([(kid, "active" if kid == active else "") for kid in ring.kids()],
-                   ["KID", ""])
+    Output().table([(kid, "active" if kid == active else "") for kid in ring.kids()], ["KID", ""])
 
 
 @keys.command("rotate")

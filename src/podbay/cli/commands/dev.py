@@ -64,11 +64,22 @@ def _start_server(settings: Any, out: Output) -> None:
     out.info(f"podbay: starting podbay serve in the background (log: {log})")
     with open(log, "ab") as sink:
         subprocess.Popen(
-            [sys.executable, "-m", "podbay.cli.main", "serve",
-             "--data-dir", str(settings.data_dir),
-             "--listen", f"{settings.server.host}:{settings.server.port}"],
-            stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "podbay.cli.main",
+                "serve",
+                "--data-dir",
+                str(settings.data_dir),
+                "--listen",
+                f"{settings.server.host}:{settings.server.port}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
 
 def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None = None) -> None:
@@ -76,8 +87,11 @@ def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None =
     meanwhile is drawn as a bar (from its log)."""
     from podbay.cli.progress import BuildProgress, follow_log
 
-    bar = BuildProgress(sys.stderr) if log is not None and not out.as_json \
-        and sys.stderr.isatty() else None
+    bar = (
+        BuildProgress(sys.stderr)
+        if log is not None and not out.as_json and sys.stderr.isatty()
+        else None
+    )
     offset = log.stat().st_size if bar is not None and log is not None and log.exists() else 0
     deadline = time.monotonic() + timeout_s
     said = 0.0
@@ -88,8 +102,10 @@ def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None =
             if bar is not None and log is not None:
                 offset = follow_log(log, offset, bar)
             elif time.monotonic() - said > 15:
-                out.info("podbay: waiting for the server to be ready "
-                         "(the first start builds the sandbox base image)...")
+                out.info(
+                    "podbay: waiting for the server to be ready "
+                    "(the first start builds the sandbox base image)..."
+                )
                 said = time.monotonic()
             time.sleep(0.5)
     finally:
@@ -99,8 +115,9 @@ def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None =
 
 
 def _sandbox_names(base_url: str, token: str) -> list[str]:
-    response = httpx.get(f"{base_url}{paths.SANDBOXES}",
-                         headers={"authorization": f"Bearer {token}"}, timeout=30)
+    response = httpx.get(
+        f"{base_url}{paths.SANDBOXES}", headers={"authorization": f"Bearer {token}"}, timeout=30
+    )
     if response.status_code != 200:
         fail(f"listing sandboxes failed: {response.status_code} {response.text.strip()}")
     return [row["name"] for row in response.json().get("sandboxes", [])]
@@ -109,11 +126,13 @@ def _sandbox_names(base_url: str, token: str) -> list[str]:
 def _delete_all(base_url: str, token: str) -> int:
     names = _sandbox_names(base_url, token)
     for name in names:
-        response = httpx.delete(f"{base_url}{paths.sandbox_path(name)}",
-                                headers={"authorization": f"Bearer {token}"}, timeout=120)
+        response = httpx.delete(
+            f"{base_url}{paths.sandbox_path(name)}",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=120,
+        )
         if response.status_code not in (204, 404):
-            fail(f"deleting sandbox {name} failed: {response.status_code} "
-                 f"{response.text.strip()}")
+            fail(f"deleting sandbox {name} failed: {response.status_code} {response.text.strip()}")
     return len(names)
 
 
@@ -125,14 +144,28 @@ def _settings(data_dir: Path | None, listen: str | None) -> Any:
     return Settings.load(data_dir=data_dir, server__host=host, server__port=port)
 
 
-spec_option = click.option("--spec", default="astropods.yml", show_default=True,
-                           metavar="FILE", help="The project's astropods.yml.")
-name_option = click.option("--name", default=None,
-                           help="Deployment name (default: the spec's name, else the folder).")
-data_dir_option = click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-                               help="The local server's data directory.")
-listen_option = click.option("--listen", default=None, metavar="HOST:PORT",
-                             help="Where the local server listens (default 127.0.0.1:8700).")
+spec_option = click.option(
+    "--spec",
+    default="astropods.yml",
+    show_default=True,
+    metavar="FILE",
+    help="The project's astropods.yml.",
+)
+name_option = click.option(
+    "--name", default=None, help="Deployment name (default: the spec's name, else the folder)."
+)
+data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The local server's data directory.",
+)
+listen_option = click.option(
+    "--listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Where the local server listens (default 127.0.0.1:8700).",
+)
 
 
 @click.group()
@@ -146,8 +179,9 @@ def command() -> None:
 @data_dir_option
 @listen_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
-       as_json: bool) -> None:
+def up(
+    spec: str, name: str | None, data_dir: Path | None, listen: str | None, as_json: bool
+) -> None:
     """Start or reuse a local server, register this project, print the token export."""
     from podbay.cli.commands.deployment import read_spec, with_service
 
@@ -185,8 +219,10 @@ def up(spec: str, name: str | None, data_dir: Path | None, listen: str | None,
         out.info(f"podbay: {spec} changed: updated {project}, deleted {removed} old sandbox(es)")
     else:
         out.info(f"podbay: reusing deployment {project}")
-    out.value({"deployment": project, "server": base_url, "token": token},
-              f"export ASTRO_AUTHZ_TOKEN={token}")
+    out.value(
+        {"deployment": project, "server": base_url, "token": token},
+        f"export ASTRO_AUTHZ_TOKEN={token}",
+    )
 
 
 @command.command()

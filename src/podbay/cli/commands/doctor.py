@@ -81,42 +81,66 @@ def host_checks(settings: object, report: Report) -> None:
         userns = int(Path("/proc/sys/user/max_user_namespaces").read_text())
     except OSError:
         userns = 0
-    report.add("user namespaces", userns > 0, f"{userns} allowed" if userns else
-               "enable them: sysctl -w user.max_user_namespaces=15000")
+    report.add(
+        "user namespaces",
+        userns > 0,
+        f"{userns} allowed" if userns else "enable them: sysctl -w user.max_user_namespaces=15000",
+    )
     cgroups = Cgroups()
     missing = cgroups.missing_controllers()
-    report.add(f"cgroup v{cgroups.version} controllers", not missing,
-               "memory, pids, cpu, freezer" if not missing and cgroups.version == 1 else
-               "memory, pids, cpu" if not missing else
-               f"missing {', '.join(missing)}: enable them (kernel command line "
-               "cgroup_enable=..., or systemd's delegation)")
+    report.add(
+        f"cgroup v{cgroups.version} controllers",
+        not missing,
+        "memory, pids, cpu, freezer"
+        if not missing and cgroups.version == 1
+        else "memory, pids, cpu"
+        if not missing
+        else f"missing {', '.join(missing)}: enable them (kernel command line "
+        "cgroup_enable=..., or systemd's delegation)",
+    )
     filesystems = Path("/proc/filesystems").read_text()
-    report.add("overlayfs", "overlay" in filesystems,
-               "" if "overlay" in filesystems else "modprobe overlay")
+    report.add(
+        "overlayfs",
+        "overlay" in filesystems,
+        "" if "overlay" in filesystems else "modprobe overlay",
+    )
     loop = Path("/dev/loop-control").exists()
     report.add("loop devices", loop, "" if loop else "modprobe loop")
     names = ("mkfs.ext4", "nsenter", "prlimit", "setpriv", "unshare")
     tools = [t for t in names if shutil.which(t) is None]
-    report.add("tools", not tools, ", ".join(names) if not tools else
-               f"missing {', '.join(tools)}: apt-get install e2fsprogs util-linux")
+    report.add(
+        "tools",
+        not tools,
+        ", ".join(names)
+        if not tools
+        else f"missing {', '.join(tools)}: apt-get install e2fsprogs util-linux",
+    )
     layout = Layout.from_settings(settings)
     network = NetworkManager(layout.run_dir, enabled=rt.network)
     if rt.network:
         problems = network.check_host() if root else ["network: needs root"]
-        report.add("network", not problems, "slirp4netns, nftables, network namespaces"
-                   if not problems else "; ".join(problems))
+        report.add(
+            "network",
+            not problems,
+            "slirp4netns, nftables, network namespaces" if not problems else "; ".join(problems),
+        )
     else:
         report.add("network", True, "disabled by runtime.network: sandboxes get loopback only")
     probe_dir = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
     while not probe_dir.exists():
         probe_dir = probe_dir.parent
     free = shutil.disk_usage(probe_dir).free
-    report.add("free disk", free >= MIN_FREE_BYTES,
-               f"{free / GIB:.1f} GiB free at {probe_dir}" + (
-                   "" if free >= MIN_FREE_BYTES else
-                   f"; need {MIN_FREE_BYTES // GIB} GiB: free space or set --data-dir"))
-    report.add("disk commitment", True, disk_commitment(settings).describe(
-        rt.disk_reserve_bytes))
+    report.add(
+        "free disk",
+        free >= MIN_FREE_BYTES,
+        f"{free / GIB:.1f} GiB free at {probe_dir}"
+        + (
+            ""
+            if free >= MIN_FREE_BYTES
+            else f"; need {MIN_FREE_BYTES // GIB} GiB: free space or set --data-dir"
+        ),
+    )
+    report.add("disk commitment", True, disk_commitment(settings).describe(rt.disk_reserve_bytes))
 
 
 def disk_commitment(settings: Settings) -> DiskCommitment:
@@ -126,8 +150,9 @@ def disk_commitment(settings: Settings) -> DiskCommitment:
     from podbay.runtime.oci.layout import Layout
     from podbay.runtime.oci.storage import disk_commitment as commitment
 
-    return commitment([Layout.from_settings(class_settings(settings, name)).machines
-                       for name in CLASSES])
+    return commitment(
+        [Layout.from_settings(class_settings(settings, name)).machines for name in CLASSES]
+    )
 
 
 async def base_image(settings: object, report: Report) -> None:
@@ -140,8 +165,9 @@ async def base_image(settings: object, report: Report) -> None:
 
     cache = ImageCache(driver.layout.image_dir, driver.recipe)
     if cache.cached() is None and shutil.which("mmdebstrap") is None:
-        report.add("base image", False, "not built and mmdebstrap is missing: "
-                   "apt-get install mmdebstrap")
+        report.add(
+            "base image", False, "not built and mmdebstrap is missing: apt-get install mmdebstrap"
+        )
         return
     started = time.monotonic()
     try:
@@ -151,8 +177,11 @@ async def base_image(settings: object, report: Report) -> None:
         return
     took = time.monotonic() - started
     assert driver._image is not None
-    report.add("base image", True, f"{driver._image.rootfs}" + (
-        f" (built in {took:.0f} s)" if took > 5 else ""))
+    report.add(
+        "base image",
+        True,
+        f"{driver._image.rootfs}" + (f" (built in {took:.0f} s)" if took > 5 else ""),
+    )
 
 
 async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
@@ -173,8 +202,10 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
         return "n/a"
     tag = uuid.uuid4().hex[:8]
     small = Limits(memory_bytes=256 * MIB, cpus=1.0, pids=128, disk_bytes=512 * MIB)
-    specs = [MachineSpec(machine_id=f"doctor-{tag}-{i}", hostname=f"doctor-{i}", limits=small)
-             for i in range(2)]
+    specs = [
+        MachineSpec(machine_id=f"doctor-{tag}-{i}", hostname=f"doctor-{i}", limits=small)
+        for i in range(2)
+    ]
     ready: list[float] = []
     resumes: list[float] = []
     try:
@@ -195,11 +226,15 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             ("root inside is not root outside", lambda: probes.user_namespace(a)),
             ("no mounts, namespaces or extra capabilities", lambda: probes.hardening(a)),
             ("no host environment", lambda: probes.no_host_environment(a)),
-            ("agent out of reach (ptrace, pidfd_getfd, /proc/1)",
-             lambda: probes.agent_out_of_reach(a)),
+            (
+                "agent out of reach (ptrace, pidfd_getfd, /proc/1)",
+                lambda: probes.agent_out_of_reach(a),
+            ),
             ("own process namespace", lambda: probes.pid_namespace(a)),
-            ("sandboxes see neither files nor processes of each other",
-             lambda: probes.neighbours(a, b)),
+            (
+                "sandboxes see neither files nor processes of each other",
+                lambda: probes.neighbours(a, b),
+            ),
         ]
         if driver.name == "vm":
             # Root in a guest is the guest's own root (its kernel is the boundary):
@@ -208,8 +243,10 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                 ("own kernel, not the host's", lambda: probes.own_kernel(a)),
                 ("no host environment", lambda: probes.no_host_environment(a)),
                 ("no host processes in sight", lambda: probes.guest_processes(a)),
-                ("sandboxes see neither files nor processes of each other",
-                 lambda: probes.neighbours(a, b)),
+                (
+                    "sandboxes see neither files nor processes of each other",
+                    lambda: probes.neighbours(a, b),
+                ),
             ]
         gvisor = isinstance(getattr(driver, "runc", None), Runsc)
         if gvisor:
@@ -219,8 +256,10 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                 ("own kernel, not the host's", lambda: probes.own_kernel(a)),
                 ("no host environment", lambda: probes.no_host_environment(a)),
                 ("own process namespace", lambda: probes.pid_namespace(a)),
-                ("sandboxes see neither files nor processes of each other",
-                 lambda: probes.neighbours(a, b)),
+                (
+                    "sandboxes see neither files nor processes of each other",
+                    lambda: probes.neighbours(a, b),
+                ),
             ]
         loop = asyncio.get_running_loop()
 
@@ -229,15 +268,27 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
 
         if driver.capabilities.network:
             with probes.host_listeners() as (port, addresses):
-                targets = [("127.0.0.1", port), ("10.0.0.1", 80), ("169.254.169.254", 80),
-                           ("10.0.2.2", port)] + [(addr, port) for addr in addresses]
-                probe("no path to the host, private ranges or metadata",
-                      lambda: probes.unreachable(a, targets))
+                targets = [
+                    ("127.0.0.1", port),
+                    ("10.0.0.1", 80),
+                    ("169.254.169.254", 80),
+                    ("10.0.2.2", port),
+                ] + [(addr, port) for addr in addresses]
+                probe(
+                    "no path to the host, private ranges or metadata",
+                    lambda: probes.unreachable(a, targets),
+                )
             probe("outbound internet", lambda: probes.outbound(a, settings.runtime.image_mirror))
             secure = "https://" + urlsplit(settings.runtime.image_mirror).netloc + "/"
-            probe("outbound HTTPS (certificates trusted)", lambda: probes.outbound(
-                a, secure, hint="if a TLS-inspecting proxy is in the way, put its CA in "
-                "runtime.image_extra_ca_dir (the image is rebuilt with it)"))
+            probe(
+                "outbound HTTPS (certificates trusted)",
+                lambda: probes.outbound(
+                    a,
+                    secure,
+                    hint="if a TLS-inspecting proxy is in the way, put its CA in "
+                    "runtime.image_extra_ca_dir (the image is rebuilt with it)",
+                ),
+            )
         for name, check in checks:
             await asyncio.to_thread(probe, name, check)
         if gvisor:
@@ -245,15 +296,25 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             # whole sandbox may end, never the host or a neighbour.
             bomb = "f(){ f | f & }; f; sleep 5"
             hog = "python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'"
-            await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.kernel_contains(
-                lambda: a.sh(bomb, timeout_ms=3000), a, b, restart_a))
-            await asyncio.to_thread(probe, "memory hog contained", lambda: probes.kernel_contains(
-                lambda: a.sh(hog, timeout_ms=60_000), a, b, restart_a))
+            await asyncio.to_thread(
+                probe,
+                "fork bomb contained",
+                lambda: probes.kernel_contains(
+                    lambda: a.sh(bomb, timeout_ms=3000), a, b, restart_a
+                ),
+            )
+            await asyncio.to_thread(
+                probe,
+                "memory hog contained",
+                lambda: probes.kernel_contains(
+                    lambda: a.sh(hog, timeout_ms=60_000), a, b, restart_a
+                ),
+            )
         else:
-            await asyncio.to_thread(probe, "fork bomb contained",
-                                    lambda: probes.fork_bomb(a, b))
-            await asyncio.to_thread(probe, "memory hog killed inside its sandbox",
-                                    lambda: probes.memory_hog(a))
+            await asyncio.to_thread(probe, "fork bomb contained", lambda: probes.fork_bomb(a, b))
+            await asyncio.to_thread(
+                probe, "memory hog killed inside its sandbox", lambda: probes.memory_hog(a)
+            )
         await asyncio.to_thread(probe, "disk quota", lambda: probes.disk_quota(a, 512 * MIB))
         for _ in range(5):
             await driver.suspend(specs[1].machine_id)
@@ -261,10 +322,14 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             await driver.resume(specs[1].machine_id)
             resumes.append(time.perf_counter() - started)
         alive = await asyncio.to_thread(lambda: b.sh("echo ok").stdout.strip())
-        report.add("suspend and resume", alive == "ok",
-                   "" if alive == "ok" else "the agent did not answer after resume")
-        await asyncio.to_thread(probe, "agent survives python3 removal",
-                                lambda: probes.python_removed(a))
+        report.add(
+            "suspend and resume",
+            alive == "ok",
+            "" if alive == "ok" else "the agent did not answer after resume",
+        )
+        await asyncio.to_thread(
+            probe, "agent survives python3 removal", lambda: probes.python_removed(a)
+        )
     except Exception as e:
         report.add("sandbox", False, str(e))
     finally:
@@ -273,12 +338,17 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                 await driver.destroy(spec.machine_id)
             except Exception as e:
                 report.add("destroy", False, str(e))
-        leftovers = [m for m in storage.mountpoints()
-                     if any(s.machine_id in m for s in specs)]
+        leftovers = [m for m in storage.mountpoints() if any(s.machine_id in m for s in specs)]
         if isinstance(driver, OciDriver):
-            leftovers += [str(p) for s in specs
-                          for p in (driver.layout.machine(s.machine_id).home,
-                                    driver.layout.machine(s.machine_id).run) if p.exists()]
+            leftovers += [
+                str(p)
+                for s in specs
+                for p in (
+                    driver.layout.machine(s.machine_id).home,
+                    driver.layout.machine(s.machine_id).run,
+                )
+                if p.exists()
+            ]
         for spec in specs:
             with contextlib.suppress(Exception):
                 if await driver.state(spec.machine_id) is not MachineState.ABSENT:
@@ -289,8 +359,7 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
     if not ready:
         return "n/a"
     resume = f"{statistics.median(resumes) * 1000:.1f} ms" if resumes else "n/a"
-    return (f"create-to-ready {statistics.median(ready) * 1000:.0f} ms, "
-            f"resume {resume}")
+    return f"create-to-ready {statistics.median(ready) * 1000:.0f} ms, resume {resume}"
 
 
 async def class_checks(settings: Settings, report: Report) -> dict[str, object]:
@@ -317,21 +386,36 @@ async def class_checks(settings: Settings, report: Report) -> dict[str, object]:
         found[name] = classes.HostCheck(not failed, check.fast, why)
     for name in classes.CLASSES:
         if name not in enabled:
-            report.out.line(f"SKIP  {name}: not enabled (runtime.classes="
-                            f"{settings.runtime.classes}; add it to run {name} sandboxes)")
+            report.out.line(
+                f"SKIP  {name}: not enabled (runtime.classes="
+                f"{settings.runtime.classes}; add it to run {name} sandboxes)"
+            )
     pin = settings.runtime.default_class.strip()
     default = classes.resolve_default(enabled, found, pin)
-    why = ("pinned by runtime.default_class" if pin else
-           "the first enabled class that works at useful speed here")
+    why = (
+        "pinned by runtime.default_class"
+        if pin
+        else "the first enabled class that works at useful speed here"
+    )
     slow = [n for n in enabled if found[n].works and not found[n].fast]
-    return {"enabled": list(enabled), "working": [n for n in enabled if found[n].works],
-            "slow": slow, "default": default, "default_why": why, "timing": timing,
-            "why_not": {n: found[n].detail for n in enabled if not found[n].works}}
+    return {
+        "enabled": list(enabled),
+        "working": [n for n in enabled if found[n].works],
+        "slow": slow,
+        "default": default,
+        "default_why": why,
+        "timing": timing,
+        "why_not": {n: found[n].detail for n in enabled if not found[n].works},
+    }
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Data directory to check (default /var/lib/podbay as root).")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Data directory to check (default /var/lib/podbay as root).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def command(data_dir: Path | None, as_json: bool) -> None:
     """Check this host can run sandboxes, then prove it with throwaway ones."""
@@ -358,8 +442,7 @@ def command(data_dir: Path | None, as_json: bool) -> None:
     if report.ok:
         summary = asyncio.run(class_checks(settings, report))
     if as_json:
-        out.value({"ok": report.ok, **summary,
-                   "checks": [c.__dict__ for c in report.checks]})
+        out.value({"ok": report.ok, **summary, "checks": [c.__dict__ for c in report.checks]})
     else:
         for line in summary_lines(summary):
             out.line(line)
@@ -372,12 +455,17 @@ def summary_lines(summary: dict[str, object]) -> list[str]:
     working = typing.cast(list[str], summary["working"])
     slow = typing.cast(list[str], summary["slow"])
     timing = typing.cast(dict[str, str], summary["timing"])
-    lines = ["classes that work here: " + (", ".join(
-        f"{n} (not at useful speed)" if n in slow else n for n in working) or "none")]
+    lines = [
+        "classes that work here: "
+        + (", ".join(f"{n} (not at useful speed)" if n in slow else n for n in working) or "none")
+    ]
     for name, why in typing.cast(dict[str, str], summary["why_not"]).items():
         lines.append(f"{name} does not work here: {why}")
     default = summary["default"]
-    lines.append(f"default means {default} ({summary['default_why']})" if default
-                 else "default means nothing: no enabled class works here")
+    lines.append(
+        f"default means {default} ({summary['default_why']})"
+        if default
+        else "default means nothing: no enabled class works here"
+    )
     lines += [f"{name}: {took}" for name, took in timing.items()]
     return lines

@@ -18,10 +18,15 @@ from podbay.cli.output import Output, fail
 
 
 @click.command()
-@click.option("--all", "everything", is_flag=True,
-              help="Destroy every sandbox of this data directory too.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Data directory (default /var/lib/podbay as root).")
+@click.option(
+    "--all", "everything", is_flag=True, help="Destroy every sandbox of this data directory too."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Data directory (default /var/lib/podbay as root).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
     """Remove what dead sandboxes left behind."""
@@ -46,8 +51,12 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
             driver = OciDriver(derived)
             try:
                 prefix = "" if name == CONTAINER else f"{name}: "
-                done += [prefix + line for line in await gc.collect(
-                    driver, everything=everything, images_in_use=in_use)]
+                done += [
+                    prefix + line
+                    for line in await gc.collect(
+                        driver, everything=everything, images_in_use=in_use
+                    )
+                ]
                 in_use |= gc.images_in_use(driver)
             finally:
                 await driver.close()

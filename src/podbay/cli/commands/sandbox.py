@@ -43,17 +43,28 @@ def command() -> None:
 def _options(func: F) -> F:
     """--token, --server and --json on every subcommand."""
     func = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
-        func)
-    func = click.option("--server", envvar="PODBAY_SERVER_URL", default=None, metavar="URL",
-                        help="Control plane URL (default: the token's iss).")(func)
-    func = click.option("--token", envvar="ASTRO_AUTHZ_TOKEN", default=None,
-                        help="Identity token (default: $ASTRO_AUTHZ_TOKEN).")(func)
+        func
+    )
+    func = click.option(
+        "--server",
+        envvar="PODBAY_SERVER_URL",
+        default=None,
+        metavar="URL",
+        help="Control plane URL (default: the token's iss).",
+    )(func)
+    func = click.option(
+        "--token",
+        envvar="ASTRO_AUTHZ_TOKEN",
+        default=None,
+        help="Identity token (default: $ASTRO_AUTHZ_TOKEN).",
+    )(func)
     return func
 
 
 @contextlib.contextmanager
-def _session(token: str | None, server: str | None, as_json: bool,
-             **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
+def _session(
+    token: str | None, server: str | None, as_json: bool, **options: Any
+) -> Iterator[tuple[SandboxClient, Output]]:
     """A client and an output; every expected failure becomes one line and an exit code."""
     from podbay.client import SandboxClient
     from podbay.errors import SandboxRequestError, SandboxUnavailableError
@@ -97,11 +108,16 @@ def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
 
 @command.command()
 @click.argument("name")
-@click.option("--class", "sandbox_class", default=None,
-              help="Sandbox class: default, vm, gvisor or container.")
+@click.option(
+    "--class",
+    "sandbox_class",
+    default=None,
+    help="Sandbox class: default, vm, gvisor or container.",
+)
 @_options
-def attach(name: str, sandbox_class: str | None, token: str | None, server: str | None,
-           as_json: bool) -> None:
+def attach(
+    name: str, sandbox_class: str | None, token: str | None, server: str | None, as_json: bool
+) -> None:
     """Create, resume or reuse sandbox NAME."""
     with _session(token, server, as_json) as (client, out):
         handle = client.attach(name, sandbox_class)
@@ -125,17 +141,23 @@ def list_(token: str | None, server: str | None, as_json: bool) -> None:
     with _session(token, server, as_json) as (client, out):
         records = client.list()
         rows = [list(_row(r).values()) for r in records]
-        out.table(rows, ["NAME", "STATE", "CLASS", "CREATED", "LAST ACTIVE", "CEILING"],
-                  data=records)
+        out.table(
+            rows, ["NAME", "STATE", "CLASS", "CREATED", "LAST ACTIVE", "CEILING"], data=records
+        )
 
 
 def _row(record: SandboxRecord) -> dict[str, Any]:
     def when(value: datetime | None) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
-    return {"name": record.name, "state": record.state, "class": record.class_,
-            "created": when(record.created_at), "last_active": when(record.last_active_at),
-            "ceiling": when(record.ceiling_at)}
+    return {
+        "name": record.name,
+        "state": record.state,
+        "class": record.class_,
+        "created": when(record.created_at),
+        "last_active": when(record.last_active_at),
+        "ceiling": when(record.ceiling_at),
+    }
 
 
 @command.command()
@@ -162,10 +184,14 @@ def rm(name: str, token: str | None, server: str | None, as_json: bool) -> None:
 
 
 def _command_options(func: F) -> F:
-    func = click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
-                        help="Environment variable (repeatable).")(func)
-    func = click.option("--cwd", default=None, help="Working directory (default /workspace).")(
-        func)
+    func = click.option(
+        "--env",
+        "env",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Environment variable (repeatable).",
+    )(func)
+    func = click.option("--cwd", default=None, help="Working directory (default /workspace).")(func)
     func = click.option("--timeout-ms", type=int, default=None, help="Deadline in ms.")(func)
     return func
 
@@ -175,12 +201,24 @@ def _command_options(func: F) -> F:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @_command_options
 @click.option("--user", default=None, help="Run as this account of the sandbox (default root).")
-@click.option("--no-stdin", is_flag=True,
-              help="Do not pass this standard input (a pipe or file) to the command.")
+@click.option(
+    "--no-stdin",
+    is_flag=True,
+    help="Do not pass this standard input (a pipe or file) to the command.",
+)
 @_options
-def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
-          timeout_ms: int | None, user: str | None, no_stdin: bool, token: str | None,
-          server: str | None, as_json: bool) -> None:
+def exec_(
+    name: str,
+    argv: tuple[str, ...],
+    cwd: str | None,
+    env: tuple[str, ...],
+    timeout_ms: int | None,
+    user: str | None,
+    no_stdin: bool,
+    token: str | None,
+    server: str | None,
+    as_json: bool,
+) -> None:
     """Run ARGV in NAME (after --); print its output; exit with its exit code.
 
     A standard input that is not a terminal is passed to the command
@@ -189,13 +227,15 @@ def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...
     fd = None if no_stdin else local_stdin()
     stdin = open(fd, "rb", buffering=0, closefd=False) if fd is not None else None  # noqa: SIM115
     with _session(token, server, as_json) as (client, out):
-        result = client.exec(name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms,
-                             user=user, stdin=stdin)
+        result = client.exec(
+            name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms, user=user, stdin=stdin
+        )
         if as_json:
             out.value(result)
         else:
-            print_exec_result(result.stdout, result.stderr, result.truncated, result.timed_out,
-                              out.out, out.err)
+            print_exec_result(
+                result.stdout, result.stderr, result.truncated, result.timed_out, out.out, out.err
+            )
     sys.exit(result.exit_code)
 
 
@@ -203,12 +243,21 @@ def exec_(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...
 @click.argument("name")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 @_command_options
-@click.option("--interval-ms", type=int, default=200, show_default=True,
-              help="How often to poll for output.")
+@click.option(
+    "--interval-ms", type=int, default=200, show_default=True, help="How often to poll for output."
+)
 @_options
-def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
-        timeout_ms: int | None, interval_ms: int, token: str | None, server: str | None,
-        as_json: bool) -> None:
+def run(
+    name: str,
+    argv: tuple[str, ...],
+    cwd: str | None,
+    env: tuple[str, ...],
+    timeout_ms: int | None,
+    interval_ms: int,
+    token: str | None,
+    server: str | None,
+    as_json: bool,
+) -> None:
     """Run ARGV in NAME with live output (no output cap); exit with its exit code."""
     with _session(token, server, as_json) as (client, out):
 
@@ -222,26 +271,43 @@ def run(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
             if lost:
                 out.info(f"podbay: {lost} bytes of output were lost (1 MiB retained)")
 
-        result = client.run(name, list(argv), cwd=cwd, env=_env(env), interval_ms=interval_ms,
-                            timeout_ms=timeout_ms, on_output=None if as_json else show)
+        result = client.run(
+            name,
+            list(argv),
+            cwd=cwd,
+            env=_env(env),
+            interval_ms=interval_ms,
+            timeout_ms=timeout_ms,
+            on_output=None if as_json else show,
+        )
         if as_json:
             out.value(result)
         elif result.killed:
-            out.info("podbay: the command was killed"
-                     + (" at its deadline" if result.timed_out else ""))
+            out.info(
+                "podbay: the command was killed" + (" at its deadline" if result.timed_out else "")
+            )
     sys.exit(result.exit_code if result.exit_code is not None else 1)
 
 
 @command.command(context_settings={"ignore_unknown_options": True})
 @click.argument("name")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
-@click.option("--env", "env", multiple=True, metavar="KEY=VALUE",
-              help="Environment variable (repeatable).")
+@click.option(
+    "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable (repeatable)."
+)
 @click.option("--cwd", default=None, help="Working directory (default /workspace).")
 @click.option("--user", default=None, help="Account to run as (default: the sandbox's default).")
 @_options
-def shell(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...],
-          user: str | None, token: str | None, server: str | None, as_json: bool) -> None:
+def shell(
+    name: str,
+    argv: tuple[str, ...],
+    cwd: str | None,
+    env: tuple[str, ...],
+    user: str | None,
+    token: str | None,
+    server: str | None,
+    as_json: bool,
+) -> None:
     """Open a terminal in NAME running ARGV (after --; default: bash -l).
 
     Keys go through as typed (Ctrl-C reaches the program in the sandbox),
@@ -254,9 +320,20 @@ def shell(name: str, argv: tuple[str, ...], cwd: str | None, env: tuple[str, ...
     rows, cols = local_size(stdin)
     term = os.environ.get("TERM") or "xterm-256color"
     command_env = _env(env)
-    with _session(token, server, as_json) as (client, _), \
-            client.pty(name, list(argv) or DEFAULT_SHELL, rows=rows, cols=cols, term=term,
-                       cwd=cwd, env=command_env, user=user) as terminal, raw_mode(stdin):
+    with (
+        _session(token, server, as_json) as (client, _),
+        client.pty(
+            name,
+            list(argv) or DEFAULT_SHELL,
+            rows=rows,
+            cols=cols,
+            term=term,
+            cwd=cwd,
+            env=command_env,
+            user=user,
+        ) as terminal,
+        raw_mode(stdin),
+    ):
         code = drive(terminal, stdin, stdout)
     sys.exit(code)
 
@@ -268,25 +345,39 @@ def ps(name: str, token: str | None, server: str | None, as_json: bool) -> None:
     """List the processes of NAME."""
     with _session(token, server, as_json) as (client, out):
         processes = client.processes(name)
-        rows = [[p.process_id, p.state, "" if p.exit_code is None else p.exit_code,
-                 " ".join(p.command)] for p in processes]
+        rows = [
+            [p.process_id, p.state, "" if p.exit_code is None else p.exit_code, " ".join(p.command)]
+            for p in processes
+        ]
         out.table(rows, ["PROCESS_ID", "STATE", "EXIT", "COMMAND"], data=processes)
 
 
 @command.command()
 @click.argument("name")
 @click.argument("process_id")
-@click.option("--signal", "signal_name", default=None,
-              help="Send this signal (TERM, KILL, INT, ...) instead of killing and forgetting.")
+@click.option(
+    "--signal",
+    "signal_name",
+    default=None,
+    help="Send this signal (TERM, KILL, INT, ...) instead of killing and forgetting.",
+)
 @_options
-def kill(name: str, process_id: str, signal_name: str | None, token: str | None,
-         server: str | None, as_json: bool) -> None:
+def kill(
+    name: str,
+    process_id: str,
+    signal_name: str | None,
+    token: str | None,
+    server: str | None,
+    as_json: bool,
+) -> None:
     """Kill PROCESS_ID in NAME and forget it (or only --signal it)."""
     with _session(token, server, as_json) as (client, out):
         if signal_name:
             client.signal(name, process_id, signal_name.upper())
-            out.value({"process_id": process_id, "signal": signal_name.upper()},
-                      f"sent {signal_name.upper()} to {process_id}")
+            out.value(
+                {"process_id": process_id, "signal": signal_name.upper()},
+                f"sent {signal_name.upper()} to {process_id}",
+            )
         else:
             client.kill(name, process_id)
             out.value({"process_id": process_id, "killed": True}, f"killed {process_id}")
@@ -321,7 +412,7 @@ def split_remote(arg: str) -> tuple[str, str] | None:
     if ":" not in arg or os.path.exists(arg) or arg.startswith(("/", "./", "../")):
         return None
     at = arg.find(":/")
-    name, path = (arg[:at], arg[at + 1:]) if at > 0 else arg.rsplit(":", 1)
+    name, path = (arg[:at], arg[at + 1 :]) if at > 0 else arg.rsplit(":", 1)
     return (name, path or ".") if name else None
 
 
@@ -357,8 +448,7 @@ class _Bar:
 @click.argument("source")
 @click.argument("destination")
 @_options
-def cp(source: str, destination: str, token: str | None, server: str | None,
-       as_json: bool) -> None:
+def cp(source: str, destination: str, token: str | None, server: str | None, as_json: bool) -> None:
     """Copy a file or directory: LOCAL NAME:PATH uploads, NAME:PATH LOCAL downloads."""
     remote_src, remote_dst = split_remote(source), split_remote(destination)
     if bool(remote_src) == bool(remote_dst):
@@ -373,8 +463,9 @@ def cp(source: str, destination: str, token: str | None, server: str | None,
                 client.download(remote_src[0], remote_src[1], destination, progress=bar)
         finally:
             bar.close()
-        out.value({"source": source, "destination": destination},
-                  f"copied {source} -> {destination}")
+        out.value(
+            {"source": source, "destination": destination}, f"copied {source} -> {destination}"
+        )
 
 
 __all__ = ["command", "split_remote"]

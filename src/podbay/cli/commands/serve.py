@@ -59,8 +59,9 @@ def _server_class() -> type[uvicorn.Server]:
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit)
-                        for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {
+                sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+            }
             try:
                 yield
             finally:
@@ -70,8 +71,7 @@ def _server_class() -> type[uvicorn.Server]:
     return Server
 
 
-def environment_service(settings: Settings,
-                        drivers: Mapping[str, Driver]) -> EnvironmentService:
+def environment_service(settings: Settings, drivers: Mapping[str, Driver]) -> EnvironmentService:
     """Declared environments: layers built once, cached in ``<data_dir>/layers``.
 
     A layer is built by the ``container`` class's driver whenever it stands on
@@ -89,23 +89,26 @@ def environment_service(settings: Settings,
     from podbay.runtime.classes import CONTAINER
 
     rt = settings.runtime
-    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
-                    disk_bytes=rt.disk_bytes)
+    limits = Limits(
+        memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
+    )
     cache = LayerCache(settings.data_dir / "layers")
     builders: dict[int, Environments] = {}  # id of the building driver -> its Environments
     by_class: dict[str, Environments] = {}
     for name, driver in drivers.items():
         container = drivers.get(CONTAINER)
-        builder = (container if container is not None
-                   and container.base_image == driver.base_image else driver)
+        builder = (
+            container
+            if container is not None and container.base_image == driver.base_image
+            else driver
+        )
         if id(builder) not in builders:
             builders[id(builder)] = Environments(LayerBuilder(builder, cache, limits))
         by_class[name] = builders[id(builder)]
     return DeclaredEnvironment(by_class)
 
 
-def build_drivers(settings: Settings,
-                  out: Output) -> tuple[dict[str, Driver], dict[str, str]]:
+def build_drivers(settings: Settings, out: Output) -> tuple[dict[str, Driver], dict[str, str]]:
     """Every enabled class's driver, and why any could not be built."""
     from podbay.runtime import classes
 
@@ -128,16 +131,30 @@ def section_validator() -> SectionValidator:
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Store, keys and machines (default /var/lib/podbay as root).")
-@click.option("--listen", default=None, metavar="HOST:PORT",
-              help="Where to listen (default 127.0.0.1:8700; port 0 picks one).")
-@click.option("--public-url", default=None,
-              help="Base URL clients use (token iss, sandbox endpoints).")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Store, keys and machines (default /var/lib/podbay as root).",
+)
+@click.option(
+    "--listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Where to listen (default 127.0.0.1:8700; port 0 picks one).",
+)
+@click.option(
+    "--public-url", default=None, help="Base URL clients use (token iss, sandbox endpoints)."
+)
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the listening address as JSON.")
-def command(data_dir: Path | None, listen: str | None, public_url: str | None,
-            log_level: str | None, as_json: bool) -> None:
+def command(
+    data_dir: Path | None,
+    listen: str | None,
+    public_url: str | None,
+    log_level: str | None,
+    as_json: bool,
+) -> None:
     """Run the whole platform on this machine."""
     import uvicorn
 
@@ -152,8 +169,13 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
 
     host, port = parse_listen(listen)
     try:
-        settings = Settings.load(data_dir=data_dir, server__host=host, server__port=port,
-                                 server__public_url=public_url, log_level=log_level)
+        settings = Settings.load(
+            data_dir=data_dir,
+            server__host=host,
+            server__port=port,
+            server__public_url=public_url,
+            log_level=log_level,
+        )
         classes.enabled_classes(settings)
     except ValueError as exc:
         fail(str(exc), 2)
@@ -168,29 +190,50 @@ def command(data_dir: Path | None, listen: str | None, public_url: str | None,
         fail(str(exc), 2)
     # A host that can run no class still serves the API (503s, /healthz says why).
     drivers, missing = build_drivers(settings, out)
-    app = create_app(settings, store, drivers, validate_section=section_validator(),
-                     environment=environment_service(settings, drivers), missing=missing,
-                     check=lambda name, driver: classes.check_class(settings, name, driver),
-                     prove=lambda name, driver: classes.prove_class(settings, name, driver))
+    app = create_app(
+        settings,
+        store,
+        drivers,
+        validate_section=section_validator(),
+        environment=environment_service(settings, drivers),
+        missing=missing,
+        check=lambda name, driver: classes.check_class(settings, name, driver),
+        prove=lambda name, driver: classes.prove_class(settings, name, driver),
+    )
     listening = f"http://{settings.server.host}:{settings.server.port}"
-    out.value({"listen": listening, "public_url": settings.server.base_url(),
-               "data_dir": str(settings.data_dir)},
-              f"podbay: listening on {listening} (public URL {settings.server.base_url()},"
-              f" data in {settings.data_dir})")
+    out.value(
+        {
+            "listen": listening,
+            "public_url": settings.server.base_url(),
+            "data_dir": str(settings.data_dir),
+        },
+        f"podbay: listening on {listening} (public URL {settings.server.base_url()},"
+        f" data in {settings.data_dir})",
+    )
     descriptors = raise_descriptor_limit()
     cap = connection_cap(settings.server.max_connections, descriptors)
-    protocol = guarded_protocol(head_timeout=settings.server.head_timeout_seconds,
-                                body_timeout=settings.server.body_timeout_seconds,
-                                max_connections=cap)
+    protocol = guarded_protocol(
+        head_timeout=settings.server.head_timeout_seconds,
+        body_timeout=settings.server.body_timeout_seconds,
+        max_connections=cap,
+    )
     from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
 
     # The vm driver's QEMU machines do not come up under uvloop (its first
     # machine never answers): with vm enabled, the standard asyncio loop.
     loop = "asyncio" if classes.VM in drivers else "uvloop"
-    config = uvicorn.Config(app, loop=loop, http=protocol, lifespan="on",
-                            log_config=None, access_log=False, timeout_graceful_shutdown=5,
-                            ws="websockets", ws_max_size=WS_MAX_MESSAGE,
-                            ws_per_message_deflate=False)
+    config = uvicorn.Config(
+        app,
+        loop=loop,
+        http=protocol,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        ws="websockets",
+        ws_max_size=WS_MAX_MESSAGE,
+        ws_per_message_deflate=False,
+    )
     server = _Server(config)
     from podbay.cli.progress import build_progress
 

@@ -35,10 +35,14 @@ def shielded(seconds: float) -> anyio.CancelScope:
     return anyio.move_on_after(seconds, shield=True)
 
 
-async def ws_connect(url: str, headers: dict[str, str], max_size: int,
-                     open_timeout: float) -> Any:
+async def ws_connect(url: str, headers: dict[str, str], max_size: int, open_timeout: float) -> Any:
     """An open WebSocket (websockets' asyncio client: terminals need asyncio, not trio)."""
     from websockets.asyncio.client import connect
 
-    return await connect(url, additional_headers=headers, max_size=max_size,
-                         open_timeout=open_timeout, compression=None)
+    return await connect(
+        url,
+        additional_headers=headers,
+        max_size=max_size,
+        open_timeout=open_timeout,
+        compression=None,
+    )

@@ -108,14 +108,17 @@ class AsyncSandboxClient:
         transport: httpx.AsyncBaseTransport | None = None,
         files: FilesMode = "auto",
     ) -> None:
-        config = resolve_config(identity_token, server_url, timeout_seconds,
-                                prepare_timeout_seconds, files)
+        config = resolve_config(
+            identity_token, server_url, timeout_seconds, prepare_timeout_seconds, files
+        )
         self._core = Core(config)
         #: Also what :meth:`port_transport` sends through.
         self._transport = transport or httpx.AsyncHTTPTransport()
-        self._http = httpx.AsyncClient(transport=self._transport,
-                                       timeout=httpx.Timeout(config.timeout_seconds),
-                                       follow_redirects=False)
+        self._http = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=httpx.Timeout(config.timeout_seconds),
+            follow_redirects=False,
+        )
         self._locks: dict[str, Any] = {}
         self._interpreters: dict[str, AsyncCodeInterpreter] = {}
 
@@ -171,9 +174,15 @@ class AsyncSandboxClient:
         """
         handle = await self._handle(name)
         for attempt in (1, 2):
-            request = self._core.data_request(handle, method, path, json=json, params=params,
-                                              headers=headers,
-                                              content=body() if body else None)
+            request = self._core.data_request(
+                handle,
+                method,
+                path,
+                json=json,
+                params=params,
+                headers=headers,
+                content=body() if body else None,
+            )
             response = await self._send(request, stream=stream)
             if attempt == 1 and self._core.is_credential_refusal(response):
                 await response.aclose()
@@ -241,7 +250,8 @@ class AsyncSandboxClient:
                     raise SandboxPreparingError(
                         f"sandbox {name!r} is still being prepared after "
                         f"{self._core.config.prepare_timeout_seconds:g} s; retry in {wait:g} s",
-                        wait)
+                        wait,
+                    )
                 await sleep(wait)
                 continue
             handle = self._core.parse_handle(response)
@@ -297,8 +307,15 @@ class AsyncSandboxClient:
         (0, '4\\n')
         >>> r = await client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
-                                    max_output_bytes=max_output_bytes, keep=keep)
+        body = self._core.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
         return self._core.parse_exec(await self._exec(name, body, stdin))
 
     async def exec_bytes(
@@ -321,15 +338,27 @@ class AsyncSandboxClient:
         b'\\x7fELF'
         """
         await self._require(name, paths.FEATURE_EXEC_OUTPUT, "bytes output")
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
-                                    output_encoding="base64",
-                                    max_output_bytes=max_output_bytes, keep=keep)
+        body = self._core.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            output_encoding="base64",
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
         result = self._core.parse_exec(await self._exec(name, body, stdin))
         return BytesResult(
-            exit_code=result.exit_code, stdout=base64.b64decode(result.stdout),
-            stderr=base64.b64decode(result.stderr), duration_ms=result.duration_ms,
-            timed_out=result.timed_out, truncated=result.truncated,
-            stdout_dropped=result.stdout_dropped or 0, stderr_dropped=result.stderr_dropped or 0)
+            exit_code=result.exit_code,
+            stdout=base64.b64decode(result.stdout),
+            stderr=base64.b64decode(result.stderr),
+            duration_ms=result.duration_ms,
+            timed_out=result.timed_out,
+            truncated=result.truncated,
+            stdout_dropped=result.stdout_dropped or 0,
+            stderr_dropped=result.stderr_dropped or 0,
+        )
 
     async def stream(
         self,
@@ -364,16 +393,21 @@ class AsyncSandboxClient:
         finally:
             await response.aclose()
 
-    async def _exec(self, name: str, body: dict[str, Any], stdin: Stdin | None, *,
-                    stream: bool = False) -> httpx.Response:
+    async def _exec(
+        self, name: str, body: dict[str, Any], stdin: Stdin | None, *, stream: bool = False
+    ) -> httpx.Response:
         """POST the exec: plain JSON, or the request line then ``stdin`` streamed."""
         headers = {"Accept": paths.EXEC_STREAM_CONTENT_TYPE} if stream else None
         if stdin is None:
-            return await self._data(name, "POST", paths.EXEC, json=body, headers=headers,
-                                    stream=stream)
+            return await self._data(
+                name, "POST", paths.EXEC, json=body, headers=headers, stream=stream
+            )
         await self._require(name, paths.FEATURE_STDIN, "stdin")
-        source = io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin) \
-            if isinstance(stdin, str | bytes | bytearray) else stdin
+        source = (
+            io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin)
+            if isinstance(stdin, str | bytes | bytearray)
+            else stdin
+        )
         head = dumps(body) + b"\n"
         start = _position(source)
         sent = False
@@ -383,15 +417,19 @@ class AsyncSandboxClient:
             if sent:
                 if start is None:
                     raise SandboxRequestError(
-                        409, "stdin was already read in part and cannot be sent again "
-                        "after a re-attach; retry the call", "STDIN_NOT_REPEATABLE")
+                        409,
+                        "stdin was already read in part and cannot be sent again "
+                        "after a re-attach; retry the call",
+                        "STDIN_NOT_REPEATABLE",
+                    )
                 source.seek(start)
             sent = True
             return _stdin_chunks(head, source)
 
         all_headers = {"Content-Type": paths.EXEC_STDIN_CONTENT_TYPE, **(headers or {})}
-        return await self._data(name, "POST", paths.EXEC, headers=all_headers, body=make_body,
-                                stream=stream)
+        return await self._data(
+            name, "POST", paths.EXEC, headers=all_headers, body=make_body, stream=stream
+        )
 
     async def _features(self, name: str) -> frozenset[str]:
         """What the sandbox's agent offers beyond the reference (asked once per handle)."""
@@ -406,8 +444,9 @@ class AsyncSandboxClient:
         await self._features(name)
         self._core.require(name, feature, what)
 
-    async def exec_combined(self, name: str, command: str,
-                            timeout_ms: int | None = None) -> CombinedResult:
+    async def exec_combined(
+        self, name: str, command: str, timeout_ms: int | None = None
+    ) -> CombinedResult:
         """Run a SHELL LINE with stderr folded into stdout, interleaved as a terminal shows it.
 
         >>> r = await client.exec_combined("thread-42", "echo out; echo err >&2")  # doctest: +SKIP
@@ -417,9 +456,16 @@ class AsyncSandboxClient:
         result = await self.exec(name, _files.combined_command(command), timeout_ms=timeout_ms)
         return _files.combined_result(result)
 
-    async def spawn(self, name: str, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, stdin: bool = False,
-                    user: str | None = None) -> ProcessStatus:
+    async def spawn(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> ProcessStatus:
         """Start argv and return at once; read its output with :meth:`poll`.
 
         ``stdin=True`` gives it a pipe to write with :meth:`write_stdin` (else
@@ -434,8 +480,9 @@ class AsyncSandboxClient:
         body = self._core.spawn_body(command, cwd=cwd, env=env, stdin=stdin, user=user)
         return self._core.parse_status(await self._data(name, "POST", paths.PROCESSES, json=body))
 
-    async def write_stdin(self, name: str, process_id: str, data: Stdin, *,
-                          close: bool = False) -> None:
+    async def write_stdin(
+        self, name: str, process_id: str, data: Stdin, *, close: bool = False
+    ) -> None:
         """Write ``data`` (text, bytes or a binary file, streamed) to the stdin of a
         process spawned with ``stdin=True``; ``close`` then closes it (EOF). Call
         as often as needed; writes block while the process does not read.
@@ -444,8 +491,11 @@ class AsyncSandboxClient:
         >>> await client.write_stdin("thread-42", p.process_id, "hi", close=True)  # doctest: +SKIP
         """
         await self._require(name, paths.FEATURE_STDIN, "stdin")
-        source = io.BytesIO(data.encode() if isinstance(data, str) else data) \
-            if isinstance(data, str | bytes | bytearray) else data
+        source = (
+            io.BytesIO(data.encode() if isinstance(data, str) else data)
+            if isinstance(data, str | bytes | bytearray)
+            else data
+        )
         start = _position(source)
 
         def make_body() -> ByteStream:
@@ -454,17 +504,28 @@ class AsyncSandboxClient:
             return _stdin_chunks(b"", source)
 
         response = await self._data(
-            name, "POST", paths.process_stdin_path(process_id),
+            name,
+            "POST",
+            paths.process_stdin_path(process_id),
             params={"close": "true"} if close else None,
-            headers={"Content-Type": "application/octet-stream"}, body=make_body)
+            headers={"Content-Type": "application/octet-stream"},
+            body=make_body,
+        )
         self._core.check(response, 200, 204)
 
     async def close_stdin(self, name: str, process_id: str) -> None:
         """Close the stdin of a process spawned with ``stdin=True`` (it reads EOF)."""
         await self.write_stdin(name, process_id, b"", close=True)
 
-    async def poll(self, name: str, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
+    async def poll(
+        self,
+        name: str,
+        process_id: str,
+        *,
+        stdout_from: int = 0,
+        stderr_from: int = 0,
+        wait_ms: int | None = None,
+    ) -> ProcessOutput:
         """A process's status and its output after the given byte offsets.
 
         Pass ``stdout_next``/``stderr_next`` back as the next offsets; a
@@ -476,8 +537,9 @@ class AsyncSandboxClient:
         params: dict[str, str | int] = {"stdout_from": stdout_from, "stderr_from": stderr_from}
         if wait_ms and paths.FEATURE_LIVE_OUTPUT in await self._features(name):
             # Never longer than the request may take (a second under its timeout).
-            params["wait_ms"] = max(1, min(wait_ms, POLL_WAIT_MAX_MS,
-                                           self._core.exec_timeout_ms(None)))
+            params["wait_ms"] = max(
+                1, min(wait_ms, POLL_WAIT_MAX_MS, self._core.exec_timeout_ms(None))
+            )
         response = await self._data(name, "GET", paths.process_path(process_id), params=params)
         return self._core.parse_output(response)
 
@@ -487,8 +549,9 @@ class AsyncSandboxClient:
 
     async def signal(self, name: str, process_id: str, signal: str = "TERM") -> None:
         """Send TERM, KILL, INT, HUP, QUIT, USR1 or USR2 to the process group."""
-        response = await self._data(name, "POST", paths.process_signal_path(process_id),
-                                    json={"signal": signal})
+        response = await self._data(
+            name, "POST", paths.process_signal_path(process_id), json={"signal": signal}
+        )
         self._core.check(response, 200, 204)
 
     async def kill(self, name: str, process_id: str) -> None:
@@ -544,10 +607,16 @@ class AsyncSandboxClient:
                     # Bounded by the deadline and by how often ``cancel`` is checked.
                     wait_ms = interval_ms if cancel is not None else POLL_WAIT_MAX_MS
                     if deadline is not None:
-                        wait_ms = max(1, min(wait_ms,
-                                             int((deadline - time.monotonic()) * 1000)))
-                acc.add(await self.poll(name, status.process_id, stdout_from=acc.stdout_next,
-                                        stderr_from=acc.stderr_next, wait_ms=wait_ms))
+                        wait_ms = max(1, min(wait_ms, int((deadline - time.monotonic()) * 1000)))
+                acc.add(
+                    await self.poll(
+                        name,
+                        status.process_id,
+                        stdout_from=acc.stdout_next,
+                        stderr_from=acc.stderr_next,
+                        wait_ms=wait_ms,
+                    )
+                )
                 if acc.exited:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -582,8 +651,11 @@ class AsyncSandboxClient:
             deadline = time.monotonic() + 5
             while not acc.exited and time.monotonic() < deadline:
                 try:
-                    acc.add(await self.poll(name, pid, stdout_from=acc.stdout_next,
-                                            stderr_from=acc.stderr_next))
+                    acc.add(
+                        await self.poll(
+                            name, pid, stdout_from=acc.stdout_next, stderr_from=acc.stderr_next
+                        )
+                    )
                 except SandboxRequestError:
                     break
                 if not acc.exited:
@@ -602,8 +674,9 @@ class AsyncSandboxClient:
             return False
         return self._core.wants_native_files(await self._features(name))
 
-    async def read_file_bytes(self, name: str, path: str, *, progress: Progress | None = None,
-                              user: str | None = None) -> bytes:
+    async def read_file_bytes(
+        self, name: str, path: str, *, progress: Progress | None = None, user: str | None = None
+    ) -> bytes:
         """The bytes of ``path``; 404 :class:`SandboxRequestError` when it cannot be read.
 
         Native files: streamed and checked against the agent's SHA-256 (a
@@ -624,12 +697,17 @@ class AsyncSandboxClient:
 
     async def read_file(self, name: str, path: str, *, user: str | None = None) -> str:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
-        return (await self.read_file_bytes(name, path, user=user)).decode("utf-8",
-                                                                          errors="replace")
+        return (await self.read_file_bytes(name, path, user=user)).decode("utf-8", errors="replace")
 
-    async def write_file_bytes(self, name: str, path: str, contents: bytes, *,
-                               progress: Progress | None = None,
-                               user: str | None = None) -> None:
+    async def write_file_bytes(
+        self,
+        name: str,
+        path: str,
+        contents: bytes,
+        *,
+        progress: Progress | None = None,
+        user: str | None = None,
+    ) -> None:
         """Write ``contents`` to ``path`` (replacing it whole).
 
         Native files: streamed with its SHA-256, which the agent checks before
@@ -640,8 +718,9 @@ class AsyncSandboxClient:
         """
         await self._put(name, path, io.BytesIO(bytes(contents)), progress, user)
 
-    async def write_file(self, name: str, path: str, contents: str, *,
-                         user: str | None = None) -> None:
+    async def write_file(
+        self, name: str, path: str, contents: str, *, user: str | None = None
+    ) -> None:
         """Write ``contents`` to ``path`` as UTF-8."""
         await self.write_file_bytes(name, path, contents.encode("utf-8"), user=user)
 
@@ -650,8 +729,9 @@ class AsyncSandboxClient:
         if await self._native(name):
             response = await self._data(name, "GET", paths.FILES_LIST, params={"path": path})
             listing = self._core.expect(response, DirListing, 200)
-            return [DirEntry(name=e.name, is_directory=e.type == "directory")
-                    for e in listing.entries]
+            return [
+                DirEntry(name=e.name, is_directory=e.type == "directory") for e in listing.entries
+            ]
         return _files.parse_list(await self.exec(name, _files.list_command(path)), path)
 
     async def grep(self, name: str, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
@@ -675,7 +755,8 @@ class AsyncSandboxClient:
         if await self._files_ops(name):
             params = {"path": path, "owner": "true", **_as_user(user)}
             return self._core.expect(
-                await self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200)
+                await self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200
+            )
         result = await self.exec(name, _files.stat_command(path), user=user)
         return _files.parse_stat(result, path)
 
@@ -689,14 +770,22 @@ class AsyncSandboxClient:
             raise
         return True
 
-    async def mkdir(self, name: str, path: str, *, parents: bool = True,
-                    mode: int | None = None, user: str | None = None) -> None:
+    async def mkdir(
+        self,
+        name: str,
+        path: str,
+        *,
+        parents: bool = True,
+        mode: int | None = None,
+        user: str | None = None,
+    ) -> None:
         """Create a directory (with its parents unless ``parents=False``; an
         existing directory is fine then)."""
         if await self._files_ops(name):
             body = codec_encode(MakeDirRequest(path=path, parents=parents, mode=mode))
-            response = await self._data(name, "POST", paths.FILES_MKDIR, json=body,
-                                        params=_as_user(user))
+            response = await self._data(
+                name, "POST", paths.FILES_MKDIR, json=body, params=_as_user(user)
+            )
             self._core.check(response, 200, 201)
             return
         result = await self.exec(name, _files.mkdir_command(path, parents, mode), user=user)
@@ -705,16 +794,22 @@ class AsyncSandboxClient:
     async def chmod(self, name: str, path: str, mode: int, *, user: str | None = None) -> None:
         """Set the permission bits of ``path`` (e.g. ``0o755``)."""
         if await self._files_ops(name):
-            response = await self._data(name, "POST", paths.FILES_CHMOD,
-                                        json=codec_encode(ChmodRequest(path=path, mode=mode)),
-                                        params=_as_user(user))
+            response = await self._data(
+                name,
+                "POST",
+                paths.FILES_CHMOD,
+                json=codec_encode(ChmodRequest(path=path, mode=mode)),
+                params=_as_user(user),
+            )
             self._core.check(response, 200)
             return
-        _files.check_ok(await self.exec(name, _files.chmod_command(path, mode), user=user),
-                        f"chmod {path}")
+        _files.check_ok(
+            await self.exec(name, _files.chmod_command(path, mode), user=user), f"chmod {path}"
+        )
 
-    async def remove(self, name: str, path: str, *, recursive: bool = False,
-                     user: str | None = None) -> None:
+    async def remove(
+        self, name: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> None:
         """Delete a file, an empty directory, or with ``recursive`` a whole tree."""
         if await self._files_ops(name):
             params = {"path": path, **_as_user(user)}
@@ -723,30 +818,47 @@ class AsyncSandboxClient:
             response = await self._data(name, "DELETE", paths.FILES, params=params)
             self._core.check(response, 200, 204)
             return
-        _files.check_ok(await self.exec(name, _files.remove_path_command(path, recursive),
-                                        user=user), f"rm {path}")
+        _files.check_ok(
+            await self.exec(name, _files.remove_path_command(path, recursive), user=user),
+            f"rm {path}",
+        )
 
-    async def move(self, name: str, source: str, destination: str, *,
-                   overwrite: bool = False, user: str | None = None) -> None:
+    async def move(
+        self,
+        name: str,
+        source: str,
+        destination: str,
+        *,
+        overwrite: bool = False,
+        user: str | None = None,
+    ) -> None:
         """Rename ``source`` to ``destination`` (parents created); an existing
         destination is refused (409 ``PATH_EXISTS``) unless ``overwrite``."""
         if await self._files_ops(name):
-            body = codec_encode(MoveRequest(source=source, destination=destination,
-                                            overwrite=overwrite))
-            response = await self._data(name, "POST", paths.FILES_MOVE, json=body,
-                                        params=_as_user(user))
+            body = codec_encode(
+                MoveRequest(source=source, destination=destination, overwrite=overwrite)
+            )
+            response = await self._data(
+                name, "POST", paths.FILES_MOVE, json=body, params=_as_user(user)
+            )
             self._core.check(response, 200)
             return
-        result = await self.exec(name, _files.move_command(source, destination, overwrite),
-                                 user=user)
+        result = await self.exec(
+            name, _files.move_command(source, destination, overwrite), user=user
+        )
         _files.check_move(result, destination)
 
     async def _files_ops(self, name: str) -> bool:
-        return await self._native(name) and \
-            paths.FEATURE_FILES_OPS in await self._features(name)
+        return await self._native(name) and paths.FEATURE_FILES_OPS in await self._features(name)
 
-    async def upload(self, name: str, local_path: str | os.PathLike[str], remote_path: str, *,
-                     progress: Progress | None = None) -> None:
+    async def upload(
+        self,
+        name: str,
+        local_path: str | os.PathLike[str],
+        remote_path: str,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
@@ -765,8 +877,14 @@ class AsyncSandboxClient:
             result = await self.exec(name, _files.untar_command(remote_archive, remote_path))
             _files.check_ok(result, f"unpacking into {remote_path}")
 
-    async def download(self, name: str, remote_path: str, local_path: str | os.PathLike[str], *,
-                       progress: Progress | None = None) -> None:
+    async def download(
+        self,
+        name: str,
+        remote_path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         """Copy a sandbox file, or a whole directory (as a tar stream), to this machine.
 
         A file is written to a temporary sibling and renamed into place once
@@ -792,8 +910,14 @@ class AsyncSandboxClient:
             with contextlib.suppress(PodbayError):
                 await self.exec(name, _files.remove_command(remote_archive))
 
-    async def _put(self, name: str, path: str, source: BinaryIO,
-                   progress: Progress | None, user: str | None = None) -> None:
+    async def _put(
+        self,
+        name: str,
+        path: str,
+        source: BinaryIO,
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
         if await self._native(name):
             await self._upload(name, path, source, progress, user)
             return
@@ -810,8 +934,14 @@ class AsyncSandboxClient:
                 await self.exec(name, _files.cleanup_command(path))
             raise
 
-    async def _upload(self, name: str, path: str, source: BinaryIO,
-                      progress: Progress | None, user: str | None = None) -> None:
+    async def _upload(
+        self,
+        name: str,
+        path: str,
+        source: BinaryIO,
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
             # One pass: the bytes are hashed as they are sent, the digest follows them.
@@ -830,15 +960,22 @@ class AsyncSandboxClient:
                 source.seek(start)
                 return _chunks(source, size, progress)
 
-        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
-                   "Content-Type": "application/octet-stream"}
-        response = await self._data(name, "PUT", paths.FILES,
-                                    params={"path": path, **_as_user(user)},
-                                    headers=headers, body=body)
+        headers = {
+            paths.DIGEST_HEADER: digest,
+            "Content-Length": str(length),
+            "Content-Type": "application/octet-stream",
+        }
+        response = await self._data(
+            name,
+            "PUT",
+            paths.FILES,
+            params={"path": path, **_as_user(user)},
+            headers=headers,
+            body=body,
+        )
         self._core.check(response, 200, 201, 204)
 
-    async def _get(self, name: str, remote: str, local: str,
-                   progress: Progress | None) -> None:
+    async def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
         """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
         directory = os.path.dirname(os.path.abspath(local))  # noqa: ASYNC240
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
@@ -858,10 +995,17 @@ class AsyncSandboxClient:
                 os.unlink(temp)
             raise
 
-    async def _download(self, name: str, path: str, sink: Callable[[bytes], object],
-                        progress: Progress | None, user: str | None = None) -> None:
-        response = await self._data(name, "GET", paths.FILES,
-                                    params={"path": path, **_as_user(user)}, stream=True)
+    async def _download(
+        self,
+        name: str,
+        path: str,
+        sink: Callable[[bytes], object],
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
+        response = await self._data(
+            name, "GET", paths.FILES, params={"path": path, **_as_user(user)}, stream=True
+        )
         if response.status_code != 200:
             raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
@@ -879,10 +1023,18 @@ class AsyncSandboxClient:
 
     # -- terminals and ports ----------------------------------------------------------------
 
-    async def pty(self, name: str, command: builtins.list[str], *, rows: int = 24,
-                  cols: int = 80, term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None,
-                  user: str | None = None) -> AsyncTerminal:
+    async def pty(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncTerminal:
         """Start argv on a terminal (a PTY of ``rows`` x ``cols``, ``TERM=term``) and
         return it, connected over one WebSocket (agents with the ``pty`` feature),
         as ``user`` (an account of the sandbox; default: the platform's default user).
@@ -895,24 +1047,30 @@ class AsyncSandboxClient:
         ...     await tty.send(b"6*7\\r")
         ...     await tty.recv()
         """
-        start = self._core.pty_start(command, rows=rows, cols=cols, term=term, cwd=cwd, env=env,
-                                     user=user)
+        start = self._core.pty_start(
+            command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
+        )
         handle = await self._handle(name)
-        ws = await self._ws_open(name, handle, lambda h: self._core.ws_url(
-            h.endpoint.rstrip("/") + paths.PTY))
+        ws = await self._ws_open(
+            name, handle, lambda h: self._core.ws_url(h.endpoint.rstrip("/") + paths.PTY)
+        )
         await ws.send(start)
         return AsyncTerminal(ws, self._core)
 
-    async def _ws_open(self, name: str, handle: SandboxHandle,
-                       url: Callable[[SandboxHandle], str]) -> Any:
+    async def _ws_open(
+        self, name: str, handle: SandboxHandle, url: Callable[[SandboxHandle], str]
+    ) -> Any:
         """A WebSocket to the data plane; a 401/403 before the upgrade re-attaches once."""
         from websockets.exceptions import InvalidHandshake, InvalidStatus
 
         for attempt in (1, 2):
             try:
-                return await ws_connect(url(handle), self._core.ws_headers(handle),
-                                        TERMINAL_MESSAGE_LIMIT,
-                                        self._core.config.timeout_seconds)
+                return await ws_connect(
+                    url(handle),
+                    self._core.ws_headers(handle),
+                    TERMINAL_MESSAGE_LIMIT,
+                    self._core.config.timeout_seconds,
+                )
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if attempt == 1 and status in (401, 403):
@@ -921,7 +1079,8 @@ class AsyncSandboxClient:
                 raise refusal_error(status, bytes(exc.response.body or b"")) from None
             except (OSError, TimeoutError, InvalidHandshake) as exc:
                 raise SandboxUnavailableError(
-                    f"cannot open a WebSocket to sandbox {name!r}: {exc}", exc) from exc
+                    f"cannot open a WebSocket to sandbox {name!r}: {exc}", exc
+                ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def url(self, name: str, port: int, path: str = "/") -> str:
@@ -956,8 +1115,7 @@ class AsyncSandboxClient:
             interpreter = self._interpreters.setdefault(name, AsyncCodeInterpreter(self, name))
         return interpreter
 
-    async def run_code(self, name: str, code: str, *,
-                       timeout_ms: int | None = None) -> Execution:
+    async def run_code(self, name: str, code: str, *, timeout_ms: int | None = None) -> Execution:
         """Run Python ``code`` in the sandbox's interpreter, whose variables persist
         from cell to cell; the last expression's value is the result.
 
@@ -1028,8 +1186,7 @@ async def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> By
             progress(done, total)
 
 
-async def _hashed_chunks(source: BinaryIO, size: int,
-                         progress: Progress | None) -> ByteStream:
+async def _hashed_chunks(source: BinaryIO, size: int, progress: Progress | None) -> ByteStream:
     """Exactly ``size`` bytes of ``source``, then their hex SHA-256 (a trailing digest)."""
     digest = _files.StreamDigest(size)
     while digest.left:
@@ -1067,7 +1224,8 @@ class AsyncTerminal:
             message = await self._ws.recv()
         except ConnectionClosed as exc:
             raise SandboxUnavailableError(
-                "the terminal's connection closed before its command exited", exc) from exc
+                "the terminal's connection closed before its command exited", exc
+            ) from exc
         if isinstance(message, bytes):
             return message
         self.exit_code = self._core.pty_exit(message)
@@ -1124,8 +1282,11 @@ def _gateway_refusal(response: httpx.Response) -> bool:
         code = json.loads(response.content).get("code")
     except (ValueError, AttributeError):
         return False
-    return code in (ErrorCode.CREDENTIAL_INVALID, ErrorCode.SANDBOX_NOT_RUNNING,
-                    ErrorCode.CREDENTIAL_WRONG_SANDBOX)
+    return code in (
+        ErrorCode.CREDENTIAL_INVALID,
+        ErrorCode.SANDBOX_NOT_RUNNING,
+        ErrorCode.CREDENTIAL_WRONG_SANDBOX,
+    )
 
 
 class AsyncCodeInterpreter:
@@ -1139,8 +1300,10 @@ class AsyncCodeInterpreter:
     def __init__(self, client: AsyncSandboxClient, name: str) -> None:
         self._client = client
         self._name = name
-        self._http = httpx.AsyncClient(transport=client.port_transport(name),
-                                       timeout=httpx.Timeout(client._core.config.timeout_seconds))
+        self._http = httpx.AsyncClient(
+            transport=client.port_transport(name),
+            timeout=httpx.Timeout(client._core.config.timeout_seconds),
+        )
         self._lock = Lock()
         self._token: str | None = None
         self._kernel_id: str | None = None
@@ -1153,8 +1316,9 @@ class AsyncCodeInterpreter:
         body = _interpreter.run_body(code, timeout_ms)
         # Bounded only when the cell is: a cell that ignores its interrupt is
         # killed with the interpreter after a grace period.
-        wait = None if timeout_ms is None else \
-            timeout_ms / 1000 + _interpreter.INTERRUPT_GRACE_SECONDS
+        wait = (
+            None if timeout_ms is None else timeout_ms / 1000 + _interpreter.INTERRUPT_GRACE_SECONDS
+        )
         async with self._lock:
             restarted = await self._connect() if self._token is None else False
             for attempt in (1, 2):
@@ -1163,7 +1327,8 @@ class AsyncCodeInterpreter:
                 except httpx.TimeoutException:
                     await self._kill()
                     return _interpreter.crashed(
-                        "the cell did not stop when interrupted; the interpreter was killed")
+                        "the cell did not stop when interrupted; the interpreter was killed"
+                    )
                 except (httpx.TransportError, SandboxUnavailableError) as exc:
                     return await self._lost(str(exc))
                 except BaseException:
@@ -1172,12 +1337,13 @@ class AsyncCodeInterpreter:
                         await self.interrupt()
                     raise
                 if response.status_code == 200:
-                    execution = _interpreter.parse_execution(response.json(),
-                                                             restarted=restarted)
+                    execution = _interpreter.parse_execution(response.json(), restarted=restarted)
                     self._kernel_id = execution.kernel_id
                     return execution
-                gone = _interpreter.is_port_unreachable(response.status_code, response.content) \
+                gone = (
+                    _interpreter.is_port_unreachable(response.status_code, response.content)
                     or response.status_code == 401
+                )
                 if attempt == 1 and gone:
                     # Nothing ran: no kernel (a resumed sandbox) or another one took over.
                     self._token = None
@@ -1186,7 +1352,8 @@ class AsyncCodeInterpreter:
                 if response.status_code in (502, 503, 504):
                     return await self._lost(f"HTTP {response.status_code}")
                 raise _interpreter.InterpreterError(
-                    f"the interpreter refused the cell: {response.status_code} {response.text}")
+                    f"the interpreter refused the cell: {response.status_code} {response.text}"
+                )
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def interrupt(self) -> bool:
@@ -1207,8 +1374,15 @@ class AsyncCodeInterpreter:
 
     async def _post(self, path: str, body: bytes, wait: float | None) -> httpx.Response:
         url = await self._client.url(self._name, _interpreter.KERNEL_PORT, path)
-        return await self._http.post(url, content=body, timeout=wait, headers={
-            _interpreter.TOKEN_HEADER: self._token or "", "Content-Type": "application/json"})
+        return await self._http.post(
+            url,
+            content=body,
+            timeout=wait,
+            headers={
+                _interpreter.TOKEN_HEADER: self._token or "",
+                "Content-Type": "application/json",
+            },
+        )
 
     async def _health(self, token: str) -> dict[str, Any] | None:
         url = await self._client.url(self._name, _interpreter.KERNEL_PORT, "/health")
@@ -1262,7 +1436,8 @@ class AsyncCodeInterpreter:
         output = await self._client.poll(self._name, status.process_id)
         raise _interpreter.InterpreterError(
             f"the interpreter did not start in {_interpreter.START_TIMEOUT_SECONDS:g} s "
-            f"(state {output.state}, exit code {output.exit_code}): {output.stderr[-2000:]}")
+            f"(state {output.state}, exit code {output.exit_code}): {output.stderr[-2000:]}"
+        )
 
     async def _kill(self) -> None:
         if self._pid is not None:
@@ -1275,7 +1450,8 @@ class AsyncCodeInterpreter:
         if self._token is not None and await self._health(self._token) is not None:
             raise _interpreter.InterpreterError(
                 f"lost the connection to the interpreter ({detail}); the cell may still be "
-                "running: interrupt() stops it")
+                "running: interrupt() stops it"
+            )
         self._token = None
         self._pid = None
         return _interpreter.crashed(detail)
@@ -1307,46 +1483,103 @@ class AsyncSandbox:
     async def attach(self, sandbox_class: str | None = None) -> SandboxHandle:
         return await self.client.attach(self.name, sandbox_class)
 
-    async def exec(self, command: builtins.list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-                   user: str | None = None, stdin: Stdin | None = None,
-                   max_output_bytes: int | None = None,
-                   keep: KeepPart | None = None) -> ExecResult:
-        return await self.client.exec(self.name, command, cwd=cwd, env=env,
-                                      timeout_ms=timeout_ms, user=user, stdin=stdin,
-                                      max_output_bytes=max_output_bytes, keep=keep)
+    async def exec(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> ExecResult:
+        return await self.client.exec(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
 
-    async def exec_bytes(self, command: builtins.list[str], *, cwd: str | None = None,
-                         env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-                         user: str | None = None, stdin: Stdin | None = None,
-                         max_output_bytes: int | None = None,
-                         keep: KeepPart | None = None) -> BytesResult:
-        return await self.client.exec_bytes(self.name, command, cwd=cwd, env=env,
-                                            timeout_ms=timeout_ms, user=user, stdin=stdin,
-                                            max_output_bytes=max_output_bytes, keep=keep)
+    async def exec_bytes(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> BytesResult:
+        return await self.client.exec_bytes(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
 
-    def stream(self, command: builtins.list[str], *, cwd: str | None = None,
-               env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-               user: str | None = None, stdin: Stdin | None = None) -> EventStream:
-        return self.client.stream(self.name, command, cwd=cwd, env=env,
-                                  timeout_ms=timeout_ms, user=user, stdin=stdin)
+    def stream(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+    ) -> EventStream:
+        return self.client.stream(
+            self.name, command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user, stdin=stdin
+        )
 
     async def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
         return await self.client.exec_combined(self.name, command, timeout_ms)
 
-    async def run(self, command: builtins.list[str], *, cwd: str | None = None,
-                  env: Mapping[str, str] | None = None, interval_ms: int = 500,
-                  on_output: OnOutput | None = None, timeout_ms: int | None = None,
-                  cancel: Cancel | None = None) -> RunResult:
-        return await self.client.run(self.name, command, cwd=cwd, env=env,
-                                     interval_ms=interval_ms, on_output=on_output,
-                                     timeout_ms=timeout_ms, cancel=cancel)
+    async def run(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        interval_ms: int = 500,
+        on_output: OnOutput | None = None,
+        timeout_ms: int | None = None,
+        cancel: Cancel | None = None,
+    ) -> RunResult:
+        return await self.client.run(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            interval_ms=interval_ms,
+            on_output=on_output,
+            timeout_ms=timeout_ms,
+            cancel=cancel,
+        )
 
-    async def spawn(self, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, stdin: bool = False,
-                    user: str | None = None) -> ProcessStatus:
-        return await self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin,
-                                       user=user)
+    async def spawn(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> ProcessStatus:
+        return await self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin, user=user)
 
     async def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
         await self.client.write_stdin(self.name, process_id, data, close=close)
@@ -1354,10 +1587,17 @@ class AsyncSandbox:
     async def close_stdin(self, process_id: str) -> None:
         await self.client.close_stdin(self.name, process_id)
 
-    async def poll(self, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
-        return await self.client.poll(self.name, process_id, stdout_from=stdout_from,
-                                      stderr_from=stderr_from, wait_ms=wait_ms)
+    async def poll(
+        self,
+        process_id: str,
+        *,
+        stdout_from: int = 0,
+        stderr_from: int = 0,
+        wait_ms: int | None = None,
+    ) -> ProcessOutput:
+        return await self.client.poll(
+            self.name, process_id, stdout_from=stdout_from, stderr_from=stderr_from, wait_ms=wait_ms
+        )
 
     async def processes(self) -> builtins.list[ProcessStatus]:
         return await self.client.processes(self.name)
@@ -1371,18 +1611,23 @@ class AsyncSandbox:
     async def kill_all(self) -> None:
         await self.client.kill_all(self.name)
 
-    async def read_file_bytes(self, path: str, *, progress: Progress | None = None,
-                              user: str | None = None) -> bytes:
+    async def read_file_bytes(
+        self, path: str, *, progress: Progress | None = None, user: str | None = None
+    ) -> bytes:
         return await self.client.read_file_bytes(self.name, path, progress=progress, user=user)
 
     async def read_file(self, path: str, *, user: str | None = None) -> str:
         return await self.client.read_file(self.name, path, user=user)
 
-    async def write_file_bytes(self, path: str, contents: bytes, *,
-                               progress: Progress | None = None,
-                               user: str | None = None) -> None:
-        await self.client.write_file_bytes(self.name, path, contents, progress=progress,
-                                           user=user)
+    async def write_file_bytes(
+        self,
+        path: str,
+        contents: bytes,
+        *,
+        progress: Progress | None = None,
+        user: str | None = None,
+    ) -> None:
+        await self.client.write_file_bytes(self.name, path, contents, progress=progress, user=user)
 
     async def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
         await self.client.write_file(self.name, path, contents, user=user)
@@ -1393,19 +1638,20 @@ class AsyncSandbox:
     async def exists(self, path: str, *, user: str | None = None) -> bool:
         return await self.client.exists(self.name, path, user=user)
 
-    async def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None,
-                    user: str | None = None) -> None:
+    async def mkdir(
+        self, path: str, *, parents: bool = True, mode: int | None = None, user: str | None = None
+    ) -> None:
         await self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
 
     async def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
         await self.client.chmod(self.name, path, mode, user=user)
 
-    async def remove(self, path: str, *, recursive: bool = False,
-                     user: str | None = None) -> None:
+    async def remove(self, path: str, *, recursive: bool = False, user: str | None = None) -> None:
         await self.client.remove(self.name, path, recursive=recursive, user=user)
 
-    async def move(self, source: str, destination: str, *, overwrite: bool = False,
-                   user: str | None = None) -> None:
+    async def move(
+        self, source: str, destination: str, *, overwrite: bool = False, user: str | None = None
+    ) -> None:
         await self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
 
     async def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
@@ -1414,12 +1660,22 @@ class AsyncSandbox:
     async def grep(self, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
         return await self.client.grep(self.name, pattern, path)
 
-    async def upload(self, local_path: str | os.PathLike[str], remote_path: str, *,
-                     progress: Progress | None = None) -> None:
+    async def upload(
+        self,
+        local_path: str | os.PathLike[str],
+        remote_path: str,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         await self.client.upload(self.name, local_path, remote_path, progress=progress)
 
-    async def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
-                       progress: Progress | None = None) -> None:
+    async def download(
+        self,
+        remote_path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         await self.client.download(self.name, remote_path, local_path, progress=progress)
 
     async def run_code(self, code: str, *, timeout_ms: int | None = None) -> Execution:
@@ -1438,12 +1694,20 @@ class AsyncSandbox:
     async def delete(self) -> None:
         await self.client.delete(self.name)
 
-    async def pty(self, command: builtins.list[str], *, rows: int = 24, cols: int = 80,
-                  term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None,
-                  user: str | None = None) -> AsyncTerminal:
-        return await self.client.pty(self.name, command, rows=rows, cols=cols, term=term,
-                                     cwd=cwd, env=env, user=user)
+    async def pty(
+        self,
+        command: builtins.list[str],
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> AsyncTerminal:
+        return await self.client.pty(
+            self.name, command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
+        )
 
     async def url(self, port: int, path: str = "/") -> str:
         return await self.client.url(self.name, port, path)
@@ -1452,8 +1716,7 @@ class AsyncSandbox:
         return self.client.port_transport(self.name)
 
     async def share_url(self, port: int, *, expires_in_seconds: int = 3600) -> str:
-        return await self.client.share_url(self.name, port,
-                                           expires_in_seconds=expires_in_seconds)
+        return await self.client.share_url(self.name, port, expires_in_seconds=expires_in_seconds)
 
 
 __all__ = ["AsyncCodeInterpreter", "AsyncSandbox", "AsyncSandboxClient", "AsyncTerminal"]

@@ -34,13 +34,16 @@ def shielded(seconds: float) -> contextlib.nullcontext[None]:
     return contextlib.nullcontext()
 
 
-def ws_connect(url: str, headers: dict[str, str], max_size: int,
-               open_timeout: float) -> Any:
+def ws_connect(url: str, headers: dict[str, str], max_size: int, open_timeout: float) -> Any:
     """An open WebSocket (websockets' threaded client)."""
     from websockets.sync.client import connect
 
-    options: dict[str, Any] = {"additional_headers": headers, "max_size": max_size,
-                               "open_timeout": open_timeout, "compression": None}
+    options: dict[str, Any] = {
+        "additional_headers": headers,
+        "max_size": max_size,
+        "open_timeout": open_timeout,
+        "compression": None,
+    }
     try:
         # websockets 17 asks for legacy=True to hold a connection outside a
         # with-block (a Terminal does); older releases have no such parameter.

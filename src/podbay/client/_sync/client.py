@@ -109,14 +109,17 @@ class SandboxClient:
         transport: httpx.BaseTransport | None = None,
         files: FilesMode = "auto",
     ) -> None:
-        config = resolve_config(identity_token, server_url, timeout_seconds,
-                                prepare_timeout_seconds, files)
+        config = resolve_config(
+            identity_token, server_url, timeout_seconds, prepare_timeout_seconds, files
+        )
         self._core = Core(config)
         #: Also what :meth:`port_transport` sends through.
         self._transport = transport or httpx.HTTPTransport()
-        self._http = httpx.Client(transport=self._transport,
-                                       timeout=httpx.Timeout(config.timeout_seconds),
-                                       follow_redirects=False)
+        self._http = httpx.Client(
+            transport=self._transport,
+            timeout=httpx.Timeout(config.timeout_seconds),
+            follow_redirects=False,
+        )
         self._locks: dict[str, Any] = {}
         self._interpreters: dict[str, CodeInterpreter] = {}
 
@@ -172,9 +175,15 @@ class SandboxClient:
         """
         handle = self._handle(name)
         for attempt in (1, 2):
-            request = self._core.data_request(handle, method, path, json=json, params=params,
-                                              headers=headers,
-                                              content=body() if body else None)
+            request = self._core.data_request(
+                handle,
+                method,
+                path,
+                json=json,
+                params=params,
+                headers=headers,
+                content=body() if body else None,
+            )
             response = self._send(request, stream=stream)
             if attempt == 1 and self._core.is_credential_refusal(response):
                 response.close()
@@ -242,7 +251,8 @@ class SandboxClient:
                     raise SandboxPreparingError(
                         f"sandbox {name!r} is still being prepared after "
                         f"{self._core.config.prepare_timeout_seconds:g} s; retry in {wait:g} s",
-                        wait)
+                        wait,
+                    )
                 sleep(wait)
                 continue
             handle = self._core.parse_handle(response)
@@ -298,8 +308,15 @@ class SandboxClient:
         (0, '4\\n')
         >>> r = client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
-                                    max_output_bytes=max_output_bytes, keep=keep)
+        body = self._core.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
         return self._core.parse_exec(self._exec(name, body, stdin))
 
     def exec_bytes(
@@ -322,15 +339,27 @@ class SandboxClient:
         b'\\x7fELF'
         """
         self._require(name, paths.FEATURE_EXEC_OUTPUT, "bytes output")
-        body = self._core.exec_body(command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user,
-                                    output_encoding="base64",
-                                    max_output_bytes=max_output_bytes, keep=keep)
+        body = self._core.exec_body(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            output_encoding="base64",
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
         result = self._core.parse_exec(self._exec(name, body, stdin))
         return BytesResult(
-            exit_code=result.exit_code, stdout=base64.b64decode(result.stdout),
-            stderr=base64.b64decode(result.stderr), duration_ms=result.duration_ms,
-            timed_out=result.timed_out, truncated=result.truncated,
-            stdout_dropped=result.stdout_dropped or 0, stderr_dropped=result.stderr_dropped or 0)
+            exit_code=result.exit_code,
+            stdout=base64.b64decode(result.stdout),
+            stderr=base64.b64decode(result.stderr),
+            duration_ms=result.duration_ms,
+            timed_out=result.timed_out,
+            truncated=result.truncated,
+            stdout_dropped=result.stdout_dropped or 0,
+            stderr_dropped=result.stderr_dropped or 0,
+        )
 
     def stream(
         self,
@@ -365,16 +394,19 @@ class SandboxClient:
         finally:
             response.close()
 
-    def _exec(self, name: str, body: dict[str, Any], stdin: Stdin | None, *,
-                    stream: bool = False) -> httpx.Response:
+    def _exec(
+        self, name: str, body: dict[str, Any], stdin: Stdin | None, *, stream: bool = False
+    ) -> httpx.Response:
         """POST the exec: plain JSON, or the request line then ``stdin`` streamed."""
         headers = {"Accept": paths.EXEC_STREAM_CONTENT_TYPE} if stream else None
         if stdin is None:
-            return self._data(name, "POST", paths.EXEC, json=body, headers=headers,
-                                    stream=stream)
+            return self._data(name, "POST", paths.EXEC, json=body, headers=headers, stream=stream)
         self._require(name, paths.FEATURE_STDIN, "stdin")
-        source = io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin) \
-            if isinstance(stdin, str | bytes | bytearray) else stdin
+        source = (
+            io.BytesIO(stdin.encode() if isinstance(stdin, str) else stdin)
+            if isinstance(stdin, str | bytes | bytearray)
+            else stdin
+        )
         head = dumps(body) + b"\n"
         start = _position(source)
         sent = False
@@ -384,15 +416,19 @@ class SandboxClient:
             if sent:
                 if start is None:
                     raise SandboxRequestError(
-                        409, "stdin was already read in part and cannot be sent again "
-                        "after a re-attach; retry the call", "STDIN_NOT_REPEATABLE")
+                        409,
+                        "stdin was already read in part and cannot be sent again "
+                        "after a re-attach; retry the call",
+                        "STDIN_NOT_REPEATABLE",
+                    )
                 source.seek(start)
             sent = True
             return _stdin_chunks(head, source)
 
         all_headers = {"Content-Type": paths.EXEC_STDIN_CONTENT_TYPE, **(headers or {})}
-        return self._data(name, "POST", paths.EXEC, headers=all_headers, body=make_body,
-                                stream=stream)
+        return self._data(
+            name, "POST", paths.EXEC, headers=all_headers, body=make_body, stream=stream
+        )
 
     def _features(self, name: str) -> frozenset[str]:
         """What the sandbox's agent offers beyond the reference (asked once per handle)."""
@@ -407,8 +443,9 @@ class SandboxClient:
         self._features(name)
         self._core.require(name, feature, what)
 
-    def exec_combined(self, name: str, command: str,
-                            timeout_ms: int | None = None) -> CombinedResult:
+    def exec_combined(
+        self, name: str, command: str, timeout_ms: int | None = None
+    ) -> CombinedResult:
         """Run a SHELL LINE with stderr folded into stdout, interleaved as a terminal shows it.
 
         >>> r = client.exec_combined("thread-42", "echo out; echo err >&2")  # doctest: +SKIP
@@ -418,9 +455,16 @@ class SandboxClient:
         result = self.exec(name, _files.combined_command(command), timeout_ms=timeout_ms)
         return _files.combined_result(result)
 
-    def spawn(self, name: str, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, stdin: bool = False,
-                    user: str | None = None) -> ProcessStatus:
+    def spawn(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> ProcessStatus:
         """Start argv and return at once; read its output with :meth:`poll`.
 
         ``stdin=True`` gives it a pipe to write with :meth:`write_stdin` (else
@@ -435,8 +479,7 @@ class SandboxClient:
         body = self._core.spawn_body(command, cwd=cwd, env=env, stdin=stdin, user=user)
         return self._core.parse_status(self._data(name, "POST", paths.PROCESSES, json=body))
 
-    def write_stdin(self, name: str, process_id: str, data: Stdin, *,
-                          close: bool = False) -> None:
+    def write_stdin(self, name: str, process_id: str, data: Stdin, *, close: bool = False) -> None:
         """Write ``data`` (text, bytes or a binary file, streamed) to the stdin of a
         process spawned with ``stdin=True``; ``close`` then closes it (EOF). Call
         as often as needed; writes block while the process does not read.
@@ -445,8 +488,11 @@ class SandboxClient:
         >>> client.write_stdin("thread-42", p.process_id, "hi", close=True)  # doctest: +SKIP
         """
         self._require(name, paths.FEATURE_STDIN, "stdin")
-        source = io.BytesIO(data.encode() if isinstance(data, str) else data) \
-            if isinstance(data, str | bytes | bytearray) else data
+        source = (
+            io.BytesIO(data.encode() if isinstance(data, str) else data)
+            if isinstance(data, str | bytes | bytearray)
+            else data
+        )
         start = _position(source)
 
         def make_body() -> ByteStream:
@@ -455,17 +501,28 @@ class SandboxClient:
             return _stdin_chunks(b"", source)
 
         response = self._data(
-            name, "POST", paths.process_stdin_path(process_id),
+            name,
+            "POST",
+            paths.process_stdin_path(process_id),
             params={"close": "true"} if close else None,
-            headers={"Content-Type": "application/octet-stream"}, body=make_body)
+            headers={"Content-Type": "application/octet-stream"},
+            body=make_body,
+        )
         self._core.check(response, 200, 204)
 
     def close_stdin(self, name: str, process_id: str) -> None:
         """Close the stdin of a process spawned with ``stdin=True`` (it reads EOF)."""
         self.write_stdin(name, process_id, b"", close=True)
 
-    def poll(self, name: str, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
+    def poll(
+        self,
+        name: str,
+        process_id: str,
+        *,
+        stdout_from: int = 0,
+        stderr_from: int = 0,
+        wait_ms: int | None = None,
+    ) -> ProcessOutput:
         """A process's status and its output after the given byte offsets.
 
         Pass ``stdout_next``/``stderr_next`` back as the next offsets; a
@@ -477,8 +534,9 @@ class SandboxClient:
         params: dict[str, str | int] = {"stdout_from": stdout_from, "stderr_from": stderr_from}
         if wait_ms and paths.FEATURE_LIVE_OUTPUT in self._features(name):
             # Never longer than the request may take (a second under its timeout).
-            params["wait_ms"] = max(1, min(wait_ms, POLL_WAIT_MAX_MS,
-                                           self._core.exec_timeout_ms(None)))
+            params["wait_ms"] = max(
+                1, min(wait_ms, POLL_WAIT_MAX_MS, self._core.exec_timeout_ms(None))
+            )
         response = self._data(name, "GET", paths.process_path(process_id), params=params)
         return self._core.parse_output(response)
 
@@ -488,8 +546,9 @@ class SandboxClient:
 
     def signal(self, name: str, process_id: str, signal: str = "TERM") -> None:
         """Send TERM, KILL, INT, HUP, QUIT, USR1 or USR2 to the process group."""
-        response = self._data(name, "POST", paths.process_signal_path(process_id),
-                                    json={"signal": signal})
+        response = self._data(
+            name, "POST", paths.process_signal_path(process_id), json={"signal": signal}
+        )
         self._core.check(response, 200, 204)
 
     def kill(self, name: str, process_id: str) -> None:
@@ -545,10 +604,16 @@ class SandboxClient:
                     # Bounded by the deadline and by how often ``cancel`` is checked.
                     wait_ms = interval_ms if cancel is not None else POLL_WAIT_MAX_MS
                     if deadline is not None:
-                        wait_ms = max(1, min(wait_ms,
-                                             int((deadline - time.monotonic()) * 1000)))
-                acc.add(self.poll(name, status.process_id, stdout_from=acc.stdout_next,
-                                        stderr_from=acc.stderr_next, wait_ms=wait_ms))
+                        wait_ms = max(1, min(wait_ms, int((deadline - time.monotonic()) * 1000)))
+                acc.add(
+                    self.poll(
+                        name,
+                        status.process_id,
+                        stdout_from=acc.stdout_next,
+                        stderr_from=acc.stderr_next,
+                        wait_ms=wait_ms,
+                    )
+                )
                 if acc.exited:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -583,8 +648,11 @@ class SandboxClient:
             deadline = time.monotonic() + 5
             while not acc.exited and time.monotonic() < deadline:
                 try:
-                    acc.add(self.poll(name, pid, stdout_from=acc.stdout_next,
-                                            stderr_from=acc.stderr_next))
+                    acc.add(
+                        self.poll(
+                            name, pid, stdout_from=acc.stdout_next, stderr_from=acc.stderr_next
+                        )
+                    )
                 except SandboxRequestError:
                     break
                 if not acc.exited:
@@ -603,8 +671,9 @@ class SandboxClient:
             return False
         return self._core.wants_native_files(self._features(name))
 
-    def read_file_bytes(self, name: str, path: str, *, progress: Progress | None = None,
-                              user: str | None = None) -> bytes:
+    def read_file_bytes(
+        self, name: str, path: str, *, progress: Progress | None = None, user: str | None = None
+    ) -> bytes:
         """The bytes of ``path``; 404 :class:`SandboxRequestError` when it cannot be read.
 
         Native files: streamed and checked against the agent's SHA-256 (a
@@ -625,12 +694,17 @@ class SandboxClient:
 
     def read_file(self, name: str, path: str, *, user: str | None = None) -> str:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
-        return (self.read_file_bytes(name, path, user=user)).decode("utf-8",
-                                                                          errors="replace")
+        return (self.read_file_bytes(name, path, user=user)).decode("utf-8", errors="replace")
 
-    def write_file_bytes(self, name: str, path: str, contents: bytes, *,
-                               progress: Progress | None = None,
-                               user: str | None = None) -> None:
+    def write_file_bytes(
+        self,
+        name: str,
+        path: str,
+        contents: bytes,
+        *,
+        progress: Progress | None = None,
+        user: str | None = None,
+    ) -> None:
         """Write ``contents`` to ``path`` (replacing it whole).
 
         Native files: streamed with its SHA-256, which the agent checks before
@@ -641,8 +715,7 @@ class SandboxClient:
         """
         self._put(name, path, io.BytesIO(bytes(contents)), progress, user)
 
-    def write_file(self, name: str, path: str, contents: str, *,
-                         user: str | None = None) -> None:
+    def write_file(self, name: str, path: str, contents: str, *, user: str | None = None) -> None:
         """Write ``contents`` to ``path`` as UTF-8."""
         self.write_file_bytes(name, path, contents.encode("utf-8"), user=user)
 
@@ -651,8 +724,9 @@ class SandboxClient:
         if self._native(name):
             response = self._data(name, "GET", paths.FILES_LIST, params={"path": path})
             listing = self._core.expect(response, DirListing, 200)
-            return [DirEntry(name=e.name, is_directory=e.type == "directory")
-                    for e in listing.entries]
+            return [
+                DirEntry(name=e.name, is_directory=e.type == "directory") for e in listing.entries
+            ]
         return _files.parse_list(self.exec(name, _files.list_command(path)), path)
 
     def grep(self, name: str, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
@@ -676,7 +750,8 @@ class SandboxClient:
         if self._files_ops(name):
             params = {"path": path, "owner": "true", **_as_user(user)}
             return self._core.expect(
-                self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200)
+                self._data(name, "GET", paths.FILES_STAT, params=params), FileInfo, 200
+            )
         result = self.exec(name, _files.stat_command(path), user=user)
         return _files.parse_stat(result, path)
 
@@ -690,14 +765,20 @@ class SandboxClient:
             raise
         return True
 
-    def mkdir(self, name: str, path: str, *, parents: bool = True,
-                    mode: int | None = None, user: str | None = None) -> None:
+    def mkdir(
+        self,
+        name: str,
+        path: str,
+        *,
+        parents: bool = True,
+        mode: int | None = None,
+        user: str | None = None,
+    ) -> None:
         """Create a directory (with its parents unless ``parents=False``; an
         existing directory is fine then)."""
         if self._files_ops(name):
             body = codec_encode(MakeDirRequest(path=path, parents=parents, mode=mode))
-            response = self._data(name, "POST", paths.FILES_MKDIR, json=body,
-                                        params=_as_user(user))
+            response = self._data(name, "POST", paths.FILES_MKDIR, json=body, params=_as_user(user))
             self._core.check(response, 200, 201)
             return
         result = self.exec(name, _files.mkdir_command(path, parents, mode), user=user)
@@ -706,16 +787,22 @@ class SandboxClient:
     def chmod(self, name: str, path: str, mode: int, *, user: str | None = None) -> None:
         """Set the permission bits of ``path`` (e.g. ``0o755``)."""
         if self._files_ops(name):
-            response = self._data(name, "POST", paths.FILES_CHMOD,
-                                        json=codec_encode(ChmodRequest(path=path, mode=mode)),
-                                        params=_as_user(user))
+            response = self._data(
+                name,
+                "POST",
+                paths.FILES_CHMOD,
+                json=codec_encode(ChmodRequest(path=path, mode=mode)),
+                params=_as_user(user),
+            )
             self._core.check(response, 200)
             return
-        _files.check_ok(self.exec(name, _files.chmod_command(path, mode), user=user),
-                        f"chmod {path}")
+        _files.check_ok(
+            self.exec(name, _files.chmod_command(path, mode), user=user), f"chmod {path}"
+        )
 
-    def remove(self, name: str, path: str, *, recursive: bool = False,
-                     user: str | None = None) -> None:
+    def remove(
+        self, name: str, path: str, *, recursive: bool = False, user: str | None = None
+    ) -> None:
         """Delete a file, an empty directory, or with ``recursive`` a whole tree."""
         if self._files_ops(name):
             params = {"path": path, **_as_user(user)}
@@ -724,30 +811,43 @@ class SandboxClient:
             response = self._data(name, "DELETE", paths.FILES, params=params)
             self._core.check(response, 200, 204)
             return
-        _files.check_ok(self.exec(name, _files.remove_path_command(path, recursive),
-                                        user=user), f"rm {path}")
+        _files.check_ok(
+            self.exec(name, _files.remove_path_command(path, recursive), user=user),
+            f"rm {path}",
+        )
 
-    def move(self, name: str, source: str, destination: str, *,
-                   overwrite: bool = False, user: str | None = None) -> None:
+    def move(
+        self,
+        name: str,
+        source: str,
+        destination: str,
+        *,
+        overwrite: bool = False,
+        user: str | None = None,
+    ) -> None:
         """Rename ``source`` to ``destination`` (parents created); an existing
         destination is refused (409 ``PATH_EXISTS``) unless ``overwrite``."""
         if self._files_ops(name):
-            body = codec_encode(MoveRequest(source=source, destination=destination,
-                                            overwrite=overwrite))
-            response = self._data(name, "POST", paths.FILES_MOVE, json=body,
-                                        params=_as_user(user))
+            body = codec_encode(
+                MoveRequest(source=source, destination=destination, overwrite=overwrite)
+            )
+            response = self._data(name, "POST", paths.FILES_MOVE, json=body, params=_as_user(user))
             self._core.check(response, 200)
             return
-        result = self.exec(name, _files.move_command(source, destination, overwrite),
-                                 user=user)
+        result = self.exec(name, _files.move_command(source, destination, overwrite), user=user)
         _files.check_move(result, destination)
 
     def _files_ops(self, name: str) -> bool:
-        return self._native(name) and \
-            paths.FEATURE_FILES_OPS in self._features(name)
+        return self._native(name) and paths.FEATURE_FILES_OPS in self._features(name)
 
-    def upload(self, name: str, local_path: str | os.PathLike[str], remote_path: str, *,
-                     progress: Progress | None = None) -> None:
+    def upload(
+        self,
+        name: str,
+        local_path: str | os.PathLike[str],
+        remote_path: str,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
@@ -766,8 +866,14 @@ class SandboxClient:
             result = self.exec(name, _files.untar_command(remote_archive, remote_path))
             _files.check_ok(result, f"unpacking into {remote_path}")
 
-    def download(self, name: str, remote_path: str, local_path: str | os.PathLike[str], *,
-                       progress: Progress | None = None) -> None:
+    def download(
+        self,
+        name: str,
+        remote_path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         """Copy a sandbox file, or a whole directory (as a tar stream), to this machine.
 
         A file is written to a temporary sibling and renamed into place once
@@ -793,8 +899,14 @@ class SandboxClient:
             with contextlib.suppress(PodbayError):
                 self.exec(name, _files.remove_command(remote_archive))
 
-    def _put(self, name: str, path: str, source: BinaryIO,
-                   progress: Progress | None, user: str | None = None) -> None:
+    def _put(
+        self,
+        name: str,
+        path: str,
+        source: BinaryIO,
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
         if self._native(name):
             self._upload(name, path, source, progress, user)
             return
@@ -811,8 +923,14 @@ class SandboxClient:
                 self.exec(name, _files.cleanup_command(path))
             raise
 
-    def _upload(self, name: str, path: str, source: BinaryIO,
-                      progress: Progress | None, user: str | None = None) -> None:
+    def _upload(
+        self,
+        name: str,
+        path: str,
+        source: BinaryIO,
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
             # One pass: the bytes are hashed as they are sent, the digest follows them.
@@ -831,15 +949,22 @@ class SandboxClient:
                 source.seek(start)
                 return _chunks(source, size, progress)
 
-        headers = {paths.DIGEST_HEADER: digest, "Content-Length": str(length),
-                   "Content-Type": "application/octet-stream"}
-        response = self._data(name, "PUT", paths.FILES,
-                                    params={"path": path, **_as_user(user)},
-                                    headers=headers, body=body)
+        headers = {
+            paths.DIGEST_HEADER: digest,
+            "Content-Length": str(length),
+            "Content-Type": "application/octet-stream",
+        }
+        response = self._data(
+            name,
+            "PUT",
+            paths.FILES,
+            params={"path": path, **_as_user(user)},
+            headers=headers,
+            body=body,
+        )
         self._core.check(response, 200, 201, 204)
 
-    def _get(self, name: str, remote: str, local: str,
-                   progress: Progress | None) -> None:
+    def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
         """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
         directory = os.path.dirname(os.path.abspath(local))
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
@@ -859,10 +984,17 @@ class SandboxClient:
                 os.unlink(temp)
             raise
 
-    def _download(self, name: str, path: str, sink: Callable[[bytes], object],
-                        progress: Progress | None, user: str | None = None) -> None:
-        response = self._data(name, "GET", paths.FILES,
-                                    params={"path": path, **_as_user(user)}, stream=True)
+    def _download(
+        self,
+        name: str,
+        path: str,
+        sink: Callable[[bytes], object],
+        progress: Progress | None,
+        user: str | None = None,
+    ) -> None:
+        response = self._data(
+            name, "GET", paths.FILES, params={"path": path, **_as_user(user)}, stream=True
+        )
         if response.status_code != 200:
             raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
@@ -880,10 +1012,18 @@ class SandboxClient:
 
     # -- terminals and ports ----------------------------------------------------------------
 
-    def pty(self, name: str, command: builtins.list[str], *, rows: int = 24,
-                  cols: int = 80, term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None,
-                  user: str | None = None) -> Terminal:
+    def pty(
+        self,
+        name: str,
+        command: builtins.list[str],
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> Terminal:
         """Start argv on a terminal (a PTY of ``rows`` x ``cols``, ``TERM=term``) and
         return it, connected over one WebSocket (agents with the ``pty`` feature),
         as ``user`` (an account of the sandbox; default: the platform's default user).
@@ -896,24 +1036,30 @@ class SandboxClient:
         ...     tty.send(b"6*7\\r")
         ...     tty.recv()
         """
-        start = self._core.pty_start(command, rows=rows, cols=cols, term=term, cwd=cwd, env=env,
-                                     user=user)
+        start = self._core.pty_start(
+            command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
+        )
         handle = self._handle(name)
-        ws = self._ws_open(name, handle, lambda h: self._core.ws_url(
-            h.endpoint.rstrip("/") + paths.PTY))
+        ws = self._ws_open(
+            name, handle, lambda h: self._core.ws_url(h.endpoint.rstrip("/") + paths.PTY)
+        )
         ws.send(start)
         return Terminal(ws, self._core)
 
-    def _ws_open(self, name: str, handle: SandboxHandle,
-                       url: Callable[[SandboxHandle], str]) -> Any:
+    def _ws_open(
+        self, name: str, handle: SandboxHandle, url: Callable[[SandboxHandle], str]
+    ) -> Any:
         """A WebSocket to the data plane; a 401/403 before the upgrade re-attaches once."""
         from websockets.exceptions import InvalidHandshake, InvalidStatus
 
         for attempt in (1, 2):
             try:
-                return ws_connect(url(handle), self._core.ws_headers(handle),
-                                        TERMINAL_MESSAGE_LIMIT,
-                                        self._core.config.timeout_seconds)
+                return ws_connect(
+                    url(handle),
+                    self._core.ws_headers(handle),
+                    TERMINAL_MESSAGE_LIMIT,
+                    self._core.config.timeout_seconds,
+                )
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if attempt == 1 and status in (401, 403):
@@ -922,7 +1068,8 @@ class SandboxClient:
                 raise refusal_error(status, bytes(exc.response.body or b"")) from None
             except (OSError, TimeoutError, InvalidHandshake) as exc:
                 raise SandboxUnavailableError(
-                    f"cannot open a WebSocket to sandbox {name!r}: {exc}", exc) from exc
+                    f"cannot open a WebSocket to sandbox {name!r}: {exc}", exc
+                ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     def url(self, name: str, port: int, path: str = "/") -> str:
@@ -957,8 +1104,7 @@ class SandboxClient:
             interpreter = self._interpreters.setdefault(name, CodeInterpreter(self, name))
         return interpreter
 
-    def run_code(self, name: str, code: str, *,
-                       timeout_ms: int | None = None) -> Execution:
+    def run_code(self, name: str, code: str, *, timeout_ms: int | None = None) -> Execution:
         """Run Python ``code`` in the sandbox's interpreter, whose variables persist
         from cell to cell; the last expression's value is the result.
 
@@ -1029,8 +1175,7 @@ def _chunks(source: BinaryIO, total: int, progress: Progress | None) -> ByteStre
             progress(done, total)
 
 
-def _hashed_chunks(source: BinaryIO, size: int,
-                         progress: Progress | None) -> ByteStream:
+def _hashed_chunks(source: BinaryIO, size: int, progress: Progress | None) -> ByteStream:
     """Exactly ``size`` bytes of ``source``, then their hex SHA-256 (a trailing digest)."""
     digest = _files.StreamDigest(size)
     while digest.left:
@@ -1068,7 +1213,8 @@ class Terminal:
             message = self._ws.recv()
         except ConnectionClosed as exc:
             raise SandboxUnavailableError(
-                "the terminal's connection closed before its command exited", exc) from exc
+                "the terminal's connection closed before its command exited", exc
+            ) from exc
         if isinstance(message, bytes):
             return message
         self.exit_code = self._core.pty_exit(message)
@@ -1125,8 +1271,11 @@ def _gateway_refusal(response: httpx.Response) -> bool:
         code = json.loads(response.content).get("code")
     except (ValueError, AttributeError):
         return False
-    return code in (ErrorCode.CREDENTIAL_INVALID, ErrorCode.SANDBOX_NOT_RUNNING,
-                    ErrorCode.CREDENTIAL_WRONG_SANDBOX)
+    return code in (
+        ErrorCode.CREDENTIAL_INVALID,
+        ErrorCode.SANDBOX_NOT_RUNNING,
+        ErrorCode.CREDENTIAL_WRONG_SANDBOX,
+    )
 
 
 class CodeInterpreter:
@@ -1140,8 +1289,10 @@ class CodeInterpreter:
     def __init__(self, client: SandboxClient, name: str) -> None:
         self._client = client
         self._name = name
-        self._http = httpx.Client(transport=client.port_transport(name),
-                                       timeout=httpx.Timeout(client._core.config.timeout_seconds))
+        self._http = httpx.Client(
+            transport=client.port_transport(name),
+            timeout=httpx.Timeout(client._core.config.timeout_seconds),
+        )
         self._lock = Lock()
         self._token: str | None = None
         self._kernel_id: str | None = None
@@ -1154,8 +1305,9 @@ class CodeInterpreter:
         body = _interpreter.run_body(code, timeout_ms)
         # Bounded only when the cell is: a cell that ignores its interrupt is
         # killed with the interpreter after a grace period.
-        wait = None if timeout_ms is None else \
-            timeout_ms / 1000 + _interpreter.INTERRUPT_GRACE_SECONDS
+        wait = (
+            None if timeout_ms is None else timeout_ms / 1000 + _interpreter.INTERRUPT_GRACE_SECONDS
+        )
         with self._lock:
             restarted = self._connect() if self._token is None else False
             for attempt in (1, 2):
@@ -1164,7 +1316,8 @@ class CodeInterpreter:
                 except httpx.TimeoutException:
                     self._kill()
                     return _interpreter.crashed(
-                        "the cell did not stop when interrupted; the interpreter was killed")
+                        "the cell did not stop when interrupted; the interpreter was killed"
+                    )
                 except (httpx.TransportError, SandboxUnavailableError) as exc:
                     return self._lost(str(exc))
                 except BaseException:
@@ -1173,12 +1326,13 @@ class CodeInterpreter:
                         self.interrupt()
                     raise
                 if response.status_code == 200:
-                    execution = _interpreter.parse_execution(response.json(),
-                                                             restarted=restarted)
+                    execution = _interpreter.parse_execution(response.json(), restarted=restarted)
                     self._kernel_id = execution.kernel_id
                     return execution
-                gone = _interpreter.is_port_unreachable(response.status_code, response.content) \
+                gone = (
+                    _interpreter.is_port_unreachable(response.status_code, response.content)
                     or response.status_code == 401
+                )
                 if attempt == 1 and gone:
                     # Nothing ran: no kernel (a resumed sandbox) or another one took over.
                     self._token = None
@@ -1187,7 +1341,8 @@ class CodeInterpreter:
                 if response.status_code in (502, 503, 504):
                     return self._lost(f"HTTP {response.status_code}")
                 raise _interpreter.InterpreterError(
-                    f"the interpreter refused the cell: {response.status_code} {response.text}")
+                    f"the interpreter refused the cell: {response.status_code} {response.text}"
+                )
         raise AssertionError("unreachable")  # pragma: no cover
 
     def interrupt(self) -> bool:
@@ -1208,8 +1363,15 @@ class CodeInterpreter:
 
     def _post(self, path: str, body: bytes, wait: float | None) -> httpx.Response:
         url = self._client.url(self._name, _interpreter.KERNEL_PORT, path)
-        return self._http.post(url, content=body, timeout=wait, headers={
-            _interpreter.TOKEN_HEADER: self._token or "", "Content-Type": "application/json"})
+        return self._http.post(
+            url,
+            content=body,
+            timeout=wait,
+            headers={
+                _interpreter.TOKEN_HEADER: self._token or "",
+                "Content-Type": "application/json",
+            },
+        )
 
     def _health(self, token: str) -> dict[str, Any] | None:
         url = self._client.url(self._name, _interpreter.KERNEL_PORT, "/health")
@@ -1263,7 +1425,8 @@ class CodeInterpreter:
         output = self._client.poll(self._name, status.process_id)
         raise _interpreter.InterpreterError(
             f"the interpreter did not start in {_interpreter.START_TIMEOUT_SECONDS:g} s "
-            f"(state {output.state}, exit code {output.exit_code}): {output.stderr[-2000:]}")
+            f"(state {output.state}, exit code {output.exit_code}): {output.stderr[-2000:]}"
+        )
 
     def _kill(self) -> None:
         if self._pid is not None:
@@ -1276,7 +1439,8 @@ class CodeInterpreter:
         if self._token is not None and self._health(self._token) is not None:
             raise _interpreter.InterpreterError(
                 f"lost the connection to the interpreter ({detail}); the cell may still be "
-                "running: interrupt() stops it")
+                "running: interrupt() stops it"
+            )
         self._token = None
         self._pid = None
         return _interpreter.crashed(detail)
@@ -1308,46 +1472,103 @@ class Sandbox:
     def attach(self, sandbox_class: str | None = None) -> SandboxHandle:
         return self.client.attach(self.name, sandbox_class)
 
-    def exec(self, command: builtins.list[str], *, cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-                   user: str | None = None, stdin: Stdin | None = None,
-                   max_output_bytes: int | None = None,
-                   keep: KeepPart | None = None) -> ExecResult:
-        return self.client.exec(self.name, command, cwd=cwd, env=env,
-                                      timeout_ms=timeout_ms, user=user, stdin=stdin,
-                                      max_output_bytes=max_output_bytes, keep=keep)
+    def exec(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> ExecResult:
+        return self.client.exec(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
 
-    def exec_bytes(self, command: builtins.list[str], *, cwd: str | None = None,
-                         env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-                         user: str | None = None, stdin: Stdin | None = None,
-                         max_output_bytes: int | None = None,
-                         keep: KeepPart | None = None) -> BytesResult:
-        return self.client.exec_bytes(self.name, command, cwd=cwd, env=env,
-                                            timeout_ms=timeout_ms, user=user, stdin=stdin,
-                                            max_output_bytes=max_output_bytes, keep=keep)
+    def exec_bytes(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+        max_output_bytes: int | None = None,
+        keep: KeepPart | None = None,
+    ) -> BytesResult:
+        return self.client.exec_bytes(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_ms=timeout_ms,
+            user=user,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            keep=keep,
+        )
 
-    def stream(self, command: builtins.list[str], *, cwd: str | None = None,
-               env: Mapping[str, str] | None = None, timeout_ms: int | None = None,
-               user: str | None = None, stdin: Stdin | None = None) -> EventStream:
-        return self.client.stream(self.name, command, cwd=cwd, env=env,
-                                  timeout_ms=timeout_ms, user=user, stdin=stdin)
+    def stream(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        user: str | None = None,
+        stdin: Stdin | None = None,
+    ) -> EventStream:
+        return self.client.stream(
+            self.name, command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user, stdin=stdin
+        )
 
     def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
         return self.client.exec_combined(self.name, command, timeout_ms)
 
-    def run(self, command: builtins.list[str], *, cwd: str | None = None,
-                  env: Mapping[str, str] | None = None, interval_ms: int = 500,
-                  on_output: OnOutput | None = None, timeout_ms: int | None = None,
-                  cancel: Cancel | None = None) -> RunResult:
-        return self.client.run(self.name, command, cwd=cwd, env=env,
-                                     interval_ms=interval_ms, on_output=on_output,
-                                     timeout_ms=timeout_ms, cancel=cancel)
+    def run(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        interval_ms: int = 500,
+        on_output: OnOutput | None = None,
+        timeout_ms: int | None = None,
+        cancel: Cancel | None = None,
+    ) -> RunResult:
+        return self.client.run(
+            self.name,
+            command,
+            cwd=cwd,
+            env=env,
+            interval_ms=interval_ms,
+            on_output=on_output,
+            timeout_ms=timeout_ms,
+            cancel=cancel,
+        )
 
-    def spawn(self, command: builtins.list[str], *, cwd: str | None = None,
-                    env: Mapping[str, str] | None = None, stdin: bool = False,
-                    user: str | None = None) -> ProcessStatus:
-        return self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin,
-                                       user=user)
+    def spawn(
+        self,
+        command: builtins.list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> ProcessStatus:
+        return self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin, user=user)
 
     def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
         self.client.write_stdin(self.name, process_id, data, close=close)
@@ -1355,10 +1576,17 @@ class Sandbox:
     def close_stdin(self, process_id: str) -> None:
         self.client.close_stdin(self.name, process_id)
 
-    def poll(self, process_id: str, *, stdout_from: int = 0,
-                   stderr_from: int = 0, wait_ms: int | None = None) -> ProcessOutput:
-        return self.client.poll(self.name, process_id, stdout_from=stdout_from,
-                                      stderr_from=stderr_from, wait_ms=wait_ms)
+    def poll(
+        self,
+        process_id: str,
+        *,
+        stdout_from: int = 0,
+        stderr_from: int = 0,
+        wait_ms: int | None = None,
+    ) -> ProcessOutput:
+        return self.client.poll(
+            self.name, process_id, stdout_from=stdout_from, stderr_from=stderr_from, wait_ms=wait_ms
+        )
 
     def processes(self) -> builtins.list[ProcessStatus]:
         return self.client.processes(self.name)
@@ -1372,18 +1600,23 @@ class Sandbox:
     def kill_all(self) -> None:
         self.client.kill_all(self.name)
 
-    def read_file_bytes(self, path: str, *, progress: Progress | None = None,
-                              user: str | None = None) -> bytes:
+    def read_file_bytes(
+        self, path: str, *, progress: Progress | None = None, user: str | None = None
+    ) -> bytes:
         return self.client.read_file_bytes(self.name, path, progress=progress, user=user)
 
     def read_file(self, path: str, *, user: str | None = None) -> str:
         return self.client.read_file(self.name, path, user=user)
 
-    def write_file_bytes(self, path: str, contents: bytes, *,
-                               progress: Progress | None = None,
-                               user: str | None = None) -> None:
-        self.client.write_file_bytes(self.name, path, contents, progress=progress,
-                                           user=user)
+    def write_file_bytes(
+        self,
+        path: str,
+        contents: bytes,
+        *,
+        progress: Progress | None = None,
+        user: str | None = None,
+    ) -> None:
+        self.client.write_file_bytes(self.name, path, contents, progress=progress, user=user)
 
     def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
         self.client.write_file(self.name, path, contents, user=user)
@@ -1394,19 +1627,20 @@ class Sandbox:
     def exists(self, path: str, *, user: str | None = None) -> bool:
         return self.client.exists(self.name, path, user=user)
 
-    def mkdir(self, path: str, *, parents: bool = True, mode: int | None = None,
-                    user: str | None = None) -> None:
+    def mkdir(
+        self, path: str, *, parents: bool = True, mode: int | None = None, user: str | None = None
+    ) -> None:
         self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
 
     def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
         self.client.chmod(self.name, path, mode, user=user)
 
-    def remove(self, path: str, *, recursive: bool = False,
-                     user: str | None = None) -> None:
+    def remove(self, path: str, *, recursive: bool = False, user: str | None = None) -> None:
         self.client.remove(self.name, path, recursive=recursive, user=user)
 
-    def move(self, source: str, destination: str, *, overwrite: bool = False,
-                   user: str | None = None) -> None:
+    def move(
+        self, source: str, destination: str, *, overwrite: bool = False, user: str | None = None
+    ) -> None:
         self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
 
     def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
@@ -1415,12 +1649,22 @@ class Sandbox:
     def grep(self, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
         return self.client.grep(self.name, pattern, path)
 
-    def upload(self, local_path: str | os.PathLike[str], remote_path: str, *,
-                     progress: Progress | None = None) -> None:
+    def upload(
+        self,
+        local_path: str | os.PathLike[str],
+        remote_path: str,
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         self.client.upload(self.name, local_path, remote_path, progress=progress)
 
-    def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
-                       progress: Progress | None = None) -> None:
+    def download(
+        self,
+        remote_path: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+    ) -> None:
         self.client.download(self.name, remote_path, local_path, progress=progress)
 
     def run_code(self, code: str, *, timeout_ms: int | None = None) -> Execution:
@@ -1439,12 +1683,20 @@ class Sandbox:
     def delete(self) -> None:
         self.client.delete(self.name)
 
-    def pty(self, command: builtins.list[str], *, rows: int = 24, cols: int = 80,
-                  term: str = "xterm-256color", cwd: str | None = None,
-                  env: Mapping[str, str] | None = None,
-                  user: str | None = None) -> Terminal:
-        return self.client.pty(self.name, command, rows=rows, cols=cols, term=term,
-                                     cwd=cwd, env=env, user=user)
+    def pty(
+        self,
+        command: builtins.list[str],
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        term: str = "xterm-256color",
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+    ) -> Terminal:
+        return self.client.pty(
+            self.name, command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
+        )
 
     def url(self, port: int, path: str = "/") -> str:
         return self.client.url(self.name, port, path)
@@ -1453,8 +1705,7 @@ class Sandbox:
         return self.client.port_transport(self.name)
 
     def share_url(self, port: int, *, expires_in_seconds: int = 3600) -> str:
-        return self.client.share_url(self.name, port,
-                                           expires_in_seconds=expires_in_seconds)
+        return self.client.share_url(self.name, port, expires_in_seconds=expires_in_seconds)
 
 
 __all__ = ["CodeInterpreter", "Sandbox", "SandboxClient", "Terminal"]

@@ -31,7 +31,8 @@ def _json(model: object, status: int = 200, headers: dict[str, str] | None = Non
 async def _deployment(request: Request) -> Deployment:
     platform = request.app.state.platform
     deployment: Deployment = await platform.deployments.authenticate(
-        bearer(request.headers.get("authorization")))
+        bearer(request.headers.get("authorization"))
+    )
     return deployment
 
 
@@ -44,13 +45,15 @@ async def attach(request: Request) -> Response:
         body = loads(AttachRequest, raw) if raw.strip() else AttachRequest()
     except WireError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
-    result = await platform.sandboxes.attach(deployment, request.path_params["name"],
-                                             body.class_)
+    result = await platform.sandboxes.attach(deployment, request.path_params["name"], body.class_)
     # A client that predates 202 (the reference's) only knows 200: wait for the
     # build a while, so one finishing meanwhile is answered 200. A client that
     # says it handles 202 (Prefer: respond-async) gets it at once.
-    hold = 0.0 if PREFER_ASYNC in request.headers.get(PREFER_HEADER, "").lower() \
+    hold = (
+        0.0
+        if PREFER_ASYNC in request.headers.get(PREFER_HEADER, "").lower()
         else platform.settings.server.attach_hold_seconds
+    )
     hold_until = time.monotonic() + hold
     while isinstance(result, Building) and result.done is not None:
         left = hold_until - time.monotonic()
@@ -59,19 +62,22 @@ async def attach(request: Request) -> Response:
         await asyncio.wait({result.done}, timeout=left)
         if not result.done.done():
             break
-        result = await platform.sandboxes.attach(deployment, request.path_params["name"],
-                                                 body.class_)
+        result = await platform.sandboxes.attach(
+            deployment, request.path_params["name"], body.class_
+        )
     if isinstance(result, Building):
-        return _json(Preparing(name=request.path_params["name"]), 202,
-                     {"Retry-After": str(result.retry_after_seconds)})
+        return _json(
+            Preparing(name=request.path_params["name"]),
+            202,
+            {"Retry-After": str(result.retry_after_seconds)},
+        )
     platform.metrics.attach.labels(result.start).observe(time.perf_counter() - started)
     return _json(views.handle(result, platform.base_url))
 
 
 async def get_one(request: Request) -> Response:
     platform = request.app.state.platform
-    sandbox = await platform.sandboxes.get(await _deployment(request),
-                                           request.path_params["name"])
+    sandbox = await platform.sandboxes.get(await _deployment(request), request.path_params["name"])
     return _json(views.record(sandbox))
 
 
@@ -107,10 +113,15 @@ async def share(request: Request) -> Response:
     except WireError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid share body: {exc}") from None
     if not 1 <= body.expires_in_seconds <= MAX_SHARE_SECONDS:
-        raise ApiError(ErrorCode.REQUEST_INVALID,
-                       f"expires_in_seconds must be from 1 to {MAX_SHARE_SECONDS}")
-    token, expires = mint_share(platform.keys, sandbox_id=sandbox.id, port=int(raw_port),
-                                ttl_seconds=body.expires_in_seconds)
+        raise ApiError(
+            ErrorCode.REQUEST_INVALID, f"expires_in_seconds must be from 1 to {MAX_SHARE_SECONDS}"
+        )
+    token, expires = mint_share(
+        platform.keys,
+        sandbox_id=sandbox.id,
+        port=int(raw_port),
+        ttl_seconds=body.expires_in_seconds,
+    )
     url = f"{platform.base_url.rstrip('/')}{SHARE_PREFIX}{token}/"
     return _json(ShareUrl(url=url, expires_at=expires))
 

@@ -46,8 +46,14 @@ class ClassStatus:
 
 
 class ClassRuntimes:
-    def __init__(self, enabled: Sequence[str], drivers: Mapping[str, Driver], *,
-                 pin: str = "", missing: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        enabled: Sequence[str],
+        drivers: Mapping[str, Driver],
+        *,
+        pin: str = "",
+        missing: Mapping[str, str] | None = None,
+    ) -> None:
         self.enabled = tuple(enabled)
         self.drivers = {name: drivers[name] for name in self.enabled if name in drivers}
         self.pin = pin
@@ -63,8 +69,12 @@ class ClassRuntimes:
         self._later: asyncio.Task[None] | None = None
 
     # -- start-up ------------------------------------------------------------------------
-    async def start(self, check: ClassCheck | None = None, prove: ClassProof | None = None,
-                    later: Callable[[str], Awaitable[None]] | None = None) -> None:
+    async def start(
+        self,
+        check: ClassCheck | None = None,
+        prove: ClassProof | None = None,
+        later: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """Check every class's host and prepare its driver (all at once), then prove
         classes by running a machine in each: first what ``default`` means (in
         order of preference, falling back while proofs fail), so the server can
@@ -72,8 +82,13 @@ class ClassRuntimes:
         proved able to run. A failure makes that class unavailable, not the
         server. Raises when no enabled class can run."""
         names = list(self.drivers)
-        hosts = dict(zip(names, await asyncio.gather(
-            *(self._host(name, check) for name in names)), strict=True))
+        hosts = dict(
+            zip(
+                names,
+                await asyncio.gather(*(self._host(name, check) for name in names)),
+                strict=True,
+            )
+        )
         candidates = dict(hosts)
         while True:
             choice = resolve_default(self.enabled, {**self._checks, **candidates}, self.pin)
@@ -89,13 +104,15 @@ class ClassRuntimes:
                 self._checks[name] = hosts[name]
         self._pending = {n for n in rest if hosts[n].works}
         if not self.available and not self._pending:
-            raise RuntimeError("no sandbox class can run here: " + "; ".join(
-                f"{s.name}: {s.detail}" for s in self.statuses() if s.enabled))
+            raise RuntimeError(
+                "no sandbox class can run here: "
+                + "; ".join(f"{s.name}: {s.detail}" for s in self.statuses() if s.enabled)
+            )
         log.info("sandbox class default means %s", self.default)
         if self._pending:
             self._later = asyncio.get_running_loop().create_task(
-                self._prove_rest([n for n in rest if n in self._pending], prove, hosts,
-                                 later))
+                self._prove_rest([n for n in rest if n in self._pending], prove, hosts, later)
+            )
 
     async def _host(self, name: str, check: ClassCheck | None) -> HostCheck:
         driver = self.drivers[name]
@@ -112,19 +129,29 @@ class ClassRuntimes:
         result = host
         if prove is not None:
             try:
-                result = host._replace(detail=f"{host.detail}; "
-                                              f"{await prove(name, self.drivers[name])}")
+                result = host._replace(
+                    detail=f"{host.detail}; {await prove(name, self.drivers[name])}"
+                )
             except Exception as exc:
                 log.exception("sandbox class %s: no machine of it runs", name)
-                result = HostCheck(False, False, f"a machine did not run: "
-                                                 f"{type(exc).__name__}: {exc}")
+                result = HostCheck(
+                    False, False, f"a machine did not run: {type(exc).__name__}: {exc}"
+                )
         self._checks[name] = result
-        log.info("sandbox class %s: %s (%s)", name,
-                 "runs" if result.works else "unavailable", result.detail)
+        log.info(
+            "sandbox class %s: %s (%s)",
+            name,
+            "runs" if result.works else "unavailable",
+            result.detail,
+        )
 
-    async def _prove_rest(self, names: Sequence[str], prove: ClassProof | None,
-                          hosts: Mapping[str, HostCheck],
-                          later: Callable[[str], Awaitable[None]] | None) -> None:
+    async def _prove_rest(
+        self,
+        names: Sequence[str],
+        prove: ClassProof | None,
+        hosts: Mapping[str, HostCheck],
+        later: Callable[[str], Awaitable[None]] | None,
+    ) -> None:
         for name in names:
             try:
                 await self._prove(name, prove, hosts[name])
@@ -158,8 +185,7 @@ class ClassRuntimes:
         for name in CLASSES:
             check = self._checks.get(name)
             if name not in self.enabled:
-                out.append(ClassStatus(name, False, False, False,
-                                       "not enabled (runtime.classes)"))
+                out.append(ClassStatus(name, False, False, False, "not enabled (runtime.classes)"))
             elif check is None:
                 out.append(ClassStatus(name, True, False, False, "being checked"))
             else:
@@ -178,9 +204,11 @@ class ClassRuntimes:
     def resolve(self, requested: str) -> str:
         """The class a new sandbox asked for as ``requested`` gets."""
         if not is_class_name(requested):
-            raise ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN,
-                           f"unknown sandbox class {requested!r}; classes are "
-                           f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}")
+            raise ApiError(
+                ErrorCode.SANDBOX_CLASS_UNKNOWN,
+                f"unknown sandbox class {requested!r}; classes are "
+                f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}",
+            )
         name = self.default if requested == DEFAULT_SANDBOX_CLASS else requested
         if name is None:
             raise self._unavailable("'default'", "no class runs here")
@@ -191,9 +219,11 @@ class ClassRuntimes:
         if name in self.available:
             return name
         if name in self._pending:
-            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE,
-                           f"sandbox class {name!r} is still being checked on this server "
-                           "(its first machine is starting); try again shortly")
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE,
+                f"sandbox class {name!r} is still being checked on this server "
+                "(its first machine is starting); try again shortly",
+            )
         what = repr(name) if asked in (None, name) else f"'default' (pinned to {name!r})"
         if name not in self.enabled:
             return self._raise(what, "it is not enabled here (runtime.classes)")
@@ -205,11 +235,15 @@ class ClassRuntimes:
 
     def _unavailable(self, what: str, why: str) -> ApiError:
         runs = ", ".join(self.available) or "none"
-        return ApiError(ErrorCode.SANDBOX_CLASS_UNAVAILABLE,
-                        f"sandbox class {what} is not available on this server: {why}; "
-                        f"it can run: {runs}")
+        return ApiError(
+            ErrorCode.SANDBOX_CLASS_UNAVAILABLE,
+            f"sandbox class {what} is not available on this server: {why}; it can run: {runs}",
+        )
 
     def describe(self) -> dict[str, object]:
         """For ``/healthz``: what runs and what ``default`` means."""
-        return {"default": self.default, "available": list(self.available),
-                "enabled": list(self.enabled)}
+        return {
+            "default": self.default,
+            "available": list(self.available),
+            "enabled": list(self.enabled),
+        }

@@ -61,11 +61,17 @@ def parse_astropods(text: str) -> dict[str, Any] | None:
 
 
 class DeploymentService:
-    def __init__(self, store: Store, keys: KeyRing, *, issuer: str,
-                 identity_ttl_seconds: int = 0,
-                 validate_section: SectionValidator | None = None,
-                 deleted_marker: Path | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        store: Store,
+        keys: KeyRing,
+        *,
+        issuer: str,
+        identity_ttl_seconds: int = 0,
+        validate_section: SectionValidator | None = None,
+        deleted_marker: Path | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.store = store
         self.keys = keys
         self.issuer = issuer
@@ -86,28 +92,42 @@ class DeploymentService:
         return section
 
     def token_for(self, deployment: Deployment) -> str:
-        return issue_identity_token(self.keys, deployment_id=deployment.id, issuer=self.issuer,
-                                    ttl_seconds=self.identity_ttl_seconds)
+        return issue_identity_token(
+            self.keys,
+            deployment_id=deployment.id,
+            issuer=self.issuer,
+            ttl_seconds=self.identity_ttl_seconds,
+        )
 
-    async def create(self, name: str, spec_text: str,
-                     account: str = DEFAULT_ACCOUNT) -> tuple[Deployment, str]:
+    async def create(
+        self, name: str, spec_text: str, account: str = DEFAULT_ACCOUNT
+    ) -> tuple[Deployment, str]:
         if not is_valid_sandbox_name(name):
-            raise DeploymentError(
-                "deployment names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+            raise DeploymentError("deployment names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
         if not is_valid_sandbox_name(account):
             raise DeploymentError("account names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
         now = self.clock()
-        deployment = Deployment(id=new_deployment_id(), name=name, account=account,
-                                spec_text=spec_text, sandbox_section=self._section(spec_text),
-                                created_at=now, updated_at=now)
+        deployment = Deployment(
+            id=new_deployment_id(),
+            name=name,
+            account=account,
+            spec_text=spec_text,
+            sandbox_section=self._section(spec_text),
+            created_at=now,
+            updated_at=now,
+        )
         if not await self.store.add_deployment(deployment):
             raise DeploymentError(f"a deployment named {name!r} exists")
         return deployment, self.token_for(deployment)
 
     async def update(self, name: str, spec_text: str) -> Deployment:
         old = await self.get(name)
-        new = replace(old, spec_text=spec_text, sandbox_section=self._section(spec_text),
-                      updated_at=self.clock())
+        new = replace(
+            old,
+            spec_text=spec_text,
+            sandbox_section=self._section(spec_text),
+            updated_at=self.clock(),
+        )
         if not await self.store.update_deployment(new):
             raise DeploymentError(f"no deployment named {name!r}")
         return new
@@ -138,6 +158,7 @@ class DeploymentService:
         deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
         deployment = await self.store.get_deployment(deployment_id)
         if deployment is None:
-            raise ApiError(ErrorCode.IDENTITY_TOKEN_INVALID,
-                           "the identity token's deployment no longer exists")
+            raise ApiError(
+                ErrorCode.IDENTITY_TOKEN_INVALID, "the identity token's deployment no longer exists"
+            )
         return deployment

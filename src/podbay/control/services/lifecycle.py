@@ -43,9 +43,16 @@ M = MachineState
 
 
 class Lifecycle:
-    def __init__(self, *, store: Store, transitions: Transitions, activity: ActivityTracker,
-                 locks: NameLocks, settings: LifecycleSettings,
-                 clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        transitions: Transitions,
+        activity: ActivityTracker,
+        locks: NameLocks,
+        settings: LifecycleSettings,
+        clock: Callable[[], datetime],
+    ) -> None:
         self.store = store
         self.transitions = transitions
         self.activity = activity
@@ -86,11 +93,16 @@ class Lifecycle:
             return None if self.locks.busy(row.deployment_id, row.name) else "rollback"
         if row.state in (S.RUNNING, S.SUSPENDED) and row.ceiling_at and now >= row.ceiling_at:
             return "ceiling"
-        if row.state is S.RUNNING and idle >= timedelta(seconds=self.settings.idle_seconds) \
-                and not self.activity.busy(row.id):
+        if (
+            row.state is S.RUNNING
+            and idle >= timedelta(seconds=self.settings.idle_seconds)
+            and not self.activity.busy(row.id)
+        ):
             return "idle"
-        if row.state in (S.SUSPENDED, S.STOPPED) \
-                and now - (row.suspended_at or row.last_active_at) >= ttl:
+        if (
+            row.state in (S.SUSPENDED, S.STOPPED)
+            and now - (row.suspended_at or row.last_active_at) >= ttl
+        ):
             return "reclaim"
         return None
 
@@ -127,8 +139,9 @@ class Lifecycle:
         record what it sees: a dead machine becomes ``stopped`` (its files kept),
         so the next attach starts it again (``carried_over``) instead of handing
         out a route to nothing."""
-        rows = [r for r in await self.store.list_sandboxes(states=[S.RUNNING])
-                if r.id == sandbox_id]
+        rows = [
+            r for r in await self.store.list_sandboxes(states=[S.RUNNING]) if r.id == sandbox_id
+        ]
         if not rows:
             return
         async with self.locks.hold(rows[0].deployment_id, rows[0].name):
@@ -159,8 +172,7 @@ class Lifecycle:
             try:
                 await self._reconcile_one(row, seen, t)
             except Exception:
-                log.exception("reconcile: sandbox %s failed; the lifecycle pass retries",
-                              row.id)
+                log.exception("reconcile: sandbox %s failed; the lifecycle pass retries", row.id)
         for (name, machine_id), machine in machines.items():
             # No row names it: a pooled machine from the last run, or an orphan.
             kind = "pooled" if POOL_LABEL in machine.labels else "orphaned"

@@ -34,9 +34,15 @@ class WarmPool:
     most recently (the plain base image always among them); an environment
     pushed out has its machines destroyed."""
 
-    def __init__(self, driver: Driver, limits: Limits, size: int,
-                 on_change: Callable[[int], None] | None = None, max_keys: int = 4,
-                 shortfall: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        limits: Limits,
+        size: int,
+        on_change: Callable[[int], None] | None = None,
+        max_keys: int = 4,
+        shortfall: Callable[[], str | None] | None = None,
+    ) -> None:
         self.driver = driver
         #: Why no machine may be made now (the host's disk reserve), or None.
         self.shortfall = shortfall
@@ -99,7 +105,8 @@ class WarmPool:
         task = self._filling.get(prepared.key)
         if task is None or task.done():
             self._filling[prepared.key] = asyncio.get_running_loop().create_task(
-                self._fill(prepared, delay))
+                self._fill(prepared, delay)
+            )
 
     async def _fill(self, prepared: Prepared, delay: float = 0.0) -> None:
         if delay > 0:
@@ -112,9 +119,14 @@ class WarmPool:
                 log.warning("warm pool: not filling: %s", short)
                 return
             machine_id = new_machine_id()
-            spec = MachineSpec(machine_id=machine_id, hostname="sandbox", limits=self.limits,
-                               env=dict(prepared.env), layers=prepared.layers,
-                               labels={POOL_LABEL: prepared.key or "plain"})
+            spec = MachineSpec(
+                machine_id=machine_id,
+                hostname="sandbox",
+                limits=self.limits,
+                env=dict(prepared.env),
+                layers=prepared.layers,
+                labels={POOL_LABEL: prepared.key or "plain"},
+            )
             try:
                 await self.driver.create(spec)
                 await self.driver.start(machine_id)
@@ -145,8 +157,7 @@ class WarmPool:
         here makes the owner's first exec as fast as any other. Best effort:
         a machine whose warm-up fails is handed out as it is.
         """
-        client = AgentClient(self.driver.agent_socket(machine_id),
-                             timeout=WARM_UP_TIMEOUT_SECONDS)
+        client = AgentClient(self.driver.agent_socket(machine_id), timeout=WARM_UP_TIMEOUT_SECONDS)
         try:
             await asyncio.to_thread(client.exec, ["true"], timeout_ms=5_000)
         except Exception as exc:

@@ -73,8 +73,10 @@ def not_found(name: str) -> ApiError:
 
 def check_name(name: str) -> None:
     if not is_valid_sandbox_name(name):
-        raise ApiError(ErrorCode.SANDBOX_NAME_INVALID,
-                       "sandbox names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+        raise ApiError(
+            ErrorCode.SANDBOX_NAME_INVALID,
+            "sandbox names match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+        )
 
 
 class SandboxService:
@@ -108,8 +110,9 @@ class SandboxService:
         self.not_ready_reason = STARTING
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
         rt = settings.runtime
-        self.limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids,
-                             disk_bytes=rt.disk_bytes)
+        self.limits = Limits(
+            memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
+        )
 
     # -- reads -------------------------------------------------------------------
     async def get(self, deployment: Deployment, name: str) -> Sandbox:
@@ -130,14 +133,15 @@ class SandboxService:
         return row
 
     # -- attach ------------------------------------------------------------------
-    async def attach(self, deployment: Deployment, name: str,
-                     class_: str) -> Attached | Building:
+    async def attach(self, deployment: Deployment, name: str, class_: str) -> Attached | Building:
         check_name(name)
         if not is_class_name(class_):
             self.classes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
         if not deployment.declares_sandbox:
-            raise ApiError(ErrorCode.SANDBOX_NOT_DECLARED,
-                           f"deployment {deployment.name!r} declares no sandbox section")
+            raise ApiError(
+                ErrorCode.SANDBOX_NOT_DECLARED,
+                f"deployment {deployment.name!r} declares no sandbox section",
+            )
         transitions = self._runtime()
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
@@ -146,15 +150,15 @@ class SandboxService:
                 if row is not None and row.state.visible:
                     self._check_class(row, class_)
                 if row is None:
-                    result = await self._create(deployment, name,
-                                                self.classes.resolve(class_))
+                    result = await self._create(deployment, name, self.classes.resolve(class_))
                 elif row.state is S.RUNNING:
                     result = self._reuse(row, transitions)
                 elif row.state is S.SUSPENDED:
                     result = await self._bring_up(row, "resumed", transitions.resume)
                 elif row.state is S.STOPPED:
-                    result = await self._bring_up(row, "carried_over",
-                                                  transitions.start_fresh_compute)
+                    result = await self._bring_up(
+                        row, "carried_over", transitions.start_fresh_compute
+                    )
                 else:
                     # creating/deleting under our lock: left by a crash or by the
                     # CLI; finish it, then attach afresh.
@@ -162,8 +166,10 @@ class SandboxService:
                     continue
                 if result is not None:
                     return result
-            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
-                           "the sandbox kept changing under the attach; try again")
+            raise ApiError(
+                ErrorCode.SANDBOX_START_FAILED,
+                "the sandbox kept changing under the attach; try again",
+            )
 
     def _runtime(self) -> Transitions:
         if not self.classes.drivers or self.transitions is None:
@@ -172,18 +178,23 @@ class SandboxService:
             # While starting, the refusal is temporary (clients wait and repeat);
             # once start-up failed, it is not.
             starting = self.not_ready_reason == STARTING
-            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, self.not_ready_reason,
-                           retry_after=1 if starting else None)
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE,
+                self.not_ready_reason,
+                retry_after=1 if starting else None,
+            )
         return self.transitions
 
     def _check_class(self, row: Sandbox, asked: str) -> None:
         """An existing sandbox keeps its class: asking for another one by name is a
         conflict, and a class this server no longer runs cannot bring it up."""
         if asked not in (DEFAULT_SANDBOX_CLASS, row.class_):
-            raise ApiError(ErrorCode.SANDBOX_CLASS_CONFLICT,
-                           f"sandbox {row.name!r} exists with class {row.class_!r}, not "
-                           f"{asked!r}; attach with class 'default' or {row.class_!r}, "
-                           "or delete it first to change its class")
+            raise ApiError(
+                ErrorCode.SANDBOX_CLASS_CONFLICT,
+                f"sandbox {row.name!r} exists with class {row.class_!r}, not "
+                f"{asked!r}; attach with class 'default' or {row.class_!r}, "
+                "or delete it first to change its class",
+            )
         self.classes.require(row.class_)
 
     def _attached(self, row: Sandbox, start: StartKind) -> Attached:
@@ -196,22 +207,26 @@ class SandboxService:
         self.activity.touch(row.id)
         return self._attached(replace(row, last_active_at=self.clock()), "reused")
 
-    async def _bring_up(self, row: Sandbox, start: StartKind,
-                        step: Callable[[Sandbox, str], Awaitable[Sandbox | None]],
-                        ) -> Attached | None:
+    async def _bring_up(
+        self,
+        row: Sandbox,
+        start: StartKind,
+        step: Callable[[Sandbox, str], Awaitable[Sandbox | None]],
+    ) -> Attached | None:
         try:
             new = await step(row, f"attach ({start})")
         except Exception as exc:
             log.exception("sandbox %s: %s failed", row.id, start)
-            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
-                           f"the sandbox could not be brought up: {exc}") from None
+            raise ApiError(
+                ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be brought up: {exc}"
+            ) from None
         return None if new is None else self._attached(new, start)
 
-    async def _create(self, deployment: Deployment, name: str,
-                      class_: str) -> Attached | Building | None:
+    async def _create(
+        self, deployment: Deployment, name: str, class_: str
+    ) -> Attached | Building | None:
         driver = self.classes.driver(class_)
-        short = reserve_shortfall(self.settings.data_dir,
-                                  self.settings.runtime.disk_reserve_bytes)
+        short = reserve_shortfall(self.settings.data_dir, self.settings.runtime.disk_reserve_bytes)
         if short is not None:
             log.warning("attach refused: %s", short)
             raise ApiError(ErrorCode.HOST_DISK_FULL, short)
@@ -222,14 +237,23 @@ class SandboxService:
         pool = self.pools.get(class_)
         pooled = pool.take(prepared) if pool is not None else None
         row = Sandbox(
-            id=new_sandbox_id(), deployment_id=deployment.id, account=deployment.account,
-            name=name, class_=class_, state=S.CREATING,
-            machine_id=pooled or new_machine_id(), created_at=now, last_active_at=now,
-            started_at=None, ceiling_at=None,
+            id=new_sandbox_id(),
+            deployment_id=deployment.id,
+            account=deployment.account,
+            name=name,
+            class_=class_,
+            state=S.CREATING,
+            machine_id=pooled or new_machine_id(),
+            created_at=now,
+            last_active_at=now,
+            started_at=None,
+            ceiling_at=None,
         )
         outcome = await self.store.insert_sandbox(
-            row, deployment_cap=self.settings.caps.per_deployment,
-            account_cap=self.settings.caps.per_account)
+            row,
+            deployment_cap=self.settings.caps.per_deployment,
+            account_cap=self.settings.caps.per_account,
+        )
         if outcome is not InsertOutcome.INSERTED:
             if pooled is not None and pool is not None:
                 pool.give_back(prepared, pooled)
@@ -241,9 +265,16 @@ class SandboxService:
             if pooled is not None:
                 await driver.assign(pooled, hostname=hostname_for(name), labels=labels)
             else:
-                await driver.create(MachineSpec(
-                    machine_id=row.machine_id, hostname=hostname_for(name), limits=self.limits,
-                    env=dict(prepared.env), layers=prepared.layers, labels=labels))
+                await driver.create(
+                    MachineSpec(
+                        machine_id=row.machine_id,
+                        hostname=hostname_for(name),
+                        limits=self.limits,
+                        env=dict(prepared.env),
+                        layers=prepared.layers,
+                        labels=labels,
+                    )
+                )
                 await driver.start(row.machine_id)
             await self.environment.apply(deployment, driver, row.machine_id)
         except ApiError:
@@ -252,8 +283,9 @@ class SandboxService:
         except Exception as exc:
             log.exception("sandbox %s: start failed", row.id)
             await self._undo_create(row, driver)
-            raise ApiError(ErrorCode.SANDBOX_START_FAILED,
-                           f"the sandbox could not be started: {exc}") from None
+            raise ApiError(
+                ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be started: {exc}"
+            ) from None
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is None:  # the deployment was deleted meanwhile
             await self._undo_create(row, driver)
@@ -274,12 +306,16 @@ class SandboxService:
 
     def _cap_refusal(self, outcome: InsertOutcome) -> ApiError:
         if outcome is InsertOutcome.DEPLOYMENT_CAP:
-            return ApiError(ErrorCode.SANDBOX_LIMIT_REACHED,
-                            f"this deployment holds its limit of "
-                            f"{self.settings.caps.per_deployment} sandboxes; delete one first")
-        return ApiError(ErrorCode.SANDBOX_LIMIT_REACHED,
-                        f"this account holds its limit of {self.settings.caps.per_account}"
-                        " sandboxes; delete one first")
+            return ApiError(
+                ErrorCode.SANDBOX_LIMIT_REACHED,
+                f"this deployment holds its limit of "
+                f"{self.settings.caps.per_deployment} sandboxes; delete one first",
+            )
+        return ApiError(
+            ErrorCode.SANDBOX_LIMIT_REACHED,
+            f"this account holds its limit of {self.settings.caps.per_account}"
+            " sandboxes; delete one first",
+        )
 
     # -- stop, delete ------------------------------------------------------------------
     async def stop(self, deployment: Deployment, name: str) -> None:

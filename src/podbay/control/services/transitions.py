@@ -33,8 +33,15 @@ S = SandboxState
 
 
 class Transitions:
-    def __init__(self, store: Store, classes: ClassRuntimes, routes: RouteTable,
-                 metrics: Metrics, clock: Callable[[], datetime], max_age: timedelta) -> None:
+    def __init__(
+        self,
+        store: Store,
+        classes: ClassRuntimes,
+        routes: RouteTable,
+        metrics: Metrics,
+        clock: Callable[[], datetime],
+        max_age: timedelta,
+    ) -> None:
         self.store = store
         self.classes = classes
         self.routes = routes
@@ -45,9 +52,20 @@ class Transitions:
     def _moved(self, old: Sandbox, new: Sandbox | None, why: str) -> Sandbox | None:
         if new is not None:
             self.metrics.transition(old.state.value, new.state.value)
-            log.info("sandbox %s: %s -> %s (%s)", old.id, old.state, new.state, why,
-                     extra={"sandbox_id": old.id, "machine_id": old.machine_id,
-                            "from": old.state.value, "to": new.state.value, "why": why})
+            log.info(
+                "sandbox %s: %s -> %s (%s)",
+                old.id,
+                old.state,
+                new.state,
+                why,
+                extra={
+                    "sandbox_id": old.id,
+                    "machine_id": old.machine_id,
+                    "from": old.state.value,
+                    "to": new.state.value,
+                    "why": why,
+                },
+            )
         return new
 
     def driver(self, row: Sandbox) -> Driver:
@@ -55,8 +73,12 @@ class Transitions:
         return self.classes.driver(self.classes.require(row.class_))
 
     def add_route(self, sandbox: Sandbox) -> None:
-        self.routes.add(sandbox.id, sandbox.machine_id, sandbox.incarnation,
-                        self.driver(sandbox).agent_socket(sandbox.machine_id))
+        self.routes.add(
+            sandbox.id,
+            sandbox.machine_id,
+            sandbox.incarnation,
+            self.driver(sandbox).agent_socket(sandbox.machine_id),
+        )
 
     async def suspend(self, row: Sandbox, why: str) -> Sandbox | None:
         """running → suspended (memory kept), or stopped where the driver cannot freeze."""
@@ -73,13 +95,15 @@ class Transitions:
         self.routes.remove(row.id)
         await self.driver(row).stop(row.machine_id)
         new = await self.store.replace_sandbox(
-            row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None))
+            row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None)
+        )
         return self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
         await self.driver(row).resume(row.machine_id)
         new = await self.store.replace_sandbox(
-            row, row.moved(S.RUNNING, last_active_at=self.clock()))
+            row, row.moved(S.RUNNING, last_active_at=self.clock())
+        )
         if new is not None:
             self.add_route(new)
         return self._moved(row, new, why)
@@ -100,8 +124,11 @@ class Transitions:
             changes = {"ceiling_at": None, "started_at": None}
         if state is not S.RUNNING:
             self.routes.remove(row.id)
-        moved = (row.released(state, self.clock(), **changes)
-                 if state in (S.SUSPENDED, S.STOPPED) else row.moved(state, **changes))
+        moved = (
+            row.released(state, self.clock(), **changes)
+            if state in (S.SUSPENDED, S.STOPPED)
+            else row.moved(state, **changes)
+        )
         new = await self.store.replace_sandbox(row, moved)
         if new is not None and state is S.RUNNING:
             self.add_route(new)

@@ -51,23 +51,30 @@ def host_addresses() -> tuple[list[ipaddress.IPv4Network], list[ipaddress.IPv6Ne
     return sorted(v4), sorted(v6)
 
 
-def problems(*, enabled: bool, extra_blocked: Sequence[str], slirp_binary: str,
-             slirp_sandbox: bool) -> list[str]:
+def problems(
+    *, enabled: bool, extra_blocked: Sequence[str], slirp_binary: str, slirp_sandbox: bool
+) -> list[str]:
     """Problems that stop networking here, each with a one-line remedy."""
     found: list[str] = []
     if os.geteuid() != 0:
-        return ["network: not running as root; per-sandbox network namespaces need "
-                "CAP_SYS_ADMIN and CAP_NET_ADMIN: run the node as root"]
+        return [
+            "network: not running as root; per-sandbox network namespaces need "
+            "CAP_SYS_ADMIN and CAP_NET_ADMIN: run the node as root"
+        ]
     try:
         _probe_namespace(build_ruleset(*host_addresses(), extra_blocked) if enabled else None)
     except OSError as exc:
         if "nft" in str(exc):
-            found.append(f"network: the kernel refused the sandbox firewall ({exc}); "
-                         "enable nf_tables with reject and conntrack (modprobe nf_tables "
-                         "nft_reject_inet nft_ct) or use a kernel that has them")
+            found.append(
+                f"network: the kernel refused the sandbox firewall ({exc}); "
+                "enable nf_tables with reject and conntrack (modprobe nf_tables "
+                "nft_reject_inet nft_ct) or use a kernel that has them"
+            )
         else:
-            found.append(f"network: cannot create a network namespace ({exc}); run as root "
-                         "on a kernel with CONFIG_NET_NS")
+            found.append(
+                f"network: cannot create a network namespace ({exc}); run as root "
+                "on a kernel with CONFIG_NET_NS"
+            )
     if not enabled:
         return found
     if not nft.available():
@@ -78,8 +85,10 @@ def problems(*, enabled: bool, extra_blocked: Sequence[str], slirp_binary: str,
     else:
         version = slirp.version(binary)
         if version is None or version < (1, 1):
-            found.append(f"network: slirp4netns {version or 'of unknown version'} is too old "
-                         "(need >= 1.1): install slirp4netns from Debian 12 or newer")
+            found.append(
+                f"network: slirp4netns {version or 'of unknown version'} is too old "
+                "(need >= 1.1): install slirp4netns from Debian 12 or newer"
+            )
     if not os.path.exists("/dev/net/tun"):
         found.append("network: /dev/net/tun missing: modprobe tun")
     return found + resolver_problems(Path("/etc/resolv.conf"), slirp_sandbox)

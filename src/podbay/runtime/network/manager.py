@@ -79,8 +79,9 @@ class NetworkManager:
         self.extra_blocked = tuple(extra_blocked)
         for item in self.extra_blocked:
             ipaddress.ip_network(item, strict=False)  # fail early on a typo
-        self.slirps = slirp.Slirps(slirp_binary, sandbox=slirp_sandbox,
-                                   ready_timeout=ready_timeout, limits=slirp_limits)
+        self.slirps = slirp.Slirps(
+            slirp_binary, sandbox=slirp_sandbox, ready_timeout=ready_timeout, limits=slirp_limits
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         self._watch: AddressWatch | None = None
 
@@ -103,13 +104,15 @@ class NetworkManager:
             entries = [e for e in self.run_dir.iterdir() if e.is_dir() and not e.is_symlink()]
         except FileNotFoundError:
             return []
-        return sorted(e.name for e in entries
-                      if any((e / name).exists() for name in (_NETNS_FILE, slirp.PID_FILE)))
+        return sorted(
+            e.name
+            for e in entries
+            if any((e / name).exists() for name in (_NETNS_FILE, slirp.PID_FILE))
+        )
 
     # -- public API
 
-    async def setup(self, machine_id: str, *,
-                    netns_source: Path | None = None) -> NetworkHandle:
+    async def setup(self, machine_id: str, *, netns_source: Path | None = None) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
 
         ``netns_source``: a namespace made elsewhere (a ``/proc/PID/ns/net``) to
@@ -181,15 +184,17 @@ class NetworkManager:
             async with self._lock(machine_id):
                 if netns.is_mounted(self.netns_path(machine_id)):
                     try:
-                        await self._apply_rules(self.netns_path(machine_id),
-                                                tap=self._has_tap(machine_id))
+                        await self._apply_rules(
+                            self.netns_path(machine_id), tap=self._has_tap(machine_id)
+                        )
                     except OSError as exc:
-                        log.warning("machine %s: reloading its rules failed: %s",
-                                    machine_id, exc)
+                        log.warning("machine %s: reloading its rules failed: %s", machine_id, exc)
 
     def _has_tap(self, machine_id: str) -> bool:
-        return self.slirps.recorded(self.machine_dir(machine_id),
-                                    self.netns_path(machine_id)) is not None
+        return (
+            self.slirps.recorded(self.machine_dir(machine_id), self.netns_path(machine_id))
+            is not None
+        )
 
     def resolv_conf(self) -> str:
         """``/etc/resolv.conf`` content for this manager's sandboxes."""
@@ -197,9 +202,12 @@ class NetworkManager:
 
     def check_host(self) -> list[str]:
         """Problems that stop networking here, each with a one-line remedy (for doctor)."""
-        return hostcheck.problems(enabled=self.enabled, extra_blocked=self.extra_blocked,
-                                  slirp_binary=self.slirps.binary,
-                                  slirp_sandbox=self.slirps.sandbox)
+        return hostcheck.problems(
+            enabled=self.enabled,
+            extra_blocked=self.extra_blocked,
+            slirp_binary=self.slirps.binary,
+            slirp_sandbox=self.slirps.sandbox,
+        )
 
     async def close(self) -> None:
         """Forget child processes without stopping them (slirps outlive the node)."""
@@ -218,15 +226,19 @@ class NetworkManager:
         return lock
 
     def _handle(self, machine_id: str, pid: int | None) -> NetworkHandle:
-        return NetworkHandle(machine_id=machine_id, netns_path=self.netns_path(machine_id),
-                             slirp_pid=pid, resolv_conf=self.resolv_conf(),
-                             enabled=self.enabled)
+        return NetworkHandle(
+            machine_id=machine_id,
+            netns_path=self.netns_path(machine_id),
+            slirp_pid=pid,
+            resolv_conf=self.resolv_conf(),
+            enabled=self.enabled,
+        )
 
     def _ruleset(self, *, replace: bool = False, inet: bool = True, tap: bool = False) -> str:
         v4, v6 = hostcheck.host_addresses()
-        return ((build_ruleset(v4, v6, self.extra_blocked, replace=replace) if inet else "")
-                + (build_tap_ruleset(v4, v6, self.extra_blocked, replace=replace)
-                   if tap else ""))
+        return (build_ruleset(v4, v6, self.extra_blocked, replace=replace) if inet else "") + (
+            build_tap_ruleset(v4, v6, self.extra_blocked, replace=replace) if tap else ""
+        )
 
     async def _create(self, machine_id: str, source: Path | None = None) -> int | None:
         directory = self.machine_dir(machine_id)

@@ -94,8 +94,7 @@ def bind(source: Path, path: Path) -> None:
     """Create ``path`` (it must not exist) and bind the namespace file ``source`` on it."""
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     os.close(fd)
-    _check(_lib().mount(str(source).encode(), str(path).encode(), None, _MS_BIND, None),
-           "mount")
+    _check(_lib().mount(str(source).encode(), str(path).encode(), None, _MS_BIND, None), "mount")
 
 
 def unmount(path: Path) -> None:

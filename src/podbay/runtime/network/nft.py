@@ -63,7 +63,8 @@ def load(batch: str) -> None:
         finally:
             lib.nft_ctx_free(ctx)
         return
-    done = subprocess.run(["nft", "-f", "-"], input=batch.encode(), capture_output=True,
-                          check=False)
+    done = subprocess.run(
+        ["nft", "-f", "-"], input=batch.encode(), capture_output=True, check=False
+    )
     if done.returncode != 0:
         raise OSError(errno.EINVAL, f"nft: {done.stderr.decode(errors='replace').strip()}")

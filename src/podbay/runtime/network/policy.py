@@ -95,8 +95,10 @@ def _elements(
         else:
             v6.append(net)
     # Interval sets refuse overlapping elements: merge first.
-    return (", ".join(str(n) for n in ipaddress.collapse_addresses(v4)),
-            ", ".join(str(n) for n in ipaddress.collapse_addresses(v6)))
+    return (
+        ", ".join(str(n) for n in ipaddress.collapse_addresses(v4)),
+        ", ".join(str(n) for n in ipaddress.collapse_addresses(v6)),
+    )
 
 
 def _sets(e4: str, e6: str) -> str:

@@ -52,8 +52,14 @@ class SlirpLimits:
 class Slirps:
     """Starts, finds and stops the slirp4netns of each namespace file."""
 
-    def __init__(self, binary: str = "slirp4netns", *, sandbox: bool = True,
-                 ready_timeout: float = 5.0, limits: SlirpLimits | None = None) -> None:
+    def __init__(
+        self,
+        binary: str = "slirp4netns",
+        *,
+        sandbox: bool = True,
+        ready_timeout: float = 5.0,
+        limits: SlirpLimits | None = None,
+    ) -> None:
         self.binary = binary
         #: Each slirp4netns's own budget; ``None``: unlimited (tests of this module).
         self.limits = limits
@@ -64,8 +70,14 @@ class Slirps:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def argv(self, netns: Path, ready_fd: int) -> list[str]:
-        argv = [self.binary, "--configure", f"--mtu={MTU}", "--disable-host-loopback",
-                "--netns-type=path", f"--ready-fd={ready_fd}"]
+        argv = [
+            self.binary,
+            "--configure",
+            f"--mtu={MTU}",
+            "--disable-host-loopback",
+            "--netns-type=path",
+            f"--ready-fd={ready_fd}",
+        ]
         if self.sandbox:
             argv += ["--enable-sandbox", "--enable-seccomp"]
         return [*argv, str(netns), TAP_NAME]
@@ -97,11 +109,14 @@ class Slirps:
             if self.limits is not None:
                 # Before it is ready it has served nothing: its budget is set first.
                 limits = self.limits
-                resource.prlimit(proc.pid, resource.RLIMIT_NOFILE,
-                                 (limits.max_fds, limits.max_fds))
-                Cgroups().confine(self.cgroup(directory.name), proc.pid,
-                                  memory_bytes=limits.memory_bytes, pids=limits.pids,
-                                  cpus=limits.cpus)
+                resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (limits.max_fds, limits.max_fds))
+                Cgroups().confine(
+                    self.cgroup(directory.name),
+                    proc.pid,
+                    memory_bytes=limits.memory_bytes,
+                    pids=limits.pids,
+                    cpus=limits.cpus,
+                )
             self._write_pidfile(directory, proc.pid)
             ready = await self._read_ready(read_end)
         except BaseException:
@@ -111,8 +126,10 @@ class Slirps:
             os.close(read_end)
         if not ready:
             await self.stop(proc.pid)
-            raise NetworkError(f"slirp4netns for {directory.name} was not ready within "
-                               f"{self.ready_timeout:g}s or exited: {log_tail(directory)}")
+            raise NetworkError(
+                f"slirp4netns for {directory.name} was not ready within "
+                f"{self.ready_timeout:g}s or exited: {log_tail(directory)}"
+            )
         return proc.pid
 
     async def _read_ready(self, fd: int) -> bool:
@@ -199,8 +216,9 @@ def log_tail(directory: Path) -> str:
 
 def version(binary: str) -> tuple[int, int] | None:
     try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=5,
-                             check=False).stdout
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = re.search(r"slirp4netns version (\d+)\.(\d+)", out)

@@ -38,8 +38,11 @@ class AddressWatch:
     def start(self) -> None:
         if self._sock is not None:
             return
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK
-                             | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        sock = socket.socket(
+            socket.AF_NETLINK,
+            socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC,
+            socket.NETLINK_ROUTE,
+        )
         sock.bind((0, _RTMGRP_IPV4_IFADDR | _RTMGRP_IPV6_IFADDR))
         asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
         self._sock = sock

@@ -34,11 +34,17 @@ LOADER_COPY = "agent-loader"
 
 def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
     """(loader, library dirs, python) of the image, as paths on the host."""
-    libdirs = sorted(p for p in (image_rootfs / "usr" / "lib").glob("*-linux-gnu*")
-                     if p.is_dir() and not p.is_symlink())
+    libdirs = sorted(
+        p
+        for p in (image_rootfs / "usr" / "lib").glob("*-linux-gnu*")
+        if p.is_dir() and not p.is_symlink()
+    )
     loaders = [p for d in libdirs for p in d.glob("ld-linux*.so.*") if not p.is_symlink()]
-    pythons = [p for p in (image_rootfs / "usr" / "bin").glob("python3.[0-9]*")
-               if p.name.removeprefix("python3.").isdigit() and not p.is_symlink()]
+    pythons = [
+        p
+        for p in (image_rootfs / "usr" / "bin").glob("python3.[0-9]*")
+        if p.name.removeprefix("python3.").isdigit() and not p.is_symlink()
+    ]
     # By minor version as a number: python3.11 is newer than python3.9.
     pythons.sort(key=lambda p: int(p.name.removeprefix("python3.")))
     if not loaders or not pythons:
@@ -73,8 +79,9 @@ def stage_loader(image_rootfs: Path) -> Path:
     return target
 
 
-def image_python(image_rootfs: Path, *, inside: bool = False,
-                 private_loader: bool = False) -> list[str]:
+def image_python(
+    image_rootfs: Path, *, inside: bool = False, private_loader: bool = False
+) -> list[str]:
     """The image's python through the image's loader: by host paths (to
     byte-compile for it), or as the sandbox sees them (``inside``, under
     :data:`IMAGE_DIR`; with ``private_loader``, through the execute-only
@@ -88,16 +95,26 @@ def image_python(image_rootfs: Path, *, inside: bool = False,
     def where(path: Path) -> str:
         return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs)) if inside else str(path)
 
-    return [LOADER if inside and private_loader else where(loader), "--inhibit-cache",
-            "--library-path", ":".join(where(d) for d in libdirs), where(python)]
+    return [
+        LOADER if inside and private_loader else where(loader),
+        "--inhibit-cache",
+        "--library-path",
+        ":".join(where(d) for d in libdirs),
+        where(python),
+    ]
 
 
-def sandbox_argv(image_rootfs: Path, *, private_loader: bool = True,
-                 socket: str | None = None) -> list[str]:
+def sandbox_argv(
+    image_rootfs: Path, *, private_loader: bool = True, socket: str | None = None
+) -> list[str]:
     """The sandbox's first process: the agent on the image's python (see
     :func:`image_python`), serving the socket on fd 3 (or binding the path
     ``socket`` when one is given), with the sandbox's env file."""
     listen = ["--socket", socket] if socket else ["--fd", "3"]
     return staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
-        AGENT_DIR, *listen, "--env-file", ENV_FILE)
+        AGENT_DIR,
+        *listen,
+        "--env-file",
+        ENV_FILE,
+    )

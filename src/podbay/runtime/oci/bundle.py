@@ -38,22 +38,43 @@ ID_RANGE = 65536
 #: network namespace (see :mod:`.userns`), where raw and packet sockets would
 #: send frames to slirp4netns past the egress rules.
 CAPABILITIES = [
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
 ]
 
 MASKED_PATHS = [
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-    "/sys/firmware", "/sys/devices/virtual/powercap",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
 ]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 #: The container's own environment: the agent's (with its malloc tuning, which
 #: keeps RSS down after bursts of large outputs). Commands get theirs from the agent.
-PROCESS_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME=/root", *(f"{k}={v}" for k, v in sorted(AGENT_ENV.items()))]
+PROCESS_ENV = [
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    *(f"{k}={v}" for k, v in sorted(AGENT_ENV.items())),
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,35 +105,76 @@ class BundleFacts:
 
 
 def _bind(source: Path, destination: str, *options: str) -> dict[str, Any]:
-    return {"destination": destination, "type": "bind", "source": str(source),
-            "options": ["bind", "nosuid", "nodev", *options]}
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": str(source),
+        "options": ["bind", "nosuid", "nodev", *options],
+    }
 
 
 def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
     found = [
-        {"destination": "/proc", "type": "proc", "source": "proc",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620",
-                     "gid=5"]},
-        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
-        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-         "options": ["nosuid", "noexec", "nodev"]},
+        {
+            "destination": "/proc",
+            "type": "proc",
+            "source": "proc",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
+        {
+            "destination": "/dev/mqueue",
+            "type": "mqueue",
+            "source": "mqueue",
+            "options": ["nosuid", "noexec", "nodev"],
+        },
     ]
     if facts.netns is None:
         # sysfs can only be mounted by a user namespace that owns the network namespace.
-        found.append({"destination": "/sys", "type": "sysfs", "source": "sysfs",
-                      "options": ["nosuid", "noexec", "nodev", "ro"]})
+        found.append(
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            }
+        )
     else:
-        found.append({"destination": "/sys", "type": "bind", "source": "/sys",
-                      "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]})
+        found.append(
+            {
+                "destination": "/sys",
+                "type": "bind",
+                "source": "/sys",
+                "options": ["rbind", "nosuid", "noexec", "nodev", "ro"],
+            }
+        )
     # The machine's own cgroup (cgroup namespace), read-only: tools size themselves
     # by its limits, and other machines' cgroups stay out of sight.
-    found.append({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-                  "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]})
+    found.append(
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+        }
+    )
     found += [
         _bind(facts.image_rootfs, IMAGE_DIR, "ro"),
         _bind(facts.agent_dir, AGENT_DIR, "ro"),
@@ -130,17 +192,22 @@ def rlimits() -> list[dict[str, Any]]:
     """The container's resource limits: no core dumps, a sane number of fds."""
     # No more fds than the host process may have (the hard limit is never raised).
     nofile = min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    return [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
-            {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
+    return [
+        {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
+        {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+    ]
 
 
 def config(facts: BundleFacts) -> dict[str, Any]:
     namespaces: list[dict[str, str]] = [
-        {"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]
-    namespaces.append({"type": "user", "path": str(facts.userns)} if facts.userns
-                      else {"type": "user"})
-    namespaces.append({"type": "network", "path": str(facts.netns)} if facts.netns
-                      else {"type": "network"})
+        {"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")
+    ]
+    namespaces.append(
+        {"type": "user", "path": str(facts.userns)} if facts.userns else {"type": "user"}
+    )
+    namespaces.append(
+        {"type": "network", "path": str(facts.netns)} if facts.netns else {"type": "network"}
+    )
     period = 100_000
     caps = list(CAPABILITIES)
     return {
@@ -168,8 +235,10 @@ def config(facts: BundleFacts) -> dict[str, Any]:
             "cgroupsPath": facts.cgroup_path,
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
-                "memory": {"limit": facts.memory_bytes,
-                           **({"swap": facts.memory_bytes} if facts.limit_swap else {})},
+                "memory": {
+                    "limit": facts.memory_bytes,
+                    **({"swap": facts.memory_bytes} if facts.limit_swap else {}),
+                },
                 "cpu": {"quota": max(1000, int(facts.cpus * period)), "period": period},
                 "pids": {"limit": facts.pids},
             },

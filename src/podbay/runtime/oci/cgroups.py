@@ -92,8 +92,7 @@ class Cgroups:
             os.close(fd)
 
     # -- a process of our own under limits ------------------------------------
-    def confine(self, path: str, pid: int, *, memory_bytes: int, pids: int,
-                cpus: float) -> None:
+    def confine(self, path: str, pid: int, *, memory_bytes: int, pids: int, cpus: float) -> None:
         """Make the cgroup ``path`` with these limits and move ``pid`` into it (for
         helpers podbay starts itself; runc makes the sandboxes' own)."""
         quota = max(1000, int(cpus * 100_000))
@@ -106,16 +105,22 @@ class Cgroups:
                 with contextlib.suppress(OSError):  # already on, or not ours to change
                     self._write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
             target = self.root / rel
-            limits = {"memory.max": str(memory_bytes), "memory.swap.max": "0",
-                      "pids.max": str(pids), "cpu.max": f"{quota} 100000"}
+            limits = {
+                "memory.max": str(memory_bytes),
+                "memory.swap.max": "0",
+                "pids.max": str(pids),
+                "cpu.max": f"{quota} 100000",
+            }
             for name, value in limits.items():
                 if (target / name).exists():
                     self._write(target / name, value)
             self._write(target / "cgroup.procs", str(pid))
             return
-        v1 = {"memory": {"memory.limit_in_bytes": str(memory_bytes)},
-              "pids": {"pids.max": str(pids)},
-              "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(quota)}}
+        v1 = {
+            "memory": {"memory.limit_in_bytes": str(memory_bytes)},
+            "pids": {"pids.max": str(pids)},
+            "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(quota)},
+        }
         for controller, limits in v1.items():
             target = self.root / controller / rel
             target.mkdir(parents=True, exist_ok=True)

@@ -67,19 +67,29 @@ class OciDriver(RecordKeepingDriver):
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
         self.network = NetworkManager(
-            self.layout.run_dir, enabled=self.rt.network,
-            slirp_limits=SlirpLimits(cgroup_parent=f"{self.layout.cgroup_parent}-net"))
+            self.layout.run_dir,
+            enabled=self.rt.network,
+            slirp_limits=SlirpLimits(cgroup_parent=f"{self.layout.cgroup_parent}-net"),
+        )
         self.runc: Runc = (
-            runsc.Runsc(self.rt.oci_runtime, self.layout.runc_root,
-                        platform=self.rt.runsc_platform or "ptrace",
-                        netns=self.network.netns_path)
+            runsc.Runsc(
+                self.rt.oci_runtime,
+                self.layout.runc_root,
+                platform=self.rt.runsc_platform or "ptrace",
+                netns=self.network.netns_path,
+            )
             if Path(self.rt.oci_runtime).name == "runsc"
-            else Runc(self.rt.oci_runtime, self.layout.runc_root))
+            else Runc(self.rt.oci_runtime, self.layout.runc_root)
+        )
         self.cgroups = Cgroups()
-        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
-                             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
-        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
-                                         network=self.network.enabled)
+        self.recipe = Recipe(
+            mirror=self.rt.image_mirror,
+            uid_base=self.rt.uid_base,
+            extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir),
+        )
+        self.capabilities = Capabilities(
+            suspend=True, stop_keeps_files=True, network=self.network.enabled
+        )
         self._image: Image | None = None
         self._agent_dir: Path | None = None
         self._argv: list[str] | None = None
@@ -94,14 +104,19 @@ class OciDriver(RecordKeepingDriver):
         if os.geteuid() != 0:
             raise DriverError("the oci driver needs root (user namespaces are set up by root)")
         if self.runc.available() is None:
-            raise DriverError(f"OCI runtime {self.rt.oci_runtime!r} not found "
-                              "(apt-get install runc)")
+            raise DriverError(
+                f"OCI runtime {self.rt.oci_runtime!r} not found (apt-get install runc)"
+            )
         if isinstance(self.runc, runsc.Runsc):
             self.runc.platform = await asyncio.to_thread(
-                runsc.choose_platform, self.runc.binary, self.rt.runsc_platform)
+                runsc.choose_platform, self.runc.binary, self.rt.runsc_platform
+            )
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
-        agent_dir = await asyncio.to_thread(staging.stage, self.layout.data_dir / "agent",
-                                            python=agent_bundle.image_python(image.rootfs))
+        agent_dir = await asyncio.to_thread(
+            staging.stage,
+            self.layout.data_dir / "agent",
+            python=agent_bundle.image_python(image.rootfs),
+        )
         for d in (self.layout.machines, self.layout.runc_root):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
@@ -110,9 +125,11 @@ class OciDriver(RecordKeepingDriver):
                 raise DriverError(
                     f"runsc's sandbox runs as nobody and cannot reach the base image at "
                     f"{image.rootfs}: let others traverse its parent directories "
-                    "(chmod o+x) or set runtime.image_dir elsewhere")
-            agent_dir = await asyncio.to_thread(runsc.reachable_agent, agent_dir,
-                                                self.layout.run_dir)
+                    "(chmod o+x) or set runtime.image_dir elsewhere"
+                )
+            agent_dir = await asyncio.to_thread(
+                runsc.reachable_agent, agent_dir, self.layout.run_dir
+            )
         self._image, self._agent_dir = image, agent_dir
         self.network.watch_addresses()
         self._argv = self._agent_argv(image)
@@ -160,15 +177,17 @@ class OciDriver(RecordKeepingDriver):
             if owned is not None:
                 await owned.close()  # the sandbox (and the netns file) hold both now
 
-    async def _boot_in(self, record: records.MachineRecord,
-                       owned: userns.OwnedUserNamespace | None) -> None:
+    async def _boot_in(
+        self, record: records.MachineRecord, owned: userns.OwnedUserNamespace | None
+    ) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
         assert self._image is not None and self._agent_dir is not None and self._argv
         image, argv = self._image_for(record)
         if len(str(paths.socket)) > SOCKET_PATH_MAX:
-            raise DriverError(f"socket path {paths.socket} is too long; set a shorter "
-                              "runtime.run_dir")
+            raise DriverError(
+                f"socket path {paths.socket} is too long; set a shorter runtime.run_dir"
+            )
         paths.run.mkdir(parents=True, exist_ok=True)
         lowers = [*reversed(spec.layers), image.rootfs]
 
@@ -177,6 +196,7 @@ class OciDriver(RecordKeepingDriver):
             self._write_files(spec, paths)
 
         mounted = asyncio.create_task(asyncio.to_thread(storage_and_files))
+
         async def make_network() -> NetworkHandle:
             if owned is None:
                 return await self.network.setup(spec.machine_id)
@@ -210,15 +230,25 @@ class OciDriver(RecordKeepingDriver):
             assert isinstance(network, NetworkHandle)
             netns = network.netns_path
             facts = bundle.BundleFacts(
-                machine_id=spec.machine_id, hostname=uts_name(spec.hostname),
+                machine_id=spec.machine_id,
+                hostname=uts_name(spec.hostname),
                 rootfs=paths.rootfs,
-                image_rootfs=image.rootfs, agent_dir=self._agent_dir,
-                files_dir=paths.files, argv=argv, uid_base=self.rt.uid_base,
-                memory_bytes=spec.limits.memory_bytes, cpus=spec.limits.cpus,
-                pids=spec.limits.pids, cgroup_path=paths.cgroup, netns=netns,
-                resolv_conf=True, limit_swap=self.cgroups.swap_accounting(),
-                loader=(image.root / agent_bundle.LOADER_COPY
-                        if self.runc.shares_host_kernel else None))
+                image_rootfs=image.rootfs,
+                agent_dir=self._agent_dir,
+                files_dir=paths.files,
+                argv=argv,
+                uid_base=self.rt.uid_base,
+                memory_bytes=spec.limits.memory_bytes,
+                cpus=spec.limits.cpus,
+                pids=spec.limits.pids,
+                cgroup_path=paths.cgroup,
+                netns=netns,
+                resolv_conf=True,
+                limit_swap=self.cgroups.swap_accounting(),
+                loader=(
+                    image.root / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
+                ),
+            )
             if owned is not None:
                 facts = dataclasses.replace(facts, userns=owned.userns_path)
             config = bundle.config(facts)
@@ -226,20 +256,29 @@ class OciDriver(RecordKeepingDriver):
                 config = runsc.adapt_config(config, socket_dir)
             (paths.run / "config.json").write_text(json.dumps(config))
             if listener is None:
-                await self.runc.run_detached(spec.machine_id, paths.run, None, paths.console,
-                                             netns=netns)
-                ready = asyncio.create_task(runsc.wait_bound(
-                    socket_dir / runsc.SOCKET_NAME, paths.socket, self.rt.start_timeout_seconds,
-                    alive=lambda: self._observe_alive(spec.machine_id)))
+                await self.runc.run_detached(
+                    spec.machine_id, paths.run, None, paths.console, netns=netns
+                )
+                ready = asyncio.create_task(
+                    runsc.wait_bound(
+                        socket_dir / runsc.SOCKET_NAME,
+                        paths.socket,
+                        self.rt.start_timeout_seconds,
+                        alive=lambda: self._observe_alive(spec.machine_id),
+                    )
+                )
             else:
                 # The request waits in the socket's backlog until the agent serves it, so
                 # asking now overlaps runc's own exit with the agent's start-up.
-                ready = asyncio.create_task(
-                    wait_ready(paths.socket, self.rt.start_timeout_seconds))
+                ready = asyncio.create_task(wait_ready(paths.socket, self.rt.start_timeout_seconds))
                 try:
                     await self.runc.run_detached(
-                        spec.machine_id, paths.run, listener.fileno(), paths.console,
-                        inherit_rlimits=bundle.rlimits() if owned is not None else None)
+                        spec.machine_id,
+                        paths.run,
+                        listener.fileno(),
+                        paths.console,
+                        inherit_rlimits=bundle.rlimits() if owned is not None else None,
+                    )
                 except BaseException:
                     ready.cancel()
                     await asyncio.gather(ready, return_exceptions=True)
@@ -269,8 +308,12 @@ class OciDriver(RecordKeepingDriver):
             return self._image, self._argv
         old = Image(record.image, self.layout.image_dir / record.image)
         if not (old.root / "complete").is_file():
-            log.warning("machine %s: its base image %s is gone; starting on %s",
-                        record.spec.machine_id, record.image, self._image.key)
+            log.warning(
+                "machine %s: its base image %s is gone; starting on %s",
+                record.spec.machine_id,
+                record.image,
+                self._image.key,
+            )
             return self._image, self._argv
         return old, self._agent_argv(old)
 
@@ -280,8 +323,11 @@ class OciDriver(RecordKeepingDriver):
         paths.files.mkdir(mode=0o755, exist_ok=True)
         (paths.files / "env.json").write_text(json.dumps(dict(spec.env)))
         name = uts_name(spec.hostname)
-        owned = {"hostname": name + "\n", "hosts": hosts_file(name),
-                 "resolv.conf": self.network.resolv_conf()}
+        owned = {
+            "hostname": name + "\n",
+            "hosts": hosts_file(name),
+            "resolv.conf": self.network.resolv_conf(),
+        }
         for name, text in owned.items():
             path = paths.files / name
             path.write_text(text)
@@ -316,7 +362,8 @@ class OciDriver(RecordKeepingDriver):
             frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
             if self.runc.is_runc:
                 await self.runc.kill_init(
-                    machine_id, thaw=lambda: self._thaw_if(frozen, machine_id))
+                    machine_id, thaw=lambda: self._thaw_if(frozen, machine_id)
+                )
             elif frozen and not isinstance(self.runc, runsc.Runsc):  # runsc: see delete
                 await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
@@ -371,21 +418,21 @@ class OciDriver(RecordKeepingDriver):
             await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
             paths.run.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(storage.mount_disk, paths.disk_image, paths.disk_mount,
-                                    readonly=True)
+            await asyncio.to_thread(
+                storage.mount_disk, paths.disk_image, paths.disk_mount, readonly=True
+            )
             try:
                 await storage.copy_layer(paths.disk_mount / "upper", dest)
             finally:
-                await asyncio.to_thread(storage.unmount_machine, paths.rootfs,
-                                        paths.disk_mount)
+                await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
 
-    async def assign(self, machine_id: str, *, hostname: str,
-                     labels: Mapping[str, str]) -> None:
+    async def assign(self, machine_id: str, *, hostname: str, labels: Mapping[str, str]) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
             spec = record.spec
-            new = dataclasses.replace(record, spec=dataclasses.replace(
-                spec, hostname=hostname, labels=dict(labels)))
+            new = dataclasses.replace(
+                record, spec=dataclasses.replace(spec, hostname=hostname, labels=dict(labels))
+            )
             state = await self.runc.query(machine_id)
             if state is not None and state.status in ("running", "paused"):
                 paths = self._paths(machine_id)
@@ -431,6 +478,7 @@ class OciDriver(RecordKeepingDriver):
 
 # -- helpers that serve only this module -----------------------------------------------
 
+
 def _mount_storage(paths: MachinePaths, lowers: list[Path], uid_base: int) -> None:
     storage.mount_disk(paths.disk_image, paths.disk_mount)
     upper, work = storage.prepare_upper(paths.disk_mount, uid_base)
@@ -475,9 +523,18 @@ def _rewrite_in_place(path: Path, text: str) -> None:
 
 async def _set_hostname(pid: int, hostname: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "nsenter", "--target", str(pid), "--uts", "--", "hostname", hostname,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        "nsenter",
+        "--target",
+        str(pid),
+        "--uts",
+        "--",
+        "hostname",
+        hostname,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
@@ -489,4 +546,3 @@ def _tail(path: Path, lines: int = 5) -> str:
     except FileNotFoundError:
         return "(none)"
     return " | ".join(text[-lines:]) or "(none)"
-

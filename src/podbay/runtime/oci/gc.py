@@ -18,8 +18,9 @@ from . import records, storage
 from .driver import OciDriver
 
 
-async def collect(driver: OciDriver, *, everything: bool = False,
-                  images_in_use: Iterable[str] = ()) -> list[str]:
+async def collect(
+    driver: OciDriver, *, everything: bool = False, images_in_use: Iterable[str] = ()
+) -> list[str]:
     """Clean up; one line per thing removed. ``images_in_use``: base images that
     machines of other drivers on the same image cache stand on (other classes)."""
     done: list[str] = []
@@ -45,8 +46,7 @@ async def collect(driver: OciDriver, *, everything: bool = False,
         for run in sorted(layout.run_dir.iterdir()):
             # Class names are never machine ids: another class's driver may keep
             # its volatile state there (the vm driver does).
-            if run.name in ("runc", *SANDBOX_CLASS_NAMES) or not run.is_dir() \
-                    or run.name in known:
+            if run.name in ("runc", *SANDBOX_CLASS_NAMES) or not run.is_dir() or run.name in known:
                 continue
             await driver.release(run.name)
             leftover = layout.machine(run.name)

@@ -36,11 +36,38 @@ log = logging.getLogger("podbay.runtime.image")
 RECIPE_VERSION = 4
 
 PACKAGES: tuple[str, ...] = (
-    "python3", "python-is-python3", "python3-venv", "python3-pip",
-    "ca-certificates", "bash", "coreutils", "curl", "git", "procps", "grep",
-    "findutils", "sed", "gawk", "diffutils", "patch", "tar", "gzip", "bzip2",
-    "xz-utils", "zstd", "unzip", "zip", "sudo", "adduser", "less", "file",
-    "jq", "netbase", "iproute2", "iputils-ping", "openssh-client",
+    "python3",
+    "python-is-python3",
+    "python3-venv",
+    "python3-pip",
+    "ca-certificates",
+    "bash",
+    "coreutils",
+    "curl",
+    "git",
+    "procps",
+    "grep",
+    "findutils",
+    "sed",
+    "gawk",
+    "diffutils",
+    "patch",
+    "tar",
+    "gzip",
+    "bzip2",
+    "xz-utils",
+    "zstd",
+    "unzip",
+    "zip",
+    "sudo",
+    "adduser",
+    "less",
+    "file",
+    "jq",
+    "netbase",
+    "iproute2",
+    "iputils-ping",
+    "openssh-client",
 )
 
 #: Mount points and placeholders the driver binds over; present in the image so
@@ -129,16 +156,22 @@ class ImageCache:
         tmp.mkdir()
         rootfs = tmp / "rootfs"
         started = time.monotonic()
-        log.info("building base image %s (Debian %s, %d packages); this runs once",
-                 self.recipe.key(), self.recipe.suite, len(self.recipe.packages))
+        log.info(
+            "building base image %s (Debian %s, %d packages); this runs once",
+            self.recipe.key(),
+            self.recipe.suite,
+            len(self.recipe.packages),
+        )
         try:
             _mmdebstrap(self.recipe, rootfs)
             log.info("base image: preparing the root filesystem")
             _finish_rootfs(rootfs)
             if self.recipe.extra_cas:
-                log.info("base image: trusting %d extra CA certificates: %s",
-                         len(self.recipe.extra_cas),
-                         ", ".join(name for name, _ in self.recipe.extra_cas))
+                log.info(
+                    "base image: trusting %d extra CA certificates: %s",
+                    len(self.recipe.extra_cas),
+                    ", ".join(name for name, _ in self.recipe.extra_cas),
+                )
                 _add_cas(rootfs, self.recipe.extra_cas)
             log.info("base image: shifting ownership to uid %d+", self.recipe.uid_base)
             shift_ownership(rootfs, self.recipe.uid_base)
@@ -160,17 +193,28 @@ def _mmdebstrap(recipe: Recipe, rootfs: Path) -> None:
     if shutil.which("mmdebstrap") is None:
         raise DriverError("mmdebstrap is not installed (apt-get install mmdebstrap)")
     argv = [
-        "mmdebstrap", f"--variant={recipe.variant}", "--mode=root", "--format=directory",
+        "mmdebstrap",
+        f"--variant={recipe.variant}",
+        "--mode=root",
+        "--format=directory",
         "--include=" + ",".join(recipe.packages),
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/doc/*",
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/info/*",
-        recipe.suite, str(rootfs), *recipe.sources(),
+        recipe.suite,
+        str(rootfs),
+        *recipe.sources(),
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace")
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+    )
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:
@@ -179,8 +223,10 @@ def _mmdebstrap(recipe: Recipe, rootfs: Path) -> None:
             log.info("mmdebstrap: %s", line)
             tail = [*tail[-19:], line]
     if proc.wait() != 0:
-        raise DriverError("building the base image failed (mmdebstrap exit "
-                          f"{proc.returncode}): " + " | ".join(tail[-3:]))
+        raise DriverError(
+            "building the base image failed (mmdebstrap exit "
+            f"{proc.returncode}): " + " | ".join(tail[-3:])
+        )
 
 
 def _finish_rootfs(rootfs: Path) -> None:
@@ -215,13 +261,29 @@ def _add_user(rootfs: Path) -> None:
     import subprocess
 
     done = subprocess.run(
-        ["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(USER_UID),
-         "--user-group", "--shell", "/bin/bash", "--groups", "sudo", USER_NAME],
-        capture_output=True, text=True, check=False,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        [
+            "chroot",
+            str(rootfs),
+            "useradd",
+            "--create-home",
+            "--uid",
+            str(USER_UID),
+            "--user-group",
+            "--shell",
+            "/bin/bash",
+            "--groups",
+            "sudo",
+            USER_NAME,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
     if done.returncode != 0:
-        raise DriverError(f"adding the account {USER_NAME!r} to the image failed: "
-                          f"{done.stderr.strip()}")
+        raise DriverError(
+            f"adding the account {USER_NAME!r} to the image failed: {done.stderr.strip()}"
+        )
     sudoers = rootfs / "etc/sudoers.d" / USER_NAME
     sudoers.write_text(f"{USER_NAME} ALL=(ALL:ALL) NOPASSWD:ALL\n")
     sudoers.chmod(0o440)
@@ -250,9 +312,13 @@ def _add_cas(rootfs: Path, cas: tuple[tuple[str, str], ...]) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for name, text in cas:
         (target / f"host-{name}").write_text(text)
-    done = subprocess.run(["chroot", str(rootfs), "update-ca-certificates"],
-                          capture_output=True, text=True, check=False,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    done = subprocess.run(
+        ["chroot", str(rootfs), "update-ca-certificates"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
     if done.returncode != 0:
         raise DriverError(f"update-ca-certificates in the image failed: {done.stderr.strip()}")
 
@@ -260,6 +326,7 @@ def _add_cas(rootfs: Path, cas: tuple[tuple[str, str], ...]) -> None:
 def shift_ownership(root: Path, base: int) -> None:
     """Add ``base`` to every uid and gid under ``root``, keeping modes and never
     following symlinks (``chown`` drops set-uid/set-gid bits, so they are restored)."""
+
     def shift(path: str) -> None:
         st = os.lstat(path)
         if st.st_uid >= base and st.st_gid >= base:

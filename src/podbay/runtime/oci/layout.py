@@ -60,8 +60,11 @@ class Layout:
         return f"/podbay/{self.instance}"
 
     def machine(self, machine_id: str) -> MachinePaths:
-        return MachinePaths(self.machines / machine_id, self.run_dir / machine_id,
-                            f"{self.cgroup_parent}/{machine_id}")
+        return MachinePaths(
+            self.machines / machine_id,
+            self.run_dir / machine_id,
+            f"{self.cgroup_parent}/{machine_id}",
+        )
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,12 @@ def spec_to_json(spec: MachineSpec) -> dict[str, Any]:
     return {
         "machine_id": spec.machine_id,
         "hostname": spec.hostname,
-        "limits": {"memory_bytes": spec.limits.memory_bytes, "cpus": spec.limits.cpus,
-                   "pids": spec.limits.pids, "disk_bytes": spec.limits.disk_bytes},
+        "limits": {
+            "memory_bytes": spec.limits.memory_bytes,
+            "cpus": spec.limits.cpus,
+            "pids": spec.limits.pids,
+            "disk_bytes": spec.limits.disk_bytes,
+        },
         "env": dict(spec.env),
         "layers": [str(p) for p in spec.layers],
         "labels": dict(spec.labels),
@@ -46,14 +50,21 @@ def spec_to_json(spec: MachineSpec) -> dict[str, Any]:
 
 def spec_from_json(raw: dict[str, Any]) -> MachineSpec:
     return MachineSpec(
-        machine_id=raw["machine_id"], hostname=raw["hostname"], limits=Limits(**raw["limits"]),
-        env=dict(raw.get("env") or {}), layers=tuple(Path(p) for p in raw.get("layers") or ()),
-        labels=dict(raw.get("labels") or {}))
+        machine_id=raw["machine_id"],
+        hostname=raw["hostname"],
+        limits=Limits(**raw["limits"]),
+        env=dict(raw.get("env") or {}),
+        layers=tuple(Path(p) for p in raw.get("layers") or ()),
+        labels=dict(raw.get("labels") or {}),
+    )
 
 
 def write(directory: Path, record: MachineRecord) -> None:
-    data = {"spec": spec_to_json(record.spec), "commanded": record.commanded.value,
-            "image": record.image}
+    data = {
+        "spec": spec_to_json(record.spec),
+        "commanded": record.commanded.value,
+        "image": record.image,
+    }
     tmp = directory / f".{RECORD}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
@@ -67,5 +78,6 @@ def read(directory: Path) -> MachineRecord | None:
         raw = json.loads((directory / RECORD).read_text())
     except FileNotFoundError:
         return None
-    return MachineRecord(spec_from_json(raw["spec"]), MachineState(raw["commanded"]),
-                         str(raw.get("image") or ""))
+    return MachineRecord(
+        spec_from_json(raw["spec"]), MachineState(raw["commanded"]), str(raw.get("image") or "")
+    )

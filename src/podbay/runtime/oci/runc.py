@@ -53,8 +53,11 @@ class Runc:
 
     async def call(self, *args: str, check: bool = True) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            *self.command(*args), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            *self.command(*args),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await proc.communicate()
         text = out.decode(errors="replace").strip()
         code = proc.returncode or 0
@@ -73,12 +76,27 @@ class Runc:
         # allows one uid 200 keys (kernel.keys.maxkeys), so a session keyring per
         # container would stop the 201st sandbox. The seccomp profile refuses every
         # keyring call, so the inherited keyring is out of the sandbox's reach.
-        return self.argv("run", "--detach", "--no-new-keyring", "--preserve-fds", "1",
-                         "--bundle", str(bundle), container_id)
+        return self.argv(
+            "run",
+            "--detach",
+            "--no-new-keyring",
+            "--preserve-fds",
+            "1",
+            "--bundle",
+            str(bundle),
+            container_id,
+        )
 
-    async def run_detached(self, container_id: str, bundle: Path, agent_fd: int | None,
-                           log_path: Path, inherit_rlimits: list[dict[str, Any]] | None = None,
-                           *, netns: Path | None = None) -> None:
+    async def run_detached(
+        self,
+        container_id: str,
+        bundle: Path,
+        agent_fd: int | None,
+        log_path: Path,
+        inherit_rlimits: list[dict[str, Any]] | None = None,
+        *,
+        netns: Path | None = None,
+    ) -> None:
         """Start the container detached, with ``agent_fd`` (if any) passed as fd 3;
         the container's own stdout and stderr (and the runtime's errors) go to
         ``log_path``. ``inherit_rlimits`` (OCI ``rlimits`` entries) are set on the
@@ -88,18 +106,33 @@ class Runc:
         if exe is None:
             raise DriverError(f"{argv[0]!r} not found on PATH")
         if inherit_rlimits:
-            argv = ["prlimit", *(f"--{_PRLIMIT_NAMES[r['type']]}={r['soft']}:{r['hard']}"
-                                 for r in inherit_rlimits), "--", exe, *argv[1:]]
+            argv = [
+                "prlimit",
+                *(
+                    f"--{_PRLIMIT_NAMES[r['type']]}={r['soft']}:{r['hard']}"
+                    for r in inherit_rlimits
+                ),
+                "--",
+                exe,
+                *argv[1:],
+            ]
             exe = shutil.which("prlimit") or "/usr/bin/prlimit"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        actions = [(os.POSIX_SPAWN_DUP2, null_fd, 0), (os.POSIX_SPAWN_DUP2, log_fd, 1),
-                   (os.POSIX_SPAWN_DUP2, log_fd, 2)]
+        actions = [
+            (os.POSIX_SPAWN_DUP2, null_fd, 0),
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ]
         if agent_fd is not None:
             actions.append((os.POSIX_SPAWN_DUP2, agent_fd, AGENT_FD))
         try:
-            pid = os.posix_spawn(exe, argv, _runtime_env(),  # noqa: ASYNC221
-                                 file_actions=actions)
+            pid = os.posix_spawn(  # noqa: ASYNC221
+                exe,
+                argv,
+                _runtime_env(),
+                file_actions=actions,
+            )
         finally:
             os.close(log_fd)
             os.close(null_fd)
@@ -107,8 +140,9 @@ class Runc:
         if code != 0:
             text = log_path.read_text(errors="replace")  # noqa: ASYNC240 - small, local
             tail = text.strip().splitlines()[-3:]
-            raise DriverError(f"{self.binary} run {container_id} failed (exit {code}): "
-                              + " | ".join(tail))
+            raise DriverError(
+                f"{self.binary} run {container_id} failed (exit {code}): " + " | ".join(tail)
+            )
 
     def state(self, container_id: str) -> ContainerState | None:
         """The container as runc recorded it, read from its state file (no subprocess).
@@ -161,8 +195,9 @@ class Runc:
         except FileNotFoundError:
             return []
 
-    async def kill_init(self, container_id: str, *, thaw: Callable[[], Awaitable[None]],
-                        within: float = 5.0) -> None:
+    async def kill_init(
+        self, container_id: str, *, thaw: Callable[[], Awaitable[None]], within: float = 5.0
+    ) -> None:
         """SIGKILL the container's init (its pid namespace dies with it) and wait
         until it has exited; ``thaw`` is called after the signal, so that frozen
         processes die without running user code.
@@ -202,8 +237,11 @@ _PRLIMIT_NAMES = {"RLIMIT_NOFILE": "nofile", "RLIMIT_CORE": "core"}
 
 def _runtime_env() -> dict[str, str]:
     # The runtime needs no secrets and gets none: a fixed, minimal environment.
-    return {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
-                                   "/sbin:/bin")}
+    return {
+        "PATH": os.environ.get(
+            "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        )
+    }
 
 
 async def wait_pid(pid: int) -> int:

@@ -61,16 +61,19 @@ PLATFORMS = ("systrap", "kvm", "ptrace")
 # Covering a directory of /proc makes that mount "not fully visible", and the kernel
 # then refuses procfs to any user namespace below (runsc's gofer mounts one): a
 # second, uncovered procfs mounted on an empty directory keeps one fully visible.
-_MASK_ROOT_NETNS_TEST = ('mount -t proc -o nosuid,nodev,noexec podbay "$0" && '
-                         "mount -t tmpfs -o ro,size=4k,mode=555 podbay /proc/sys/net/core "
-                         '&& exec "$@"')
+_MASK_ROOT_NETNS_TEST = (
+    'mount -t proc -o nosuid,nodev,noexec podbay "$0" && '
+    "mount -t tmpfs -o ro,size=4k,mode=555 podbay /proc/sys/net/core "
+    '&& exec "$@"'
+)
 
 
 class Runsc(Runc):
     passes_fds = False
 
-    def __init__(self, binary: str, root: Path, *, platform: str,
-                 netns: Callable[[str], Path]) -> None:
+    def __init__(
+        self, binary: str, root: Path, *, platform: str, netns: Callable[[str], Path]
+    ) -> None:
         super().__init__(binary, root)
         self.platform = platform
         #: The machine's network namespace file. runsc reaches a sandbox through
@@ -84,8 +87,16 @@ class Runsc(Runc):
         return [*enter_argv(path), *self.argv(*args)] if is_mounted(path) else self.argv(*args)
 
     def argv(self, *args: str) -> list[str]:
-        return [self.binary, "--root", str(self.root), f"--platform={self.platform}",
-                "--network=sandbox", "--host-uds=create", "--overlay2=none", *args]
+        return [
+            self.binary,
+            "--root",
+            str(self.root),
+            f"--platform={self.platform}",
+            "--network=sandbox",
+            "--host-uds=create",
+            "--overlay2=none",
+            *args,
+        ]
 
     def launch_argv(self, container_id: str, bundle: Path, netns: Path | None) -> list[str]:
         run = self.argv("run", "--detach", "--bundle", str(bundle), container_id)
@@ -93,17 +104,40 @@ class Runsc(Runc):
             return run
         visible_proc = bundle / PROC_DIR
         visible_proc.mkdir(mode=0o700, exist_ok=True)
-        return [*enter_argv(netns), "unshare", "--mount", "--propagation", "slave", "--",
-                "sh", "-c", _MASK_ROOT_NETNS_TEST, str(visible_proc), *run]
+        return [
+            *enter_argv(netns),
+            "unshare",
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+            _MASK_ROOT_NETNS_TEST,
+            str(visible_proc),
+            *run,
+        ]
 
     async def set_hostname(self, container_id: str, hostname: str) -> None:
         """gVisor keeps the sandbox's UTS namespace in its own kernel: set it from
         a process started inside (``runsc exec``), with the one capability it needs."""
-        argv = [*self.command(container_id)[:-1], "exec", "--user", "0:0", "--cap",
-                "CAP_SYS_ADMIN", container_id, "/bin/hostname", hostname]
+        argv = [
+            *self.command(container_id)[:-1],
+            "exec",
+            "--user",
+            "0:0",
+            "--cap",
+            "CAP_SYS_ADMIN",
+            container_id,
+            "/bin/hostname",
+            hostname,
+        ]
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT)
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
@@ -138,8 +172,9 @@ class Runsc(Runc):
             names = [p.name for p in self.root.iterdir()]
         except FileNotFoundError:
             return []
-        return sorted(n.split("_sandbox:", 1)[0] for n in names
-                      if n.endswith(".state") and "_sandbox:" in n)
+        return sorted(
+            n.split("_sandbox:", 1)[0] for n in names if n.endswith(".state") and "_sandbox:" in n
+        )
 
     async def delete(self, container_id: str) -> None:
         state_file = self._state_file(container_id)
@@ -191,16 +226,27 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = []
     for mount in cfg["mounts"]:
         if mount["destination"] == "/sys":
-            mount = {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-                     "options": ["nosuid", "noexec", "nodev", "ro"]}
+            mount = {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            }
         mounts.append(mount)
-    mounts.append({"destination": SOCKET_DIR, "type": "bind", "source": str(socket_dir),
-                   "options": ["bind", "nosuid", "nodev", "noexec", "rw"]})
+    mounts.append(
+        {
+            "destination": SOCKET_DIR,
+            "type": "bind",
+            "source": str(socket_dir),
+            "options": ["bind", "nosuid", "nodev", "noexec", "rw"],
+        }
+    )
     return {**cfg, "mounts": mounts}
 
 
-async def wait_bound(bound: Path, final: Path, within: float, *,
-                     alive: Callable[[], Awaitable[bool]]) -> None:
+async def wait_bound(
+    bound: Path, final: Path, within: float, *, alive: Callable[[], Awaitable[bool]]
+) -> None:
     """Wait until the agent listens on ``bound`` and answers there, then move the
     socket file to ``final`` (host only). Raises :class:`DriverError`, at once
     when ``alive()`` says the sandbox is gone.
@@ -234,15 +280,17 @@ async def wait_bound(bound: Path, final: Path, within: float, *,
 def available_platforms(binary: str) -> list[str]:
     """The platforms this runsc build knows (``runsc help platforms``)."""
     try:
-        out = subprocess.run([binary, "help", "platforms"], capture_output=True, text=True,
-                             timeout=10, check=False).stdout
+        out = subprocess.run(
+            [binary, "help", "platforms"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in out.splitlines() if line.strip().isidentifier()]
 
 
-def choose_platform(binary: str, wanted: str = "", *,
-                    cache: Path = Path("/run/podbay/runsc-platform.json")) -> str:
+def choose_platform(
+    binary: str, wanted: str = "", *, cache: Path = Path("/run/podbay/runsc-platform.json")
+) -> str:
     """``wanted`` if set; else the first of :data:`PLATFORMS` this runsc has and
     this host runs. kvm counts only when a sandbox actually starts on it (a
     device node is no proof: on some hosts KVM guests hang); that probe takes
@@ -253,8 +301,12 @@ def choose_platform(binary: str, wanted: str = "", *,
     if resolved is None:
         return "ptrace"
     st = os.stat(resolved)
-    key = {"runsc": resolved, "size": st.st_size, "mtime": st.st_mtime_ns,
-           "kernel": os.uname().release}
+    key = {
+        "runsc": resolved,
+        "size": st.st_size,
+        "mtime": st.st_mtime_ns,
+        "kernel": os.uname().release,
+    }
     with contextlib.suppress(OSError, ValueError):
         known = json.loads(cache.read_text())
         if isinstance(known, dict) and known.get("key") == key:
@@ -279,15 +331,23 @@ def _kvm_runs(binary: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="podbay-kvm-probe-") as root:
         argv = [binary, "--root", root, "--platform=kvm", "--network=none", "do", "true"]
         try:
-            done = subprocess.run(argv, capture_output=True, timeout=10, check=False,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                argv, capture_output=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+            )
             return done.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
         finally:
             # A hung probe's sandbox must not outlive it.
-            listed = subprocess.run([binary, "--root", root, "list", "-quiet"],
-                                    capture_output=True, text=True, check=False).stdout
+            listed = subprocess.run(
+                [binary, "--root", root, "list", "-quiet"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
             for container in listed.split():
-                subprocess.run([binary, "--root", root, "delete", "-force", container],
-                               capture_output=True, check=False)
+                subprocess.run(
+                    [binary, "--root", root, "delete", "-force", container],
+                    capture_output=True,
+                    check=False,
+                )

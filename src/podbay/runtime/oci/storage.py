@@ -42,14 +42,27 @@ LOOP_CONFIGURE = 0x4C0A
 LO_FLAGS_AUTOCLEAR = 4
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
+_libc.mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def sys_mount(source: str, target: Path, fstype: str, flags: int = 0, data: str = "") -> None:
-    if _libc.mount(source.encode(), os.fsencode(target), fstype.encode(), flags,
-                   data.encode() if data else None) != 0:
+    if (
+        _libc.mount(
+            source.encode(),
+            os.fsencode(target),
+            fstype.encode(),
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
         err = ctypes.get_errno()
         raise DriverError(f"mount {fstype} on {target} failed: {os.strerror(err)}")
 
@@ -96,12 +109,16 @@ class DiskCommitment:
         return (self.promised - self.allocated) / max(self.free, 1)
 
     def describe(self, reserve: int) -> str:
-        text = (f"{self.machines} sandbox disks may grow to {self.promised / GIB:.1f} GiB and "
-                f"hold {self.allocated / GIB:.1f} GiB; {self.free / GIB:.1f} GiB free, "
-                f"{reserve / GIB:.1f} GiB reserved")
+        text = (
+            f"{self.machines} sandbox disks may grow to {self.promised / GIB:.1f} GiB and "
+            f"hold {self.allocated / GIB:.1f} GiB; {self.free / GIB:.1f} GiB free, "
+            f"{reserve / GIB:.1f} GiB reserved"
+        )
         if self.ratio > 1:
-            return (text + f": overcommitted {self.ratio:.1f}x (new sandboxes are refused "
-                    "below the reserve; full disks give ENOSPC inside)")
+            return (
+                text + f": overcommitted {self.ratio:.1f}x (new sandboxes are refused "
+                "below the reserve; full disks give ENOSPC inside)"
+            )
         return text + ": not overcommitted"
 
 
@@ -153,10 +170,20 @@ async def _mkfs(target: Path, size: int) -> None:
     with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
         f.truncate(size)
     proc = await asyncio.create_subprocess_exec(
-        "mkfs.ext4", "-q", "-F", "-m", "0", "-L", "podbay",
-        "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-        str(tmp), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        "mkfs.ext4",
+        "-q",
+        "-F",
+        "-m",
+        "0",
+        "-L",
+        "podbay",
+        "-E",
+        "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+        str(tmp),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -216,7 +243,7 @@ def attach_loop(image: Path) -> tuple[str, int]:
                     info = bytearray(232)
                     struct.pack_into("=I", info, 52, LO_FLAGS_AUTOCLEAR)  # lo_flags
                     name = os.fsencode(image)[:63]
-                    info[56:56 + len(name)] = name  # lo_file_name
+                    info[56 : 56 + len(name)] = name  # lo_file_name
                     config = struct.pack("=II", backing, 0) + bytes(info) + bytes(64)
                     try:
                         fcntl.ioctl(dev_fd, LOOP_CONFIGURE, config)
@@ -245,8 +272,13 @@ def mount_disk(image: Path, target: Path, *, readonly: bool = False) -> None:
     try:
         # discard: a deletion inside punches the blocks out of the sparse file
         # (the loop device passes it on), so the host gets the space back.
-        sys_mount(device, target, "ext4", MS_NODEV | MS_NOSUID | (MS_RDONLY if readonly else 0),
-                  "" if readonly else "discard")
+        sys_mount(
+            device,
+            target,
+            "ext4",
+            MS_NODEV | MS_NOSUID | (MS_RDONLY if readonly else 0),
+            "" if readonly else "discard",
+        )
     finally:
         os.close(fd)  # the mount now holds the device; unmounting frees it
 
@@ -268,8 +300,10 @@ def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> 
     if is_mounted(target):
         return
     target.mkdir(parents=True, exist_ok=True)
-    options = (f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work},"
-               "index=off,metacopy=off")
+    options = (
+        f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work},"
+        "index=off,metacopy=off"
+    )
     sys_mount("overlay", target, "overlay", MS_NODEV, options)
 
 
@@ -326,9 +360,17 @@ async def copy_layer(upper: Path, dest: Path) -> None:
         os.makedirs(dest, exist_ok=True)
         return
     proc = await asyncio.create_subprocess_exec(
-        "cp", "-a", "--preserve=all", "--sparse=always", "--no-target-directory",
-        str(upper), str(dest), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        "cp",
+        "-a",
+        "--preserve=all",
+        "--sparse=always",
+        "--no-target-directory",
+        str(upper),
+        str(dest),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise DriverError(f"copying the layer failed: {out.decode(errors='replace')[-500:]}")

@@ -37,14 +37,25 @@ OWNER_UID_COUNT = 1 << 24
 #: The file in a machine's run directory naming its namespace's owner.
 OWNER_FILE = "userns-owner"
 
+
 def _holder_argv(owner: int) -> list[str]:
     """As ``owner`` (no groups, no capabilities left), unshare a user and a network
     namespace, say so, and wait for stdin to close. util-linux and a shell: a few
     milliseconds, where a Python holder took tens on a busy host."""
-    return ["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups", "--",
-            "unshare", "--user", "--net", "--",
-            "sh", "-c", "echo ready; while read -r _; do :; done"]
-
+    return [
+        "setpriv",
+        f"--reuid={owner}",
+        f"--regid={owner}",
+        "--clear-groups",
+        "--",
+        "unshare",
+        "--user",
+        "--net",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; while read -r _; do :; done",
+    ]
 
 
 def pick_owner(run_dirs: list[Path]) -> int:
@@ -71,8 +82,11 @@ class OwnedUserNamespace:
         """Start the holder and map its namespace (the paths are then valid)."""
         proc = await asyncio.create_subprocess_exec(
             *_holder_argv(self.owner),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
         self._proc = proc
         assert proc.stdout is not None and proc.stderr is not None
         try:

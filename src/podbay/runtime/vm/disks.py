@@ -37,6 +37,7 @@ ID_RANGE = 65536
 def _shift_tree(root: Path, delta: int, *, low: int, high: int) -> None:
     """Add ``delta`` to every uid/gid in ``[low, high)`` under ``root`` (not following
     symlinks), then restore the modes ``chown`` clears."""
+
     def fix(path: str) -> None:
         st = os.lstat(path)
         uid = st.st_uid + delta if low <= st.st_uid < high else st.st_uid
@@ -76,8 +77,11 @@ def _tree_bytes(root: Path) -> tuple[int, int]:
 
 async def _run(*argv: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise DriverError(f"{argv[0]} failed: {out.decode(errors='replace')[-800:]}")
@@ -100,16 +104,30 @@ async def pack(source: Path, target: Path, uid_base: int) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         try:
-            await _run("cp", "-a", "--preserve=all", "--no-target-directory", str(source),
-                       str(tree))
+            await _run(
+                "cp", "-a", "--preserve=all", "--no-target-directory", str(source), str(tree)
+            )
             await asyncio.to_thread(shift_down, tree, uid_base)
             used, files = await asyncio.to_thread(_tree_bytes, tree)
             size = int(used * 1.25) + files * 4096 // 4 + 64 * 1024 * 1024
             with open(image, "wb") as out:  # noqa: ASYNC230 - truncate only
                 out.truncate(size)
-            await _run("mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0",
-                       "-N", str(files * 2 + 1024), "-E", "root_owner=0:0,nodiscard",
-                       "-d", str(tree), str(image))
+            await _run(
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-O",
+                "^has_journal",
+                "-m",
+                "0",
+                "-N",
+                str(files * 2 + 1024),
+                "-E",
+                "root_owner=0:0,nodiscard",
+                "-d",
+                str(tree),
+                str(image),
+            )
             os.chmod(image, 0o600)
             os.rename(image, target)
         finally:

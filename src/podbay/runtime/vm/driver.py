@@ -77,8 +77,9 @@ $B ip link set eth0 up
 $B ip addr add {GUEST_ADDRESS} dev eth0
 $B ip route add default via {GUEST_GATEWAY}"""
 AGENT_OPTIONS = ["--env-file", "/.podbay/run/env.json"]
-GUEST_INIT = ("import sys; sys.path.insert(0, '/.podbay/agent'); "
-              "from podbay_vm.init import main; main()")
+GUEST_INIT = (
+    "import sys; sys.path.insert(0, '/.podbay/agent'); from podbay_vm.init import main; main()"
+)
 
 
 def kernel_release() -> str:
@@ -145,14 +146,18 @@ class VmDriver(RecordKeepingDriver):
             raise DriverError(f"runtime.vm_accel must be tcg or kvm, not {self.accel!r}")
         self.home = self.layout.data_dir / "vm"
         self.run_root = self.layout.run_dir / "vm"
-        self.recipe = Recipe(mirror=self.rt.image_mirror, uid_base=self.rt.uid_base,
-                             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir))
+        self.recipe = Recipe(
+            mirror=self.rt.image_mirror,
+            uid_base=self.rt.uid_base,
+            extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir),
+        )
         # The guest's NIC is QEMU's user-mode network, and QEMU runs inside the
         # machine's host-owned namespace: every packet the guest sends leaves as
         # QEMU's own socket there, under the same nftables policy as a container's.
         self.network = NetworkManager(self.run_root / "net", enabled=self.rt.network)
-        self.capabilities = Capabilities(suspend=True, stop_keeps_files=True,
-                                         network=self.network.enabled)
+        self.capabilities = Capabilities(
+            suspend=True, stop_keeps_files=True, network=self.network.enabled
+        )
         self._image: Image | None = None
         self._base_disk: Path | None = None
         self._initramfs: Path | None = None
@@ -177,11 +182,15 @@ class VmDriver(RecordKeepingDriver):
             raise DriverError(f"{QEMU} not found (apt-get install qemu-system-x86)")
         release = kernel_release()
         image = await ImageCache(self.layout.image_dir, self.recipe).ensure()
-        agent_dir = await asyncio.to_thread(staging.stage, self.layout.data_dir / "agent",
-                                            python=agent_bundle.image_python(image.rootfs))
+        agent_dir = await asyncio.to_thread(
+            staging.stage,
+            self.layout.data_dir / "agent",
+            python=agent_bundle.image_python(image.rootfs),
+        )
         base_disk = await disks.pack(image.rootfs, image.root / "guest.ext4", self.rt.uid_base)
-        built = await asyncio.to_thread(initramfs.build, self.home, kernel_release=release,
-                                        agent_dir=agent_dir)
+        built = await asyncio.to_thread(
+            initramfs.build, self.home, kernel_release=release, agent_dir=agent_dir
+        )
         for d in (self.machines, self.run_root):
             d.mkdir(parents=True, exist_ok=True)
         await self._clear_template_leftovers()
@@ -191,26 +200,40 @@ class VmDriver(RecordKeepingDriver):
         # init becomes the agent in the same interpreter (see guest/init.py).
         python = agent_bundle.image_python(image.rootfs, inside=True)
         self._init_argv = [*python, "-I", "-S", "-c", GUEST_INIT]
-        self._image, self._base_disk, self._kernel = image, base_disk, \
-            KERNEL_DIR / f"vmlinuz-{release}"
+        self._image, self._base_disk, self._kernel = (
+            image,
+            base_disk,
+            KERNEL_DIR / f"vmlinuz-{release}",
+        )
         self._initramfs = built
         if self.templates_enabled and self.rt.warm_pool > 0:
             # The shape a default attach asks for, ready before the first one.
-            self._ensure_template(self._shape(MachineSpec(
-                machine_id="default", hostname="sandbox", limits=Limits(
-                    memory_bytes=self.rt.memory_bytes, cpus=self.rt.cpus, pids=self.rt.pids,
-                    disk_bytes=self.rt.disk_bytes))), [])
+            self._ensure_template(
+                self._shape(
+                    MachineSpec(
+                        machine_id="default",
+                        hostname="sandbox",
+                        limits=Limits(
+                            memory_bytes=self.rt.memory_bytes,
+                            cpus=self.rt.cpus,
+                            pids=self.rt.pids,
+                            disk_bytes=self.rt.disk_bytes,
+                        ),
+                    )
+                ),
+                [],
+            )
 
-    def _ensure_template(self, shape: templates.Shape,
-                         layers: list[Path]) -> templates.Template | None:
+    def _ensure_template(
+        self, shape: templates.Shape, layers: list[Path]
+    ) -> templates.Template | None:
         """The template of this shape and these layer disks if it is ready; else
         start building it (once)."""
         key = self._template_key(shape, layers)
         template = templates.find(self.home / "templates", key)
         if template is None and key not in self._building:
             self._building.add(key)
-            self._builds.append(self._relay_loop.submit(
-                self._build_template(key, shape, layers)))
+            self._builds.append(self._relay_loop.submit(self._build_template(key, shape, layers)))
         return template
 
     async def wait_templates(self, within: float = templates.BUILD_SECONDS) -> None:
@@ -255,13 +278,28 @@ class VmDriver(RecordKeepingDriver):
             out.append(await disks.pack(layer, target, self.rt.uid_base))
         return out
 
-    def _argv(self, spec: MachineSpec, paths: VmPaths, layers: list[Path], *,
-              network: bool, initrd: Path | None = None) -> list[str]:
+    def _argv(
+        self,
+        spec: MachineSpec,
+        paths: VmPaths,
+        layers: list[Path],
+        *,
+        network: bool,
+        initrd: Path | None = None,
+    ) -> list[str]:
         assert self._kernel is not None and self._base_disk is not None
         memory = max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
         cpus = max(1, math.ceil(spec.limits.cpus))
-        append = ["console=ttyS0", "quiet", "panic=-1", "reboot=t", "tsc=reliable",
-                  "8250.nr_uarts=1", "cryptomgr.notests", "random.trust_cpu=on"]
+        append = [
+            "console=ttyS0",
+            "quiet",
+            "panic=-1",
+            "reboot=t",
+            "tsc=reliable",
+            "8250.nr_uarts=1",
+            "cryptomgr.notests",
+            "random.trust_cpu=on",
+        ]
         if self.accel == "tcg":
             khz = host_tsc_khz()
             if khz:
@@ -270,12 +308,36 @@ class VmDriver(RecordKeepingDriver):
         # Under TCG the "max" model (every feature QEMU emulates) made exec in the
         # guest ~40 % faster than the default qemu64 (fewer full TLB flushes).
         cpu = "host" if self.accel == "kvm" else "max"
-        argv = [QEMU, "-name", f"podbay-{spec.machine_id}", "-M", "microvm,x-option-roms=off",
-                "-accel", accel, "-cpu", cpu, "-m", f"{memory}M", "-smp", str(cpus),
-                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-                "-chardev", "ringbuf,id=console,size=65536", "-serial", "chardev:console",
-                "-kernel", str(self._kernel), "-initrd", str(initrd or paths.initrd),
-                "-append", " ".join(append)]
+        argv = [
+            QEMU,
+            "-name",
+            f"podbay-{spec.machine_id}",
+            "-M",
+            "microvm,x-option-roms=off",
+            "-accel",
+            accel,
+            "-cpu",
+            cpu,
+            "-m",
+            f"{memory}M",
+            "-smp",
+            str(cpus),
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-chardev",
+            "ringbuf,id=console,size=65536",
+            "-serial",
+            "chardev:console",
+            "-kernel",
+            str(self._kernel),
+            "-initrd",
+            str(initrd or paths.initrd),
+            "-append",
+            " ".join(append),
+        ]
         drives = [("base", self._base_disk, True)]
         drives += [(f"layer{i}", path, True) for i, path in enumerate(layers)]
         drives.append(("disk", paths.disk_image, False))
@@ -285,36 +347,60 @@ class VmDriver(RecordKeepingDriver):
                 options += ",readonly=on,cache=unsafe"
             else:
                 options += ",discard=unmap"
-            argv += ["-drive", options,
-                     "-device", f"virtio-blk-device,drive={serial},serial={serial}"]
+            argv += [
+                "-drive",
+                options,
+                "-device",
+                f"virtio-blk-device,drive={serial},serial={serial}",
+            ]
         if network:
-            argv += ["-netdev", f"user,id=net,ipv6=off,net={GUEST_NET},host={GUEST_GATEWAY},"
-                                f"dns={GUEST_DNS_ALIAS}",
-                     "-device", "virtio-net-device,netdev=net"]
-        argv += ["-device", "virtio-serial-device",
-                 "-chardev", f"socket,id=agent,path={paths.mux},server=on,wait=off",
-                 "-device", "virtserialport,chardev=agent,name=podbay",
-                 "-qmp", f"unix:{paths.qmp},server=on,wait=off",
-                 "-pidfile", str(paths.pidfile), "-daemonize"]
+            argv += [
+                "-netdev",
+                f"user,id=net,ipv6=off,net={GUEST_NET},host={GUEST_GATEWAY},dns={GUEST_DNS_ALIAS}",
+                "-device",
+                "virtio-net-device,netdev=net",
+            ]
+        argv += [
+            "-device",
+            "virtio-serial-device",
+            "-chardev",
+            f"socket,id=agent,path={paths.mux},server=on,wait=off",
+            "-device",
+            "virtserialport,chardev=agent,name=podbay",
+            "-qmp",
+            f"unix:{paths.qmp},server=on,wait=off",
+            "-pidfile",
+            str(paths.pidfile),
+            "-daemonize",
+        ]
         return argv
 
     def _shape(self, spec: MachineSpec) -> templates.Shape:
-        return templates.Shape(memory_mib=max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20),
-                               cpus=max(1, math.ceil(spec.limits.cpus)),
-                               disk_bytes=spec.limits.disk_bytes, network=self.network.enabled)
+        return templates.Shape(
+            memory_mib=max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20),
+            cpus=max(1, math.ceil(spec.limits.cpus)),
+            disk_bytes=spec.limits.disk_bytes,
+            network=self.network.enabled,
+        )
 
     def _template_key(self, shape: templates.Shape, layers: list[Path]) -> str:
         assert self._initramfs is not None and self._base_disk is not None
-        return shape.key(self._initramfs.name, str(self._base_disk), str(self._kernel),
-                         self.accel, *map(str, layers))
+        return shape.key(
+            self._initramfs.name,
+            str(self._base_disk),
+            str(self._kernel),
+            self.accel,
+            *map(str, layers),
+        )
 
     async def _boot(self, record: records.MachineRecord) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
         assert self._initramfs is not None
         if len(str(paths.socket)) > 107:
-            raise DriverError(f"socket path {paths.socket} is too long; set a shorter "
-                              "runtime.run_dir")
+            raise DriverError(
+                f"socket path {paths.socket} is too long; set a shorter runtime.run_dir"
+            )
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
         layers = await self._layer_disks(spec)
@@ -326,89 +412,155 @@ class VmDriver(RecordKeepingDriver):
         if template is not None:
             await self._restore(spec, paths, layers, template, network=handle.enabled)
         else:
-            await self._cold_boot(spec, paths, layers, handle.resolv_conf,
-                                  network=handle.enabled)
+            await self._cold_boot(spec, paths, layers, handle.resolv_conf, network=handle.enabled)
         within = max(self.rt.start_timeout_seconds, 120.0 if self.accel == "tcg" else 30.0)
         try:
             await wait_ready(paths.socket, within)
         except DriverError as e:
             raise DriverError(f"{e}; guest console: {await self._console(paths)}") from None
 
-    def _boot_files(self, paths: VmPaths, config: dict[str, object], env: Mapping[str, str],
-                    hostname: str, resolv_conf: str, layers: int, network: bool) -> None:
+    def _boot_files(
+        self,
+        paths: VmPaths,
+        config: dict[str, object],
+        env: Mapping[str, str],
+        hostname: str,
+        resolv_conf: str,
+        layers: int,
+        network: bool,
+    ) -> None:
         assert self._initramfs is not None
-        run_files = {"config.json": json.dumps(config), "env.json": json.dumps(dict(env)),
-                     "hostname": hostname + "\n", "hosts": hosts_file(hostname),
-                     "resolv.conf": resolv_conf}
+        run_files = {
+            "config.json": json.dumps(config),
+            "env.json": json.dumps(dict(env)),
+            "hostname": hostname + "\n",
+            "hosts": hosts_file(hostname),
+            "resolv.conf": resolv_conf,
+        }
         initramfs.boot_archive(
-            self._initramfs, paths.initrd,
-            variables={"LAYERS": str(layers), "NETWORK": "1" if network else "",
-                       "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items())},
-            init_argv=self._init_argv, network_script=GUEST_NETWORK, run_files=run_files)
+            self._initramfs,
+            paths.initrd,
+            variables={
+                "LAYERS": str(layers),
+                "NETWORK": "1" if network else "",
+                "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items()),
+            },
+            init_argv=self._init_argv,
+            network_script=GUEST_NETWORK,
+            run_files=run_files,
+        )
 
     async def _launch(self, machine_id: str, argv: list[str]) -> None:
         proc = await asyncio.create_subprocess_exec(
-            *self.network.enter_argv(machine_id), *argv,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            *self.network.enter_argv(machine_id),
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
 
-    async def _cold_boot(self, spec: MachineSpec, paths: VmPaths, layers: list[Path],
-                         resolv_conf: str, *, network: bool) -> None:
+    async def _cold_boot(
+        self,
+        spec: MachineSpec,
+        paths: VmPaths,
+        layers: list[Path],
+        resolv_conf: str,
+        *,
+        network: bool,
+    ) -> None:
         name = uts_name(spec.hostname)
-        config: dict[str, object] = {"hostname": name, "pids": spec.limits.pids,
-                                     "agent_options": AGENT_OPTIONS}
-        await asyncio.to_thread(self._boot_files, paths, config, spec.env, name, resolv_conf,
-                                len(layers), network)
+        config: dict[str, object] = {
+            "hostname": name,
+            "pids": spec.limits.pids,
+            "agent_options": AGENT_OPTIONS,
+        }
+        await asyncio.to_thread(
+            self._boot_files, paths, config, spec.env, name, resolv_conf, len(layers), network
+        )
         await self._launch(spec.machine_id, self._argv(spec, paths, layers, network=network))
         relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
 
-    async def _restore(self, spec: MachineSpec, paths: VmPaths, layers: list[Path],
-                       template: templates.Template, *, network: bool) -> None:
+    async def _restore(
+        self,
+        spec: MachineSpec,
+        paths: VmPaths,
+        layers: list[Path],
+        template: templates.Template,
+        *,
+        network: bool,
+    ) -> None:
         """Start the machine from a template's saved state (see templates.py)."""
         await _copy_sparse(template.disk, paths.disk_image)
-        argv = [*self._argv(spec, paths, layers, network=network, initrd=template.initrd),
-                "-incoming", f"exec:cat {shlex.quote(str(template.state))}"]
+        argv = [
+            *self._argv(spec, paths, layers, network=network, initrd=template.initrd),
+            "-incoming",
+            f"exec:cat {shlex.quote(str(template.state))}",
+        ]
         await self._launch(spec.machine_id, argv)
         await templates.wait_incoming(paths.qmp, 120.0)
         relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
         await qmp.execute(paths.qmp, "cont")
-        config = {"hostname": uts_name(spec.hostname), "pids": spec.limits.pids,
-                  "env": dict(spec.env)}
+        config = {
+            "hostname": uts_name(spec.hostname),
+            "pids": spec.limits.pids,
+            "env": dict(spec.env),
+        }
         await self._relay_loop.call(relay.configure(json.dumps(config).encode(), 30.0))
 
-    async def _build_template(self, key: str, shape: templates.Shape,
-                              layers: list[Path]) -> None:
+    async def _build_template(self, key: str, shape: templates.Shape, layers: list[Path]) -> None:
         """Boot a template guest, save it, and keep it under ``templates/<key>``
         (runs on the relay loop, beside whatever the caller's loop does)."""
         root = self.home / "templates" / key
         tmp = root.with_name(f".{key}.{os.getpid()}")
         machine_id = f"tpl-{key[:12]}"
         paths = VmPaths(tmp, self.run_root / "templates" / key[:12])
-        spec = MachineSpec(machine_id=machine_id, hostname="sandbox", limits=Limits(
-            memory_bytes=shape.memory_mib << 20, cpus=float(shape.cpus), pids=1 << 16,
-            disk_bytes=shape.disk_bytes))
+        spec = MachineSpec(
+            machine_id=machine_id,
+            hostname="sandbox",
+            limits=Limits(
+                memory_bytes=shape.memory_mib << 20,
+                cpus=float(shape.cpus),
+                pids=1 << 16,
+                disk_bytes=shape.disk_bytes,
+            ),
+        )
         relay: Relay | None = None
         try:
             async with asyncio.timeout(templates.BUILD_SECONDS):
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
                 paths.run.mkdir(parents=True, exist_ok=True)
-                await storage.make_disk(paths.disk_image, shape.disk_bytes,
-                                        self.layout.data_dir / "disks")
+                await storage.make_disk(
+                    paths.disk_image, shape.disk_bytes, self.layout.data_dir / "disks"
+                )
                 handle = await self.network.setup(machine_id)
-                config: dict[str, object] = {"hostname": "sandbox", "pids": 1 << 16,
-                                             "agent_options": AGENT_OPTIONS, "template": True}
-                await asyncio.to_thread(self._boot_files, paths, config, {}, "sandbox",
-                                        handle.resolv_conf, len(layers), handle.enabled)
-                await self._launch(machine_id, self._argv(spec, paths, layers,
-                                                          network=handle.enabled))
+                config: dict[str, object] = {
+                    "hostname": "sandbox",
+                    "pids": 1 << 16,
+                    "agent_options": AGENT_OPTIONS,
+                    "template": True,
+                }
+                await asyncio.to_thread(
+                    self._boot_files,
+                    paths,
+                    config,
+                    {},
+                    "sandbox",
+                    handle.resolv_conf,
+                    len(layers),
+                    handle.enabled,
+                )
+                await self._launch(
+                    machine_id, self._argv(spec, paths, layers, network=handle.enabled)
+                )
                 relay = Relay(machine_id, paths.socket, paths.mux, fresh=True)
                 await relay.start()
                 await relay.waiting.wait()
@@ -419,8 +571,9 @@ class VmDriver(RecordKeepingDriver):
                 shutil.copyfile(paths.initrd, tmp / "initrd")
                 (tmp / "complete").touch()
                 os.rename(tmp, root)
-                log.info("vm template %s ready (%d MiB, %d cpus)", key, shape.memory_mib,
-                         shape.cpus)
+                log.info(
+                    "vm template %s ready (%d MiB, %d cpus)", key, shape.memory_mib, shape.cpus
+                )
         except BaseException as e:  # a template is an optimisation: log and go on
             log.warning("vm template %s not built: %s", key, e or type(e).__name__)
         finally:
@@ -435,8 +588,9 @@ class VmDriver(RecordKeepingDriver):
 
     async def _console(self, paths: VmPaths) -> str:
         try:
-            text = await qmp.execute(paths.qmp, "ringbuf-read",
-                                     {"device": "console", "size": 65536}, within=3)
+            text = await qmp.execute(
+                paths.qmp, "ringbuf-read", {"device": "console", "size": 65536}, within=3
+            )
         except (OSError, TimeoutError, DriverError):
             return "(unavailable)"
         lines = str(text).strip().splitlines()
@@ -521,29 +675,37 @@ class VmDriver(RecordKeepingDriver):
             await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
             check = await asyncio.create_subprocess_exec(
-                "e2fsck", "-f", "-y", str(paths.disk_image), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+                "e2fsck",
+                "-f",
+                "-y",
+                str(paths.disk_image),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
             out, _ = await check.communicate()
             if check.returncode not in (0, 1, 2):
-                raise DriverError(f"the machine's disk is damaged: "
-                                  f"{out.decode(errors='replace')[-400:]}")
+                raise DriverError(
+                    f"the machine's disk is damaged: {out.decode(errors='replace')[-400:]}"
+                )
             mount = paths.run / "export"
             paths.run.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(storage.mount_disk, paths.disk_image, mount, readonly=True)
             try:
                 await storage.copy_layer(mount / "upper", dest)
             finally:
-                await asyncio.to_thread(storage.unmount_machine, paths.run / "no-rootfs",
-                                        mount)
+                await asyncio.to_thread(storage.unmount_machine, paths.run / "no-rootfs", mount)
             await asyncio.to_thread(disks.shift_up, dest, self.rt.uid_base)
 
-    async def assign(self, machine_id: str, *, hostname: str,
-                     labels: Mapping[str, str]) -> None:
+    async def assign(self, machine_id: str, *, hostname: str, labels: Mapping[str, str]) -> None:
         async with self._lock(machine_id):
             record = self._record(machine_id)
             spec = record.spec
-            self._save(dataclasses.replace(record, spec=dataclasses.replace(
-                spec, hostname=hostname, labels=dict(labels))))
+            self._save(
+                dataclasses.replace(
+                    record, spec=dataclasses.replace(spec, hostname=hostname, labels=dict(labels))
+                )
+            )
             relay = self._relays.get(machine_id)
             if relay is not None and await self._observe(machine_id) is not MachineState.STOPPED:
                 # Delivered in order before any later request on the channel, so
@@ -594,9 +756,15 @@ class VmDriver(RecordKeepingDriver):
 
 async def _copy_sparse(source: Path, target: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "cp", "--sparse=always", "--reflink=auto", str(source), str(target),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        "cp",
+        "--sparse=always",
+        "--reflink=auto",
+        str(source),
+        str(target),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise DriverError(f"copying the template's disk failed: {out.decode(errors='replace')}")
@@ -612,4 +780,3 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
-

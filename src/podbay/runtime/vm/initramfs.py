@@ -28,9 +28,17 @@ from pathlib import Path
 from ..base import DriverError
 
 #: Loaded in this order; virtio_net is loaded only when the machine has a network.
-MODULES = ("drivers/virtio/virtio_ring", "drivers/virtio/virtio", "drivers/virtio/virtio_mmio",
-           "drivers/block/virtio_blk", "drivers/char/virtio_console", "fs/overlayfs/overlay",
-           "net/core/failover", "drivers/net/net_failover", "drivers/net/virtio_net")
+MODULES = (
+    "drivers/virtio/virtio_ring",
+    "drivers/virtio/virtio",
+    "drivers/virtio/virtio_mmio",
+    "drivers/block/virtio_blk",
+    "drivers/char/virtio_console",
+    "fs/overlayfs/overlay",
+    "net/core/failover",
+    "drivers/net/net_failover",
+    "drivers/net/virtio_net",
+)
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GUEST_DIR = Path(__file__).with_name("guest")
 STALE_SECONDS = 3600
@@ -114,8 +122,21 @@ def newc(entries: Iterable[tuple[str, int, bytes]]) -> bytes:
     def add(name: str, mode: int, data: bytes) -> None:
         nonlocal ino
         encoded = name.encode() + b"\0"
-        fields = (ino, mode, 0, 0, 2 if mode & 0o040000 else 1, 0, len(data), 0, 0, 0, 0,
-                  len(encoded), 0)
+        fields = (
+            ino,
+            mode,
+            0,
+            0,
+            2 if mode & 0o040000 else 1,
+            0,
+            len(data),
+            0,
+            0,
+            0,
+            0,
+            len(encoded),
+            0,
+        )
         out.extend(b"070701" + b"".join(b"%08X" % v for v in fields) + encoded)
         out.extend(b"\0" * (-len(out) % 4))
         out.extend(data)
@@ -141,8 +162,9 @@ def _tree(source: Path, prefix: str) -> list[tuple[str, int, bytes]]:
             path = Path(dirpath) / name
             if path.is_symlink() or not path.is_file():
                 continue
-            entries.append((f"{prefix}/{rel / name}".replace("/./", "/"), 0o100644,
-                            path.read_bytes()))
+            entries.append(
+                (f"{prefix}/{rel / name}".replace("/./", "/"), 0o100644, path.read_bytes())
+            )
     return entries
 
 
@@ -151,15 +173,21 @@ def build(dest_dir: Path, *, kernel_release: str, agent_dir: Path) -> Path:
     busybox = find_busybox()
     modules = _kernel_modules(kernel_release)
     digest = hashlib.sha256()
-    for part in (INIT.encode(), kernel_release.encode(), str(agent_dir).encode(),
-                 busybox.read_bytes()[:4096], *((GUEST_DIR / n).read_bytes() for n in GUEST_FILES)):
+    for part in (
+        INIT.encode(),
+        kernel_release.encode(),
+        str(agent_dir).encode(),
+        busybox.read_bytes()[:4096],
+        *((GUEST_DIR / n).read_bytes() for n in GUEST_FILES),
+    ):
         digest.update(hashlib.sha256(part).digest())
     target = dest_dir / f"initramfs-{digest.hexdigest()[:16]}.cpio"
     if target.exists():
         return target
     entries: list[tuple[str, int, bytes]] = [
-        (d, 0o040755, b"") for d in ("bin", "dev", "proc", "sys", "lib", "lib/modules",
-                                     "config", "newroot")]
+        (d, 0o040755, b"")
+        for d in ("bin", "dev", "proc", "sys", "lib", "lib/modules", "config", "newroot")
+    ]
     entries.append(("bin/busybox", 0o100755, busybox.read_bytes()))
     names = []
     for module in MODULES:
@@ -194,9 +222,15 @@ def _remove_stale(directory: Path, *, keep: Path) -> None:
                 old.unlink()
 
 
-def boot_archive(base: Path, dest: Path, *, variables: dict[str, str],
-                 init_argv: list[str], network_script: str,
-                 run_files: dict[str, str]) -> None:
+def boot_archive(
+    base: Path,
+    dest: Path,
+    *,
+    variables: dict[str, str],
+    init_argv: list[str],
+    network_script: str,
+    run_files: dict[str, str],
+) -> None:
     """``base`` followed by this boot's configuration, written to ``dest``."""
     lines = [f"{key}={shlex.quote(value)}" for key, value in variables.items()]
     lines.append("PODBAY_INIT=" + shlex.quote(shlex.join(init_argv)))
@@ -205,8 +239,9 @@ def boot_archive(base: Path, dest: Path, *, variables: dict[str, str],
         ("config/vars.sh", 0o100644, ("\n".join(lines) + "\n").encode()),
         ("config/run", 0o040755, b""),
     ]
-    entries += [(f"config/run/{name}", 0o100644, text.encode())
-                for name, text in sorted(run_files.items())]
+    entries += [
+        (f"config/run/{name}", 0o100644, text.encode()) for name, text in sorted(run_files.items())
+    ]
     with contextlib.suppress(OSError):
         os.utime(base)  # in use: not stale (see _remove_stale)
     tmp = dest.with_name(f".{dest.name}.tmp")

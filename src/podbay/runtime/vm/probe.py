@@ -51,11 +51,32 @@ async def boot_marker(kernel: Path, initrd: Path, accel: str, within: float) -> 
         append += f" tsc_early_khz={khz}"
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        QEMU, "-M", "microvm", "-accel", accel, "-m", "128M", "-nodefaults",
-        "-no-user-config", "-display", "none", "-no-reboot", "-chardev", "stdio,id=console",
-        "-serial", "chardev:console", "-kernel", str(kernel), "-initrd", str(initrd),
-        "-append", append, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        QEMU,
+        "-M",
+        "microvm",
+        "-accel",
+        accel,
+        "-m",
+        "128M",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-chardev",
+        "stdio,id=console",
+        "-serial",
+        "chardev:console",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initrd),
+        "-append",
+        append,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         async with asyncio.timeout(within):
             out, _ = await proc.communicate()
@@ -86,10 +107,17 @@ async def probe(settings: Settings) -> VmProbe:
     kernel = KERNEL_DIR / f"vmlinuz-{release}"
     with tempfile.TemporaryDirectory(prefix="podbay-vm-probe-") as tmp:
         initrd = Path(tmp) / "initrd"
-        initrd.write_bytes(newc([("bin", 0o040755, b""), ("proc", 0o040755, b""),
-                                 ("dev", 0o040755, b""),
-                                 ("bin/busybox", 0o100755, busybox.read_bytes()),
-                                 ("init", 0o100755, _INIT.encode())]))
+        initrd.write_bytes(
+            newc(
+                [
+                    ("bin", 0o040755, b""),
+                    ("proc", 0o040755, b""),
+                    ("dev", 0o040755, b""),
+                    ("bin/busybox", 0o100755, busybox.read_bytes()),
+                    ("init", 0o100755, _INIT.encode()),
+                ]
+            )
+        )
         try:
             tcg = await boot_marker(kernel, initrd, "tcg", TCG_BOUND_SECONDS)
         except (TimeoutError, DriverError) as e:
@@ -101,8 +129,12 @@ async def probe(settings: Settings) -> VmProbe:
         try:
             kvm = await boot_marker(kernel, initrd, "kvm", KVM_BOUND_SECONDS)
         except TimeoutError:
-            return VmProbe(True, False, f"{summary}; /dev/kvm exists but a KVM guest hung "
-                                        f"(killed after {KVM_BOUND_SECONDS:.0f} s): TCG only")
+            return VmProbe(
+                True,
+                False,
+                f"{summary}; /dev/kvm exists but a KVM guest hung "
+                f"(killed after {KVM_BOUND_SECONDS:.0f} s): TCG only",
+            )
         except DriverError as e:
             return VmProbe(True, False, f"{summary}; KVM failed ({e}): TCG only")
         return VmProbe(True, True, f"{summary}; a KVM guest booted in {kvm:.1f} s")

@@ -15,8 +15,13 @@ from typing import Any
 from ..base import DriverError
 
 
-async def execute(socket_path: Path, command: str, arguments: dict[str, Any] | None = None,
-                  *, within: float = 10.0) -> Any:
+async def execute(
+    socket_path: Path,
+    command: str,
+    arguments: dict[str, Any] | None = None,
+    *,
+    within: float = 10.0,
+) -> Any:
     """Run one QMP command; its ``return`` value. Raises :class:`DriverError`
     (or ``OSError`` when nothing listens: QEMU is gone)."""
     async with asyncio.timeout(within):

@@ -35,8 +35,9 @@ LINK_WAIT_SECONDS = 30.0
 
 
 class _Stream:
-    def __init__(self, relay: Relay, sid: int, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, relay: Relay, sid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.relay, self.sid, self.reader, self.writer = relay, sid, reader, writer
         self.credit = f.WINDOW
         self.credit_changed = asyncio.Event()
@@ -105,8 +106,7 @@ class _Stream:
 class Relay:
     """Serve ``listen_path``; carry its connections over the chardev at ``mux_path``."""
 
-    def __init__(self, name: str, listen_path: Path, mux_path: Path, *,
-                 fresh: bool) -> None:
+    def __init__(self, name: str, listen_path: Path, mux_path: Path, *, fresh: bool) -> None:
         self.name = name
         #: A guest just started answers its first hello once it has booted, however
         #: long that takes; an adopted one should answer at once.
@@ -236,8 +236,9 @@ class Relay:
         from . import qmp
 
         try:
-            status = await qmp.execute(self.mux_path.with_name("qmp.sock"), "query-status",
-                                       within=2.0)
+            status = await qmp.execute(
+                self.mux_path.with_name("qmp.sock"), "query-status", within=2.0
+            )
         except (OSError, TimeoutError, DriverError):
             return False
         return bool(status.get("status") != "running")
@@ -301,8 +302,9 @@ class RelayLoop:
         with self._guard:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="podbay-vm-relays",
-                                          daemon=True)
+                thread = threading.Thread(
+                    target=loop.run_forever, name="podbay-vm-relays", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop

@@ -50,8 +50,9 @@ class Shape:
     network: bool
 
     def key(self, *parts: str) -> str:
-        blob = json.dumps([TEMPLATE_VERSION, self.memory_mib, self.cpus, self.disk_bytes,
-                           self.network, *parts])
+        blob = json.dumps(
+            [TEMPLATE_VERSION, self.memory_mib, self.cpus, self.disk_bytes, self.network, *parts]
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -18,10 +18,13 @@ def test_own_process_has_a_stable_start_time() -> None:
 
 def test_a_command_name_with_spaces_and_parentheses() -> None:
     # PR_SET_NAME, then say so and wait for stdin to close.
-    script = ("import sys, ctypes; ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0); "
-              "print(flush=True); sys.stdin.read()")
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
+    script = (
+        "import sys, ctypes; ctypes.CDLL(None).prctl(15, b'a) b (c', 0, 0, 0); "
+        "print(flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
         assert child.stdout is not None
         child.stdout.readline()

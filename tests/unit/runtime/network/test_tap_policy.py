@@ -24,4 +24,5 @@ def test_egress_hook_on_tap_drops_all_but_arp_dns_and_allowed_ipv4() -> None:
     assert chain.index("@blocked_v4 counter drop") < chain.index("ether type ip accept")
     assert "reject" not in chain  # the egress hook has no reject
     assert build_tap_ruleset(replace=True).startswith(
-        "table netdev podbay_tap\ndelete table netdev podbay_tap\n")
+        "table netdev podbay_tap\ndelete table netdev podbay_tap\n"
+    )

@@ -28,9 +28,13 @@ def test_the_agent_runs_on_the_images_loader_and_python(tmp_path: Path) -> None:
     (root / "usr/bin/python3").symlink_to("python3.11")
     argv = agent_bundle.sandbox_argv(root)
     # Through the execute-only copy of the loader (see stage_loader), bound at LOADER.
-    assert argv[:5] == [agent_bundle.LOADER, "--inhibit-cache",
-                        "--library-path", f"/.podbay/image/{LIB}",
-                        "/.podbay/image/usr/bin/python3.11"]
+    assert argv[:5] == [
+        agent_bundle.LOADER,
+        "--inhibit-cache",
+        "--library-path",
+        f"/.podbay/image/{LIB}",
+        "/.podbay/image/usr/bin/python3.11",
+    ]
     # Isolated mode, no site: nothing in the sandbox's environment or site-packages
     # reaches the agent's interpreter.
     assert argv[5:8] == ["-I", "-S", "-c"]
@@ -69,5 +73,9 @@ def test_an_image_without_python_is_refused(tmp_path: Path) -> None:
 def test_on_the_host_the_same_interpreter_is_run_by_host_paths(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.11")
     assert agent_bundle.image_python(root) == [
-        str(root / LIB / "ld-linux-x86-64.so.2"), "--inhibit-cache", "--library-path",
-        str(root / LIB), str(root / "usr/bin/python3.11")]
+        str(root / LIB / "ld-linux-x86-64.so.2"),
+        "--inhibit-cache",
+        "--library-path",
+        str(root / LIB),
+        str(root / "usr/bin/python3.11"),
+    ]

@@ -13,10 +13,19 @@ from podbay.runtime.oci import bundle, seccomp
 
 def facts(**kw: object) -> bundle.BundleFacts:
     base: dict[str, object] = dict(
-        machine_id="m1", hostname="thread-1", rootfs=Path("/run/x/m1/rootfs"),
-        image_rootfs=Path("/img/rootfs"), agent_dir=Path("/data/agent/abc"),
-        files_dir=Path("/run/x/m1/files"), argv=["/agent", "--fd", "3"], uid_base=1_000_000,
-        memory_bytes=1 << 30, cpus=1.5, pids=256, cgroup_path="/podbay/i/m1")
+        machine_id="m1",
+        hostname="thread-1",
+        rootfs=Path("/run/x/m1/rootfs"),
+        image_rootfs=Path("/img/rootfs"),
+        agent_dir=Path("/data/agent/abc"),
+        files_dir=Path("/run/x/m1/files"),
+        argv=["/agent", "--fd", "3"],
+        uid_base=1_000_000,
+        memory_bytes=1 << 30,
+        cpus=1.5,
+        pids=256,
+        cgroup_path="/podbay/i/m1",
+    )
     base.update(kw)
     return bundle.BundleFacts(**base)  # type: ignore[arg-type]
 
@@ -43,8 +52,16 @@ def test_privileges_are_those_of_a_plain_container() -> None:
     process = bundle.config(facts())["process"]
     caps = process["capabilities"]
     assert caps["bounding"] == caps["effective"] == caps["permitted"] == bundle.CAPABILITIES
-    for dangerous in ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_MODULE",
-                      "CAP_DAC_READ_SEARCH", "CAP_SYS_RAWIO", "CAP_SYS_TIME", "CAP_BPF"):
+    for dangerous in (
+        "CAP_SYS_ADMIN",
+        "CAP_NET_ADMIN",
+        "CAP_SYS_PTRACE",
+        "CAP_SYS_MODULE",
+        "CAP_DAC_READ_SEARCH",
+        "CAP_SYS_RAWIO",
+        "CAP_SYS_TIME",
+        "CAP_BPF",
+    ):
         assert dangerous not in caps["bounding"], dangerous
     assert process["noNewPrivileges"] is True
     assert process["terminal"] is False
@@ -52,7 +69,8 @@ def test_privileges_are_those_of_a_plain_container() -> None:
 
 
 def test_the_first_process_is_the_agent_with_no_host_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("PODBAY_SECRET_ON_THE_HOST", "hunter2")
     process = bundle.config(facts())["process"]
     assert process["args"] == ["/agent", "--fd", "3"]
@@ -102,10 +120,14 @@ def test_root_filesystem_hostname_and_hardening() -> None:
 
 def test_what_podbay_binds_in_is_read_only() -> None:
     mounts = by_destination(bundle.config(facts()))
-    image, agent, env = (mounts[d] for d in ("/.podbay/image", "/.podbay/agent",
-                                                 "/.podbay/env.json"))
+    image, agent, env = (
+        mounts[d] for d in ("/.podbay/image", "/.podbay/agent", "/.podbay/env.json")
+    )
     assert (image["source"], agent["source"], env["source"]) == (
-        "/img/rootfs", "/data/agent/abc", "/run/x/m1/files/env.json")
+        "/img/rootfs",
+        "/data/agent/abc",
+        "/run/x/m1/files/env.json",
+    )
     for mount in (image, agent, env):
         assert {"ro", "nosuid", "nodev"} <= set(mount["options"])
     # The sandbox may edit its own hostname and hosts files (the host rewrites them
@@ -152,6 +174,7 @@ def test_a_host_made_network_namespace_is_joined() -> None:
 
 
 def test_the_config_is_plain_json() -> None:
-    cfg = bundle.config(facts(netns=Path("/n"), resolv_conf=True, limit_swap=True,
-                              loader=Path("/l")))
+    cfg = bundle.config(
+        facts(netns=Path("/n"), resolv_conf=True, limit_swap=True, loader=Path("/l"))
+    )
     assert json.loads(json.dumps(cfg)) == cfg

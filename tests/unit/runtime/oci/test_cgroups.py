@@ -72,10 +72,12 @@ def test_v1_paths_span_every_real_hierarchy(tmp_path: Path) -> None:
     groups = v1_tree(tmp_path)
     (tmp_path / "cpuacct").symlink_to(tmp_path / "cpu")  # v1's aliases are links
     dirs = groups.dirs("/podbay/m1")
-    assert dirs == sorted(tmp_path / h / "podbay/m1" for h in (
-        "cpu", "freezer", "memory", "pids", "unified"))
+    assert dirs == sorted(
+        tmp_path / h / "podbay/m1" for h in ("cpu", "freezer", "memory", "pids", "unified")
+    )
     assert set(groups.existing("/podbay/m1")) == {
-        tmp_path / h / "podbay/m1" for h in ("cpu", "freezer", "memory", "pids")}
+        tmp_path / h / "podbay/m1" for h in ("cpu", "freezer", "memory", "pids")
+    }
 
 
 def test_leftover_processes_and_removal(tmp_path: Path) -> None:
@@ -93,8 +95,7 @@ def test_leftover_processes_and_removal(tmp_path: Path) -> None:
 def test_missing_controllers(tmp_path: Path) -> None:
     assert v1_tree(tmp_path / "v1").missing_controllers() == []
     (tmp_path / "bare").mkdir()
-    assert Cgroups(tmp_path / "bare").missing_controllers() == [
-        "memory", "pids", "cpu", "freezer"]
+    assert Cgroups(tmp_path / "bare").missing_controllers() == ["memory", "pids", "cpu", "freezer"]
     v2 = v2_tree(tmp_path / "v2")
     assert v2.missing_controllers() == []
     (tmp_path / "v2/cgroup.controllers").write_text("cpu io\n")

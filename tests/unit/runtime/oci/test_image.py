@@ -17,17 +17,20 @@ def test_the_key_is_stable_and_short() -> None:
     assert len(key) == 16 and int(key, 16) >= 0
 
 
-@pytest.mark.parametrize("change", [
-    {"suite": "trixie"},
-    {"variant": "essential"},
-    {"mirror": "http://mirror.example/debian"},
-    {"security_mirror": "http://mirror.example/debian-security"},
-    {"packages": ("python3",)},
-    {"packages": (*Recipe().packages, "vim")},
-    {"uid_base": 2_000_000},
-    {"extra_cas": (("proxy.crt", "-----BEGIN CERTIFICATE-----\n"),)},
-    {"version": Recipe().version + 1},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"suite": "trixie"},
+        {"variant": "essential"},
+        {"mirror": "http://mirror.example/debian"},
+        {"security_mirror": "http://mirror.example/debian-security"},
+        {"packages": ("python3",)},
+        {"packages": (*Recipe().packages, "vim")},
+        {"uid_base": 2_000_000},
+        {"extra_cas": (("proxy.crt", "-----BEGIN CERTIFICATE-----\n"),)},
+        {"version": Recipe().version + 1},
+    ],
+)
 def test_every_field_changes_the_key(change: dict[str, object]) -> None:
     assert dataclasses.replace(Recipe(), **change).key() != Recipe().key()  # type: ignore[arg-type]
 
@@ -35,8 +38,15 @@ def test_every_field_changes_the_key(change: dict[str, object]) -> None:
 def test_every_field_is_covered_above() -> None:
     # A new Recipe field must be added to the parametrization above.
     assert {f.name for f in dataclasses.fields(Recipe)} == {
-        "suite", "variant", "mirror", "security_mirror", "packages", "uid_base", "extra_cas",
-        "version"}
+        "suite",
+        "variant",
+        "mirror",
+        "security_mirror",
+        "packages",
+        "uid_base",
+        "extra_cas",
+        "version",
+    }
 
 
 def test_package_order_is_part_of_the_recipe() -> None:
@@ -69,8 +79,9 @@ def test_only_local_certificate_files_become_extra_cas(tmp_path: Path) -> None:
     (tmp_path / "binary.crt").write_bytes(b"\xff\xfe\x00")
     cas = local_ca_certificates(str(tmp_path))
     assert cas == (("a-corp.crt", pem), ("b-proxy.crt", pem))  # sorted: a stable key
-    assert Recipe(extra_cas=cas).key() == Recipe(extra_cas=local_ca_certificates(
-        str(tmp_path))).key()
+    assert (
+        Recipe(extra_cas=cas).key() == Recipe(extra_cas=local_ca_certificates(str(tmp_path))).key()
+    )
     assert local_ca_certificates("") == ()
     assert local_ca_certificates(str(tmp_path / "missing")) == ()
 

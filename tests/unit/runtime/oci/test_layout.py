@@ -45,8 +45,7 @@ def test_settings_move_the_image_cache_and_the_run_directory(tmp_path: Path) -> 
     assert layout.runc_root == Path("/run/elsewhere/runc")
 
 
-def test_a_machine_keeps_files_in_the_data_dir_and_the_rest_in_the_run_dir(
-        tmp_path: Path) -> None:
+def test_a_machine_keeps_files_in_the_data_dir_and_the_rest_in_the_run_dir(tmp_path: Path) -> None:
     layout = layout_for(tmp_path)
     paths = layout.machine("m1")
     assert paths.home == layout.machines / "m1"
@@ -54,7 +53,10 @@ def test_a_machine_keeps_files_in_the_data_dir_and_the_rest_in_the_run_dir(
     assert paths.run == layout.run_dir / "m1"
     assert paths.cgroup == f"/podbay/{layout.instance}/m1"
     assert (paths.rootfs, paths.disk_mount, paths.socket) == (
-        paths.run / "rootfs", paths.run / "disk", paths.run / "agent.sock")
+        paths.run / "rootfs",
+        paths.run / "disk",
+        paths.run / "agent.sock",
+    )
 
 
 def test_what_a_sandbox_can_write_lives_on_its_own_disk(tmp_path: Path) -> None:

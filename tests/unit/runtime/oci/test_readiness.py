@@ -39,8 +39,7 @@ def answering(*status_lines: bytes) -> tuple[Handler, list[bytes]]:
     return handle, seen
 
 
-def run_with_server(path: Path, handler: Handler,
-                    body: Callable[[], Awaitable[object]]) -> object:
+def run_with_server(path: Path, handler: Handler, body: Callable[[], Awaitable[object]]) -> object:
     async def main() -> object:
         server = await asyncio.start_unix_server(handler, path=str(path))
         async with server:
@@ -57,8 +56,9 @@ def test_a_200_is_ready(socket_path: Path) -> None:
 
 
 def test_other_answers_are_retried_until_a_200(socket_path: Path) -> None:
-    handler, seen = answering(b"HTTP/1.1 503 Service Unavailable",
-                              b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 200 OK")
+    handler, seen = answering(
+        b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 200 OK"
+    )
     run_with_server(socket_path, handler, lambda: readiness.wait_ready(socket_path, 10))
     assert len(seen) == 3
 

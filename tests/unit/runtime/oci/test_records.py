@@ -8,9 +8,14 @@ from pathlib import Path
 from podbay.runtime.base import Limits, MachineSpec, MachineState
 from podbay.runtime.oci import records
 
-SPEC = MachineSpec(machine_id="m1", hostname="thread-1", env={"A": "1", "B": "two words"},
-                   limits=Limits(memory_bytes=1 << 30, cpus=0.5, pids=64, disk_bytes=2 << 30),
-                   layers=(Path("/layers/l1"), Path("/layers/l2")), labels={"sandbox": "x"})
+SPEC = MachineSpec(
+    machine_id="m1",
+    hostname="thread-1",
+    env={"A": "1", "B": "two words"},
+    limits=Limits(memory_bytes=1 << 30, cpus=0.5, pids=64, disk_bytes=2 << 30),
+    layers=(Path("/layers/l1"), Path("/layers/l2")),
+    labels={"sandbox": "x"},
+)
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -38,8 +43,7 @@ def test_a_rewrite_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> 
 def test_with_state_changes_only_the_state() -> None:
     record = records.MachineRecord(SPEC, MachineState.RUNNING, "img")
     stopped = record.with_state(MachineState.STOPPED)
-    assert (stopped.spec, stopped.image, stopped.commanded) == (SPEC, "img",
-                                                                MachineState.STOPPED)
+    assert (stopped.spec, stopped.image, stopped.commanded) == (SPEC, "img", MachineState.STOPPED)
     assert record.commanded is MachineState.RUNNING
 
 

@@ -18,14 +18,15 @@ from podbay.runtime.oci.runc import ContainerState, Runc
 def start_time(pid: int) -> str:
     """Field 22 of /proc/<pid>/stat (after the command name, which may hold spaces)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2:].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()[19]
 
 
 def record(root: Path, container_id: str, pid: int, start: object) -> Path:
     directory = root / container_id
     directory.mkdir(parents=True)
-    (directory / "state.json").write_text(json.dumps(
-        {"id": container_id, "init_process_pid": pid, "init_process_start": start}))
+    (directory / "state.json").write_text(
+        json.dumps({"id": container_id, "init_process_pid": pid, "init_process_start": start})
+    )
     return directory
 
 
@@ -39,8 +40,7 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_the_command_line_always_names_this_installations_state(tmp_path: Path) -> None:
     runc = Runc("runc", tmp_path / "state")
-    assert runc.argv("pause", "m1") == ["runc", "--root", str(tmp_path / "state"), "pause",
-                                        "m1"]
+    assert runc.argv("pause", "m1") == ["runc", "--root", str(tmp_path / "state"), "pause", "m1"]
     assert runc.is_runc and Runc("/usr/sbin/runc", tmp_path).is_runc
     assert not Runc("crun", tmp_path).is_runc and not Runc("runsc", tmp_path).is_runc
 
@@ -60,15 +60,13 @@ def test_a_live_init_is_running(tmp_path: Path, child: subprocess.Popen[bytes]) 
     assert Runc("runc", tmp_path).state("m1") == ContainerState("running", child.pid)
 
 
-def test_an_init_waiting_to_exec_is_created(tmp_path: Path,
-                                            child: subprocess.Popen[bytes]) -> None:
+def test_an_init_waiting_to_exec_is_created(tmp_path: Path, child: subprocess.Popen[bytes]) -> None:
     directory = record(tmp_path, "m1", child.pid, start_time(child.pid))
     (directory / "exec.fifo").write_text("")
     assert Runc("runc", tmp_path).state("m1") == ContainerState("created", child.pid)
 
 
-def test_a_reused_pid_is_not_the_container(tmp_path: Path,
-                                           child: subprocess.Popen[bytes]) -> None:
+def test_a_reused_pid_is_not_the_container(tmp_path: Path, child: subprocess.Popen[bytes]) -> None:
     record(tmp_path, "m1", child.pid, int(start_time(child.pid)) + 1)
     assert Runc("runc", tmp_path).state("m1") == ContainerState("stopped", child.pid)
 

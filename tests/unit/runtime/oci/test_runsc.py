@@ -8,20 +8,27 @@ from podbay.runtime.oci import bundle, runsc
 
 
 def _runsc(tmp_path: Path) -> runsc.Runsc:
-    return runsc.Runsc("runsc", tmp_path / "root", platform="ptrace",
-                       netns=lambda machine_id: tmp_path / machine_id / "netns")
+    return runsc.Runsc(
+        "runsc",
+        tmp_path / "root",
+        platform="ptrace",
+        netns=lambda machine_id: tmp_path / machine_id / "netns",
+    )
 
 
 def test_global_flags(tmp_path: Path) -> None:
     argv = _runsc(tmp_path).argv("state", "m1")
     assert argv[:3] == ["runsc", "--root", str(tmp_path / "root")]
-    assert {"--platform=ptrace", "--network=sandbox", "--host-uds=create",
-            "--overlay2=none"} <= set(argv)
+    assert {
+        "--platform=ptrace",
+        "--network=sandbox",
+        "--host-uds=create",
+        "--overlay2=none",
+    } <= set(argv)
     assert argv[-2:] == ["state", "m1"]
 
 
-def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(
-        tmp_path: Path) -> None:
+def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(tmp_path: Path) -> None:
     (tmp_path / "bundle").mkdir()
     netns = tmp_path / "m1" / "netns"
     argv = _runsc(tmp_path).launch_argv("m1", tmp_path / "bundle", netns)
@@ -32,8 +39,7 @@ def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(
     assert argv[-4:] == ["--detach", "--bundle", str(tmp_path / "bundle"), "m1"]
 
 
-def test_commands_for_a_live_sandbox_enter_its_namespace_only_when_mounted(
-        tmp_path: Path) -> None:
+def test_commands_for_a_live_sandbox_enter_its_namespace_only_when_mounted(tmp_path: Path) -> None:
     # Not an nsfs mount here: the plain command line.
     assert _runsc(tmp_path).command("state", "m1")[0] == "runsc"
 
@@ -48,10 +54,20 @@ def test_container_ids_from_state_files(tmp_path: Path) -> None:
 
 def test_bundle_for_gvisor(tmp_path: Path) -> None:
     facts = bundle.BundleFacts(
-        machine_id="m1", hostname="h", rootfs=Path("/r"), image_rootfs=Path("/i"),
-        agent_dir=Path("/a"), files_dir=Path("/f"), argv=["/x"], uid_base=1000000,
-        memory_bytes=1 << 30, cpus=1.0, pids=256, cgroup_path="/podbay/m1",
-        netns=Path("/n"))
+        machine_id="m1",
+        hostname="h",
+        rootfs=Path("/r"),
+        image_rootfs=Path("/i"),
+        agent_dir=Path("/a"),
+        files_dir=Path("/f"),
+        argv=["/x"],
+        uid_base=1000000,
+        memory_bytes=1 << 30,
+        cpus=1.0,
+        pids=256,
+        cgroup_path="/podbay/m1",
+        netns=Path("/n"),
+    )
     cfg = runsc.adapt_config(bundle.config(facts), tmp_path / "sock")
     mounts = {m["destination"]: m for m in cfg["mounts"]}
     assert mounts["/sys"]["type"] == "sysfs"  # gVisor's own, not the host's bound in

@@ -28,15 +28,39 @@ def plain_rules(profile: dict[str, Any]) -> list[dict[str, Any]]:
 def test_allow_by_default_on_the_architectures_podbay_runs(profile: dict[str, Any]) -> None:
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"} <= set(
-        profile["architectures"])  # 32-bit entry points must not bypass the list
+        profile["architectures"]
+    )  # 32-bit entry points must not bypass the list
 
 
-@pytest.mark.parametrize("name", [
-    "mount", "umount2", "pivot_root", "fsopen", "fsmount", "move_mount", "open_tree",
-    "unshare", "setns", "bpf", "perf_event_open", "keyctl", "add_key", "kexec_load",
-    "init_module", "finit_module", "open_by_handle_at", "userfaultfd", "io_uring_setup",
-    "reboot", "swapon", "clock_settime", "iopl", "ioperm",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mount",
+        "umount2",
+        "pivot_root",
+        "fsopen",
+        "fsmount",
+        "move_mount",
+        "open_tree",
+        "unshare",
+        "setns",
+        "bpf",
+        "perf_event_open",
+        "keyctl",
+        "add_key",
+        "kexec_load",
+        "init_module",
+        "finit_module",
+        "open_by_handle_at",
+        "userfaultfd",
+        "io_uring_setup",
+        "reboot",
+        "swapon",
+        "clock_settime",
+        "iopl",
+        "ioperm",
+    ],
+)
 def test_escape_hatches_are_refused_with_eperm(profile: dict[str, Any], name: str) -> None:
     refusing = [r for r in plain_rules(profile) if name in r["names"]]
     assert len(refusing) == 1, name

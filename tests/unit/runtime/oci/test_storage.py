@@ -35,7 +35,9 @@ def test_one_template_per_size_is_made_once(tmp_path: Path) -> None:
     assert (tmp_path / "a.ext4").read_bytes() == (tmp_path / "b.ext4").read_bytes()
     asyncio.run(storage.make_disk(tmp_path / "c.ext4", 48 * MIB, templates))
     assert sorted(p.name for p in templates.iterdir()) == [
-        f"ext4-{32 * MIB}.img", f"ext4-{48 * MIB}.img"]
+        f"ext4-{32 * MIB}.img",
+        f"ext4-{48 * MIB}.img",
+    ]
 
 
 def test_mount_points_are_this_namespaces(tmp_path: Path) -> None:
@@ -45,8 +47,7 @@ def test_mount_points_are_this_namespaces(tmp_path: Path) -> None:
     assert not storage.is_mounted(tmp_path)
 
 
-def test_disk_commitment_adds_up_every_machine_and_says_when_overcommitted(
-        tmp_path: Path) -> None:
+def test_disk_commitment_adds_up_every_machine_and_says_when_overcommitted(tmp_path: Path) -> None:
     from podbay.runtime.base import Limits, MachineSpec, MachineState
     from podbay.runtime.oci import records
     from podbay.runtime.oci.storage import DiskCommitment, disk_commitment
@@ -55,13 +56,15 @@ def test_disk_commitment_adds_up_every_machine_and_says_when_overcommitted(
     for name, machines in (("a", tmp_path / "container"), ("b", tmp_path / "gvisor")):
         home = machines / name
         home.mkdir(parents=True)
-        spec = MachineSpec(machine_id=name, hostname="h",
-                           limits=Limits(memory_bytes=1, cpus=1.0, pids=1, disk_bytes=10 * gib))
+        spec = MachineSpec(
+            machine_id=name,
+            hostname="h",
+            limits=Limits(memory_bytes=1, cpus=1.0, pids=1, disk_bytes=10 * gib),
+        )
         records.write(home, records.MachineRecord(spec, MachineState.STOPPED, ""))
         (home / "disk.ext4").write_bytes(b"x" * 8192)
     (tmp_path / "container" / "half-made").mkdir()  # no record: not counted
-    found = disk_commitment([tmp_path / "container", tmp_path / "gvisor",
-                             tmp_path / "container"])
+    found = disk_commitment([tmp_path / "container", tmp_path / "gvisor", tmp_path / "container"])
     assert (found.machines, found.promised) == (2, 20 * gib)
     assert found.allocated >= 2 * 8192
     assert "2 sandbox disks may grow to 20.0 GiB" in found.describe(5 * gib)

@@ -43,8 +43,9 @@ SYNC_ACK = 10  # guest → host: the SYNC with this nonce is done
 CONFIG = 11  # host → guest: JSON {hostname, pids, env} for a guest restored from a template
 WAITING = 12  # guest → host: booted as a template, waiting for its CONFIG
 
-TYPES = frozenset({HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK,
-                   CONFIG, WAITING})
+TYPES = frozenset(
+    {HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK, CONFIG, WAITING}
+)
 #: Largest payload in one frame; a bigger length means the stream is out of sync.
 MAX_PAYLOAD = 64 * 1024
 #: Unacknowledged data bytes a sender may have in flight per stream.
@@ -106,12 +107,12 @@ class Parser:
             if not self.synced:
                 at = buf.find(MAGIC)
                 if at < 0:
-                    del buf[:max(0, len(buf) - len(MAGIC) + 1)]
+                    del buf[: max(0, len(buf) - len(MAGIC) + 1)]
                     return out
-                del buf[:at + len(MAGIC)]
+                del buf[: at + len(MAGIC)]
                 self.synced = True
             elif buf.startswith(MAGIC):
-                del buf[:len(MAGIC)]
+                del buf[: len(MAGIC)]
             elif 0 < len(buf) < len(MAGIC) and MAGIC.startswith(bytes(buf)):
                 return out  # maybe a magic still arriving
             if len(buf) < HEADER.size:
@@ -123,6 +124,6 @@ class Parser:
                 continue
             if len(buf) < HEADER.size + length:
                 return out
-            payload = bytes(buf[HEADER.size:HEADER.size + length])
-            del buf[:HEADER.size + length]
+            payload = bytes(buf[HEADER.size : HEADER.size + length])
+            del buf[: HEADER.size + length]
             out.append((kind, stream, payload))

@@ -53,9 +53,13 @@ def _write(path: str, text: str) -> None:
 def set_hostname(name: str) -> None:
     socket.sethostname(name)
     # /etc/hostname and /etc/hosts are these files, bound: rewrite in place.
-    for path, text in ((f"{RUN}/hostname", name + "\n"),
-                       (f"{RUN}/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost "
-                                        f"ip6-loopback\n127.0.1.1\t{name}\n")):
+    for path, text in (
+        (f"{RUN}/hostname", name + "\n"),
+        (
+            f"{RUN}/hosts",
+            f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{name}\n",
+        ),
+    ):
         with contextlib.suppress(OSError):
             _write(path, text)
 
