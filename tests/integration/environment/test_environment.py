@@ -36,11 +36,14 @@ BUILD_TIMEOUT_S = 600
 def attach_until_ready(
     server: PlatformServer, token: str, name: str
 ) -> tuple[httpx.Response, list[httpx.Response]]:
-    """PUT until the answer is not 202; returns the last answer and the 202s."""
+    """PUT until the answer is not 202; returns the last answer and the 202s.
+
+    Says it handles 202 itself (``Prefer: respond-async``), so the server
+    answers at once instead of holding the request while a layer builds."""
     waits: list[httpx.Response] = []
     deadline = time.monotonic() + BUILD_TIMEOUT_S
     while time.monotonic() < deadline:
-        response = server.attach(token, name)
+        response = server.attach(token, name, headers={"Prefer": "respond-async"})
         if response.status_code != 202:
             return response, waits
         waits.append(response)
