@@ -25,7 +25,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -35,15 +35,16 @@ from psycopg_pool import ConnectionPool
 from podbay.domain import Deployment, Sandbox, SandboxState
 
 from .base import InsertOutcome
+from .rows import DEPLOYMENT_COLUMNS as _DEPLOYMENT_COLUMNS
+from .rows import SANDBOX_COLUMNS as _SANDBOX_COLUMNS
+from .rows import deployment as _deployment
+from .rows import sandbox as _sandbox
+from .rows import sandbox_values as _sandbox_values
+from .rows import ts as _ts
 from .sqlite import migrations, statements
 
 T = TypeVar("T")
 
-_SANDBOX_COLUMNS = (
-    "id, deployment_id, account, name, class, state, machine_id, created_at,"
-    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at"
-)
-_DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
 #: Keys of ``pg_advisory_xact_lock(class, hash)``: one namespace per kind of lock.
 _LOCK_MIGRATE = 0x706F6462  # "podb"
@@ -88,67 +89,6 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
             conn.execute(f"INSERT INTO {_VERSION_TABLE} (version) VALUES (%s)", (version,))
             current = version
     return current
-
-
-def _ts(value: datetime | None) -> float | None:
-    return None if value is None else value.timestamp()
-
-
-def _at(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
-
-
-def _dt(value: float | None) -> datetime | None:
-    return None if value is None else _at(value)
-
-
-def _sandbox(row: Sequence[Any]) -> Sandbox:
-    return Sandbox(
-        id=row[0],
-        deployment_id=row[1],
-        account=row[2],
-        name=row[3],
-        class_=row[4],
-        state=SandboxState(row[5]),
-        machine_id=row[6],
-        created_at=_at(row[7]),
-        last_active_at=_at(row[8]),
-        started_at=_dt(row[9]),
-        ceiling_at=_dt(row[10]),
-        incarnation=row[11],
-        version=row[12],
-        suspended_at=_dt(row[13]),
-    )
-
-
-def _deployment(row: Sequence[Any]) -> Deployment:
-    return Deployment(
-        id=row[0],
-        name=row[1],
-        account=row[2],
-        spec_text=row[3],
-        sandbox_section=None if row[4] is None else json.loads(row[4]),
-        created_at=_at(row[5]),
-        updated_at=_at(row[6]),
-    )
-
-
-def _sandbox_values(s: Sandbox) -> tuple[Any, ...]:
-    return (
-        s.id,
-        s.deployment_id,
-        s.account,
-        s.name,
-        s.class_,
-        s.state.value,
-        s.machine_id,
-        _ts(s.created_at),
-        _ts(s.last_active_at),
-        _ts(s.started_at),
-        _ts(s.ceiling_at),
-        s.incarnation,
-        _ts(s.suspended_at),
-    )
 
 
 Conn = psycopg.Connection[tuple[Any, ...]]
