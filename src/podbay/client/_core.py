@@ -59,8 +59,13 @@ T = TypeVar("T")
 
 DEFAULT_PREPARE_TIMEOUT_SECONDS = 900.0
 #: How long attach rides over a server restarting (connection refused, then
-#: 503 with ``Retry-After``) before giving up.
+#: 503 with ``Retry-After``) before giving up, once this client has been
+#: answered by the server at least once.
 RESTART_WAIT_SECONDS = 30.0
+#: The same wait for a server this client has never reached: a refused first
+#: contact is far more often a server that is not there (wrong URL, not started)
+#: than one restarting, and the caller deserves "unavailable" quickly.
+FIRST_CONTACT_WAIT_SECONDS = 3.0
 #: A cached handle with less than this left before ``expires_at`` is renewed first.
 HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
 #: ``"auto"`` uses the native files API where ``/v1/info`` advertises it;
@@ -126,6 +131,12 @@ class Core:
 
     config: Config
     _handles: dict[str, _Entry] = field(default_factory=dict)
+    #: Set once the control plane has answered this client (any status).
+    server_answered: bool = False
+
+    def restart_wait_seconds(self) -> float:
+        """How long a refused attach may wait for the server to come (back)."""
+        return RESTART_WAIT_SECONDS if self.server_answered else FIRST_CONTACT_WAIT_SECONDS
 
     # -- requests -------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class Fake:
     fail_after_send: set[str] = field(default_factory=set)  # paths that "lose" the answer
     corrupt_reads: bool = False
     not_enabled: bool = False
+    refuse_control: int = 0  # refuse this many control-plane connections (server away)
     requests: list[httpx.Request] = field(default_factory=list)
     attaches: int = 0
     sandboxes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -80,6 +81,9 @@ class Fake:
             self.requests.append(request)
         path = request.url.path
         if request.url.host == "control.test":
+            if self.refuse_control > 0:
+                self.refuse_control -= 1
+                raise httpx.ConnectError("connection refused", request=request)
             return self.control(request, path)
         return self.data(request, path)
 

@@ -61,7 +61,6 @@ from .. import _files, _interpreter
 from .._core import (
     DEFAULT_PREPARE_TIMEOUT_SECONDS,
     DEFAULT_TIMEOUT_SECONDS,
-    RESTART_WAIT_SECONDS,
     Core,
     FilesMode,
     resolve_config,
@@ -205,7 +204,9 @@ class AsyncSandboxClient:
             raise unavailable(response.request, exc) from exc
 
     async def _control(self, request: httpx.Request) -> httpx.Response:
-        return await self._send(request)
+        response = await self._send(request)
+        self._core.server_answered = True
+        return response
 
     # -- attach and handles ---------------------------------------------------------
 
@@ -229,7 +230,7 @@ class AsyncSandboxClient:
         deadline = time.monotonic() + self._core.config.prepare_timeout_seconds
         # A server restarting refuses connections, then answers 503 with
         # Retry-After for a moment: attach (idempotent) waits that out, bounded.
-        restart_deadline = time.monotonic() + RESTART_WAIT_SECONDS
+        restart_deadline = time.monotonic() + self._core.restart_wait_seconds()
         pause = 0.1
         while True:
             try:
