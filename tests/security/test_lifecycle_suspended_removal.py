@@ -19,7 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "control"))
 from platform_harness import Harness, build_harness, make_settings
 
-from podbay.store.sqlite import SqliteStore, migrations
+from podbay.store.sql import migrations
+from podbay.store.sqlite import SqliteStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 IDLE, TTL = 15 * 60, 60 * 60  # the product's defaults

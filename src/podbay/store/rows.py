@@ -32,6 +32,9 @@ def dt(value: float | None) -> datetime | None:
     return None if value is None else at(value)
 
 
+# sandbox() and deployment() are alike in shape on purpose: each spells out
+# one record's columns in SANDBOX_COLUMNS / DEPLOYMENT_COLUMNS order, so a
+# reader checks a field against its column at a glance.
 def sandbox(row: Sequence[Any]) -> Sandbox:
     return Sandbox(
         id=row[0],
@@ -51,6 +54,7 @@ def sandbox(row: Sequence[Any]) -> Sandbox:
     )
 
 
+# Alike in shape to sandbox() above on purpose: one record, column by column.
 def deployment(row: Sequence[Any]) -> Deployment:
     return Deployment(
         id=row[0],

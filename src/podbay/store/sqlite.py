@@ -16,55 +16,20 @@ threads. WAL plus a busy timeout lets ``podbay deployment ...`` write while
 'v'
 """
 
-# ruff: noqa: S608 - column lists are module constants; every value is a parameter.
-
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
-from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
-from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain import Sandbox
 
-from .base import InsertOutcome
-from .rows import DEPLOYMENT_COLUMNS as _DEPLOYMENT_COLUMNS
-from .rows import SANDBOX_COLUMNS as _SANDBOX_COLUMNS
-from .rows import deployment as _deployment
-from .rows import sandbox as _sandbox
-from .rows import sandbox_values as _sandbox_values
-from .rows import ts as _ts
+from .sql import ActivityRow, SqlStore, migrations, statements
 
 T = TypeVar("T")
-
-
-def migrations() -> list[tuple[int, str]]:
-    """(version, sql) for every file in ``migrations/``, in order."""
-    out = []
-    for entry in resources.files("podbay.store.migrations").iterdir():
-        if entry.name.endswith(".sql"):
-            out.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
-    return sorted(out)
-
-
-def statements(sql: str) -> list[str]:
-    """Split a script into statements (``;`` inside comments is not an end)."""
-    out, current = [], ""
-    for line in sql.splitlines(keepends=True):
-        current += line
-        if sqlite3.complete_statement(current):
-            out.append(current.strip())
-            current = ""
-    if current.strip() and not all(
-        ln.strip().startswith("--") or not ln.strip() for ln in current.splitlines()
-    ):
-        raise ValueError(f"incomplete statement in migration: {current!r}")
-    return out
 
 
 def migrate(conn: sqlite3.Connection) -> int:
@@ -89,8 +54,8 @@ def migrate(conn: sqlite3.Connection) -> int:
     return current
 
 
-class SqliteStore:
-    """:class:`~podbay.store.base.Store` on one SQLite file."""
+class SqliteStore(SqlStore[sqlite3.Connection]):
+    """:class:`~podbay.store.base.Store` on one SQLite file (queries in :mod:`.sql`)."""
 
     def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
         self._conn = conn
@@ -132,205 +97,12 @@ class SqliteStore:
 
         return await self._run(run)
 
-    # -- deployments ---------------------------------------------------------
-    async def add_deployment(self, deployment: Deployment) -> bool:
-        d = deployment
-        section = None if d.sandbox_section is None else json.dumps(d.sandbox_section)
+    def _lock_for_insert(self, conn: sqlite3.Connection, s: Sandbox) -> None:
+        """Nothing to take: ``BEGIN IMMEDIATE`` already made this the one writer,
+        so the counts and the insert see one snapshot."""
 
-        def run(conn: sqlite3.Connection) -> bool:
-            try:
-                conn.execute(
-                    f"INSERT INTO deployments ({_DEPLOYMENT_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
-                    (
-                        d.id,
-                        d.name,
-                        d.account,
-                        d.spec_text,
-                        section,
-                        _ts(d.created_at),
-                        _ts(d.updated_at),
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                return False
-            return True
-
-        return await self._run(run)
-
-    async def update_deployment(self, deployment: Deployment) -> bool:
-        d = deployment
-        section = None if d.sandbox_section is None else json.dumps(d.sandbox_section)
-        return await self._run(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE deployments SET spec_text=?, sandbox_section=?, account=?, updated_at=?"
-                    " WHERE id=?",
-                    (d.spec_text, section, d.account, _ts(d.updated_at), d.id),
-                ).rowcount
-                == 1
-            )
-        )
-
-    async def get_deployment(self, deployment_id: str) -> Deployment | None:
-        row = await self._run(
-            lambda conn: conn.execute(
-                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE id=?", (deployment_id,)
-            ).fetchone()
-        )
-        return None if row is None else _deployment(row)
-
-    async def find_deployment(self, name: str) -> Deployment | None:
-        row = await self._run(
-            lambda conn: conn.execute(
-                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments WHERE name=?", (name,)
-            ).fetchone()
-        )
-        return None if row is None else _deployment(row)
-
-    async def list_deployments(self) -> list[Deployment]:
-        rows = await self._run(
-            lambda conn: conn.execute(
-                f"SELECT {_DEPLOYMENT_COLUMNS} FROM deployments ORDER BY name"
-            ).fetchall()
-        )
-        return [_deployment(r) for r in rows]
-
-    async def remove_deployment(self, deployment_id: str) -> bool:
-        def run(conn: sqlite3.Connection) -> bool:
-            gone = (
-                conn.execute("DELETE FROM deployments WHERE id=?", (deployment_id,)).rowcount == 1
-            )
-            conn.execute(
-                "UPDATE sandboxes SET state='deleting', version=version+1"
-                " WHERE deployment_id=? AND state!='deleting'",
-                (deployment_id,),
-            )
-            return gone
-
-        return await self._tx(run)
-
-    # -- sandboxes -----------------------------------------------------------
-    async def get_sandbox(self, deployment_id: str, name: str) -> Sandbox | None:
-        row = await self._run(
-            lambda conn: conn.execute(
-                f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE deployment_id=? AND name=?",
-                (deployment_id, name),
-            ).fetchone()
-        )
-        return None if row is None else _sandbox(row)
-
-    async def list_sandboxes(
-        self,
-        *,
-        deployment_id: str | None = None,
-        states: Sequence[SandboxState] | None = None,
-    ) -> list[Sandbox]:
-        where, args = [], []
-        if deployment_id is not None:
-            where.append("deployment_id=?")
-            args.append(deployment_id)
-        if states is not None:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(s.value for s in states)
-        sql = f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at, name"
-        rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
-        return [_sandbox(r) for r in rows]
-
-    async def insert_sandbox(
-        self, sandbox: Sandbox, *, deployment_cap: int, account_cap: int
-    ) -> InsertOutcome:
-        s = sandbox
-
-        def run(conn: sqlite3.Connection) -> InsertOutcome:
-            # Inside BEGIN IMMEDIATE: counts and insert see one snapshot, one writer.
-            exists = conn.execute(
-                "SELECT 1 FROM sandboxes WHERE deployment_id=? AND name=?",
-                (s.deployment_id, s.name),
-            ).fetchone()
-            if exists:
-                return InsertOutcome.EXISTS
-            (per_deployment,) = conn.execute(
-                "SELECT count(*) FROM sandboxes WHERE deployment_id=? AND state!='deleting'",
-                (s.deployment_id,),
-            ).fetchone()
-            if per_deployment >= deployment_cap:
-                return InsertOutcome.DEPLOYMENT_CAP
-            (per_account,) = conn.execute(
-                "SELECT count(*) FROM sandboxes WHERE account=? AND state!='deleting'", (s.account,)
-            ).fetchone()
-            if per_account >= account_cap:
-                return InsertOutcome.ACCOUNT_CAP
-            conn.execute(
-                f"INSERT INTO sandboxes ({_SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?)",
-                _sandbox_values(s),
-            )
-            return InsertOutcome.INSERTED
-
-        return await self._tx(run)
-
-    async def replace_sandbox(self, old: Sandbox, new: Sandbox) -> Sandbox | None:
-        if new.id != old.id:
-            raise ValueError("replace_sandbox: ids differ")
-
-        def run(conn: sqlite3.Connection) -> Sandbox | None:
-            values = _sandbox_values(new)[1:]
-            changed = conn.execute(
-                "UPDATE sandboxes SET deployment_id=?, account=?, name=?, class=?, state=?,"
-                " machine_id=?, created_at=?, last_active_at=max(last_active_at, ?),"
-                " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, version=version+1"
-                " WHERE id=? AND version=?",
-                (*values, old.id, old.version),
-            ).rowcount
-            if not changed:
-                return None
-            row = conn.execute(
-                f"SELECT {_SANDBOX_COLUMNS} FROM sandboxes WHERE id=?", (old.id,)
-            ).fetchone()
-            return _sandbox(row)
-
-        return await self._tx(run)
-
-    async def delete_sandbox(self, sandbox: Sandbox) -> bool:
-        return await self._run(
-            lambda conn: (
-                conn.execute(
-                    "DELETE FROM sandboxes WHERE id=? AND version=?", (sandbox.id, sandbox.version)
-                ).rowcount
-                == 1
-            )
-        )
-
-    async def record_activity(self, seen: Mapping[str, datetime]) -> None:
-        if not seen:
-            return
-        rows = [(_ts(when), sandbox_id) for sandbox_id, when in seen.items()]
-
-        def run(conn: sqlite3.Connection) -> None:
-            # Not a version bump: activity never conflicts with a transition.
-            conn.executemany(
-                "UPDATE sandboxes SET last_active_at=max(last_active_at, ?) WHERE id=?", rows
-            )
-
-        await self._tx(run)
-
-    # -- meta --------------------------------------------------------------------
-    async def get_meta(self, key: str) -> str | None:
-        row = await self._run(
-            lambda conn: conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        )
-        return None if row is None else str(row[0])
-
-    async def set_meta(self, key: str, value: str) -> None:
-        await self._run(
-            lambda conn: conn.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)"
-                " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (key, value),
-            )
-        )
+    def _executemany(self, conn: sqlite3.Connection, sql: str, rows: Sequence[ActivityRow]) -> None:
+        conn.executemany(sql, rows)
 
     async def close(self) -> None:
         def run(conn: sqlite3.Connection) -> None:

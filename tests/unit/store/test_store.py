@@ -13,7 +13,8 @@ from podbay.domain import Deployment, Sandbox, SandboxState
 from podbay.store import postgres
 from podbay.store.base import InsertOutcome
 from podbay.store.postgres import PostgresStore, dialect
-from podbay.store.sqlite import SqliteStore, migrate, migrations
+from podbay.store.sql import migrations
+from podbay.store.sqlite import SqliteStore, migrate
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
