@@ -73,3 +73,63 @@ def test_another_class_state_in_the_run_directory_is_not_a_leftover(tmp_path: Pa
         (other / "m-running-vm").rmdir()
         other.rmdir()
         cleanup(settings)
+
+
+def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -> None:
+    require_host()
+    from podbay.runtime.vm import disks, templates
+
+    settings = sandbox_settings(tmp_path / "d")
+    data_dir = settings.data_dir
+    vm = data_dir / "vm"
+    made_from = tmp_path / "kernel"
+    made_from.touch()
+
+    def template(key: str, inputs: list[Path] | None) -> Path:
+        root = vm / "templates" / key
+        root.mkdir(parents=True)
+        if inputs is None:
+            (root / "complete").touch()  # an older version's marker
+        else:
+            templates.mark_complete(root, inputs)
+        return root
+
+    usable = template("usable", [made_from])
+    orphaned = template("orphaned", [made_from, tmp_path / "gone.cpio"])
+    old_format = template("old-format", None)
+    # Partial templates are named by their builder: a live one's (here, this
+    # test process beside the gc command) stays, a dead one's goes.
+    building = vm / "templates" / f".building.{os.getpid()}"
+    building.mkdir()
+    abandoned = vm / "templates" / ".abandoned.999999999"
+    abandoned.mkdir()
+    layer = data_dir / "layers" / "abc" / "rootfs"
+    layer.mkdir(parents=True)
+    (vm / "layers").mkdir()
+    packed = vm / "layers" / f"{disks.layer_key(layer)}.ext4"
+    packed.touch()
+    unused = vm / "layers" / "0123456789abcdef0123.ext4"
+    unused.touch()
+    old = data_dir / "images" / "0ld1mage"
+    (old / "rootfs").mkdir(parents=True)
+    home = vm / "machines" / "m-vm-on-old"
+    home.mkdir(parents=True)
+    records.write(
+        home,
+        records.MachineRecord(small_spec("m-vm-on-old"), MachineState.STOPPED, image="0ld1mage"),
+    )
+    unfinished = vm / "machines" / "m-vm-half-made"
+    unfinished.mkdir()
+    try:
+        removed = gc(data_dir, settings.runtime.run_dir)
+        assert usable.is_dir() and building.is_dir() and packed.exists(), removed
+        assert not orphaned.exists() and not old_format.exists() and not unused.exists()
+        assert not abandoned.exists()
+        assert "vm: removed stale vm template orphaned" in removed
+        assert "vm: removed stale vm template old-format" in removed
+        assert f"vm: removed unused vm layer disk {unused.name}" in removed
+        assert "vm: removed unfinished machine m-vm-half-made" in removed
+        assert not unfinished.exists()
+        assert old.is_dir() and home.is_dir(), removed  # the vm machine stands on it
+    finally:
+        cleanup(settings)

@@ -4,7 +4,9 @@ Live machines are taken back (adopted), never touched; what belongs to no
 machine (half-created directories, mounts, cgroups, loop devices, runc
 containers) is removed. ``--all`` destroys every machine of the data
 directory first: for tests and uninstalling. Each OCI class (``container``,
-and ``gvisor`` where it has data) is collected in its own directories.
+and ``gvisor`` and ``vm`` where they have data) is collected in its own
+directories; the vm class also drops templates and packed layer disks that
+can never be used again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from podbay.cli.output import Output, fail
 def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
     """Remove what dead sandboxes left behind."""
     from podbay.runtime.base import DriverError
-    from podbay.runtime.classes import CONTAINER, GVISOR, class_settings
+    from podbay.runtime.classes import CONTAINER, GVISOR, VM, class_settings
     from podbay.runtime.oci import gc
     from podbay.runtime.oci.driver import OciDriver
     from podbay.settings import Settings
@@ -41,9 +43,22 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
 
     async def main() -> list[str]:
         done: list[str] = []
-        # gvisor first: the container class owns the shared image cache, and must
-        # keep the base images gvisor machines still stand on.
+        # vm and gvisor first: the container class owns the shared image cache,
+        # and must keep the base images their machines still stand on.
         in_use: set[str] = set()
+        if (settings.data_dir / VM).is_dir():
+            from podbay.runtime.vm import gc as vm_gc
+            from podbay.runtime.vm.driver import VmDriver
+
+            vm = VmDriver(settings)
+            try:
+                found = await vm_gc.collect(
+                    vm, everything=everything, layer_cache=settings.data_dir / "layers"
+                )
+                done += [f"{VM}: {line}" for line in found]
+                in_use |= vm_gc.images_in_use(vm)
+            finally:
+                await vm.close()
         for name in (GVISOR, CONTAINER):
             derived = class_settings(settings, name)
             if name != CONTAINER and not derived.data_dir.exists():

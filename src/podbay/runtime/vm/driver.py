@@ -243,17 +243,26 @@ class VmDriver(RecordKeepingDriver):
             await asyncio.wait(pending, timeout=within)
 
     async def _clear_template_leftovers(self) -> None:
-        """Template guests a killed node was building (their QEMU, network, files)."""
+        """Template guests a killed node was building (their QEMU, network, files).
+        Builds of a live process on this data directory (this one, or a node
+        beside ``podbay gc``) are left alone: a partial is ``.<key>.<builder pid>``."""
+        partials = list((self.home / "templates").glob(".*"))
+        live = set(self._building)
+        for partial in partials:
+            key, _, pid = partial.name[1:].rpartition(".")
+            if pid.isdigit() and int(pid) != os.getpid() and _running(int(pid)):
+                live.add(key)
         for pidfile in (self.run_root / "templates").glob("*/qemu.pid"):
             run = pidfile.parent
-            if any(build for build in self._building if build.startswith(run.name)):
+            if any(key.startswith(run.name) for key in live):
                 continue
             templates.kill(pidfile, f"unix:{run / 'qmp.sock'},")
             with contextlib.suppress(Exception):
                 await self.network.teardown(f"tpl-{run.name}")
             shutil.rmtree(run, ignore_errors=True)
-        for partial in (self.home / "templates").glob(".*"):
-            shutil.rmtree(partial, ignore_errors=True)
+        for partial in partials:
+            if partial.name[1:].rpartition(".")[0] not in live:
+                shutil.rmtree(partial, ignore_errors=True)
 
     def _paths(self, machine_id: str) -> VmPaths:
         check_machine_id(machine_id)
@@ -384,14 +393,13 @@ class VmDriver(RecordKeepingDriver):
         )
 
     def _template_key(self, shape: templates.Shape, layers: list[Path]) -> str:
+        return shape.key(self.accel, *map(str, self._template_inputs(layers)))
+
+    def _template_inputs(self, layers: list[Path]) -> list[Path]:
+        """The files a template of ``layers`` is made from (see templates.stale)."""
         assert self._initramfs is not None and self._base_disk is not None
-        return shape.key(
-            self._initramfs.name,
-            str(self._base_disk),
-            str(self._kernel),
-            self.accel,
-            *map(str, layers),
-        )
+        assert self._kernel is not None
+        return [self._kernel, self._initramfs, self._base_disk, *layers]
 
     async def _boot(self, record: records.MachineRecord) -> None:
         spec = record.spec
@@ -569,7 +577,7 @@ class VmDriver(RecordKeepingDriver):
                 await templates.save(paths.qmp, tmp / "state")
                 templates.kill(paths.pidfile, f"unix:{paths.qmp},")
                 shutil.copyfile(paths.initrd, tmp / "initrd")
-                (tmp / "complete").touch()
+                templates.mark_complete(tmp, self._template_inputs(layers))
                 os.rename(tmp, root)
                 log.info(
                     "vm template %s ready (%d MiB, %d cpus)", key, shape.memory_mib, shape.cpus

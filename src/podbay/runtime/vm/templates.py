@@ -17,6 +17,9 @@ later start boots from the machine's own disk).
 
 Templates live under ``<data>/vm/templates/<key>/`` (``state``, ``disk.ext4``,
 ``initrd``, ``complete``); the key hashes everything a restore must match.
+``complete`` lists the files the template was made from (kernel, initramfs,
+base and layer disks): once one is gone the template can never be used again,
+and ``podbay gc`` removes it (:func:`stale`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ..base import DriverError
 log = logging.getLogger("podbay.runtime.vm")
 
 #: Bump when what a template holds changes.
-TEMPLATE_VERSION = 2
+TEMPLATE_VERSION = 3
 #: How long building one may take (a TCG boot on a busy host, then the save).
 BUILD_SECONDS = 300.0
 
@@ -75,6 +78,24 @@ class Template:
     @property
     def complete(self) -> bool:
         return (self.root / "complete").exists()
+
+
+def mark_complete(root: Path, inputs: list[Path]) -> None:
+    """Write ``complete``: the files the template stands on, for :func:`stale`."""
+    marker = {"version": TEMPLATE_VERSION, "inputs": [str(p) for p in inputs]}
+    (root / "complete").write_text(json.dumps(marker))
+
+
+def stale(template: Template) -> bool:
+    """Unusable for good: from another template version, or made from a file
+    (kernel, initramfs, base or layer disk) that no longer exists. Templates
+    still being built (no ``complete`` yet, hidden name) are not judged here."""
+    try:
+        marker = json.loads((template.root / "complete").read_text())
+        inputs = [Path(p) for p in marker["inputs"]]
+        return bool(marker["version"] != TEMPLATE_VERSION) or not all(p.exists() for p in inputs)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
 
 
 def find(directory: Path, key: str) -> Template | None:

@@ -1,0 +1,108 @@
+"""Remove what the ``vm`` class left behind (``podbay gc``).
+
+Like the OCI classes' collection (``runtime/oci/gc.py``) it first takes back
+live machines (:meth:`VmDriver.adopt`), so it is safe beside a running node,
+and removes only what belongs to no machine record. What only the vm class
+accumulates:
+
+- templates (saved booted guests, one per machine shape and layer set) that
+  can never be restored again: made by another template version, or from a
+  kernel, initramfs, base disk or layer disk that is gone;
+- packed layer disks (``vm/layers/<key>.ext4``) of layers that no longer exist
+  in the layer cache and that no machine record names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..oci import records
+from . import disks, templates
+from .driver import VmDriver, VmPaths
+
+
+async def collect(
+    driver: VmDriver, *, everything: bool = False, layer_cache: Path | None = None
+) -> list[str]:
+    """Clean up; one line per thing removed. ``layer_cache``: the declared
+    environments' layer directory (``<data>/layers``), whose layers stay packed."""
+    done: list[str] = []
+    observed = await driver.adopt()
+    if everything:
+        for machine in observed:
+            await driver.destroy(machine.machine_id)
+            done.append(f"destroyed machine {machine.machine_id}")
+    known = set(driver.machine_ids())
+    with contextlib.suppress(FileNotFoundError):
+        for home in sorted(p for p in driver.machines.iterdir() if p.is_dir()):
+            if home.name not in known:
+                await driver.release(home.name)  # a create that never finished
+                shutil.rmtree(home, ignore_errors=True)
+                shutil.rmtree(driver.run_root / home.name, ignore_errors=True)
+                done.append(f"removed unfinished machine {home.name}")
+    with contextlib.suppress(FileNotFoundError):
+        for run in sorted(p for p in driver.run_root.iterdir() if p.is_dir()):
+            if run.name in known or run.name in ("templates", "net"):
+                continue
+            paths = VmPaths(driver.machines / run.name, run)
+            templates.kill(paths.pidfile, f"unix:{paths.qmp},")
+            shutil.rmtree(run, ignore_errors=True)
+            done.append(f"removed leftovers of machine {run.name}")
+    done += _stale_templates(driver.home / "templates")
+    done += _unused_layer_disks(driver, layer_cache)
+    return done
+
+
+def images_in_use(driver: VmDriver) -> set[str]:
+    """The base images this driver's machines stand on (their overlay's lower layer)."""
+    used = set()
+    for machine_id in driver.machine_ids():
+        record = records.read(driver.machines / machine_id)
+        if record is not None and record.image:
+            used.add(record.image)
+    return used
+
+
+def _stale_templates(directory: Path) -> list[str]:
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for root in sorted(directory.iterdir()):
+            if root.name.startswith("."):
+                continue  # being built (or a killed build: adopt cleared those)
+            if templates.stale(templates.Template(root)):
+                templates.discard(root)
+                removed.append(f"removed stale vm template {root.name}")
+    return removed
+
+
+def _unused_layer_disks(driver: VmDriver, layer_cache: Path | None) -> list[str]:
+    keep = {_key(layer) for layer in _layers(driver, layer_cache)} - {None}
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for packed in sorted((driver.home / "layers").glob("*.ext4")):
+            if packed.stem not in keep:
+                packed.unlink(missing_ok=True)
+                removed.append(f"removed unused vm layer disk {packed.name}")
+    return removed
+
+
+def _layers(driver: VmDriver, layer_cache: Path | None) -> Iterable[Path]:
+    """Every layer a machine may still boot with: the cache's and the records'."""
+    if layer_cache is not None:
+        with contextlib.suppress(FileNotFoundError):
+            yield from (p / "rootfs" for p in layer_cache.iterdir() if p.is_dir())
+    for machine_id in driver.machine_ids():
+        record = records.read(driver.machines / machine_id)
+        if record is not None:
+            yield from record.spec.layers
+
+
+def _key(layer: Path) -> str | None:
+    try:
+        return disks.layer_key(layer) if os.path.isdir(layer) else None
+    except OSError:
+        return None
