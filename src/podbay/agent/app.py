@@ -30,7 +30,7 @@ from podbay.wire.data import (
 from podbay.wire.limits import MAX_JSON_BODY, POLL_WAIT_MAX_MS
 
 from . import VERSION
-from .exec import ReadBody
+from .exec import Exec, ReadBody
 from .exec import run as run_exec
 from .exec import stream as stream_exec
 from .files import Files, FileStream, parse_digest, parse_mode
@@ -222,29 +222,19 @@ class App:
             body, stdin = _exec_head(req)
         else:
             body = _body(req, ExecRequest)
-        default_user = req.headers.get(_DEFAULT_USER)
-        if paths.EXEC_STREAM_CONTENT_TYPE in req.headers.get("accept", ""):
-            lines = stream_exec(
-                self.reaper,
-                self.workspace,
-                self.declared_env,
-                body,
-                stdin=stdin,
-                default_user=default_user,
-                peer=req.peer,
-            )
-            return Response(200, lines, content_type=paths.EXEC_STREAM_CONTENT_TYPE)
-        return json_response(
-            run_exec(
-                self.reaper,
-                self.workspace,
-                self.declared_env,
-                body,
-                stdin=stdin,
-                default_user=default_user,
-                peer=req.peer,
-            )
+        started = Exec(
+            self.reaper,
+            self.workspace,
+            self.declared_env,
+            body,
+            stdin=stdin,
+            default_user=req.headers.get(_DEFAULT_USER),
+            peer=req.peer,
         )
+        if paths.EXEC_STREAM_CONTENT_TYPE in req.headers.get("accept", ""):
+            lines = stream_exec(started)
+            return Response(200, lines, content_type=paths.EXEC_STREAM_CONTENT_TYPE)
+        return json_response(run_exec(started))
 
     # -- terminals and ports ------------------------------------------------
     def pty(self, req: Request) -> Response:

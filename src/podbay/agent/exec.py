@@ -102,8 +102,14 @@ def output_options(req: ExecRequest) -> tuple[int, str, str]:
     return cap, req.keep or "head", req.output_encoding or "utf-8"
 
 
-class _Exec:
-    """One started command, its stdin feeder and its deadline."""
+class Exec:
+    """One started command, its stdin feeder and its deadline; :func:`run` or
+    :func:`stream` then takes it to the end.
+
+    ``stdin``: the request body to feed the command. ``peer``: the client
+    connection's fd and a check that it is closed, to kill the command when
+    the client leaves.
+    """
 
     def __init__(
         self,
@@ -111,14 +117,17 @@ class _Exec:
         workspace: str,
         declared_env: Mapping[str, str],
         req: ExecRequest,
-        stdin: ReadBody | None,
-        default_user: str | None,
-        peer: tuple[int, PeerGone] | None,
+        *,
+        stdin: ReadBody | None = None,
+        default_user: str | None = None,
+        peer: tuple[int, PeerGone] | None = None,
     ) -> None:
         check_command(req.command, req.cwd)
         if req.env and (problem := check_env(req.env, "env")):
             raise ApiError(ErrorCode.REQUEST_INVALID, problem)
         self.cap, self.keep, self.encoding = output_options(req)
+        #: Whether the answer may carry fields the reference contract lacks.
+        self.extended = req.asks_beyond_reference() or stdin is not None
         account = resolve(req.user, default_user)
         timeout = deadline_ms(req.timeout_ms) / 1000
         cwd = resolve_cwd(workspace, req.cwd)
@@ -273,55 +282,26 @@ class _Exec:
         )
 
 
-def run(
-    reaper: Reaper,
-    workspace: str,
-    declared_env: Mapping[str, str],
-    req: ExecRequest,
-    *,
-    stdin: ReadBody | None = None,
-    default_user: str | None = None,
-    peer: tuple[int, PeerGone] | None = None,
-) -> ExecResult:
-    """Run ``req`` to completion (or its deadline) and report.
-
-    ``stdin``: the request body to feed the command. ``peer``: the client
-    connection's fd and a check that it is closed, to kill the command when
-    the client leaves.
-    """
-    ex = _Exec(reaper, workspace, declared_env, req, stdin, default_user, peer)
+def run(ex: Exec) -> ExecResult:
+    """Take ``ex`` to completion (or its deadline) and report."""
     out, err = Capture(ex.cap, ex.keep), Capture(ex.cap, ex.keep)
     captures = {ex.child.stdout_fd(): out, ex.child.stderr_fd(): err}
     for fd, data in ex.chunks():
         captures[fd].add(data)
     ex.finish_feeding()
-    extended = req.asks_beyond_reference() or stdin is not None
-    return ex.result(out, err, extended)
+    return ex.result(out, err, ex.extended)
 
 
-def stream(
-    reaper: Reaper,
-    workspace: str,
-    declared_env: Mapping[str, str],
-    req: ExecRequest,
-    *,
-    stdin: ReadBody | None = None,
-    default_user: str | None = None,
-    peer: tuple[int, PeerGone] | None = None,
-) -> Iterator[bytes]:
-    """Run ``req`` and yield NDJSON lines (:class:`ExecEvent`) as it writes.
+def stream(ex: Exec) -> Iterator[bytes]:
+    """Yield NDJSON lines (:class:`ExecEvent`) as ``ex`` writes.
 
-    The command starts (or is refused) before the first line. With a stdin
-    body, nothing is sent until the body is read whole (an HTTP/1.1 client
-    reads the answer only after sending): what the command writes meanwhile is
-    kept as by :func:`run` (cap, keep) and sent then. Text events never split
-    a UTF-8 character. Closing the iterator (the client left) kills the tree.
+    The command started (or was refused) when ``ex`` was made, before the
+    first line. With a stdin body, nothing is sent until the body is read
+    whole (an HTTP/1.1 client reads the answer only after sending): what the
+    command writes meanwhile is kept as by :func:`run` (cap, keep) and sent
+    then. Text events never split a UTF-8 character. Closing the iterator (the
+    client left) kills the tree.
     """
-    ex = _Exec(reaper, workspace, declared_env, req, stdin, default_user, peer)
-    return _events(ex)
-
-
-def _events(ex: _Exec) -> Iterator[bytes]:
     out_fd, err_fd = ex.child.stdout_fd(), ex.child.stderr_fd()
     out, err = Capture(ex.cap, ex.keep), Capture(ex.cap, ex.keep)
     b64 = ex.encoding == "base64"

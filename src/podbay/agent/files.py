@@ -28,6 +28,7 @@ keeps the link); stat, list entries and delete do not.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -182,17 +183,7 @@ class Files:
         if not owner:
             return info
         st = os.lstat(path)
-        return FileInfo(
-            name=info.name,
-            path=info.path,
-            type=info.type,
-            size=info.size,
-            mode=info.mode,
-            mtime=info.mtime,
-            uid=st.st_uid,
-            gid=st.st_gid,
-            owner=_user_name(st.st_uid),
-        )
+        return dataclasses.replace(info, uid=st.st_uid, gid=st.st_gid, owner=_user_name(st.st_uid))
 
     def chmod(self, req: ChmodRequest) -> FileInfo:
         path, shown = self.resolve(req.path)

@@ -80,6 +80,13 @@ class Response:
     upgrade: Callable[[socket.socket, bytes], None] | None = None
 
 
+# Refusals of a request cut short or too large, as (status, message).
+_BODY_CUT = (400, "connection closed in the middle of the body")
+_LINE_TOO_LONG = (400, "line too long in the chunked body")
+_HEAD_CUT = (400, "connection closed in the middle of the request head")
+_HEAD_TOO_LARGE = (431, "request head too large")
+
+
 class _Connection:
     """One accepted socket and its receive buffer."""
 
@@ -110,7 +117,7 @@ class _Connection:
     def take(self, n: int) -> bytes:
         """Up to ``n`` bytes, from the buffer first, else one ``recv``."""
         if not self.buf and not self.fill():
-            raise ProtocolError(400, "connection closed in the middle of the body")
+            raise ProtocolError(*_BODY_CUT)
         data = bytes(self.buf[:n])
         del self.buf[:n]
         return data
@@ -125,21 +132,34 @@ class _Connection:
             return n
         n = self.sock.recv_into(view)
         if not n:
-            raise ProtocolError(400, "connection closed in the middle of the body")
+            raise ProtocolError(*_BODY_CUT)
         return n
 
     def line(self) -> bytes:
         """One CRLF-terminated line (without it), at most MAX_LINE bytes."""
+        data = self.until(b"\r\n", MAX_LINE, _LINE_TOO_LONG, _BODY_CUT)
+        if data is None:
+            raise ProtocolError(*_BODY_CUT)
+        return data
+
+    def until(
+        self, mark: bytes, limit: int, too_long: tuple[int, str], cut: tuple[int, str]
+    ) -> bytes | None:
+        """The bytes before the next ``mark`` (both consumed), at most ``limit``
+        of them (else ``too_long``); None when the stream ends cleanly first,
+        ``cut`` when it ends with a part of them received."""
         while True:
-            end = self.buf.find(b"\r\n")
+            end = self.buf.find(mark)
+            if end > limit or (end < 0 and len(self.buf) > limit):
+                raise ProtocolError(*too_long)
             if end >= 0:
                 data = bytes(self.buf[:end])
-                del self.buf[: end + 2]
+                del self.buf[: end + len(mark)]
                 return data
-            if len(self.buf) > MAX_LINE:
-                raise ProtocolError(400, "line too long in the chunked body")
             if not self.fill():
-                raise ProtocolError(400, "connection closed in the middle of the body")
+                if self.buf:
+                    raise ProtocolError(*cut)
+                return None
 
 
 class Body:
@@ -251,23 +271,17 @@ Refuse = Callable[[int, str], Response]
 
 def _read_head(conn: _Connection) -> bytes | None:
     """The request head without its final blank line; None on a clean close."""
+    # Tolerate blank lines between requests (RFC 9112 2.2).
     while True:
-        # Tolerate blank lines between requests (RFC 9112 2.2).
         while conn.buf[:2] == b"\r\n":
             del conn.buf[:2]
-        end = conn.buf.find(b"\r\n\r\n")
-        if end >= 0:
-            if end > MAX_HEAD_BYTES:
-                raise ProtocolError(431, "request head too large")
-            head = bytes(conn.buf[:end])
-            del conn.buf[: end + 4]
-            return head
-        if len(conn.buf) > MAX_HEAD_BYTES:
-            raise ProtocolError(431, "request head too large")
+        if conn.buf and conn.buf != b"\r":  # a request has begun
+            break
         if not conn.fill():
             if conn.buf:
-                raise ProtocolError(400, "connection closed in the middle of the request head")
+                raise ProtocolError(*_HEAD_CUT)
             return None
+    return conn.until(b"\r\n\r\n", MAX_HEAD_BYTES, _HEAD_TOO_LARGE, _HEAD_CUT)
 
 
 def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Request | None:

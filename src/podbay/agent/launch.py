@@ -112,32 +112,9 @@ def launch(
 ) -> Child:
     """Start ``argv`` in ``cwd`` with exactly ``env`` (``HOME``/``USER`` set for
     another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
-    env = dict(env)
-    uid, gid, groups = command_identity(account, env)
-    with reaper.lock:
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-                bufsize=0,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-            )
-        except OSError as exc:
-            raise _start_failed(exc, argv, cwd) from None
-        except ValueError as exc:  # e.g. an environment the OS cannot take
-            raise ApiError(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
-        child = Child(popen)
-        child.on_exit = on_exit
-        reaper.register(popen.pid, child._reaped)
-    return child
+    stdin_pipe = subprocess.PIPE if stdin else subprocess.DEVNULL
+    streams = (stdin_pipe, subprocess.PIPE, subprocess.PIPE)
+    return _start(reaper, argv, cwd, env, account, streams, on_exit=on_exit)
 
 
 def launch_on_terminal(
@@ -152,18 +129,51 @@ def launch_on_terminal(
     """Start ``argv`` with the terminal ``terminal`` (a pty's follower side) as its
     standard streams and controlling terminal, leading a session of its own, as
     ``account`` (which then owns the terminal, as a login would)."""
+
+    def own_terminal(uid: int | None) -> None:
+        if uid is not None:
+            with contextlib.suppress(OSError):
+                os.fchown(terminal, uid, -1)
+
+    streams = (terminal, terminal, terminal)
+    return _start(
+        reaper,
+        argv,
+        cwd,
+        env,
+        account,
+        streams,
+        before=own_terminal,
+        preexec_fn=_take_terminal,  # runs after setsid, in the child only
+    )
+
+
+def _start(
+    reaper: Reaper,
+    argv: list[str],
+    cwd: str,
+    env: Mapping[str, str],
+    account: Account,
+    streams: tuple[int, int, int],
+    *,
+    on_exit: Callable[[Child], None] | None = None,
+    before: Callable[[int | None], None] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> Child:
+    """Start ``argv`` as ``account`` leading a new session with ``streams`` as
+    its stdin, stdout and stderr; registered with ``reaper`` before it can exit.
+    ``before`` gets the account's uid first (to hand it what it must own)."""
     env = dict(env)
     uid, gid, groups = command_identity(account, env)
-    if uid is not None:
-        with contextlib.suppress(OSError):
-            os.fchown(terminal, uid, -1)
+    if before is not None:
+        before(uid)
     with reaper.lock:
         try:
             popen = subprocess.Popen(
                 argv,
-                stdin=terminal,
-                stdout=terminal,
-                stderr=terminal,
+                stdin=streams[0],
+                stdout=streams[1],
+                stderr=streams[2],
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
@@ -172,13 +182,14 @@ def launch_on_terminal(
                 user=uid,
                 group=gid,
                 extra_groups=groups,
-                preexec_fn=_take_terminal,  # runs after setsid, in the child only
+                preexec_fn=preexec_fn,
             )
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None
-        except ValueError as exc:
+        except ValueError as exc:  # e.g. an environment the OS cannot take
             raise ApiError(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
         child = Child(popen)
+        child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)
     return child
 

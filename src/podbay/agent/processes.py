@@ -84,6 +84,9 @@ class Process:
         with self.cond:
             exited = self._settle()
             code, exited_at = self._fate(exited)
+            # Spelled out again in output() below, on purpose: ProcessOutput
+            # extends ProcessStatus on the wire, and naming each field keeps
+            # both constructors checked by the type checker.
             return ProcessStatus(
                 process_id=self.id,
                 command=self.argv,
@@ -120,6 +123,7 @@ class Process:
             err, err_next, err_dropped = self.stderr.read_from(
                 stderr_from, closed=self.stderr_closed or raw
             )
+            # The status fields as in status() above, on purpose (see there).
             return ProcessOutput(
                 process_id=self.id,
                 command=self.argv,
