@@ -78,6 +78,21 @@ def test_setup_is_idempotent(manager: NetworkManager, runner: asyncio.Runner) ->
     assert len(mounts_under(first.netns_path)) == 1
 
 
+def test_setup_keeps_the_drivers_directory(manager: NetworkManager, runner: asyncio.Runner) -> None:
+    """The driver makes the machine's directory first (traversable, so that the
+    sandbox's unprivileged processes reach its root filesystem) and fills it while
+    the network is set up. Setup must neither remove nor remake it: remade, it
+    was 0700 and runsc's gofer failed with "permission denied" (the sandbox then
+    died before it signalled, "cannot read client sync file")."""
+    directory = manager.machine_dir("m1")
+    directory.mkdir(mode=0o711)
+    os.chmod(directory, 0o711)
+    before = os.stat(directory)
+    runner.run(manager.setup("m1"))
+    after = os.stat(directory)
+    assert (after.st_ino, oct(after.st_mode)) == (before.st_ino, oct(before.st_mode))
+
+
 def test_teardown_leaves_nothing(manager: NetworkManager, runner: asyncio.Runner) -> None:
     handle = runner.run(manager.setup("m1"))
     inode = os.stat(handle.netns_path).st_ino

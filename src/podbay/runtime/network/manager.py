@@ -128,7 +128,12 @@ class NetworkManager:
             if existing is not None:
                 return existing
             if self.machine_dir(machine_id).exists():
-                await self._teardown(machine_id)  # leftovers of a failed attempt
+                # Leftovers of a failed attempt. The directory itself stays: the
+                # driver may have made it (with the mode its sandbox needs to
+                # traverse) and be filling it at this moment; made again here, it
+                # would get this module's 0700 and the sandbox could not reach
+                # its root filesystem.
+                await self._teardown(machine_id, keep_directory=True)
             try:
                 pid = await self._create(machine_id, netns_source)
             except BaseException as exc:
@@ -337,7 +342,7 @@ class NetworkManager:
             raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
         return self._handle(machine_id, pid)
 
-    async def _teardown(self, machine_id: str) -> None:
+    async def _teardown(self, machine_id: str, *, keep_directory: bool = False) -> None:
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
         pids = set(slirp.find(path))
@@ -352,5 +357,7 @@ class NetworkManager:
             raise NetworkError(f"cannot unmount {path}: {exc}") from exc
         for name in (_NETNS_FILE, slirp.PID_FILE, f".{slirp.PID_FILE}.tmp", slirp.LOG_FILE):
             (directory / name).unlink(missing_ok=True)
+        if keep_directory:
+            return
         with contextlib.suppress(OSError):
             directory.rmdir()  # kept if the driver stored its own files here

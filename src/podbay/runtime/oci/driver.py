@@ -48,7 +48,7 @@ from ..network.slirp import SlirpLimits
 from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
-from .layout import Layout, MachinePaths
+from .layout import RUN_MODE, Layout, MachinePaths
 from .readiness import wait_ready
 from .runc import Runc
 
@@ -119,7 +119,7 @@ class OciDriver(RecordKeepingDriver):
         )
         for d in (self.layout.machines, self.layout.runc_root):
             d.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.layout.run_dir, 0o711)  # noqa: S103 - traverse only
+        os.chmod(self.layout.run_dir, RUN_MODE)  # traverse only
         if isinstance(self.runc, runsc.Runsc):
             if not runsc.reachable(image.rootfs):
                 raise DriverError(
@@ -188,7 +188,7 @@ class OciDriver(RecordKeepingDriver):
             raise DriverError(
                 f"socket path {paths.socket} is too long; set a shorter runtime.run_dir"
             )
-        paths.run.mkdir(parents=True, exist_ok=True)
+        paths.make_run()
         lowers = [*reversed(spec.layers), image.rootfs]
 
         def storage_and_files() -> None:
@@ -296,7 +296,7 @@ class OciDriver(RecordKeepingDriver):
         counters are then the machine's own, see :mod:`.userns`)."""
         runs = [p.parent for p in self.layout.run_dir.glob(f"*/{userns.OWNER_FILE}")]
         owner = userns.pick_owner(runs)
-        paths.run.mkdir(parents=True, exist_ok=True)
+        paths.make_run()
         (paths.run / userns.OWNER_FILE).write_text(str(owner))
         return userns.OwnedUserNamespace(owner, self.rt.uid_base, bundle.ID_RANGE)
 
@@ -417,7 +417,7 @@ class OciDriver(RecordKeepingDriver):
         async with self._lock(machine_id):
             await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
-            paths.run.mkdir(parents=True, exist_ok=True)
+            paths.make_run()
             await asyncio.to_thread(
                 storage.mount_disk, paths.disk_image, paths.disk_mount, readonly=True
             )

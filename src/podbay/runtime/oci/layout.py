@@ -20,10 +20,14 @@ Volatile (a reboot ends every machine), under ``run_dir`` — by default
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...settings import Settings
+
+#: A machine's run directory: others may pass through, not list it.
+RUN_MODE = 0o711
 
 
 def instance_id(data_dir: Path) -> str:
@@ -86,6 +90,13 @@ class MachineDirs:
 @dataclass(frozen=True)
 class MachinePaths(MachineDirs):
     cgroup: str
+
+    def make_run(self) -> None:
+        """Make the run directory traverse-only for others, whatever the umask: the
+        sandbox's own processes (runc's init, runsc's gofer and sandbox) are
+        unprivileged on the host and pass through it to their root filesystem."""
+        self.run.mkdir(mode=RUN_MODE, parents=True, exist_ok=True)
+        os.chmod(self.run, RUN_MODE)
 
     @property
     def disk_mount(self) -> Path:

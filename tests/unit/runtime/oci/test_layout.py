@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
-from podbay.runtime.oci.layout import Layout, instance_id
+from podbay.runtime.oci.layout import RUN_MODE, Layout, instance_id
 from podbay.settings import Settings
 
 #: sun_path holds 108 bytes, the terminating NUL included.
@@ -71,3 +73,18 @@ def test_socket_paths_fit_however_deep_the_data_directory(tmp_path: Path) -> Non
     assert len(str(layout.data_dir)) > SOCKET_PATH_MAX
     longest = layout.machine("a" * 63).socket
     assert len(str(longest).encode()) <= SOCKET_PATH_MAX
+
+
+def test_a_run_directory_is_traverse_only_whatever_the_umask(tmp_path: Path) -> None:
+    """The sandbox's unprivileged processes pass through it to their root
+    filesystem: a restrictive umask, or a directory left 0700, must not stop them."""
+    paths = layout_for(tmp_path, run_dir=str(tmp_path / "run")).machine("m1")
+    old = os.umask(0o077)
+    try:
+        paths.make_run()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(paths.run).st_mode) == RUN_MODE == 0o711
+    os.chmod(paths.run, 0o700)
+    paths.make_run()
+    assert stat.S_IMODE(os.stat(paths.run).st_mode) == 0o711
