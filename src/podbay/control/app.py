@@ -1,6 +1,10 @@
-"""Compose the platform: ``create_app(settings, store, drivers)``, ``drivers``
-naming each enabled sandbox class's driver (``{"container": ..., "gvisor": ...}``).
+"""Compose the all-in-one platform: ``create_app(settings, store, drivers)``,
+``drivers`` naming each enabled sandbox class's driver (``{"container": ...}``).
 
+This is the wiring above both planes: it builds the node (drivers, warm
+pools, the gateway's route table and activity) as a
+:class:`~podbay.node.local.LocalNode`, and the control plane's services,
+which reach that node only through :class:`~podbay.control.nodes.Nodes`.
 One ASGI app serves the control plane (``/api/v1``, ``/healthz``,
 ``/metrics``) and the gateway (``/sandbox/<id>/...``). Nothing is built at
 import; everything here is built by the caller (``podbay serve``, a test).
@@ -34,6 +38,7 @@ from podbay.gateway.app import Gateway
 from podbay.gateway.credentials import Credential, CredentialVerifier, mint_credential
 from podbay.gateway.proxy import send_error
 from podbay.gateway.routes import RouteTable
+from podbay.node.local import LocalNode
 from podbay.runtime.base import Driver, Limits
 from podbay.runtime.classes import enabled_classes
 from podbay.runtime.hostdisk import reserve_shortfall
@@ -48,6 +53,7 @@ from .bodies import BodyLimit
 from .keys import KeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
+from .nodes import OneNode
 from .routes import health, openapi, sandboxes
 from .services.classes import ClassCheck, ClassProof, ClassRuntimes
 from .services.deletions import DeletionWatch, marker_path
@@ -123,32 +129,48 @@ class Platform:
         #: Warm pools by class; a class found unable to run here loses its pool.
         self.pools: dict[str, WarmPool] = {}
         self.lifecycle: Lifecycle | None = None
+        self.node = LocalNode(
+            name="local",
+            base_url=self.base_url,
+            classes=self.classes,
+            environment=self.environment,
+            pools=self.pools,
+            routes=self.routes,
+            activity=self.activity,
+            limits=self.limits,
+            shortfall=functools.partial(
+                reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes
+            ),
+        )
+        self.nodes = OneNode(self.node, self.classes)
         if self.classes.drivers:
             self.transitions = Transitions(
                 store,
-                self.classes,
-                self.routes,
+                self.nodes,
                 self.metrics,
                 clock,
                 timedelta(seconds=settings.lifecycle.max_age_seconds),
             )
             if rt.warm_pool > 0:
-                self.pools = {
-                    name: WarmPool(
-                        driver,
-                        self.limits,
-                        rt.warm_pool,
-                        on_change=self._pool_changed,
-                        shortfall=functools.partial(
-                            reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes
+                self.pools.update(
+                    (
+                        name,
+                        WarmPool(
+                            driver,
+                            self.limits,
+                            rt.warm_pool,
+                            on_change=self._pool_changed,
+                            shortfall=functools.partial(
+                                reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes
+                            ),
                         ),
                     )
                     for name, driver in self.classes.drivers.items()
-                }
+                )
             self.lifecycle = Lifecycle(
                 store=store,
                 transitions=self.transitions,
-                activity=self.activity,
+                nodes=self.nodes,
                 locks=self.locks,
                 settings=settings.lifecycle,
                 clock=clock,
@@ -162,17 +184,14 @@ class Platform:
             clock=clock,
             deleted_marker=marker_path(settings.data_dir),
         )
-        self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.routes)
+        self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.nodes)
         ttl = settings.credentials.ttl_seconds
         self.sandboxes = SandboxService(
             settings=settings,
             store=store,
-            classes=self.classes,
+            nodes=self.nodes,
             transitions=self.transitions,
-            environment=self.environment,
-            activity=self.activity,
             locks=self.locks,
-            pools=self.pools,
             clock=clock,
             mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
@@ -289,7 +308,7 @@ class Platform:
             await self.classes.start(self._check, self._prove, later=self._class_ready)
             running = self.classes.running()
             await self.lifecycle.reconcile(
-                {name: await driver.adopt() for name, driver in running.items()}
+                self.node, {name: await driver.adopt() for name, driver in running.items()}
             )
         except Exception as exc:
             log.exception("the runtime could not start")
@@ -310,7 +329,7 @@ class Platform:
     async def _class_ready(self, name: str) -> None:
         """A class proved able to run after start-up: take up its machines."""
         assert self.lifecycle is not None
-        await self.lifecycle.reconcile({name: await self.classes.driver(name).adopt()})
+        await self.lifecycle.reconcile(self.node, await self.node.adopt_class(name))
 
     async def shutdown(self) -> None:
         """Stop background work; sandboxes keep running."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from podbay.domain import Sandbox, SandboxState
-from podbay.gateway.app import endpoint_for
 from podbay.wire.control import SandboxHandle, SandboxRecord, SandboxStateName
 from podbay.wire.paths import CREDENTIAL_HEADER
 
@@ -30,7 +29,7 @@ def record(sandbox: Sandbox) -> SandboxRecord:
     )
 
 
-def handle(attached: Attached, base_url: str) -> SandboxHandle:
+def handle(attached: Attached) -> SandboxHandle:
     s = attached.sandbox
     return SandboxHandle(
         name=s.name,
@@ -39,7 +38,7 @@ def handle(attached: Attached, base_url: str) -> SandboxHandle:
         created_at=s.created_at,
         last_active_at=s.last_active_at,
         ceiling_at=s.ceiling_at,
-        endpoint=endpoint_for(base_url, s.id),
+        endpoint=attached.endpoint,
         headers={CREDENTIAL_HEADER: attached.credential},
         expires_at=attached.expires_at,
         start=attached.start,

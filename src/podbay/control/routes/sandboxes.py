@@ -15,7 +15,7 @@ from podbay.gateway.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import AttachRequest, Preparing, SandboxList, ShareRequest, ShareUrl
-from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES, SHARE_PREFIX
+from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 
 from .. import views
 from ..services.environment import Building
@@ -72,7 +72,7 @@ async def attach(request: Request) -> Response:
             {"Retry-After": str(result.retry_after_seconds)},
         )
     platform.metrics.attach.labels(result.start).observe(time.perf_counter() - started)
-    return _json(views.handle(result, platform.base_url))
+    return _json(views.handle(result))
 
 
 async def get_one(request: Request) -> Response:
@@ -122,7 +122,7 @@ async def share(request: Request) -> Response:
         port=int(raw_port),
         ttl_seconds=body.expires_in_seconds,
     )
-    url = f"{platform.base_url.rstrip('/')}{SHARE_PREFIX}{token}/"
+    url = f"{platform.nodes.of(sandbox).share_base()}{token}/"
     return _json(ShareUrl(url=url, expires_at=expires))
 
 

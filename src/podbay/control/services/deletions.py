@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from podbay.domain import SandboxState
-from podbay.gateway.routes import RouteTable
 from podbay.store.base import Store
+
+from ..nodes import Nodes
 
 log = logging.getLogger("podbay.lifecycle")
 MARKER_NAME = "deployments.deleted"
@@ -39,10 +40,10 @@ def mark_deleted(marker: Path) -> None:
 
 
 class DeletionWatch:
-    def __init__(self, marker: Path, store: Store, routes: RouteTable) -> None:
+    def __init__(self, marker: Path, store: Store, nodes: Nodes) -> None:
         self.marker = marker
         self.store = store
-        self.routes = routes
+        self.nodes = nodes
         self._seen = self._stamp()
         self._reload: asyncio.Future[None] | None = None
 
@@ -66,7 +67,7 @@ class DeletionWatch:
     async def _drop_deleted(self) -> None:
         try:
             for row in await self.store.list_sandboxes(states=[SandboxState.DELETING]):
-                self.routes.remove(row.id)
+                await self.nodes.of(row).withdraw(row.id)
         except Exception:
             log.exception("could not read deleted deployments' sandboxes; retrying")
             self._seen = None  # the next request tries again

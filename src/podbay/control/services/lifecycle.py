@@ -28,11 +28,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from podbay.domain import Sandbox, SandboxState
-from podbay.gateway.activity import ActivityTracker
+from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, ObservedMachine
 from podbay.settings import LifecycleSettings
 from podbay.store.base import Store
 
+from ..nodes import Node, Nodes
 from .locks import NameLocks
 from .pool import POOL_LABEL
 from .transitions import Transitions
@@ -48,25 +49,28 @@ class Lifecycle:
         *,
         store: Store,
         transitions: Transitions,
-        activity: ActivityTracker,
+        nodes: Nodes,
         locks: NameLocks,
         settings: LifecycleSettings,
         clock: Callable[[], datetime],
     ) -> None:
         self.store = store
         self.transitions = transitions
-        self.activity = activity
+        self.nodes = nodes
         self.locks = locks
         self.settings = settings
         self.clock = clock
 
     async def flush_activity(self) -> None:
-        seen = self.activity.drain()
-        try:
-            await self.store.record_activity(seen)
-        except Exception:
-            self.activity.restore(seen)
-            raise
+        for node in self.nodes.all():
+            seen = await node.drain_activity()
+            if not seen:
+                continue
+            try:
+                await self.store.record_activity(seen)
+            except Exception:
+                node.restore_activity(seen)
+                raise
 
     # -- the periodic pass -----------------------------------------------------------
     async def run_pass(self) -> int:
@@ -74,7 +78,7 @@ class Lifecycle:
         await self.flush_activity()
         changed = 0
         for row in await self.store.list_sandboxes():
-            if self._due(row) is None or not self.transitions.classes.works(row.class_):
+            if self._due(row) is None or not self.nodes.works(row.class_):
                 continue
             try:
                 if await self._act(row):
@@ -96,7 +100,7 @@ class Lifecycle:
         if (
             row.state is S.RUNNING
             and idle >= timedelta(seconds=self.settings.idle_seconds)
-            and not self.activity.busy(row.id)
+            and not self._busy(row)
         ):
             return "idle"
         if (
@@ -105,6 +109,12 @@ class Lifecycle:
         ):
             return "reclaim"
         return None
+
+    def _busy(self, row: Sandbox) -> bool:
+        try:
+            return self.nodes.of(row).busy(row.id)
+        except ApiError:
+            return True  # its node is out of reach: nothing can be done to it now
 
     async def _act(self, stale: Sandbox) -> bool:
         async with self.locks.hold(stale.deployment_id, stale.name):
@@ -148,7 +158,7 @@ class Lifecycle:
             row = await self.store.get_sandbox(rows[0].deployment_id, rows[0].name)
             if row is None or row.id != sandbox_id or row.state is not S.RUNNING:
                 return
-            seen = await self.transitions.driver(row).state(row.machine_id)
+            seen = await self.transitions.node(row).state(row.class_, row.machine_id)
             if seen is M.RUNNING:
                 return
             log.warning("sandbox %s: agent unreachable, machine %s", row.id, seen)
@@ -158,14 +168,14 @@ class Lifecycle:
                 await self.transitions.stop(row, f"machine found {seen}")
 
     # -- start-up ----------------------------------------------------------------------
-    async def reconcile(self, observed: Mapping[str, list[ObservedMachine]]) -> None:
-        """Make rows and machines agree after a (re)start: ``observed`` is what
-        each running class's driver adopted. Rows win where they state an
-        intent; machines win where a row claims what cannot be had."""
+    async def reconcile(self, node: Node, observed: Mapping[str, list[ObservedMachine]]) -> None:
+        """Make rows and machines agree after a (re)start of ``node``: ``observed``
+        is what each running class's driver there adopted. Rows win where they
+        state an intent; machines win where a row claims what cannot be had."""
         machines = {(name, m.machine_id): m for name, seen in observed.items() for m in seen}
         t = self.transitions
         for row in await self.store.list_sandboxes():
-            if row.class_ not in observed:
+            if row.class_ not in observed or self.nodes.of(row) is not node:
                 continue  # its class does not run here now: leave row and machine be
             machine = machines.pop((row.class_, row.machine_id), None)
             seen = machine.state if machine else M.ABSENT
@@ -178,27 +188,28 @@ class Lifecycle:
             kind = "pooled" if POOL_LABEL in machine.labels else "orphaned"
             log.info("reconcile: destroying %s %s machine %s", kind, name, machine_id)
             try:
-                await t.classes.driver(name).destroy(machine_id)
+                await node.destroy(name, machine_id)
             except Exception:
                 log.exception("reconcile: could not destroy %s", machine_id)
 
     async def _reconcile_one(self, row: Sandbox, seen: MachineState, t: Transitions) -> None:
         async with self.locks.hold(row.deployment_id, row.name):
-            driver = t.driver(row)
+            node = t.node(row)
+            c, mid = row.class_, row.machine_id
             if row.state in (S.CREATING, S.DELETING) or seen is M.ABSENT:
                 await t.destroy(row, f"reconcile: row {row.state}, machine {seen}")
             elif row.state is S.RUNNING:
                 if seen is M.RUNNING:
-                    t.add_route(row)
+                    await t.add_route(row)
                 elif seen is M.SUSPENDED:
-                    await driver.resume(row.machine_id)
-                    t.add_route(row)
+                    await node.resume(c, mid)
+                    await t.add_route(row)
                 else:
                     await t.record(row, S.STOPPED, "reconcile: machine stopped")
             elif row.state is S.SUSPENDED:
                 if seen is M.RUNNING:
-                    await driver.suspend(row.machine_id)
+                    await node.suspend(c, mid)
                 elif seen is M.STOPPED:
                     await t.record(row, S.STOPPED, "reconcile: machine stopped")
             elif row.state is S.STOPPED and seen in (M.RUNNING, M.SUSPENDED):
-                await driver.stop(row.machine_id)
+                await node.stop(c, mid)

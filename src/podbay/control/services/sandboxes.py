@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -24,19 +24,15 @@ from typing import TypeVar
 from podbay.domain import Deployment, Sandbox, SandboxState, StartKind
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
 from podbay.errors import ApiError
-from podbay.gateway.activity import ActivityTracker
-from podbay.runtime.base import Driver, Limits, MachineSpec
 from podbay.runtime.classes import is_class_name
-from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 
-from .classes import ClassRuntimes
-from .environment import Building, EnvironmentService
+from ..nodes import Launch, Node, Nodes
+from .environment import Building
 from .locks import NameLocks
-from .pool import WarmPool
 from .transitions import Transitions
 
 T = TypeVar("T")
@@ -58,6 +54,8 @@ class Attached:
     start: StartKind
     credential: str
     expires_at: datetime
+    #: The data plane's base URL for this sandbox (on the node that holds it).
+    endpoint: str
 
 
 def hostname_for(name: str) -> str:
@@ -85,34 +83,23 @@ class SandboxService:
         *,
         settings: Settings,
         store: Store,
-        classes: ClassRuntimes,
+        nodes: Nodes,
         transitions: Transitions | None,
-        environment: EnvironmentService,
-        activity: ActivityTracker,
         locks: NameLocks,
-        pools: Mapping[str, WarmPool],
         mint: Callable[[str, int], tuple[str, datetime]],
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self.store = store
-        self.classes = classes
+        self.nodes = nodes
         self.transitions = transitions
-        self.environment = environment
-        self.activity = activity
         self.locks = locks
-        #: Warm pools by class.
-        self.pools = pools
         self.mint = mint
         self.clock = clock
         #: False until the runtime is prepared and reconciled (set by the app).
         self.ready = False
         self.not_ready_reason = STARTING
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
-        rt = settings.runtime
-        self.limits = Limits(
-            memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
-        )
 
     # -- reads -------------------------------------------------------------------
     async def get(self, deployment: Deployment, name: str) -> Sandbox:
@@ -127,7 +114,10 @@ class SandboxService:
         return [self._with_activity(r) for r in rows if r.state.visible]
 
     def _with_activity(self, row: Sandbox) -> Sandbox:
-        seen = self.activity.last(row.id)
+        try:
+            seen = self.nodes.of(row).last_seen(row.id)
+        except ApiError:  # its node is out of reach: the store's figure is all there is
+            return row
         if seen is not None and seen > row.last_active_at:
             return replace(row, last_active_at=seen)
         return row
@@ -136,7 +126,7 @@ class SandboxService:
     async def attach(self, deployment: Deployment, name: str, class_: str) -> Attached | Building:
         check_name(name)
         if not is_class_name(class_):
-            self.classes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
+            self.nodes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
         if not deployment.declares_sandbox:
             raise ApiError(
                 ErrorCode.SANDBOX_NOT_DECLARED,
@@ -150,9 +140,9 @@ class SandboxService:
                 if row is not None and row.state.visible:
                     self._check_class(row, class_)
                 if row is None:
-                    result = await self._create(deployment, name, self.classes.resolve(class_))
+                    result = await self._create(deployment, name, self.nodes.resolve(class_))
                 elif row.state is S.RUNNING:
-                    result = self._reuse(row, transitions)
+                    result = await self._reuse(row, transitions)
                 elif row.state is S.SUSPENDED:
                     result = await self._bring_up(row, "resumed", transitions.resume)
                 elif row.state is S.STOPPED:
@@ -172,7 +162,7 @@ class SandboxService:
             )
 
     def _runtime(self) -> Transitions:
-        if not self.classes.drivers or self.transitions is None:
+        if self.transitions is None:
             raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, "this server runs no sandboxes")
         if not self.ready:
             # While starting, the refusal is temporary (clients wait and repeat);
@@ -195,17 +185,19 @@ class SandboxService:
                 f"{asked!r}; attach with class 'default' or {row.class_!r}, "
                 "or delete it first to change its class",
             )
-        self.classes.require(row.class_)
+        self.nodes.require(row.class_)
 
-    def _attached(self, row: Sandbox, start: StartKind) -> Attached:
+    def _attached(self, row: Sandbox, start: StartKind, node: Node | None = None) -> Attached:
         token, expires = self.mint(row.id, row.incarnation)
-        return Attached(row, start, token, expires)
+        endpoint = (node or self.nodes.of(row)).endpoint(row.id)
+        return Attached(row, start, token, expires, endpoint)
 
-    def _reuse(self, row: Sandbox, transitions: Transitions) -> Attached:
-        if row.id not in transitions.routes:
-            transitions.add_route(row)
-        self.activity.touch(row.id)
-        return self._attached(replace(row, last_active_at=self.clock()), "reused")
+    async def _reuse(self, row: Sandbox, transitions: Transitions) -> Attached:
+        node = self.nodes.of(row)
+        if not node.routed(row.id):
+            await transitions.add_route(row)
+        node.touch(row.id)
+        return self._attached(replace(row, last_active_at=self.clock()), "reused", node)
 
     async def _bring_up(
         self,
@@ -225,17 +217,16 @@ class SandboxService:
     async def _create(
         self, deployment: Deployment, name: str, class_: str
     ) -> Attached | Building | None:
-        driver = self.classes.driver(class_)
-        short = reserve_shortfall(self.settings.data_dir, self.settings.runtime.disk_reserve_bytes)
+        node = await self.nodes.place(class_)
+        short = await node.shortfall()
         if short is not None:
             log.warning("attach refused: %s", short)
             raise ApiError(ErrorCode.HOST_DISK_FULL, short)
-        prepared = await self.environment.prepare(deployment, class_)
+        prepared = await node.prepare(deployment, class_)
         if isinstance(prepared, Building):
             return prepared
         now = self.clock()
-        pool = self.pools.get(class_)
-        pooled = pool.take(prepared) if pool is not None else None
+        pooled = await node.take_warm(class_, prepared)
         row = Sandbox(
             id=new_sandbox_id(),
             deployment_id=deployment.id,
@@ -255,50 +246,37 @@ class SandboxService:
             account_cap=self.settings.caps.per_account,
         )
         if outcome is not InsertOutcome.INSERTED:
-            if pooled is not None and pool is not None:
-                pool.give_back(prepared, pooled)
+            if pooled is not None:
+                await node.give_back(class_, prepared, pooled)
             if outcome is InsertOutcome.EXISTS:
                 return None
             raise self._cap_refusal(outcome)
         labels = {LABEL_SANDBOX: row.id, LABEL_DEPLOYMENT: deployment.id, LABEL_NAME: name}
+        order = Launch(class_, row.machine_id, hostname_for(name), labels, pooled is not None)
         try:
-            if pooled is not None:
-                await driver.assign(pooled, hostname=hostname_for(name), labels=labels)
-            else:
-                await driver.create(
-                    MachineSpec(
-                        machine_id=row.machine_id,
-                        hostname=hostname_for(name),
-                        limits=self.limits,
-                        env=dict(prepared.env),
-                        layers=prepared.layers,
-                        labels=labels,
-                    )
-                )
-                await driver.start(row.machine_id)
-            await self.environment.apply(deployment, driver, row.machine_id)
+            await node.launch(order, prepared, deployment)
         except ApiError:
-            await self._undo_create(row, driver)
+            await self._undo_create(row, node)
             raise
         except Exception as exc:
             log.exception("sandbox %s: start failed", row.id)
-            await self._undo_create(row, driver)
+            await self._undo_create(row, node)
             raise ApiError(
                 ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be started: {exc}"
             ) from None
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is None:  # the deployment was deleted meanwhile
-            await self._undo_create(row, driver)
+            await self._undo_create(row, node)
             raise not_found(name)
         assert self.transitions is not None
-        self.transitions.add_route(new)
+        await self.transitions.add_route(new)
         self.transitions.metrics.transition("none", "running")
-        return self._attached(new, "created")
+        return self._attached(new, "created", node)
 
-    async def _undo_create(self, row: Sandbox, driver: Driver) -> None:
+    async def _undo_create(self, row: Sandbox, node: Node) -> None:
         """Leave nothing half-made: the machine destroyed, the row gone."""
         try:
-            await driver.destroy(row.machine_id)
+            await node.destroy(row.class_, row.machine_id)
         except Exception:
             log.exception("sandbox %s: destroy after a failed start failed", row.id)
             return  # the creating row stays; the next reconcile destroys and drops it

@@ -1,5 +1,5 @@
-"""Moving one sandbox between states: driver, gateway route and store in a
-fixed order. Callers hold the sandbox's name lock.
+"""Moving one sandbox between states: its node's machine, the node's gateway
+route and the store in a fixed order. Callers hold the sandbox's name lock.
 
 Order, so that a crash anywhere leaves a state the next reconcile finishes:
 
@@ -11,7 +11,8 @@ Order, so that a crash anywhere leaves a state the next reconcile finishes:
   A ``deleting`` row is finished by whoever sees it next.
 * entering ``running``: driver first, then the row, then the route.
 
-A sandbox's machine belongs to the driver of its class (``row.class_``).
+A sandbox's machine is held by its node (:meth:`Nodes.of`), in the driver of
+its class (``row.class_``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from podbay.domain import Sandbox, SandboxState
-from podbay.gateway.routes import RouteTable
-from podbay.runtime.base import Driver
 from podbay.store.base import Store
 
 from ..metrics import Metrics
-from .classes import ClassRuntimes
+from ..nodes import Node, Nodes
 
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
@@ -36,15 +35,13 @@ class Transitions:
     def __init__(
         self,
         store: Store,
-        classes: ClassRuntimes,
-        routes: RouteTable,
+        nodes: Nodes,
         metrics: Metrics,
         clock: Callable[[], datetime],
         max_age: timedelta,
     ) -> None:
         self.store = store
-        self.classes = classes
-        self.routes = routes
+        self.nodes = nodes
         self.metrics = metrics
         self.clock = clock
         self.max_age = max_age
@@ -68,53 +65,49 @@ class Transitions:
             )
         return new
 
-    def driver(self, row: Sandbox) -> Driver:
-        """The driver that holds ``row``'s machine (its class must be running)."""
-        return self.classes.driver(self.classes.require(row.class_))
+    def node(self, row: Sandbox) -> Node:
+        """The node that holds ``row``'s machine."""
+        return self.nodes.of(row)
 
-    def add_route(self, sandbox: Sandbox) -> None:
-        self.routes.add(
-            sandbox.id,
-            sandbox.machine_id,
-            sandbox.incarnation,
-            self.driver(sandbox).agent_socket(sandbox.machine_id),
-        )
+    async def add_route(self, sandbox: Sandbox) -> None:
+        await self.node(sandbox).publish(sandbox)
 
     async def suspend(self, row: Sandbox, why: str) -> Sandbox | None:
         """running → suspended (memory kept), or stopped where the driver cannot freeze."""
-        driver = self.driver(row)
-        if not driver.capabilities.suspend:
+        node = self.node(row)
+        if not node.can_suspend(row.class_):
             return await self.stop(row, why)
-        self.routes.remove(row.id)
-        await driver.suspend(row.machine_id)
+        await node.withdraw(row.id)
+        await node.suspend(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
         return self._moved(row, new, why)
 
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
         """→ stopped: compute released, files kept, no ceiling while nothing runs."""
-        self.routes.remove(row.id)
-        await self.driver(row).stop(row.machine_id)
+        node = self.node(row)
+        await node.withdraw(row.id)
+        await node.stop(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(
             row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None)
         )
         return self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
-        await self.driver(row).resume(row.machine_id)
+        await self.node(row).resume(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(
             row, row.moved(S.RUNNING, last_active_at=self.clock())
         )
         if new is not None:
-            self.add_route(new)
+            await self.add_route(new)
         return self._moved(row, new, why)
 
     async def start_fresh_compute(self, row: Sandbox, why: str) -> Sandbox | None:
         """stopped → running on new compute with the files kept: a new
         incarnation (old credentials die) and a new ceiling."""
-        await self.driver(row).start(row.machine_id)
+        await self.node(row).start(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is not None:
-            self.add_route(new)
+            await self.add_route(new)
         return self._moved(row, new, why)
 
     async def record(self, row: Sandbox, state: SandboxState, why: str) -> Sandbox | None:
@@ -123,7 +116,7 @@ class Transitions:
         if state is S.STOPPED:
             changes = {"ceiling_at": None, "started_at": None}
         if state is not S.RUNNING:
-            self.routes.remove(row.id)
+            await self.node(row).withdraw(row.id)
         moved = (
             row.released(state, self.clock(), **changes)
             if state in (S.SUSPENDED, S.STOPPED)
@@ -131,7 +124,7 @@ class Transitions:
         )
         new = await self.store.replace_sandbox(row, moved)
         if new is not None and state is S.RUNNING:
-            self.add_route(new)
+            await self.add_route(new)
         return self._moved(row, new, why)
 
     async def destroy(self, row: Sandbox, why: str) -> bool:
@@ -143,6 +136,7 @@ class Transitions:
                 return False
             self._moved(row, marked, why)
             row = marked
-        self.routes.remove(row.id)
-        await self.driver(row).destroy(row.machine_id)
+        node = self.node(row)
+        await node.withdraw(row.id)
+        await node.destroy(row.class_, row.machine_id)
         return await self.store.delete_sandbox(row)

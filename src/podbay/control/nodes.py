@@ -1,0 +1,181 @@
+"""How the control plane talks to the nodes that hold machines: one interface.
+
+The control plane decides what should exist (the store); a *node* holds the
+machines, the warm pool, the declared environments' layers and the gateway
+that serves their data plane. Everything the control plane asks of a node
+goes through :class:`Node`: machines (launch, suspend, resume, stop,
+destroy, state, adopt), the gateway's routes (publish before a sandbox is
+reachable, withdraw before it stops being so), activity for the idle timer,
+and capacity. :class:`Nodes` is the set of them: which node holds a sandbox,
+where a new one goes, and what the classes mean across them.
+
+Two implementations: :class:`podbay.node.local.LocalNode` in process (``podbay
+serve``: the calls are plain method calls, nothing is serialized) and
+:class:`podbay.node.remote.RemoteNode` over the node's internal HTTP API
+(``podbay control`` with ``podbay node``). The control plane imports neither
+the gateway nor a driver: the wiring above both (``podbay.control.app`` for
+serve, ``podbay.cluster`` for the split roles) picks the implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from podbay.domain import Deployment, Sandbox
+from podbay.runtime.base import MachineState, ObservedMachine
+
+from .services.classes import ClassRuntimes
+from .services.environment import Building, Prepared
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A new sandbox's machine, as the control plane orders it."""
+
+    class_: str
+    machine_id: str
+    hostname: str
+    labels: Mapping[str, str]
+    #: Whether ``machine_id`` came ready from the node's warm pool.
+    pooled: bool
+
+
+class Node(Protocol):
+    """One sandbox host as the control plane sees it. Machines are named by
+    ``(class, machine id)``; the node's driver of that class holds them."""
+
+    #: Stable name (``serve``: ``local``); sandbox rows record it.
+    name: str
+
+    def endpoint(self, sandbox_id: str) -> str:
+        """Absolute data-plane base URL of a sandbox this node holds."""
+        ...
+
+    def share_base(self) -> str:
+        """Base URL share links of this node's sandboxes start with."""
+        ...
+
+    # -- capacity -----------------------------------------------------------------
+    async def shortfall(self) -> str | None:
+        """Why no new machine may be made here now (e.g. its disk reserve), or None."""
+        ...
+
+    def can_suspend(self, class_: str) -> bool: ...
+
+    # -- machines ----------------------------------------------------------------------
+    async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
+        """The declared environment's layers on this node (built once), or "building"."""
+        ...
+
+    async def take_warm(self, class_: str, prepared: Prepared) -> str | None:
+        """A ready machine of the warm pool for this environment, or None."""
+        ...
+
+    async def give_back(self, class_: str, prepared: Prepared, machine_id: str) -> None: ...
+
+    async def launch(self, order: Launch, prepared: Prepared, deployment: Deployment) -> None:
+        """Make ``order.machine_id`` run as the new sandbox (a pooled one is given
+        its hostname and labels; otherwise created and started), then apply the
+        environment's setup. Raises ApiError for the contract's refusals."""
+        ...
+
+    async def start(self, class_: str, machine_id: str) -> None: ...
+
+    async def suspend(self, class_: str, machine_id: str) -> None: ...
+
+    async def resume(self, class_: str, machine_id: str) -> None: ...
+
+    async def stop(self, class_: str, machine_id: str) -> None: ...
+
+    async def destroy(self, class_: str, machine_id: str) -> None: ...
+
+    async def state(self, class_: str, machine_id: str) -> MachineState: ...
+
+    async def adopt(self) -> dict[str, list[ObservedMachine]]:
+        """Every machine of every running class, as it is now."""
+        ...
+
+    # -- the gateway's routes ----------------------------------------------------------
+    async def publish(self, sandbox: Sandbox) -> None:
+        """Route data-plane calls for this incarnation to its machine."""
+        ...
+
+    async def withdraw(self, sandbox_id: str) -> None:
+        """Refuse data-plane calls for the sandbox from now on."""
+        ...
+
+    def routed(self, sandbox_id: str) -> bool:
+        """Whether a route is published (best knowledge; False when unsure)."""
+        ...
+
+    # -- activity ------------------------------------------------------------------------
+    def touch(self, sandbox_id: str) -> None:
+        """Count an attach as activity."""
+        ...
+
+    def last_seen(self, sandbox_id: str) -> datetime | None: ...
+
+    def busy(self, sandbox_id: str) -> bool:
+        """A data-plane request to it is in flight (never idle then)."""
+        ...
+
+    async def drain_activity(self) -> dict[str, datetime]:
+        """Activity since the last drain (``sandbox id → last seen``)."""
+        ...
+
+    def restore_activity(self, seen: Mapping[str, datetime]) -> None:
+        """Put back what a failed flush drained."""
+        ...
+
+
+class Nodes(Protocol):
+    """Every node the control plane knows, and the class questions across them."""
+
+    def of(self, sandbox: Sandbox) -> Node:
+        """The node that holds ``sandbox``; raises ApiError when it cannot be reached."""
+        ...
+
+    async def place(self, class_: str) -> Node:
+        """A node with room for a new sandbox of ``class_``; raises ApiError when none."""
+        ...
+
+    def all(self) -> list[Node]: ...
+
+    def resolve(self, requested: str) -> str:
+        """The class a new sandbox asked for as ``requested`` gets (ApiError if none)."""
+        ...
+
+    def require(self, class_: str) -> str:
+        """``class_`` if some node runs it now, else ApiError naming what runs."""
+        ...
+
+    def works(self, class_: str) -> bool: ...
+
+
+class OneNode:
+    """The all-in-one server's set: one node, whose classes are the server's."""
+
+    def __init__(self, node: Node, classes: ClassRuntimes) -> None:
+        self.node = node
+        self.classes = classes
+
+    def of(self, sandbox: Sandbox) -> Node:
+        return self.node
+
+    async def place(self, class_: str) -> Node:
+        return self.node
+
+    def all(self) -> list[Node]:
+        return [self.node]
+
+    def resolve(self, requested: str) -> str:
+        return self.classes.resolve(requested)
+
+    def require(self, class_: str) -> str:
+        return self.classes.require(class_)
+
+    def works(self, class_: str) -> bool:
+        return self.classes.works(class_)
