@@ -86,6 +86,8 @@ class Sandbox:
     #: When compute was last released (suspended or stopped); ``None`` while
     #: running. A suspended or stopped sandbox is reclaimed counting from here.
     suspended_at: datetime | None = None
+    #: The node that holds the machine (``local``: the all-in-one server's).
+    node: str = "local"
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""

@@ -15,7 +15,7 @@ from podbay.domain import Deployment, Sandbox, SandboxState
 
 SANDBOX_COLUMNS = (
     "id, deployment_id, account, name, class, state, machine_id, created_at,"
-    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at"
+    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node"
 )
 DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
@@ -51,6 +51,7 @@ def sandbox(row: Sequence[Any]) -> Sandbox:
         incarnation=row[11],
         version=row[12],
         suspended_at=dt(row[13]),
+        node=row[14],
     )
 
 
@@ -82,4 +83,5 @@ def sandbox_values(s: Sandbox) -> tuple[Any, ...]:
         ts(s.ceiling_at),
         s.incarnation,
         ts(s.suspended_at),
+        s.node,
     )

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from podbay.domain import Deployment, Sandbox, SandboxState
 
 from .base import InsertOutcome
+from .cluster import ClusterQueries
 from .rows import DEPLOYMENT_COLUMNS, SANDBOX_COLUMNS, deployment, sandbox, sandbox_values, ts
 
 T = TypeVar("T")
@@ -85,7 +86,7 @@ def _section(d: Deployment) -> str | None:
     return None if d.sandbox_section is None else json.dumps(d.sandbox_section)
 
 
-class SqlStore(ABC, Generic[C]):
+class SqlStore(ClusterQueries, ABC, Generic[C]):
     """:class:`~podbay.store.base.Store`'s queries over a :class:`Connection`."""
 
     #: The driver's parameter marker; queries are written with ``?``.
@@ -228,7 +229,7 @@ class SqlStore(ABC, Generic[C]):
             # past the lock ends this insert as EXISTS, not as an error.
             inserted = self._count(
                 conn,
-                f"INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?)"
+                f"INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?,?)"
                 " ON CONFLICT (deployment_id, name) DO NOTHING",
                 *sandbox_values(s),
             )
@@ -242,7 +243,7 @@ class SqlStore(ABC, Generic[C]):
         sql = (
             "UPDATE sandboxes SET deployment_id=?, account=?, name=?, class=?, state=?,"
             f" machine_id=?, created_at=?, last_active_at={self.GREATEST}(last_active_at, ?),"
-            " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?,"
+            " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, node=?,"
             f" version=version+1 WHERE id=? AND version=? RETURNING {SANDBOX_COLUMNS}"
         )
         params = (*sandbox_values(new)[1:], old.id, old.version)

@@ -238,13 +238,34 @@ async def test_sandboxes_from_before_classes_are_containers(new_store, store_kin
     assert row is not None and row.class_ == "container"
 
 
+#: What undoes each migration after the classes one, newest first, so that
+#: rewinding the recorded version lets the later migrations run again.
+_UNDO = [
+    (
+        4,
+        [
+            "DROP INDEX sandboxes_node",
+            "ALTER TABLE sandboxes DROP COLUMN node",
+            "DROP TABLE nodes",
+            "DROP TABLE signing_keys",
+            "DROP TABLE leases",
+        ],
+    ),
+]
+
+
 def _rewind(kind: str, target: str, version: int) -> None:
+    undo = [sql for v, steps in _UNDO if v > version for sql in steps]
     if kind == "sqlite":
         conn = sqlite3.connect(target, isolation_level=None)
+        for sql in undo:
+            conn.execute(sql)
         conn.execute(f"PRAGMA user_version = {version}")
         conn.close()
         return
     with psycopg.connect(target, autocommit=True) as pg:
+        for sql in undo:
+            pg.execute(sql.encode())
         pg.execute(f"UPDATE podbay_schema_version SET version = {version}".encode())
 
 

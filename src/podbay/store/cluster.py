@@ -1,0 +1,154 @@
+"""The store's queries for split roles (``podbay control`` + ``podbay node``):
+enrolled nodes, the shared signing keys, and leases.
+
+A mixin of :class:`~podbay.store.sql.SqlStore` (same hooks, same SQL for
+SQLite and PostgreSQL): every guarantee comes from one statement in the
+database, so replicas need no lock of their own.
+"""
+
+# ruff: noqa: S608 - column lists are module constants; every value is a parameter.
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from podbay.domain.node import NodeRecord
+
+from .rows import at, ts
+
+T = TypeVar("T")
+NODE_COLUMNS = "name, url, drained, report, enrolled_at, heartbeat_at"
+
+
+def _node(row: Sequence[Any]) -> NodeRecord:
+    return NodeRecord(
+        name=row[0],
+        url=row[1],
+        drained=bool(row[2]),
+        report=json.loads(row[3]),
+        enrolled_at=at(row[4]),
+        heartbeat_at=at(row[5]),
+    )
+
+
+class _Hooks(Protocol):
+    async def _run(self, fn: Callable[[Any], T]) -> T: ...
+
+    async def _tx(self, fn: Callable[[Any], T]) -> T: ...
+
+    def _one(self, conn: Any, text: str, *params: Any) -> Any: ...
+
+    def _count(self, conn: Any, text: str, *params: Any) -> int: ...
+
+    def _sql(self, text: str) -> str: ...
+
+
+class ClusterQueries:
+    # -- nodes -------------------------------------------------------------------
+    async def enroll_node(
+        self: _Hooks,
+        name: str,
+        url: str,
+        credential_hash: str,
+        report: dict[str, Any],
+        now: datetime,
+    ) -> None:
+        """Add the node, or give an enrolled one (restarted, its credential
+        lost) a new credential and URL; a drained node stays drained."""
+        sql = (
+            f"INSERT INTO nodes ({NODE_COLUMNS}, credential_hash) VALUES (?,?,0,?,?,?,?)"
+            " ON CONFLICT (name) DO UPDATE SET url=excluded.url,"
+            " credential_hash=excluded.credential_hash, report=excluded.report,"
+            " heartbeat_at=excluded.heartbeat_at"
+        )
+        values = (name, url, json.dumps(report), ts(now), ts(now), credential_hash)
+        await self._run(lambda conn: self._count(conn, sql, *values))
+
+    async def node_by_credential(self: _Hooks, credential_hash: str) -> NodeRecord | None:
+        sql = f"SELECT {NODE_COLUMNS} FROM nodes WHERE credential_hash=?"
+        row = await self._run(lambda conn: self._one(conn, sql, credential_hash))
+        return None if row is None else _node(row)
+
+    async def heartbeat_node(
+        self: _Hooks, name: str, report: dict[str, Any], now: datetime
+    ) -> NodeRecord | None:
+        """Record a heartbeat; the record as it was before (None if forgotten)."""
+
+        def run(conn: Any) -> NodeRecord | None:
+            before = self._one(conn, f"SELECT {NODE_COLUMNS} FROM nodes WHERE name=?", name)
+            if before is None:
+                return None
+            self._count(
+                conn,
+                "UPDATE nodes SET report=?, heartbeat_at=? WHERE name=?",
+                json.dumps(report),
+                ts(now),
+                name,
+            )
+            return _node(before)
+
+        return await self._tx(run)
+
+    async def list_nodes(self: _Hooks) -> list[NodeRecord]:
+        sql = f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name"
+        rows = await self._run(lambda conn: conn.execute(sql, ()).fetchall())
+        return [_node(r) for r in rows]
+
+    async def drain_node(self: _Hooks, name: str, drained: bool = True) -> bool:
+        sql = "UPDATE nodes SET drained=? WHERE name=?"
+        return await self._run(lambda conn: self._count(conn, sql, int(drained), name) == 1)
+
+    async def drop_node_sandboxes(self: _Hooks, name: str) -> int:
+        """Forget every sandbox the node held (an operator gave them up)."""
+        sql = "DELETE FROM sandboxes WHERE node=?"
+        return await self._run(lambda conn: self._count(conn, sql, name))
+
+    async def forget_node(self: _Hooks, name: str) -> bool:
+        """Remove the node and the record of every sandbox it held, at once."""
+
+        def run(conn: Any) -> bool:
+            self._count(conn, "DELETE FROM sandboxes WHERE node=?", name)
+            return self._count(conn, "DELETE FROM nodes WHERE name=?", name) == 1
+
+        return await self._tx(run)
+
+    # -- signing keys --------------------------------------------------------------
+    async def signing_keys(self: _Hooks) -> list[tuple[str, str]]:
+        """(kid, private PEM) of every key, oldest first."""
+        sql = "SELECT kid, private_pem FROM signing_keys ORDER BY kid"
+        rows = await self._run(lambda conn: conn.execute(sql, ()).fetchall())
+        return [(str(r[0]), str(r[1])) for r in rows]
+
+    async def add_signing_key(self: _Hooks, kid: str, pem: str, now: datetime) -> None:
+        sql = (
+            "INSERT INTO signing_keys (kid, private_pem, created_at) VALUES (?,?,?)"
+            " ON CONFLICT DO NOTHING"
+        )
+        await self._run(lambda conn: self._count(conn, sql, kid, pem, ts(now)))
+
+    async def remove_signing_key(self: _Hooks, kid: str) -> bool:
+        sql = "DELETE FROM signing_keys WHERE kid=?"
+        return await self._run(lambda conn: self._count(conn, sql, kid) == 1)
+
+    # -- leases ------------------------------------------------------------------------
+    async def take_lease(
+        self: _Hooks, key: str, holder: str, seconds: float, now: datetime
+    ) -> bool:
+        """Hold ``key`` until ``now + seconds`` if it is free, expired or already
+        ours (a renewal); False while somebody else holds it."""
+        sql = (
+            "INSERT INTO leases (key, holder, until) VALUES (?,?,?)"
+            " ON CONFLICT (key) DO UPDATE SET holder=excluded.holder, until=excluded.until"
+            " WHERE leases.until < ? OR leases.holder = excluded.holder"
+        )
+        until, current = now.timestamp() + seconds, now.timestamp()
+        return await self._run(
+            lambda conn: self._count(conn, sql, key, holder, until, current) == 1
+        )
+
+    async def drop_lease(self: _Hooks, key: str, holder: str) -> None:
+        sql = "DELETE FROM leases WHERE key=? AND holder=?"
+        await self._run(lambda conn: self._count(conn, sql, key, holder))

@@ -1,0 +1,92 @@
+"""Nodes, shared signing keys and leases, on both stores (split roles)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from podbay.domain import Sandbox, SandboxState
+
+pytestmark = pytest.mark.anyio
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _sb(name: str, node: str) -> Sandbox:
+    return Sandbox(
+        id=f"sb-{name}",
+        deployment_id="dep_d",
+        account="acct",
+        name=name,
+        class_="container",
+        state=SandboxState.RUNNING,
+        machine_id=f"m-{name}",
+        created_at=T0,
+        last_active_at=T0,
+        started_at=T0,
+        ceiling_at=None,
+        node=node,
+    )
+
+
+async def test_nodes_enroll_heartbeat_drain_forget(store):
+    await store.enroll_node("n1", "http://n1", "hash-1", {"classes": ["container"]}, T0)
+    await store.enroll_node("n2", "http://n2", "hash-2", {}, T0)
+    assert (await store.node_by_credential("hash-1")).name == "n1"
+    assert await store.node_by_credential("hash-x") is None
+    before = await store.heartbeat_node("n1", {"running": 3}, T0 + timedelta(seconds=5))
+    assert before is not None and before.report == {"classes": ["container"]}
+    n1, n2 = await store.list_nodes()
+    assert n1.report == {"running": 3} and n1.heartbeat_at == T0 + timedelta(seconds=5)
+    assert n1.state(T0 + timedelta(seconds=10), 30) == "ready"
+    assert n2.state(T0 + timedelta(seconds=30), 30) == "lost"
+    assert await store.drain_node("n1")
+    assert (await store.list_nodes())[0].state(T0, 30) == "draining"
+    # Re-enrolling (a new credential) keeps the operator's drain.
+    await store.enroll_node("n1", "http://n1b", "hash-3", {}, T0)
+    again = await store.node_by_credential("hash-3")
+    assert again is not None and again.drained and again.url == "http://n1b"
+    assert await store.node_by_credential("hash-1") is None
+    # Rows remember their node; forgetting a node forgets its sandboxes.
+    for name, node in (("a", "n1"), ("b", "n2"), ("c", "n2")):
+        await store.insert_sandbox(_sb(name, node), deployment_cap=9, account_cap=9)
+    assert (await store.get_sandbox("dep_d", "b")).node == "n2"
+    assert await store.forget_node("n2")
+    assert [r.name for r in await store.list_sandboxes()] == ["a"]
+    assert [n.name for n in await store.list_nodes()] == ["n1"]
+    assert await store.heartbeat_node("n2", {}, T0) is None
+
+
+async def test_signing_keys_shared(new_store):
+    first, second = new_store(), new_store()
+    await first.add_signing_key("0002-b", "pem-b", T0)
+    await first.add_signing_key("0001-a", "pem-a", T0)
+    await second.add_signing_key("0001-a", "other", T0)  # a kid is written once
+    assert await second.signing_keys() == [("0001-a", "pem-a"), ("0002-b", "pem-b")]
+    assert await second.remove_signing_key("0001-a")
+    assert await first.signing_keys() == [("0002-b", "pem-b")]
+
+
+async def test_one_holder_per_lease_across_instances(new_store):
+    first, second = new_store(), new_store()
+    got = await asyncio.gather(
+        *((first if i % 2 else second).take_lease("k", f"h{i}", 30, T0) for i in range(20))
+    )
+    assert got.count(True) == 1
+    holder = f"h{got.index(True)}"
+    assert await first.take_lease("k", holder, 30, T0 + timedelta(seconds=1))  # renewal
+    assert not await second.take_lease("k", "other", 30, T0 + timedelta(seconds=2))
+    assert await second.take_lease("k", "other", 30, T0 + timedelta(seconds=40))  # expired
+    await first.drop_lease("k", holder)  # not its holder any more: nothing happens
+    assert not await first.take_lease("k", holder, 30, T0 + timedelta(seconds=41))
+    await second.drop_lease("k", "other")
+    assert await first.take_lease("k", holder, 30, T0 + timedelta(seconds=41))
+
+
+async def test_node_survives_a_sandbox_write(store):
+    await store.insert_sandbox(_sb("a", "n7"), deployment_cap=9, account_cap=9)
+    row = await store.get_sandbox("dep_d", "a")
+    new = await store.replace_sandbox(row, replace(row.moved(SandboxState.SUSPENDED)))
+    assert new is not None and new.node == "n7"
