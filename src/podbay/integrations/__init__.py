@@ -4,6 +4,8 @@
   podbay as Model Context Protocol tools, over stdio or streamable HTTP.
 - :mod:`podbay.integrations.smolagents` (``pip install 'podbay[smolagents]'``):
   a remote Python executor for smolagents' CodeAgent, on top of ``run_code``.
+- :mod:`podbay.integrations.inspect_ai` (``pip install 'podbay[inspect_ai]'``):
+  the inspect_ai sandbox type ``"podbay"``, registered through inspect's entry point.
 
 Importing :mod:`podbay` (or this package) never imports a framework.
 """

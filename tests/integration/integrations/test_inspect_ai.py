@@ -1,0 +1,276 @@
+"""The inspect_ai sandbox type "podbay" against a real ``podbay serve`` and real sandboxes:
+inspect's own sandbox checks (its ``self_check`` module, pulled in whole), then an
+``inspect eval`` run as a user would run it, with inspect's mock model calling bash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from inspect_ai.log import read_eval_log
+from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment
+from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+
+# inspect's portable checks, collected here as tests driven by `sandbox_env` below.
+from inspect_ai.util._sandbox.self_check import *  # noqa: F403
+
+from podbay.client import SandboxClient
+from podbay.integrations.inspect_ai import (
+    NAME_PREFIX,
+    PodbaySandboxEnvironment,
+    PodbaySandboxEnvironmentConfig,
+)
+from podbay.testing.platform import PlatformServer
+
+pytestmark = [pytest.mark.root, pytest.mark.anyio]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
+    with PlatformServer.start(tmp_path_factory.mktemp("serve-inspect")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def token(server: PlatformServer) -> Iterator[str]:
+    """The deployment's token in ``ASTRO_AUTHZ_TOKEN``: all the integration is given."""
+    value = server.create_deployment("inspect-tests")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ASTRO_AUTHZ_TOKEN", value)
+        yield value
+
+
+@pytest.fixture(scope="module")
+def eval_token(server: PlatformServer) -> str:
+    """A deployment of its own for the tests that count every sandbox of ours in it."""
+    return server.create_deployment("inspect-eval")
+
+
+class Case(NamedTuple):
+    config: PodbaySandboxEnvironmentConfig | None
+    #: Checks this configuration cannot pass, and why (strict: they must fail).
+    xfails: dict[str, str]
+
+
+ROOT_CAN = "root may read and write any file whatever its mode (as in inspect's docker-root)"
+CASES = {
+    # The server's default account: root.
+    "root": Case(
+        None,
+        {
+            "test_read_file_not_allowed": ROOT_CAN,
+            "test_write_text_file_without_permissions": ROOT_CAN,
+            "test_write_binary_file_without_permissions": ROOT_CAN,
+        },
+    ),
+    # The image's ordinary account: every permission check holds.
+    "user": Case(PodbaySandboxEnvironmentConfig(user="user", environment={"FROM_CONFIG": "1"}), {}),
+}
+
+
+class CaseAndEnv(NamedTuple):
+    case: Case
+    env: PodbaySandboxEnvironment
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+async def _case_and_env(request: pytest.FixtureRequest, token: str) -> AsyncIterator[CaseAndEnv]:
+    # One sandbox per configuration, shared by the checks (they clean up after
+    # themselves), set up and torn down as inspect does for a sample.
+    case = CASES[request.param]
+    task = f"self-check-{request.param}"
+    await PodbaySandboxEnvironment.task_init(task, case.config)
+    envs = await PodbaySandboxEnvironment.sample_init(task, case.config, {})
+    env = envs["default"]
+    assert isinstance(env, PodbaySandboxEnvironment)
+    try:
+        yield CaseAndEnv(case, env)
+    finally:
+        await PodbaySandboxEnvironment.sample_cleanup(task, case.config, envs, False)
+        await PodbaySandboxEnvironment.task_cleanup(task, case.config, True)
+    with SandboxClient() as client:
+        assert env.name not in {r.name for r in client.list()}  # deleted at clean-up
+
+
+@pytest.fixture
+def sandbox_env(request: pytest.FixtureRequest, _case_and_env: CaseAndEnv) -> SandboxEnvironment:
+    reason = _case_and_env.case.xfails.get(request.node.originalname)
+    if reason is not None:
+        request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    return _case_and_env.env
+
+
+# -- what inspect's checks leave out ------------------------------------------------------
+
+
+async def test_exec_output_over_the_limit_raises_with_its_tail(
+    sandbox_env: SandboxEnvironment,
+) -> None:
+    with override_max_exec_output_size(1024), pytest.raises(OutputLimitExceededError) as caught:
+        await sandbox_env.exec(["sh", "-c", "printf 'a%.0s' $(seq 3000); printf END"])
+    assert "limit of 1 KiB was exceeded" in str(caught.value)
+    assert caught.value.truncated_output is not None
+    assert caught.value.truncated_output.endswith("aaaEND")  # the tail is what is kept
+    assert len(caught.value.truncated_output) == 1024
+
+
+async def test_exec_timeout_carries_the_output_so_far(sandbox_env: SandboxEnvironment) -> None:
+    with pytest.raises(TimeoutError) as caught:
+        await sandbox_env.exec(["sh", "-c", "echo started; sleep 30"], timeout=1)
+    assert getattr(caught.value, "truncated_output", None) == "started\n"
+
+
+async def test_env_user_and_working_dir(
+    sandbox_env: SandboxEnvironment, _case_and_env: CaseAndEnv
+) -> None:
+    config = _case_and_env.case.config or PodbaySandboxEnvironmentConfig()
+    probe = "echo $(id -un) $PWD ${FROM_CONFIG:-none} $MINE"
+    result = await sandbox_env.exec(["sh", "-c", probe], env={"MINE": "x"})
+    assert result.stdout.split() == [
+        config.user or "root",
+        "/workspace",
+        config.environment.get("FROM_CONFIG", "none"),
+        "x",
+    ]
+    # A command's own env wins over the config's, its own user over the default.
+    result = await sandbox_env.exec(["sh", "-c", probe], env={"FROM_CONFIG": "2"}, user="root")
+    assert result.stdout.split()[0] == "root" and result.stdout.split()[2] == "2"
+    # Files the sample writes belong to the account it runs as.
+    await sandbox_env.write_file("owned.txt", "mine")
+    owner = await sandbox_env.exec(["stat", "-c", "%U", "owned.txt"])
+    assert owner.stdout.strip() == (config.user or "root")
+    await sandbox_env.exec(["rm", "owned.txt"])
+
+
+async def test_missing_command_is_a_failed_result(sandbox_env: SandboxEnvironment) -> None:
+    result = await sandbox_env.exec(["no-such-command-here"])
+    assert not result.success and result.returncode == 127
+    assert "no-such-command-here" in result.stderr
+
+
+async def test_connection_names_the_sandbox(sandbox_env: SandboxEnvironment) -> None:
+    assert isinstance(sandbox_env, PodbaySandboxEnvironment)
+    connection = await sandbox_env.connection()
+    assert connection.type == "podbay" and connection.container == sandbox_env.name
+    assert connection.command.startswith(f"podbay sandbox shell {sandbox_env.name} ")
+
+
+# -- an eval, as a user runs it -------------------------------------------------------------
+
+TASK = '''
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import bash
+
+
+def script(messages, tools, tool_choice, config):
+    """Call bash once, then answer with what it printed (no network, no key)."""
+    last = messages[-1]
+    if last.role == "tool":
+        output = ModelOutput.from_content("mockllm/model", "ANSWER: " + last.text.strip())
+    else:
+        output = ModelOutput.for_tool_call(
+            "mockllm/model", "bash", {"command": "cat secret.txt; echo; hostname; id -un"}
+        )
+    # Usage given, so the mock does not count tokens (its tokenizer downloads its tables).
+    output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+    return output
+
+
+@task
+def secrets():
+    return Task(
+        dataset=[
+            Sample(input="What is the secret?", target=s, files={"secret.txt": s}, id=s)
+            for s in ("podbay-secret-1", "podbay-secret-2")
+        ],
+        solver=[use_tools(bash(timeout=60)), generate()],
+        scorer=includes(),
+        sandbox="podbay",
+        model=get_model("mockllm/model", custom_outputs=script),
+    )
+'''
+
+
+def test_inspect_eval_runs_bash_in_podbay_sandboxes(
+    eval_token: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ASTRO_AUTHZ_TOKEN", eval_token)
+    (tmp_path / "find_secret.py").write_text(TASK)  # note: it imports nothing of podbay
+    logs = tmp_path / "logs"
+    env = {**os.environ, "INSPECT_DISPLAY": "none"}
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "inspect"),  # the command users run
+            "eval",
+            "find_secret.py",
+            "--log-dir",
+            str(logs),
+            "--log-format",
+            "json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    [path] = logs.glob("*.json")
+    log = read_eval_log(str(path))
+    assert log.status == "success", log.error
+    assert log.eval.sandbox is not None and log.eval.sandbox.type == "podbay"
+    assert log.samples is not None and len(log.samples) == 2
+    hostnames = set()
+    for sample in log.samples:
+        secret = str(sample.id)
+        assert sample.scores is not None
+        assert sample.scores["includes"].value == "C", sample.output.completion
+        events = [json.loads(e.model_dump_json()) for e in sample.events]
+        # The tool call and the sandbox command it ran, both in the log.
+        [tool] = [e for e in events if e["event"] == "tool"]
+        assert tool["function"] == "bash" and tool["result"].startswith(secret + "\n")
+        execs = [e for e in events if e["event"] == "sandbox" and e["action"] == "exec"]
+        bash_runs = [e for e in execs if e["cmd"].startswith("bash --login -c")]
+        assert len(bash_runs) == 1 and bash_runs[0]["result"] == 0
+        assert bash_runs[0]["output"].startswith(secret)
+        # The sample's files went in through write_file.
+        writes = [e for e in events if e["event"] == "sandbox" and e["action"] == "write_file"]
+        assert [w["file"] for w in writes] == ["secret.txt"]
+        hostname, user = tool["result"].split()[1:3]
+        assert user == "root" and hostname.startswith(NAME_PREFIX + "secrets-")
+        hostnames.add(hostname)
+    assert len(hostnames) == 2  # one sandbox per sample
+    with SandboxClient() as client:
+        assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
+
+
+async def test_cli_cleanup_deletes_what_was_left(
+    eval_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `inspect eval --no-sandbox-cleanup` leaves sandboxes; `inspect sandbox cleanup podbay`
+    # (cli_cleanup) deletes them by name, or all of ours.
+    monkeypatch.setenv("ASTRO_AUTHZ_TOKEN", eval_token)
+    envs = []
+    for _ in range(2):
+        env = (await PodbaySandboxEnvironment.sample_init("left", None, {}))["default"]
+        assert isinstance(env, PodbaySandboxEnvironment)
+        envs.append(env)
+    names = [env.name for env in envs]
+    with SandboxClient() as client:
+        assert set(names) <= {r.name for r in client.list()}
+        await PodbaySandboxEnvironment.cli_cleanup(names[0])
+        assert names[0] not in {r.name for r in client.list()}
+        await PodbaySandboxEnvironment.cli_cleanup(None)
+        assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
+    for env in envs:
+        await env.client.aclose()
