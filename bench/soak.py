@@ -13,6 +13,12 @@ open descriptors, threads, and the sandboxes in its store.
 What to look for: RSS, descriptors and threads flat after warm-up (the
 summary prints first-quarter and last-quarter medians and their drift), no
 5xx (hostile requests must get 4xx), sandboxes never above ``--sandboxes``.
+The last line is the verdict (:func:`verdict`): ``flat`` or what grew.
+
+Warm-up is real: the gateway caches up to 4096 verified credentials (one per
+attach, ~250 bytes each), so RSS climbs about 1 MiB until that many attaches
+happened, then stays. Compare after warm-up, or run long enough to see the
+plateau.
 """
 
 from __future__ import annotations
@@ -180,6 +186,27 @@ def quarter_medians(samples: list[dict[str, Any]], key: str) -> tuple[float, flo
     )
 
 
+#: Allowed rise after warm-up: RSS (MiB, or this fraction of the start) and
+#: descriptors/threads (count), median of the last quarter against the second.
+RSS_SLACK_MIB, RSS_SLACK_FRACTION, COUNT_SLACK = 1.5, 0.02, 2
+
+
+def verdict(samples: list[dict[str, Any]]) -> str:
+    """``flat``, or which of RSS, descriptors and threads kept rising after
+    warm-up (the first quarter), comparing the medians of the second and the
+    last quarter: a leak rises in both halves, warm-up only in the first."""
+    n = max(1, len(samples) // 4)
+    second, last = samples[n : 2 * n] or samples[:n], samples[-n:]
+    grew = []
+    for key in ("rss_mib", "fds", "threads"):
+        before = statistics.median(s[key] for s in second)
+        after = statistics.median(s[key] for s in last)
+        slack = max(RSS_SLACK_MIB, RSS_SLACK_FRACTION * before) if key == "rss_mib" else COUNT_SLACK
+        if after - before > slack:
+            grew.append(f"{key} {before:g} -> {after:g}")
+    return "flat" if not grew else "GROWING: " + ", ".join(grew)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=600, help="seconds of load")
@@ -252,7 +279,10 @@ def main() -> None:
             "after_idle": samples[-1][key],
         }
     result["max_sandboxes"] = max(s["sandboxes"] for s in samples)
+    result["verdict"] = verdict(samples[:-1])  # the idle sample after the load is not load
     print(json.dumps(result, indent=None if args.json else 2))
+    if not args.json:
+        print(f"verdict: {result['verdict']}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ a smaller custom MAC because (1) a gateway on another machine verifies it
 with the public key alone, never holding a key that could mint one, and
 (2) it reuses the identity tokens' key ring and rotation. The cost of
 Ed25519 verification (~0.1 ms) is paid once per token: verified claims are
-cached (bounded) and only ``exp`` is re-checked on a hit.
+cached (bounded) and only ``exp`` is re-checked on a hit. The cache holds a
+16-byte digest of each token, not the token (~340 bytes), so a full cache
+costs about a third of what it did (the tokens were most of a soak's memory
+growth while the cache filled).
 
 >>> import tempfile, pathlib
 >>> from podbay.control.keys import KeyRing
@@ -18,6 +21,8 @@ cached (bounded) and only ``exp`` is re-checked on a hit.
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -68,7 +73,7 @@ def verify_share(keys: VerifyingKeys, token: str) -> Share:
     return Share(sub, port)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Credential:
     sandbox_id: str
     incarnation: int
@@ -92,7 +97,7 @@ class CredentialVerifier:
 
     def __init__(self, keys: VerifyingKeys, *, cache_size: int = 4096) -> None:
         self._keys = keys
-        self._cache: OrderedDict[str, Credential] = OrderedDict()
+        self._cache: OrderedDict[bytes, Credential] = OrderedDict()
         self._cache_size = cache_size
 
     @property
@@ -104,25 +109,40 @@ class CredentialVerifier:
             raise ApiError(
                 ErrorCode.CREDENTIAL_INVALID, "a sandbox credential is required; attach to get one"
             )
-        cached = self._cache.get(token)
+        key = _cache_key(token)
+        cached = self._cache.get(key)
         if cached is not None:
             if cached.expires <= time.time():
-                self._cache.pop(token, None)
+                self._cache.pop(key, None)
                 raise CREDENTIAL.expired()
-            self._cache.move_to_end(token)
+            self._cache.move_to_end(key)
             return cached
         credential = self._verify_signature(token)
-        self._cache[token] = credential
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._keep(key, credential)
         return credential
 
     def remember(self, token: str, credential: Credential) -> None:
         """Cache a credential this process just minted (all-in-one), so the
         sandbox's first data-plane call skips the signature check. Only for
         tokens from :func:`mint_credential` here, never for received ones."""
-        self._cache[token] = credential
-        if len(self._cache) > self._cache_size:
+        self._keep(_cache_key(token), credential)
+
+    def cached(self) -> int:
+        """How many verified credentials are cached (at most ``cache_size``)."""
+        return len(self._cache)
+
+    def _keep(self, key: bytes, credential: Credential) -> None:
+        # One string per sandbox, not one per credential minted for it.
+        credential = Credential(
+            sys.intern(credential.sandbox_id), credential.incarnation, credential.expires
+        )
+        self._cache[key] = credential
+        now = time.time()
+        # Least recently used first: drop what is over the bound, and expired
+        # entries while they lead (they would only be refused on a hit).
+        while self._cache and (
+            len(self._cache) > self._cache_size or next(iter(self._cache.values())).expires <= now
+        ):
             self._cache.popitem(last=False)
 
     def _verify_signature(self, token: str) -> Credential:
@@ -133,3 +153,9 @@ class CredentialVerifier:
         if not isinstance(sub, str) or not isinstance(inc, int) or isinstance(inc, bool):
             raise CREDENTIAL.invalid()
         return Credential(sub, inc, float(claims["exp"]))
+
+
+def _cache_key(token: str) -> bytes:
+    """A token's cache key: 16 bytes of BLAKE2b, so a full cache is small and a
+    token's bytes are held only while it is checked."""
+    return hashlib.blake2b(token.encode(), digest_size=16).digest()

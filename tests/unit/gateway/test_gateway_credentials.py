@@ -10,7 +10,7 @@ from podbay.control.keys import KeyRing, KeyRingError
 from podbay.control.tokens import bearer, issue_identity_token, verify_identity_token
 from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
-from podbay.gateway.credentials import AUDIENCE, CredentialVerifier, mint_credential
+from podbay.gateway.credentials import AUDIENCE, Credential, CredentialVerifier, mint_credential
 
 
 @pytest.fixture
@@ -134,7 +134,40 @@ def test_cache_is_bounded(ring):
     for i in range(10):
         token, _ = mint_credential(ring, sandbox_id=f"sb-{i}", incarnation=1, ttl_seconds=60)
         verifier.verify(token)
-    assert len(verifier._cache) == 3
+    assert verifier.cached() == 3
+
+
+def test_full_cache_stays_small(ring):
+    """A soak attaches thousands of times: each attach's credential is cached
+    until the bound pushes it out, so a full cache's size is the server's
+    memory plateau. Measured with tracemalloc, per cached credential."""
+    import tracemalloc
+
+    size = 2000
+    verifier = CredentialVerifier(ring, cache_size=size)
+    token, _ = mint_credential(
+        ring, sandbox_id="sb-0123456789abcdef", incarnation=1, ttl_seconds=600
+    )
+    expires = time.time() + 600
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(3 * size):
+            # A new token each time (they differ in iat, exp and signature) and
+            # a fresh sandbox id string, as read from a row.
+            fresh = token[:-12] + f"{i:012d}"
+            sandbox_id = "".join(["sb-0123456789", "abcdef"])
+            verifier.remember(fresh, Credential(sandbox_id, 1 + i % 3, expires))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert verifier.cached() == size
+    assert held / size < 300, f"{held / size:.0f} bytes per cached credential"
+    # Expired entries leave as soon as they lead the cache.
+    later = CredentialVerifier(ring, cache_size=size)
+    later.remember(token + "a", Credential("sb-1", 1, time.time() - 1))
+    later.remember(token + "b", Credential("sb-1", 1, expires))
+    assert later.cached() == 1
 
 
 def test_bearer():
