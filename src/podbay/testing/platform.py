@@ -1,4 +1,6 @@
-"""A real ``podbay serve`` in a subprocess, for end-to-end tests and benchmarks.
+"""A real ``podbay serve`` in a subprocess, for end-to-end tests and benchmarks
+(``role="control"`` or ``"node"`` runs that role instead: see
+:mod:`podbay.testing.cluster`).
 
 Reusable by any suite (the SDK's included)::
 
@@ -41,8 +43,9 @@ def free_port() -> int:
 
 
 class PlatformServer:
-    def __init__(self, root: Path, env: dict[str, str], port: int) -> None:
+    def __init__(self, root: Path, env: dict[str, str], port: int, role: str = "serve") -> None:
         self.root = root
+        self.role = role
         self.data_dir = root / "data"
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
@@ -59,16 +62,22 @@ class PlatformServer:
         }
         self.process: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(base_url=self.base_url, timeout=60)
-        self.log_path = root / "serve.log"
+        self.log_path = root / f"{role}.log"
 
     # -- life of the server process ------------------------------------------------
     @classmethod
     def start(
-        cls, root: Path, *, env: dict[str, str] | None = None, wait: bool = True
+        cls,
+        root: Path,
+        *,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        role: str = "serve",
+        port: int | None = None,
     ) -> PlatformServer:
         require_host()
         root.mkdir(parents=True, exist_ok=True)
-        server = cls(root, env or {}, free_port())
+        server = cls(root, env or {}, port or free_port(), role)
         server.spawn()
         if wait:
             server.wait_ready()
@@ -81,7 +90,7 @@ class PlatformServer:
                 sys.executable,
                 "-m",
                 "podbay.cli.main",
-                "serve",
+                self.role,
                 "--data-dir",
                 str(self.data_dir),
                 "--listen",
@@ -99,18 +108,18 @@ class PlatformServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
-                    f"podbay serve exited {self.process.returncode}:\n" + self.log_tail()
+                    f"podbay {self.role} exited {self.process.returncode}:\n" + self.log_tail()
                 )
             try:
                 r = self.http.get("/healthz", timeout=2)
                 if r.status_code == 200:
                     return
                 if r.json().get("error"):
-                    raise RuntimeError(f"podbay serve could not start: {r.json()}")
+                    raise RuntimeError(f"podbay {self.role} could not start: {r.json()}")
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        raise TimeoutError("podbay serve did not become ready:\n" + self.log_tail())
+        raise TimeoutError(f"podbay {self.role} did not become ready:\n" + self.log_tail())
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -142,7 +151,8 @@ class PlatformServer:
             except subprocess.TimeoutExpired:
                 self.kill9()
         self.http.close()
-        self.destroy_machines()
+        if self.role != "control":  # the control plane holds no machines
+            self.destroy_machines()
 
     def destroy_machines(self) -> None:
         """Every machine this server's data directory holds, gone."""

@@ -1,0 +1,342 @@
+"""A whole podbay cluster on one machine, for tests and benchmarks::
+
+    from podbay.testing.cluster import LocalCluster
+
+    with LocalCluster.start(tmp_path) as cluster:          # PostgreSQL, 2 control, haproxy, 3 nodes
+        token = cluster.create_deployment("agent")
+        client = SandboxClient(identity_token=token, server_url=cluster.url)
+
+The parts are the real ones: a temporary PostgreSQL
+(:class:`~podbay.testing.postgres.TemporaryCluster`), ``podbay control``
+replicas sharing its database, Debian's haproxy in front of them (agents and
+nodes reach the control plane only through it, as in a deployment), and
+``podbay node`` processes, each with its own data directory, run directory
+and port, sharing the machine's base-image cache. :meth:`LocalCluster.close`
+stops every process it started and destroys every machine of every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .platform import SANDBOX_SPEC, PlatformServer, free_port
+from .postgres import TemporaryCluster
+
+#: Settings that make a test cluster notice things in seconds, not minutes.
+QUICK = {
+    "PODBAY_CLUSTER_HEARTBEAT_SECONDS": "1",
+    "PODBAY_CLUSTER_NODE_LOST_SECONDS": "5",
+}
+
+
+def haproxy_binary() -> str:
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
+    if found is None:
+        raise RuntimeError("haproxy not installed (Debian package haproxy)")
+    return found
+
+
+@dataclass(frozen=True)
+class ServerCounters:
+    """One haproxy backend server's counters (``show stat``)."""
+
+    name: str
+    status: str
+    #: Bytes haproxy sent to this server (requests, uploads) and received from it.
+    bytes_in: int
+    bytes_out: int
+    sessions: int
+
+
+@dataclass
+class LoadBalancer:
+    """haproxy in HTTP mode, round robin over ``backends`` (``name -> port`` on
+    127.0.0.1), health-checked on ``/healthz``, with a stats socket for its
+    per-server byte counters."""
+
+    root: Path
+    port: int
+    backends: Mapping[str, int]
+    process: subprocess.Popen[bytes] | None = None
+    #: How often haproxy checks each server (ms): a dead replica leaves the pool
+    #: after two failed checks.
+    check_interval_ms: int = 500
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.root / "haproxy.sock"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "haproxy.cfg"
+
+    def config(self) -> str:
+        servers = "\n".join(
+            f"    server {name} 127.0.0.1:{port} check" for name, port in self.backends.items()
+        )
+        # retries + redispatch: a request whose connection a dead replica
+        # refuses is sent to another one; what was in flight on it is lost (502).
+        return f"""global
+    maxconn 4096
+    stats socket {self.socket_path} mode 600 level admin
+
+defaults
+    mode http
+    option redispatch
+    retries 3
+    timeout connect 2s
+    timeout client 120s
+    timeout server 120s
+    timeout http-request 15s
+
+frontend podbay_control
+    bind 127.0.0.1:{self.port}
+    default_backend podbay_control
+
+backend podbay_control
+    balance roundrobin
+    option httpchk GET /healthz
+    http-check expect status 200
+    default-server inter {self.check_interval_ms} fall 2 rise 1
+{servers}
+"""
+
+    def check(self) -> None:
+        """``haproxy -c`` on the configuration: it raises with haproxy's words."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config())
+        result = subprocess.run(
+            [haproxy_binary(), "-c", "-q", "-f", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"haproxy refuses its configuration: {result.stderr}")
+
+    def start(self) -> None:
+        self.check()
+        log = open(self.root / "haproxy.log", "ab")  # noqa: SIM115 - owned by the child
+        # -db: foreground, so the process is ours to stop.
+        self.process = subprocess.Popen(
+            [haproxy_binary(), "-db", "-f", str(self.config_path)],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while not self.socket_path.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "haproxy did not start: " + (self.root / "haproxy.log").read_text()[-2000:]
+                )
+            time.sleep(0.05)
+
+    def command(self, line: str) -> str:
+        """One command on the stats socket; its answer."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(str(self.socket_path))
+            sock.sendall(line.encode() + b"\n")
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def counters(self) -> dict[str, ServerCounters]:
+        """The backend's servers' counters, by server name."""
+        text = self.command("show stat").lstrip("# ")
+        found = {}
+        for row in csv.DictReader(io.StringIO(text)):
+            if row["pxname"] == "podbay_control" and row["svname"] in self.backends:
+                found[row["svname"]] = ServerCounters(
+                    name=row["svname"],
+                    status=row["status"],
+                    bytes_in=int(row["bin"] or 0),
+                    bytes_out=int(row["bout"] or 0),
+                    sessions=int(row["stot"] or 0),
+                )
+        return found
+
+    def wait_status(self, name: str, status: str, timeout: float = 30.0) -> None:
+        """Until haproxy's checks say ``name`` is ``status`` (``UP``, ``DOWN``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.counters()[name].status.startswith(status):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"haproxy never saw {name} {status}: {self.counters()[name]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def process_io(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/io``: bytes a process read and wrote through any call
+    (``rchar``, ``wchar``: sockets included)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = int(value)
+    return fields
+
+
+@dataclass
+class LocalCluster:
+    root: Path
+    database: TemporaryCluster
+    store_url: str
+    enrollment_token: str
+    balancer: LoadBalancer
+    controls: list[PlatformServer] = field(default_factory=list)
+    nodes: list[PlatformServer] = field(default_factory=list)
+    owns_database: bool = True
+
+    @property
+    def url(self) -> str:
+        """The control plane as agents see it: the load balancer."""
+        return self.balancer.url
+
+    @classmethod
+    def start(
+        cls,
+        root: Path,
+        *,
+        controls: int = 2,
+        nodes: int = 3,
+        env: Mapping[str, str] | None = None,
+        database: TemporaryCluster | None = None,
+    ) -> LocalCluster:
+        """Everything up and healthy: each control replica answers, haproxy
+        sees them all, each node answers ``/healthz`` (so it is enrolled)."""
+        root.mkdir(parents=True, exist_ok=True)
+        owns = database is None
+        db = database or TemporaryCluster.start()
+        control_ports = {f"control-{i}": free_port() for i in range(controls)}
+        cluster = cls(
+            root=root,
+            database=db,
+            store_url=db.create_database(),
+            enrollment_token=secrets.token_urlsafe(32),
+            balancer=LoadBalancer(root / "haproxy", free_port(), control_ports),
+            owns_database=owns,
+        )
+        extra = {**QUICK, **(env or {})}
+        try:
+            cluster.balancer.start()
+            for name, port in control_ports.items():
+                cluster.controls.append(
+                    PlatformServer.start(
+                        root / name,
+                        env={**cluster.control_env(), **extra},
+                        role="control",
+                        port=port,
+                        wait=False,
+                    )
+                )
+            for control in cluster.controls:
+                control.wait_ready()
+            for name in control_ports:
+                cluster.balancer.wait_status(name, "UP")
+            for i in range(nodes):
+                cluster.add_node(f"node-{i}", extra, wait=False)
+            for node in cluster.nodes:
+                node.wait_ready()
+        except BaseException:
+            cluster.close()
+            raise
+        return cluster
+
+    def control_env(self) -> dict[str, str]:
+        return {
+            "PODBAY_STORE_URL": self.store_url,
+            "PODBAY_CLUSTER_ENROLLMENT_TOKEN": self.enrollment_token,
+            "PODBAY_SERVER_PUBLIC_URL": self.url,
+        }
+
+    def add_node(
+        self, name: str, env: Mapping[str, str] | None = None, *, wait: bool = True
+    ) -> PlatformServer:
+        port = free_port()
+        node = PlatformServer.start(
+            self.root / name,
+            env={
+                "PODBAY_NODE_CONTROL_URL": self.url,
+                "PODBAY_NODE_NAME": name,
+                "PODBAY_NODE_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+                "PODBAY_CLUSTER_ENROLLMENT_TOKEN": self.enrollment_token,
+                **QUICK,
+                **(env or {}),
+            },
+            role="node",
+            port=port,
+            wait=wait,
+        )
+        self.nodes.append(node)
+        return node
+
+    # -- operator's view ----------------------------------------------------------
+    def create_deployment(self, name: str, spec: str | None = SANDBOX_SPEC) -> str:
+        """Register ``name`` (the CLI, on the shared store); its identity token."""
+        return self.controls[0].create_deployment(name, spec)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """An operator command with the control plane's settings (``node list`` ...)."""
+        return self.controls[0].cli(*args, check=check)
+
+    def node_named(self, name: str) -> PlatformServer:
+        (found,) = [n for n in self.nodes if n.env["PODBAY_NODE_NAME"] == name]
+        return found
+
+    def node_for(self, endpoint: str) -> PlatformServer:
+        """The node a handle's ``endpoint`` points at."""
+        (found,) = [n for n in self.nodes if endpoint.startswith(n.base_url)]
+        return found
+
+    def healthy(self, server: PlatformServer) -> bool:
+        with contextlib.suppress(httpx.TransportError):
+            return server.http.get("/healthz", timeout=2).status_code == 200
+        return False
+
+    # -- the end ------------------------------------------------------------------
+    def close(self) -> None:
+        """Nodes first (their machines destroyed), then the control plane, the
+        load balancer and the database."""
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.close()
+        for control in self.controls:
+            with contextlib.suppress(Exception):
+                control.close()
+        self.balancer.stop()
+        if self.owns_database:
+            self.database.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
