@@ -6,6 +6,8 @@
   a remote Python executor for smolagents' CodeAgent, on top of ``run_code``.
 - :mod:`podbay.integrations.inspect_ai` (``pip install 'podbay[inspect_ai]'``):
   the inspect_ai sandbox type ``"podbay"``, registered through inspect's entry point.
+- :mod:`podbay.integrations.deepagents` (``pip install 'podbay[deepagents]'``):
+  ``PodbaySandbox``, a sandbox backend for LangChain deepagents.
 
 Importing :mod:`podbay` (or this package) never imports a framework.
 """
