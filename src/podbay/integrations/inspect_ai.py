@@ -40,6 +40,7 @@ from inspect_ai.util import (
     sandboxenv,
 )
 from inspect_ai.util import SandboxUnavailableError as InspectSandboxUnavailableError
+from inspect_ai.util._sandbox.lifecycle import sandbox_lifecycle_state
 from pydantic import BaseModel, Field
 
 from podbay.client import AsyncSandboxClient
@@ -118,22 +119,38 @@ def _human(size: int) -> str:
     return f"{size} bytes"
 
 
+class _Live:
+    """Sandboxes an eval batch created and has not deleted yet (name -> server URL):
+    what its final ``task_cleanup`` deletes. Kept on inspect's per-batch provider
+    state, so parallel evals in one process never delete each other's."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str | None] = {}
+
+
+_UNSCOPED = _Live()  # the provider driven directly, outside any eval
+
+
+def _live() -> _Live:
+    scope = sandbox_lifecycle_state()
+    return scope.get(_Live) if scope is not None else _UNSCOPED
+
+
 class PodbaySandboxEnvironment(SandboxEnvironment):
     """One podbay sandbox (by name) as an inspect ``SandboxEnvironment``."""
-
-    #: Sandboxes created and not yet deleted, per task: task clean-up's last chance.
-    _created: dict[str, set[str]] = {}
 
     def __init__(
         self,
         client: AsyncSandboxClient,
         name: str,
         config: PodbaySandboxEnvironmentConfig,
+        live: _Live,
     ) -> None:
         super().__init__()
         self.client = client
         self.name = name
         self.config = config
+        self._live = live
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -162,14 +179,15 @@ class PodbaySandboxEnvironment(SandboxEnvironment):
         settings = _config(config)
         client = _client(settings)
         name = sandbox_name(task_name)
-        cls._created.setdefault(task_name, set()).add(name)
-        env = cls(client, name, settings)
+        live = _live()
+        live.names[name] = settings.server_url
+        env = cls(client, name, settings, live)
         try:
             await client.attach(name, settings.sandbox_class)
             if settings.user is not None or settings.working_dir != limits.WORKSPACE:
                 await env._prepare_working_dir()
         except BaseException:
-            await env._delete(task_name)
+            await env._delete()
             raise
         return {"default": env}
 
@@ -196,15 +214,15 @@ class PodbaySandboxEnvironment(SandboxEnvironment):
     ) -> None:
         for environment in environments.values():
             if isinstance(environment, PodbaySandboxEnvironment):
-                await environment._delete(task_name)
+                await environment._delete()
 
-    async def _delete(self, task_name: str) -> None:
+    async def _delete(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
             await self.client.delete(self.name)
-            self._created.get(task_name, set()).discard(self.name)
+            self._live.names.pop(self.name, None)
         except Exception as exc:  # clean-up reports, it does not fail the sample
             logger.warning("could not delete podbay sandbox %r: %s", self.name, exc)
         finally:
@@ -214,9 +232,15 @@ class PodbaySandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
-        names = cls._created.pop(task_name, set())
-        if cleanup and names:
-            await _delete_all(_config(config), names)
+        # inspect calls this once per config at the batch's end ("shutdown"): what
+        # is left is what a sample's own clean-up could not delete, or was told not to.
+        live = _live()
+        left, live.names = live.names, {}
+        if not cleanup:
+            return
+        for server_url in set(left.values()):
+            names = {name for name, url in left.items() if url == server_url}
+            await _delete_all(PodbaySandboxEnvironmentConfig(server_url=server_url), names)
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 from inspect_ai.log import read_eval_log
 from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment
+from inspect_ai.util._sandbox.lifecycle import sandbox_lifecycle_scope
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 
 # inspect's portable checks, collected here as tests driven by `sandbox_env` below.
@@ -254,23 +255,38 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
         assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
 
 
-async def test_cli_cleanup_deletes_what_was_left(
-    eval_token: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # `inspect eval --no-sandbox-cleanup` leaves sandboxes; `inspect sandbox cleanup podbay`
-    # (cli_cleanup) deletes them by name, or all of ours.
-    monkeypatch.setenv("ASTRO_AUTHZ_TOKEN", eval_token)
+async def left_behind(count: int) -> list[PodbaySandboxEnvironment]:
+    """Samples set up and never cleaned up (an interrupted run, --no-sandbox-cleanup)."""
     envs = []
-    for _ in range(2):
+    for _ in range(count):
         env = (await PodbaySandboxEnvironment.sample_init("left", None, {}))["default"]
         assert isinstance(env, PodbaySandboxEnvironment)
-        envs.append(env)
-    names = [env.name for env in envs]
-    with SandboxClient() as client:
-        assert set(names) <= {r.name for r in client.list()}
-        await PodbaySandboxEnvironment.cli_cleanup(names[0])
-        assert names[0] not in {r.name for r in client.list()}
-        await PodbaySandboxEnvironment.cli_cleanup(None)
-        assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
-    for env in envs:
         await env.client.aclose()
+        envs.append(env)
+    return envs
+
+
+async def test_what_samples_left_is_deleted_by_task_or_cli_cleanup(
+    eval_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASTRO_AUTHZ_TOKEN", eval_token)
+    # One eval batch's provider state, as `inspect eval` opens it.
+    with SandboxClient() as client, sandbox_lifecycle_scope():
+
+        def ours() -> set[str]:
+            return {r.name for r in client.list() if r.name.startswith(NAME_PREFIX)}
+
+        # The batch's final task_cleanup deletes what no sample clean-up did...
+        [env] = await left_behind(1)
+        assert ours() == {env.name}
+        await PodbaySandboxEnvironment.task_cleanup("shutdown", None, True)
+        assert ours() == set()
+        # ...unless told not to (--no-sandbox-cleanup); then `inspect sandbox cleanup
+        # podbay [NAME]` (cli_cleanup) deletes them by name, or all of ours.
+        envs = await left_behind(2)
+        await PodbaySandboxEnvironment.task_cleanup("shutdown", None, False)
+        assert ours() == {env.name for env in envs}
+        await PodbaySandboxEnvironment.cli_cleanup(envs[0].name)
+        assert ours() == {envs[1].name}
+        await PodbaySandboxEnvironment.cli_cleanup(None)
+        assert ours() == set()
