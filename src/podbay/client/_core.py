@@ -17,10 +17,10 @@ from __future__ import annotations
 import email.utils
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
 import httpx
 
@@ -72,6 +72,38 @@ HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
 #: ``"native"`` insists on it; ``"base64"`` forces the reference's exec path.
 FilesMode = Literal["auto", "native", "base64"]
 FILES_MODES: tuple[str, ...] = ("auto", "native", "base64")
+
+
+ClientT = TypeVar("ClientT")
+ClientT_co = TypeVar("ClientT_co", covariant=True)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class OneSandbox(Protocol[ClientT_co]):
+    """A view of one sandbox: a client and the sandbox's name (``Sandbox``)."""
+
+    @property
+    def client(self) -> ClientT_co: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+def for_the_sandbox(
+    method: Callable[Concatenate[ClientT, str, P], R],
+) -> Callable[Concatenate[OneSandbox[ClientT], P], R]:
+    """``method`` of a client as a method of a one-sandbox view: the view's
+    client and name come first, the caller's arguments after, unchanged (the
+    same parameters and return type for a type checker, one home for each)."""
+
+    def forward(self: OneSandbox[ClientT], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(self.client, self.name, *args, **kwargs)
+
+    forward.__name__ = method.__name__
+    forward.__qualname__ = method.__qualname__
+    forward.__doc__ = method.__doc__
+    return forward
 
 
 @dataclass(frozen=True)
@@ -268,7 +300,10 @@ class Core:
         max_output_bytes: int | None = None,
         keep: KeepPart | None = None,
     ) -> dict[str, Any]:
-        """The exec request; the options beyond the reference only when given."""
+        """The exec request; the options beyond the reference only when given.
+
+        Alike spawn_body below on purpose: each builds its own wire request,
+        field by field, so the type checker checks every field."""
         _check_argv(command)
         body: dict[str, Any] = codec.encode(
             ExecRequest(
@@ -293,6 +328,7 @@ class Core:
         stdin: bool = False,
         user: str | None = None,
     ) -> dict[str, Any]:
+        """The spawn request (alike exec_body above on purpose, see there)."""
         _check_argv(command)
         body: dict[str, Any] = codec.encode(
             SpawnRequest(

@@ -63,6 +63,7 @@ from .._core import (
     DEFAULT_TIMEOUT_SECONDS,
     Core,
     FilesMode,
+    for_the_sandbox,
     resolve_config,
     unavailable,
 )
@@ -277,6 +278,9 @@ class AsyncSandboxClient:
             return await self._attach(name)
 
     # -- commands --------------------------------------------------------------------
+    # exec, exec_bytes, stream, run and spawn spell out the same command
+    # parameters on purpose: each is public API whose whole signature a reader,
+    # help() and a type checker see; what they share lives in Core.exec_body.
 
     async def exec(
         self,
@@ -1481,243 +1485,48 @@ class AsyncSandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         return None
 
-    async def attach(self, sandbox_class: str | None = None) -> SandboxHandle:
-        return await self.client.attach(self.name, sandbox_class)
-
-    async def exec(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-        max_output_bytes: int | None = None,
-        keep: KeepPart | None = None,
-    ) -> ExecResult:
-        return await self.client.exec(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            timeout_ms=timeout_ms,
-            user=user,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            keep=keep,
-        )
-
-    async def exec_bytes(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-        max_output_bytes: int | None = None,
-        keep: KeepPart | None = None,
-    ) -> BytesResult:
-        return await self.client.exec_bytes(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            timeout_ms=timeout_ms,
-            user=user,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            keep=keep,
-        )
-
-    def stream(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-    ) -> EventStream:
-        return self.client.stream(
-            self.name, command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user, stdin=stdin
-        )
-
-    async def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
-        return await self.client.exec_combined(self.name, command, timeout_ms)
-
-    async def run(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        interval_ms: int = 500,
-        on_output: OnOutput | None = None,
-        timeout_ms: int | None = None,
-        cancel: Cancel | None = None,
-    ) -> RunResult:
-        return await self.client.run(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            interval_ms=interval_ms,
-            on_output=on_output,
-            timeout_ms=timeout_ms,
-            cancel=cancel,
-        )
-
-    async def spawn(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        user: str | None = None,
-    ) -> ProcessStatus:
-        return await self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin, user=user)
-
-    async def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
-        await self.client.write_stdin(self.name, process_id, data, close=close)
-
-    async def close_stdin(self, process_id: str) -> None:
-        await self.client.close_stdin(self.name, process_id)
-
-    async def poll(
-        self,
-        process_id: str,
-        *,
-        stdout_from: int = 0,
-        stderr_from: int = 0,
-        wait_ms: int | None = None,
-    ) -> ProcessOutput:
-        return await self.client.poll(
-            self.name, process_id, stdout_from=stdout_from, stderr_from=stderr_from, wait_ms=wait_ms
-        )
-
-    async def processes(self) -> builtins.list[ProcessStatus]:
-        return await self.client.processes(self.name)
-
-    async def signal(self, process_id: str, signal: str = "TERM") -> None:
-        await self.client.signal(self.name, process_id, signal)
-
-    async def kill(self, process_id: str) -> None:
-        await self.client.kill(self.name, process_id)
-
-    async def kill_all(self) -> None:
-        await self.client.kill_all(self.name)
-
-    async def read_file_bytes(
-        self, path: str, *, progress: Progress | None = None, user: str | None = None
-    ) -> bytes:
-        return await self.client.read_file_bytes(self.name, path, progress=progress, user=user)
-
-    async def read_file(self, path: str, *, user: str | None = None) -> str:
-        return await self.client.read_file(self.name, path, user=user)
-
-    async def write_file_bytes(
-        self,
-        path: str,
-        contents: bytes,
-        *,
-        progress: Progress | None = None,
-        user: str | None = None,
-    ) -> None:
-        await self.client.write_file_bytes(self.name, path, contents, progress=progress, user=user)
-
-    async def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
-        await self.client.write_file(self.name, path, contents, user=user)
-
-    async def stat(self, path: str, *, user: str | None = None) -> FileInfo:
-        return await self.client.stat(self.name, path, user=user)
-
-    async def exists(self, path: str, *, user: str | None = None) -> bool:
-        return await self.client.exists(self.name, path, user=user)
-
-    async def mkdir(
-        self, path: str, *, parents: bool = True, mode: int | None = None, user: str | None = None
-    ) -> None:
-        await self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
-
-    async def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
-        await self.client.chmod(self.name, path, mode, user=user)
-
-    async def remove(self, path: str, *, recursive: bool = False, user: str | None = None) -> None:
-        await self.client.remove(self.name, path, recursive=recursive, user=user)
-
-    async def move(
-        self, source: str, destination: str, *, overwrite: bool = False, user: str | None = None
-    ) -> None:
-        await self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
-
-    async def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
-        return await self.client.list_dir(self.name, path)
-
-    async def grep(self, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
-        return await self.client.grep(self.name, pattern, path)
-
-    async def upload(
-        self,
-        local_path: str | os.PathLike[str],
-        remote_path: str,
-        *,
-        progress: Progress | None = None,
-    ) -> None:
-        await self.client.upload(self.name, local_path, remote_path, progress=progress)
-
-    async def download(
-        self,
-        remote_path: str,
-        local_path: str | os.PathLike[str],
-        *,
-        progress: Progress | None = None,
-    ) -> None:
-        await self.client.download(self.name, remote_path, local_path, progress=progress)
-
-    async def run_code(self, code: str, *, timeout_ms: int | None = None) -> Execution:
-        return await self.client.run_code(self.name, code, timeout_ms=timeout_ms)
-
     @property
     def code_interpreter(self) -> AsyncCodeInterpreter:
         return self.client.code_interpreter(self.name)
 
-    async def get(self) -> SandboxRecord:
-        return await self.client.get(self.name)
-
-    async def stop(self) -> None:
-        await self.client.stop(self.name)
-
-    async def delete(self) -> None:
-        await self.client.delete(self.name)
-
-    async def pty(
-        self,
-        command: builtins.list[str],
-        *,
-        rows: int = 24,
-        cols: int = 80,
-        term: str = "xterm-256color",
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        user: str | None = None,
-    ) -> AsyncTerminal:
-        return await self.client.pty(
-            self.name, command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
-        )
-
-    async def url(self, port: int, path: str = "/") -> str:
-        return await self.client.url(self.name, port, path)
-
-    def port_transport(self) -> httpx.AsyncBaseTransport:
-        return self.client.port_transport(self.name)
-
-    async def share_url(self, port: int, *, expires_in_seconds: int = 3600) -> str:
-        return await self.client.share_url(self.name, port, expires_in_seconds=expires_in_seconds)
+    # Each of these is the client's method with this sandbox's name filled in:
+    # same parameters, same types (for a type checker too), same docstring.
+    attach = for_the_sandbox(AsyncSandboxClient.attach)
+    exec = for_the_sandbox(AsyncSandboxClient.exec)
+    exec_bytes = for_the_sandbox(AsyncSandboxClient.exec_bytes)
+    stream = for_the_sandbox(AsyncSandboxClient.stream)
+    exec_combined = for_the_sandbox(AsyncSandboxClient.exec_combined)
+    run = for_the_sandbox(AsyncSandboxClient.run)
+    spawn = for_the_sandbox(AsyncSandboxClient.spawn)
+    write_stdin = for_the_sandbox(AsyncSandboxClient.write_stdin)
+    close_stdin = for_the_sandbox(AsyncSandboxClient.close_stdin)
+    poll = for_the_sandbox(AsyncSandboxClient.poll)
+    processes = for_the_sandbox(AsyncSandboxClient.processes)
+    signal = for_the_sandbox(AsyncSandboxClient.signal)
+    kill = for_the_sandbox(AsyncSandboxClient.kill)
+    kill_all = for_the_sandbox(AsyncSandboxClient.kill_all)
+    read_file_bytes = for_the_sandbox(AsyncSandboxClient.read_file_bytes)
+    read_file = for_the_sandbox(AsyncSandboxClient.read_file)
+    write_file_bytes = for_the_sandbox(AsyncSandboxClient.write_file_bytes)
+    write_file = for_the_sandbox(AsyncSandboxClient.write_file)
+    stat = for_the_sandbox(AsyncSandboxClient.stat)
+    exists = for_the_sandbox(AsyncSandboxClient.exists)
+    mkdir = for_the_sandbox(AsyncSandboxClient.mkdir)
+    chmod = for_the_sandbox(AsyncSandboxClient.chmod)
+    remove = for_the_sandbox(AsyncSandboxClient.remove)
+    move = for_the_sandbox(AsyncSandboxClient.move)
+    list_dir = for_the_sandbox(AsyncSandboxClient.list_dir)
+    grep = for_the_sandbox(AsyncSandboxClient.grep)
+    upload = for_the_sandbox(AsyncSandboxClient.upload)
+    download = for_the_sandbox(AsyncSandboxClient.download)
+    run_code = for_the_sandbox(AsyncSandboxClient.run_code)
+    get = for_the_sandbox(AsyncSandboxClient.get)
+    stop = for_the_sandbox(AsyncSandboxClient.stop)
+    delete = for_the_sandbox(AsyncSandboxClient.delete)
+    pty = for_the_sandbox(AsyncSandboxClient.pty)
+    url = for_the_sandbox(AsyncSandboxClient.url)
+    port_transport = for_the_sandbox(AsyncSandboxClient.port_transport)
+    share_url = for_the_sandbox(AsyncSandboxClient.share_url)
 
 
 __all__ = ["AsyncCodeInterpreter", "AsyncSandbox", "AsyncSandboxClient", "AsyncTerminal"]

@@ -64,6 +64,7 @@ from .._core import (
     DEFAULT_TIMEOUT_SECONDS,
     Core,
     FilesMode,
+    for_the_sandbox,
     resolve_config,
     unavailable,
 )
@@ -278,6 +279,9 @@ class SandboxClient:
             return self._attach(name)
 
     # -- commands --------------------------------------------------------------------
+    # exec, exec_bytes, stream, run and spawn spell out the same command
+    # parameters on purpose: each is public API whose whole signature a reader,
+    # help() and a type checker see; what they share lives in Core.exec_body.
 
     def exec(
         self,
@@ -1470,243 +1474,48 @@ class Sandbox:
     def __exit__(self, *exc_info: object) -> None:
         return None
 
-    def attach(self, sandbox_class: str | None = None) -> SandboxHandle:
-        return self.client.attach(self.name, sandbox_class)
-
-    def exec(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-        max_output_bytes: int | None = None,
-        keep: KeepPart | None = None,
-    ) -> ExecResult:
-        return self.client.exec(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            timeout_ms=timeout_ms,
-            user=user,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            keep=keep,
-        )
-
-    def exec_bytes(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-        max_output_bytes: int | None = None,
-        keep: KeepPart | None = None,
-    ) -> BytesResult:
-        return self.client.exec_bytes(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            timeout_ms=timeout_ms,
-            user=user,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
-            keep=keep,
-        )
-
-    def stream(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_ms: int | None = None,
-        user: str | None = None,
-        stdin: Stdin | None = None,
-    ) -> EventStream:
-        return self.client.stream(
-            self.name, command, cwd=cwd, env=env, timeout_ms=timeout_ms, user=user, stdin=stdin
-        )
-
-    def exec_combined(self, command: str, timeout_ms: int | None = None) -> CombinedResult:
-        return self.client.exec_combined(self.name, command, timeout_ms)
-
-    def run(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        interval_ms: int = 500,
-        on_output: OnOutput | None = None,
-        timeout_ms: int | None = None,
-        cancel: Cancel | None = None,
-    ) -> RunResult:
-        return self.client.run(
-            self.name,
-            command,
-            cwd=cwd,
-            env=env,
-            interval_ms=interval_ms,
-            on_output=on_output,
-            timeout_ms=timeout_ms,
-            cancel=cancel,
-        )
-
-    def spawn(
-        self,
-        command: builtins.list[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        user: str | None = None,
-    ) -> ProcessStatus:
-        return self.client.spawn(self.name, command, cwd=cwd, env=env, stdin=stdin, user=user)
-
-    def write_stdin(self, process_id: str, data: Stdin, *, close: bool = False) -> None:
-        self.client.write_stdin(self.name, process_id, data, close=close)
-
-    def close_stdin(self, process_id: str) -> None:
-        self.client.close_stdin(self.name, process_id)
-
-    def poll(
-        self,
-        process_id: str,
-        *,
-        stdout_from: int = 0,
-        stderr_from: int = 0,
-        wait_ms: int | None = None,
-    ) -> ProcessOutput:
-        return self.client.poll(
-            self.name, process_id, stdout_from=stdout_from, stderr_from=stderr_from, wait_ms=wait_ms
-        )
-
-    def processes(self) -> builtins.list[ProcessStatus]:
-        return self.client.processes(self.name)
-
-    def signal(self, process_id: str, signal: str = "TERM") -> None:
-        self.client.signal(self.name, process_id, signal)
-
-    def kill(self, process_id: str) -> None:
-        self.client.kill(self.name, process_id)
-
-    def kill_all(self) -> None:
-        self.client.kill_all(self.name)
-
-    def read_file_bytes(
-        self, path: str, *, progress: Progress | None = None, user: str | None = None
-    ) -> bytes:
-        return self.client.read_file_bytes(self.name, path, progress=progress, user=user)
-
-    def read_file(self, path: str, *, user: str | None = None) -> str:
-        return self.client.read_file(self.name, path, user=user)
-
-    def write_file_bytes(
-        self,
-        path: str,
-        contents: bytes,
-        *,
-        progress: Progress | None = None,
-        user: str | None = None,
-    ) -> None:
-        self.client.write_file_bytes(self.name, path, contents, progress=progress, user=user)
-
-    def write_file(self, path: str, contents: str, *, user: str | None = None) -> None:
-        self.client.write_file(self.name, path, contents, user=user)
-
-    def stat(self, path: str, *, user: str | None = None) -> FileInfo:
-        return self.client.stat(self.name, path, user=user)
-
-    def exists(self, path: str, *, user: str | None = None) -> bool:
-        return self.client.exists(self.name, path, user=user)
-
-    def mkdir(
-        self, path: str, *, parents: bool = True, mode: int | None = None, user: str | None = None
-    ) -> None:
-        self.client.mkdir(self.name, path, parents=parents, mode=mode, user=user)
-
-    def chmod(self, path: str, mode: int, *, user: str | None = None) -> None:
-        self.client.chmod(self.name, path, mode, user=user)
-
-    def remove(self, path: str, *, recursive: bool = False, user: str | None = None) -> None:
-        self.client.remove(self.name, path, recursive=recursive, user=user)
-
-    def move(
-        self, source: str, destination: str, *, overwrite: bool = False, user: str | None = None
-    ) -> None:
-        self.client.move(self.name, source, destination, overwrite=overwrite, user=user)
-
-    def list_dir(self, path: str = ".") -> builtins.list[DirEntry]:
-        return self.client.list_dir(self.name, path)
-
-    def grep(self, pattern: str, path: str = ".") -> builtins.list[GrepMatch]:
-        return self.client.grep(self.name, pattern, path)
-
-    def upload(
-        self,
-        local_path: str | os.PathLike[str],
-        remote_path: str,
-        *,
-        progress: Progress | None = None,
-    ) -> None:
-        self.client.upload(self.name, local_path, remote_path, progress=progress)
-
-    def download(
-        self,
-        remote_path: str,
-        local_path: str | os.PathLike[str],
-        *,
-        progress: Progress | None = None,
-    ) -> None:
-        self.client.download(self.name, remote_path, local_path, progress=progress)
-
-    def run_code(self, code: str, *, timeout_ms: int | None = None) -> Execution:
-        return self.client.run_code(self.name, code, timeout_ms=timeout_ms)
-
     @property
     def code_interpreter(self) -> CodeInterpreter:
         return self.client.code_interpreter(self.name)
 
-    def get(self) -> SandboxRecord:
-        return self.client.get(self.name)
-
-    def stop(self) -> None:
-        self.client.stop(self.name)
-
-    def delete(self) -> None:
-        self.client.delete(self.name)
-
-    def pty(
-        self,
-        command: builtins.list[str],
-        *,
-        rows: int = 24,
-        cols: int = 80,
-        term: str = "xterm-256color",
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        user: str | None = None,
-    ) -> Terminal:
-        return self.client.pty(
-            self.name, command, rows=rows, cols=cols, term=term, cwd=cwd, env=env, user=user
-        )
-
-    def url(self, port: int, path: str = "/") -> str:
-        return self.client.url(self.name, port, path)
-
-    def port_transport(self) -> httpx.BaseTransport:
-        return self.client.port_transport(self.name)
-
-    def share_url(self, port: int, *, expires_in_seconds: int = 3600) -> str:
-        return self.client.share_url(self.name, port, expires_in_seconds=expires_in_seconds)
+    # Each of these is the client's method with this sandbox's name filled in:
+    # same parameters, same types (for a type checker too), same docstring.
+    attach = for_the_sandbox(SandboxClient.attach)
+    exec = for_the_sandbox(SandboxClient.exec)
+    exec_bytes = for_the_sandbox(SandboxClient.exec_bytes)
+    stream = for_the_sandbox(SandboxClient.stream)
+    exec_combined = for_the_sandbox(SandboxClient.exec_combined)
+    run = for_the_sandbox(SandboxClient.run)
+    spawn = for_the_sandbox(SandboxClient.spawn)
+    write_stdin = for_the_sandbox(SandboxClient.write_stdin)
+    close_stdin = for_the_sandbox(SandboxClient.close_stdin)
+    poll = for_the_sandbox(SandboxClient.poll)
+    processes = for_the_sandbox(SandboxClient.processes)
+    signal = for_the_sandbox(SandboxClient.signal)
+    kill = for_the_sandbox(SandboxClient.kill)
+    kill_all = for_the_sandbox(SandboxClient.kill_all)
+    read_file_bytes = for_the_sandbox(SandboxClient.read_file_bytes)
+    read_file = for_the_sandbox(SandboxClient.read_file)
+    write_file_bytes = for_the_sandbox(SandboxClient.write_file_bytes)
+    write_file = for_the_sandbox(SandboxClient.write_file)
+    stat = for_the_sandbox(SandboxClient.stat)
+    exists = for_the_sandbox(SandboxClient.exists)
+    mkdir = for_the_sandbox(SandboxClient.mkdir)
+    chmod = for_the_sandbox(SandboxClient.chmod)
+    remove = for_the_sandbox(SandboxClient.remove)
+    move = for_the_sandbox(SandboxClient.move)
+    list_dir = for_the_sandbox(SandboxClient.list_dir)
+    grep = for_the_sandbox(SandboxClient.grep)
+    upload = for_the_sandbox(SandboxClient.upload)
+    download = for_the_sandbox(SandboxClient.download)
+    run_code = for_the_sandbox(SandboxClient.run_code)
+    get = for_the_sandbox(SandboxClient.get)
+    stop = for_the_sandbox(SandboxClient.stop)
+    delete = for_the_sandbox(SandboxClient.delete)
+    pty = for_the_sandbox(SandboxClient.pty)
+    url = for_the_sandbox(SandboxClient.url)
+    port_transport = for_the_sandbox(SandboxClient.port_transport)
+    share_url = for_the_sandbox(SandboxClient.share_url)
 
 
 __all__ = ["CodeInterpreter", "Sandbox", "SandboxClient", "Terminal"]
