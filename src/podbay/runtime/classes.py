@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 from ..settings import Settings
 from ..wire.limits import DEFAULT_SANDBOX_CLASS, SANDBOX_CLASS_NAMES
 from .base import Driver, Limits, MachineSpec
+from .tools import run_tool
 
 VM, GVISOR, CONTAINER = "vm", "gvisor", "container"
 assert (VM, GVISOR, CONTAINER) == SANDBOX_CLASS_NAMES  # strongest first
@@ -200,11 +201,8 @@ async def _host_check(settings: Settings, name: str) -> HostCheck:
 
 
 async def _first_line(*argv: str) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await proc.communicate()
-    return (out.decode(errors="replace").splitlines() or [""])[0].strip()
+    _, out = await run_tool(*argv)
+    return (out.splitlines() or [""])[0].strip()
 
 
 async def _runsc_check(path: str, version: str) -> HostCheck:

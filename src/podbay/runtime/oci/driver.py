@@ -45,6 +45,7 @@ from ..base import (
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager
 from ..network.slirp import SlirpLimits
+from ..tools import check_tool
 from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
 from .image import Image, ImageCache, Recipe, local_ca_certificates
@@ -522,7 +523,7 @@ def _rewrite_in_place(path: Path, text: str) -> None:
 
 
 async def _set_hostname(pid: int, hostname: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
+    await check_tool(
         "nsenter",
         "--target",
         str(pid),
@@ -530,14 +531,9 @@ async def _set_hostname(pid: int, hostname: str) -> None:
         "--",
         "hostname",
         hostname,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        failed="setting hostname failed",
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
     )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -11,7 +11,6 @@ socket lands on fd 3 without a ``preexec_fn``, and waits on a pidfd.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import Any
 
 from ..base import DriverError
 from ..network import procscan
+from ..tools import run_tool
 from .fdwait import wait_readable
 
 #: The fd the container's first process finds the agent socket on.
@@ -52,15 +52,7 @@ class Runc:
         return self.argv(*args)
 
     async def call(self, *args: str, check: bool = True) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.command(*args),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await proc.communicate()
-        text = out.decode(errors="replace").strip()
-        code = proc.returncode or 0
+        code, text = await run_tool(*self.command(*args))
         if check and code != 0:
             raise DriverError(f"{self.binary} {args[0]} {args[-1]} failed: {text}")
         return code, text

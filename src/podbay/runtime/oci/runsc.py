@@ -43,6 +43,7 @@ from typing import Any
 from ..base import DriverError
 from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
+from ..tools import check_tool
 from .readiness import wait_ready
 from .runc import Runc
 
@@ -132,15 +133,7 @@ class Runsc(Runc):
             "/bin/hostname",
             hostname,
         ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise DriverError(f"setting hostname failed: {out.decode(errors='replace').strip()}")
+        await check_tool(*argv, failed="setting hostname failed")
 
     def _end_paused(self, container_id: str) -> bool:
         """This runsc panics deleting a paused container ("invalid state transition:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..base import DriverError
+from ..tools import check_tool
 from . import records
 
 GIB = 1024**3
@@ -169,25 +170,23 @@ async def _mkfs(target: Path, size: int) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     with open(tmp, "wb") as f:  # noqa: ASYNC230 - truncate only, no I/O
         f.truncate(size)
-    proc = await asyncio.create_subprocess_exec(
-        "mkfs.ext4",
-        "-q",
-        "-F",
-        "-m",
-        "0",
-        "-L",
-        "podbay",
-        "-E",
-        "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
-        str(tmp),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
+    try:
+        await check_tool(
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-L",
+            "podbay",
+            "-E",
+            "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            str(tmp),
+            failed="mkfs.ext4 failed",
+        )
+    except DriverError:
         tmp.unlink(missing_ok=True)
-        raise DriverError(f"mkfs.ext4 failed: {out.decode(errors='replace').strip()}")
+        raise
     os.rename(tmp, target)  # atomic: a racing creator's equal copy is as good
 
 
@@ -359,7 +358,7 @@ async def copy_layer(upper: Path, dest: Path) -> None:
     if not os.path.isdir(upper):  # noqa: ASYNC240 - never started: an empty layer
         os.makedirs(dest, exist_ok=True)
         return
-    proc = await asyncio.create_subprocess_exec(
+    await check_tool(
         "cp",
         "-a",
         "--preserve=all",
@@ -367,10 +366,5 @@ async def copy_layer(upper: Path, dest: Path) -> None:
         "--no-target-directory",
         str(upper),
         str(dest),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        failed="copying the layer failed",
     )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise DriverError(f"copying the layer failed: {out.decode(errors='replace')[-500:]}")

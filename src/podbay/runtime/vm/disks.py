@@ -29,7 +29,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from ..base import DriverError
+from ..tools import check_tool
 
 ID_RANGE = 65536
 
@@ -76,15 +76,7 @@ def _tree_bytes(root: Path) -> tuple[int, int]:
 
 
 async def _run(*argv: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise DriverError(f"{argv[0]} failed: {out.decode(errors='replace')[-800:]}")
+    await check_tool(*argv, failed=f"{argv[0]} failed")
 
 
 async def pack(source: Path, target: Path, uid_base: int) -> Path:

@@ -54,6 +54,7 @@ from ..oci import agent_bundle, records, storage
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout, MachineDirs
 from ..oci.readiness import wait_ready
+from ..tools import check_tool
 from . import disks, initramfs, qmp, templates
 from .relay import Relay, RelayLoop
 
@@ -459,17 +460,9 @@ class VmDriver(RecordKeepingDriver):
         )
 
     async def _launch(self, machine_id: str, argv: list[str]) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            *self.network.enter_argv(machine_id),
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
+        await check_tool(
+            *self.network.enter_argv(machine_id), *argv, failed="qemu failed", new_session=True
         )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise DriverError(f"qemu failed: {out.decode(errors='replace').strip()[-800:]}")
 
     async def _cold_boot(
         self,
@@ -682,20 +675,15 @@ class VmDriver(RecordKeepingDriver):
         async with self._lock(machine_id):
             await self._release_stopped(machine_id)
             paths = self._paths(machine_id)
-            check = await asyncio.create_subprocess_exec(
+            # e2fsck: 1 and 2 mean "errors corrected".
+            await check_tool(
                 "e2fsck",
                 "-f",
                 "-y",
                 str(paths.disk_image),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                failed="the machine's disk is damaged",
+                ok=(0, 1, 2),
             )
-            out, _ = await check.communicate()
-            if check.returncode not in (0, 1, 2):
-                raise DriverError(
-                    f"the machine's disk is damaged: {out.decode(errors='replace')[-400:]}"
-                )
             mount = paths.run / "export"
             paths.run.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(storage.mount_disk, paths.disk_image, mount, readonly=True)
@@ -763,19 +751,14 @@ class VmDriver(RecordKeepingDriver):
 
 
 async def _copy_sparse(source: Path, target: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
+    await check_tool(
         "cp",
         "--sparse=always",
         "--reflink=auto",
         str(source),
         str(target),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        failed="copying the template's disk failed",
     )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise DriverError(f"copying the template's disk failed: {out.decode(errors='replace')}")
 
 
 def _running(pid: int) -> bool:
