@@ -15,9 +15,11 @@ the invocation is wrong, 130 on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -40,38 +42,54 @@ def command() -> None:
     """Use sandboxes: exec, run, cp, ls, list..."""
 
 
-def _options(func: F) -> F:
-    """--token, --server and --json on every subcommand."""
-    func = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
-        func
+@dataclass(frozen=True)
+class Connection:
+    """Where and as whom every subcommand talks (--token, --server), and how it prints (--json)."""
+
+    token: str | None
+    server: str | None
+    as_json: bool
+
+
+def _options(func: Callable[..., None]) -> Callable[..., None]:
+    """--token, --server and --json on every subcommand, handed to it as one
+    ``conn`` (:class:`Connection`)."""
+
+    @functools.wraps(func)
+    def with_connection(
+        *args: Any, token: str | None, server: str | None, as_json: bool, **kwargs: Any
+    ) -> None:
+        func(*args, conn=Connection(token, server, as_json), **kwargs)
+
+    wrapped: Callable[..., None] = with_connection
+    wrapped = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
+        wrapped
     )
-    func = click.option(
+    wrapped = click.option(
         "--server",
         envvar="PODBAY_SERVER_URL",
         default=None,
         metavar="URL",
         help="Control plane URL (default: the token's iss).",
-    )(func)
-    func = click.option(
+    )(wrapped)
+    wrapped = click.option(
         "--token",
         envvar="ASTRO_AUTHZ_TOKEN",
         default=None,
         help="Identity token (default: $ASTRO_AUTHZ_TOKEN).",
-    )(func)
-    return func
+    )(wrapped)
+    return wrapped
 
 
 @contextlib.contextmanager
-def _session(
-    token: str | None, server: str | None, as_json: bool, **options: Any
-) -> Iterator[tuple[SandboxClient, Output]]:
+def _session(conn: Connection, **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
     """A client and an output; every expected failure becomes one line and an exit code."""
     from podbay.client import SandboxClient
     from podbay.errors import SandboxRequestError, SandboxUnavailableError
 
-    out = Output(as_json=as_json)
+    out = Output(as_json=conn.as_json)
     try:
-        with SandboxClient(identity_token=token, server_url=server, **options) as client:
+        with SandboxClient(identity_token=conn.token, server_url=conn.server, **options) as client:
             yield client, out
     except SandboxRequestError as exc:
         fail(str(exc), 1)
@@ -115,11 +133,9 @@ def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
     help="Sandbox class: default, vm, gvisor or container.",
 )
 @_options
-def attach(
-    name: str, sandbox_class: str | None, token: str | None, server: str | None, as_json: bool
-) -> None:
+def attach(name: str, sandbox_class: str | None, conn: Connection) -> None:
     """Create, resume or reuse sandbox NAME."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         handle = client.attach(name, sandbox_class)
         out.value(_handle_json(handle), f"{handle.name}  {handle.state}  ({handle.start})")
 
@@ -127,18 +143,18 @@ def attach(
 @command.command()
 @click.argument("name")
 @_options
-def get(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+def get(name: str, conn: Connection) -> None:
     """Show sandbox NAME."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         record = client.get(name)
         out.value(record, "\n".join(f"{k}: {v}" for k, v in _row(record).items()))
 
 
 @command.command("list")
 @_options
-def list_(token: str | None, server: str | None, as_json: bool) -> None:
+def list_(conn: Connection) -> None:
     """List this deployment's sandboxes."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         records = client.list()
         rows = [list(_row(r).values()) for r in records]
         out.table(
@@ -160,24 +176,22 @@ def _row(record: SandboxRecord) -> dict[str, Any]:
     }
 
 
-@command.command()
-@click.argument("name")
-@_options
-def stop(name: str, token: str | None, server: str | None, as_json: bool) -> None:
-    """Suspend sandbox NAME now (the next use resumes it)."""
-    with _session(token, server, as_json) as (client, out):
-        client.stop(name)
-        out.value({"name": name, "stopped": True}, f"stopped {name}")
+def _lifecycle(name: str, past: str, help: str, act: Callable[[SandboxClient, str], None]) -> None:
+    """A subcommand ``podbay sandbox NAME SANDBOX`` that does ``act`` and says ``past``."""
+
+    @command.command(name=name, help=help)
+    @click.argument("sandbox_name", metavar="NAME")
+    @_options
+    def run(sandbox_name: str, conn: Connection) -> None:
+        with _session(conn) as (client, out):
+            act(client, sandbox_name)
+            out.value({"name": sandbox_name, past: True}, f"{past} {sandbox_name}")
 
 
-@command.command()
-@click.argument("name")
-@_options
-def rm(name: str, token: str | None, server: str | None, as_json: bool) -> None:
-    """Delete sandbox NAME and its files."""
-    with _session(token, server, as_json) as (client, out):
-        client.delete(name)
-        out.value({"name": name, "deleted": True}, f"deleted {name}")
+_lifecycle(
+    "stop", "stopped", "Suspend sandbox NAME now (the next use resumes it).", lambda c, n: c.stop(n)
+)
+_lifecycle("rm", "deleted", "Delete sandbox NAME and its files.", lambda c, n: c.delete(n))
 
 
 # -- commands ------------------------------------------------------------------------
@@ -215,9 +229,7 @@ def exec_(
     timeout_ms: int | None,
     user: str | None,
     no_stdin: bool,
-    token: str | None,
-    server: str | None,
-    as_json: bool,
+    conn: Connection,
 ) -> None:
     """Run ARGV in NAME (after --); print its output; exit with its exit code.
 
@@ -226,11 +238,11 @@ def exec_(
     """
     fd = None if no_stdin else local_stdin()
     stdin = open(fd, "rb", buffering=0, closefd=False) if fd is not None else None  # noqa: SIM115
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         result = client.exec(
             name, list(argv), cwd=cwd, env=_env(env), timeout_ms=timeout_ms, user=user, stdin=stdin
         )
-        if as_json:
+        if out.as_json:
             out.value(result)
         else:
             print_exec_result(
@@ -254,12 +266,10 @@ def run(
     env: tuple[str, ...],
     timeout_ms: int | None,
     interval_ms: int,
-    token: str | None,
-    server: str | None,
-    as_json: bool,
+    conn: Connection,
 ) -> None:
     """Run ARGV in NAME with live output (no output cap); exit with its exit code."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
 
         def show(chunk: ProcessOutput) -> None:
             if chunk.stdout:
@@ -278,9 +288,9 @@ def run(
             env=_env(env),
             interval_ms=interval_ms,
             timeout_ms=timeout_ms,
-            on_output=None if as_json else show,
+            on_output=None if out.as_json else show,
         )
-        if as_json:
+        if out.as_json:
             out.value(result)
         elif result.killed:
             out.info(
@@ -304,9 +314,7 @@ def shell(
     cwd: str | None,
     env: tuple[str, ...],
     user: str | None,
-    token: str | None,
-    server: str | None,
-    as_json: bool,
+    conn: Connection,
 ) -> None:
     """Open a terminal in NAME running ARGV (after --; default: bash -l).
 
@@ -321,7 +329,7 @@ def shell(
     term = os.environ.get("TERM") or "xterm-256color"
     command_env = _env(env)
     with (
-        _session(token, server, as_json) as (client, _),
+        _session(conn) as (client, _),
         client.pty(
             name,
             list(argv) or DEFAULT_SHELL,
@@ -341,9 +349,9 @@ def shell(
 @command.command()
 @click.argument("name")
 @_options
-def ps(name: str, token: str | None, server: str | None, as_json: bool) -> None:
+def ps(name: str, conn: Connection) -> None:
     """List the processes of NAME."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         processes = client.processes(name)
         rows = [
             [p.process_id, p.state, "" if p.exit_code is None else p.exit_code, " ".join(p.command)]
@@ -366,12 +374,10 @@ def kill(
     name: str,
     process_id: str,
     signal_name: str | None,
-    token: str | None,
-    server: str | None,
-    as_json: bool,
+    conn: Connection,
 ) -> None:
     """Kill PROCESS_ID in NAME and forget it (or only --signal it)."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         if signal_name:
             client.signal(name, process_id, signal_name.upper())
             out.value(
@@ -390,13 +396,13 @@ def kill(
 @click.argument("name")
 @click.argument("path", default=".")
 @_options
-def ls(name: str, path: str, token: str | None, server: str | None, as_json: bool) -> None:
+def ls(name: str, path: str, conn: Connection) -> None:
     """List PATH (default: the workspace) in NAME; directories end with '/'."""
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         entries = client.list_dir(name, path)
-        if as_json:
+        if out.as_json:
             out.value(entries)
-        for entry in [] if as_json else entries:
+        for entry in [] if out.as_json else entries:
             out.line(entry.name + ("/" if entry.is_directory else ""))
 
 
@@ -448,12 +454,12 @@ class _Bar:
 @click.argument("source")
 @click.argument("destination")
 @_options
-def cp(source: str, destination: str, token: str | None, server: str | None, as_json: bool) -> None:
+def cp(source: str, destination: str, conn: Connection) -> None:
     """Copy a file or directory: LOCAL NAME:PATH uploads, NAME:PATH LOCAL downloads."""
     remote_src, remote_dst = split_remote(source), split_remote(destination)
     if bool(remote_src) == bool(remote_dst):
         fail("cp wants exactly one NAME:PATH side (e.g. cp ./app t42:/workspace/app)", 2)
-    with _session(token, server, as_json) as (client, out):
+    with _session(conn) as (client, out):
         bar = _Bar(out, os.path.basename(source.rstrip("/")) or source)
         try:
             if remote_dst:
