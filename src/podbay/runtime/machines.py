@@ -16,6 +16,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Protocol
 
 from .base import DriverError, MachineNotFound, MachineSpec, MachineState, ObservedMachine
 from .network import NetworkManager
@@ -209,6 +210,29 @@ class RecordKeepingDriver(ABC):
             return sorted(p.name for p in self.machines.iterdir() if (p / records.RECORD).exists())
         except FileNotFoundError:
             return []
+
+
+class Collectable(Protocol):
+    """What ``podbay gc`` asks of every class's driver first."""
+
+    async def adopt(self) -> list[ObservedMachine]: ...
+
+    async def destroy(self, machine_id: str) -> None: ...
+
+    def machine_ids(self) -> list[str]: ...
+
+
+async def adopt_for_gc(driver: Collectable, *, everything: bool) -> tuple[list[str], set[str]]:
+    """``podbay gc``'s first step, whatever the class: adopt what runs and,
+    with ``everything``, destroy it all. The lines to report, and the ids of
+    the machines that still have a record."""
+    done: list[str] = []
+    observed = await driver.adopt()
+    if everything:
+        for machine in observed:
+            await driver.destroy(machine.machine_id)
+            done.append(f"destroyed machine {machine.machine_id}")
+    return done, set(driver.machine_ids())
 
 
 def uts_name(hostname: str) -> str:

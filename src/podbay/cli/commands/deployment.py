@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from podbay.cli import options
 from podbay.cli.output import Output, fail
 
 if TYPE_CHECKING:
@@ -24,13 +25,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-data_dir_option = click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The server's data directory (default /var/lib/podbay as root).",
+data_dir_option = options.data_dir_option(
+    "The server's data directory (default /var/lib/podbay as root)."
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+json_option = options.json_option()
 
 
 def with_service(

@@ -25,6 +25,7 @@ from typing import Any
 import click
 import httpx
 
+from podbay.cli import options
 from podbay.cli.output import Output, fail
 from podbay.wire import paths
 
@@ -62,18 +63,11 @@ def _start_server(settings: Any, out: Output) -> None:
     log = settings.data_dir / "dev-serve.log"
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     out.info(f"podbay: starting podbay serve in the background (log: {log})")
+    from podbay.cli.commands.serve import serve_argv
+
     with open(log, "ab") as sink:
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "podbay.cli.main",
-                "serve",
-                "--data-dir",
-                str(settings.data_dir),
-                "--listen",
-                f"{settings.server.host}:{settings.server.port}",
-            ],
+            serve_argv(settings.data_dir, f"{settings.server.host}:{settings.server.port}"),
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=sink,
@@ -154,12 +148,7 @@ spec_option = click.option(
 name_option = click.option(
     "--name", default=None, help="Deployment name (default: the spec's name, else the folder)."
 )
-data_dir_option = click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The local server's data directory.",
-)
+data_dir_option = options.data_dir_option("The local server's data directory.")
 listen_option = click.option(
     "--listen",
     default=None,
@@ -178,7 +167,7 @@ def command() -> None:
 @name_option
 @data_dir_option
 @listen_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_option()
 def up(
     spec: str, name: str | None, data_dir: Path | None, listen: str | None, as_json: bool
 ) -> None:

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from podbay.cli.options import data_dir_option, json_option
 from podbay.cli.output import Output, fail
 
 if typing.TYPE_CHECKING:
@@ -222,45 +223,34 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             result = probes.run_probe(name, check)
             report.add(result.name, result.ok, result.detail)
 
+        no_host_env = ("no host environment", lambda: probes.no_host_environment(a))
+        own_pids = ("own process namespace", lambda: probes.pid_namespace(a))
+        own_kernel = ("own kernel, not the host's", lambda: probes.own_kernel(a))
+        apart = (
+            "sandboxes see neither files nor processes of each other",
+            lambda: probes.neighbours(a, b),
+        )
         checks: list[tuple[str, object]] = [
             ("root inside is not root outside", lambda: probes.user_namespace(a)),
             ("no mounts, namespaces or extra capabilities", lambda: probes.hardening(a)),
-            ("no host environment", lambda: probes.no_host_environment(a)),
+            no_host_env,
             (
                 "agent out of reach (ptrace, pidfd_getfd, /proc/1)",
                 lambda: probes.agent_out_of_reach(a),
             ),
-            ("own process namespace", lambda: probes.pid_namespace(a)),
-            (
-                "sandboxes see neither files nor processes of each other",
-                lambda: probes.neighbours(a, b),
-            ),
+            own_pids,
+            apart,
         ]
         if driver.name == "vm":
             # Root in a guest is the guest's own root (its kernel is the boundary):
             # the container probes of namespaces and the agent's protection do not apply.
-            checks = [
-                ("own kernel, not the host's", lambda: probes.own_kernel(a)),
-                ("no host environment", lambda: probes.no_host_environment(a)),
-                ("no host processes in sight", lambda: probes.guest_processes(a)),
-                (
-                    "sandboxes see neither files nor processes of each other",
-                    lambda: probes.neighbours(a, b),
-                ),
-            ]
+            guest_pids = ("no host processes in sight", lambda: probes.guest_processes(a))
+            checks = [own_kernel, no_host_env, guest_pids, apart]
         gvisor = isinstance(getattr(driver, "runc", None), Runsc)
         if gvisor:
             # gVisor is the sandbox's kernel: root inside is its root, user namespaces
             # and the agent's process are its business (as in a VM's guest).
-            checks = [
-                ("own kernel, not the host's", lambda: probes.own_kernel(a)),
-                ("no host environment", lambda: probes.no_host_environment(a)),
-                ("own process namespace", lambda: probes.pid_namespace(a)),
-                (
-                    "sandboxes see neither files nor processes of each other",
-                    lambda: probes.neighbours(a, b),
-                ),
-            ]
+            checks = [own_kernel, no_host_env, own_pids, apart]
         loop = asyncio.get_running_loop()
 
         def restart_a() -> None:
@@ -410,13 +400,8 @@ async def class_checks(settings: Settings, report: Report) -> dict[str, object]:
 
 
 @click.command()
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Data directory to check (default /var/lib/podbay as root).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@data_dir_option("Data directory to check (default /var/lib/podbay as root).")
+@json_option("Print the checks as JSON.")
 def command(data_dir: Path | None, as_json: bool) -> None:
     """Check this host can run sandboxes, then prove it with throwaway ones."""
     from podbay.runtime import classes

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from podbay.cli.options import data_dir_option, json_option
 from podbay.cli.output import Output, fail
 
 
@@ -23,13 +24,8 @@ from podbay.cli.output import Output, fail
 @click.option(
     "--all", "everything", is_flag=True, help="Destroy every sandbox of this data directory too."
 )
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Data directory (default /var/lib/podbay as root).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@data_dir_option("Data directory (default /var/lib/podbay as root).")
+@json_option()
 def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
     """Remove what dead sandboxes left behind."""
     from podbay.runtime.base import DriverError

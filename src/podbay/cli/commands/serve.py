@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import signal
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from podbay.cli.options import data_dir_option, json_option
 from podbay.cli.output import Output, fail
 
 if TYPE_CHECKING:  # the CLI imports the server's modules only when a command runs
@@ -25,6 +27,21 @@ if TYPE_CHECKING:  # the CLI imports the server's modules only when a command ru
     from podbay.control.services.environment import EnvironmentService
     from podbay.runtime.base import Driver
     from podbay.settings import Settings
+
+
+def serve_argv(data_dir: Path, listen: str) -> list[str]:
+    """The command line that runs ``podbay serve`` in a process of its own, with
+    this interpreter (``podbay dev`` and the test platform start it so)."""
+    return [
+        sys.executable,
+        "-m",
+        "podbay.cli.main",
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        listen,
+    ]
 
 
 def parse_listen(value: str | None) -> tuple[str | None, int | None]:
@@ -131,12 +148,7 @@ def section_validator() -> SectionValidator:
 
 
 @click.command()
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Store, keys and machines (default /var/lib/podbay as root).",
-)
+@data_dir_option("Store, keys and machines (default /var/lib/podbay as root).")
 @click.option(
     "--listen",
     default=None,
@@ -147,7 +159,7 @@ def section_validator() -> SectionValidator:
     "--public-url", default=None, help="Base URL clients use (token iss, sandbox endpoints)."
 )
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
-@click.option("--json", "as_json", is_flag=True, help="Print the listening address as JSON.")
+@json_option("Print the listening address as JSON.")
 def command(
     data_dir: Path | None,
     listen: str | None,

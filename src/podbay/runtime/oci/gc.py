@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Iterable
 
 from ...wire.limits import SANDBOX_CLASS_NAMES
+from ..machines import adopt_for_gc
 from . import records, storage
 from .driver import OciDriver
 
@@ -23,14 +24,8 @@ async def collect(
 ) -> list[str]:
     """Clean up; one line per thing removed. ``images_in_use``: base images that
     machines of other drivers on the same image cache stand on (other classes)."""
-    done: list[str] = []
     layout = driver.layout
-    observed = await driver.adopt()
-    if everything:
-        for machine in observed:
-            await driver.destroy(machine.machine_id)
-            done.append(f"destroyed machine {machine.machine_id}")
-    known = set(driver.machine_ids())
+    done, known = await adopt_for_gc(driver, everything=everything)
     # Machine directories without a record: creates that never finished.
     with contextlib.suppress(FileNotFoundError):
         for home in sorted(layout.machines.iterdir()):

@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..machines import adopt_for_gc
 from ..oci import records
 from . import disks, templates
 from .driver import VmDriver, VmPaths
@@ -30,13 +31,7 @@ async def collect(
 ) -> list[str]:
     """Clean up; one line per thing removed. ``layer_cache``: the declared
     environments' layer directory (``<data>/layers``), whose layers stay packed."""
-    done: list[str] = []
-    observed = await driver.adopt()
-    if everything:
-        for machine in observed:
-            await driver.destroy(machine.machine_id)
-            done.append(f"destroyed machine {machine.machine_id}")
-    known = set(driver.machine_ids())
+    done, known = await adopt_for_gc(driver, everything=everything)
     with contextlib.suppress(FileNotFoundError):
         for home in sorted(p for p in driver.machines.iterdir() if p.is_dir()):
             if home.name not in known:
