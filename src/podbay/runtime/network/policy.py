@@ -101,21 +101,24 @@ def _elements(
     )
 
 
-def _sets(e4: str, e6: str) -> str:
+def _set(name: str, kind: str, elements: str) -> str:
     return f"""\
-\tset blocked_v4 {{
-\t\ttype ipv4_addr
+\tset {name} {{
+\t\ttype {kind}
 \t\tflags interval
-\t\telements = {{ {e4} }}
-\t}}
-\tset blocked_v6 {{
-\t\ttype ipv6_addr
-\t\tflags interval
-\t\telements = {{ {e6} }}
+\t\telements = {{ {elements} }}
 \t}}
 """
 
 
+def _swap(family: str, table: str, replace: bool) -> str:
+    """With ``replace``: the lines that make, then drop, an earlier ``table``
+    (so the batch's own create never meets it)."""
+    return f"table {family} {table}\ndelete table {family} {table}\n" if replace else ""
+
+
+# build_ruleset and build_tap_ruleset take the same parameters on purpose: they
+# are one policy at two hooks, and the manager builds both from one set of inputs.
 def build_ruleset(
     host_v4: Iterable[ipaddress.IPv4Network | str] = (),
     host_v6: Iterable[ipaddress.IPv6Network | str] = (),
@@ -134,10 +137,10 @@ def build_ruleset(
     an RCU grace period (10-25 ms here), so a fresh namespace loads it without.
     """
     e4, e6 = _elements(host_v4, host_v6, extra_blocked)
-    swap = f"table inet {TABLE}\ndelete table inet {TABLE}\n" if replace else ""
+    sets = _set("blocked_v4", "ipv4_addr", e4) + _set("blocked_v6", "ipv6_addr", e6)
     return f"""\
-{swap}table inet {TABLE} {{
-{_sets(e4, e6)}\tchain output {{
+{_swap("inet", TABLE, replace)}table inet {TABLE} {{
+{sets}\tchain output {{
 \t\ttype filter hook output priority filter; policy drop;
 \t\toifname "lo" accept
 \t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
@@ -171,7 +174,8 @@ def build_tap_ruleset(
     *,
     replace: bool = False,
 ) -> str:
-    """The same policy at ``tap0``'s egress hook: ``netdev podbay_tap``.
+    """The same policy at ``tap0``'s egress hook: ``netdev podbay_tap`` (the
+    same parameters as :func:`build_ruleset` on purpose: one policy).
 
     A sandbox with a network stack of its own (gVisor's netstack) sends through
     a packet socket on ``tap0``, which no ``inet`` hook sees; every frame still
@@ -181,16 +185,10 @@ def build_tap_ruleset(
     """
     e4, _ = _elements(host_v4, host_v6, extra_blocked)
     name = f"{TABLE}_tap"
-    swap = f"table netdev {name}\ndelete table netdev {name}\n" if replace else ""
     # No IPv6 set: every IPv6 frame is dropped ("other").
     return f"""\
-{swap}table netdev {name} {{
-\tset blocked_v4 {{
-\t\ttype ipv4_addr
-\t\tflags interval
-\t\telements = {{ {e4} }}
-\t}}
-\tchain egress {{
+{_swap("netdev", name, replace)}table netdev {name} {{
+{_set("blocked_v4", "ipv4_addr", e4)}\tchain egress {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter; policy drop;
 \t\tether type arp accept
 \t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
