@@ -27,19 +27,9 @@ class Metrics:
         self.sandboxes = Gauge(
             "podbay_sandboxes", "Sandboxes by state.", ["state"], registry=self.registry
         )
-        self.attach = Histogram(
-            "podbay_attach_seconds",
-            "Attach latency.",
-            ["start"],
-            buckets=_FAST,
-            registry=self.registry,
-        )
-        self.gateway = Histogram(
-            "podbay_gateway_request_seconds",
-            "Data-plane requests through the gateway.",
-            ["kind"],
-            buckets=_FAST,
-            registry=self.registry,
+        self.attach = self._latency("podbay_attach_seconds", "Attach latency.", "start")
+        self.gateway = self._latency(
+            "podbay_gateway_request_seconds", "Data-plane requests through the gateway.", "kind"
         )
         self.transitions = Counter(
             "podbay_lifecycle_transitions_total",
@@ -53,6 +43,10 @@ class Metrics:
         self.warm_pool = Gauge(
             "podbay_warm_pool_machines", "Ready machines in the warm pool.", registry=self.registry
         )
+
+    def _latency(self, name: str, documentation: str, label: str) -> Histogram:
+        """A latency histogram by ``label``, in buckets from 0.5 ms to a minute."""
+        return Histogram(name, documentation, [label], buckets=_FAST, registry=self.registry)
 
     def transition(self, old: str, new: str) -> None:
         self.transitions.labels(f"{old}->{new}").inc()

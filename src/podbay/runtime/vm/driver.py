@@ -61,6 +61,9 @@ from .relay import Relay, RelayLoop
 log = logging.getLogger("podbay.runtime.vm")
 
 QEMU = "qemu-system-x86_64"
+#: Nothing QEMU would add on its own: no default devices, no user config file,
+#: no display, and an exit (not a reboot) when the guest ends.
+QEMU_BARE = ("-nodefaults", "-no-user-config", "-display", "none", "-no-reboot")
 KERNEL_DIR = Path("/boot")
 #: Guest RAM below this cannot hold the kernel, page cache and the agent.
 MIN_MEMORY_MIB = 192
@@ -332,11 +335,7 @@ class VmDriver(RecordKeepingDriver):
             f"{memory}M",
             "-smp",
             str(cpus),
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
+            *QEMU_BARE,
             "-chardev",
             "ringbuf,id=console,size=65536",
             "-serial",

@@ -43,7 +43,7 @@ class VmProbe:
 async def boot_marker(kernel: Path, initrd: Path, accel: str, within: float) -> float:
     """Boot the probe guest; seconds until it printed the marker. Raises
     ``TimeoutError`` (QEMU killed) or :class:`DriverError`."""
-    from .driver import QEMU, host_tsc_khz
+    from .driver import QEMU, QEMU_BARE, host_tsc_khz
 
     append = "console=ttyS0 quiet panic=-1 tsc=reliable"
     khz = host_tsc_khz()
@@ -58,11 +58,7 @@ async def boot_marker(kernel: Path, initrd: Path, accel: str, within: float) -> 
         accel,
         "-m",
         "128M",
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
+        *QEMU_BARE,
         "-chardev",
         "stdio,id=console",
         "-serial",
