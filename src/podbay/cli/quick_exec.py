@@ -63,6 +63,8 @@ _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 
 
+# Its parameter list is alike in shape to the client's write_file_bytes by
+# coincidence only (a few typed values, then keyword options).
 def print_exec_result(
     stdout: str,
     stderr: str,

@@ -31,6 +31,8 @@ TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this 
 # Loaded on first use: the synchronous client alone does not pay for the
 # asynchronous one (anyio), and the CLI's quick exec path can import
 # ``podbay.client._config`` without any of them.
+# A name → module table like podbay.wire's, on purpose: each package loads its
+# own names lazily (one shared table would make either import the other).
 _EXPORTS: dict[str, str] = {
     "PodbayError": "podbay.errors",
     "SandboxNotEnabledError": "podbay.errors",

@@ -203,6 +203,8 @@ class Core:
     def delete_request(self, name: str) -> httpx.Request:
         return self._control("DELETE", paths.sandbox_path(name))
 
+    # Its parameters are the face's _data's on purpose: _data (each face, I/O)
+    # re-attaches and retries, this builds the one request it sends.
     def data_request(
         self,
         handle: SandboxHandle,
@@ -462,6 +464,8 @@ class Core:
         if response.status_code not in (status or (200,)):
             raise self.refusal(response)
 
+    # One-line decoders, one per answer, alike in shape on purpose: each names
+    # the model and the statuses of its answer where both faces find it.
     def parse_handle(self, response: httpx.Response) -> SandboxHandle:
         return self.expect(response, SandboxHandle, 200, 201)
 

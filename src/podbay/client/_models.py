@@ -15,6 +15,9 @@ from podbay.wire.control import SandboxHandle, SandboxRecord
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 
 
+# Every model below is a frozen keyword-only dataclass of a few fields, one per
+# message: alike in shape to each other (and to the other model modules) on
+# purpose, since each declares its own message of the contract.
 @dataclass(frozen=True, kw_only=True)
 class CombinedResult:
     """:meth:`~podbay.SandboxClient.exec_combined`: stderr folded into stdout.

@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from podbay.errors import KeyRingError as KeyRingError  # re-exported: defined in the one tree
 
 
+# Alike in shape to runtime's Image (a frozen record with derived properties)
+# by coincidence only: nothing is shared between a signing key and an image.
 @dataclass(frozen=True)
 class SigningKey:
     kid: str

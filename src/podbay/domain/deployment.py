@@ -10,6 +10,8 @@ from typing import Any
 DEFAULT_ACCOUNT = "default"
 
 
+# The id maker and the record below are alike in shape to sandbox.py's on
+# purpose: each record of the domain declares its own fields and id format.
 def new_deployment_id() -> str:
     """Opaque and unguessable: a recreated name gets a new id, so old tokens die."""
     return "dep_" + secrets.token_hex(10)

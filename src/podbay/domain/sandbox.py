@@ -58,6 +58,8 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(8)
 
 
+# The id makers and the record below are alike in shape to deployment.py's on
+# purpose: each record of the domain declares its own fields and id format.
 def new_machine_id() -> str:
     """Machine ids are path and cgroup components: lowercase hex only."""
     return "m-" + secrets.token_hex(8)

@@ -15,6 +15,8 @@ from ._lazy import lazy_getattr
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 
+# A name → module table like podbay.client's, on purpose: each package loads
+# its own names lazily (one shared table would make either import the other).
 _EXPORTS: dict[str, str] = {
     "WireError": ".codec",
     "decode": ".codec",

@@ -14,6 +14,9 @@ SandboxStateName = Literal["creating", "running", "suspended", "stopped"]
 StartKind = Literal["created", "resumed", "reused", "carried_over"]
 
 
+# Every model below is a frozen keyword-only dataclass of a few fields, one per
+# message: alike in shape to each other (and to the other model modules) on
+# purpose, since each declares its own message of the contract.
 @dataclass(frozen=True, kw_only=True)
 class AttachRequest:
     """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""

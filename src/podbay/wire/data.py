@@ -19,6 +19,9 @@ OutputEncoding = Literal["utf-8", "base64"]
 KeepPart = Literal["head", "tail", "head_tail"]
 
 
+# Every model below is a frozen keyword-only dataclass of a few fields, one per
+# message: alike in shape to each other (and to the other model modules) on
+# purpose, since each declares its own message of the contract.
 @dataclass(frozen=True, kw_only=True)
 class ExecRequest:
     """``POST /v1/exec``: run argv to completion."""

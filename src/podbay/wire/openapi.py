@@ -303,6 +303,8 @@ def data_plane(endpoint: str) -> dict[str, Any]:
         },
     ]
     user_q = [{"name": "user", "in": "query", "required": False, "schema": {"type": "string"}}]
+    # One entry per route, alike in shape on purpose: the document declares each
+    # operation (summary, answers, refusals, parameters) where a reader finds it.
     paths_ = {
         "PATH_" + c
         for c in ("INVALID", "NOT_FOUND", "IS_DIRECTORY", "NOT_DIRECTORY", "ACCESS_DENIED")

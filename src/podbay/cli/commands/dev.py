@@ -138,6 +138,8 @@ def _settings(data_dir: Path | None, listen: str | None) -> Any:
     return Settings.load(data_dir=data_dir, server__host=host, server__port=port)
 
 
+# click options as values, alike in shape to sandbox.py's by nature: each
+# command module declares the options only it has.
 spec_option = click.option(
     "--spec",
     default="astropods.yml",

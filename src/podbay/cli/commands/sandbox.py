@@ -65,6 +65,7 @@ def _options(func: Callable[..., None]) -> Callable[..., None]:
     wrapped = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
         wrapped
     )
+    # Alike in shape to dev.py's options by nature (click declarations).
     wrapped = click.option(
         "--server",
         envvar="PODBAY_SERVER_URL",
@@ -197,6 +198,8 @@ _lifecycle("rm", "deleted", "Delete sandbox NAME and its files.", lambda c, n: c
 # -- commands ------------------------------------------------------------------------
 
 
+# exec, run and shell list their parameters alike on purpose: click hands each
+# option to its function by name, and each command is read as a whole.
 def _command_options(func: F) -> F:
     func = click.option(
         "--env",
@@ -328,6 +331,8 @@ def shell(
     rows, cols = local_size(stdin)
     term = os.environ.get("TERM") or "xterm-256color"
     command_env = _env(env)
+    # Keyword arguments passed by like names: alike in shape to the client's own
+    # calls (exec's body) by coincidence only.
     with (
         _session(conn) as (client, _),
         client.pty(

@@ -154,6 +154,8 @@ class AsyncSandboxClient:
         except httpx.TransportError as exc:
             raise unavailable(request, exc) from exc
 
+    # Its parameters are Core.data_request's on purpose: this does the I/O
+    # (re-attach, retry) around the request that one builds.
     async def _data(
         self,
         name: str,
@@ -312,6 +314,8 @@ class AsyncSandboxClient:
         (0, '4\\n')
         >>> r = await client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
+        # Keyword arguments passed by like names: alike in shape to the CLI's
+        # shell call by coincidence only.
         body = self._core.exec_body(
             command,
             cwd=cwd,
@@ -704,6 +708,8 @@ class AsyncSandboxClient:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
         return (await self.read_file_bytes(name, path, user=user)).decode("utf-8", errors="replace")
 
+    # Alike in shape to cli.quick_exec.print_exec_result's parameters by
+    # coincidence only.
     async def write_file_bytes(
         self,
         name: str,

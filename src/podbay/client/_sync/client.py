@@ -155,6 +155,8 @@ class SandboxClient:
         except httpx.TransportError as exc:
             raise unavailable(request, exc) from exc
 
+    # Its parameters are Core.data_request's on purpose: this does the I/O
+    # (re-attach, retry) around the request that one builds.
     def _data(
         self,
         name: str,
@@ -313,6 +315,8 @@ class SandboxClient:
         (0, '4\\n')
         >>> r = client.exec("thread-42", ["wc", "-c"], stdin=b"abc")  # doctest: +SKIP
         """
+        # Keyword arguments passed by like names: alike in shape to the CLI's
+        # shell call by coincidence only.
         body = self._core.exec_body(
             command,
             cwd=cwd,
@@ -701,6 +705,8 @@ class SandboxClient:
         """``path`` as UTF-8 text (undecodable bytes replaced)."""
         return (self.read_file_bytes(name, path, user=user)).decode("utf-8", errors="replace")
 
+    # Alike in shape to cli.quick_exec.print_exec_result's parameters by
+    # coincidence only.
     def write_file_bytes(
         self,
         name: str,

@@ -33,6 +33,9 @@ from typing import Any
 
 from ...agent import staging
 from ...settings import Settings
+
+# The vm driver's header (doctest, these names) reads the same on purpose:
+# both drivers implement one interface from the same vocabulary.
 from ..base import (
     Capabilities,
     DriverError,

@@ -104,6 +104,8 @@ class Recipe:
         ]
 
 
+# Alike in shape to control's SigningKey (a frozen record with derived
+# properties) by coincidence only: nothing is shared between the two.
 @dataclass(frozen=True)
 class Image:
     """A built image: ``rootfs`` is the lowest overlay layer and the agent's interpreter."""

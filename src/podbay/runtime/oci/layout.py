@@ -51,6 +51,7 @@ class Layout:
         run_dir = Path(rt.run_dir) if rt.run_dir else Path("/run/podbay") / instance
         return cls(data_dir, image_dir, run_dir, instance)
 
+    # One named property per directory (alike in shape to MachinePaths on purpose).
     @property
     def machines(self) -> Path:
         return self.data_dir / "machines"
@@ -87,6 +88,8 @@ class MachineDirs:
         return self.run / "agent.sock"
 
 
+# Layout, MachinePaths, vm's VmPaths and Template are alike in shape on
+# purpose: one named property per file or directory, so each path has one home.
 @dataclass(frozen=True)
 class MachinePaths(MachineDirs):
     cgroup: str

@@ -38,6 +38,9 @@ from pathlib import Path
 
 from ...agent import staging
 from ...settings import Settings
+
+# The oci driver's header (doctest, these names) reads the same on purpose:
+# both drivers implement one interface from the same vocabulary.
 from ..base import (
     Capabilities,
     DriverError,
@@ -110,6 +113,8 @@ def host_tsc_khz() -> int | None:
     return None
 
 
+# Alike in shape to oci's MachinePaths and to templates.Template on purpose:
+# one named property per file of a machine, so each path has one home.
 @dataclasses.dataclass(frozen=True)
 class VmPaths(MachineDirs):
     @property

@@ -59,6 +59,8 @@ class Shape:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# Alike in shape to VmPaths and oci's MachinePaths on purpose: one named
+# property per file of a template, so each path has one home.
 @dataclass(frozen=True)
 class Template:
     root: Path
