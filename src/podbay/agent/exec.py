@@ -39,6 +39,7 @@ from podbay.wire.codec import dumps
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import ExecEvent, ExecRequest, ExecResult
 
+from . import oom
 from .environment import check_env, command_env
 from .launch import Child, check_command, launch
 from .output import Capture
@@ -133,6 +134,7 @@ class Exec:
         cwd = resolve_cwd(workspace, req.cwd)
         self.started = time.monotonic()
         self.deadline = self.started + timeout
+        self.oom_kills_before = oom.kills()
         self.child = launch(
             reaper,
             req.command,
@@ -279,7 +281,16 @@ class Exec:
             truncated=out.truncated or err.truncated,
             stdout_dropped=out_dropped if extended else None,
             stderr_dropped=err_dropped if extended else None,
+            oom_killed=self.lost_to_oom() or None,
         )
+
+    def lost_to_oom(self) -> bool:
+        """Whether the sandbox's OOM killer killed a process while this ran."""
+        before = self.oom_kills_before
+        if before is None:
+            return False
+        after = oom.kills()
+        return after is not None and after > before
 
 
 def run(ex: Exec) -> ExecResult:

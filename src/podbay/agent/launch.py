@@ -6,6 +6,9 @@ grandchild too) with one ``killpg``. A deadline or a kill takes its whole
 tree, also what left the group or session (:mod:`.tree`). stdin is
 ``/dev/null``; stdout and stderr are pipes the caller drains.
 
+Each command raises its own ``oom_score_adj`` before it runs, so the OOM
+killer takes commands before the agent (:mod:`.oom`).
+
 A command that cannot be started at all (no such file, not executable,
 argument list too long, no such ``cwd``) is refused with
 ``COMMAND_START_FAILED`` and the OS's reason: nothing ran.
@@ -24,6 +27,7 @@ from collections.abc import Callable, Mapping
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
+from . import oom
 from .reaper import Reaper
 from .tree import kill_tree
 from .users import ROOT, Account, command_identity
@@ -114,7 +118,9 @@ def launch(
     another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
     stdin_pipe = subprocess.PIPE if stdin else subprocess.DEVNULL
     streams = (stdin_pipe, subprocess.PIPE, subprocess.PIPE)
-    return _start(reaper, argv, cwd, env, account, streams, on_exit=on_exit)
+    return _start(
+        reaper, argv, cwd, env, account, streams, on_exit=on_exit, preexec_fn=oom.raise_own_score
+    )
 
 
 def launch_on_terminal(
@@ -167,6 +173,7 @@ def _start(
     uid, gid, groups = command_identity(account, env)
     if before is not None:
         before(uid)
+    oom.prepare()
     with reaper.lock:
         try:
             popen = subprocess.Popen(
@@ -196,11 +203,13 @@ def _start(
 
 def _take_terminal() -> None:
     """Make standard input (the pty) the new session's controlling terminal, so
-    that Ctrl-C typed on it reaches the foreground process group as SIGINT."""
+    that Ctrl-C typed on it reaches the foreground process group as SIGINT;
+    and outscore the agent for the OOM killer (:mod:`.oom`)."""
     import fcntl
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    oom.raise_own_score()
 
 
 def _start_failed(exc: OSError, argv: list[str], cwd: str) -> ApiError:

@@ -61,6 +61,10 @@ class ExecResult:
     #: an output option (an old client never sees them).
     stdout_dropped: int | None = None
     stderr_dropped: int | None = None
+    #: ``True`` when the sandbox's OOM killer killed a process (usually this
+    #: command or one of its children, then ``exit_code`` 137) while the
+    #: command ran; absent otherwise, and where the sandbox cannot tell.
+    oom_killed: bool | None = None
 
     @property
     def ok(self) -> bool:

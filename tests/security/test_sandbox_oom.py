@@ -1,0 +1,64 @@
+"""A command that fills its sandbox's memory loses to the OOM killer; the agent does not.
+
+The attack (no malice needed): many small processes that together exceed the
+sandbox's memory limit, each smaller than the agent. The kernel kills the
+largest process in the memory cgroup, which was the agent: the exec's answer
+was lost (502) and the sandbox had to be restarted. Now every command raises
+its own ``oom_score_adj`` (podbay.agent.oom): the kernel kills commands, the
+exec answers ``oom_killed: true`` and the next exec runs at once.
+
+Under gVisor (2022) the host's OOM killer sees one sandbox process and ends
+the whole sandbox, agent included; the next attach starts it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from podbay.testing.platform import PlatformServer
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
+
+MEMORY = 128 << 20
+#: 24 awk processes holding 6 MB each (~7.5 MiB resident, the agent ~14 MiB):
+#: together past the limit, each smaller than the agent.
+SMALL_HOGS = (
+    "for i in $(seq 24); do "
+    'awk \'BEGIN { s = sprintf("%6000000s", ""); system("sleep 15") }\' & '
+    "done; wait; echo finished"
+)
+
+
+@pytest.fixture(scope="module", params=["container", "gvisor"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PlatformServer]:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve"),
+        env={
+            "PODBAY_RUNTIME_CLASSES": request.param,
+            "PODBAY_RUNTIME_MEMORY_BYTES": str(MEMORY),
+        },
+    ) as s:
+        yield s
+
+
+def test_memory_hogs_lose_to_the_oom_killer_not_the_agent(server: PlatformServer) -> None:
+    token = server.create_deployment("oom")
+    handle = server.attach(token, "hog").json()
+    r = server.exec(handle, "sh", "-c", SMALL_HOGS, timeout_ms=60_000)
+    if handle["class"] == "gvisor":
+        # gVisor's kernel has no OOM killer: the host's ends the whole sandbox.
+        assert (r.status_code, r.json()["code"]) == (502, "AGENT_UNREACHABLE"), r.text
+        handle = server.attach(token, "hog").json()
+    else:
+        assert r.status_code == 200, r.text
+        result = r.json()
+        assert result["oom_killed"] is True, result
+        assert result["stdout"] == "finished\n"  # sh itself survived its children
+    after = server.exec(handle, "sh", "-c", "echo alive; cat /proc/self/oom_score_adj")
+    assert after.status_code == 200, after.text
+    assert after.json()["stdout"] == "alive\n1000\n"
+    assert "oom_killed" not in after.json()
