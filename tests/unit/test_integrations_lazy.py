@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FRAMEWORKS = ("mcp", "smolagents", "inspect_ai", "deepagents")
+FRAMEWORKS = ("mcp", "smolagents", "inspect_ai", "deepagents", "agents")
 
 
 def test_importing_podbay_imports_no_framework() -> None:

@@ -8,6 +8,8 @@
   the inspect_ai sandbox type ``"podbay"``, registered through inspect's entry point.
 - :mod:`podbay.integrations.deepagents` (``pip install 'podbay[deepagents]'``):
   ``PodbaySandbox``, a sandbox backend for LangChain deepagents.
+- :mod:`podbay.integrations.openai_agents` (``pip install 'podbay[openai_agents]'``):
+  ``PodbaySandboxClient``, sandbox sessions for the OpenAI Agents SDK's sandbox agents.
 
 Importing :mod:`podbay` (or this package) never imports a framework.
 """
