@@ -96,6 +96,28 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def rate(clients: int, seconds: float, worker: Callable[[Iterator[int]], None]) -> float:
+    """Calls per second of ``clients`` threads for ``seconds``, both sides alike:
+    each runs ``worker`` over its call numbers (i, i + clients, ...), one call
+    each, until time is up."""
+    count = [0] * clients
+    stop_at = time.perf_counter() + seconds
+
+    def calls(i: int) -> Iterator[int]:
+        k = i
+        while time.perf_counter() < stop_at:
+            yield k
+            count[i] += 1
+            k += clients
+
+    threads = [threading.Thread(target=worker, args=(calls(i),)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(count) / seconds
+
+
 def pss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -275,13 +297,10 @@ class Podbay:
 
     def throughput(self, names: list[str], clients: int, seconds: float) -> float:
         handles = [self.client.attach(n) for n in names]
-        count = [0] * clients
-        stop_at = time.perf_counter() + seconds
 
-        def worker(i: int) -> None:
+        def worker(calls: Iterator[int]) -> None:
             with httpx.Client(timeout=30) as http:
-                k = i
-                while time.perf_counter() < stop_at:
+                for k in calls:
                     h = handles[k % len(handles)]
                     r = http.post(
                         h.endpoint.rstrip("/") + "/v1/exec",
@@ -289,15 +308,8 @@ class Podbay:
                         json={"command": ["true"]},
                     )
                     assert r.status_code == 200, r.text
-                    count[i] += 1
-                    k += clients
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sum(count) / seconds
+        return rate(clients, seconds, worker)
 
     def idle_memory_kib(self, names: list[str], settle: float) -> tuple[float, float]:
         """(agent PSS, slirp4netns PSS) median per sandbox, KiB."""
@@ -434,22 +446,11 @@ class Docker:
         return took
 
     def throughput(self, cids: list[str], clients: int, seconds: float) -> float:
-        count = [0] * clients
-        stop_at = time.perf_counter() + seconds
-
-        def worker(i: int) -> None:
-            k = i
-            while time.perf_counter() < stop_at:
+        def worker(calls: Iterator[int]) -> None:
+            for k in calls:
                 self.exec(cids[k % len(cids)], ["true"])
-                count[i] += 1
-                k += clients
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return sum(count) / seconds
+        return rate(clients, seconds, worker)
 
     def idle_memory_kib(self, cids: list[str], settle: float) -> float:
         time.sleep(settle)

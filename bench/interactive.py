@@ -26,7 +26,6 @@ connection each, as the relay makes); "added" is the difference of medians.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from podbay import SandboxClient
+from podbay.testing.target import bench_arguments, bench_target
 
 MIB = 1024 * 1024
 TICK_S = 0.5
@@ -168,29 +168,18 @@ def row(label: str, unit: str, values: list[float]) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server")
-    parser.add_argument("--token")
+    parser = bench_arguments(__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=60, help="output lines per latency row")
     parser.add_argument("--stdin-mib", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    server = None
-    if args.server and args.token:
-        url, token, target = args.server, args.token, "server at " + args.server
-    else:
-        from podbay.testing.platform import PlatformServer
-
-        server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
-        url, token = server.base_url, server.create_deployment("bench")
-        target = "podbay serve (real container sandbox, gateway, loopback)"
-    print(f"target: {target}")
+    local = "podbay serve (real container sandbox, gateway, loopback)"
     name = f"bench-interactive-{os.getpid()}"
     rows = []
-    try:
+    with bench_target(args.server, args.token, local) as target:
+        print(f"target: {target.description}")
         with (
-            SandboxClient(identity_token=token, server_url=url) as client,
+            SandboxClient(identity_token=target.token, server_url=target.url) as client,
             tempfile.TemporaryDirectory() as scratch,
         ):
             client.attach(name)
@@ -224,10 +213,7 @@ def main() -> int:
             rows.append({"label": "ports: added", "unit": "ms", "p50": added})
             client.delete(name)
         if args.json:
-            print(json.dumps({"target": target, "rows": rows}))
-    finally:
-        if server is not None:
-            server.close()
+            print(json.dumps({"target": target.description, "rows": rows}))
     return 0
 
 

@@ -12,19 +12,17 @@ run), and the SDK's ``exec(["true"])`` (a new process per call).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 
 from podbay import SandboxClient
 from podbay.client import _interpreter
+from podbay.testing.target import bench_arguments, bench_target
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -39,46 +37,32 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server")
-    parser.add_argument("--token")
+    parser = bench_arguments(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    server = None
-    if args.server and args.token:
-        url, token = args.server, args.token
-    else:
-        from podbay.testing.platform import PlatformServer
-
-        server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
-        url, token = server.base_url, server.create_deployment("bench")
     name = f"bench-interp-{uuid.uuid4().hex[:6]}"
-    try:
-        with SandboxClient(identity_token=token, server_url=url) as client:
-            sb = client.sandbox(name)
-            started = time.perf_counter()
-            assert sb.run_code("1+1").text == "2"
-            cold_ms = (time.perf_counter() - started) * 1000
-            token_file = sb.read_file(_interpreter.TOKEN_FILE).strip()
-            health_url = sb.url(_interpreter.KERNEL_PORT, "/health")
-            samples: dict[str, list[float]] = {"run_code": [], "relay_floor": [], "exec": []}
-            with httpx.Client(transport=sb.port_transport()) as http:
-                headers = {_interpreter.TOKEN_HEADER: token_file}
-                for _ in range(20):  # warm both paths' connections
-                    sb.run_code("1+1")
-                    http.get(health_url, headers=headers)
-                for _ in range(args.rounds):
-                    samples["run_code"].append(timed(lambda: sb.run_code("1+1")))
-                    samples["relay_floor"].append(
-                        timed(lambda: http.get(health_url, headers=headers))
-                    )
-                for _ in range(min(args.rounds, 100)):
-                    samples["exec"].append(timed(lambda: sb.exec(["true"])))
-            client.delete(name)
-    finally:
-        if server is not None:
-            server.close()
+    with (
+        bench_target(args.server, args.token, "podbay serve (local)") as target,
+        SandboxClient(identity_token=target.token, server_url=target.url) as client,
+    ):
+        sb = client.sandbox(name)
+        started = time.perf_counter()
+        assert sb.run_code("1+1").text == "2"
+        cold_ms = (time.perf_counter() - started) * 1000
+        token_file = sb.read_file(_interpreter.TOKEN_FILE).strip()
+        health_url = sb.url(_interpreter.KERNEL_PORT, "/health")
+        samples: dict[str, list[float]] = {"run_code": [], "relay_floor": [], "exec": []}
+        with httpx.Client(transport=sb.port_transport()) as http:
+            headers = {_interpreter.TOKEN_HEADER: token_file}
+            for _ in range(20):  # warm both paths' connections
+                sb.run_code("1+1")
+                http.get(health_url, headers=headers)
+            for _ in range(args.rounds):
+                samples["run_code"].append(timed(lambda: sb.run_code("1+1")))
+                samples["relay_floor"].append(timed(lambda: http.get(health_url, headers=headers)))
+            for _ in range(min(args.rounds, 100)):
+                samples["exec"].append(timed(lambda: sb.exec(["true"])))
+        client.delete(name)
     rows = {"cold_start_ms": round(cold_ms, 1)}
     for label, values in samples.items():
         rows[f"{label}_p50_ms"] = round(statistics.median(values), 2)

@@ -16,7 +16,6 @@ settings; the difference of the medians is the SDK's own cost.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -31,6 +30,7 @@ from typing import Any
 import httpx
 
 from podbay import SandboxClient
+from podbay.testing.target import bench_arguments, bench_target
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
@@ -121,25 +121,15 @@ def exec_latency(client: SandboxClient, name: str, rounds: int) -> dict[str, Any
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server")
-    parser.add_argument("--token")
+    parser = bench_arguments(__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    server = None
-    if args.server and args.token:
-        url, token, target = args.server, args.token, "server at " + args.server
-    else:
-        from podbay.testing.platform import PlatformServer
-
-        server = PlatformServer.start(Path(tempfile.mkdtemp(prefix="podbay-bench-")))
-        url, token = server.base_url, server.create_deployment("bench")
-        target = "podbay serve (real oci sandbox, gateway, loopback)"
-    print(f"target: {target}")
+    local = "podbay serve (real oci sandbox, gateway, loopback)"
     name = f"bench-{os.getpid()}"
-    try:
+    with bench_target(args.server, args.token, local) as target:
+        print(f"target: {target.description}")
+        url, token = target.url, target.token
         with (
             SandboxClient(identity_token=token, server_url=url) as client,
             tempfile.TemporaryDirectory() as scratch,
@@ -158,10 +148,8 @@ def main() -> int:
             latency = exec_latency(client, name, args.rounds)
             client.delete(name)
         if args.json:
-            print(json.dumps({"target": target, "upload": up, "download": down, "exec": latency}))
-    finally:
-        if server is not None:
-            server.close()
+            report = {"target": target.description, "upload": up, "download": down}
+            print(json.dumps({**report, "exec": latency}))
     return 0
 
 
