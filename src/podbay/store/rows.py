@@ -19,6 +19,9 @@ SANDBOX_COLUMNS = (
 )
 DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
+#: One row as the drivers give it: each column's type is the schema's.
+Row = Sequence[Any]
+
 
 def ts(value: datetime | None) -> float | None:
     return None if value is None else value.timestamp()
@@ -35,7 +38,7 @@ def dt(value: float | None) -> datetime | None:
 # sandbox() and deployment() are alike in shape on purpose: each spells out
 # one record's columns in SANDBOX_COLUMNS / DEPLOYMENT_COLUMNS order, so a
 # reader checks a field against its column at a glance.
-def sandbox(row: Sequence[Any]) -> Sandbox:
+def sandbox(row: Row) -> Sandbox:
     return Sandbox(
         id=row[0],
         deployment_id=row[1],
@@ -56,7 +59,7 @@ def sandbox(row: Sequence[Any]) -> Sandbox:
 
 
 # Alike in shape to sandbox() above on purpose: one record, column by column.
-def deployment(row: Sequence[Any]) -> Deployment:
+def deployment(row: Row) -> Deployment:
     return Deployment(
         id=row[0],
         name=row[1],
@@ -68,7 +71,7 @@ def deployment(row: Sequence[Any]) -> Deployment:
     )
 
 
-def sandbox_values(s: Sandbox) -> tuple[Any, ...]:
+def sandbox_values(s: Sandbox) -> tuple[object, ...]:
     return (
         s.id,
         s.deployment_id,

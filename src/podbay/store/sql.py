@@ -30,7 +30,7 @@ from podbay.domain import Deployment, Sandbox, SandboxState
 
 from .base import InsertOutcome
 from .cluster import ClusterQueries
-from .rows import DEPLOYMENT_COLUMNS, SANDBOX_COLUMNS, deployment, sandbox, sandbox_values, ts
+from .rows import DEPLOYMENT_COLUMNS, SANDBOX_COLUMNS, Row, deployment, sandbox, sandbox_values, ts
 
 T = TypeVar("T")
 
@@ -44,15 +44,15 @@ class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
 
-    def fetchone(self) -> Any: ...
+    def fetchone(self) -> Row | None: ...
 
-    def fetchall(self) -> Sequence[Any]: ...
+    def fetchall(self) -> Sequence[Row]: ...
 
 
 class Connection(Protocol):
     """What the queries need of a connection: ``sqlite3`` and psycopg both fit."""
 
-    def execute(self, sql: str, params: Sequence[Any], /) -> Cursor: ...
+    def execute(self, sql: str, params: Sequence[object], /) -> Cursor: ...
 
 
 C = TypeVar("C", bound=Connection)
@@ -117,13 +117,13 @@ class SqlStore(ClusterQueries, ABC, Generic[C]):
     def _sql(self, text: str) -> str:
         return text if self.PARAM == "?" else text.replace("?", self.PARAM)
 
-    def _one(self, conn: C, text: str, *params: Any) -> Any:
+    def _one(self, conn: C, text: str, *params: object) -> Any:
         """The first row or None. Read to the end: SQLite ends a statement
         (``RETURNING`` included) only when its rows are all read."""
         rows = conn.execute(self._sql(text), params).fetchall()
         return rows[0] if rows else None
 
-    def _count(self, conn: C, text: str, *params: Any) -> int:
+    def _count(self, conn: C, text: str, *params: object) -> int:
         return conn.execute(self._sql(text), params).rowcount
 
     # -- deployments ---------------------------------------------------------
