@@ -99,6 +99,11 @@ class SandboxClient:
     call. A transport failure is never retried: :class:`SandboxUnavailableError`.
     """
 
+    # Methods spell out their parameters whole, one by one, on purpose: each is
+    # public API a reader, help() and a type checker see entire, so many begin
+    # alike (name, path, then keyword options). The generated sync twin repeats
+    # all of this file by design (scripts/unasync.py).
+
     def __init__(
         self,
         *,
