@@ -9,9 +9,7 @@ soon as the streamed bytes pass the limit. Nothing is buffered beyond it.
 
 from __future__ import annotations
 
-import json
-
-from podbay.asgi import ASGIApp, Message, Receive, Scope, Send
+from podbay.asgi import ASGIApp, Message, Receive, Scope, Send, send_refusal
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
@@ -57,16 +55,4 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _refuse(send: Send, exc: ApiError) -> None:
-    body = json.dumps(exc.body()).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": exc.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_refusal(send, exc, (b"connection", b"close"))
