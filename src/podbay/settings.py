@@ -137,6 +137,35 @@ class StoreSettings:
 
 
 @dataclass
+class ClusterSettings:
+    """Split roles (``podbay control`` + ``podbay node``), docs/cluster.md."""
+
+    #: Shared secret a node presents once to enroll; the control plane answers
+    #: with a credential for that node alone (kept hashed) for every later call.
+    enrollment_token: str = ""
+    #: How often a node reports (capacity, activity, health).
+    heartbeat_seconds: float = 5.0
+    #: A node silent this long is ``lost``: its sandboxes are reported lost and
+    #: attach refuses them (never recreated elsewhere) until an operator drains
+    #: or forgets the node.
+    node_lost_seconds: float = 30.0
+
+
+@dataclass
+class NodeSettings:
+    #: Base URL of the control plane (its load balancer).
+    control_url: str = ""
+    #: This node's name; empty: the host name.
+    name: str = ""
+    #: URL clients and the control plane reach this node at; its sandboxes'
+    #: ``endpoint``. Empty: ``http://{server.host}:{server.port}``.
+    advertise_url: str = ""
+    #: Sandboxes this node holds at most (running or suspended); 0: as many as
+    #: its memory holds at ``runtime.memory_bytes`` each (at least 1).
+    max_sandboxes: int = 0
+
+
+@dataclass
 class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     store: StoreSettings = field(default_factory=StoreSettings)
@@ -145,6 +174,8 @@ class Settings:
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     caps: CapsSettings = field(default_factory=CapsSettings)
     credentials: CredentialSettings = field(default_factory=CredentialSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    node: NodeSettings = field(default_factory=NodeSettings)
     log_level: str = "info"
 
     @classmethod

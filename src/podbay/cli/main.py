@@ -15,6 +15,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("podbay.cli.commands.agent", "Run the sandbox agent (inside a sandbox)."),
     "serve": ("podbay.cli.commands.serve", "Run the whole platform on this machine."),
     "deployment": ("podbay.cli.commands.deployment", "Register deployments, issue tokens."),
+    "control": ("podbay.cli.commands.control", "Run the control plane alone (a cluster replica)."),
+    "node": (
+        "podbay.cli.commands.node",
+        "Run a cluster's sandbox host; list, drain, forget nodes.",
+    ),
     "sandbox": ("podbay.cli.commands.sandbox", "Use sandboxes: exec, run, cp, ls..."),
     "doctor": ("podbay.cli.commands.doctor", "Check this host can run sandboxes."),
     "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
@@ -23,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 #: Subcommands that need the ``server`` extra (``pip install podbay`` is the SDK
 #: and the client-side commands only).
-SERVER_COMMANDS = frozenset({"serve", "deployment", "doctor", "gc", "dev"})
+SERVER_COMMANDS = frozenset({"serve", "control", "node", "deployment", "doctor", "gc", "dev"})
 
 
 class LazyGroup(click.Group):

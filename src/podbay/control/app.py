@@ -50,7 +50,7 @@ from podbay.wire.paths import REQUEST_ID_HEADER, SHARE_PREFIX
 
 from . import errors
 from .bodies import BodyLimit
-from .keys import KeyRing
+from .keys import KeyRing, StoreKeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
 from .nodes import OneNode
@@ -91,7 +91,7 @@ class Platform:
         store: Store,
         drivers: Mapping[str, Driver],
         *,
-        keys: KeyRing | None = None,
+        keys: KeyRing | StoreKeyRing | None = None,
         environment: EnvironmentService | None = None,
         validate_section: SectionValidator | None = None,
         clock: Callable[[], datetime] = _utcnow,
@@ -183,6 +183,9 @@ class Platform:
             validate_section=validate_section,
             clock=clock,
             deleted_marker=marker_path(settings.data_dir),
+            refresh_keys=self.keys.refresh_if_stale
+            if isinstance(self.keys, StoreKeyRing)
+            else None,
         )
         self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.nodes)
         ttl = settings.credentials.ttl_seconds

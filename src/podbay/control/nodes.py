@@ -144,6 +144,14 @@ class Nodes(Protocol):
 
     def all(self) -> list[Node]: ...
 
+    def reachable(self, sandbox: Sandbox) -> bool:
+        """Whether the node holding ``sandbox`` answers (False: it is lost)."""
+        ...
+
+    async def refresh(self) -> None:
+        """Catch up with nodes enrolled, drained or lost since the last look."""
+        ...
+
     def resolve(self, requested: str) -> str:
         """The class a new sandbox asked for as ``requested`` gets (ApiError if none)."""
         ...
@@ -170,6 +178,12 @@ class OneNode:
 
     def all(self) -> list[Node]:
         return [self.node]
+
+    def reachable(self, sandbox: Sandbox) -> bool:
+        return True
+
+    async def refresh(self) -> None:
+        return None
 
     def resolve(self, requested: str) -> str:
         return self.classes.resolve(requested)

@@ -15,14 +15,12 @@ from __future__ import annotations
 import time
 
 from podbay.errors import ApiError
-from podbay.signing import IDENTITY_TOKEN, sign, verify
+from podbay.signing import IDENTITY_TOKEN, SigningKeys, VerifyingKeys, sign, verify
 from podbay.wire.codes import ErrorCode
-
-from .keys import KeyRing
 
 
 def issue_identity_token(
-    keys: KeyRing, *, deployment_id: str, issuer: str, ttl_seconds: int = 0
+    keys: SigningKeys, *, deployment_id: str, issuer: str, ttl_seconds: int = 0
 ) -> str:
     now = int(time.time())
     claims: dict[str, object] = {"sub": deployment_id, "iss": issuer, "iat": now}
@@ -31,7 +29,7 @@ def issue_identity_token(
     return sign(keys, claims)
 
 
-def verify_identity_token(keys: KeyRing, token: str | None, *, issuer: str) -> str:
+def verify_identity_token(keys: VerifyingKeys, token: str | None, *, issuer: str) -> str:
     """The deployment id a valid token names; otherwise ``IDENTITY_TOKEN_INVALID``.
 
     ``issuer`` is this control plane's public URL: a token naming another

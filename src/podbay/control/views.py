@@ -17,12 +17,13 @@ _SHOWN: dict[SandboxState, SandboxStateName] = {
 }
 
 
-def record(sandbox: Sandbox) -> SandboxRecord:
-    """What ``GET`` shows; services never hand over ``deleting`` rows."""
+def record(sandbox: Sandbox, *, lost: bool = False) -> SandboxRecord:
+    """What ``GET`` shows; services never hand over ``deleting`` rows. ``lost``:
+    the node holding it stopped answering (split roles)."""
     return SandboxRecord(
         name=sandbox.name,
         class_=sandbox.class_,
-        state=_SHOWN[sandbox.state],
+        state="lost" if lost else _SHOWN[sandbox.state],
         created_at=sandbox.created_at,
         last_active_at=sandbox.last_active_at,
         ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended") else None,

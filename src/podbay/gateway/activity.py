@@ -40,6 +40,10 @@ class ActivityTracker:
     def busy(self, sandbox_id: str) -> bool:
         return sandbox_id in self._in_flight
 
+    def busy_ids(self) -> list[str]:
+        """Every sandbox with a request in flight."""
+        return list(self._in_flight)
+
     def last(self, sandbox_id: str) -> datetime | None:
         return self._seen.get(sandbox_id)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from podbay.domain.node import NodeRecord
 
@@ -34,22 +34,20 @@ def _node(row: Sequence[Any]) -> NodeRecord:
     )
 
 
-class _Hooks(Protocol):
-    async def _run(self, fn: Callable[[Any], T]) -> T: ...
-
-    async def _tx(self, fn: Callable[[Any], T]) -> T: ...
-
-    def _one(self, conn: Any, text: str, *params: Any) -> Any: ...
-
-    def _count(self, conn: Any, text: str, *params: Any) -> int: ...
-
-    def _sql(self, text: str) -> str: ...
-
-
 class ClusterQueries:
+    if TYPE_CHECKING:  # provided by SqlStore, whose mixin this is
+
+        async def _run(self, fn: Callable[[Any], T]) -> T: ...
+
+        async def _tx(self, fn: Callable[[Any], T]) -> T: ...
+
+        def _one(self, conn: Any, text: str, *params: Any) -> Any: ...
+
+        def _count(self, conn: Any, text: str, *params: Any) -> int: ...
+
     # -- nodes -------------------------------------------------------------------
     async def enroll_node(
-        self: _Hooks,
+        self,
         name: str,
         url: str,
         credential_hash: str,
@@ -67,13 +65,13 @@ class ClusterQueries:
         values = (name, url, json.dumps(report), ts(now), ts(now), credential_hash)
         await self._run(lambda conn: self._count(conn, sql, *values))
 
-    async def node_by_credential(self: _Hooks, credential_hash: str) -> NodeRecord | None:
+    async def node_by_credential(self, credential_hash: str) -> NodeRecord | None:
         sql = f"SELECT {NODE_COLUMNS} FROM nodes WHERE credential_hash=?"
         row = await self._run(lambda conn: self._one(conn, sql, credential_hash))
         return None if row is None else _node(row)
 
     async def heartbeat_node(
-        self: _Hooks, name: str, report: dict[str, Any], now: datetime
+        self, name: str, report: dict[str, Any], now: datetime
     ) -> NodeRecord | None:
         """Record a heartbeat; the record as it was before (None if forgotten)."""
 
@@ -92,21 +90,21 @@ class ClusterQueries:
 
         return await self._tx(run)
 
-    async def list_nodes(self: _Hooks) -> list[NodeRecord]:
+    async def list_nodes(self) -> list[NodeRecord]:
         sql = f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name"
         rows = await self._run(lambda conn: conn.execute(sql, ()).fetchall())
         return [_node(r) for r in rows]
 
-    async def drain_node(self: _Hooks, name: str, drained: bool = True) -> bool:
+    async def drain_node(self, name: str, drained: bool = True) -> bool:
         sql = "UPDATE nodes SET drained=? WHERE name=?"
         return await self._run(lambda conn: self._count(conn, sql, int(drained), name) == 1)
 
-    async def drop_node_sandboxes(self: _Hooks, name: str) -> int:
+    async def drop_node_sandboxes(self, name: str) -> int:
         """Forget every sandbox the node held (an operator gave them up)."""
         sql = "DELETE FROM sandboxes WHERE node=?"
         return await self._run(lambda conn: self._count(conn, sql, name))
 
-    async def forget_node(self: _Hooks, name: str) -> bool:
+    async def forget_node(self, name: str) -> bool:
         """Remove the node and the record of every sandbox it held, at once."""
 
         def run(conn: Any) -> bool:
@@ -116,27 +114,25 @@ class ClusterQueries:
         return await self._tx(run)
 
     # -- signing keys --------------------------------------------------------------
-    async def signing_keys(self: _Hooks) -> list[tuple[str, str]]:
+    async def signing_keys(self) -> list[tuple[str, str]]:
         """(kid, private PEM) of every key, oldest first."""
         sql = "SELECT kid, private_pem FROM signing_keys ORDER BY kid"
         rows = await self._run(lambda conn: conn.execute(sql, ()).fetchall())
         return [(str(r[0]), str(r[1])) for r in rows]
 
-    async def add_signing_key(self: _Hooks, kid: str, pem: str, now: datetime) -> None:
+    async def add_signing_key(self, kid: str, pem: str, now: datetime) -> None:
         sql = (
             "INSERT INTO signing_keys (kid, private_pem, created_at) VALUES (?,?,?)"
             " ON CONFLICT DO NOTHING"
         )
         await self._run(lambda conn: self._count(conn, sql, kid, pem, ts(now)))
 
-    async def remove_signing_key(self: _Hooks, kid: str) -> bool:
+    async def remove_signing_key(self, kid: str) -> bool:
         sql = "DELETE FROM signing_keys WHERE kid=?"
         return await self._run(lambda conn: self._count(conn, sql, kid) == 1)
 
     # -- leases ------------------------------------------------------------------------
-    async def take_lease(
-        self: _Hooks, key: str, holder: str, seconds: float, now: datetime
-    ) -> bool:
+    async def take_lease(self, key: str, holder: str, seconds: float, now: datetime) -> bool:
         """Hold ``key`` until ``now + seconds`` if it is free, expired or already
         ours (a renewal); False while somebody else holds it."""
         sql = (
@@ -149,6 +145,6 @@ class ClusterQueries:
             lambda conn: self._count(conn, sql, key, holder, until, current) == 1
         )
 
-    async def drop_lease(self: _Hooks, key: str, holder: str) -> None:
+    async def drop_lease(self, key: str, holder: str) -> None:
         sql = "DELETE FROM leases WHERE key=? AND holder=?"
         await self._run(lambda conn: self._count(conn, sql, key, holder))

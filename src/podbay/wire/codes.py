@@ -37,11 +37,20 @@ class ErrorCode(StrEnum):
     SANDBOX_APPLY_FAILED = "SANDBOX_APPLY_FAILED"
     SANDBOX_START_FAILED = "SANDBOX_START_FAILED"
     SANDBOXES_UNAVAILABLE = "SANDBOXES_UNAVAILABLE"
+    #: The node that holds the sandbox stopped answering (split roles): its
+    #: sandbox is not recreated elsewhere until an operator drains or forgets
+    #: that node (``podbay node drain|forget``).
+    SANDBOX_NODE_LOST = "SANDBOX_NODE_LOST"
     #: The host's free disk is below the operator's reserve: no new sandbox.
     HOST_DISK_FULL = "HOST_DISK_FULL"
     #: The server shut down while the request was in flight (past its grace):
     #: clients re-attach (riding over the restart) and repeat the call.
     SERVER_SHUTTING_DOWN = "SERVER_SHUTTING_DOWN"
+
+    # -- internal API (control plane and nodes) ------------------------------
+    #: Missing, unknown or wrong kind of node credential (a data-plane
+    #: credential or an identity token is never one).
+    NODE_CREDENTIAL_INVALID = "NODE_CREDENTIAL_INVALID"
 
     # -- gateway (credentials) ---------------------------------------------
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID"  # missing, expired, forged
@@ -102,6 +111,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_APPLY_FAILED: 409,
     ErrorCode.SANDBOX_START_FAILED: 502,
     ErrorCode.SANDBOXES_UNAVAILABLE: 503,
+    ErrorCode.SANDBOX_NODE_LOST: 409,
+    ErrorCode.NODE_CREDENTIAL_INVALID: 401,
     ErrorCode.HOST_DISK_FULL: 507,
     ErrorCode.SERVER_SHUTTING_DOWN: 503,
     ErrorCode.CREDENTIAL_INVALID: 401,

@@ -8,7 +8,8 @@ from typing import Literal
 
 from .limits import DEFAULT_SANDBOX_CLASS
 
-SandboxStateName = Literal["creating", "running", "suspended", "stopped"]
+#: ``lost``: split roles only; the node that holds it stopped answering.
+SandboxStateName = Literal["creating", "running", "suspended", "stopped", "lost"]
 #: How an attach got its running sandbox: tells an integration whether
 #: once-per-machine setup must run.
 StartKind = Literal["created", "resumed", "reused", "carried_over"]

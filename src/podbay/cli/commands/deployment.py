@@ -13,15 +13,12 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from podbay.cli import options
 from podbay.cli.output import Output, fail
-
-if TYPE_CHECKING:
-    from podbay.control.keys import KeyRing
 
 T = TypeVar("T")
 
@@ -40,7 +37,7 @@ def with_service(
     settings' (a server checks that ``iss`` is its own URL).
     """
     from podbay.cli.commands.serve import section_validator
-    from podbay.control.keys import KeyRing
+    from podbay.control.keys import open_keys
     from podbay.control.services.deletions import marker_path
     from podbay.control.services.deployments import (
         PUBLIC_URL_KEY,
@@ -61,7 +58,7 @@ def with_service(
             named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
             service = DeploymentService(
                 store,
-                KeyRing.open(settings.data_dir / "keys"),
+                await open_keys(settings, store),
                 issuer=named,
                 identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
                 validate_section=section_validator(),
@@ -170,26 +167,54 @@ def keys() -> None:
     """Signing keys of identity tokens and credentials."""
 
 
-def _keyring(data_dir: Path | None) -> KeyRing:
-    from podbay.control.keys import KeyRing
-    from podbay.settings import Settings
+def _with_keys(data_dir: Path | None, work: Callable[[Any], Awaitable[T] | T]) -> T:
+    """Run ``work(ring)`` on the key ring the settings name: the data directory's,
+    or the shared store's (``PODBAY_STORE_URL``), whose rotations every replica
+    and node picks up."""
+    import inspect
 
-    return KeyRing.open(Settings.load(data_dir=data_dir).data_dir / "keys")
+    from podbay.control.keys import KeyRingError, open_keys
+    from podbay.settings import Settings
+    from podbay.store.opening import open_store
+
+    settings = Settings.load(data_dir=data_dir)
+
+    async def main() -> T:
+        try:
+            store = open_store(settings)
+        except ValueError as exc:
+            fail(str(exc), 2)
+        try:
+            result = work(await open_keys(settings, store))
+            if inspect.isawaitable(result):
+                return await result
+            return result
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(main())
+    except KeyRingError as exc:
+        fail(str(exc))
 
 
 @keys.command("list")
 @data_dir_option
 def keys_list(data_dir: Path | None) -> None:
-    ring = _keyring(data_dir)
-    active = ring.active().kid
-    Output().table([(kid, "active" if kid == active else "") for kid in ring.kids()], ["KID", ""])
+    def show(ring: Any) -> None:
+        active = ring.active().kid
+        Output().table(
+            [(kid, "active" if kid == active else "") for kid in ring.kids()], ["KID", ""]
+        )
+
+    _with_keys(data_dir, show)
 
 
 @keys.command("rotate")
 @data_dir_option
 def keys_rotate(data_dir: Path | None) -> None:
     """A new signing key; tokens signed by older keys keep verifying."""
-    Output().line(_keyring(data_dir).rotate())
+    Output().line(_with_keys(data_dir, lambda ring: ring.rotate()))
 
 
 @keys.command("remove")
@@ -197,9 +222,4 @@ def keys_rotate(data_dir: Path | None) -> None:
 @data_dir_option
 def keys_remove(kid: str, data_dir: Path | None) -> None:
     """Remove a key: tokens it signed stop verifying (within a second)."""
-    from podbay.control.keys import KeyRingError
-
-    try:
-        _keyring(data_dir).remove(kid)
-    except KeyRingError as exc:
-        fail(str(exc))
+    _with_keys(data_dir, lambda ring: ring.remove(kid))

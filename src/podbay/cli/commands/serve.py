@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -86,6 +86,55 @@ def _server_class() -> type[uvicorn.Server]:
                     signal.signal(sig, handler)
 
     return Server
+
+
+def run_server(
+    app: Any, settings: Settings, sock: socket.socket, *, loop: str, progress: bool
+) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn, with the
+    listener's guards: head and body timeouts, a connection cap)."""
+    import uvicorn
+
+    from podbay.cli.progress import build_progress
+    from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
+    from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
+
+    descriptors = raise_descriptor_limit()
+    cap = connection_cap(settings.server.max_connections, descriptors)
+    protocol = guarded_protocol(
+        head_timeout=settings.server.head_timeout_seconds,
+        body_timeout=settings.server.body_timeout_seconds,
+        max_connections=cap,
+    )
+    config = uvicorn.Config(
+        app,
+        loop=loop,
+        http=protocol,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        ws="websockets",
+        ws_max_size=WS_MAX_MESSAGE,
+        ws_per_message_deflate=False,
+    )
+    server = _server_class()(config)
+    # On a terminal, the base image and layer builds draw bars instead of lines.
+    with build_progress(enabled=progress):
+        server.run(sockets=[sock])
+
+
+def shared_keys(settings: Settings, store: Any) -> Any:
+    """The store's signing keys when the store is shared (PostgreSQL: every
+    server and the CLI sign with the same ones), else None (the data dir's)."""
+    from podbay.control.keys import StoreKeyRing, keys_in_store
+
+    if not keys_in_store(settings):
+        return None
+    try:
+        return asyncio.run(StoreKeyRing.open(store))
+    except Exception as exc:
+        fail(f"cannot read the signing keys from the store: {exc}")
 
 
 def environment_service(settings: Settings, drivers: Mapping[str, Driver]) -> EnvironmentService:
@@ -168,12 +217,7 @@ def command(
     as_json: bool,
 ) -> None:
     """Run the whole platform on this machine."""
-    import uvicorn
-
-    _Server = _server_class()
-
     from podbay.control.app import create_app
-    from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
     from podbay.control.logs import configure_logging
     from podbay.runtime import classes
     from podbay.settings import Settings
@@ -200,12 +244,14 @@ def command(
         store = open_store(settings)
     except ValueError as exc:
         fail(str(exc), 2)
+    keys = shared_keys(settings, store)
     # A host that can run no class still serves the API (503s, /healthz says why).
     drivers, missing = build_drivers(settings, out)
     app = create_app(
         settings,
         store,
         drivers,
+        keys=keys,
         validate_section=section_validator(),
         environment=environment_service(settings, drivers),
         missing=missing,
@@ -222,36 +268,10 @@ def command(
         f"podbay: listening on {listening} (public URL {settings.server.base_url()},"
         f" data in {settings.data_dir})",
     )
-    descriptors = raise_descriptor_limit()
-    cap = connection_cap(settings.server.max_connections, descriptors)
-    protocol = guarded_protocol(
-        head_timeout=settings.server.head_timeout_seconds,
-        body_timeout=settings.server.body_timeout_seconds,
-        max_connections=cap,
-    )
-    from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
-
     # The vm driver's QEMU machines do not come up under uvloop (its first
     # machine never answers): with vm enabled, the standard asyncio loop.
     loop = "asyncio" if classes.VM in drivers else "uvloop"
-    config = uvicorn.Config(
-        app,
-        loop=loop,
-        http=protocol,
-        lifespan="on",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-        ws="websockets",
-        ws_max_size=WS_MAX_MESSAGE,
-        ws_per_message_deflate=False,
-    )
-    server = _Server(config)
-    from podbay.cli.progress import build_progress
-
     try:
-        # On a terminal, the base image and layer builds draw bars instead of lines.
-        with build_progress(enabled=not as_json):
-            server.run(sockets=[sock])
+        run_server(app, settings, sock, loop=loop, progress=not as_json)
     finally:
         asyncio.run(store.close())

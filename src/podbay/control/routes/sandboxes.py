@@ -78,13 +78,14 @@ async def attach(request: Request) -> Response:
 async def get_one(request: Request) -> Response:
     platform = request.app.state.platform
     sandbox = await platform.sandboxes.get(await _deployment(request), request.path_params["name"])
-    return _json(views.record(sandbox))
+    return _json(views.record(sandbox, lost=platform.sandboxes.lost(sandbox)))
 
 
 async def list_all(request: Request) -> Response:
     platform = request.app.state.platform
     sandboxes = await platform.sandboxes.list(await _deployment(request))
-    return _json(SandboxList(sandboxes=[views.record(s) for s in sandboxes]))
+    lost = platform.sandboxes.lost
+    return _json(SandboxList(sandboxes=[views.record(s, lost=lost(s)) for s in sandboxes]))
 
 
 async def stop(request: Request) -> Response:

@@ -6,7 +6,7 @@ Used by the CLI (``podbay deployment ...``, straight on the store, also while
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +22,7 @@ from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import is_valid_sandbox_name
 
-from ..keys import KeyRing
+from ..keys import KeyRing, StoreKeyRing
 from ..tokens import issue_identity_token, verify_identity_token
 from .deletions import mark_deleted
 
@@ -64,16 +64,20 @@ class DeploymentService:
     def __init__(
         self,
         store: Store,
-        keys: KeyRing,
+        keys: KeyRing | StoreKeyRing,
         *,
         issuer: str,
         identity_ttl_seconds: int = 0,
         validate_section: SectionValidator | None = None,
         deleted_marker: Path | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        refresh_keys: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.keys = keys
+        #: Re-reads shared keys (True when it did): a token signed by a key
+        #: another replica or the CLI just made is checked again after it.
+        self.refresh_keys = refresh_keys
         self.issuer = issuer
         self.identity_ttl_seconds = identity_ttl_seconds
         self.validate_section = validate_section
@@ -155,7 +159,12 @@ class DeploymentService:
 
     # -- the control plane's side ----------------------------------------------------
     async def authenticate(self, token: str | None) -> Deployment:
-        deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
+        try:
+            deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
+        except ApiError:
+            if self.refresh_keys is None or not await self.refresh_keys():
+                raise
+            deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
         deployment = await self.store.get_deployment(deployment_id)
         if deployment is None:
             raise ApiError(

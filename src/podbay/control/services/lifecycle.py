@@ -75,10 +75,15 @@ class Lifecycle:
     # -- the periodic pass -----------------------------------------------------------
     async def run_pass(self) -> int:
         """One pass over every sandbox; returns how many it changed."""
+        await self.nodes.refresh()
         await self.flush_activity()
         changed = 0
         for row in await self.store.list_sandboxes():
-            if self._due(row) is None or not self.nodes.works(row.class_):
+            if (
+                self._due(row) is None
+                or not self.nodes.reachable(row)
+                or not self.nodes.works(row.class_)
+            ):
                 continue
             try:
                 if await self._act(row):
@@ -168,14 +173,20 @@ class Lifecycle:
                 await self.transitions.stop(row, f"machine found {seen}")
 
     # -- start-up ----------------------------------------------------------------------
-    async def reconcile(self, node: Node, observed: Mapping[str, list[ObservedMachine]]) -> None:
+    async def reconcile(
+        self,
+        node: Node,
+        observed: Mapping[str, list[ObservedMachine]],
+        *,
+        destroy_pooled: bool = True,
+    ) -> None:
         """Make rows and machines agree after a (re)start of ``node``: ``observed``
         is what each running class's driver there adopted. Rows win where they
         state an intent; machines win where a row claims what cannot be had."""
         machines = {(name, m.machine_id): m for name, seen in observed.items() for m in seen}
         t = self.transitions
         for row in await self.store.list_sandboxes():
-            if row.class_ not in observed or self.nodes.of(row) is not node:
+            if row.class_ not in observed or row.node != node.name:
                 continue  # its class does not run here now: leave row and machine be
             machine = machines.pop((row.class_, row.machine_id), None)
             seen = machine.state if machine else M.ABSENT
@@ -186,6 +197,8 @@ class Lifecycle:
         for (name, machine_id), machine in machines.items():
             # No row names it: a pooled machine from the last run, or an orphan.
             kind = "pooled" if POOL_LABEL in machine.labels else "orphaned"
+            if kind == "pooled" and not destroy_pooled:
+                continue  # the node's own warm pool
             log.info("reconcile: destroying %s %s machine %s", kind, name, machine_id)
             try:
                 await node.destroy(name, machine_id)

@@ -102,8 +102,13 @@ class SandboxService:
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
 
     # -- reads -------------------------------------------------------------------
+    def lost(self, row: Sandbox) -> bool:
+        """Its node stopped answering (it is reported ``lost``)."""
+        return not self.nodes.reachable(row)
+
     async def get(self, deployment: Deployment, name: str) -> Sandbox:
         check_name(name)
+        await self.nodes.refresh()
         row = await self.store.get_sandbox(deployment.id, name)
         if row is None or not row.state.visible:
             raise not_found(name)
@@ -111,6 +116,7 @@ class SandboxService:
 
     async def list(self, deployment: Deployment) -> list[Sandbox]:
         rows = await self.store.list_sandboxes(deployment_id=deployment.id)
+        await self.nodes.refresh()
         return [self._with_activity(r) for r in rows if r.state.visible]
 
     def _with_activity(self, row: Sandbox) -> Sandbox:
@@ -133,11 +139,13 @@ class SandboxService:
                 f"deployment {deployment.name!r} declares no sandbox section",
             )
         transitions = self._runtime()
+        await self.nodes.refresh()
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
                 row = await self.store.get_sandbox(deployment.id, name)
                 result: Attached | Building | None
                 if row is not None and row.state.visible:
+                    self.nodes.of(row)  # refuses a sandbox whose node is lost
                     self._check_class(row, class_)
                 if row is None:
                     result = await self._create(deployment, name, self.nodes.resolve(class_))
@@ -239,6 +247,7 @@ class SandboxService:
             last_active_at=now,
             started_at=None,
             ceiling_at=None,
+            node=node.name,
         )
         outcome = await self.store.insert_sandbox(
             row,
@@ -304,6 +313,7 @@ class SandboxService:
             row = await self.store.get_sandbox(deployment.id, name)
             if row is None or not row.state.visible:
                 raise not_found(name)
+            self.nodes.of(row)  # refuses a sandbox whose node is lost
             if row.state is S.RUNNING:
                 await self._checked(transitions.suspend(row, "stop"))
 
@@ -314,6 +324,12 @@ class SandboxService:
             row = await self.store.get_sandbox(deployment.id, name)
             if row is None:
                 raise not_found(name)
+            await self.nodes.refresh()
+            if not self.nodes.reachable(row):
+                # Its node is lost: the record goes; the machine, should the node
+                # come back, is an orphan its reconcile destroys.
+                await self.store.delete_sandbox(row)
+                return
             for _ in range(5):
                 if row is None or await self._checked(transitions.destroy(row, "delete")):
                     return

@@ -1,0 +1,82 @@
+"""``podbay control``: the control plane alone (one replica of many), for a
+cluster of ``podbay node`` hosts. State in PostgreSQL (``PODBAY_STORE_URL``),
+signing keys in the store too; nothing kept in the data directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from podbay.cli.output import Output, fail
+
+
+@click.command()
+@click.option("--listen", default=None, metavar="HOST:PORT", help="Where to listen.")
+@click.option(
+    "--data-dir", type=click.Path(path_type=Path), default=None, help="Unused by control."
+)
+@click.option(
+    "--public-url", default=None, help="Base URL clients use (token iss; the load balancer)."
+)
+@click.option("--log-level", default=None, help="debug, info, warning, error.")
+@click.option("--json", "as_json", is_flag=True, help="Print the listening address as JSON.")
+def command(
+    listen: str | None,
+    data_dir: Path | None,
+    public_url: str | None,
+    log_level: str | None,
+    as_json: bool,
+) -> None:
+    """Run the control plane only (a replica behind a load balancer)."""
+    from podbay.cli.commands.serve import _bind, parse_listen, run_server, section_validator
+    from podbay.control.cluster import ControlPlane
+    from podbay.control.keys import StoreKeyRing
+    from podbay.control.logs import configure_logging
+    from podbay.settings import Settings
+    from podbay.store.opening import POSTGRES_SCHEMES, open_store
+    from podbay.store.postgres import PostgresStore
+
+    host, port = parse_listen(listen)
+    try:
+        settings = Settings.load(
+            data_dir=data_dir,
+            server__host=host,
+            server__port=port,
+            server__public_url=public_url,
+            log_level=log_level,
+        )
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if not settings.store.url.strip().startswith(POSTGRES_SCHEMES):
+        fail(
+            "podbay control keeps its state in PostgreSQL, shared by every replica: "
+            "set PODBAY_STORE_URL=postgresql://... (SQLite is for podbay serve alone)",
+            2,
+        )
+    if not settings.cluster.enrollment_token:
+        fail("set PODBAY_CLUSTER_ENROLLMENT_TOKEN: nodes enroll with it", 2)
+    configure_logging(settings.log_level)
+    sock = _bind(settings.server.host, settings.server.port)
+    settings.server.port = sock.getsockname()[1]
+    try:
+        store = open_store(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    assert isinstance(store, PostgresStore)
+    try:
+        keys = asyncio.run(StoreKeyRing.open(store))
+    except Exception as exc:
+        fail(f"cannot read the signing keys from the store: {exc}")
+    app = ControlPlane(settings, store, keys, validate_section=section_validator())
+    listening = f"http://{settings.server.host}:{settings.server.port}"
+    Output(as_json=as_json).value(
+        {"listen": listening, "public_url": settings.server.base_url()},
+        f"podbay control: listening on {listening} (public URL {settings.server.base_url()})",
+    )
+    try:
+        run_server(app, settings, sock, loop="uvloop", progress=False)
+    finally:
+        asyncio.run(store.close())

@@ -1,0 +1,174 @@
+"""``podbay node``: run one sandbox host of a cluster; ``podbay node list |
+drain NAME | forget NAME``: the operator's view of the enrolled nodes (on the
+shared store, ``PODBAY_STORE_URL``, like ``podbay deployment``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from podbay.cli.output import Output, fail
+
+T = TypeVar("T")
+
+
+@click.group(invoke_without_command=True)
+@click.option("--listen", default=None, metavar="HOST:PORT", help="Where to listen.")
+@click.option(
+    "--data-dir", type=click.Path(path_type=Path), default=None, help="Images, disks, run state."
+)
+@click.option("--log-level", default=None, help="debug, info, warning, error.")
+@click.option("--json", "as_json", is_flag=True, help="Print the listening address as JSON.")
+@click.pass_context
+def command(
+    ctx: click.Context,
+    listen: str | None,
+    data_dir: Path | None,
+    log_level: str | None,
+    as_json: bool,
+) -> None:
+    """Run a sandbox host that enrolls with the control plane (PODBAY_NODE_CONTROL_URL)."""
+    ctx.ensure_object(dict)
+    ctx.obj["as_json"] = as_json
+    if ctx.invoked_subcommand is not None:
+        return
+    from podbay.cli.commands.serve import (
+        _bind,
+        build_drivers,
+        environment_service,
+        parse_listen,
+        run_server,
+    )
+    from podbay.control.logs import configure_logging
+    from podbay.node.server import NodeServer
+    from podbay.runtime import classes
+    from podbay.settings import Settings
+
+    host, port = parse_listen(listen)
+    try:
+        settings = Settings.load(
+            data_dir=data_dir, server__host=host, server__port=port, log_level=log_level
+        )
+        classes.enabled_classes(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if not settings.node.control_url:
+        fail("set PODBAY_NODE_CONTROL_URL: the control plane's URL", 2)
+    out = Output(as_json=as_json)
+    configure_logging(settings.log_level)
+    sock = _bind(settings.server.host, settings.server.port)
+    settings.server.port = sock.getsockname()[1]
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    drivers, missing = build_drivers(settings, out)
+    app = NodeServer(
+        settings,
+        drivers,
+        environment=environment_service(settings, drivers),
+        missing=missing,
+        check=lambda name, driver: classes.check_class(settings, name, driver),
+        prove=lambda name, driver: classes.prove_class(settings, name, driver),
+    )
+    listening = f"http://{settings.server.host}:{settings.server.port}"
+    out.value(
+        {"listen": listening, "name": app.name, "advertise_url": app.url},
+        f"podbay node {app.name}: listening on {listening} (advertised as {app.url})",
+    )
+    loop = "asyncio" if classes.VM in drivers else "uvloop"
+    run_server(app, settings, sock, loop=loop, progress=not as_json)
+
+
+def _on_store(work: Callable[[Any], Awaitable[T]]) -> T:
+    from podbay.settings import Settings
+    from podbay.store.opening import POSTGRES_SCHEMES, open_store
+
+    settings = Settings.load()
+    if not settings.store.url.strip().startswith(POSTGRES_SCHEMES):
+        fail("set PODBAY_STORE_URL to the control plane's PostgreSQL database", 2)
+
+    async def main() -> T:
+        try:
+            store = open_store(settings)
+        except ValueError as exc:
+            fail(str(exc), 2)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+@command.command("list")
+@click.option("--json", "list_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def list_(ctx: click.Context, list_json: bool) -> None:
+    """Every enrolled node: state (ready, draining, lost), classes, load."""
+    from podbay.settings import Settings
+
+    lost_after = Settings.load().cluster.node_lost_seconds
+    records = _on_store(lambda store: store.list_nodes())
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "name": r.name,
+            "url": r.url,
+            "state": r.state(now, lost_after),
+            "classes": r.report.get("classes", []),
+            "running": r.report.get("running", 0),
+            "capacity": r.report.get("capacity", 0),
+            "heartbeat_at": r.heartbeat_at.isoformat(),
+        }
+        for r in records
+    ]
+    Output(as_json=list_json or ctx.obj["as_json"]).table(
+        [
+            (
+                r["name"],
+                r["state"],
+                ",".join(r["classes"]),
+                f"{r['running']}/{r['capacity']}",
+                r["url"],
+            )
+            for r in rows
+        ],
+        ["NAME", "STATE", "CLASSES", "RUNNING", "URL"],
+        data=rows,
+    )
+
+
+@command.command()
+@click.argument("name")
+def drain(name: str) -> None:
+    """No new sandboxes go to NAME; if it is lost, its sandboxes are given up
+    (their next attach starts a new one elsewhere)."""
+    from podbay.settings import Settings
+
+    lost_after = Settings.load().cluster.node_lost_seconds
+
+    async def work(store: Any) -> tuple[bool, int]:
+        if not await store.drain_node(name):
+            return False, 0
+        records = {r.name: r for r in await store.list_nodes()}
+        if records[name].lost(datetime.now(UTC), lost_after):
+            return True, await store.drop_node_sandboxes(name)
+        return True, 0
+
+    found, dropped = _on_store(work)
+    if not found:
+        fail(f"no node named {name!r}")
+    extra = f"; it is lost: {dropped} sandbox record(s) given up" if dropped else ""
+    Output().info(f"drained {name}{extra}")
+
+
+@command.command()
+@click.argument("name")
+def forget(name: str) -> None:
+    """Remove NAME and the records of its sandboxes (their next attach starts anew)."""
+    if not _on_store(lambda store: store.forget_node(name)):
+        fail(f"no node named {name!r}")
+    Output().info(f"forgot {name}")

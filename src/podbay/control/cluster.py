@@ -1,0 +1,319 @@
+"""``podbay control``: the control plane alone, one of any number of replicas.
+
+The wiring for split roles: the same services as ``serve``'s
+(:class:`~.services.sandboxes.SandboxService`, lifecycle, deployments) over
+:class:`~.remote.ClusterNodes` instead of an in-process node; signing keys
+from the store (:class:`~.keys.StoreKeyRing`); per-sandbox leases in the
+store (:class:`LeaseLocks`) so that replicas take turns on one sandbox. It
+serves the public control plane (``/api/v1``), ``/healthz`` (200 when the
+store answers) and the nodes' side of the internal API: enrollment,
+heartbeats, public keys. It never carries data-plane traffic: handles point
+at the node that holds the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from podbay import internal
+from podbay.asgi import Receive, Scope, Send
+from podbay.domain.node import NodeRecord
+from podbay.errors import ApiError
+from podbay.gateway.credentials import mint_credential
+from podbay.settings import Settings
+from podbay.store.postgres import PostgresStore
+from podbay.wire.codes import ErrorCode
+from podbay.wire.limits import MAX_CONTROL_BODY
+
+from . import errors
+from .bodies import BodyLimit
+from .keys import StoreKeyRing
+from .logs import RequestIdMiddleware
+from .metrics import Metrics
+from .remote import ClusterNodes, node_keys_doc
+from .routes import openapi, sandboxes
+from .routes.health import metrics as metrics_route
+from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
+from .services.lifecycle import Lifecycle
+from .services.locks import NameLocks
+from .services.sandboxes import SandboxService
+from .services.transitions import Transitions
+
+log = logging.getLogger("podbay.control")
+#: A sandbox's lease lasts this long unless renewed (its holder renews it at a third).
+LEASE_SECONDS = 30.0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class LeaseLocks(NameLocks):
+    """Per-sandbox locks that hold across replicas: in this process an asyncio
+    lock (no replica races itself), then a lease row in the store, renewed
+    while held. Whoever holds it drives that sandbox's transitions."""
+
+    def __init__(self, store: PostgresStore, clock: Callable[[], datetime]) -> None:
+        super().__init__()
+        self.store = store
+        self.clock = clock
+        self.holder = f"control-{uuid.uuid4().hex[:12]}"
+
+    @contextlib.asynccontextmanager
+    async def hold(self, deployment_id: str, name: str) -> AsyncIterator[None]:
+        key = f"sandbox:{deployment_id}:{name}"
+        async with super().hold(deployment_id, name):
+            delay = 0.02
+            while not await self.store.take_lease(key, self.holder, LEASE_SECONDS, self.clock()):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            renew = asyncio.get_running_loop().create_task(self._renew(key))
+            try:
+                yield
+            finally:
+                renew.cancel()
+                await asyncio.gather(renew, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await self.store.drop_lease(key, self.holder)
+
+    async def _renew(self, key: str) -> None:
+        while True:
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            with contextlib.suppress(Exception):
+                await self.store.take_lease(key, self.holder, LEASE_SECONDS, self.clock())
+
+
+class ControlPlane:
+    """Everything one ``podbay control`` replica holds, and its ASGI entry point."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: PostgresStore,
+        keys: StoreKeyRing,
+        *,
+        validate_section: SectionValidator | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.keys = keys
+        self.clock = clock
+        self.base_url = settings.server.base_url()
+        self.metrics = Metrics()
+        self.nodes = ClusterNodes(
+            store, keys, lost_after=settings.cluster.node_lost_seconds, clock=clock
+        )
+        self.locks = LeaseLocks(store, clock)
+        self.transitions = Transitions(
+            store,
+            self.nodes,
+            self.metrics,
+            clock,
+            timedelta(seconds=settings.lifecycle.max_age_seconds),
+        )
+        self.lifecycle = Lifecycle(
+            store=store,
+            transitions=self.transitions,
+            nodes=self.nodes,
+            locks=self.locks,
+            settings=settings.lifecycle,
+            clock=clock,
+        )
+        self.deployments = DeploymentService(
+            store,
+            keys,
+            issuer=self.base_url,
+            identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
+            validate_section=validate_section,
+            clock=clock,
+            refresh_keys=keys.refresh_if_stale,
+        )
+        ttl = settings.credentials.ttl_seconds
+        self.sandboxes = SandboxService(
+            settings=settings,
+            store=store,
+            nodes=self.nodes,
+            transitions=self.transitions,
+            locks=self.locks,
+            clock=clock,
+            mint=lambda sid, inc: mint_credential(
+                self.keys, sandbox_id=sid, incarnation=inc, ttl_seconds=ttl
+            ),
+        )
+        self.sandboxes.ready = True
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._reconciling: set[str] = set()
+        self.control = Starlette(
+            routes=[
+                Route("/healthz", self._healthz, methods=["GET"]),
+                Route("/metrics", metrics_route, methods=["GET"]),
+                Route(internal.ENROLL, self._enroll, methods=["POST"]),
+                Route(internal.HEARTBEAT, self._heartbeat, methods=["POST"]),
+                Route(internal.KEYS, self._keys, methods=["GET"]),
+                *openapi.routes,
+                *sandboxes.routes,
+            ],
+            exception_handlers=errors.handlers,
+            lifespan=self._lifespan,
+        )
+        self.control.state.platform = self
+        self._app = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    # -- health --------------------------------------------------------------------------
+    async def _healthz(self, request: Request) -> Response:
+        try:
+            await asyncio.wait_for(self.store.get_meta(PUBLIC_URL_KEY), 5.0)
+        except Exception as exc:
+            return JSONResponse({"ready": False, "error": f"store: {exc}"}, status_code=503)
+        await self.nodes.refresh()
+        now = self.clock()
+        nodes = {
+            r.name: r.state(now, self.settings.cluster.node_lost_seconds)
+            for r in self.nodes.records()
+        }
+        return JSONResponse({"ready": True, "nodes": nodes})
+
+    # -- the nodes' calls ----------------------------------------------------------------
+    async def _json(self, request: Request) -> dict[str, Any]:
+        try:
+            doc = json.loads(await request.body() or b"{}")
+        except ValueError:
+            raise ApiError(ErrorCode.REQUEST_INVALID, "the body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise ApiError(ErrorCode.REQUEST_INVALID, "the body must be a JSON object")
+        return doc
+
+    async def _node(self, request: Request) -> NodeRecord:
+        credential = internal.bearer(request.headers.get("authorization"))
+        if not credential.startswith(internal.NODE_CREDENTIAL_PREFIX):
+            raise internal.refused("not a node credential")
+        record = await self.store.node_by_credential(internal.credential_hash(credential))
+        if record is None:
+            raise internal.refused("unknown node credential; enroll again")
+        return record
+
+    async def _enroll(self, request: Request) -> Response:
+        doc = await self._json(request)
+        if not internal.enrollment_matches(
+            str(doc.get("token", "")), self.settings.cluster.enrollment_token
+        ):
+            raise internal.refused("the enrollment token is not valid")
+        name, url, report = doc.get("name"), doc.get("url"), doc.get("report", {})
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ApiError(ErrorCode.REQUEST_INVALID, "name must be a non-empty string")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ApiError(ErrorCode.REQUEST_INVALID, "url must be an http(s) URL")
+        if not isinstance(report, dict):
+            raise ApiError(ErrorCode.REQUEST_INVALID, "report must be an object")
+        credential = internal.new_node_credential()
+        await self.store.enroll_node(
+            name, url, internal.credential_hash(credential), report, self.clock()
+        )
+        log.info("node %s enrolled at %s", name, url)
+        await self.nodes.refresh(force=True)
+        self._reconcile_later(name)
+        return JSONResponse({"credential": credential, "name": name})
+
+    async def _heartbeat(self, request: Request) -> Response:
+        record = await self._node(request)
+        doc = await self._json(request)
+        report = doc.get("report")
+        if not isinstance(report, dict):
+            raise ApiError(ErrorCode.REQUEST_INVALID, "report must be an object")
+        before = await self.store.heartbeat_node(record.name, report, self.clock())
+        activity = doc.get("activity") or {}
+        if isinstance(activity, dict):
+            seen = {
+                str(sid): datetime.fromtimestamp(float(when), UTC)
+                for sid, when in activity.items()
+                if isinstance(when, int | float)
+            }
+            if seen:
+                await self.store.record_activity(seen)
+        for sid in doc.get("unreachable") or []:
+            if isinstance(sid, str):
+                self._check_later(sid)
+        if before is not None and before.report.get("boot") != report.get("boot"):
+            await self.nodes.refresh(force=True)
+            self._reconcile_later(record.name)  # the node restarted: make rows and machines agree
+        return JSONResponse({"ok": True})
+
+    async def _keys(self, request: Request) -> Response:
+        await self._node(request)
+        await self.keys.refresh_if_stale()
+        return JSONResponse(node_keys_doc(self.keys))
+
+    # -- background ----------------------------------------------------------------------
+    def _background(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    def _reconcile_later(self, name: str) -> None:
+        if name in self._reconciling:
+            return
+        self._reconciling.add(name)
+
+        async def run() -> None:
+            try:
+                # The node enrolls, then fetches our keys, then proves classes:
+                # retry until it takes our calls and reports ready.
+                for attempt in range(30):
+                    await self.nodes.refresh(force=True)
+                    node = self.nodes.get(name)
+                    if node is None:
+                        return
+                    if node.record.report.get("ready"):
+                        try:
+                            observed = await node.adopt()
+                        except ApiError:
+                            if attempt == 29:
+                                raise
+                        else:
+                            await self.lifecycle.reconcile(node, observed, destroy_pooled=False)
+                            return
+                    await asyncio.sleep(1.0)
+            except Exception:
+                log.exception("reconciling node %s failed; its next restart retries", name)
+            finally:
+                self._reconciling.discard(name)
+
+        self._background(run())
+
+    def _check_later(self, sandbox_id: str) -> None:
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await self.lifecycle.check(sandbox_id)
+
+        self._background(run())
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.store.set_meta(PUBLIC_URL_KEY, self.base_url)
+        await self.nodes.refresh(force=True)
+        self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
+        try:
+            yield
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.lifecycle.flush_activity()
+            await self.nodes.close()

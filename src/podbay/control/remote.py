@@ -1,0 +1,372 @@
+"""The nodes of a cluster as the control plane sees them: :class:`RemoteNode`
+(one node's internal API over HTTP) and :class:`ClusterNodes` (every
+enrolled node: placement, lost nodes, classes across them).
+
+What a replica knows of the nodes is the store's ``nodes`` table, re-read at
+most once a second (placement, each attach) and on every lifecycle pass, so
+replicas agree without talking to each other. A node is *lost* when its last
+heartbeat is older than ``cluster.node_lost_seconds``; its sandboxes are then
+reported ``lost`` and attach refuses them with ``SANDBOX_NODE_LOST`` (never
+recreated elsewhere while the node might come back) until an operator drains
+or forgets the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from podbay import internal
+from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain.node import NodeRecord
+from podbay.errors import ApiError
+from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.runtime.classes import CLASSES, is_class_name
+from podbay.signing import SigningKeys
+from podbay.store.postgres import PostgresStore
+from podbay.wire.codes import ErrorCode
+from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
+from podbay.wire.paths import SHARE_PREFIX
+
+from .nodes import Launch, Node
+from .services.environment import Building, Prepared
+
+log = logging.getLogger("podbay.cluster")
+#: Sandbox states that hold a place on their node.
+HELD = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.SUSPENDED)
+SANDBOX_PATH = "/sandbox/"
+
+
+def _raise_for(r: httpx.Response) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        doc = r.json()
+        code = ErrorCode(doc["code"])
+        message = str(doc["error"])
+    except Exception:
+        code, message = ErrorCode.INTERNAL, f"the node answered {r.status_code}"
+    if code is ErrorCode.NODE_CREDENTIAL_INVALID:
+        # The node does not take our calls: that is ours to fix, not the caller's.
+        code, message = ErrorCode.INTERNAL, f"the node refused the control plane: {message}"
+    raise ApiError(code, message)
+
+
+class RemoteNode:
+    """One node's internal API; the :class:`~podbay.control.nodes.Node` interface."""
+
+    def __init__(self, record: NodeRecord, client: httpx.AsyncClient, keys: SigningKeys) -> None:
+        self.record = record
+        self.name = record.name
+        self.url = record.url.rstrip("/")
+        self.client = client
+        self.keys = keys
+        self._token: tuple[str, float] | None = None
+        #: Attaches seen here, flushed with the lifecycle pass.
+        self._touched: dict[str, datetime] = {}
+
+    def _auth(self) -> dict[str, str]:
+        now = time.monotonic()
+        if self._token is None or now - self._token[1] > internal.NODE_CALL_SECONDS / 2:
+            self._token = (internal.mint_node_call(self.keys, self.name), now)
+        return {"Authorization": f"Bearer {self._token[0]}"}
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            r = await self.client.request(
+                method,
+                f"{self.url}{internal.PREFIX}{path}",
+                json=body,
+                headers=self._auth(),
+            )
+        except httpx.TransportError as exc:
+            raise ApiError(
+                ErrorCode.SANDBOX_START_FAILED if method != "GET" else ErrorCode.INTERNAL,
+                f"node {self.name} did not answer: {exc}",
+            ) from None
+        _raise_for(r)
+        return r.json() if r.content else None
+
+    def endpoint(self, sandbox_id: str) -> str:
+        return f"{self.url}{SANDBOX_PATH}{sandbox_id}"
+
+    def share_base(self) -> str:
+        return f"{self.url}{SHARE_PREFIX}"
+
+    # -- capacity ----------------------------------------------------------------------
+    async def shortfall(self) -> str | None:
+        return None  # the node refuses with HOST_DISK_FULL itself when it launches
+
+    def can_suspend(self, class_: str) -> bool:
+        return True  # every class suspends; a node that cannot stops instead
+
+    # -- machines ------------------------------------------------------------------------
+    async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
+        doc = await self._call(
+            "POST", "/prepare", {"deployment": internal.deployment_doc(deployment), "class": class_}
+        )
+        if "building" in doc:
+            return Building(int(doc["building"]))
+        return Prepared(key=str(doc["key"]))
+
+    async def take_warm(self, class_: str, prepared: Prepared) -> str | None:
+        doc = await self._call("POST", "/warm/take", {"class": class_, "key": prepared.key})
+        machine = doc.get("machine_id")
+        return machine if isinstance(machine, str) else None
+
+    async def give_back(self, class_: str, prepared: Prepared, machine_id: str) -> None:
+        await self._call(
+            "POST",
+            "/warm/give-back",
+            {"class": class_, "key": prepared.key, "machine_id": machine_id},
+        )
+
+    async def launch(self, order: Launch, prepared: Prepared, deployment: Deployment) -> None:
+        await self._call(
+            "POST",
+            "/launch",
+            {
+                "class": order.class_,
+                "machine_id": order.machine_id,
+                "hostname": order.hostname,
+                "labels": dict(order.labels),
+                "pooled": order.pooled,
+                "key": prepared.key,
+                "deployment": internal.deployment_doc(deployment),
+            },
+        )
+
+    async def _act(self, action: str, class_: str, machine_id: str) -> None:
+        await self._call("POST", f"/machines/{class_}/{machine_id}/{action}")
+
+    async def start(self, class_: str, machine_id: str) -> None:
+        await self._act("start", class_, machine_id)
+
+    async def suspend(self, class_: str, machine_id: str) -> None:
+        await self._act("suspend", class_, machine_id)
+
+    async def resume(self, class_: str, machine_id: str) -> None:
+        await self._act("resume", class_, machine_id)
+
+    async def stop(self, class_: str, machine_id: str) -> None:
+        await self._act("stop", class_, machine_id)
+
+    async def destroy(self, class_: str, machine_id: str) -> None:
+        await self._act("destroy", class_, machine_id)
+
+    async def state(self, class_: str, machine_id: str) -> MachineState:
+        doc = await self._call("GET", f"/machines/{class_}/{machine_id}")
+        return MachineState(doc["state"])
+
+    async def adopt(self) -> dict[str, list[ObservedMachine]]:
+        doc = await self._call("GET", "/machines")
+        return {
+            name: [
+                ObservedMachine(
+                    machine_id=m["machine_id"],
+                    state=MachineState(m["state"]),
+                    labels=m.get("labels", {}),
+                )
+                for m in seen
+            ]
+            for name, seen in doc.items()
+        }
+
+    # -- routes --------------------------------------------------------------------------
+    async def publish(self, sandbox: Sandbox) -> None:
+        await self._call(
+            "PUT",
+            f"/routes/{sandbox.id}",
+            {
+                "class": sandbox.class_,
+                "machine_id": sandbox.machine_id,
+                "incarnation": sandbox.incarnation,
+            },
+        )
+
+    async def withdraw(self, sandbox_id: str) -> None:
+        await self._call("DELETE", f"/routes/{sandbox_id}")
+
+    def routed(self, sandbox_id: str) -> bool:
+        return False  # unknown from here: publishing again is cheap and idempotent
+
+    # -- activity (data-plane activity arrives with the node's heartbeats) ----------------
+    def touch(self, sandbox_id: str) -> None:
+        self._touched[sandbox_id] = datetime.now(self.record.heartbeat_at.tzinfo)
+
+    def last_seen(self, sandbox_id: str) -> datetime | None:
+        return self._touched.get(sandbox_id)
+
+    def busy(self, sandbox_id: str) -> bool:
+        return sandbox_id in set(self.record.report.get("busy", []))
+
+    async def drain_activity(self) -> dict[str, datetime]:
+        seen, self._touched = self._touched, {}
+        return seen
+
+    def restore_activity(self, seen: Mapping[str, datetime]) -> None:
+        for sid, when in seen.items():
+            if sid not in self._touched or self._touched[sid] < when:
+                self._touched[sid] = when
+
+
+class ClusterNodes:
+    """Every enrolled node, from the store; the :class:`~podbay.control.nodes.Nodes` set."""
+
+    STALE_SECONDS = 1.0
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        keys: SigningKeys,
+        *,
+        lost_after: float,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.lost_after = lost_after
+        self.clock = clock
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        self._nodes: dict[str, RemoteNode] = {}
+        self._read_at = 0.0
+
+    async def refresh(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._read_at < self.STALE_SECONDS:
+            return
+        records = await self.store.list_nodes()
+        nodes: dict[str, RemoteNode] = {}
+        for record in records:
+            node = self._nodes.get(record.name)
+            if node is None or node.url != record.url.rstrip("/"):
+                node = RemoteNode(record, self.client, self.keys)
+            node.record = record
+            nodes[record.name] = node
+        self._nodes = nodes
+        self._read_at = time.monotonic()
+
+    def get(self, name: str) -> RemoteNode | None:
+        return self._nodes.get(name)
+
+    def records(self) -> list[NodeRecord]:
+        return [n.record for n in self._nodes.values()]
+
+    def lost(self, record: NodeRecord) -> bool:
+        return record.lost(self.clock(), self.lost_after)
+
+    # -- Nodes ---------------------------------------------------------------------------
+    def reachable(self, sandbox: Sandbox) -> bool:
+        node = self._nodes.get(sandbox.node)
+        return node is not None and not self.lost(node.record)
+
+    def of(self, sandbox: Sandbox) -> RemoteNode:
+        node = self._nodes.get(sandbox.node)
+        if node is None or self.lost(node.record):
+            raise ApiError(
+                ErrorCode.SANDBOX_NODE_LOST,
+                f"sandbox {sandbox.name!r} is on node {sandbox.node!r}, which stopped "
+                "answering; it is not recreated elsewhere while that node may come back "
+                "(an operator can `podbay node drain` or `forget` it)",
+            )
+        return node
+
+    def all(self) -> list[Node]:
+        return list(self._nodes.values())
+
+    def _usable(self) -> list[RemoteNode]:
+        return [
+            n
+            for n in self._nodes.values()
+            if not n.record.drained and not self.lost(n.record) and n.record.report.get("ready")
+        ]
+
+    async def place(self, class_: str) -> RemoteNode:
+        await self.refresh()
+        held = Counter(r.node for r in await self.store.list_sandboxes(states=list(HELD)))
+        candidates = []
+        for node in self._usable():
+            report = node.record.report
+            if class_ not in report.get("classes", []):
+                continue
+            room = int(report.get("capacity", 0)) - held[node.name]
+            if room <= 0:
+                continue
+            warm = int(report.get("warm", {}).get(class_, 0))
+            # Warm machines first (no boot), then the emptiest node.
+            candidates.append((warm <= 0, held[node.name] / max(1, room + held[node.name]), node))
+        if not candidates:
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE,
+                f"no node has room for a sandbox of class {class_!r} now",
+                retry_after=2,
+            )
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        return candidates[0][2]
+
+    def _classes(self, *, drained: bool = False) -> list[str]:
+        nodes = (
+            [n for n in self._nodes.values() if not self.lost(n.record)]
+            if drained
+            else self._usable()
+        )
+        running = {c for n in nodes for c in n.record.report.get("classes", [])}
+        return [c for c in CLASSES if c in running]
+
+    def resolve(self, requested: str) -> str:
+        if not is_class_name(requested):
+            raise ApiError(
+                ErrorCode.SANDBOX_CLASS_UNKNOWN,
+                f"unknown sandbox class {requested!r}; classes are "
+                f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}",
+            )
+        if requested != DEFAULT_SANDBOX_CLASS:
+            return self.require(requested)
+        defaults = Counter(
+            n.record.report.get("default") for n in self._usable() if n.record.report.get("default")
+        )
+        if not defaults:
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE,
+                "no node is ready to run sandboxes now",
+                retry_after=2,
+            )
+        return str(defaults.most_common(1)[0][0])
+
+    def require(self, class_: str) -> str:
+        running = self._classes(drained=True)
+        if class_ in running:
+            return class_
+        if not running and not self._nodes:
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE, "no node is enrolled yet", retry_after=2
+            )
+        raise ApiError(
+            ErrorCode.SANDBOX_CLASS_UNAVAILABLE,
+            f"sandbox class {class_!r} is not available on any node; they can run: "
+            f"{', '.join(running) or 'none'}",
+        )
+
+    def works(self, class_: str) -> bool:
+        """Some node that is not lost runs it (drained ones too: their
+        sandboxes still live there)."""
+        return class_ in self._classes(drained=True)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def node_keys_doc(keys: Any) -> dict[str, Any]:
+    """The public half of every signing key, for nodes."""
+    return {
+        "keys": [
+            {"kid": kid, "public": internal.public_key_text(keys.public_key(kid))}
+            for kid in keys.kids()
+            if keys.public_key(kid) is not None
+        ]
+    }

@@ -1,0 +1,123 @@
+"""The internal API between the control plane and its nodes: paths, who may
+call, and how a deployment travels. Shared by both sides, never public.
+
+Two credentials, each good for one direction only:
+
+* **node credential**: an opaque random string the control plane hands a
+  node at enrollment (it keeps only its SHA-256). The node presents it on
+  every call to the control plane (heartbeat, public keys).
+* **control call**: a short-lived EdDSA JWT the control plane signs for one
+  node (``aud`` = :data:`NODE_CALL_AUDIENCE`, ``sub`` = node name). The node
+  checks it with the control plane's public keys, like a data-plane credential.
+
+A data-plane credential (``aud`` = ``podbay:data-plane``) is neither: its
+audience refuses it on a node's internal API, and it hashes to no node on
+the control plane's. Neither internal credential passes the gateway, whose
+audience is the data plane's.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from podbay.domain import Deployment
+from podbay.errors import ApiError
+from podbay.signing import SigningKeys, TokenKind, VerifyingKeys, sign, verify
+from podbay.wire.codes import ErrorCode
+
+PREFIX = "/internal/v1"
+ENROLL = f"{PREFIX}/nodes/enroll"
+HEARTBEAT = f"{PREFIX}/nodes/heartbeat"
+KEYS = f"{PREFIX}/keys"
+
+NODE_CALL_AUDIENCE = "podbay:node-call"
+NODE_CALL = TokenKind(ErrorCode.NODE_CREDENTIAL_INVALID, "control-plane call credential")
+#: Life of a control call's token; the control plane reuses one for half of it.
+NODE_CALL_SECONDS = 120
+NODE_CREDENTIAL_PREFIX = "pbn_"
+
+
+def new_node_credential() -> str:
+    return NODE_CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+
+
+def credential_hash(credential: str) -> str:
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+def enrollment_matches(offered: str, expected: str) -> bool:
+    """Constant-time; an empty expected token enrolls nobody."""
+    return bool(expected) and secrets.compare_digest(offered.encode(), expected.encode())
+
+
+def refused(message: str) -> ApiError:
+    return ApiError(ErrorCode.NODE_CREDENTIAL_INVALID, message)
+
+
+def bearer(header: str | None) -> str:
+    scheme, _, value = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise refused("an internal call needs Authorization: Bearer <credential>")
+    return value.strip()
+
+
+def mint_node_call(keys: SigningKeys, node: str) -> str:
+    now = int(time.time())
+    return sign(
+        keys, {"aud": NODE_CALL_AUDIENCE, "sub": node, "iat": now, "exp": now + NODE_CALL_SECONDS}
+    )
+
+
+def verify_node_call(keys: VerifyingKeys, token: str, node: str) -> None:
+    """A control call meant for ``node``; else 401 ``NODE_CREDENTIAL_INVALID``."""
+    claims = verify(
+        keys, token, NODE_CALL, require=["sub", "exp", "aud"], audience=NODE_CALL_AUDIENCE
+    )
+    if claims.get("sub") != node:
+        raise refused("this control-plane call was meant for another node")
+
+
+# -- public keys ------------------------------------------------------------------------
+def public_key_text(key: Ed25519PublicKey) -> str:
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def public_key_from_text(text: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(text))
+
+
+# -- deployments as a node needs them (for its declared environment) ---------------------
+def deployment_doc(d: Deployment) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "name": d.name,
+        "account": d.account,
+        "sandbox_section": d.sandbox_section,
+    }
+
+
+def deployment_from(doc: Any) -> Deployment:
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(k), str) for k in ("id", "name", "account")
+    ):
+        raise ApiError(ErrorCode.REQUEST_INVALID, "deployment: id, name and account are required")
+    section = doc.get("sandbox_section")
+    epoch = datetime.fromtimestamp(0, UTC)
+    return Deployment(
+        id=doc["id"],
+        name=doc["name"],
+        account=doc["account"],
+        spec_text="",
+        sandbox_section=section if isinstance(section, dict) else None,
+        created_at=epoch,
+        updated_at=epoch,
+    )

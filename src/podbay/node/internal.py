@@ -1,0 +1,206 @@
+"""A node's internal API (``/internal/v1``): the control plane's calls, each
+carrying a control-call token signed for this node (:mod:`podbay.internal`).
+
+Each route is one :class:`~podbay.control.nodes.Node` method of the node's
+:class:`~podbay.node.local.LocalNode`; refusals travel as the contract's
+``{"error", "code"}`` and are raised again on the control plane's side.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from podbay import internal
+from podbay.control.nodes import Launch
+from podbay.control.services.environment import Building, Prepared
+from podbay.domain import Sandbox, SandboxState
+from podbay.errors import ApiError
+from podbay.runtime.base import check_machine_id
+from podbay.wire.codes import ErrorCode
+
+if TYPE_CHECKING:
+    from .server import NodeServer
+
+P = internal.PREFIX
+MACHINE_ACTIONS = ("start", "suspend", "resume", "stop", "destroy")
+
+
+def _invalid(what: str) -> ApiError:
+    return ApiError(ErrorCode.REQUEST_INVALID, what)
+
+
+async def _authorized(request: Request) -> NodeServer:
+    node: NodeServer = request.app.state.node
+    internal.verify_node_call(
+        node.keys, internal.bearer(request.headers.get("authorization")), node.name
+    )
+    return node
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        doc = json.loads(await request.body() or b"{}")
+    except ValueError:
+        raise _invalid("the body is not JSON") from None
+    if not isinstance(doc, dict):
+        raise _invalid("the body must be a JSON object")
+    return doc
+
+
+def _str(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str):
+        raise _invalid(f"{key} must be a string")
+    return value
+
+
+def _machine(value: str) -> str:
+    try:
+        return check_machine_id(value)
+    except ValueError:
+        raise _invalid("invalid machine id") from None
+
+
+def _class(node: NodeServer, value: str) -> str:
+    return node.classes.require(value)
+
+
+def _prepared(node: NodeServer, key: str) -> Prepared:
+    prepared = node.prepared.get(key)
+    if prepared is None:
+        raise _invalid("unknown environment key; prepare first")
+    return prepared
+
+
+async def prepare(request: Request) -> Response:
+    node = await _authorized(request)
+    doc = await _body(request)
+    deployment = internal.deployment_from(doc.get("deployment"))
+    result = await node.node.prepare(deployment, _class(node, _str(doc, "class")))
+    if isinstance(result, Building):
+        return JSONResponse({"building": result.retry_after_seconds})
+    node.prepared[result.key] = result
+    return JSONResponse({"key": result.key})
+
+
+async def take_warm(request: Request) -> Response:
+    node = await _authorized(request)
+    doc = await _body(request)
+    prepared = node.prepared.get(_str(doc, "key"))
+    if prepared is None:
+        return JSONResponse({"machine_id": None})
+    machine = await node.node.take_warm(_class(node, _str(doc, "class")), prepared)
+    return JSONResponse({"machine_id": machine})
+
+
+async def give_back(request: Request) -> Response:
+    node = await _authorized(request)
+    doc = await _body(request)
+    prepared = _prepared(node, _str(doc, "key"))
+    await node.node.give_back(
+        _class(node, _str(doc, "class")), prepared, _machine(_str(doc, "machine_id"))
+    )
+    return Response(status_code=204)
+
+
+async def launch(request: Request) -> Response:
+    node = await _authorized(request)
+    doc = await _body(request)
+    labels = doc.get("labels")
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise _invalid("labels must map strings to strings")
+    order = Launch(
+        class_=_class(node, _str(doc, "class")),
+        machine_id=_machine(_str(doc, "machine_id")),
+        hostname=_str(doc, "hostname"),
+        labels=labels,
+        pooled=bool(doc.get("pooled")),
+    )
+    deployment = internal.deployment_from(doc.get("deployment"))
+    await node.node.launch(order, _prepared(node, _str(doc, "key")), deployment)
+    return Response(status_code=204)
+
+
+async def machine_action(request: Request) -> Response:
+    node = await _authorized(request)
+    class_ = _class(node, request.path_params["class_"])
+    machine = _machine(request.path_params["machine"])
+    action = request.path_params["action"]
+    if action not in MACHINE_ACTIONS:
+        raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such machine action")
+    await getattr(node.node, action)(class_, machine)
+    return Response(status_code=204)
+
+
+async def machine_state(request: Request) -> Response:
+    node = await _authorized(request)
+    class_ = _class(node, request.path_params["class_"])
+    state = await node.node.state(class_, _machine(request.path_params["machine"]))
+    return JSONResponse({"state": state.value})
+
+
+async def machines(request: Request) -> Response:
+    node = await _authorized(request)
+    observed = await node.node.adopt()
+    return JSONResponse(
+        {
+            name: [
+                {"machine_id": m.machine_id, "state": m.state.value, "labels": dict(m.labels)}
+                for m in seen
+            ]
+            for name, seen in observed.items()
+        }
+    )
+
+
+async def publish(request: Request) -> Response:
+    node = await _authorized(request)
+    doc = await _body(request)
+    incarnation = doc.get("incarnation")
+    if not isinstance(incarnation, int) or isinstance(incarnation, bool):
+        raise _invalid("incarnation must be an integer")
+    epoch = datetime.now(UTC)
+    sandbox = Sandbox(
+        id=request.path_params["sandbox"],
+        deployment_id="",
+        account="",
+        name="",
+        class_=_class(node, _str(doc, "class")),
+        state=SandboxState.RUNNING,
+        machine_id=_machine(_str(doc, "machine_id")),
+        created_at=epoch,
+        last_active_at=epoch,
+        started_at=None,
+        ceiling_at=None,
+        incarnation=incarnation,
+        node=node.name,
+    )
+    await node.node.publish(sandbox)
+    return Response(status_code=204)
+
+
+async def withdraw(request: Request) -> Response:
+    node = await _authorized(request)
+    await node.node.withdraw(request.path_params["sandbox"])
+    return Response(status_code=204)
+
+
+routes = [
+    Route(f"{P}/prepare", prepare, methods=["POST"]),
+    Route(f"{P}/warm/take", take_warm, methods=["POST"]),
+    Route(f"{P}/warm/give-back", give_back, methods=["POST"]),
+    Route(f"{P}/launch", launch, methods=["POST"]),
+    Route(f"{P}/machines", machines, methods=["GET"]),
+    Route(f"{P}/machines/{{class_}}/{{machine}}", machine_state, methods=["GET"]),
+    Route(f"{P}/machines/{{class_}}/{{machine}}/{{action}}", machine_action, methods=["POST"]),
+    Route(f"{P}/routes/{{sandbox}}", publish, methods=["PUT"]),
+    Route(f"{P}/routes/{{sandbox}}", withdraw, methods=["DELETE"]),
+]

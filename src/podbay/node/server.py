@@ -1,0 +1,363 @@
+"""``podbay node``: one sandbox host of a cluster.
+
+One ASGI app on one port: the public data plane (the gateway, ``/sandbox/<id>/...``
+and share links, exactly as ``serve``'s) and the internal API the control
+plane drives it through (``/internal/v1/...``, :mod:`podbay.node.internal`).
+At start it proves its classes (like ``serve``), fills the default class's
+warm pool, enrolls with the control plane (``cluster.enrollment_token`` →
+a node credential kept in ``<data_dir>/node-credential``, 0600) and then
+heartbeats every ``cluster.heartbeat_seconds``: classes, capacity, warm
+machines, activity since the last beat and requests in flight.
+
+Data-plane credentials are checked here with the control plane's public
+keys (:class:`ControlKeys`), fetched with the node credential and fetched
+again when a token names a key not seen yet (rotation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from podbay import internal
+from podbay.asgi import Receive, Scope, Send
+from podbay.control import errors
+from podbay.control.metrics import Metrics
+from podbay.control.services.classes import ClassCheck, ClassProof, ClassRuntimes
+from podbay.control.services.environment import EnvironmentService, PlainEnvironment, Prepared
+from podbay.control.services.pool import POOL_LABEL, WarmPool
+from podbay.gateway.activity import ActivityTracker
+from podbay.gateway.app import Gateway
+from podbay.gateway.credentials import CredentialVerifier
+from podbay.gateway.routes import RouteTable
+from podbay.runtime.base import Driver, Limits
+from podbay.runtime.classes import enabled_classes
+from podbay.runtime.hostdisk import reserve_shortfall
+from podbay.settings import Settings
+
+from .internal import routes as internal_routes
+from .local import LocalNode
+
+log = logging.getLogger("podbay.node")
+CREDENTIAL_FILE = "node-credential"
+
+
+class ControlKeys:
+    """The control plane's public keys, as a node verifies tokens with them.
+
+    Fetched with the node credential; a kid not seen yet makes it fetch again
+    (a rotation), at most once a second, so a forged kid costs no more."""
+
+    REFETCH_INTERVAL = 1.0
+
+    def __init__(self, control_url: str, credential: str) -> None:
+        self.url = control_url.rstrip("/") + internal.KEYS
+        self.credential = credential
+        self._keys: dict[str, Ed25519PublicKey] = {}
+        self._fetched_at = 0.0
+
+    def public_key(self, kid: str) -> Ed25519PublicKey | None:
+        key = self._keys.get(kid)
+        if key is None and time.monotonic() - self._fetched_at >= self.REFETCH_INTERVAL:
+            with contextlib.suppress(Exception):
+                self._apply(self._get_sync())
+            key = self._keys.get(kid)
+        return key
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.credential}"}
+
+    def _get_sync(self) -> Any:
+        self._fetched_at = time.monotonic()
+        r = httpx.get(self.url, headers=self._headers(), timeout=3.0)
+        r.raise_for_status()
+        return r.json()
+
+    async def fetch(self, client: httpx.AsyncClient) -> None:
+        self._fetched_at = time.monotonic()
+        r = await client.get(self.url, headers=self._headers())
+        r.raise_for_status()
+        self._apply(r.json())
+
+    def _apply(self, doc: Any) -> None:
+        keys = {}
+        for entry in doc.get("keys", []):
+            keys[str(entry["kid"])] = internal.public_key_from_text(str(entry["public"]))
+        self._keys = keys
+
+
+def capacity(settings: Settings) -> int:
+    """How many sandboxes this node holds at most (``node.max_sandboxes``, else
+    as many as its memory holds at ``runtime.memory_bytes`` each)."""
+    if settings.node.max_sandboxes > 0:
+        return settings.node.max_sandboxes
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1
+    return max(1, total // max(1, settings.runtime.memory_bytes))
+
+
+class NodeServer:
+    """Everything one ``podbay node`` holds, and its ASGI entry point."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        drivers: Mapping[str, Driver],
+        *,
+        environment: EnvironmentService | None = None,
+        check: ClassCheck | None = None,
+        prove: ClassProof | None = None,
+        missing: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.node.name or socket.gethostname()
+        self.url = (
+            settings.node.advertise_url or f"http://{settings.server.host}:{settings.server.port}"
+        ).rstrip("/")
+        if not settings.node.control_url:
+            raise ValueError("node.control_url (PODBAY_NODE_CONTROL_URL) is required")
+        self.control_url = settings.node.control_url.rstrip("/")
+        self.metrics = Metrics()
+        self.classes = ClassRuntimes(
+            enabled_classes(settings),
+            drivers,
+            pin=settings.runtime.default_class.strip(),
+            missing=missing,
+        )
+        self._check = check
+        self._prove = prove
+        rt = settings.runtime
+        limits = Limits(
+            memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
+        )
+        shortfall = functools.partial(reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes)
+        self.pools: dict[str, WarmPool] = {
+            name: WarmPool(driver, limits, rt.warm_pool, shortfall=shortfall)
+            for name, driver in self.classes.drivers.items()
+            if rt.warm_pool > 0
+        }
+        self.routes = RouteTable()
+        self.activity = ActivityTracker()
+        self.node = LocalNode(
+            name=self.name,
+            base_url=self.url,
+            classes=self.classes,
+            environment=environment or PlainEnvironment(),
+            pools=self.pools,
+            routes=self.routes,
+            activity=self.activity,
+            limits=limits,
+            shortfall=shortfall,
+        )
+        #: Environments this node prepared, by key: the control plane names them by key.
+        self.prepared: dict[str, Prepared] = {"": Prepared()}
+        self.credential = self._read_credential()
+        self.keys = ControlKeys(self.control_url, self.credential or "")
+        self.verifier = CredentialVerifier(self.keys)
+        self._unreachable: set[str] = set()
+        self.gateway = Gateway(
+            self.verifier,
+            self.routes,
+            self.activity,
+            observe=self.metrics.observe_gateway,
+            on_refusal=self.metrics.refused,
+            on_unreachable=self._unreachable.add,
+            default_user=settings.runtime.default_user or None,
+        )
+        self.boot = secrets.token_hex(8)
+        self.ready = False
+        self.enrolled = False
+        self.startup_error: str | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.client = httpx.AsyncClient(timeout=10.0)
+        self.internal = Starlette(
+            routes=[Route("/healthz", self._healthz, methods=["GET"]), *internal_routes],
+            exception_handlers=errors.handlers,
+            lifespan=self._lifespan,
+        )
+        self.internal.state.node = self
+
+    # -- credential --------------------------------------------------------------------
+    @property
+    def _credential_path(self) -> Path:
+        return self.settings.data_dir / CREDENTIAL_FILE
+
+    def _read_credential(self) -> str | None:
+        try:
+            return self._credential_path.read_text().strip() or None
+        except OSError:
+            return None
+
+    def _write_credential(self, credential: str) -> None:
+        path = self._credential_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential + "\n")
+        os.replace(tmp, path)
+
+    # -- ASGI ----------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] == "lifespan" or path.startswith(internal.PREFIX) or path == "/healthz":
+            await self.internal(scope, receive, send)
+            return
+        await self.gateway(scope, receive, send)
+
+    async def _healthz(self, request: Request) -> Response:
+        ok = self.ready and self.enrolled
+        body = {
+            "ready": ok,
+            "node": self.name,
+            "enrolled": self.enrolled,
+            "classes": self.classes.describe(),
+            "error": self.startup_error,
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    # -- reports -------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "classes": list(self.classes.available),
+            "default": self.classes.default,
+            "capacity": capacity(self.settings),
+            "running": len(self.routes),
+            "warm": {name: len(pool) for name, pool in self.pools.items()},
+            "busy": sorted(self.activity.busy_ids()),
+            "boot": self.boot,
+        }
+
+    async def enroll(self) -> None:
+        body = {
+            "name": self.name,
+            "url": self.url,
+            "token": self.settings.cluster.enrollment_token,
+            "report": self.report(),
+        }
+        r = await self.client.post(self.control_url + internal.ENROLL, json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"enrollment refused ({r.status_code}): {r.text[:300]}")
+        credential = str(r.json()["credential"])
+        self._write_credential(credential)
+        self.credential = self.keys.credential = credential
+        await self.keys.fetch(self.client)
+        self.enrolled = True
+        log.info("enrolled with %s as %s", self.control_url, self.name)
+
+    async def heartbeat(self) -> None:
+        seen = self.activity.drain()
+        body = {
+            "report": self.report(),
+            "activity": {sid: when.timestamp() for sid, when in seen.items()},
+            "unreachable": sorted(self._unreachable),
+        }
+        try:
+            r = await self.client.post(
+                self.control_url + internal.HEARTBEAT,
+                content=json.dumps(body),
+                headers={
+                    "Authorization": f"Bearer {self.credential}",
+                    "Content-Type": "application/json",
+                },
+            )
+        except Exception:
+            self.activity.restore(seen)
+            raise
+        if r.status_code == 401:  # forgotten, or the credential was replaced: enroll again
+            self.activity.restore(seen)
+            self.enrolled = False
+            await self.enroll()
+            return
+        if r.status_code != 200:
+            self.activity.restore(seen)
+            raise RuntimeError(f"heartbeat refused ({r.status_code}): {r.text[:300]}")
+        self._unreachable.clear()
+
+    async def _beat_forever(self) -> None:
+        while True:
+            try:
+                if not self.enrolled:
+                    if self.credential:
+                        self.enrolled = True  # try the kept credential; a 401 re-enrolls
+                        await self.keys.fetch(self.client)
+                    else:
+                        await self.enroll()
+                await self.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("control plane unreachable: %s", exc)
+            await asyncio.sleep(self.settings.cluster.heartbeat_seconds)
+
+    # -- start and stop ------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._tasks.append(asyncio.create_task(self._start()))
+        try:
+            yield
+        finally:
+            await self.shutdown()
+
+    async def _start(self) -> None:
+        try:
+            await self.classes.start(self._check, self._prove)
+        except Exception as exc:
+            log.exception("the runtime could not start")
+            self.startup_error = str(exc)
+            return
+        await self._clear_old_pool()
+        default_pool = self.pools.get(self.classes.default or "")
+        if default_pool is not None:
+            default_pool.refill(Prepared(), delay=0.0)
+            await default_pool.wait_filled()
+        self.ready = True
+        log.info("node %s ready (classes %s)", self.name, list(self.classes.available))
+        self._tasks.append(asyncio.create_task(self._beat_forever()))
+
+    async def _clear_old_pool(self) -> None:
+        """Pool machines of a previous run are nobody's: destroy them before
+        filling (the control plane's reconcile leaves pool machines to us)."""
+        for name, seen in (await self.node.adopt()).items():
+            for machine in seen:
+                if POOL_LABEL in machine.labels:
+                    with contextlib.suppress(Exception):
+                        await self.classes.driver(name).destroy(machine.machine_id)
+
+    async def shutdown(self) -> None:
+        await self.classes.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for pool in self.pools.values():
+            await pool.close(destroy=True)
+        await self.routes.close()
+        close_environment = getattr(self.node.environment, "close", None)
+        if close_environment is not None:
+            with contextlib.suppress(Exception):
+                await close_environment()
+        for driver in self.classes.drivers.values():
+            with contextlib.suppress(Exception):
+                await driver.close()
+        await self.client.aclose()

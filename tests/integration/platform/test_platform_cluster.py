@@ -1,0 +1,193 @@
+"""Split roles on one machine, through the HTTP API: a temporary PostgreSQL,
+two ``podbay control`` replicas and two ``podbay node`` hosts (real runc
+sandboxes). The tests share one cluster and run in file order; the last one
+kills a node."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from podbay.testing.cluster import LocalCluster
+
+pytestmark = pytest.mark.root
+LOST_SECONDS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(
+        tmp_path_factory.mktemp("cluster"),
+        controls=2,
+        nodes=2,
+        env={
+            "PODBAY_CLUSTER_NODE_LOST_SECONDS": str(LOST_SECONDS),
+            "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "1",
+        },
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def token(cluster: LocalCluster) -> str:
+    return cluster.create_deployment("cluster-agent")
+
+
+def _exec(handle: dict[str, Any], *argv: str) -> httpx.Response:
+    return httpx.post(
+        handle["endpoint"] + "/v1/exec",
+        headers=handle["headers"],
+        json={"command": list(argv)},
+        timeout=60,
+    )
+
+
+def _node_of(cluster: LocalCluster, handle: dict[str, Any]) -> str:
+    for node in cluster.nodes:
+        if handle["endpoint"].startswith(node.url + "/"):
+            return node.name
+    raise AssertionError(f"endpoint {handle['endpoint']} is on no node")
+
+
+def _kid(credential: str) -> str:
+    head = credential.split(".")[0]
+    return str(json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))["kid"])
+
+
+def test_sandboxes_are_placed_on_nodes_and_served_there(cluster, token):
+    handles = []
+    for i in range(4):
+        r = cluster.attach(token, f"spread-{i}", control=i % 2)
+        assert r.status_code == 200, r.text
+        handles.append(r.json())
+    # The data plane is the node's own: endpoints name nodes, never a control replica.
+    assert {_node_of(cluster, h) for h in handles} == {"node-0", "node-1"}
+    for i, h in enumerate(handles):
+        answer = _exec(h, "hostname")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["stdout"].strip() == f"spread-{i}"
+    # Either replica answers for any sandbox, and it stays where it was made.
+    again = cluster.attach(token, "spread-0", control=1).json()
+    assert again["start"] == "reused" and again["endpoint"] == handles[0]["endpoint"]
+
+
+def test_replicas_racing_on_one_new_name_make_one_sandbox(cluster, token):
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda i: cluster.attach(token, "raced", control=i % 2), range(12)))
+    assert [r.status_code for r in answers] == [200] * 12, [r.text for r in answers]
+    assert len({r.json()["endpoint"] for r in answers}) == 1
+    assert sorted(r.json()["start"] for r in answers).count("created") == 1
+    listed = httpx.get(
+        cluster.control_url + "/api/v1/sandboxes",
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()["sandboxes"]
+    assert [s["name"] for s in listed].count("raced") == 1
+
+
+def test_a_suspended_sandbox_resumes_on_its_node(cluster, token):
+    first = cluster.attach(token, "sleeper").json()
+    assert _exec(first, "sh", "-c", "echo kept > /tmp/mark").status_code == 200
+    auth = {"Authorization": f"Bearer {token}"}
+    stop = httpx.post(cluster.controls[1].url + "/api/v1/sandboxes/sleeper/stop", headers=auth)
+    assert stop.status_code == 204, stop.text
+    record = httpx.get(cluster.control_url + "/api/v1/sandboxes/sleeper", headers=auth).json()
+    assert record["state"] == "suspended"
+    resumed = cluster.attach(token, "sleeper").json()
+    assert resumed["start"] == "resumed" and resumed["endpoint"] == first["endpoint"]
+    assert _exec(resumed, "cat", "/tmp/mark").json()["stdout"] == "kept\n"
+
+
+def test_node_and_data_plane_credentials_are_never_interchangeable(cluster, token):
+    handle = cluster.attach(token, "creds").json()
+    credential = handle["headers"]["X-Podbay-Credential"]
+    node = next(n for n in cluster.nodes if n.name == _node_of(cluster, handle))
+    node_credential = (cluster.root / node.name / "node-credential").read_text().strip()
+
+    def code(r: httpx.Response) -> tuple[int, str]:
+        return r.status_code, r.json()["code"]
+
+    refused = (401, "NODE_CREDENTIAL_INVALID")
+    # A data-plane credential, an identity token or nothing: not a control call on the node.
+    for bearer in (credential, token, node_credential, None):
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        assert code(httpx.get(node.url + "/internal/v1/machines", headers=headers)) == refused
+    # ...nor a node's credential on the control plane.
+    for bearer in (credential, token):
+        r = httpx.get(
+            cluster.control_url + "/internal/v1/keys", headers={"Authorization": f"Bearer {bearer}"}
+        )
+        assert code(r) == refused
+    assert (
+        httpx.get(
+            cluster.control_url + "/internal/v1/keys",
+            headers={"Authorization": f"Bearer {node_credential}"},
+        ).status_code
+        == 200
+    )
+    # The node's credential is no data-plane credential either.
+    r = httpx.post(
+        handle["endpoint"] + "/v1/exec",
+        headers={"X-Podbay-Credential": node_credential},
+        json={"command": ["true"]},
+    )
+    assert code(r) == (401, "CREDENTIAL_INVALID")
+    # Enrolling needs the enrollment token.
+    r = httpx.post(
+        cluster.control_url + "/internal/v1/nodes/enroll",
+        json={"name": "intruder", "url": "http://127.0.0.1:9", "token": "guess", "report": {}},
+    )
+    assert code(r) == refused
+
+
+def test_a_rotated_key_signs_and_nodes_fetch_it(cluster, token):
+    before = cluster.attach(token, "rotation").json()
+    kid = cluster.cli("deployment", "keys", "rotate").stdout.strip()
+    assert kid != _kid(before["headers"]["X-Podbay-Credential"])
+    deadline = time.monotonic() + 30
+    while True:  # each replica re-reads the keys every lifecycle pass (1 s here)
+        handle = cluster.attach(token, "rotation", control=1).json()
+        if _kid(handle["headers"]["X-Podbay-Credential"]) == kid:
+            break
+        assert time.monotonic() < deadline, "the replica never signed with the new key"
+        time.sleep(0.5)
+    assert _exec(handle, "true").status_code == 200  # the node fetched the new public key
+    assert _exec(before, "true").status_code == 200  # the old key still verifies
+
+
+def test_a_killed_node_is_lost_until_drained(cluster, token):
+    auth = {"Authorization": f"Bearer {token}"}
+    victim = cluster.nodes[1]
+    on_victim = cluster.attach(token, "doomed")
+    # Place one on each node (the emptier one wins), then note which is which.
+    names = [f"lose-{i}" for i in range(3)]
+    handles = {n: cluster.attach(token, n).json() for n in names}
+    assert on_victim.status_code == 200
+    doomed = [n for n, h in handles.items() if _node_of(cluster, h) == victim.name]
+    kept = [n for n, h in handles.items() if _node_of(cluster, h) != victim.name]
+    assert doomed and kept
+    victim.kill9()
+    deadline = time.monotonic() + LOST_SECONDS + 20
+    while True:
+        record = httpx.get(f"{cluster.control_url}/api/v1/sandboxes/{doomed[0]}", headers=auth)
+        if record.json()["state"] == "lost":
+            break
+        assert time.monotonic() < deadline, "the sandbox was never reported lost"
+        time.sleep(0.5)
+    refused = cluster.attach(token, doomed[0], control=1)
+    assert refused.status_code == 409 and refused.json()["code"] == "SANDBOX_NODE_LOST"
+    assert "drain" in refused.json()["error"]
+    # The other node's sandboxes are untouched.
+    assert _exec(cluster.attach(token, kept[0]).json(), "true").status_code == 200
+    listed = json.loads(cluster.cli("node", "list", "--json").stdout)
+    assert {n["name"]: n["state"] for n in listed} == {"node-0": "ready", victim.name: "lost"}
+    cluster.cli("node", "drain", victim.name)
+    fresh = cluster.attach(token, doomed[0])
+    assert fresh.status_code == 200, fresh.text
+    assert fresh.json()["start"] == "created" and _node_of(cluster, fresh.json()) == "node-0"
