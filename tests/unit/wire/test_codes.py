@@ -30,6 +30,8 @@ def test_contract_statuses() -> None:
         ErrorCode.CREDENTIAL_INVALID,
         ErrorCode.SANDBOX_NOT_RUNNING,
         ErrorCode.CREDENTIAL_WRONG_SANDBOX,
+        # Answered only on /internal/v1 (control plane and nodes), never to a client.
+        ErrorCode.NODE_CREDENTIAL_INVALID,
     }
 
 
