@@ -18,7 +18,7 @@ import pytest
 from podbay.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.root
-LOST_SECONDS = 4
+LOST_SECONDS = 8
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,18 @@ def test_a_rotated_key_signs_and_nodes_fetch_it(cluster, token):
         time.sleep(0.5)
     assert _exec(handle, "true").status_code == 200  # the node fetched the new public key
     assert _exec(before, "true").status_code == 200  # the old key still verifies
+
+
+def test_a_restarted_node_keeps_its_sandboxes(cluster, token):
+    handle = cluster.attach(token, "survivor").json()
+    assert _exec(handle, "sh", "-c", "echo still > /tmp/here").status_code == 200
+    node = next(n for n in cluster.nodes if n.name == _node_of(cluster, handle))
+    node.stop()  # SIGTERM: sandboxes keep running; the next start adopts them
+    node.spawn()
+    node.wait_ready()
+    again = cluster.attach(token, "survivor").json()
+    assert again["endpoint"] == handle["endpoint"] and again["start"] == "reused"
+    assert _exec(again, "cat", "/tmp/here").json()["stdout"] == "still\n"
 
 
 def test_a_killed_node_is_lost_until_drained(cluster, token):
