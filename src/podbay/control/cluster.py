@@ -252,11 +252,14 @@ class ControlPlane:
         if before is not None and before.report.get("boot") != report.get("boot"):
             await self.nodes.refresh(force=True)
             self._reconcile_later(record.name)  # the node restarted: make rows and machines agree
-        return JSONResponse({"ok": True})
+        # The kids in use, so a node fetches a rotated key before a token needs it.
+        return JSONResponse({"ok": True, "kids": self.keys.kids()})
 
     async def _keys(self, request: Request) -> Response:
         await self._node(request)
-        await self.keys.refresh_if_stale()
+        # Always from the store: a node asks when a token names a kid it lacks,
+        # which another replica may have started signing with a moment ago.
+        await self.keys.refresh()
         return JSONResponse(node_keys_doc(self.keys))
 
     # -- background ----------------------------------------------------------------------

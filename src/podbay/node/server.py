@@ -81,6 +81,9 @@ class ControlKeys:
             key = self._keys.get(kid)
         return key
 
+    def kids(self) -> set[str]:
+        return set(self._keys)
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.credential}"}
 
@@ -293,6 +296,9 @@ class NodeServer:
             self.activity.restore(seen)
             raise RuntimeError(f"heartbeat refused ({r.status_code}): {r.text[:300]}")
         self._unreachable.clear()
+        kids = r.json().get("kids")
+        if isinstance(kids, list) and set(kids) != self.keys.kids():
+            await self.keys.fetch(self.client)
 
     async def _beat_forever(self) -> None:
         while True:

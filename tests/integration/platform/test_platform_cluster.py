@@ -1,7 +1,8 @@
 """Split roles on one machine, through the HTTP API: a temporary PostgreSQL,
-two ``podbay control`` replicas and two ``podbay node`` hosts (real runc
-sandboxes). The tests share one cluster and run in file order; the last one
-kills a node."""
+two ``podbay control`` replicas (behind haproxy) and two ``podbay node``
+hosts with real runc sandboxes. Calls go to one replica or the other
+directly where the test is about replicas. The tests share one cluster and
+run in file order; the last one kills a node."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from podbay.testing.cluster import LocalCluster
+from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
 LOST_SECONDS = 8
@@ -28,6 +30,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         controls=2,
         nodes=2,
         env={
+            "PODBAY_CLUSTER_HEARTBEAT_SECONDS": "0.5",
             "PODBAY_CLUSTER_NODE_LOST_SECONDS": str(LOST_SECONDS),
             "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "1",
         },
@@ -40,6 +43,14 @@ def token(cluster: LocalCluster) -> str:
     return cluster.create_deployment("cluster-agent")
 
 
+def _attach(cluster: LocalCluster, token: str, name: str, control: int = 0) -> httpx.Response:
+    return cluster.controls[control].attach(token, name)
+
+
+def _name(node: PlatformServer) -> str:
+    return node.env["PODBAY_NODE_NAME"]
+
+
 def _exec(handle: dict[str, Any], *argv: str) -> httpx.Response:
     return httpx.post(
         handle["endpoint"] + "/v1/exec",
@@ -50,10 +61,7 @@ def _exec(handle: dict[str, Any], *argv: str) -> httpx.Response:
 
 
 def _node_of(cluster: LocalCluster, handle: dict[str, Any]) -> str:
-    for node in cluster.nodes:
-        if handle["endpoint"].startswith(node.url + "/"):
-            return node.name
-    raise AssertionError(f"endpoint {handle['endpoint']} is on no node")
+    return _name(cluster.node_for(handle["endpoint"]))
 
 
 def _kid(credential: str) -> str:
@@ -64,7 +72,7 @@ def _kid(credential: str) -> str:
 def test_sandboxes_are_placed_on_nodes_and_served_there(cluster, token):
     handles = []
     for i in range(4):
-        r = cluster.attach(token, f"spread-{i}", control=i % 2)
+        r = _attach(cluster, token, f"spread-{i}", i % 2)
         assert r.status_code == 200, r.text
         handles.append(r.json())
     # The data plane is the node's own: endpoints name nodes, never a control replica.
@@ -74,41 +82,41 @@ def test_sandboxes_are_placed_on_nodes_and_served_there(cluster, token):
         assert answer.status_code == 200, answer.text
         assert answer.json()["stdout"].strip() == f"spread-{i}"
     # Either replica answers for any sandbox, and it stays where it was made.
-    again = cluster.attach(token, "spread-0", control=1).json()
+    again = _attach(cluster, token, "spread-0", 1).json()
     assert again["start"] == "reused" and again["endpoint"] == handles[0]["endpoint"]
 
 
 def test_replicas_racing_on_one_new_name_make_one_sandbox(cluster, token):
     with ThreadPoolExecutor(12) as pool:
-        answers = list(pool.map(lambda i: cluster.attach(token, "raced", control=i % 2), range(12)))
+        answers = list(pool.map(lambda i: _attach(cluster, token, "raced", i % 2), range(12)))
     assert [r.status_code for r in answers] == [200] * 12, [r.text for r in answers]
     assert len({r.json()["endpoint"] for r in answers}) == 1
     assert sorted(r.json()["start"] for r in answers).count("created") == 1
     listed = httpx.get(
-        cluster.control_url + "/api/v1/sandboxes",
+        cluster.url + "/api/v1/sandboxes",
         headers={"Authorization": f"Bearer {token}"},
     ).json()["sandboxes"]
     assert [s["name"] for s in listed].count("raced") == 1
 
 
 def test_a_suspended_sandbox_resumes_on_its_node(cluster, token):
-    first = cluster.attach(token, "sleeper").json()
+    first = _attach(cluster, token, "sleeper").json()
     assert _exec(first, "sh", "-c", "echo kept > /tmp/mark").status_code == 200
     auth = {"Authorization": f"Bearer {token}"}
-    stop = httpx.post(cluster.controls[1].url + "/api/v1/sandboxes/sleeper/stop", headers=auth)
+    stop = httpx.post(cluster.controls[1].base_url + "/api/v1/sandboxes/sleeper/stop", headers=auth)
     assert stop.status_code == 204, stop.text
-    record = httpx.get(cluster.control_url + "/api/v1/sandboxes/sleeper", headers=auth).json()
+    record = httpx.get(cluster.url + "/api/v1/sandboxes/sleeper", headers=auth).json()
     assert record["state"] == "suspended"
-    resumed = cluster.attach(token, "sleeper").json()
+    resumed = _attach(cluster, token, "sleeper").json()
     assert resumed["start"] == "resumed" and resumed["endpoint"] == first["endpoint"]
     assert _exec(resumed, "cat", "/tmp/mark").json()["stdout"] == "kept\n"
 
 
 def test_node_and_data_plane_credentials_are_never_interchangeable(cluster, token):
-    handle = cluster.attach(token, "creds").json()
+    handle = _attach(cluster, token, "creds").json()
     credential = handle["headers"]["X-Podbay-Credential"]
-    node = next(n for n in cluster.nodes if n.name == _node_of(cluster, handle))
-    node_credential = (cluster.root / node.name / "node-credential").read_text().strip()
+    node = cluster.node_for(handle["endpoint"])
+    node_credential = (node.data_dir / "node-credential").read_text().strip()
 
     def code(r: httpx.Response) -> tuple[int, str]:
         return r.status_code, r.json()["code"]
@@ -117,16 +125,16 @@ def test_node_and_data_plane_credentials_are_never_interchangeable(cluster, toke
     # A data-plane credential, an identity token or nothing: not a control call on the node.
     for bearer in (credential, token, node_credential, None):
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-        assert code(httpx.get(node.url + "/internal/v1/machines", headers=headers)) == refused
+        assert code(httpx.get(node.base_url + "/internal/v1/machines", headers=headers)) == refused
     # ...nor a node's credential on the control plane.
     for bearer in (credential, token):
         r = httpx.get(
-            cluster.control_url + "/internal/v1/keys", headers={"Authorization": f"Bearer {bearer}"}
+            cluster.url + "/internal/v1/keys", headers={"Authorization": f"Bearer {bearer}"}
         )
         assert code(r) == refused
     assert (
         httpx.get(
-            cluster.control_url + "/internal/v1/keys",
+            cluster.url + "/internal/v1/keys",
             headers={"Authorization": f"Bearer {node_credential}"},
         ).status_code
         == 200
@@ -140,19 +148,19 @@ def test_node_and_data_plane_credentials_are_never_interchangeable(cluster, toke
     assert code(r) == (401, "CREDENTIAL_INVALID")
     # Enrolling needs the enrollment token.
     r = httpx.post(
-        cluster.control_url + "/internal/v1/nodes/enroll",
+        cluster.url + "/internal/v1/nodes/enroll",
         json={"name": "intruder", "url": "http://127.0.0.1:9", "token": "guess", "report": {}},
     )
     assert code(r) == refused
 
 
 def test_a_rotated_key_signs_and_nodes_fetch_it(cluster, token):
-    before = cluster.attach(token, "rotation").json()
+    before = _attach(cluster, token, "rotation").json()
     kid = cluster.cli("deployment", "keys", "rotate").stdout.strip()
     assert kid != _kid(before["headers"]["X-Podbay-Credential"])
     deadline = time.monotonic() + 30
     while True:  # each replica re-reads the keys every lifecycle pass (1 s here)
-        handle = cluster.attach(token, "rotation", control=1).json()
+        handle = _attach(cluster, token, "rotation", 1).json()
         if _kid(handle["headers"]["X-Podbay-Credential"]) == kid:
             break
         assert time.monotonic() < deadline, "the replica never signed with the new key"
@@ -162,13 +170,11 @@ def test_a_rotated_key_signs_and_nodes_fetch_it(cluster, token):
 
 
 def test_a_restarted_node_keeps_its_sandboxes(cluster, token):
-    handle = cluster.attach(token, "survivor").json()
+    handle = _attach(cluster, token, "survivor").json()
     assert _exec(handle, "sh", "-c", "echo still > /tmp/here").status_code == 200
-    node = next(n for n in cluster.nodes if n.name == _node_of(cluster, handle))
-    node.stop()  # SIGTERM: sandboxes keep running; the next start adopts them
-    node.spawn()
-    node.wait_ready()
-    again = cluster.attach(token, "survivor").json()
+    node = cluster.node_for(handle["endpoint"])
+    node.restart()  # SIGTERM: sandboxes keep running; the next start adopts them
+    again = _attach(cluster, token, "survivor").json()
     assert again["endpoint"] == handle["endpoint"] and again["start"] == "reused"
     assert _exec(again, "cat", "/tmp/here").json()["stdout"] == "still\n"
 
@@ -176,30 +182,30 @@ def test_a_restarted_node_keeps_its_sandboxes(cluster, token):
 def test_a_killed_node_is_lost_until_drained(cluster, token):
     auth = {"Authorization": f"Bearer {token}"}
     victim = cluster.nodes[1]
-    on_victim = cluster.attach(token, "doomed")
+    on_victim = _attach(cluster, token, "doomed")
     # Place one on each node (the emptier one wins), then note which is which.
     names = [f"lose-{i}" for i in range(3)]
-    handles = {n: cluster.attach(token, n).json() for n in names}
+    handles = {n: _attach(cluster, token, n).json() for n in names}
     assert on_victim.status_code == 200
-    doomed = [n for n, h in handles.items() if _node_of(cluster, h) == victim.name]
-    kept = [n for n, h in handles.items() if _node_of(cluster, h) != victim.name]
+    doomed = [n for n, h in handles.items() if _node_of(cluster, h) == _name(victim)]
+    kept = [n for n, h in handles.items() if _node_of(cluster, h) != _name(victim)]
     assert doomed and kept
     victim.kill9()
     deadline = time.monotonic() + LOST_SECONDS + 20
     while True:
-        record = httpx.get(f"{cluster.control_url}/api/v1/sandboxes/{doomed[0]}", headers=auth)
+        record = httpx.get(f"{cluster.url}/api/v1/sandboxes/{doomed[0]}", headers=auth)
         if record.json()["state"] == "lost":
             break
         assert time.monotonic() < deadline, "the sandbox was never reported lost"
         time.sleep(0.5)
-    refused = cluster.attach(token, doomed[0], control=1)
+    refused = _attach(cluster, token, doomed[0], 1)
     assert refused.status_code == 409 and refused.json()["code"] == "SANDBOX_NODE_LOST"
     assert "drain" in refused.json()["error"]
     # The other node's sandboxes are untouched.
-    assert _exec(cluster.attach(token, kept[0]).json(), "true").status_code == 200
+    assert _exec(_attach(cluster, token, kept[0]).json(), "true").status_code == 200
     listed = json.loads(cluster.cli("node", "list", "--json").stdout)
-    assert {n["name"]: n["state"] for n in listed} == {"node-0": "ready", victim.name: "lost"}
-    cluster.cli("node", "drain", victim.name)
-    fresh = cluster.attach(token, doomed[0])
+    assert {n["name"]: n["state"] for n in listed} == {"node-0": "ready", _name(victim): "lost"}
+    cluster.cli("node", "drain", _name(victim))
+    fresh = _attach(cluster, token, doomed[0])
     assert fresh.status_code == 200, fresh.text
     assert fresh.json()["start"] == "created" and _node_of(cluster, fresh.json()) == "node-0"

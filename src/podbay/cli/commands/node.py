@@ -82,11 +82,24 @@ def command(
     run_server(app, settings, sock, loop=loop, progress=not as_json)
 
 
-def _on_store(work: Callable[[Any], Awaitable[T]]) -> T:
+data_dir_option = click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Only for settings; the nodes are in the store (PODBAY_STORE_URL).",
+)
+
+
+def _settings(data_dir: Path | None) -> Any:
     from podbay.settings import Settings
+
+    return Settings.load(data_dir=data_dir)
+
+
+def _on_store(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
     from podbay.store.opening import POSTGRES_SCHEMES, open_store
 
-    settings = Settings.load()
+    settings = _settings(data_dir)
     if not settings.store.url.strip().startswith(POSTGRES_SCHEMES):
         fail("set PODBAY_STORE_URL to the control plane's PostgreSQL database", 2)
 
@@ -105,13 +118,12 @@ def _on_store(work: Callable[[Any], Awaitable[T]]) -> T:
 
 @command.command("list")
 @click.option("--json", "list_json", is_flag=True, help="Print JSON.")
+@data_dir_option
 @click.pass_context
-def list_(ctx: click.Context, list_json: bool) -> None:
+def list_(ctx: click.Context, list_json: bool, data_dir: Path | None) -> None:
     """Every enrolled node: state (ready, draining, lost), classes, load."""
-    from podbay.settings import Settings
-
-    lost_after = Settings.load().cluster.node_lost_seconds
-    records = _on_store(lambda store: store.list_nodes())
+    lost_after = _settings(data_dir).cluster.node_lost_seconds
+    records = _on_store(data_dir, lambda store: store.list_nodes())
     now = datetime.now(UTC)
     rows = [
         {
@@ -143,12 +155,11 @@ def list_(ctx: click.Context, list_json: bool) -> None:
 
 @command.command()
 @click.argument("name")
-def drain(name: str) -> None:
+@data_dir_option
+def drain(name: str, data_dir: Path | None) -> None:
     """No new sandboxes go to NAME; if it is lost, its sandboxes are given up
     (their next attach starts a new one elsewhere)."""
-    from podbay.settings import Settings
-
-    lost_after = Settings.load().cluster.node_lost_seconds
+    lost_after = _settings(data_dir).cluster.node_lost_seconds
 
     async def work(store: Any) -> tuple[bool, int]:
         if not await store.drain_node(name):
@@ -158,7 +169,7 @@ def drain(name: str) -> None:
             return True, await store.drop_node_sandboxes(name)
         return True, 0
 
-    found, dropped = _on_store(work)
+    found, dropped = _on_store(data_dir, work)
     if not found:
         fail(f"no node named {name!r}")
     extra = f"; it is lost: {dropped} sandbox record(s) given up" if dropped else ""
@@ -167,8 +178,9 @@ def drain(name: str) -> None:
 
 @command.command()
 @click.argument("name")
-def forget(name: str) -> None:
+@data_dir_option
+def forget(name: str, data_dir: Path | None) -> None:
     """Remove NAME and the records of its sandboxes (their next attach starts anew)."""
-    if not _on_store(lambda store: store.forget_node(name)):
+    if not _on_store(data_dir, lambda store: store.forget_node(name)):
         fail(f"no node named {name!r}")
     Output().info(f"forgot {name}")
