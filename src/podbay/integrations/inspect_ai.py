@@ -221,10 +221,8 @@ class PodbaySandboxEnvironment(SandboxEnvironment):
             return
         self._closed = True
         try:
-            await self.client.delete(self.name)
-            self._live.names.pop(self.name, None)
-        except Exception as exc:  # clean-up reports, it does not fail the sample
-            logger.warning("could not delete podbay sandbox %r: %s", self.name, exc)
+            if await _delete(self.client, self.name):
+                self._live.names.pop(self.name, None)
         finally:
             await self.client.aclose()
 
@@ -424,7 +422,19 @@ def _path_error(exc: SandboxRequestError, file: str) -> Exception:
 async def _delete_all(config: PodbaySandboxEnvironmentConfig, names: set[str]) -> None:
     async with _client(config) as client:
         for name in sorted(names):
-            try:
-                await client.delete(name)
-            except Exception as exc:
-                logger.warning("could not delete podbay sandbox %r: %s", name, exc)
+            await _delete(client, name)
+
+
+async def _delete(client: AsyncSandboxClient, name: str) -> bool:
+    """Delete ``name``; whether it is gone. Clean-up reports, it never fails a sample."""
+    try:
+        await client.delete(name)
+    except SandboxRequestError as exc:
+        if exc.status == 404:  # never created (a refused attach), or already deleted
+            return True
+        logger.warning("could not delete podbay sandbox %r: %s", name, exc)
+        return False
+    except Exception as exc:
+        logger.warning("could not delete podbay sandbox %r: %s", name, exc)
+        return False
+    return True

@@ -21,7 +21,7 @@ from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 # inspect's portable checks, collected here as tests driven by `sandbox_env` below.
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403
 
-from podbay.client import SandboxClient
+from podbay.client import SandboxClient, SandboxRequestError
 from podbay.integrations.inspect_ai import (
     NAME_PREFIX,
     PodbaySandboxEnvironment,
@@ -71,7 +71,12 @@ CASES = {
         },
     ),
     # The image's ordinary account: every permission check holds.
-    "user": Case(PodbaySandboxEnvironmentConfig(user="user", environment={"FROM_CONFIG": "1"}), {}),
+    "user": Case(
+        PodbaySandboxEnvironmentConfig(
+            user="user", environment={"FROM_CONFIG": "1"}, sandbox_class="container"
+        ),
+        {},
+    ),
 }
 
 
@@ -255,13 +260,30 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
         assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
 
 
-async def left_behind(count: int) -> list[PodbaySandboxEnvironment]:
-    """Samples set up and never cleaned up (an interrupted run, --no-sandbox-cleanup)."""
+async def test_the_config_class_is_asked_for(
+    eval_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This server runs containers only: asking for vm is refused, and nothing is left.
+    monkeypatch.setenv("ASTRO_AUTHZ_TOKEN", eval_token)
+    config = PodbaySandboxEnvironmentConfig(sandbox_class="vm")
+    with pytest.raises(SandboxRequestError) as refused:
+        await PodbaySandboxEnvironment.sample_init("vm-task", config, {})
+    assert refused.value.code == "SANDBOX_CLASS_UNAVAILABLE"
+    with SandboxClient() as client:
+        assert not [r.name for r in client.list() if r.name.startswith(NAME_PREFIX)]
+        [env] = await left_behind(1, PodbaySandboxEnvironmentConfig(sandbox_class="container"))
+        assert client.get(env.name).class_ == "container"
+        await PodbaySandboxEnvironment.sample_cleanup("vm-task", None, {"default": env}, False)
+
+
+async def left_behind(
+    count: int, config: PodbaySandboxEnvironmentConfig | None = None
+) -> list[PodbaySandboxEnvironment]:
+    """Samples set up and not cleaned up (an interrupted run, --no-sandbox-cleanup)."""
     envs = []
     for _ in range(count):
-        env = (await PodbaySandboxEnvironment.sample_init("left", None, {}))["default"]
+        env = (await PodbaySandboxEnvironment.sample_init("left", config, {}))["default"]
         assert isinstance(env, PodbaySandboxEnvironment)
-        await env.client.aclose()
         envs.append(env)
     return envs
 
@@ -278,12 +300,15 @@ async def test_what_samples_left_is_deleted_by_task_or_cli_cleanup(
 
         # The batch's final task_cleanup deletes what no sample clean-up did...
         [env] = await left_behind(1)
+        await env.client.aclose()
         assert ours() == {env.name}
         await PodbaySandboxEnvironment.task_cleanup("shutdown", None, True)
         assert ours() == set()
         # ...unless told not to (--no-sandbox-cleanup); then `inspect sandbox cleanup
         # podbay [NAME]` (cli_cleanup) deletes them by name, or all of ours.
         envs = await left_behind(2)
+        for env in envs:
+            await env.client.aclose()
         await PodbaySandboxEnvironment.task_cleanup("shutdown", None, False)
         assert ours() == {env.name for env in envs}
         await PodbaySandboxEnvironment.cli_cleanup(envs[0].name)
