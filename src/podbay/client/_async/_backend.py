@@ -7,7 +7,7 @@ The sync twin, ``_sync/_backend.py``, offers the same names with threads and
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -17,6 +17,11 @@ from podbay.wire.data import ExecEvent
 T = TypeVar("T")
 
 sleep = anyio.sleep
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+    WebSocket: TypeAlias = ClientConnection
+
 Lock = anyio.Lock
 
 #: A streamed request body.
@@ -35,7 +40,9 @@ def shielded(seconds: float) -> anyio.CancelScope:
     return anyio.move_on_after(seconds, shield=True)
 
 
-async def ws_connect(url: str, headers: dict[str, str], max_size: int, open_timeout: float) -> Any:
+async def ws_connect(
+    url: str, headers: dict[str, str], max_size: int, open_timeout: float
+) -> WebSocket:
     """An open WebSocket (websockets' asyncio client: terminals need asyncio, not trio)."""
     from websockets.asyncio.client import connect
 

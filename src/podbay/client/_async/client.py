@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
 
@@ -71,6 +71,9 @@ from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
+
+if TYPE_CHECKING:
+    from ._backend import WebSocket
 
 #: Largest WebSocket message a terminal accepts (the gateway's own bound).
 TERMINAL_MESSAGE_LIMIT = 1024 * 1024
@@ -124,7 +127,7 @@ class AsyncSandboxClient:
             timeout=httpx.Timeout(config.timeout_seconds),
             follow_redirects=False,
         )
-        self._locks: dict[str, Any] = {}
+        self._locks: dict[str, Lock] = {}
         self._interpreters: dict[str, AsyncCodeInterpreter] = {}
 
     @property
@@ -267,7 +270,7 @@ class AsyncSandboxClient:
             self._core.store(name, handle)
             return handle
 
-    def _lock(self, name: str) -> Any:
+    def _lock(self, name: str) -> Lock:
         lock = self._locks.get(name)
         if lock is None:  # setdefault: two threads racing here still share one lock
             lock = self._locks.setdefault(name, Lock())
@@ -1075,7 +1078,7 @@ class AsyncSandboxClient:
 
     async def _ws_open(
         self, name: str, handle: SandboxHandle, url: Callable[[SandboxHandle], str]
-    ) -> Any:
+    ) -> WebSocket:
         """A WebSocket to the data plane; a 401/403 before the upgrade re-attaches once."""
         from websockets.exceptions import InvalidHandshake, InvalidStatus
 
@@ -1216,7 +1219,7 @@ async def _hashed_chunks(source: BinaryIO, size: int, progress: Progress | None)
 class AsyncTerminal:
     """A command on a terminal in the sandbox (see :meth:`AsyncSandboxClient.pty`)."""
 
-    def __init__(self, ws: Any, core: Core) -> None:
+    def __init__(self, ws: WebSocket, core: Core) -> None:
         self._ws = ws
         self._core = core
         #: The command's exit code, once :meth:`recv` has seen it exit.

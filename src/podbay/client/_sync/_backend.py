@@ -9,13 +9,18 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from podbay.wire.data import ExecEvent
 
 T = TypeVar("T")
 
 sleep = time.sleep
+if TYPE_CHECKING:
+    from websockets.sync.client import ClientConnection
+
+    WebSocket: TypeAlias = ClientConnection
+
 Lock = threading.Lock
 
 #: A streamed request body.
@@ -34,7 +39,7 @@ def shielded(seconds: float) -> contextlib.nullcontext[None]:
     return contextlib.nullcontext()
 
 
-def ws_connect(url: str, headers: dict[str, str], max_size: int, open_timeout: float) -> Any:
+def ws_connect(url: str, headers: dict[str, str], max_size: int, open_timeout: float) -> WebSocket:
     """An open WebSocket (websockets' threaded client)."""
     from websockets.sync.client import connect
 

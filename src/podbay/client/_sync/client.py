@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
 
@@ -72,6 +72,9 @@ from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
+
+if TYPE_CHECKING:
+    from ._backend import WebSocket
 
 #: Largest WebSocket message a terminal accepts (the gateway's own bound).
 TERMINAL_MESSAGE_LIMIT = 1024 * 1024
@@ -125,7 +128,7 @@ class SandboxClient:
             timeout=httpx.Timeout(config.timeout_seconds),
             follow_redirects=False,
         )
-        self._locks: dict[str, Any] = {}
+        self._locks: dict[str, Lock] = {}
         self._interpreters: dict[str, CodeInterpreter] = {}
 
     @property
@@ -268,7 +271,7 @@ class SandboxClient:
             self._core.store(name, handle)
             return handle
 
-    def _lock(self, name: str) -> Any:
+    def _lock(self, name: str) -> Lock:
         lock = self._locks.get(name)
         if lock is None:  # setdefault: two threads racing here still share one lock
             lock = self._locks.setdefault(name, Lock())
@@ -1064,7 +1067,7 @@ class SandboxClient:
 
     def _ws_open(
         self, name: str, handle: SandboxHandle, url: Callable[[SandboxHandle], str]
-    ) -> Any:
+    ) -> WebSocket:
         """A WebSocket to the data plane; a 401/403 before the upgrade re-attaches once."""
         from websockets.exceptions import InvalidHandshake, InvalidStatus
 
@@ -1205,7 +1208,7 @@ def _hashed_chunks(source: BinaryIO, size: int, progress: Progress | None) -> By
 class Terminal:
     """A command on a terminal in the sandbox (see :meth:`SandboxClient.pty`)."""
 
-    def __init__(self, ws: Any, core: Core) -> None:
+    def __init__(self, ws: WebSocket, core: Core) -> None:
         self._ws = ws
         self._core = core
         #: The command's exit code, once :meth:`recv` has seen it exit.
