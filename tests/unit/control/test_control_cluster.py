@@ -1,0 +1,177 @@
+"""Split roles without processes: placement over enrolled nodes, lost nodes,
+leases across replicas, the internal credentials (a real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from podbay import internal
+from podbay.cli.main import cli
+from podbay.control.cluster import LeaseLocks
+from podbay.control.keys import KeyRing
+from podbay.control.remote import ClusterNodes
+from podbay.domain import Sandbox, SandboxState
+from podbay.errors import ApiError
+from podbay.gateway.credentials import CredentialVerifier, mint_credential
+from podbay.store.postgres import PostgresStore
+from podbay.testing.postgres import TemporaryCluster
+from podbay.wire.codes import ErrorCode
+
+pytestmark = pytest.mark.anyio
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[TemporaryCluster]:
+    with TemporaryCluster.start() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def url(postgres: TemporaryCluster) -> str:
+    return postgres.create_database()
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore.open(url)
+    yield s
+    await s.close()
+
+
+def _keys() -> KeyRing:
+    return KeyRing.open(pathlib.Path(tempfile.mkdtemp()) / "keys")
+
+
+def _report(classes: list[str], capacity: int, warm: int = 0) -> dict[str, object]:
+    return {
+        "ready": True,
+        "classes": classes,
+        "default": classes[0],
+        "capacity": capacity,
+        "warm": {c: warm for c in classes},
+        "busy": [],
+    }
+
+
+def _sandbox(name: str, node: str) -> Sandbox:
+    return Sandbox(
+        id=f"sb-{name}",
+        deployment_id="dep_d",
+        account="acct",
+        name=name,
+        class_="container",
+        state=SandboxState.RUNNING,
+        machine_id=f"m-{name}",
+        created_at=NOW,
+        last_active_at=NOW,
+        started_at=NOW,
+        ceiling_at=None,
+        node=node,
+    )
+
+
+async def test_placement_prefers_warm_then_the_least_loaded(store):
+    nodes = ClusterNodes(store, _keys(), lost_after=30, clock=lambda: NOW)
+    await store.enroll_node("a", "http://a", "h-a", _report(["container"], 4), NOW)
+    await store.enroll_node("b", "http://b", "h-b", _report(["container", "gvisor"], 4), NOW)
+    await store.enroll_node("c", "http://c", "h-c", _report(["container"], 1, warm=2), NOW)
+    await store.insert_sandbox(_sandbox("full", "c"), deployment_cap=9, account_cap=9)
+    await store.insert_sandbox(_sandbox("one", "a"), deployment_cap=9, account_cap=9)
+    try:
+        # c has warm machines but no room; b is emptier than a.
+        assert (await nodes.place("container")).name == "b"
+        assert (await nodes.place("gvisor")).name == "b"
+        with pytest.raises(ApiError) as refused:
+            await nodes.place("vm")
+        assert refused.value.code is ErrorCode.SANDBOXES_UNAVAILABLE
+        assert nodes.resolve("default") == "container"
+        with pytest.raises(ApiError) as unknown:
+            nodes.require("vm")
+        assert unknown.value.code is ErrorCode.SANDBOX_CLASS_UNAVAILABLE
+        # A drained node takes nothing new but still holds what it has.
+        await store.drain_node("b")
+        await nodes.refresh(force=True)
+        assert (await nodes.place("container")).name == "a"
+        assert nodes.works("gvisor") and nodes.reachable(_sandbox("x", "b"))
+    finally:
+        await nodes.close()
+
+
+async def test_a_silent_node_is_lost_and_its_sandboxes_refused(store):
+    now = [NOW]
+    nodes = ClusterNodes(store, _keys(), lost_after=30, clock=lambda: now[0])
+    await store.enroll_node("a", "http://a", "h-a", _report(["container"], 4), NOW)
+    try:
+        await nodes.refresh(force=True)
+        row = _sandbox("s", "a")
+        assert nodes.of(row).endpoint("sb-s") == "http://a/sandbox/sb-s"
+        now[0] = NOW + timedelta(seconds=31)
+        assert not nodes.reachable(row)
+        with pytest.raises(ApiError) as lost:
+            nodes.of(row)
+        assert lost.value.code is ErrorCode.SANDBOX_NODE_LOST and "'a'" in lost.value.message
+        with pytest.raises(ApiError):
+            await nodes.place("container")  # no node to place on
+        await store.heartbeat_node("a", _report(["container"], 4), now[0])
+        await nodes.refresh(force=True)
+        assert nodes.reachable(row)  # back: its sandboxes are simply there
+        assert not nodes.reachable(_sandbox("t", "forgotten-node"))
+    finally:
+        await nodes.close()
+
+
+async def test_one_replica_at_a_time_holds_a_sandbox(url):
+    stores = [PostgresStore.open(url), PostgresStore.open(url)]
+    locks = [LeaseLocks(s, lambda: datetime.now(UTC)) for s in stores]
+    inside: list[int] = []
+    overlaps = 0
+
+    async def work(i: int) -> None:
+        nonlocal overlaps
+        async with locks[i % 2].hold("dep", "name"):
+            inside.append(i)
+            overlaps = max(overlaps, len(inside))
+            await asyncio.sleep(0.01)
+            inside.remove(i)
+
+    try:
+        await asyncio.gather(*(work(i) for i in range(10)))
+        assert overlaps == 1
+    finally:
+        for s in stores:
+            await s.close()
+
+
+def test_node_calls_and_data_plane_credentials_never_pass_for_each_other():
+    keys = _keys()
+    call = internal.mint_node_call(keys, "node-a")
+    internal.verify_node_call(keys, call, "node-a")
+    for wrong, node in ((call, "node-b"), (_credential(keys), "node-a")):
+        with pytest.raises(ApiError) as refused:
+            internal.verify_node_call(keys, wrong, node)
+        assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
+    with pytest.raises(ApiError) as refused:
+        CredentialVerifier(keys).verify(call)
+    assert refused.value.code is ErrorCode.CREDENTIAL_INVALID
+
+
+def _credential(keys: KeyRing) -> str:
+    token, _ = mint_credential(keys, sandbox_id="sb-1", incarnation=1, ttl_seconds=60)
+    return token
+
+
+def test_control_refuses_to_start_on_sqlite(tmp_path):
+    result = CliRunner().invoke(
+        cli,
+        ["control", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)],
+        env={"PODBAY_STORE_URL": "", "PODBAY_CLUSTER_ENROLLMENT_TOKEN": "x"},
+    )
+    assert result.exit_code == 2 and "PostgreSQL" in result.output
