@@ -52,8 +52,9 @@ from .services.sandboxes import SandboxService
 from .services.transitions import Transitions
 
 log = logging.getLogger("podbay.control")
-#: A sandbox's lease lasts this long unless renewed (its holder renews it at a third).
-LEASE_SECONDS = 30.0
+#: A sandbox's lease lasts this long unless renewed (its holder renews it at a
+#: third): how long a sandbox waits when the replica driving it dies mid-way.
+LEASE_SECONDS = 10.0
 
 
 def _utcnow() -> datetime:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from podbay import internal
-from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain import Deployment, Sandbox
 from podbay.domain.node import NodeRecord
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, ObservedMachine
@@ -38,8 +38,6 @@ from .nodes import Launch, Node
 from .services.environment import Building, Prepared
 
 log = logging.getLogger("podbay.cluster")
-#: Sandbox states that hold a place on their node.
-HELD = (SandboxState.CREATING, SandboxState.RUNNING, SandboxState.SUSPENDED)
 SANDBOX_PATH = "/sandbox/"
 
 
@@ -288,7 +286,7 @@ class ClusterNodes:
 
     async def place(self, class_: str) -> RemoteNode:
         await self.refresh()
-        held = Counter(r.node for r in await self.store.list_sandboxes(states=list(HELD)))
+        held = Counter(await self.store.held_by_node())
         candidates = []
         for node in self._usable():
             report = node.record.report

@@ -99,6 +99,15 @@ class ClusterQueries:
         sql = "UPDATE nodes SET drained=? WHERE name=?"
         return await self._run(lambda conn: self._count(conn, sql, int(drained), name) == 1)
 
+    async def held_by_node(self) -> dict[str, int]:
+        """Sandboxes each node holds (creating, running or suspended)."""
+        sql = (
+            "SELECT node, count(*) FROM sandboxes"
+            " WHERE state IN ('creating', 'running', 'suspended') GROUP BY node"
+        )
+        rows = await self._run(lambda conn: conn.execute(sql, ()).fetchall())
+        return {str(r[0]): int(r[1]) for r in rows}
+
     async def drop_node_sandboxes(self, name: str) -> int:
         """Forget every sandbox the node held (an operator gave them up)."""
         sql = "DELETE FROM sandboxes WHERE node=?"

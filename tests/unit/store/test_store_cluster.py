@@ -53,6 +53,7 @@ async def test_nodes_enroll_heartbeat_drain_forget(store):
     for name, node in (("a", "n1"), ("b", "n2"), ("c", "n2")):
         await store.insert_sandbox(_sb(name, node), deployment_cap=9, account_cap=9)
     assert (await store.get_sandbox("dep_d", "b")).node == "n2"
+    assert await store.held_by_node() == {"n1": 1, "n2": 2}
     assert await store.forget_node("n2")
     assert [r.name for r in await store.list_sandboxes()] == ["a"]
     assert [n.name for n in await store.list_nodes()] == ["n1"]
