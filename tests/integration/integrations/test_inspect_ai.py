@@ -59,7 +59,7 @@ class Case(NamedTuple):
     xfails: dict[str, str]
 
 
-ROOT_CAN = "root may read and write any file whatever its mode (as in inspect's docker-root)"
+ROOT_CAN = "root may read and write any file whatever its mode"
 CASES = {
     # The server's default account: root.
     "root": Case(
@@ -175,18 +175,25 @@ from inspect_ai.dataset import Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
-from inspect_ai.tool import bash
+from inspect_ai.tool import bash, text_editor
 
 
 def script(messages, tools, tool_choice, config):
-    """Call bash once, then answer with what it printed (no network, no key)."""
-    last = messages[-1]
-    if last.role == "tool":
-        output = ModelOutput.from_content("mockllm/model", "ANSWER: " + last.text.strip())
-    else:
+    """bash, then text_editor (inspect's own tools server, put into the sandbox by
+    inspect), then an answer with what bash printed. No network, no key."""
+    results = [m.text for m in messages if m.role == "tool"]
+    if not results:
         output = ModelOutput.for_tool_call(
             "mockllm/model", "bash", {"command": "cat secret.txt; echo; hostname; id -un"}
         )
+    elif len(results) == 1:
+        output = ModelOutput.for_tool_call(
+            "mockllm/model",
+            "text_editor",
+            {"command": "create", "path": "/workspace/answer.txt", "file_text": results[0]},
+        )
+    else:
+        output = ModelOutput.from_content("mockllm/model", "ANSWER: " + results[0].strip())
     # Usage given, so the mock does not count tokens (its tokenizer downloads its tables).
     output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
     return output
@@ -199,7 +206,7 @@ def secrets():
             Sample(input="What is the secret?", target=s, files={"secret.txt": s}, id=s)
             for s in ("podbay-secret-1", "podbay-secret-2")
         ],
-        solver=[use_tools(bash(timeout=60)), generate()],
+        solver=[use_tools(bash(timeout=60), text_editor()), generate()],
         scorer=includes(),
         sandbox="podbay",
         model=get_model("mockllm/model", custom_outputs=script),
@@ -242,9 +249,11 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
         assert sample.scores is not None
         assert sample.scores["includes"].value == "C", sample.output.completion
         events = [json.loads(e.model_dump_json()) for e in sample.events]
-        # The tool call and the sandbox command it ran, both in the log.
-        [tool] = [e for e in events if e["event"] == "tool"]
+        # The tool calls and the sandbox commands they ran, all in the log.
+        tool, editor = [e for e in events if e["event"] == "tool"]
         assert tool["function"] == "bash" and tool["result"].startswith(secret + "\n")
+        assert editor["function"] == "text_editor" and editor["error"] is None, editor
+        assert editor["result"] == "File created successfully at: /workspace/answer.txt"
         execs = [e for e in events if e["event"] == "sandbox" and e["action"] == "exec"]
         bash_runs = [e for e in execs if e["cmd"].startswith("bash --login -c")]
         assert len(bash_runs) == 1 and bash_runs[0]["result"] == 0
