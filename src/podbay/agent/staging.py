@@ -46,11 +46,93 @@ def staged_files(root: Path | None = None) -> list[tuple[str, Path]]:
     return sorted(files)
 
 
+#: The staged file holding the compiled code of every pure-Python module the
+#: agent imports at start-up (its own and the standard library's), see
+#: :func:`build_bundle`.
+BUNDLE = "agent.bundle"
+
+# Run by the interpreter that will run the agent (argv: staged dir, output file).
+# It imports the agent as a start does and keeps, for every module that came from
+# a ``.py`` file, where it was found (an index into sys.path and the path below
+# it) and its code. ``-I -S`` gives the same sys.path at build and at start.
+_BUILD_BUNDLE = """
+import marshal, sys
+staged, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, staged)
+roots = sorted(enumerate(sys.path), key=lambda entry: -len(entry[1]))
+before = set(sys.modules)
+import podbay.agent.__main__
+modules = {}
+for name in sorted(set(sys.modules) - before):
+    spec = getattr(sys.modules[name], "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if spec is None or not isinstance(origin, str) or not origin.endswith(".py"):
+        continue  # built in, frozen or an extension module: found as usual
+    for index, root in roots:
+        if origin.startswith(root + "/"):
+            rel = origin[len(root) + 1 :]
+            break
+    else:
+        continue
+    with open(origin, "rb") as f:
+        code = compile(f.read(), rel, "exec", dont_inherit=True)
+    modules[name] = (index, rel, spec.submodule_search_locations is not None, code)
+with open(out, "wb") as f:
+    marshal.dump((sys.version, len(sys.path), modules), f)
+"""
+
+# Part of the start-up program: when the bundle was made by this very interpreter
+# (same version, same sys.path shape), a finder first on sys.meta_path serves
+# those modules from it. Anything else (an older bundle, none, a module imported
+# later) is found on sys.path as before.
+_USE_BUNDLE = """
+def _bundled(path):
+    import marshal
+    try:
+        with open(path, "rb") as f:
+            version, width, modules = marshal.loads(f.read())  # load(f) reads in bits
+    except (OSError, ValueError, EOFError, TypeError):
+        return
+    if version != sys.version or width != len(sys.path):
+        return
+    roots, spec_type = list(sys.path), type(sys.__spec__)
+
+    class Bundled:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            entry = modules.get(name)
+            if entry is None:
+                return None
+            origin = roots[entry[0]] + "/" + entry[1]
+            spec = spec_type(name, cls, origin=origin, is_package=entry[2])
+            if entry[2]:
+                spec.submodule_search_locations = [origin.rpartition("/")[0]]
+            spec.has_location = True
+            return spec
+
+        @staticmethod
+        def create_module(spec):
+            return None
+
+        @staticmethod
+        def exec_module(module):
+            exec(modules.pop(module.__spec__.name)[3], module.__dict__)
+
+    sys.meta_path.insert(0, Bundled)
+"""
+
+
 def launch_code(staged: str | os.PathLike[str]) -> str:
-    """The ``python -c`` program that runs the agent staged at ``staged``."""
+    """The ``python -c`` program that runs the agent staged at ``staged``.
+
+    Its modules come from the staged :data:`BUNDLE` (one file) rather than a
+    hundred files: under gVisor every file the agent opens at start-up costs a
+    round trip to the gofer and many trapped system calls."""
+    staged = os.fspath(staged)
     return (
-        f"import sys; sys.path.insert(0, {os.fspath(staged)!r}); "
-        "from podbay.agent.__main__ import main; sys.exit(main())"
+        f"import sys\nsys.path.insert(0, {staged!r})\n{_USE_BUNDLE}"
+        f"_bundled({staged + '/' + BUNDLE!r})\n"
+        "from podbay.agent.__main__ import main\nsys.exit(main())\n"
     )
 
 
@@ -110,6 +192,11 @@ def stage(parent: str | os.PathLike[str], *, python: Sequence[str] = (sys.execut
     if done.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DriverError(f"the agent's code does not compile: {done.stdout}{done.stderr}")
+    try:
+        build_bundle(tmp, python)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for dirpath, _, filenames in os.walk(tmp):
         os.chmod(dirpath, 0o755)  # noqa: S103 - read-only code, readable by all
         for name in filenames:
@@ -120,6 +207,14 @@ def stage(parent: str | os.PathLike[str], *, python: Sequence[str] = (sys.execut
     except OSError:  # staged concurrently by another process: theirs is as good
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def build_bundle(staged: Path, python: Sequence[str]) -> None:
+    """Write ``staged/``:data:`BUNDLE` with ``python`` (the agent's interpreter)."""
+    argv = [*python, "-I", "-S", "-c", _BUILD_BUNDLE, str(staged), str(staged / BUNDLE)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env={})
+    if done.returncode != 0:
+        raise DriverError(f"cannot bundle the agent's modules: {done.stderr.strip()[-2000:]}")
 
 
 def agent_argv(python: Sequence[str], staged: str | os.PathLike[str], *options: str) -> list[str]:

@@ -1,0 +1,67 @@
+"""The staged agent starts from one bundle file; without a usable one, from its files."""
+
+from __future__ import annotations
+
+import marshal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podbay.agent.staging import BUNDLE, launch_code, stage
+
+# Replaces the start of the agent in the start-up program: report instead.
+REPORT = (
+    "import podbay.agent.__main__\n"
+    "bundled = sorted(n for n, m in list(sys.modules.items())"
+    " if getattr(getattr(m, '__loader__', None), '__name__', '') == 'Bundled')\n"
+    "import podbay.agent.app as app\n"
+    "print(len(bundled), 'podbay.agent.app' in bundled, 'json' in bundled, app.__file__,"
+    " podbay.agent.__path__[0])\n"
+)
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stage(tmp_path_factory.mktemp("staged"))
+
+
+def report(staged: Path) -> list[str]:
+    program = launch_code(staged).replace(
+        "from podbay.agent.__main__ import main\nsys.exit(main())\n", REPORT
+    )
+    assert program != launch_code(staged)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", program],
+        capture_output=True,
+        text=True,
+        env={},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_the_agent_imports_from_its_bundle(staged: Path) -> None:
+    count, own, stdlib, app_file, package_dir = report(staged)
+    # Its own modules and the standard library's pure-Python ones, with the
+    # paths they have on disk (so modules imported later are found beside them).
+    assert int(count) > 40 and own == "True" and stdlib == "True"
+    assert app_file == str(staged / "podbay" / "agent" / "app.py")
+    assert package_dir == str(staged / "podbay" / "agent")
+
+
+def test_a_bundle_of_another_interpreter_is_ignored(staged: Path, tmp_path: Path) -> None:
+    """An image with another Python shares the staged code: its start must not
+    run code objects compiled for a different version."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(staged), str(copy)], check=True)
+    _, width, modules = marshal.loads((copy / BUNDLE).read_bytes())
+    (copy / BUNDLE).write_bytes(marshal.dumps(("2.7.18 (elsewhere)", width, modules)))
+    count, own, *_ = report(copy)
+    assert (count, own) == ("0", "False")
+    (copy / BUNDLE).write_bytes(b"not marshal data")
+    assert report(copy)[:2] == ["0", "False"]
+    (copy / BUNDLE).unlink()
+    assert report(copy)[:2] == ["0", "False"]
