@@ -45,7 +45,7 @@ from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
 from ..tools import check_tool
 from .readiness import wait_ready
-from .runc import Runc
+from .runc import ContainerState, Runc
 
 #: Where the agent's socket directory is bound inside a gVisor sandbox.
 SOCKET_DIR = "/.podbay/run"
@@ -159,6 +159,13 @@ class Runsc(Runc):
     def _state_file(self, container_id: str) -> Path:
         return self.root / f"{container_id}_sandbox:{container_id}.state"
 
+    async def query(self, container_id: str) -> ContainerState | None:
+        """No state file, no container: answered without ``runsc state``, a
+        process start that costs tens of ms (every start asks twice first)."""
+        if not self._state_file(container_id).exists():
+            return None
+        return await super().query(container_id)
+
     def container_ids(self) -> list[str]:
         """Containers with state under ``--root`` (runsc keeps one ``.state`` file each)."""
         try:
@@ -215,7 +222,8 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
     """runc's ``config.json`` made right for runsc (pure).
 
     gVisor's sysfs and cgroupfs are its own, so /sys is not bound from the host;
-    the agent's socket directory is bound read-write."""
+    the agent's socket directory is bound read-write. Read-only binds are
+    marked as the sandbox's alone (:func:`exclusive_hints`)."""
     mounts: list[dict[str, Any]] = []
     for mount in cfg["mounts"]:
         if mount["destination"] == "/sys":
@@ -234,7 +242,34 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
             "options": ["bind", "nosuid", "nodev", "noexec", "rw"],
         }
     )
-    return {**cfg, "mounts": mounts}
+    annotations = {**cfg.get("annotations", {}), **exclusive_hints(mounts)}
+    return {**cfg, "mounts": mounts, "annotations": annotations}
+
+
+#: gVisor's mount hints (annotations ``dev.gvisor.spec.mount.<name>.<field>``).
+MOUNT_HINT = "dev.gvisor.spec.mount"
+
+
+def exclusive_hints(mounts: list[dict[str, Any]]) -> dict[str, str]:
+    """Mount hints that let gVisor cache the read-only binds (the pristine image,
+    the agent's code, its env file) as it caches the root filesystem.
+
+    By default gVisor asks its gofer again about every path it looks up in a
+    bind mount (another process on the host might have changed it); the
+    agent's start-up looks up hundreds of paths in the image and the agent's
+    code, so that costs much of a sandbox's start. These sources never change
+    while a sandbox runs (the image and the staged agent are immutable, the env
+    file is written before the start), so ``share=container`` (gVisor's
+    "exclusive" access) is safe for them. Binds the host rewrites while the
+    sandbox runs (hostname, hosts, the socket directory) keep revalidating."""
+    hints: dict[str, str] = {}
+    binds = [m for m in mounts if m.get("type") == "bind" and "ro" in m.get("options", ())]
+    for index, mount in enumerate(binds):
+        prefix = f"{MOUNT_HINT}.podbay{index}"
+        hints[f"{prefix}.source"] = mount["source"]
+        hints[f"{prefix}.type"] = "bind"
+        hints[f"{prefix}.share"] = "container"
+    return hints
 
 
 async def wait_bound(
@@ -266,7 +301,7 @@ async def wait_bound(
                 raise DriverError("the sandbox exited before its agent listened")
             next_check = now + 1.0
         await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.05)
+        delay = min(delay * 1.5, 0.01)
     os.replace(bound, final)
 
 

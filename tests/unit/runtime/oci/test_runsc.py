@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+import pytest
 
 from podbay.runtime.oci import bundle, runsc
 
@@ -52,6 +55,15 @@ def test_container_ids_from_state_files(tmp_path: Path) -> None:
     assert r.container_ids() == ["a", "b"]
 
 
+def test_no_state_file_is_no_container_without_asking_runsc(tmp_path: Path) -> None:
+    r = runsc.Runsc("/nonexistent/runsc", tmp_path / "root", platform="ptrace", netns=Path)
+    r.root.mkdir()
+    assert asyncio.run(r.query("m1")) is None  # runsc itself would fail to start here
+    r._state_file("m1").write_text("{}")
+    with pytest.raises(FileNotFoundError):
+        asyncio.run(r.query("m1"))  # with a state file, runsc is asked
+
+
 def test_bundle_for_gvisor(tmp_path: Path) -> None:
     facts = bundle.BundleFacts(
         machine_id="m1",
@@ -74,6 +86,17 @@ def test_bundle_for_gvisor(tmp_path: Path) -> None:
     assert mounts[runsc.SOCKET_DIR]["source"] == str(tmp_path / "sock")
     assert "rw" in mounts[runsc.SOCKET_DIR]["options"]
     assert cfg["linux"]["uidMappings"][0]["hostID"] == 1000000
+    # Read-only binds are the sandbox's alone (cached like its root); what the
+    # host rewrites while it runs (hosts, hostname, the socket dir) is not.
+    hints = cfg["annotations"]
+    exclusive = {
+        hints[key.removesuffix(".share") + ".source"]
+        for key, value in hints.items()
+        if key.startswith(runsc.MOUNT_HINT + ".") and key.endswith(".share")
+        if value == "container"
+    }
+    assert exclusive == {"/i", "/a", "/f/env.json"}
+    assert all(hints[key] == "bind" for key in hints if key.endswith(".type"))
 
 
 def test_reachable(tmp_path: Path) -> None:
