@@ -9,6 +9,7 @@ and can be taken back (:meth:`Slirps.recorded`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -105,21 +106,17 @@ class Slirps:
             raise NetworkError(f"cannot start {self.binary}: {exc}") from exc
         os.close(write_end)
         self._children[proc.pid] = proc
+        # Its budget is set while it brings tap0 up (making cgroups takes a while),
+        # and before this returns: no sandbox runs before, so it has served nothing.
+        confined = asyncio.ensure_future(asyncio.to_thread(self._confine, directory.name, proc.pid))
         try:
-            if self.limits is not None:
-                # Before it is ready it has served nothing: its budget is set first.
-                limits = self.limits
-                resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (limits.max_fds, limits.max_fds))
-                Cgroups().confine(
-                    self.cgroup(directory.name),
-                    proc.pid,
-                    memory_bytes=limits.memory_bytes,
-                    pids=limits.pids,
-                    cpus=limits.cpus,
-                )
             self._write_pidfile(directory, proc.pid)
             ready = await self._read_ready(read_end)
+            await confined
         except BaseException:
+            # A thread cannot be cancelled: it finishes before the process is stopped.
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(confined)
             await self.stop(proc.pid)
             raise
         finally:
@@ -131,6 +128,19 @@ class Slirps:
                 f"{self.ready_timeout:g}s or exited: {log_tail(directory)}"
             )
         return proc.pid
+
+    def _confine(self, machine_id: str, pid: int) -> None:
+        if self.limits is None:
+            return
+        limits = self.limits
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (limits.max_fds, limits.max_fds))
+        Cgroups().confine(
+            self.cgroup(machine_id),
+            pid,
+            memory_bytes=limits.memory_bytes,
+            pids=limits.pids,
+            cpus=limits.cpus,
+        )
 
     async def _read_ready(self, fd: int) -> bool:
         if not await wait_readable(fd, self.ready_timeout):
