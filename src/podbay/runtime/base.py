@@ -52,6 +52,8 @@ class Limits:
     disk_bytes: int
 
 
+# Alike in shape to domain.node's NodeRecord (a frozen record of typed fields
+# with their comments) by coincidence only: nothing is shared between them.
 @dataclass(frozen=True, kw_only=True)
 class MachineSpec:
     """What to build. Stored by the driver with the machine, so a restart can adopt it."""

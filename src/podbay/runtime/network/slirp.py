@@ -53,6 +53,8 @@ class SlirpLimits:
 class Slirps:
     """Starts, finds and stops the slirp4netns of each namespace file."""
 
+    # Keeps its settings by name, like the control plane's services and the
+    # gateway keep their collaborators: alike in shape by nature, nothing shared.
     def __init__(
         self,
         binary: str = "slirp4netns",
