@@ -6,7 +6,8 @@ runs ``langchain-tests``' ``SandboxIntegrationTests`` twice at the installed
 (pinned) versions and prints passed/failed/skipped for each, the tests that
 fail on each side and those failing on both:
 
-- podbay: ``tests/integration/integrations/test_deepagents.py`` (a real
+- podbay: ``TestPodbaySandboxStandard`` in
+  ``tests/integration/integrations/test_deepagents.py`` (a real
   ``podbay serve`` and sandbox; needs root, as the suite does);
 - deepagents' reference: this file's :class:`TestLocalShellReferenceStandard`,
   the suite against deepagents' ``LocalShellBackend``. deepagents' hosted
@@ -36,7 +37,7 @@ from deepagents.backends.protocol import SandboxBackendProtocol
 from langchain_tests.integration_tests import SandboxIntegrationTests
 
 REPO = Path(__file__).resolve().parent.parent
-PODBAY_SUITE = REPO / "tests/integration/integrations/test_deepagents.py"
+PODBAY_SUITE = "tests/integration/integrations/test_deepagents.py::TestPodbaySandboxStandard"
 
 # The suite's async tests carry no marker of their own (langchain runs them in
 # pytest-asyncio's auto mode); anyio's marker applies to them only.
@@ -91,7 +92,7 @@ def run_suite(target: str, report: Path) -> dict[str, str]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sides = {
-            "podbay (PodbaySandbox)": run_suite(str(PODBAY_SUITE), Path(tmp, "podbay.xml")),
+            "podbay (PodbaySandbox)": run_suite(PODBAY_SUITE, Path(tmp, "podbay.xml")),
             "deepagents LocalShellBackend": run_suite(__file__, Path(tmp, "reference.xml")),
         }
     pins = ", ".join(f"{p}=={version(p)}" for p in ("deepagents", "langchain-tests"))
