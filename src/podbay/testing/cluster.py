@@ -2,9 +2,10 @@
 
     from podbay.testing.cluster import LocalCluster
 
-    with LocalCluster.start(tmp_path) as cluster:          # PostgreSQL, 2 control, haproxy, 3 nodes
+    with LocalCluster.start(tmp_path) as cluster:   # PostgreSQL, haproxy, 2 control, 3 nodes
         token = cluster.create_deployment("agent")
         client = SandboxClient(identity_token=token, server_url=cluster.url)
+        cluster.attach(token, "t1", control=1)          # straight to one replica
 
 The parts are the real ones: a temporary PostgreSQL
 (:class:`~podbay.testing.postgres.TemporaryCluster`), ``podbay control``
@@ -20,17 +21,21 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import os
 import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from .fixtures import require_host
 from .platform import SANDBOX_SPEC, PlatformServer, free_port
 from .postgres import TemporaryCluster
 
@@ -207,18 +212,24 @@ def process_io(pid: int) -> dict[str, int]:
 @dataclass
 class LocalCluster:
     root: Path
-    database: TemporaryCluster
+    postgres: TemporaryCluster
     store_url: str
     enrollment_token: str
     balancer: LoadBalancer
+    #: Settings every role gets (and the operator commands): ``QUICK`` and the caller's.
+    env: dict[str, str] = field(default_factory=dict)
     controls: list[PlatformServer] = field(default_factory=list)
     nodes: list[PlatformServer] = field(default_factory=list)
-    owns_database: bool = True
+    owns_postgres: bool = True
 
     @property
     def url(self) -> str:
-        """The control plane as agents see it: the load balancer."""
+        """The control plane as agents and nodes see it: the load balancer."""
         return self.balancer.url
+
+    @property
+    def control_url(self) -> str:
+        return self.url
 
     @classmethod
     def start(
@@ -228,30 +239,30 @@ class LocalCluster:
         controls: int = 2,
         nodes: int = 3,
         env: Mapping[str, str] | None = None,
-        database: TemporaryCluster | None = None,
+        postgres: TemporaryCluster | None = None,
     ) -> LocalCluster:
         """Everything up and healthy: each control replica answers, haproxy
         sees them all, each node answers ``/healthz`` (so it is enrolled)."""
+        require_host()
         root.mkdir(parents=True, exist_ok=True)
-        owns = database is None
-        db = database or TemporaryCluster.start()
+        db = postgres or TemporaryCluster.start()
         control_ports = {f"control-{i}": free_port() for i in range(controls)}
         cluster = cls(
             root=root,
-            database=db,
+            postgres=db,
             store_url=db.create_database(),
             enrollment_token=secrets.token_urlsafe(32),
             balancer=LoadBalancer(root / "haproxy", free_port(), control_ports),
-            owns_database=owns,
+            env={**QUICK, **(env or {})},
+            owns_postgres=postgres is None,
         )
-        extra = {**QUICK, **(env or {})}
         try:
             cluster.balancer.start()
             for name, port in control_ports.items():
                 cluster.controls.append(
                     PlatformServer.start(
                         root / name,
-                        env={**cluster.control_env(), **extra},
+                        env=cluster.control_env(),
                         role="control",
                         port=port,
                         wait=False,
@@ -262,7 +273,7 @@ class LocalCluster:
             for name in control_ports:
                 cluster.balancer.wait_status(name, "UP")
             for i in range(nodes):
-                cluster.add_node(f"node-{i}", extra, wait=False)
+                cluster.add_node(f"node-{i}", wait=False)
             for node in cluster.nodes:
                 node.wait_ready()
         except BaseException:
@@ -272,68 +283,90 @@ class LocalCluster:
 
     def control_env(self) -> dict[str, str]:
         return {
+            **self.env,
             "PODBAY_STORE_URL": self.store_url,
             "PODBAY_CLUSTER_ENROLLMENT_TOKEN": self.enrollment_token,
+            # Identity tokens name the load balancer, whichever replica issued them.
             "PODBAY_SERVER_PUBLIC_URL": self.url,
         }
 
     def add_node(
         self, name: str, env: Mapping[str, str] | None = None, *, wait: bool = True
     ) -> PlatformServer:
+        """A node whose data directory is ``root/name``."""
         port = free_port()
         node = PlatformServer.start(
             self.root / name,
             env={
+                **self.env,
                 "PODBAY_NODE_CONTROL_URL": self.url,
                 "PODBAY_NODE_NAME": name,
                 "PODBAY_NODE_ADVERTISE_URL": f"http://127.0.0.1:{port}",
                 "PODBAY_CLUSTER_ENROLLMENT_TOKEN": self.enrollment_token,
-                **QUICK,
                 **(env or {}),
             },
             role="node",
             port=port,
             wait=wait,
+            data_dir=self.root / name,
         )
         self.nodes.append(node)
         return node
 
-    # -- operator's view ----------------------------------------------------------
-    def create_deployment(self, name: str, spec: str | None = SANDBOX_SPEC) -> str:
-        """Register ``name`` (the CLI, on the shared store); its identity token."""
-        return self.controls[0].create_deployment(name, spec)
+    # -- operator and client ------------------------------------------------------
+    def cli(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """An operator command (``deployment create``, ``node list`` ...) on the
+        cluster's store, as an operator's machine runs it."""
+        result = subprocess.run(
+            [sys.executable, "-m", "podbay.cli.main", *args],
+            env={
+                **os.environ,
+                **self.control_env(),
+                "PODBAY_DATA_DIR": str(self.root / "operator"),
+            },
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
+        return result
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """An operator command with the control plane's settings (``node list`` ...)."""
-        return self.controls[0].cli(*args, check=check)
+    def create_deployment(self, name: str, spec: str = SANDBOX_SPEC) -> str:
+        """Register ``name``; its identity token."""
+        out = self.cli("deployment", "create", name, "--spec", "-", input=spec)
+        return out.stdout.strip().splitlines()[-1]
 
-    def node_named(self, name: str) -> PlatformServer:
-        (found,) = [n for n in self.nodes if n.env["PODBAY_NODE_NAME"] == name]
-        return found
+    def attach(
+        self, token: str, name: str, *, control: int | None = None, **kw: Any
+    ) -> httpx.Response:
+        """Attach through the load balancer, or straight to replica ``control``."""
+        base = self.url if control is None else self.controls[control].url
+        return httpx.put(
+            f"{base}/api/v1/sandboxes/{name}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=120,
+            **kw,
+        )
 
     def node_for(self, endpoint: str) -> PlatformServer:
         """The node a handle's ``endpoint`` points at."""
-        (found,) = [n for n in self.nodes if endpoint.startswith(n.base_url)]
+        (found,) = [n for n in self.nodes if endpoint.startswith(n.url + "/")]
         return found
-
-    def healthy(self, server: PlatformServer) -> bool:
-        with contextlib.suppress(httpx.TransportError):
-            return server.http.get("/healthz", timeout=2).status_code == 200
-        return False
 
     # -- the end ------------------------------------------------------------------
     def close(self) -> None:
         """Nodes first (their machines destroyed), then the control plane, the
         load balancer and the database."""
-        for node in self.nodes:
+        for server in [*self.nodes, *self.controls]:
             with contextlib.suppress(Exception):
-                node.close()
-        for control in self.controls:
-            with contextlib.suppress(Exception):
-                control.close()
+                server.close()
         self.balancer.stop()
-        if self.owns_database:
-            self.database.stop()
+        if self.owns_postgres:
+            self.postgres.stop()
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -43,10 +43,17 @@ def free_port() -> int:
 
 
 class PlatformServer:
-    def __init__(self, root: Path, env: dict[str, str], port: int, role: str = "serve") -> None:
+    def __init__(
+        self,
+        root: Path,
+        env: dict[str, str],
+        port: int,
+        role: str = "serve",
+        data_dir: Path | None = None,
+    ) -> None:
         self.root = root
         self.role = role
-        self.data_dir = root / "data"
+        self.data_dir = data_dir or root / "data"
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.run_dir = f"/run/podbay-test/{uuid.uuid4().hex[:8]}"
@@ -74,10 +81,11 @@ class PlatformServer:
         wait: bool = True,
         role: str = "serve",
         port: int | None = None,
+        data_dir: Path | None = None,
     ) -> PlatformServer:
         require_host()
         root.mkdir(parents=True, exist_ok=True)
-        server = cls(root, env or {}, port or free_port(), role)
+        server = cls(root, env or {}, port or free_port(), role, data_dir)
         server.spawn()
         if wait:
             server.wait_ready()
@@ -138,6 +146,24 @@ class PlatformServer:
         self.process.kill()
         self.process.wait(10)
 
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not end; nothing if not running."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            self.terminate()
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+    @property
+    def name(self) -> str:
+        """The directory it runs in (``node-1``, ``control-0`` in a cluster)."""
+        return self.root.name
+
     def restart(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.terminate()
@@ -145,11 +171,7 @@ class PlatformServer:
         self.wait_ready()
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            try:
-                self.terminate()
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        self.stop()
         self.http.close()
         if self.role != "control":  # the control plane holds no machines
             self.destroy_machines()
