@@ -42,7 +42,7 @@ from .postgres import TemporaryCluster
 #: Settings that make a test cluster notice things in seconds, not minutes.
 QUICK = {
     "PODBAY_CLUSTER_HEARTBEAT_SECONDS": "1",
-    "PODBAY_CLUSTER_NODE_LOST_SECONDS": "5",
+    "PODBAY_CLUSTER_NODE_LOST_SECONDS": "10",
 }
 
 

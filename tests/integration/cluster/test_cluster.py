@@ -1,0 +1,155 @@
+"""The multi-node shape on one machine, through the public API only:
+PostgreSQL, two ``podbay control`` behind haproxy, three ``podbay node``
+(``podbay.testing.cluster.LocalCluster``), real sandboxes.
+
+One cluster for the module. Losing a node is tested in
+tests/integration/platform/test_platform_cluster.py; its figures are in
+bench/cluster.py."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from podbay.client import SandboxClient
+from podbay.testing.cluster import LocalCluster, process_io
+
+pytestmark = pytest.mark.root
+
+ROOT = Path(__file__).resolve().parents[3]
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("cluster")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def token(cluster: LocalCluster) -> str:
+    return cluster.create_deployment("cluster-agent")
+
+
+@pytest.fixture
+def client(cluster: LocalCluster, token: str) -> Iterator[SandboxClient]:
+    with SandboxClient(identity_token=token, server_url=cluster.url) as c:
+        yield c
+
+
+def test_every_node_is_enrolled_and_listed(cluster: LocalCluster) -> None:
+    listing = cluster.cli("node", "list").stdout
+    for node in cluster.nodes:
+        assert node.env["PODBAY_NODE_NAME"] in listing
+
+
+def test_the_sdk_works_through_the_load_balancer_with_data_on_the_node(
+    cluster: LocalCluster, client: SandboxClient, token: str
+) -> None:
+    name = f"c-{uuid.uuid4().hex[:8]}"
+    handle = client.attach(name)
+    assert handle.state == "running"
+    raw = cluster.attach(token, name).json()
+    # The handle sends the data plane to the node that holds the sandbox.
+    node = cluster.node_for(raw["endpoint"])
+    assert not raw["endpoint"].startswith(cluster.url)
+    result = client.exec(name, ["/bin/sh", "-c", "echo hi; hostname"])
+    assert result.exit_code == 0 and result.stdout.startswith("hi\n")
+    client.write_file(name, "/tmp/x.txt", "through the node")
+    assert client.read_file(name, "/tmp/x.txt") == "through the node"
+    assert node.process is not None and node.process.poll() is None
+    client.delete(name)
+
+
+def test_the_client_contract_suite_passes_against_the_cluster(
+    cluster: LocalCluster, token: str
+) -> None:
+    """tests/integration/client (every SDK method, both faces) aimed at the
+    load balancer instead of a ``podbay serve``."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "integration" / "client" / "test_client_platform.py"),
+        ],
+        env={**os.environ, "PODBAY_TEST_SERVER_URL": cluster.url, "PODBAY_TEST_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_concurrent_first_attaches_through_both_replicas_make_one_sandbox(
+    cluster: LocalCluster, token: str
+) -> None:
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    count = 16
+    barrier = threading.Barrier(count)
+
+    def one(i: int) -> httpx.Response:
+        barrier.wait()
+        return cluster.attach(token, name, control=i % len(cluster.controls))
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        answers = list(pool.map(one, range(count)))
+    assert {r.status_code for r in answers} == {200}, [r.text for r in answers]
+    assert len({r.json()["endpoint"] for r in answers}) == 1
+    assert [r.json()["start"] for r in answers].count("reused") == count - 1
+
+
+def test_a_100_mib_upload_goes_through_the_node_and_never_the_control_plane(
+    cluster: LocalCluster, client: SandboxClient, token: str
+) -> None:
+    name = f"up-{uuid.uuid4().hex[:8]}"
+    client.attach(name)
+    node = cluster.node_for(cluster.attach(token, name).json()["endpoint"])
+    controls = [c for c in cluster.controls if c.process and c.process.poll() is None]
+    assert node.process is not None
+    before_lb = cluster.balancer.counters()
+    before_io = {c.pid(): process_io(c.pid()) for c in controls}
+    node_before = process_io(node.pid())
+
+    payload = os.urandom(MIB) * 100
+    client.write_file_bytes(name, "/tmp/big.bin", payload)
+    check = client.exec(name, ["/bin/sh", "-c", "stat -c %s /tmp/big.bin"])
+    assert check.stdout.strip() == str(len(payload))
+
+    after_lb = cluster.balancer.counters()
+    carried = {
+        server: after_lb[server].bytes_in
+        - before_lb[server].bytes_in
+        + after_lb[server].bytes_out
+        - before_lb[server].bytes_out
+        for server in before_lb
+    }
+    moved = {
+        pid: process_io(pid)["rchar"] - io["rchar"] + process_io(pid)["wchar"] - io["wchar"]
+        for pid, io in before_io.items()
+    }
+    node_read = process_io(node.pid())["rchar"] - node_before["rchar"]
+    print(f"\nload balancer bytes per control replica: {carried}")
+    print(f"control processes' read+written bytes: {moved}; node read: {node_read}")
+    # The node read the upload (so the counters do see such traffic) ...
+    assert node_read >= len(payload)
+    # ... and the control plane carried none of it: what it did move in that
+    # time (heartbeats, credential renewals, store queries) is under 1% of it.
+    assert sum(carried.values()) < MIB, carried
+    assert all(m < 4 * MIB for m in moved.values()), moved
+    client.delete(name)
