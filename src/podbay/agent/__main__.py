@@ -26,7 +26,7 @@ from types import FrameType
 from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
-from . import VERSION
+from . import VERSION, guard
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .http import Server
@@ -37,7 +37,7 @@ THREAD_STACK_BYTES = 1024 * 1024
 
 
 USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
-                    [--workspace DIR] [--env-file PATH]
+                    [--workspace DIR] [--env-file PATH] [--guard-uid N]
 
 Run the sandbox agent (inside a sandbox).
 
@@ -46,6 +46,8 @@ Run the sandbox agent (inside a sandbox).
   --fd N              serve on an inherited, already-listening socket
   --workspace DIR     default cwd and base of relative paths (default /workspace)
   --env-file PATH     JSON object of variables given to every command
+  --guard-uid N       run as uid N, commands in user namespaces without it
+                      (under a kernel that cannot protect the agent: gVisor)
 """
 
 
@@ -56,17 +58,19 @@ class Options:
     fd: int | None = None
     workspace: str = limits.WORKSPACE
     env_file: str | None = None
+    guard_uid: int | None = None
 
 
 def parse_args(argv: list[str]) -> Options:
     """The options in ``argv``. Hand-rolled rather than argparse: five options,
     and argparse costs several ms of every sandbox's start-up.
 
-    >>> parse_args(["--fd", "3", "--env-file=/e.json"])
-    Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json')
+    >>> parse_args(["--fd", "3", "--env-file=/e.json"])  # doctest: +NORMALIZE_WHITESPACE
+    Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json',
+            guard_uid=None)
     """
     opts = Options()
-    names = {"--socket", "--listen", "--fd", "--workspace", "--env-file"}
+    names = {"--socket", "--listen", "--fd", "--workspace", "--env-file", "--guard-uid"}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -77,10 +81,10 @@ def parse_args(argv: list[str]) -> Options:
             if not args:
                 raise UsageError(f"{name} needs a value")
             value = args.pop(0)
-        if name == "--fd":
+        if name in ("--fd", "--guard-uid"):
             if not value.isdigit():
-                raise UsageError(f"--fd wants a file descriptor number, got {value!r}")
-            opts.fd = int(value)
+                raise UsageError(f"{name} wants a number, got {value!r}")
+            setattr(opts, name[2:].replace("-", "_"), int(value))
         else:
             setattr(opts, name[2:].replace("-", "_"), value)
     given = [n for n in ("socket", "listen", "fd") if getattr(opts, n) is not None]
@@ -154,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"podbay-agent: cannot create {args.workspace}: {exc}", file=sys.stderr)
     else:
         become_subreaper()
+    if args.guard_uid is not None:
+        try:
+            guard.enable(args.guard_uid)
+        except OSError as exc:
+            print(f"podbay-agent: cannot run as uid {args.guard_uid}: {exc}", file=sys.stderr)
+            return 2
     threading.stack_size(THREAD_STACK_BYTES)
     reaper = Reaper()
     reaper.start()

@@ -47,6 +47,7 @@ from podbay.wire.data import (
 )
 from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
+from . import guard
 from .http import Aborted
 from .refusal import path_refusal
 
@@ -307,6 +308,8 @@ class Files:
             if old is not None:
                 with contextlib.suppress(OSError):
                     os.fchown(fd, old.st_uid, old.st_gid)
+            else:
+                guard.claim(fd)
             keep = stat.S_IMODE(old.st_mode) if old is not None else DEFAULT_FILE_MODE
             os.fchmod(fd, mode if mode is not None else keep)
             os.close(fd)
@@ -345,10 +348,11 @@ class Files:
         path, shown = self.resolve(req.path)
         mode = check_mode(req.mode) if req.mode is not None else DEFAULT_DIR_MODE
         try:
-            if req.parents:
-                os.makedirs(path, mode=mode, exist_ok=True)
-            else:
-                os.mkdir(path, mode)
+            with guard.claiming_new_dirs(path):
+                if req.parents:
+                    os.makedirs(path, mode=mode, exist_ok=True)
+                else:
+                    os.mkdir(path, mode)
             if req.mode is not None:
                 os.chmod(path, mode)  # exact bits, whatever the umask
         except FileExistsError:
@@ -361,7 +365,8 @@ class Files:
 def _make_parents(parent: str, shown: str) -> None:
     """Create the missing directories above a path being written or moved to."""
     try:
-        os.makedirs(parent, exist_ok=True)
+        with guard.claiming_new_dirs(parent):
+            os.makedirs(parent, exist_ok=True)
     except FileExistsError:
         raise ApiError(
             ErrorCode.PATH_NOT_DIRECTORY, f"{shown}: a parent is not a directory"

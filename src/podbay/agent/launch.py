@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
-from . import oom
+from . import guard, oom
 from .reaper import Reaper
 from .tree import kill_tree
 from .users import ROOT, Account, command_identity
@@ -137,9 +137,9 @@ def launch_on_terminal(
     ``account`` (which then owns the terminal, as a login would)."""
 
     def own_terminal(uid: int | None) -> None:
-        if uid is not None:
+        if uid is not None or guard.active():  # a guarded agent's pty is its own
             with contextlib.suppress(OSError):
-                os.fchown(terminal, uid, -1)
+                os.fchown(terminal, uid or 0, -1)
 
     streams = (terminal, terminal, terminal)
     return _start(
@@ -174,8 +174,15 @@ def _start(
     if before is not None:
         before(uid)
     oom.prepare()
+    entry: guard.Entry | None = None
     with reaper.lock:
         try:
+            if guard.active():
+                # The command's own user namespace (see .guard): its ids are set
+                # there, not by Popen in the agent's namespace.
+                entry = guard.Entry(uid or 0, gid or 0, [0] if groups is None else groups)
+                uid = gid = groups = None
+                preexec_fn = _chain(entry.enter, preexec_fn)
             popen = subprocess.Popen(
                 argv,
                 stdin=streams[0],
@@ -195,10 +202,26 @@ def _start(
             raise _start_failed(exc, argv, cwd) from None
         except ValueError as exc:  # e.g. an environment the OS cannot take
             raise ApiError(ErrorCode.REQUEST_INVALID, f"cannot start {argv[0]!r}: {exc}") from None
+        except subprocess.SubprocessError as exc:  # preexec_fn failed: nothing ran
+            raise ApiError(
+                ErrorCode.COMMAND_START_FAILED, f"cannot start {argv[0]!r}: {exc}"
+            ) from None
+        finally:
+            if entry is not None:
+                entry.close()
         child = Child(popen)
         child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)
     return child
+
+
+def _chain(first: Callable[[], None], then: Callable[[], None] | None) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        if then is not None:
+            then()
+
+    return both
 
 
 def _take_terminal() -> None:

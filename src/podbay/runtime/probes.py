@@ -78,7 +78,7 @@ def no_host_environment(agent: AgentClient) -> str | None:
 #: Run inside a sandbox (as root, on the image's python3): each attack on the
 #: agent and its outcome, as a JSON object of name → sentence ("refused: …").
 AGENT_ATTACKS = r"""
-import ctypes, json, os, socket
+import ctypes, json, os, signal, socket, time
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_PIDFD_OPEN, SYS_PIDFD_GETFD, PTRACE_SEIZE, PTRACE_DETACH = 434, 438, 0x4206, 17
 out = {}
@@ -108,6 +108,30 @@ def memory():
 def fd_link():
     return "reads fd 3 as " + os.readlink("/proc/1/fd/3")
 
+def take_fd():
+    # Its sockets and pipes, through /proc (its standard streams are the console).
+    taken = []
+    for name in os.listdir("/proc/1/fd"):
+        if int(name) > 2:
+            try:
+                os.close(os.open("/proc/1/fd/" + name, os.O_RDONLY))
+                taken.append(name)
+            except OSError:
+                pass
+    if taken:
+        return "opened the agent's descriptors " + ", ".join(sorted(taken))
+    raise OSError(0, "none of its descriptors opens")
+
+def stop():
+    os.kill(1, signal.SIGSTOP)
+    time.sleep(0.2)
+    with open("/proc/1/status") as f:
+        state = [line.split()[1] for line in f if line.startswith("State:")]
+    os.kill(1, signal.SIGCONT)
+    if state and state[0] == "T":
+        return "stopped the agent"
+    raise OSError(0, "ignored: a namespace's init takes no such signal from inside")
+
 def oom():
     with open("/proc/1/oom_score_adj", "w") as f:
         f.write("1000")
@@ -118,13 +142,27 @@ def environ():
         return "read the agent's environment: %d bytes" % len(f.read())
 
 for name, fn in [("pidfd_getfd", steal), ("ptrace", trace), ("mem", memory),
-                 ("fd", fd_link), ("oom_score_adj", oom), ("environ", environ)]:
+                 ("fd", fd_link), ("take_fd", take_fd), ("signal", stop),
+                 ("oom_score_adj", oom), ("environ", environ)]:
     try:
         out[name] = fn()
     except OSError as e:
         out[name] = "refused: " + (e.strerror or str(e))
 print(json.dumps(out))
 """
+
+#: Under a kernel of the sandbox's own (gVisor 2022) these attacks succeed
+#: without taking the agent over or down, each for a reason of that kernel's
+#: (the agent otherwise runs as an id sandbox root cannot reach: see
+#: :mod:`podbay.agent.guard`).
+OWN_KERNEL_HARMLESS = {
+    "fd": "gVisor lists every process's /proc/<pid>/fd to all; none of the agent's "
+    "sockets or pipes opens (take_fd)",
+    "environ": "gVisor serves /proc/<pid>/environ to all; the agent's holds PATH, HOME, "
+    "LANG and malloc settings only (no host environment)",
+    "oom_score_adj": "gVisor has no OOM killer; the host's ends the whole sandbox "
+    "whatever the score inside",
+}
 
 
 def agent_attacks(agent: AgentClient) -> dict[str, str]:
@@ -136,12 +174,14 @@ def agent_attacks(agent: AgentClient) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()}
 
 
-def agent_out_of_reach(agent: AgentClient) -> str | None:
-    """Sandbox code can neither trace the agent nor take its socket or memory."""
+def agent_out_of_reach(agent: AgentClient, *, own_kernel: bool = False) -> str | None:
+    """Sandbox code can neither trace, stop nor rob the agent (its socket,
+    memory, descriptors). ``own_kernel``: under gVisor, where the outcomes
+    in :data:`OWN_KERNEL_HARMLESS` are that kernel's and do not count."""
     won = [
         f"{name}: {outcome}"
         for name, outcome in agent_attacks(agent).items()
-        if not outcome.startswith("refused")
+        if not outcome.startswith("refused") and not (own_kernel and name in OWN_KERNEL_HARMLESS)
     ]
     return "; ".join(won) if won else None
 

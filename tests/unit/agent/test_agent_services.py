@@ -168,6 +168,14 @@ def test_command_line_parsing() -> None:
     from podbay.agent.__main__ import UsageError, parse_args
 
     assert parse_args(["--socket", "/s", "--workspace", "/w"]).workspace == "/w"
-    for bad in ([], ["--fd", "x"], ["--socket", "/s", "--fd", "3"], ["--nope", "1"], ["--fd"]):
+    assert parse_args(["--fd", "3", "--guard-uid=65535"]).guard_uid == 65535
+    for bad in (
+        [],
+        ["--fd", "x"],
+        ["--socket", "/s", "--fd", "3"],
+        ["--nope", "1"],
+        ["--fd"],
+        ["--fd", "3", "--guard-uid", "-1"],
+    ):
         with pytest.raises(UsageError):
             parse_args(bad)

@@ -248,9 +248,14 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
             checks = [own_kernel, no_host_env, guest_pids, apart]
         gvisor = isinstance(getattr(driver, "runc", None), Runsc)
         if gvisor:
-            # gVisor is the sandbox's kernel: root inside is its root, user namespaces
-            # and the agent's process are its business (as in a VM's guest).
-            checks = [own_kernel, no_host_env, own_pids, apart]
+            # gVisor is the sandbox's kernel: root inside is its root and user
+            # namespaces are its business (as in a VM's guest); the agent guards
+            # itself there (podbay.agent.guard).
+            guarded = (
+                "agent out of reach (ptrace, signals, /proc/1)",
+                lambda: probes.agent_out_of_reach(a, own_kernel=True),
+            )
+            checks = [own_kernel, no_host_env, guarded, own_pids, apart]
         loop = asyncio.get_running_loop()
 
         def restart_a() -> None:

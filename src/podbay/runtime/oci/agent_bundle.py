@@ -17,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from podbay.agent import staging
+from podbay.agent import guard, staging
 
 from ..base import DriverError
 
@@ -109,12 +109,18 @@ def sandbox_argv(
 ) -> list[str]:
     """The sandbox's first process: the agent on the image's python (see
     :func:`image_python`), serving the socket on fd 3 (or binding the path
-    ``socket`` when one is given), with the sandbox's env file."""
+    ``socket`` when one is given), with the sandbox's env file.
+
+    Without the private loader (a kernel of the sandbox's own: gVisor) the
+    agent guards itself instead: it runs as :data:`guard.DEFAULT_UID` and
+    starts commands in user namespaces without that id (:mod:`podbay.agent.guard`)."""
     listen = ["--socket", socket] if socket else ["--fd", "3"]
+    guarded = [] if private_loader else ["--guard-uid", str(guard.DEFAULT_UID)]
     return staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
         AGENT_DIR,
         *listen,
         "--env-file",
         ENV_FILE,
+        *guarded,
     )

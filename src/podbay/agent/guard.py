@@ -1,0 +1,173 @@
+"""Keep sandbox code away from the agent where the runtime cannot (gVisor).
+
+Under runc the host kernel protects the agent: it runs non-dumpable with its
+memory owned by the host's user namespace (docs/runtime.md, "The agent
+inside"). gVisor's kernel must read what it executes, so that cannot apply,
+and gVisor (2022) lets whoever owns a ``/proc/<pid>`` file open it: sandbox
+root could read the agent's fds and environment, raise its OOM score and
+signal it. With ``--guard-uid N`` (the runtime passes it for gVisor):
+
+- the agent runs as uid and gid ``N``, keeping its capabilities
+  (:func:`enable`);
+- every command starts in a user namespace of its own that maps ids
+  ``0 .. N-1`` to themselves and leaves ``N`` out (:class:`Entry`). Root
+  there is root over every file and process of the sandbox, but the agent's
+  id is not one it can name or become, and its capabilities count only in
+  that namespace: the kernel refuses it the agent's ``/proc`` files
+  (``mem``, ``fd``, ``environ``, ``oom_score_adj``), ``ptrace`` and signals,
+  as for any other user's process. Its capability bounding set is the
+  agent's own (the runtime's set: no ``CAP_SYS_ADMIN``, no
+  ``CAP_NET_ADMIN``), so owning that namespace gives it nothing more.
+
+This gVisor has neither ``setns`` into a user namespace nor ``setfsuid``: so
+each command makes its namespace with ``unshare`` before it runs while the
+agent writes its id maps, and files the agent creates for a caller are
+handed to root (:func:`claim`) instead of being created as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+#: The agent's uid under gVisor: the last id of the sandbox's range (65536
+#: ids from 0), so the files it creates map to the host before :func:`claim`.
+DEFAULT_UID = 65535
+
+_CLONE_NEWUSER = 0x10000000
+_PR_SET_KEEPCAPS = 8
+_PR_CAPBSET_DROP = 24
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+_uid: int | None = None
+_unshare: Callable[[int], int] | None = None
+_prctl: Callable[..., int] | None = None
+#: Capabilities the agent does not have, dropped from every command's bounding set.
+_not_ours: list[int] = []
+
+
+def active() -> bool:
+    return _uid is not None
+
+
+def enable(uid: int) -> None:
+    """Become ``uid`` (and gid ``uid``) with every capability the agent had.
+    Call before any thread starts. Raises OSError when the kernel refuses."""
+    global _uid, _unshare, _prctl, _not_ours
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
+
+    check(libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # Leaving uid 0 emptied the effective set; the permitted one was kept.
+    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    check(libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        half.effective = half.permitted
+    check(libc.capset(ctypes.byref(header), data), "capset")
+    ours = data[0].permitted | data[1].permitted << 32
+    _not_ours = [cap for cap in range(64) if not ours >> cap & 1]
+    _unshare, _prctl = libc.unshare, libc.prctl
+    _uid = uid
+
+
+def claim(path: str | int) -> None:
+    """Hand what the agent just created (a path or an fd) to root, as if root
+    had created it; nothing when the agent is root."""
+    if _uid is None:
+        return
+    if isinstance(path, int):
+        os.fchown(path, 0, 0)
+    else:
+        os.lchown(path, 0, 0)
+
+
+@contextlib.contextmanager
+def claiming_new_dirs(path: str) -> Iterator[None]:
+    """Around creating ``path`` and its missing parents: :func:`claim` each
+    directory that did not exist before."""
+    missing: list[str] = []
+    if _uid is not None:
+        probe = os.path.abspath(path)
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+    yield
+    for made in reversed(missing):
+        with contextlib.suppress(FileNotFoundError):
+            claim(made)
+
+
+class Entry:
+    """One command's way into its own user namespace, for ``Popen``: the child
+    calls :meth:`enter` before it runs (``preexec_fn``); a thread of the agent
+    writes the namespace's id maps meanwhile. :meth:`close` after ``Popen``."""
+
+    def __init__(self, uid: int, gid: int, groups: list[int]) -> None:
+        assert _uid is not None
+        self.ids = (uid, gid, groups)
+        self.ready_r, self.ready_w = os.pipe()  # child -> agent: "unshared, pid"
+        self.mapped_r, self.mapped_w = os.pipe()  # agent -> child: "maps written"
+        self.mapper = threading.Thread(target=self._map, name="userns-map", daemon=True)
+        self.mapper.start()
+
+    def _map(self) -> None:
+        assert _uid is not None
+        try:
+            pid = int(os.read(self.ready_r, 32) or b"0")
+            if pid > 0:
+                for name in ("uid_map", "gid_map"):
+                    with open(f"/proc/{pid}/{name}", "w") as f:
+                        f.write(f"0 0 {_uid}\n")
+                os.write(self.mapped_w, b"1")
+        except (OSError, ValueError):
+            pass  # the child reads nothing and refuses to run
+        finally:
+            os.close(self.ready_r)
+            os.close(self.mapped_w)
+
+    def enter(self) -> None:
+        """In the child: a new user namespace, then the command's ids in it."""
+        os.close(self.ready_r)
+        os.close(self.mapped_w)
+        assert _unshare is not None and _prctl is not None
+        if _unshare(_CLONE_NEWUSER) != 0:
+            raise OSError("cannot make the command's user namespace")
+        for cap in _not_ours:  # a cap past the kernel's last one is EINVAL: fine
+            _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        os.write(self.ready_w, str(os.getpid()).encode())
+        if os.read(self.mapped_r, 1) != b"1":
+            raise OSError("the command's user namespace got no id map")
+        uid, gid, groups = self.ids
+        os.setgroups(groups)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+
+    def close(self) -> None:
+        """In the agent once ``Popen`` returned or failed."""
+        os.close(self.ready_w)
+        os.close(self.mapped_r)
+        self.mapper.join(5)
