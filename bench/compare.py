@@ -43,9 +43,13 @@ Rows (medians of ``--runs`` samples unless said):
 * ``podbay sandbox exec NAME -- true``: the CLI as a whole process; Docker:
   ``docker exec``;
 * exec throughput: 8 client threads over 20 running sandboxes, 5 s, once;
+* first exec after idling past the agent's hibernation delay (podbay's
+  servers here hibernate an idle agent after ``HIBERNATE_SECONDS``; the
+  default is 300 s), beside its second;
 * host memory per idle sandbox: agent PSS + slirp4netns PSS, median of 10
-  idle sandboxes, ``--runs``/5 times; Docker: containerd-shim PSS + the
-  container's init PSS.
+  idle sandboxes, ``--runs``/5 times, once past the hibernation delay (the
+  figure while still awake, 0.5 s after an exec, beside it); Docker:
+  containerd-shim PSS + the container's init PSS.
 
 The Docker half is written against the Engine API (v1.41) and the ``docker``
 CLI but was not run where it was written (no Docker daemon there): treat its
@@ -82,6 +86,8 @@ MIB = 1024 * 1024
 ROOT = Path(__file__).resolve().parent.parent
 PODBAY = [str(Path(sys.executable).with_name("podbay"))]
 DOCKER_SOCKET = "/var/run/docker.sock"
+#: podbay's servers here hibernate an idle agent after this many seconds.
+HIBERNATE_SECONDS = 3.0
 
 Sample = Callable[[], float]
 
@@ -240,6 +246,7 @@ class Podbay:
             "PODBAY_CAPS_PER_DEPLOYMENT": "100",
             "PODBAY_CAPS_PER_ACCOUNT": "100",
             "PODBAY_LOG_LEVEL": "warning",
+            "PODBAY_RUNTIME_AGENT_HIBERNATE_SECONDS": str(HIBERNATE_SECONDS),
         }
         self.server = PlatformServer.start(root, env=env)
         self.token = self.server.create_deployment("compare")
@@ -311,11 +318,23 @@ class Podbay:
 
         return rate(clients, seconds, worker)
 
-    def idle_memory_kib(self, names: list[str], settle: float) -> tuple[float, float]:
-        """(agent PSS, slirp4netns PSS) median per sandbox, KiB."""
+    def wake_exec(self, name: str) -> tuple[float, float]:
+        """The first exec after idling past the hibernation delay, and the second."""
+        self.client.exec(name, ["true"])
+        time.sleep(HIBERNATE_SECONDS + 2)
+        first = timed(lambda: self.client.exec(name, ["true"]))
+        second = timed(lambda: self.client.exec(name, ["true"]))
+        return first, second
+
+    def idle_memory_kib(
+        self, names: list[str], settle: float, awake: bool = False
+    ) -> tuple[float, float]:
+        """(agent PSS, slirp4netns PSS) median per sandbox, KiB, ``settle`` s after
+        an exec in each (``awake``: no exec, measure at once)."""
         driver = self.driver()
-        for n in names:
-            self.client.exec(n, ["true"])
+        if not awake:
+            for n in names:
+                self.client.exec(n, ["true"])
         time.sleep(settle)
         agents, slirps = [], []
         for n in names:
@@ -499,6 +518,8 @@ ROWS: list[tuple[str, str, str, float, float, bool]] = [
     ("write_agent", "write {mib} MiB, straight to the agent", "ms", 1000, 1 / 3, False),
     ("cli", "`podbay sandbox exec NAME -- true` (docker exec)", "ms", 1000, 1, False),
     ("throughput", "exec throughput, 20 sandboxes, 8 clients", "/s", 1, 0.01, True),
+    ("wake", "first exec after idling past hibernation", "ms", 1000, 1 / 3, False),
+    ("wake_second", "  (its second exec)", "ms", 1000, 0, False),
     ("memory", "host memory per idle sandbox", "MiB", 1, 0.2, False),
 ]
 
@@ -519,6 +540,7 @@ class PodbaySide:
         self.many = [f"tp-{i}" for i in range(20)]
         for n in self.many:
             self.client.attach(n)
+        self.client.attach("sleeper")
         time.sleep(1.0)  # the pool fills
 
     def close(self) -> None:
@@ -549,12 +571,21 @@ class PodbaySide:
             return {key: self.pooled.cli_exec("hot")}
         if key == "throughput":
             return {key: self.pooled.throughput(self.many, 8, 5.0)}
+        if key == "wake":
+            first, second = self.pooled.wake_exec("sleeper")
+            return {"wake": first, "wake_second": second}
         if key == "memory":
-            agent, slirp = self.pooled.idle_memory_kib(self.many[:10], settle=2.0)
+            for n in self.many[:10]:
+                c.exec(n, ["true"])
+            awake, _ = self.pooled.idle_memory_kib(self.many[:10], settle=0.5, awake=True)
+            agent, slirp = self.pooled.idle_memory_kib(
+                self.many[:10], settle=HIBERNATE_SECONDS + 2.0
+            )
             return {
                 key: (agent + slirp) / 1024,
                 "agent_pss": agent / 1024,
                 "slirp_pss": slirp / 1024,
+                "agent_pss_awake": awake / 1024,
             }
         raise KeyError(key)
 

@@ -88,6 +88,10 @@ class RuntimeSettings:
     network: bool = True
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
+    #: A sandbox's agent (``container`` class) that has had nothing to do for this
+    #: long hands over to a waiter of ~2.3 MiB until its next request, which then
+    #: pays the agent's start-up (see docs/performance.md); 0: never.
+    agent_hibernate_seconds: float = 300.0
     #: Base image cache; empty means ``<data_dir>/images`` (tests share one across runs).
     image_dir: str = ""
     #: Volatile per-machine state (sockets, mounts, runc's state); empty means

@@ -29,6 +29,7 @@ from podbay.wire import limits
 from . import VERSION, guard
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
+from .hibernate import Hibernation, no_children
 from .http import Server
 from .reaper import Reaper, become_subreaper
 
@@ -185,7 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
     try:
-        Server(listener, app, protocol_refusal).serve_forever()
+        hibernation = Hibernation.configure(
+            listener,
+            from_fd=args.fd is not None,
+            may_sleep=lambda: app.relayed and not app.processes.list() and no_children(),
+        )
+        if hibernation is None:
+            Server(listener, app, protocol_refusal).serve_forever()
+        else:
+            Server(
+                listener,
+                app,
+                protocol_refusal,
+                on_idle=hibernation.on_idle,
+                idle_poll_seconds=hibernation.poll_seconds(),
+            ).serve_forever()
     except SystemExit:
         pass
     finally:

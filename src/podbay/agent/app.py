@@ -54,6 +54,7 @@ FEATURES = [
     paths.FEATURE_USERS,
 ]
 _DEFAULT_USER = paths.DEFAULT_USER_HEADER.lower()
+_REQUEST_ID = paths.REQUEST_ID_HEADER.lower()
 
 T = TypeVar("T")
 Route = Callable[[Request], Response]
@@ -150,6 +151,9 @@ class App:
         self.declared_env = dict(declared_env)
         self.processes = ProcessTable(reaper, workspace, self.declared_env)
         self.files = Files(workspace)
+        #: Whether a request relayed by the gateway (which names its request id)
+        #: came in: the sandbox is in use, not waiting in a warm pool.
+        self.relayed = False
         self.routes: dict[str, dict[str, Route]] = {
             paths.INFO: {"GET": self.info},
             paths.EXEC: {"POST": self.exec},
@@ -177,6 +181,8 @@ class App:
         }
 
     def __call__(self, req: Request) -> Response:
+        if not self.relayed and _REQUEST_ID in req.headers:
+            self.relayed = True
         try:
             return self._dispatch(req)
         except ApiError as exc:

@@ -20,10 +20,12 @@ contract) and the connection closed.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
@@ -409,8 +411,74 @@ def _drain(body: Body) -> bool:
     return True
 
 
-def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> None:
-    """Answer requests on one connection until either side closes it."""
+class Connections:
+    """The open connections, and whether each is between requests (waiting for
+    the next one with nothing of it received), so that an idle server can close
+    them all without cutting a request short (:meth:`close_if_idle`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: Every open connection: True while it waits for its next request.
+        self._waiting: dict[socket.socket, bool] = {}
+        self._last_active = time.monotonic()
+
+    def opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._waiting[sock] = False
+            self._last_active = time.monotonic()
+
+    def closed(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._waiting.pop(sock, None)
+            self._last_active = time.monotonic()
+
+    def wait_for_request(self, sock: socket.socket) -> bool:
+        """Block until the next request's first byte has arrived, without taking
+        it from the socket; False when the peer closed the connection instead."""
+        with self._lock:
+            self._waiting[sock] = True
+            self._last_active = time.monotonic()
+        try:
+            return sock.recv(1, socket.MSG_PEEK) != b""
+        finally:
+            with self._lock:
+                self._waiting[sock] = False
+                self._last_active = time.monotonic()
+
+    def close_if_idle(self, idle_seconds: float) -> bool:
+        """When every connection has waited for ``idle_seconds`` or more with no
+        request under way, shut their receiving side and return True.
+
+        Checked under the lock that every waiter takes when its next request
+        arrives, and the request's bytes stay in the socket until then. After the
+        shutdown a client's write fails (EPIPE on a unix socket) rather than
+        reaching a server that will not read it; a request whose first bytes came
+        in before the shutdown is still read and answered (False is returned
+        then): so no request is ever dropped unanswered.
+        """
+        with self._lock:
+            if not all(self._waiting.values()):
+                return False
+            if time.monotonic() - self._last_active < idle_seconds:
+                return False
+            for sock in self._waiting:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RD)
+            return not any(_has_bytes(sock) for sock in self._waiting)
+
+
+def _has_bytes(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except OSError:
+        return False
+
+
+def serve_connection(
+    sock: socket.socket, handler: Handler, refuse: Refuse, connections: Connections | None = None
+) -> None:
+    """Answer requests on one connection until either side closes it (``connections``:
+    where it was registered as opened, by the accepting thread)."""
     conn = _Connection(sock)
     sent_continue = False
 
@@ -423,6 +491,8 @@ def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> N
     try:
         while True:
             sent_continue = False
+            if connections is not None and not conn.buf and not connections.wait_for_request(sock):
+                return
             try:
                 req = parse_request(conn, send_continue)
             except ProtocolError as exc:
@@ -455,6 +525,8 @@ def serve_connection(sock: socket.socket, handler: Handler, refuse: Refuse) -> N
     except (OSError, Aborted):
         return  # peer gone, idle timeout, or a body cut on purpose
     finally:
+        if connections is not None:
+            connections.closed(sock)
         with contextlib.suppress(OSError):
             sock.close()
 
@@ -470,9 +542,12 @@ class _Spare:
     at a time, so the request that ends the bomb (``DELETE /v1/processes``) still
     gets through."""
 
-    def __init__(self, handler: Handler, refuse: Refuse) -> None:
+    def __init__(
+        self, handler: Handler, refuse: Refuse, connections: Connections | None = None
+    ) -> None:
         self._handler = handler
         self._refuse = refuse
+        self._connections = connections
         self._cond = threading.Condition()
         self._sock: socket.socket | None = None
         self._busy = False
@@ -500,26 +575,48 @@ class _Spare:
                 sock, self._sock = self._sock, None
                 self._busy = True
             try:
-                serve_connection(sock, self._handler, self._refuse)
+                serve_connection(sock, self._handler, self._refuse, self._connections)
             finally:
                 with self._cond:
                     self._busy = False
 
 
 class Server:
-    """Accept connections on ``listener``; one thread per connection."""
+    """Accept connections on ``listener``; one thread per connection.
 
-    def __init__(self, listener: socket.socket, handler: Handler, refuse: Refuse) -> None:
+    With ``on_idle``, the accepting thread calls it (with :attr:`connections`)
+    whenever ``idle_poll_seconds`` pass without a new connection; it may end
+    the process (see :mod:`.hibernate`). Only this thread accepts, so none is
+    accepted meanwhile: a new one waits in the listening socket's backlog.
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        handler: Handler,
+        refuse: Refuse,
+        on_idle: Callable[[Connections], None] | None = None,
+        idle_poll_seconds: float = 1.0,
+    ) -> None:
         self.listener = listener
         self.handler = handler
         self.refuse = refuse
+        self.on_idle = on_idle
+        self.idle_poll_ms = int(idle_poll_seconds * 1000)
+        self.connections = Connections() if on_idle is not None else None
 
     def serve_forever(self) -> None:
         timeout = _timeval(IDLE_TIMEOUT_SECONDS)
-        spare = _Spare(self.handler, self.refuse)
+        spare = _Spare(self.handler, self.refuse, self.connections)
         spare.start()
         tcp = self.listener.family in (socket.AF_INET, socket.AF_INET6)
+        on_idle, connections = self.on_idle, self.connections
+        waiting = select.poll()
+        waiting.register(self.listener, select.POLLIN)
         while True:
+            if on_idle and connections and not waiting.poll(self.idle_poll_ms):
+                on_idle(connections)
+                continue
             try:
                 sock, _ = self.listener.accept()
             except (ConnectionAbortedError, InterruptedError):
@@ -533,10 +630,13 @@ class Server:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
             if tcp:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if connections is not None:
+                # Known as open before this thread can next call on_idle.
+                connections.opened(sock)
             thread = threading.Thread(
                 target=serve_connection,
                 name="http-conn",
-                args=(sock, self.handler, self.refuse),
+                args=(sock, self.handler, self.refuse, connections),
                 daemon=True,
             )
             try:
@@ -546,6 +646,8 @@ class Server:
                 # spare serves it, or, when busy, drop it but stay up; the next
                 # may find room.
                 if not spare.offer(sock):
+                    if connections is not None:
+                        connections.closed(sock)
                     sock.close()
                     threading.Event().wait(0.05)
 

@@ -26,6 +26,10 @@ class AgentPool:
                 writer.close()
                 continue
             return reader, writer
+        return await self.connect()
+
+    async def connect(self) -> Connection:
+        """A new connection (not from the idle ones)."""
         return await asyncio.open_unix_connection(str(self.socket), limit=1 << 20)
 
     async def prewarm(self) -> None:
@@ -34,7 +38,7 @@ class AgentPool:
         if self._idle or self.closed:
             return
         try:
-            conn = await asyncio.open_unix_connection(str(self.socket), limit=1 << 20)
+            conn = await self.connect()
         except OSError:
             return
         self.release(conn)

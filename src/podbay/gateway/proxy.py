@@ -37,7 +37,7 @@ from podbay.errors import ApiError, BodyTooLarge
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, DEFAULT_USER_HEADER, REQUEST_ID_HEADER
 
-from .agentpool import AgentPool
+from .agentpool import AgentPool, Connection
 
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _DROP_REQUEST = frozenset(
@@ -191,12 +191,16 @@ async def relay(
         conn = await pool.acquire()
     except OSError:
         return await _unreachable(send, request_id)
-    reader, writer = conn
     started = False
     gone = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
     try:
-        await _send_request(writer, head, framing, receive, body_limit)
+        conn = await _send_head(pool, conn, head)
+    except OSError:
+        return await _unreachable(send, request_id)
+    reader, writer = conn
+    try:
+        await _send_body(writer, framing, receive, body_limit)
         # An agent may take its time (a long exec) or never answer (a hijacked
         # one): a client that leaves meanwhile releases the agent connection.
         watcher = asyncio.create_task(_watch_client(receive, writer, gone))
@@ -269,6 +273,27 @@ async def _watch_client(
             return
 
 
+async def _send_head(pool: AgentPool, conn: Connection, head: bytes) -> Connection:
+    """Send the request head on ``conn``, or, when the agent had already shut that
+    connection (an idle agent hibernating shuts its kept-alive connections: the
+    write fails and nothing was delivered), on a new one."""
+    try:
+        return await _write_head(conn, head)
+    except OSError:
+        return await _write_head(await pool.connect(), head)
+
+
+async def _write_head(conn: Connection, head: bytes) -> Connection:
+    writer = conn[1]
+    writer.write(head)
+    try:
+        await writer.drain()
+    except OSError:
+        writer.close()
+        raise
+    return conn
+
+
 async def _send_request(
     writer: asyncio.StreamWriter,
     head: bytes,
@@ -277,6 +302,15 @@ async def _send_request(
     body_limit: int | None,
 ) -> None:
     writer.write(head)
+    await _send_body(writer, framing, receive, body_limit)
+
+
+async def _send_body(
+    writer: asyncio.StreamWriter,
+    framing: str,
+    receive: Receive,
+    body_limit: int | None,
+) -> None:
     if framing == "none":
         await writer.drain()
         return

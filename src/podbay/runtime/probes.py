@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from podbay.agent.hibernate import ENV as HIBERNATE_ENV
 from podbay.agent.staging import AGENT_ENV
 
 from .agent_client import AgentClient
@@ -65,7 +66,7 @@ def hardening(agent: AgentClient) -> str | None:
 
 #: What the agent (the sandbox's init) may carry in its environment: PATH, HOME
 #: and its own start-up settings. Anything else came from the host.
-INIT_ENV_NAMES = frozenset({"PATH", "HOME", *AGENT_ENV})
+INIT_ENV_NAMES = frozenset({"PATH", "HOME", HIBERNATE_ENV, *AGENT_ENV})
 
 
 def no_host_environment(agent: AgentClient) -> str | None:

@@ -104,8 +104,11 @@ def gone(pid: int, within: float = 2.0) -> bool:
     return False
 
 
-def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent:
-    """Start an agent in ``tmp``; ``wrapper`` prefixes its command line (``unshare``)."""
+def start_agent(
+    tmp: Path, staged: Path, wrapper: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Agent:
+    """Start an agent in ``tmp``; ``wrapper`` prefixes its command line (``unshare``);
+    ``env`` adds to its environment."""
     workspace = tmp / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     env_file = tmp / "env.json"
@@ -125,8 +128,8 @@ def start_agent(tmp: Path, staged: Path, wrapper: tuple[str, ...] = ()) -> Agent
         "--env-file",
         str(env_file),
     )
-    env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak"}
-    proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=env, cwd=str(tmp))
+    full_env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak", **(env or {})}
+    proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=full_env, cwd=str(tmp))
     listener.close()
     agent = Agent(proc, sock_path, workspace, wrapped=bool(wrapper))
     assert agent.client.get("/v1/info").status_code == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -181,4 +182,35 @@ async def test_large_response_streams_in_chunks(tmp_path):
     sizes = [len(m.get("body", b"")) for m in sink.messages[1:]]
     assert sum(sizes) == size and max(sizes) <= 1 << 20
     assert sink.headers[b"content-length"] == str(size).encode()
+    server.close()
+
+
+async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path):
+    """An agent that stops reading a kept-alive connection (a hibernating agent
+    shuts them): the next request's write fails there, and it goes out on a new
+    connection instead of being lost."""
+    seen: list = []
+    shut = asyncio.Event()
+
+    async def handle(reader, writer):  # type: ignore[no-untyped-def]
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append((head, id(writer)))
+        writer.write(OK)
+        await writer.drain()
+        if len(seen) == 1:
+            # Stop reading, keep the connection open: the gateway sees no EOF.
+            writer.get_extra_info("socket").shutdown(socket.SHUT_RD)
+            shut.set()
+            await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
+    pool = AgentPool(tmp_path / "a.sock")
+    for n in range(2):
+        sink = _Sink()
+        status = await relay(pool, _scope("GET"), _receive([]), sink, b"/v1/info", f"r{n}")
+        assert status == 200 and sink.body == b"{}"
+        await shut.wait()
+    assert [head.split(b"\r\n")[0] for head, _ in seen] == [b"GET /v1/info HTTP/1.1"] * 2
+    assert seen[0][1] != seen[1][1]  # the second went out on a new connection
     server.close()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podbay.agent.hibernate import ENV as HIBERNATE_ENV
 from podbay.agent.staging import AGENT_ENV
 
 from . import seccomp
@@ -102,6 +103,16 @@ class BundleFacts:
     #: A user namespace made by the host (see :mod:`.userns`), mapped as below;
     #: ``None`` lets the runtime make one.
     userns: Path | None = None
+    #: Seconds before an idle agent hibernates (0: never; see podbay.agent.hibernate).
+    hibernate_seconds: float = 0.0
+
+
+def process_env(facts: BundleFacts) -> list[str]:
+    """The container's environment: :data:`PROCESS_ENV`, and the agent's idle
+    seconds before it hibernates when that is on."""
+    if facts.hibernate_seconds <= 0:
+        return list(PROCESS_ENV)
+    return [*PROCESS_ENV, f"{HIBERNATE_ENV}={facts.hibernate_seconds:g}"]
 
 
 def _bind(source: Path, destination: str, *options: str) -> dict[str, Any]:
@@ -216,7 +227,7 @@ def config(facts: BundleFacts) -> dict[str, Any]:
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
             "args": facts.argv,
-            "env": PROCESS_ENV,
+            "env": process_env(facts),
             "cwd": "/",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             # With a host-made user namespace the runtime inherits them instead

@@ -252,6 +252,7 @@ class OciDriver(RecordKeepingDriver):
                 loader=(
                     image.root / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
                 ),
+                hibernate_seconds=self.rt.agent_hibernate_seconds,
             )
             if owned is not None:
                 facts = dataclasses.replace(facts, userns=owned.userns_path)

@@ -79,6 +79,12 @@ def test_the_first_process_is_the_agent_with_no_host_environment(
     assert process["cwd"] == "/"
 
 
+def test_the_agent_hibernates_only_when_the_facts_say() -> None:
+    env = bundle.config(facts(hibernate_seconds=300.0))["process"]["env"]
+    assert env == [*bundle.PROCESS_ENV, "PODBAY_AGENT_HIBERNATE_SECONDS=300"]
+    assert bundle.config(facts(hibernate_seconds=0.0))["process"]["env"] == bundle.PROCESS_ENV
+
+
 def test_open_files_never_exceed_what_the_host_process_may_have() -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     rlimits = {r["type"]: r for r in bundle.config(facts())["process"]["rlimits"]}
