@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -59,6 +60,8 @@ WRITE_BUFFER = 1024 * 1024
 #: matches its digest.
 SMALL_FILE = 1024 * 1024
 DEFAULT_FILE_MODE = 0o644
+#: A file replaced by a write is freed off the answer's path from this size on.
+LARGE_REPLACED = 8 * 1024 * 1024
 DEFAULT_DIR_MODE = 0o755
 _HEX = frozenset("0123456789abcdef")
 
@@ -314,7 +317,7 @@ class Files:
             os.fchmod(fd, mode if mode is not None else keep)
             os.close(fd)
             fd = -1
-            os.rename(temp, target)
+            _replace(temp, target, old)
         except BaseException as exc:
             if fd >= 0:
                 os.close(fd)
@@ -360,6 +363,29 @@ class Files:
         except OSError as exc:
             raise path_refusal(exc, shown) from None
         return self.info(path, shown, follow=True)
+
+
+def _replace(temp: str, target: str, old: os.stat_result | None) -> None:
+    """Rename ``temp`` over ``target``. The replaced file's pages are freed when
+    its last reference goes, which is the rename itself unless something holds
+    it: tens of ms for a large file, spent here in the answer's path. So a
+    reference is held across the rename and dropped by a thread of its own."""
+    held = -1
+    if old is not None and old.st_size >= LARGE_REPLACED:
+        with contextlib.suppress(OSError):
+            held = os.open(target, os.O_PATH | os.O_CLOEXEC)
+    try:
+        os.rename(temp, target)
+    finally:
+        if held >= 0:
+            _close_aside(held)
+
+
+def _close_aside(fd: int) -> None:
+    try:
+        threading.Thread(target=os.close, args=(fd,), name="free-replaced", daemon=True).start()
+    except RuntimeError:  # no thread to be had (the sandbox's pids limit): here, then
+        os.close(fd)
 
 
 def _make_parents(parent: str, shown: str) -> None:

@@ -308,3 +308,29 @@ def test_upload_cut_short_leaves_nothing_behind(agent: Agent, workspace: Path) -
         time.sleep(0.02)
     assert sorted(p.name for p in workspace.iterdir()) == ["keep"]
     assert (workspace / "keep").read_bytes() == b"old"
+
+
+def test_overwriting_a_large_file_frees_the_old_one_after_answering(
+    agent: Agent, workspace: Path
+) -> None:
+    """The replaced file is held across the rename and let go by a thread of its
+    own: the new content is in place at once, and no descriptor is left behind."""
+    path = f"{workspace}/big.bin"
+    first, second = os.urandom(9 * MIB), os.urandom(9 * MIB)
+    assert _put(agent, path, first).status_code == 200
+    fds = len(os.listdir(f"/proc/{agent.pid}/fd"))
+    old_inode = (workspace / "big.bin").stat().st_ino
+    assert _put(agent, path, second).status_code == 200
+    assert (workspace / "big.bin").read_bytes() == second
+    assert (workspace / "big.bin").stat().st_ino != old_inode
+    deadline = time.monotonic() + 10
+    while len(os.listdir(f"/proc/{agent.pid}/fd")) > fds:
+        assert time.monotonic() < deadline, "the replaced file is still held"
+        time.sleep(0.02)
+    held = []
+    for fd in os.listdir(f"/proc/{agent.pid}/fd"):
+        try:
+            held.append(os.readlink(f"/proc/{agent.pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue  # closed meanwhile
+    assert not any("big.bin" in target for target in held)
