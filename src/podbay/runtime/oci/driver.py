@@ -362,14 +362,15 @@ class OciDriver(RecordKeepingDriver):
         """End the incarnation: container, mounts, network, volatile files; the
         machine's record and disk stay. Idempotent; ``podbay gc`` uses it too."""
         paths = self._paths(machine_id)
-        state = await self.runc.query(machine_id)
-        if state is not None:
+        if isinstance(self.runc, runsc.Runsc):
+            await self.runc.delete(machine_id)  # whatever its state (see Runsc.delete)
+        elif (state := await self.runc.query(machine_id)) is not None:
             frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
             if self.runc.is_runc:
                 await self.runc.kill_init(
                     machine_id, thaw=lambda: self._thaw_if(frozen, machine_id)
                 )
-            elif frozen and not isinstance(self.runc, runsc.Runsc):  # runsc: see delete
+            elif frozen:
                 await self._kill_frozen(machine_id)
             await self.runc.delete(machine_id)
         leftover = self.cgroups.remove(paths.cgroup)

@@ -111,3 +111,19 @@ def test_reachable(tmp_path: Path) -> None:
 def test_platform_setting_wins(tmp_path: Path) -> None:
     assert runsc.choose_platform("runsc", "kvm", cache=tmp_path / "c.json") == "kvm"
     assert not (tmp_path / "c.json").exists()
+
+
+def test_end_leaves_what_its_state_cannot_name_to_runsc_delete(tmp_path: Path) -> None:
+    r = _runsc(tmp_path)
+    r.root.mkdir()
+    state = r._state_file("m1")
+    for text in ("not json", "{}", '{"sandbox": {"pid": 0}, "goferPid": 0}', "[1]"):
+        state.write_text(text)
+        assert asyncio.run(r._end("m1")) is False
+        assert state.exists()
+    # Named processes that are gone (or not this container's runsc) are not
+    # signalled; the state files go.
+    state.write_text('{"sandbox": {"pid": 1}, "goferPid": 999999999}')
+    state.with_suffix(".lock").touch()
+    assert asyncio.run(r._end("m1")) is True
+    assert not state.exists() and not state.with_suffix(".lock").exists()
