@@ -96,6 +96,8 @@ def public_key_from_text(text: str) -> Ed25519PublicKey:
 
 
 # -- deployments as a node needs them (for its declared environment) ---------------------
+# Alike in shape to the CLI's deployment row by nature (a deployment's fields
+# as a dict), for another reader: this one is what a node needs.
 def deployment_doc(d: Deployment) -> dict[str, Any]:
     return {
         "id": d.id,

@@ -31,25 +31,24 @@ def command(
     as_json: bool,
 ) -> None:
     """Run the control plane only (a replica behind a load balancer)."""
-    from podbay.cli.commands.serve import _bind, parse_listen, run_server, section_validator
+    from podbay.cli.commands.serve import (
+        listening_socket,
+        run_server,
+        section_validator,
+        server_settings,
+    )
     from podbay.control.cluster import ControlPlane
     from podbay.control.keys import StoreKeyRing
-    from podbay.control.logs import configure_logging
-    from podbay.settings import Settings
     from podbay.store.opening import POSTGRES_SCHEMES, open_store
     from podbay.store.postgres import PostgresStore
 
-    host, port = parse_listen(listen)
-    try:
-        settings = Settings.load(
-            data_dir=data_dir,
-            server__host=host,
-            server__port=port,
-            server__public_url=public_url,
-            log_level=log_level,
-        )
-    except ValueError as exc:
-        fail(str(exc), 2)
+    settings = server_settings(
+        listen,
+        with_classes=False,
+        data_dir=data_dir,
+        public_url=public_url,
+        log_level=log_level,
+    )
     if not settings.store.url.strip().startswith(POSTGRES_SCHEMES):
         fail(
             "podbay control keeps its state in PostgreSQL, shared by every replica: "
@@ -58,9 +57,7 @@ def command(
         )
     if not settings.cluster.enrollment_token:
         fail("set PODBAY_CLUSTER_ENROLLMENT_TOKEN: nodes enroll with it", 2)
-    configure_logging(settings.log_level)
-    sock = _bind(settings.server.host, settings.server.port)
-    settings.server.port = sock.getsockname()[1]
+    sock = listening_socket(settings)
     try:
         store = open_store(settings)
     except ValueError as exc:

@@ -9,16 +9,19 @@ last line::
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from podbay.cli import options
 from podbay.cli.output import Output, fail
+from podbay.cli.stores import run_on_store
+
+if TYPE_CHECKING:
+    from podbay.store.base import Store
 
 T = TypeVar("T")
 
@@ -45,31 +48,23 @@ def with_service(
         DeploymentService,
     )
     from podbay.settings import Settings
-    from podbay.store.opening import open_store
 
     settings = Settings.load(data_dir=data_dir)
 
-    async def main() -> T:
-        try:
-            store = open_store(settings)
-        except ValueError as exc:
-            fail(str(exc), 2)
-        try:
-            named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
-            service = DeploymentService(
-                store,
-                await open_keys(settings, store),
-                issuer=named,
-                identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
-                validate_section=section_validator(),
-                deleted_marker=marker_path(settings.data_dir),
-            )
-            return await work(service)
-        finally:
-            await store.close()
+    async def on_service(store: Store) -> T:
+        named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
+        service = DeploymentService(
+            store,
+            await open_keys(settings, store),
+            issuer=named,
+            identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
+            validate_section=section_validator(),
+            deleted_marker=marker_path(settings.data_dir),
+        )
+        return await work(service)
 
     try:
-        return asyncio.run(main())
+        return run_on_store(settings, on_service)
     except DeploymentError as exc:
         fail(str(exc))
 
@@ -85,6 +80,8 @@ def read_spec(spec: str | None) -> str:
         fail(f"cannot read {spec}: {exc.strerror}")
 
 
+# Alike in shape to podbay.internal's deployment_doc by nature (a deployment's
+# fields as a dict), for another reader: this one is what an operator sees.
 def _row(d: Any) -> dict[str, Any]:
     return {
         "name": d.name,
@@ -175,25 +172,17 @@ def _with_keys(data_dir: Path | None, work: Callable[[Any], Awaitable[T] | T]) -
 
     from podbay.control.keys import KeyRingError, open_keys
     from podbay.settings import Settings
-    from podbay.store.opening import open_store
 
     settings = Settings.load(data_dir=data_dir)
 
-    async def main() -> T:
-        try:
-            store = open_store(settings)
-        except ValueError as exc:
-            fail(str(exc), 2)
-        try:
-            result = work(await open_keys(settings, store))
-            if inspect.isawaitable(result):
-                return await result
-            return result
-        finally:
-            await store.close()
+    async def on_keys(store: Store) -> T:
+        result = work(await open_keys(settings, store))
+        if inspect.isawaitable(result):
+            return await result
+        return result
 
     try:
-        return asyncio.run(main())
+        return run_on_store(settings, on_keys)
     except KeyRingError as exc:
         fail(str(exc))
 

@@ -4,7 +4,6 @@ shared store, ``PODBAY_STORE_URL``, like ``podbay deployment``)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from podbay.cli.output import Output, fail
+from podbay.cli.stores import run_on_store
 
 T = TypeVar("T")
 
@@ -38,40 +38,26 @@ def command(
     if ctx.invoked_subcommand is not None:
         return
     from podbay.cli.commands.serve import (
-        _bind,
         build_drivers,
-        environment_service,
-        parse_listen,
+        class_hooks,
+        listening_socket,
         run_server,
+        server_settings,
     )
-    from podbay.control.logs import configure_logging
     from podbay.node.server import NodeServer
     from podbay.runtime import classes
-    from podbay.settings import Settings
 
-    host, port = parse_listen(listen)
-    try:
-        settings = Settings.load(
-            data_dir=data_dir, server__host=host, server__port=port, log_level=log_level
-        )
-        classes.enabled_classes(settings)
-    except ValueError as exc:
-        fail(str(exc), 2)
+    settings = server_settings(listen, with_classes=True, data_dir=data_dir, log_level=log_level)
     if not settings.node.control_url:
         fail("set PODBAY_NODE_CONTROL_URL: the control plane's URL", 2)
     out = Output(as_json=as_json)
-    configure_logging(settings.log_level)
-    sock = _bind(settings.server.host, settings.server.port)
-    settings.server.port = sock.getsockname()[1]
+    sock = listening_socket(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     drivers, missing = build_drivers(settings, out)
     app = NodeServer(
         settings,
         drivers,
-        environment=environment_service(settings, drivers),
-        missing=missing,
-        check=lambda name, driver: classes.check_class(settings, name, driver),
-        prove=lambda name, driver: classes.prove_class(settings, name, driver),
+        **class_hooks(settings, drivers, missing),
     )
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value(
@@ -97,23 +83,12 @@ def _settings(data_dir: Path | None) -> Any:
 
 
 def _on_store(data_dir: Path | None, work: Callable[[Any], Awaitable[T]]) -> T:
-    from podbay.store.opening import POSTGRES_SCHEMES, open_store
+    from podbay.store.opening import POSTGRES_SCHEMES
 
     settings = _settings(data_dir)
     if not settings.store.url.strip().startswith(POSTGRES_SCHEMES):
         fail("set PODBAY_STORE_URL to the control plane's PostgreSQL database", 2)
-
-    async def main() -> T:
-        try:
-            store = open_store(settings)
-        except ValueError as exc:
-            fail(str(exc), 2)
-        try:
-            return await work(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(main())
+    return run_on_store(settings, work)
 
 
 @command.command("list")

@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
@@ -23,6 +23,7 @@ from podbay.cli.output import Output, fail
 if TYPE_CHECKING:  # the CLI imports the server's modules only when a command runs
     import uvicorn
 
+    from podbay.control.services.classes import ClassCheck, ClassProof
     from podbay.control.services.deployments import SectionValidator
     from podbay.control.services.environment import EnvironmentService
     from podbay.runtime.base import Driver
@@ -65,6 +66,70 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def server_settings(
+    listen: str | None,
+    *,
+    data_dir: Path | None,
+    log_level: str | None,
+    public_url: str | None = None,
+    with_classes: bool,
+) -> Settings:
+    """What a server command (serve, control, node) runs with: defaults, the
+    environment, then its options; exit 2 when they are wrong. ``with_classes``:
+    the sandbox class settings are checked too."""
+    from podbay.runtime import classes
+    from podbay.settings import Settings
+
+    host, port = parse_listen(listen)
+    try:
+        settings = Settings.load(
+            data_dir=data_dir,
+            server__host=host,
+            server__port=port,
+            server__public_url=public_url,
+            log_level=log_level,
+        )
+        if with_classes:
+            classes.enabled_classes(settings)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    return settings
+
+
+def listening_socket(settings: Settings) -> socket.socket:
+    """Logging set up and the socket bound (port 0: the one picked is recorded)."""
+    from podbay.control.logs import configure_logging
+
+    configure_logging(settings.log_level)
+    sock = _bind(settings.server.host, settings.server.port)
+    settings.server.port = sock.getsockname()[1]
+    return sock
+
+
+class ClassHooks(TypedDict):
+    """What a server (``serve``'s app, a node) gets to run its sandbox classes."""
+
+    environment: EnvironmentService
+    missing: Mapping[str, str]
+    check: ClassCheck
+    prove: ClassProof
+
+
+def class_hooks(
+    settings: Settings, drivers: Mapping[str, Driver], missing: Mapping[str, str]
+) -> ClassHooks:
+    """Declared environments on ``drivers``, why a class has no driver, and how a
+    class is checked on this host and proved with a throwaway sandbox."""
+    from podbay.runtime import classes
+
+    return ClassHooks(
+        environment=environment_service(settings, drivers),
+        missing=missing,
+        check=lambda name, driver: classes.check_class(settings, name, driver),
+        prove=lambda name, driver: classes.prove_class(settings, name, driver),
+    )
 
 
 def _server_class() -> type[uvicorn.Server]:
@@ -218,27 +283,18 @@ def command(
 ) -> None:
     """Run the whole platform on this machine."""
     from podbay.control.app import create_app
-    from podbay.control.logs import configure_logging
     from podbay.runtime import classes
-    from podbay.settings import Settings
     from podbay.store.opening import open_store
 
-    host, port = parse_listen(listen)
-    try:
-        settings = Settings.load(
-            data_dir=data_dir,
-            server__host=host,
-            server__port=port,
-            server__public_url=public_url,
-            log_level=log_level,
-        )
-        classes.enabled_classes(settings)
-    except ValueError as exc:
-        fail(str(exc), 2)
+    settings = server_settings(
+        listen,
+        with_classes=True,
+        data_dir=data_dir,
+        public_url=public_url,
+        log_level=log_level,
+    )
     out = Output(as_json=as_json)
-    configure_logging(settings.log_level)
-    sock = _bind(settings.server.host, settings.server.port)
-    settings.server.port = sock.getsockname()[1]
+    sock = listening_socket(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         store = open_store(settings)
@@ -253,10 +309,7 @@ def command(
         drivers,
         keys=keys,
         validate_section=section_validator(),
-        environment=environment_service(settings, drivers),
-        missing=missing,
-        check=lambda name, driver: classes.check_class(settings, name, driver),
-        prove=lambda name, driver: classes.prove_class(settings, name, driver),
+        **class_hooks(settings, drivers, missing),
     )
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value(
