@@ -182,9 +182,20 @@ class StoreKeyRing:
         self._refreshing: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, store: ClusterQueries, *, create: bool = True) -> StoreKeyRing:
+    async def open(
+        cls, store: ClusterQueries, *, create: bool = True, adopt: Path | None = None
+    ) -> StoreKeyRing:
+        """The store's keys. When it has none yet: the keys of the data directory
+        ``adopt`` if it holds any (a ``serve`` moving to shared keys keeps its
+        tokens valid), else a new one (``create``)."""
         ring = cls(store)
         await ring.refresh()
+        if not ring._keys and adopt is not None:
+            local = KeyRing.open(adopt, create=False)
+            for kid in local.kids():
+                pem = _pem(local._keys[kid].private).decode()
+                await store.add_signing_key(kid, pem, datetime.now(UTC))
+            await ring.refresh()
         if not ring._keys and create:
             await ring.rotate()
         return ring
@@ -257,5 +268,5 @@ async def open_keys(settings: Settings, store: Store) -> KeyRing | StoreKeyRing:
 
         if not isinstance(store, ClusterQueries):
             raise KeyRingError("this store keeps no signing keys")
-        return await StoreKeyRing.open(store)
+        return await StoreKeyRing.open(store, adopt=settings.data_dir / "keys")
     return KeyRing.open(settings.data_dir / "keys")

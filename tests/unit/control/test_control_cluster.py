@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from podbay import internal
 from podbay.cli.main import cli
 from podbay.control.cluster import LeaseLocks
-from podbay.control.keys import KeyRing
+from podbay.control.keys import KeyRing, StoreKeyRing
 from podbay.control.remote import ClusterNodes
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
@@ -175,3 +175,15 @@ def test_control_refuses_to_start_on_sqlite(tmp_path):
         env={"PODBAY_STORE_URL": "", "PODBAY_CLUSTER_ENROLLMENT_TOKEN": "x"},
     )
     assert result.exit_code == 2 and "PostgreSQL" in result.output
+
+
+async def test_shared_keys_start_from_the_data_directorys(store, tmp_path):
+    """A serve moving to PostgreSQL keeps its keys, so its tokens stay valid."""
+    local = KeyRing.open(tmp_path / "keys")
+    token = _credential(local)
+    shared = await StoreKeyRing.open(store, adopt=tmp_path / "keys")
+    assert shared.kids() == local.kids()
+    assert CredentialVerifier(shared).verify(token).sandbox_id == "sb-1"
+    rotated = await shared.rotate()
+    again = await StoreKeyRing.open(store, adopt=tmp_path / "other")
+    assert again.kids() == sorted([*local.kids(), rotated]) and again.active().kid == rotated

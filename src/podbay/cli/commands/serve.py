@@ -192,12 +192,12 @@ def run_server(
 def shared_keys(settings: Settings, store: Any) -> Any:
     """The store's signing keys when the store is shared (PostgreSQL: every
     server and the CLI sign with the same ones), else None (the data dir's)."""
-    from podbay.control.keys import StoreKeyRing, keys_in_store
+    from podbay.control.keys import keys_in_store, open_keys
 
     if not keys_in_store(settings):
         return None
     try:
-        return asyncio.run(StoreKeyRing.open(store))
+        return asyncio.run(open_keys(settings, store))
     except Exception as exc:
         fail(f"cannot read the signing keys from the store: {exc}")
 
