@@ -33,6 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             "PODBAY_CLUSTER_HEARTBEAT_SECONDS": "0.5",
             "PODBAY_CLUSTER_NODE_LOST_SECONDS": str(LOST_SECONDS),
             "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "1",
+            "PODBAY_CAPS_PER_DEPLOYMENT": "50",
         },
     ) as c:
         yield c
@@ -182,11 +183,14 @@ def test_a_restarted_node_keeps_its_sandboxes(cluster, token):
 def test_a_killed_node_is_lost_until_drained(cluster, token):
     auth = {"Authorization": f"Bearer {token}"}
     victim = cluster.nodes[1]
-    on_victim = _attach(cluster, token, "doomed")
-    # Place one on each node (the emptier one wins), then note which is which.
-    names = [f"lose-{i}" for i in range(3)]
-    handles = {n: _attach(cluster, token, n).json() for n in names}
-    assert on_victim.status_code == 200
+    # New sandboxes go to the emptier node: attach until each node holds one.
+    handles: dict[str, dict[str, Any]] = {}
+    for i in range(12):
+        r = _attach(cluster, token, f"lose-{i}")
+        assert r.status_code == 200, r.text
+        handles[f"lose-{i}"] = r.json()
+        if len({_node_of(cluster, h) for h in handles.values()}) == 2:
+            break
     doomed = [n for n, h in handles.items() if _node_of(cluster, h) == _name(victim)]
     kept = [n for n, h in handles.items() if _node_of(cluster, h) != _name(victim)]
     assert doomed and kept
