@@ -323,7 +323,8 @@ class PodbaySandboxEnvironment(SandboxEnvironment):
                 raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
             if "Permission denied" in reason or "Read-only file system" in reason:
                 raise PermissionError(errno.EACCES, "Permission denied", file)
-            if "Not a directory" in reason:
+            # mkdir -p says "File exists" when a parent on the path is a file.
+            if "Not a directory" in reason or "File exists" in reason:
                 raise NotADirectoryError(errno.ENOTDIR, "Not a directory", file)
             raise OSError(errno.EIO, f"cannot write: {reason}", file)
 
@@ -391,7 +392,8 @@ def _start_failure(exc: SandboxRequestError, cmd: list[str], user: str | None) -
     if exc.code == ErrorCode.COMMAND_START_FAILED:
         if "Permission denied" in exc.message:
             raise PermissionError(errno.EACCES, exc.message, cmd[0]) from exc
-        missing = "No such file or directory" in exc.message
+        # A shell's codes: 127 for a command not found, 126 for one (or a cwd) unusable.
+        missing = "No such file" in exc.message and not exc.message.startswith("cannot use cwd")
         return ExecResult(False, 127 if missing else 126, "", exc.message + "\n")
     if exc.code == ErrorCode.USER_UNKNOWN:
         return ExecResult(False, 126, "", exc.message + "\n")

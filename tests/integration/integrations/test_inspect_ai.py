@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import anyio
 import pytest
 from inspect_ai.log import read_eval_log
 from inspect_ai.util import OutputLimitExceededError, SandboxEnvironment
@@ -154,10 +155,20 @@ async def test_env_user_and_working_dir(
     await sandbox_env.exec(["rm", "owned.txt"])
 
 
-async def test_missing_command_is_a_failed_result(sandbox_env: SandboxEnvironment) -> None:
+async def test_what_cannot_start_is_a_failed_result(sandbox_env: SandboxEnvironment) -> None:
+    # As a shell reports it: 127 for a command not found, 126 for a cwd it cannot use.
     result = await sandbox_env.exec(["no-such-command-here"])
     assert not result.success and result.returncode == 127
     assert "no-such-command-here" in result.stderr
+    result = await sandbox_env.exec(["true"], cwd="/no/such/dir")
+    assert result.returncode == 126 and "/no/such/dir" in result.stderr
+
+
+async def test_a_file_on_the_path_is_not_a_directory(sandbox_env: SandboxEnvironment) -> None:
+    with pytest.raises(NotADirectoryError, match="/etc/hostname/x"):
+        await sandbox_env.write_file("/etc/hostname/x", "x")
+    with pytest.raises(NotADirectoryError, match="/etc/hostname/x"):
+        await sandbox_env.read_file("/etc/hostname/x")
 
 
 async def test_connection_names_the_sandbox(sandbox_env: SandboxEnvironment) -> None:
@@ -322,5 +333,8 @@ async def test_what_samples_left_is_deleted_by_task_or_cli_cleanup(
         assert ours() == {env.name for env in envs}
         await PodbaySandboxEnvironment.cli_cleanup(envs[0].name)
         assert ours() == {envs[1].name}
-        await PodbaySandboxEnvironment.cli_cleanup(None)
+        # The command itself: inspect finds the type through the entry point.
+        inspect = str(Path(sys.executable).parent / "inspect")
+        done = await anyio.run_process([inspect, "sandbox", "cleanup", "podbay"], check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
         assert ours() == set()
