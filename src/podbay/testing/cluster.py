@@ -95,8 +95,9 @@ class LoadBalancer:
         servers = "\n".join(
             f"    server {name} 127.0.0.1:{port} check" for name, port in self.backends.items()
         )
-        # retries + redispatch: a request whose connection a dead replica
-        # refuses is sent to another one; what was in flight on it is lost (502).
+        # A request a dead replica refused, or dropped without an answer, is
+        # sent again to another one. Attach and delete are idempotent by name;
+        # a repeated stop, enrollment or heartbeat changes nothing more.
         return f"""global
     maxconn 4096
     stats socket {self.socket_path} mode 600 level admin
@@ -105,6 +106,7 @@ defaults
     mode http
     option redispatch
     retries 3
+    retry-on conn-failure empty-response
     timeout connect 2s
     timeout client 120s
     timeout server 120s
