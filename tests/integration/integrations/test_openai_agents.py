@@ -18,6 +18,7 @@ from agents.items import ToolCallOutputItem
 from agents.sandbox import SandboxAgent, SandboxRunConfig
 from agents.sandbox.errors import ExecTimeoutError, WorkspaceReadNotFoundError
 from agents.sandbox.manifest import Environment, Manifest
+from agents.sandbox.snapshot import LocalSnapshotSpec
 from agents.testing.model import ScriptedModel, assistant_message, function_call
 
 from podbay.client import AsyncSandboxClient, SandboxClient
@@ -151,4 +152,28 @@ async def test_the_session_interface(
     async with fresh:
         await fresh.hydrate_workspace(io.BytesIO(archive))
         assert (await fresh.read(Path("data/blob.bin"))).read() == blob
+    await client.client.aclose()
+
+
+async def test_resume_after_the_sandbox_went_restores_the_snapshot(
+    server: tuple[str, str], sync_client: SandboxClient, tmp_path: Path
+) -> None:
+    client = podbay(server)
+    session = await client.create(
+        snapshot=LocalSnapshotSpec(base_path=tmp_path), options=PodbaySandboxClientOptions()
+    )
+    async with session:  # leaving it saves the workspace to the snapshot, then deletes
+        await session.write(Path("kept.txt"), io.BytesIO(b"from the first sandbox"))
+        await session.exec("echo scratch > /tmp/lost.txt")
+    state = session.state
+    assert isinstance(state, PodbaySandboxSessionState)
+    assert not exists(sync_client, state.sandbox_name)
+
+    state = client.deserialize_session_state(client.serialize_session_state(state))
+    resumed = await client.resume(state)
+    async with resumed:
+        # A fresh sandbox of the same name, its workspace restored from the snapshot.
+        assert (await resumed.read(Path("kept.txt"))).read() == b"from the first sandbox"
+        assert (await resumed.exec("test -e /tmp/lost.txt")).exit_code == 1
+        assert exists(sync_client, state.sandbox_name)
     await client.client.aclose()
