@@ -27,7 +27,7 @@ from deepagents.backends.protocol import (
 from deepagents.backends.sandbox import BaseSandbox
 
 from podbay.client import Sandbox, SandboxClient
-from podbay.errors import SandboxRequestError
+from podbay.errors import PodbayError, SandboxRequestError
 
 #: Seconds a command may run when the caller names no timeout (deepagents'
 #: local shell backend uses the same default).
@@ -120,7 +120,7 @@ class PodbaySandbox(BaseSandbox):
                 continue
             try:
                 self.sandbox.write_file_bytes(path, content)
-            except SandboxRequestError as exc:
+            except PodbayError as exc:
                 responses.append(FileUploadResponse(path=path, error=_file_error(exc)))
             else:
                 responses.append(FileUploadResponse(path=path, error=None))
@@ -134,7 +134,7 @@ class PodbaySandbox(BaseSandbox):
                 continue
             try:
                 content = self.sandbox.read_file_bytes(path)
-            except SandboxRequestError as exc:
+            except PodbayError as exc:
                 responses.append(FileDownloadResponse(path=path, error=_file_error(exc)))
             else:
                 responses.append(FileDownloadResponse(path=path, content=content, error=None))
@@ -150,5 +150,8 @@ class PodbaySandbox(BaseSandbox):
             self.client.close()
 
 
-def _file_error(exc: SandboxRequestError) -> FileOperationError | str:
-    return _FILE_ERRORS.get(exc.code or "", str(exc))
+def _file_error(exc: PodbayError) -> FileOperationError | str:
+    """deepagents' code for a refusal it names; otherwise the platform's own message
+    (the protocol wants per-file results, so an unreachable platform is one too)."""
+    code = exc.code if isinstance(exc, SandboxRequestError) else None
+    return _FILE_ERRORS.get(code or "", str(exc))
