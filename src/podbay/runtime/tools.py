@@ -8,6 +8,7 @@ merged into one text (the tool's own words are the best error message), and a
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Container, Mapping
 
 from podbay.errors import DriverError
@@ -19,17 +20,25 @@ QUOTED_CHARS = 800
 async def run_tool(
     *argv: str, env: Mapping[str, str] | None = None, new_session: bool = False
 ) -> tuple[int, str]:
-    """Run ``argv``; its exit code and its output (stdout and stderr), stripped."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-        start_new_session=new_session,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode(errors="replace").strip()
+    """Run ``argv``; its exit code and its output (stdout and stderr), stripped.
+
+    The tool has ended when it exits, not when its output pipe closes: a tool
+    that daemonises (QEMU) leaves a child holding the output, and under uvloop,
+    whose child pipes are socket pairs, that end never came and no vm machine
+    started. So the output goes to an unnamed file, read after the exit."""
+    with tempfile.TemporaryFile() as output:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=new_session,
+        )
+        code = await proc.wait()
+        output.seek(0)
+        out = output.read()
+    return code, out.decode(errors="replace").strip()
 
 
 async def check_tool(

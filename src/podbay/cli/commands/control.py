@@ -74,6 +74,6 @@ def command(
         f"podbay control: listening on {listening} (public URL {settings.server.base_url()})",
     )
     try:
-        run_server(app, settings, sock, loop="uvloop", progress=False)
+        run_server(app, settings, sock, progress=False)
     finally:
         asyncio.run(store.close())

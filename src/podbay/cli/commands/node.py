@@ -45,7 +45,6 @@ def command(
         server_settings,
     )
     from podbay.node.server import NodeServer
-    from podbay.runtime import classes
 
     settings = server_settings(listen, with_classes=True, data_dir=data_dir, log_level=log_level)
     if not settings.node.control_url:
@@ -64,8 +63,7 @@ def command(
         {"listen": listening, "name": app.name, "advertise_url": app.url},
         f"podbay node {app.name}: listening on {listening} (advertised as {app.url})",
     )
-    loop = "asyncio" if classes.VM in drivers else "uvloop"
-    run_server(app, settings, sock, loop=loop, progress=not as_json)
+    run_server(app, settings, sock, progress=not as_json)
 
 
 data_dir_option = click.option(

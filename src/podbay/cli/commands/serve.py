@@ -153,9 +153,7 @@ def _server_class() -> type[uvicorn.Server]:
     return Server
 
 
-def run_server(
-    app: Any, settings: Settings, sock: socket.socket, *, loop: str, progress: bool
-) -> None:
+def run_server(app: Any, settings: Settings, sock: socket.socket, *, progress: bool) -> None:
     """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn, with the
     listener's guards: head and body timeouts, a connection cap)."""
     import uvicorn
@@ -173,7 +171,7 @@ def run_server(
     )
     config = uvicorn.Config(
         app,
-        loop=loop,
+        loop="uvloop",
         http=protocol,
         lifespan="on",
         log_config=None,
@@ -283,7 +281,6 @@ def command(
 ) -> None:
     """Run the whole platform on this machine."""
     from podbay.control.app import create_app
-    from podbay.runtime import classes
     from podbay.store.opening import open_store
 
     settings = server_settings(
@@ -321,10 +318,7 @@ def command(
         f"podbay: listening on {listening} (public URL {settings.server.base_url()},"
         f" data in {settings.data_dir})",
     )
-    # The vm driver's QEMU machines do not come up under uvloop (its first
-    # machine never answers): with vm enabled, the standard asyncio loop.
-    loop = "asyncio" if classes.VM in drivers else "uvloop"
     try:
-        run_server(app, settings, sock, loop=loop, progress=not as_json)
+        run_server(app, settings, sock, progress=not as_json)
     finally:
         asyncio.run(store.close())
