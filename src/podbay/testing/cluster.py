@@ -26,7 +26,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 import httpx
 
 from .fixtures import require_host
-from .platform import SANDBOX_SPEC, PlatformServer, free_port
+from .platform import SANDBOX_SPEC, PlatformServer, free_port, run_cli
 from .postgres import TemporaryCluster
 
 #: Settings that make a test cluster notice things in seconds, not minutes.
@@ -321,21 +320,8 @@ class LocalCluster:
     ) -> subprocess.CompletedProcess[str]:
         """An operator command (``deployment create``, ``node list`` ...) on the
         cluster's store, as an operator's machine runs it."""
-        result = subprocess.run(
-            [sys.executable, "-m", "podbay.cli.main", *args],
-            env={
-                **os.environ,
-                **self.control_env(),
-                "PODBAY_DATA_DIR": str(self.root / "operator"),
-            },
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
-        return result
+        env = {**os.environ, **self.control_env(), "PODBAY_DATA_DIR": str(self.root / "operator")}
+        return run_cli(list(args), env, input, check)
 
     def create_deployment(self, name: str, spec: str = SANDBOX_SPEC) -> str:
         """Register ``name``; its identity token."""

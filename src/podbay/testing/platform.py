@@ -42,6 +42,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_cli(
+    args: list[str], env: dict[str, str], input: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``podbay ARGS`` as a process of its own, with ``env``; its output as text.
+    ``check``: RuntimeError with its stderr when it fails."""
+    result = subprocess.run(
+        [sys.executable, "-m", "podbay.cli.main", *args],
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
 class PlatformServer:
     def __init__(
         self,
@@ -195,17 +213,7 @@ class PlatformServer:
     def cli(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "podbay.cli.main", *args, "--data-dir", str(self.data_dir)],
-            env=self.env,
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")
-        return result
+        return run_cli([*args, "--data-dir", str(self.data_dir)], self.env, input, check)
 
     def create_deployment(
         self, name: str, spec: str | None = SANDBOX_SPEC, account: str | None = None

@@ -17,6 +17,8 @@ from podbay.wire.data import ExecEvent
 T = TypeVar("T")
 
 sleep = anyio.sleep
+# The same names as the sync face's _backend.py, on purpose: the generated
+# client imports them alike from either; each face fills them its own way.
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 

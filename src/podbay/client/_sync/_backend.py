@@ -16,6 +16,8 @@ from podbay.wire.data import ExecEvent
 T = TypeVar("T")
 
 sleep = time.sleep
+# The same names as the async face's _backend.py, on purpose: the generated
+# client imports them alike from either; each face fills them its own way.
 if TYPE_CHECKING:
     from websockets.sync.client import ClientConnection
 
