@@ -6,7 +6,8 @@ three ``podbay node`` (``podbay.testing.cluster.LocalCluster``), real sandboxes.
 
 * attach p50 of a new and of a running sandbox, and exec (``true``) p50 through
   the gateway: serve vs the cluster (attach through haproxy and a control
-  replica, exec straight to the node holding the sandbox), sampled in turn
+  replica, exec straight to the node holding the sandbox; and attach straight
+  to one replica, without haproxy), sampled in turn
 * 50 concurrent first attaches of one name, half to each control replica
   directly: how many sandboxes result (must be 1)
 * ``kill -9`` of one control replica while 8 workers attach (3 names each,
@@ -292,6 +293,8 @@ def main() -> None:
                     {
                         "serve": (serve.url, serve.create_deployment("bench")),
                         "cluster": (cluster.url, token),
+                        # One replica straight, no haproxy: what the balancer adds.
+                        "cluster_one_replica": (cluster.controls[0].url, token),
                     },
                     args.rounds,
                 )

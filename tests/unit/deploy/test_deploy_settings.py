@@ -35,5 +35,7 @@ def test_deployment_files_set_only_real_settings() -> None:
     }
     assert len({name for _, name in used}) >= 8
     known = variables(Settings.load(environ={}))
+    # The test suite's own variables (a server to aim at) are no settings.
+    used = {(f, n) for f, n in used if not n.startswith("PODBAY_TEST_")}
     unknown = sorted((f, n) for f, n in used if n not in known)
     assert not unknown, f"not settings: {unknown}"
