@@ -55,6 +55,8 @@ log = logging.getLogger("podbay.control")
 #: A sandbox's lease lasts this long unless renewed (its holder renews it at a
 #: third): how long a sandbox waits when the replica driving it dies mid-way.
 LEASE_SECONDS = 10.0
+#: Largest body of a node's call (a heartbeat with every sandbox's activity).
+MAX_HEARTBEAT_BODY = 8 * 1024 * 1024
 
 
 def _utcnow() -> datetime:
@@ -172,9 +174,12 @@ class ControlPlane:
         )
         self.control.state.platform = self
         self._app = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
+        # A heartbeat of a busy node lists thousands of sandboxes' activity.
+        self._internal = RequestIdMiddleware(BodyLimit(self.control, MAX_HEARTBEAT_BODY))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        internal_call = scope.get("path", "").startswith(internal.PREFIX)
+        await (self._internal if internal_call else self._app)(scope, receive, send)
 
     # -- health --------------------------------------------------------------------------
     async def _healthz(self, request: Request) -> Response:

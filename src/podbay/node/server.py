@@ -39,7 +39,7 @@ from starlette.routing import Route
 from podbay import internal
 from podbay.asgi import Receive, Scope, Send
 from podbay.control import errors
-from podbay.control.metrics import Metrics
+from podbay.control.metrics import CONTENT_TYPE, Metrics
 from podbay.control.services.classes import ClassCheck, ClassProof, ClassRuntimes
 from podbay.control.services.environment import EnvironmentService, PlainEnvironment, Prepared
 from podbay.control.services.pool import POOL_LABEL, WarmPool
@@ -57,6 +57,8 @@ from .local import LocalNode
 
 log = logging.getLogger("podbay.node")
 CREDENTIAL_FILE = "node-credential"
+#: Paths the node answers itself; everything else outside /internal is the gateway's.
+_OWN = ("/healthz", "/metrics")
 
 
 class ControlKeys:
@@ -193,7 +195,11 @@ class NodeServer:
         self._tasks: list[asyncio.Task[Any]] = []
         self.client = httpx.AsyncClient(timeout=10.0)
         self.internal = Starlette(
-            routes=[Route("/healthz", self._healthz, methods=["GET"]), *internal_routes],
+            routes=[
+                Route("/healthz", self._healthz, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
+                *internal_routes,
+            ],
             exception_handlers=errors.handlers,
             lifespan=self._lifespan,
         )
@@ -222,7 +228,7 @@ class NodeServer:
     # -- ASGI ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if scope["type"] == "lifespan" or path.startswith(internal.PREFIX) or path == "/healthz":
+        if scope["type"] == "lifespan" or path.startswith(internal.PREFIX) or path in _OWN:
             await self.internal(scope, receive, send)
             return
         await self.gateway(scope, receive, send)
@@ -237,6 +243,11 @@ class NodeServer:
             "error": self.startup_error,
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def _metrics(self, request: Request) -> Response:
+        """The gateway's figures (requests, refusals) and how many sandboxes run here."""
+        body = self.metrics.render({"running": len(self.routes)})
+        return Response(body, media_type=CONTENT_TYPE)
 
     # -- reports -------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:

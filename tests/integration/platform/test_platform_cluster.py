@@ -82,6 +82,8 @@ def test_sandboxes_are_placed_on_nodes_and_served_there(cluster, token):
         answer = _exec(h, "hostname")
         assert answer.status_code == 200, answer.text
         assert answer.json()["stdout"].strip() == f"spread-{i}"
+    metrics = httpx.get(cluster.node_for(handles[0]["endpoint"]).base_url + "/metrics")
+    assert metrics.status_code == 200 and "podbay_gateway_request_seconds" in metrics.text
     # Either replica answers for any sandbox, and it stays where it was made.
     again = _attach(cluster, token, "spread-0", 1).json()
     assert again["start"] == "reused" and again["endpoint"] == handles[0]["endpoint"]
