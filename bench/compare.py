@@ -47,8 +47,8 @@ Rows (medians of ``--runs`` samples unless said):
   servers here hibernate an idle agent after ``HIBERNATE_SECONDS``; the
   default is 300 s), beside its second;
 * host memory per idle sandbox: agent PSS + slirp4netns PSS, median of 10
-  idle sandboxes, ``--runs``/5 times, once past the hibernation delay (the
-  figure while still awake, 0.5 s after an exec, beside it); Docker:
+  idle sandboxes, ``--runs``/5 times, once past the hibernation delay (an
+  awake agent's PSS, right after an exec, beside it); Docker:
   containerd-shim PSS + the container's init PSS.
 
 The Docker half is written against the Engine API (v1.41) and the ``docker``
@@ -326,21 +326,17 @@ class Podbay:
         second = timed(lambda: self.client.exec(name, ["true"]))
         return first, second
 
-    def idle_memory_kib(
-        self, names: list[str], settle: float, awake: bool = False
-    ) -> tuple[float, float]:
+    def idle_memory_kib(self, names: list[str], settle: float) -> tuple[float, float]:
         """(agent PSS, slirp4netns PSS) median per sandbox, KiB, ``settle`` s after
-        an exec in each (``awake``: no exec, measure at once)."""
+        an exec in each."""
         driver = self.driver()
-        if not awake:
-            for n in names:
-                self.client.exec(n, ["true"])
+        for n in names:
+            self.client.exec(n, ["true"])
         time.sleep(settle)
         agents, slirps = [], []
         for n in names:
             machine_id = self.machine_id(n)
-            state = driver.runc.state(machine_id)
-            agents.append(pss_kib(state.pid))
+            agents.append(pss_kib(driver.runc.state(machine_id).pid))
             found = pids_matching(
                 lambda argv, m=machine_id: (
                     bool(argv) and argv[0].endswith("slirp4netns") and any(m in a for a in argv)
@@ -348,6 +344,17 @@ class Podbay:
             )
             slirps.append(sum(pss_kib(p) for p in found))
         return median(agents), median(slirps)
+
+    def awake_agent_kib(self, names: list[str]) -> float:
+        """Median agent PSS, KiB, each measured right after an exec (before it
+        could hibernate)."""
+        driver = self.driver()
+        pids = {n: driver.runc.state(self.machine_id(n)).pid for n in names}
+        agents = []
+        for n in names:
+            self.client.exec(n, ["true"])
+            agents.append(pss_kib(pids[n]))
+        return median(agents)
 
     def cli_exec(self, name: str) -> float:
         env = {
@@ -575,9 +582,7 @@ class PodbaySide:
             first, second = self.pooled.wake_exec("sleeper")
             return {"wake": first, "wake_second": second}
         if key == "memory":
-            for n in self.many[:10]:
-                c.exec(n, ["true"])
-            awake, _ = self.pooled.idle_memory_kib(self.many[:10], settle=0.5, awake=True)
+            awake = self.pooled.awake_agent_kib(self.many[:10])
             agent, slirp = self.pooled.idle_memory_kib(
                 self.many[:10], settle=HIBERNATE_SECONDS + 2.0
             )
