@@ -9,8 +9,10 @@ refusal here (:class:`TokenKind`), and nowhere else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import jwt
@@ -42,6 +44,15 @@ def sign(keys: SigningKeys, claims: Mapping[str, Any]) -> str:
     """``claims`` signed with the active key."""
     key = keys.active()
     return jwt.encode(dict(claims), key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
+
+
+def sign_expiring(
+    keys: SigningKeys, claims: Mapping[str, object], ttl_seconds: float
+) -> tuple[str, datetime]:
+    """``claims`` signed with ``iat`` now and ``exp`` ``ttl_seconds`` later; and that ``exp``."""
+    now = time.time()
+    exp = int(now + ttl_seconds)
+    return sign(keys, {**claims, "iat": int(now), "exp": exp}), datetime.fromtimestamp(exp, UTC)
 
 
 @dataclass(frozen=True)

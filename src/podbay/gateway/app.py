@@ -14,12 +14,13 @@ Pure ASGI rather than a framework route: this is the hot path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
-from podbay.asgi import Receive, Scope, Send
+from podbay.asgi import Receive, Scope, Send, send_refusal
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_JSON_BODY
@@ -161,7 +162,7 @@ class Gateway:
         for key, value in scope["headers"]:
             if key == _CREDENTIAL:
                 credential_token = value.decode("latin-1")
-        try:
+        with self._counted():
             if not tail or sandbox_id == b"":
                 raise ApiError(ErrorCode.ROUTE_NOT_FOUND, "no such data-plane path")
             credential = self.verifier.verify(credential_token)
@@ -170,35 +171,37 @@ class Gateway:
                 raise ApiError(
                     ErrorCode.CREDENTIAL_WRONG_SANDBOX, "the credential is for another sandbox"
                 )
-            if self.before_route is not None:
-                await self.before_route()
-            route = self.routes.get(sid)
-            if route is None or route.incarnation != credential.incarnation:
-                raise ApiError(
-                    ErrorCode.SANDBOX_NOT_RUNNING, "the sandbox is not running; attach again"
-                )
+            gone = "the sandbox is not running; attach again"
+            route = await self._live_route(sid, credential.incarnation, gone)
+        return sid, route
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """A refusal raised inside is counted (metrics' hook) on its way out."""
+        try:
+            yield
         except ApiError as exc:
             if self.on_refusal is not None:
                 self.on_refusal(exc.code.value)
             raise
-        return sid, route
+
+    async def _live_route(self, sandbox_id: str, incarnation: int | None, gone: str) -> Route:
+        """The sandbox's route (of ``incarnation`` when given); ``gone`` refuses
+        with SANDBOX_NOT_RUNNING otherwise."""
+        if self.before_route is not None:
+            await self.before_route()
+        route = self.routes.get(sandbox_id)
+        if route is None or (incarnation is not None and route.incarnation != incarnation):
+            raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING, gone)
+        return route
 
     async def _share_route(self, raw_path: bytes) -> tuple[str, Route, int, bytes, str]:
         """A share URL's sandbox, route, port, the path within and the prefix before it."""
         token, slash, rest = raw_path[len(_SHARE) :].partition(b"/")
-        try:
+        with self._counted():
             share = verify_share(self.verifier.keys, token.decode("latin-1"))
-            if self.before_route is not None:
-                await self.before_route()
-            route = self.routes.get(share.sandbox_id)
-            if route is None:
-                raise ApiError(
-                    ErrorCode.SANDBOX_NOT_RUNNING, "the shared sandbox is not running right now"
-                )
-        except ApiError as exc:
-            if self.on_refusal is not None:
-                self.on_refusal(exc.code.value)
-            raise
+            gone = "the shared sandbox is not running right now"
+            route = await self._live_route(share.sandbox_id, None, gone)
         return (
             share.sandbox_id,
             route,
@@ -316,18 +319,7 @@ async def _deny(scope: Scope, send: Send, exc: ApiError) -> None:
     """Refuse a WebSocket before accepting it: the contract's JSON answer with its
     status where the server offers the denial extension, else a close."""
     if "websocket.http.response" in (scope.get("extensions") or {}):
-        body = json.dumps(exc.body()).encode()
-        await send(
-            {
-                "type": "websocket.http.response.start",
-                "status": exc.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "websocket.http.response.body", "body": body})
+        await send_refusal(send, exc, kind="websocket.http")
     else:
         await send({"type": "websocket.close", "code": 1008})
 

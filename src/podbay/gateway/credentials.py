@@ -26,10 +26,17 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from podbay.errors import ApiError
-from podbay.signing import CREDENTIAL, SHARE_URL, SigningKeys, VerifyingKeys, sign, verify
+from podbay.signing import (
+    CREDENTIAL,
+    SHARE_URL,
+    SigningKeys,
+    VerifyingKeys,
+    sign_expiring,
+    verify,
+)
 from podbay.wire.codes import ErrorCode
 
 AUDIENCE = "podbay:data-plane"
@@ -49,12 +56,8 @@ def mint_share(
     keys: SigningKeys, *, sandbox_id: str, port: int, ttl_seconds: float
 ) -> tuple[str, datetime]:
     """A share token for one port of one sandbox (any incarnation), and when it expires."""
-    now = time.time()
-    exp = int(now + ttl_seconds)
-    token = sign(
-        keys, {"aud": SHARE_AUDIENCE, "sub": sandbox_id, "port": port, "iat": int(now), "exp": exp}
-    )
-    return token, datetime.fromtimestamp(exp, UTC)
+    claims = {"aud": SHARE_AUDIENCE, "sub": sandbox_id, "port": port}
+    return sign_expiring(keys, claims, ttl_seconds)
 
 
 def verify_share(keys: VerifyingKeys, token: str) -> Share:
@@ -84,12 +87,8 @@ def mint_credential(
     keys: SigningKeys, *, sandbox_id: str, incarnation: int, ttl_seconds: float
 ) -> tuple[str, datetime]:
     """A credential and when it expires."""
-    now = time.time()
-    exp = int(now + ttl_seconds)
-    token = sign(
-        keys, {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation, "iat": int(now), "exp": exp}
-    )
-    return token, datetime.fromtimestamp(exp, UTC)
+    claims = {"aud": AUDIENCE, "sub": sandbox_id, "inc": incarnation}
+    return sign_expiring(keys, claims, ttl_seconds)
 
 
 class CredentialVerifier:

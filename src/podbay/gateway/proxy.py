@@ -24,12 +24,11 @@ and never retried (the command may have run).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 
 import httptools
 
-from podbay.asgi import Receive, Scope, Send
+from podbay.asgi import Receive, Scope, Send, send_refusal
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
@@ -85,19 +84,7 @@ MAX_RESPONSE_HEADERS = 100
 
 
 async def send_error(send: Send, exc: ApiError, request_id: str) -> None:
-    body = json.dumps(exc.body()).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": exc.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (_REQUEST_ID, request_id.encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_refusal(send, exc, (_REQUEST_ID, request_id.encode()))
 
 
 class _Response:
