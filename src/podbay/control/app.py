@@ -40,7 +40,6 @@ from podbay.gateway.proxy import send_error
 from podbay.gateway.routes import RouteTable
 from podbay.node.local import LocalNode
 from podbay.runtime.base import Driver, Limits
-from podbay.runtime.classes import enabled_classes
 from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.settings import Settings
 from podbay.store.base import Store
@@ -105,12 +104,7 @@ class Platform:
         self.keys = keys or KeyRing.open(settings.data_dir / "keys")
         self.metrics = Metrics()
         #: ``missing``: why an enabled class has no driver (e.g. its module is absent).
-        self.classes = ClassRuntimes(
-            enabled_classes(settings),
-            drivers,
-            pin=settings.runtime.default_class.strip(),
-            missing=missing,
-        )
+        self.classes = ClassRuntimes.from_settings(settings, drivers, missing)
         self._check = check
         self._prove = prove
         self.activity = ActivityTracker(clock)

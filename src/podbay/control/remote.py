@@ -26,8 +26,9 @@ from podbay import internal
 from podbay.domain import Deployment, Sandbox
 from podbay.domain.node import NodeRecord
 from podbay.errors import ApiError
+from podbay.gateway.activity import keep_newest
 from podbay.runtime.base import MachineState, ObservedMachine
-from podbay.runtime.classes import CLASSES, is_class_name
+from podbay.runtime.classes import CLASSES
 from podbay.signing import SigningKeys
 from podbay.store.postgres import PostgresStore
 from podbay.wire.codes import ErrorCode
@@ -35,6 +36,7 @@ from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 from podbay.wire.paths import SHARE_PREFIX
 
 from .nodes import Launch, Node
+from .services.classes import refuse_unknown_class
 from .services.environment import Building, Prepared
 
 log = logging.getLogger("podbay.cluster")
@@ -209,9 +211,7 @@ class RemoteNode:
         return seen
 
     def restore_activity(self, seen: Mapping[str, datetime]) -> None:
-        for sid, when in seen.items():
-            if sid not in self._touched or self._touched[sid] < when:
-                self._touched[sid] = when
+        keep_newest(self._touched, seen)
 
 
 class ClusterNodes:
@@ -317,12 +317,7 @@ class ClusterNodes:
         return [c for c in CLASSES if c in running]
 
     def resolve(self, requested: str) -> str:
-        if not is_class_name(requested):
-            raise ApiError(
-                ErrorCode.SANDBOX_CLASS_UNKNOWN,
-                f"unknown sandbox class {requested!r}; classes are "
-                f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}",
-            )
+        refuse_unknown_class(requested)
         if requested != DEFAULT_SANDBOX_CLASS:
             return self.require(requested)
         defaults = Counter(

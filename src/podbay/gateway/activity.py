@@ -8,12 +8,19 @@ a big download) is busy, never idle, however long ago the request began.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def keep_newest(marks: dict[str, datetime], seen: Mapping[str, datetime]) -> None:
+    """Merge ``seen`` into ``marks``: a sandbox's later time wins."""
+    for sandbox_id, when in seen.items():
+        if sandbox_id not in marks or marks[sandbox_id] < when:
+            marks[sandbox_id] = when
 
 
 class ActivityTracker:
@@ -53,6 +60,4 @@ class ActivityTracker:
 
     def restore(self, seen: dict[str, datetime]) -> None:
         """Put back marks a failed flush took, keeping any newer ones."""
-        for sandbox_id, when in seen.items():
-            if sandbox_id not in self._seen or self._seen[sandbox_id] < when:
-                self._seen[sandbox_id] = when
+        keep_newest(self._seen, seen)

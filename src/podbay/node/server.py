@@ -48,7 +48,6 @@ from podbay.gateway.app import Gateway
 from podbay.gateway.credentials import CredentialVerifier
 from podbay.gateway.routes import RouteTable
 from podbay.runtime.base import Driver, Limits
-from podbay.runtime.classes import enabled_classes
 from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.settings import Settings
 
@@ -142,12 +141,7 @@ class NodeServer:
             raise ValueError("node.control_url (PODBAY_NODE_CONTROL_URL) is required")
         self.control_url = settings.node.control_url.rstrip("/")
         self.metrics = Metrics()
-        self.classes = ClassRuntimes(
-            enabled_classes(settings),
-            drivers,
-            pin=settings.runtime.default_class.strip(),
-            missing=missing,
-        )
+        self.classes = ClassRuntimes.from_settings(settings, drivers, missing)
         self._check = check
         self._prove = prove
         rt = settings.runtime

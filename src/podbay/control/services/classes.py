@@ -22,7 +22,14 @@ from dataclasses import dataclass
 
 from podbay.errors import ApiError
 from podbay.runtime.base import Driver
-from podbay.runtime.classes import CLASSES, HostCheck, is_class_name, resolve_default
+from podbay.runtime.classes import (
+    CLASSES,
+    HostCheck,
+    enabled_classes,
+    is_class_name,
+    resolve_default,
+)
+from podbay.settings import Settings
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 
@@ -45,7 +52,29 @@ class ClassStatus:
     detail: str
 
 
+def refuse_unknown_class(requested: str) -> None:
+    """400 ``SANDBOX_CLASS_UNKNOWN`` unless ``requested`` names a class or ``default``."""
+    if not is_class_name(requested):
+        raise ApiError(
+            ErrorCode.SANDBOX_CLASS_UNKNOWN,
+            f"unknown sandbox class {requested!r}; classes are "
+            f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}",
+        )
+
+
 class ClassRuntimes:
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, drivers: Mapping[str, Driver], missing: Mapping[str, str] | None
+    ) -> ClassRuntimes:
+        """The classes ``settings`` enable, on ``drivers``, with the pinned default."""
+        return cls(
+            enabled_classes(settings),
+            drivers,
+            pin=settings.runtime.default_class.strip(),
+            missing=missing,
+        )
+
     def __init__(
         self,
         enabled: Sequence[str],
@@ -203,12 +232,7 @@ class ClassRuntimes:
     # -- attach's class ---------------------------------------------------------------------
     def resolve(self, requested: str) -> str:
         """The class a new sandbox asked for as ``requested`` gets."""
-        if not is_class_name(requested):
-            raise ApiError(
-                ErrorCode.SANDBOX_CLASS_UNKNOWN,
-                f"unknown sandbox class {requested!r}; classes are "
-                f"{', '.join([DEFAULT_SANDBOX_CLASS, *CLASSES])}",
-            )
+        refuse_unknown_class(requested)
         name = self.default if requested == DEFAULT_SANDBOX_CLASS else requested
         if name is None:
             raise self._unavailable("'default'", "no class runs here")
