@@ -25,7 +25,7 @@ import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.applications import Starlette
@@ -49,6 +49,7 @@ from podbay.wire.paths import REQUEST_ID_HEADER, SHARE_PREFIX
 
 from . import errors
 from .bodies import BodyLimit
+from .hosting import release_machines, stop_tasks
 from .keys import KeyRing, StoreKeyRing
 from .logs import RequestIdMiddleware
 from .metrics import Metrics
@@ -58,7 +59,7 @@ from .services.classes import ClassCheck, ClassProof, ClassRuntimes
 from .services.deletions import DeletionWatch, marker_path
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
 from .services.environment import EnvironmentService, PlainEnvironment, Prepared
-from .services.lifecycle import Lifecycle
+from .services.lifecycle import Lifecycle, build_lifecycle
 from .services.locks import NameLocks
 from .services.pool import WarmPool
 from .services.sandboxes import SandboxService
@@ -138,12 +139,8 @@ class Platform:
         )
         self.nodes = OneNode(self.node, self.classes)
         if self.classes.drivers:
-            self.transitions = Transitions(
-                store,
-                self.nodes,
-                self.metrics,
-                clock,
-                timedelta(seconds=settings.lifecycle.max_age_seconds),
+            self.transitions, self.lifecycle = build_lifecycle(
+                store, self.nodes, self.metrics, self.locks, settings.lifecycle, clock
             )
             if rt.warm_pool > 0:
                 self.pools.update(
@@ -161,14 +158,6 @@ class Platform:
                     )
                     for name, driver in self.classes.drivers.items()
                 )
-            self.lifecycle = Lifecycle(
-                store=store,
-                transitions=self.transitions,
-                nodes=self.nodes,
-                locks=self.locks,
-                settings=settings.lifecycle,
-                clock=clock,
-            )
         self.deployments = DeploymentService(
             store,
             self.keys,
@@ -183,6 +172,8 @@ class Platform:
         )
         self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.nodes)
         ttl = settings.credentials.ttl_seconds
+        # Wired as control/cluster.py's ControlPlane wires it, on purpose: the same
+        # service from each entry point's own parts (its nodes, locks, minting).
         self.sandboxes = SandboxService(
             settings=settings,
             store=store,
@@ -193,6 +184,8 @@ class Platform:
             mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
         self.verifier = CredentialVerifier(self.keys)
+        # Wired as node/server.py's NodeServer wires it, on purpose: the same
+        # gateway with each process's own hooks (metrics, suspects, deletions).
         self.gateway = Gateway(
             self.verifier,
             self.routes,
@@ -330,24 +323,11 @@ class Platform:
 
     async def shutdown(self) -> None:
         """Stop background work; sandboxes keep running."""
-        await self.classes.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await stop_tasks(self.classes, self._tasks)
         if self.lifecycle is not None:
             with contextlib.suppress(Exception):
                 await self.lifecycle.flush_activity()
-        for pool in self.pools.values():
-            await pool.close(destroy=True)
-        await self.routes.close()
-        close_environment = getattr(self.environment, "close", None)
-        if close_environment is not None:
-            with contextlib.suppress(Exception):
-                await close_environment()
-        for driver in self.classes.drivers.values():
-            with contextlib.suppress(Exception):
-                await driver.close()
+        await release_machines(self.classes, self.pools, self.routes, self.environment)
 
 
 def create_app(

@@ -19,7 +19,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.applications import Starlette
@@ -46,10 +46,9 @@ from .remote import ClusterNodes, node_keys_doc
 from .routes import openapi, sandboxes
 from .routes.health import metrics as metrics_route
 from .services.deployments import PUBLIC_URL_KEY, DeploymentService, SectionValidator
-from .services.lifecycle import Lifecycle
+from .services.lifecycle import build_lifecycle
 from .services.locks import NameLocks
 from .services.sandboxes import SandboxService
-from .services.transitions import Transitions
 
 log = logging.getLogger("podbay.control")
 #: A sandbox's lease lasts this long unless renewed (its holder renews it at a
@@ -120,20 +119,8 @@ class ControlPlane:
             store, keys, lost_after=settings.cluster.node_lost_seconds, clock=clock
         )
         self.locks = LeaseLocks(store, clock)
-        self.transitions = Transitions(
-            store,
-            self.nodes,
-            self.metrics,
-            clock,
-            timedelta(seconds=settings.lifecycle.max_age_seconds),
-        )
-        self.lifecycle = Lifecycle(
-            store=store,
-            transitions=self.transitions,
-            nodes=self.nodes,
-            locks=self.locks,
-            settings=settings.lifecycle,
-            clock=clock,
+        self.transitions, self.lifecycle = build_lifecycle(
+            store, self.nodes, self.metrics, self.locks, settings.lifecycle, clock
         )
         self.deployments = DeploymentService(
             store,
@@ -145,6 +132,8 @@ class ControlPlane:
             refresh_keys=keys.refresh_if_stale,
         )
         ttl = settings.credentials.ttl_seconds
+        # Wired as control/app.py's Platform wires it, on purpose: the same service
+        # from each entry point's own parts (its nodes, locks, minting).
         self.sandboxes = SandboxService(
             settings=settings,
             store=store,

@@ -219,6 +219,8 @@ class ClusterNodes:
 
     STALE_SECONDS = 1.0
 
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         store: PostgresStore,

@@ -82,6 +82,8 @@ def endpoint_for(base_url: str, sandbox_id: str) -> str:
 class Gateway:
     """ASGI app for every path under :data:`PREFIX` (and bare ``/v1/...``)."""
 
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         verifier: CredentialVerifier,

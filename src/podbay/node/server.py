@@ -39,6 +39,7 @@ from starlette.routing import Route
 from podbay import internal
 from podbay.asgi import Receive, Scope, Send
 from podbay.control import errors
+from podbay.control.hosting import release_machines, stop_tasks
 from podbay.control.metrics import CONTENT_TYPE, Metrics
 from podbay.control.services.classes import ClassCheck, ClassProof, ClassRuntimes
 from podbay.control.services.environment import EnvironmentService, PlainEnvironment, Prepared
@@ -173,6 +174,8 @@ class NodeServer:
         self.keys = ControlKeys(self.control_url, self.credential or "")
         self.verifier = CredentialVerifier(self.keys)
         self._unreachable: set[str] = set()
+        # Wired as control/app.py's Platform wires it, on purpose: the same
+        # gateway with each process's own hooks (metrics, unreachable agents).
         self.gateway = Gateway(
             self.verifier,
             self.routes,
@@ -356,19 +359,6 @@ class NodeServer:
                         await self.classes.driver(name).destroy(machine.machine_id)
 
     async def shutdown(self) -> None:
-        await self.classes.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        for pool in self.pools.values():
-            await pool.close(destroy=True)
-        await self.routes.close()
-        close_environment = getattr(self.node.environment, "close", None)
-        if close_environment is not None:
-            with contextlib.suppress(Exception):
-                await close_environment()
-        for driver in self.classes.drivers.values():
-            with contextlib.suppress(Exception):
-                await driver.close()
+        await stop_tasks(self.classes, self._tasks)
+        await release_machines(self.classes, self.pools, self.routes, self.node.environment)
         await self.client.aclose()

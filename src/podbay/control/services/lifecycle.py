@@ -26,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
@@ -38,12 +39,17 @@ from .locks import NameLocks
 from .pool import POOL_LABEL
 from .transitions import Transitions
 
+if TYPE_CHECKING:
+    from ..metrics import Metrics
+
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
 M = MachineState
 
 
 class Lifecycle:
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         *,
@@ -226,3 +232,29 @@ class Lifecycle:
                     await t.record(row, S.STOPPED, "reconcile: machine stopped")
             elif row.state is S.STOPPED and seen in (M.RUNNING, M.SUSPENDED):
                 await node.stop(c, mid)
+
+
+def build_lifecycle(
+    store: Store,
+    nodes: Nodes,
+    metrics: Metrics,
+    locks: NameLocks,
+    settings: LifecycleSettings,
+    clock: Callable[[], datetime],
+) -> tuple[Transitions, Lifecycle]:
+    """The transitions and the lifecycle pass over them, as every control plane
+    (``serve``'s platform, a ``control`` replica) wires them."""
+    transitions = Transitions(
+        store, nodes, metrics, clock, timedelta(seconds=settings.max_age_seconds)
+    )
+    # Keyword arguments passed by like names: alike in shape to other such calls
+    # (the client's exec body, the CLI's shell) by coincidence only.
+    lifecycle = Lifecycle(
+        store=store,
+        transitions=transitions,
+        nodes=nodes,
+        locks=locks,
+        settings=settings,
+        clock=clock,
+    )
+    return transitions, lifecycle

@@ -34,6 +34,8 @@ class WarmPool:
     most recently (the plain base image always among them); an environment
     pushed out has its machines destroyed."""
 
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         driver: Driver,

@@ -78,6 +78,8 @@ def check_name(name: str) -> None:
 
 
 class SandboxService:
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         *,

@@ -32,6 +32,8 @@ S = SandboxState
 
 
 class Transitions:
+    # Takes its collaborators in and keeps them by name, as every service and
+    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         store: Store,
