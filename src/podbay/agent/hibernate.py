@@ -85,6 +85,8 @@ class Hibernation:
     """Decides, each time the server has been without new connections for a
     while, whether to hibernate, and does it."""
 
+    # Keeps what it is given by name, like the control plane's services: alike
+    # in shape by nature (explicit wiring), nothing shared.
     def __init__(
         self,
         seconds: float,

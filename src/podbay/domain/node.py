@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 
 
+# Alike in shape to runtime.base's MachineSpec (a frozen record of typed fields
+# with their comments) by coincidence only: nothing is shared between them.
 @dataclass(frozen=True, kw_only=True)
 class NodeRecord:
     name: str
