@@ -57,8 +57,11 @@ def test_a_bundle_of_another_interpreter_is_ignored(staged: Path, tmp_path: Path
     run code objects compiled for a different version."""
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-a", str(staged), str(copy)], check=True)
-    _, width, modules = marshal.loads((copy / BUNDLE).read_bytes())
-    (copy / BUNDLE).write_bytes(marshal.dumps(("2.7.18 (elsewhere)", width, modules)))
+    data = (copy / BUNDLE).read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    kind, _, width, modules = marshal.loads(data[8 : 8 + size])
+    head = marshal.dumps((kind, "2.7.18 (elsewhere)", width, modules))
+    (copy / BUNDLE).write_bytes(len(head).to_bytes(8, "little") + head + data[8 + size :])
     count, own, *_ = report(copy)
     assert (count, own) == ("0", "False")
     (copy / BUNDLE).write_bytes(b"not marshal data")

@@ -349,7 +349,7 @@ class OciDriver(RecordKeepingDriver):
     async def destroy(self, machine_id: str) -> None:
         async with self._lock(machine_id):
             paths = self._paths(machine_id)
-            await self.release(machine_id)
+            await self.release(machine_id, discard=True)
             self._records.pop(machine_id, None)
             existed = paths.home.exists()
             await asyncio.to_thread(storage.remove_tree, paths.home)
@@ -358,12 +358,15 @@ class OciDriver(RecordKeepingDriver):
                 log.info("machine %s destroyed", machine_id)
         self._locks.pop(machine_id, None)
 
-    async def release(self, machine_id: str) -> None:
+    async def release(self, machine_id: str, *, discard: bool = False) -> None:
         """End the incarnation: container, mounts, network, volatile files; the
-        machine's record and disk stay. Idempotent; ``podbay gc`` uses it too."""
+        machine's record and disk stay (``discard``: the disk is removed next, so
+        what the sandbox last wrote need not reach it). Idempotent; ``podbay gc``
+        uses it too."""
         paths = self._paths(machine_id)
         if isinstance(self.runc, runsc.Runsc):
-            await self.runc.delete(machine_id)  # whatever its state (see Runsc.delete)
+            # Whatever its state (see Runsc.delete).
+            await self.runc.delete(machine_id, discard=discard)
         elif (state := await self.runc.query(machine_id)) is not None:
             frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
             if self.runc.is_runc:

@@ -59,6 +59,9 @@ PROC_DIR = "proc"
 #: takes a while to free).
 END_WAIT_S = 10.0
 
+#: How long a gofer may take to finish its sandbox's last requests and exit.
+GOFER_GRACE_S = 2.0
+
 #: Preference order: systrap (runsc since mid-2023) traps syscalls with seccomp
 #: and no ptrace stops; kvm runs the sentry as a guest (needs a working KVM);
 #: ptrace works everywhere.
@@ -140,44 +143,34 @@ class Runsc(Runc):
         ]
         await check_tool(*argv, failed="setting hostname failed")
 
-    async def _end(self, container_id: str) -> bool:
-        """End the container here: its sandbox and gofer processes are killed
-        through pidfds, waited for, and its state files removed. ``False`` (nothing
-        done) when its state names no process to end.
+    async def _end(self, container_id: str, *, paused_only: bool) -> bool:
+        """End the container here: its sandbox, then its gofer, are killed through
+        pidfds and waited for, and its state files removed. ``False`` (nothing
+        done) when its state names no process to end, or it is not paused and
+        ``paused_only``.
 
-        Why not ``runsc delete``: it kills the sandbox, then polls every 100 ms
-        until the pid is gone, and a killed sandbox stays a zombie until the host's
-        init reaps it (``runsc run`` left it to init), which takes seconds on some
-        hosts: a delete took 1.1-1.5 s, the processes 3-30 ms to exit. And this
-        runsc panics deleting a paused container ("invalid state transition:
-        paused => stopped") and leaves it running."""
+        This runsc panics deleting a paused container ("invalid state transition:
+        paused => stopped") and leaves it running. And ``runsc delete`` kills the
+        sandbox, then polls every 100 ms until the pid is gone, while a killed
+        sandbox stays a zombie until the host's init reaps it (``runsc run`` left
+        it to init), seconds on some hosts: a delete took 1.1-1.5 s, the processes
+        3-30 ms to exit. But a file changed inside just before was found changed
+        back after a fast end and a new start (1 in 3: a chmod), never after
+        ``runsc delete``: so the fast end is for what is discarded anyway."""
         state_file = self._state_file(container_id)
         try:
             raw = json.loads(state_file.read_text())
             pids = [int((raw.get("sandbox") or {}).get("pid") or 0), int(raw.get("goferPid") or 0)]
+            paused = raw.get("status") == "paused"
         except (OSError, ValueError, TypeError, AttributeError):
             return False
-        if not any(pid > 0 for pid in pids):
+        if not any(pid > 0 for pid in pids) or (paused_only and not paused):
             return False
-        pidfds, killed = [], []
-        try:
-            for pid in pids:
-                if pid <= 0:
-                    continue
-                try:
-                    pidfd = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    continue
-                pidfds.append(pidfd)
-                # Checked with the pidfd open: a reused pid cannot be signalled.
-                if _runsc_process_of(pid, container_id):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    killed.append(pidfd)
-            for pidfd in killed:
-                await wait_readable(pidfd, END_WAIT_S)
-        finally:
-            for pidfd in pidfds:
-                os.close(pidfd)
+        # The sandbox first. Its gofer then finishes what the sandbox asked of it
+        # (a write or chmod just done inside is on its way to the host's disk) and
+        # exits once the sandbox's connections close; killed only if it lingers.
+        for pid, grace in zip(pids, (0.0, GOFER_GRACE_S), strict=True):
+            await _kill_runsc(pid, container_id, grace)
         for path in (state_file, state_file.with_suffix(".lock")):
             path.unlink(missing_ok=True)
         return True
@@ -202,15 +195,37 @@ class Runsc(Runc):
             n.split("_sandbox:", 1)[0] for n in names if n.endswith(".state") and "_sandbox:" in n
         )
 
-    async def delete(self, container_id: str) -> None:
+    async def delete(self, container_id: str, *, discard: bool = False) -> None:
+        """Kill and forget the container; ``discard``: its files are not kept (a
+        destroy), so it may end fast (see :meth:`_end`)."""
         state_file = self._state_file(container_id)
         if not state_file.exists():
             return
-        if await self._end(container_id):
+        if await self._end(container_id, paused_only=not discard):
             return
         code, text = await self.call("delete", "--force", container_id, check=False)
         if code != 0 and self._state_file(container_id).exists():
             raise DriverError(f"{self.binary} delete {container_id} failed: {text}")
+
+
+async def _kill_runsc(pid: int, container_id: str, grace: float) -> None:
+    """Wait up to ``grace`` s for ``pid`` to exit, then SIGKILL it and wait (only
+    while it is this container's runsc process: a pidfd keeps the check exact)."""
+    if pid <= 0:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not _runsc_process_of(pid, container_id):
+            return
+        if grace > 0 and await wait_readable(pidfd, grace):
+            return
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        await wait_readable(pidfd, END_WAIT_S)
+    finally:
+        os.close(pidfd)
 
 
 def _runsc_process_of(pid: int, container_id: str) -> bool:

@@ -119,11 +119,12 @@ def test_end_leaves_what_its_state_cannot_name_to_runsc_delete(tmp_path: Path) -
     state = r._state_file("m1")
     for text in ("not json", "{}", '{"sandbox": {"pid": 0}, "goferPid": 0}', "[1]"):
         state.write_text(text)
-        assert asyncio.run(r._end("m1")) is False
+        assert asyncio.run(r._end("m1", paused_only=False)) is False
         assert state.exists()
     # Named processes that are gone (or not this container's runsc) are not
     # signalled; the state files go.
     state.write_text('{"sandbox": {"pid": 1}, "goferPid": 999999999}')
     state.with_suffix(".lock").touch()
-    assert asyncio.run(r._end("m1")) is True
+    assert asyncio.run(r._end("m1", paused_only=True)) is False  # running: runsc delete
+    assert asyncio.run(r._end("m1", paused_only=False)) is True
     assert not state.exists() and not state.with_suffix(".lock").exists()
