@@ -164,6 +164,18 @@ class DriverConformance:
         ps = h.sh(mid, "ps -eo args")
         assert "while :" not in ps
 
+    def test_the_usual_tools_work(self, h: Harness) -> None:
+        # coreutils stats every path with statx(AT_NO_AUTOMOUNT), which an
+        # application kernel (gVisor 2022) once refused on every path.
+        mid = h.up()
+        out = h.sh(
+            mid,
+            "ls -la / /workspace >/dev/null && stat -c '%U %F' /etc/hostname && "
+            "cp -a /etc/hostname /workspace/h && du -s /workspace >/dev/null && "
+            "find /etc -maxdepth 1 -name hostname && ls /workspace",
+        )
+        assert out.split() == ["root", "regular", "file", "/etc/hostname", "h"], out
+
     def test_env_reaches_commands(self, h: Harness) -> None:
         mid = h.up(env={"PODBAY_TEST_VAR": "hello world"})
         assert h.sh(mid, 'printf %s "$PODBAY_TEST_VAR"') == "hello world"

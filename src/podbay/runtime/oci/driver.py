@@ -96,6 +96,8 @@ class OciDriver(RecordKeepingDriver):
         )
         self._image: Image | None = None
         self._agent_dir: Path | None = None
+        #: runsc only: the statx shim preloaded in its sandboxes (runsc.build_statx_shim).
+        self._statx_shim: Path | None = None
         self._argv: list[str] | None = None
         self._records: dict[str, records.MachineRecord] = {}
         #: runsc only: hostnames assigned while suspended, set when resumed.
@@ -134,6 +136,7 @@ class OciDriver(RecordKeepingDriver):
             agent_dir = await asyncio.to_thread(
                 runsc.reachable_agent, agent_dir, self.layout.run_dir
             )
+            self._statx_shim = await asyncio.to_thread(runsc.build_statx_shim, self.layout.run_dir)
         self._image, self._agent_dir = image, agent_dir
         self.network.watch_addresses()
         self._argv = self._agent_argv(image)
@@ -258,7 +261,7 @@ class OciDriver(RecordKeepingDriver):
                 facts = dataclasses.replace(facts, userns=owned.userns_path)
             config = bundle.config(facts)
             if listener is None:
-                config = runsc.adapt_config(config, socket_dir)
+                config = runsc.adapt_config(config, socket_dir, self._statx_shim)
             (paths.run / "config.json").write_text(json.dumps(config))
             if listener is None:
                 await self.runc.run_detached(

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -75,6 +77,8 @@ _MASK_ROOT_NETNS_TEST = (
     "mount -t tmpfs -o ro,size=4k,mode=555 podbay /proc/sys/net/core "
     '&& exec "$@"'
 )
+
+log = logging.getLogger("podbay.runtime.oci")
 
 
 class Runsc(Runc):
@@ -259,12 +263,58 @@ def reachable_agent(agent_dir: Path, run_dir: Path) -> Path:
     return target
 
 
-def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
+#: Where the statx shim (statx_shim.c) appears inside a gvisor sandbox.
+SHIM_IN_SANDBOX = "/.podbay/statx-shim.so"
+SHIM_SOURCE = Path(__file__).with_name("statx_shim.c")
+
+
+def build_statx_shim(run_dir: Path) -> Path | None:
+    """The directory holding the compiled statx shim and an ``ld.so.preload``
+    naming it (made once per shim source, under the traverse-only ``run_dir``
+    runsc's gofer can reach); None when the host has no C compiler, and then
+    coreutils' ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
+    source = SHIM_SOURCE.read_bytes()
+    target = run_dir / "gvisor-shim" / hashlib.sha256(source).hexdigest()[:16]
+    if (target / "complete").exists():
+        return target
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning(
+            "no C compiler (apt-get install gcc): gvisor sandboxes run without the statx "
+            "shim, and coreutils' ls, stat, du and find fail there with EINVAL"
+        )
+        return None
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o755)
+    built = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp / "statx-shim.so"), "-x", "c", "-"],
+        input=source,
+        capture_output=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DriverError(f"building the statx shim failed: {built.stderr.decode()[-800:]}")
+    os.chmod(tmp / "statx-shim.so", 0o755)  # noqa: S103 - loaded by every sandbox user
+    (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
+    os.chmod(tmp / "ld.so.preload", 0o644)
+    (tmp / "complete").touch()
+    try:
+        os.rename(tmp, target)
+    except OSError:  # made concurrently: theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:
     """runc's ``config.json`` made right for runsc (pure).
 
     gVisor's sysfs and cgroupfs are its own, so /sys is not bound from the host;
     the agent's socket directory is bound read-write. Read-only binds are
-    marked as the sandbox's alone (:func:`exclusive_hints`)."""
+    marked as the sandbox's alone (:func:`exclusive_hints`). ``shim``: the
+    statx shim's directory (:func:`build_statx_shim`), preloaded everywhere."""
     mounts: list[dict[str, Any]] = []
     for mount in cfg["mounts"]:
         if mount["destination"] == "/sys":
@@ -283,6 +333,19 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path) -> dict[str, Any]:
             "options": ["bind", "nosuid", "nodev", "noexec", "rw"],
         }
     )
+    if shim is not None:
+        for name, destination in (
+            ("statx-shim.so", SHIM_IN_SANDBOX),
+            ("ld.so.preload", "/etc/ld.so.preload"),
+        ):
+            mounts.append(
+                {
+                    "destination": destination,
+                    "type": "bind",
+                    "source": str(shim / name),
+                    "options": ["bind", "nosuid", "nodev", "ro"],
+                }
+            )
     annotations = {**cfg.get("annotations", {}), **exclusive_hints(mounts)}
     return {**cfg, "mounts": mounts, "annotations": annotations}
 
