@@ -77,7 +77,8 @@ class ControlKeys:
 
     def public_key(self, kid: str) -> Ed25519PublicKey | None:
         key = self._keys.get(kid)
-        if key is None and time.monotonic() - self._fetched_at >= self.REFETCH_INTERVAL:
+        stale = time.monotonic() - self._fetched_at >= self.REFETCH_INTERVAL
+        if key is None and (stale or not self._keys):
             with contextlib.suppress(Exception):
                 self._apply(self._get_sync())
             key = self._keys.get(kid)
@@ -313,8 +314,11 @@ class NodeServer:
             try:
                 if not self.enrolled:
                     if self.credential:
-                        self.enrolled = True  # try the kept credential; a 401 re-enrolls
+                        # The kept credential: a first heartbeat proves it (a 401
+                        # enrolls again); healthy only once keys are here too.
+                        await self.heartbeat()
                         await self.keys.fetch(self.client)
+                        self.enrolled = True
                     else:
                         await self.enroll()
                 await self.heartbeat()
