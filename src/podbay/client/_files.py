@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import BinaryIO
 
 from podbay.errors import SandboxRequestError, SandboxUnavailableError
-from podbay.wire.data import ExecResult, FileInfo
+from podbay.wire.data import ExecResult, FileInfo, FileType
 from podbay.wire.limits import BASE64_WRITE_CHUNK, EXEC_OUTPUT_CAP
 from podbay.wire.paths import DIGEST_HEADER
 
@@ -364,7 +364,7 @@ def parse_stat(result: ExecResult, path: str) -> FileInfo:
             "PATH_NOT_FOUND" if missing else "COMMAND_FAILED",
         )
     kind, size, mode, uid, gid, owner, mtime = result.stdout.strip().split("|")
-    types = {
+    types: dict[str, FileType] = {
         "regular file": "file",
         "regular empty file": "file",
         "directory": "directory",
@@ -373,7 +373,7 @@ def parse_stat(result: ExecResult, path: str) -> FileInfo:
     return FileInfo(
         name=posixpath.basename(path.rstrip("/")) or path,
         path=path,
-        type=types.get(kind, "other"),  # type: ignore[arg-type]
+        type=types.get(kind) or "other",
         size=int(size),
         mode=int(mode, 8),
         mtime=datetime.fromtimestamp(int(mtime), UTC),
