@@ -7,7 +7,8 @@ three ``podbay node`` (``podbay.testing.cluster.LocalCluster``), real sandboxes.
 * attach p50 of a new and of a running sandbox, and exec (``true``) p50 through
   the gateway: serve vs the cluster (attach through haproxy and a control
   replica, exec straight to the node holding the sandbox; and attach straight
-  to one replica, without haproxy), sampled in turn
+  to one replica, without haproxy), sampled in turn; and the CPU time per
+  exec of the process serving it (serve; the node) and of each control replica
 * 50 concurrent first attaches of one name, half to each control replica
   directly: how many sandboxes result (must be 1)
 * ``kill -9`` of one control replica while 8 workers attach (3 names each,
@@ -28,12 +29,14 @@ import argparse
 import concurrent.futures
 import functools
 import json
+import os
 import statistics
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +70,23 @@ def timed(call: Any) -> tuple[float, httpx.Response]:
     return time.perf_counter() - start, response
 
 
-def speeds(targets: dict[str, tuple[str, str]], rounds: int) -> dict[str, dict[str, float]]:
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def speeds(
+    targets: dict[str, tuple[str, str]],
+    rounds: int,
+    serving: dict[str, Callable[[dict[str, Any]], dict[str, int]]] | None = None,
+) -> dict[str, dict[str, float]]:
     """Attach new, attach running, exec: p50 ms for each target (``name ->
     (url, token)``), sampled in turn (one of each, then the next round), so a
-    busy moment of the machine weighs on both alike."""
+    busy moment of the machine weighs on both alike.
+
+    ``serving[target](handle)`` names the processes (``label -> pid``) whose
+    CPU time per exec is reported: CPU is what load does not inflate much,
+    so it compares the data planes where wall time cannot."""
     samples: dict[str, dict[str, list[float]]] = {
         t: {"attach_new": [], "attach_running": [], "exec": []} for t in targets
     }
@@ -92,15 +108,31 @@ def speeds(targets: dict[str, tuple[str, str]], rounds: int) -> dict[str, dict[s
                 elapsed, r = timed(functools.partial(attach, http, url, token, name))
                 assert r.status_code == 200, r.text
                 samples[t]["attach_running"].append(elapsed)
-        for _ in range(rounds * 5):
+        pids = {t: (serving or {}).get(t, lambda h: {})(handles[t][0]) for t in targets}
+        cpu_before = {t: {k: cpu_seconds(p) for k, p in pids[t].items()} for t in targets}
+        phase_start = time.perf_counter()
+        for _ in range(rounds * 10):
             for t in targets:
                 elapsed, r = timed(functools.partial(exec_true, http, handles[t][0]))
                 assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
                 samples[t]["exec"].append(elapsed)
+        execs = rounds * 10
+        phase = time.perf_counter() - phase_start
+        # Per exec for the process that serves it; per second of the phase for
+        # the others (the control replicas: heartbeats, checks, lifecycle).
+        cpu_per_exec = {
+            t: {
+                (f"{k}_cpu_per_exec_ms" if i == 0 else f"{k}_cpu_ms_per_s"): round(
+                    (cpu_seconds(p) - cpu_before[t][k]) * 1000 / (execs if i == 0 else phase), 3
+                )
+                for i, (k, p) in enumerate(pids[t].items())
+            }
+            for t in targets
+        }
     for t, (url, token) in targets.items():
         delete_all(url, token, {h["name"] for h in handles[t]})
     return {
-        t: {f"{kind}_p50_ms": p50_ms(values) for kind, values in kinds.items()}
+        t: {f"{kind}_p50_ms": p50_ms(values) for kind, values in kinds.items()} | cpu_per_exec[t]
         for t, kinds in samples.items()
     }
 
@@ -297,6 +329,13 @@ def main() -> None:
                         "cluster_one_replica": (cluster.controls[0].url, token),
                     },
                     args.rounds,
+                    {
+                        "serve": lambda h: {"serve": serve.pid()},
+                        "cluster": lambda h: {
+                            "node": cluster.node_for(h["endpoint"]).pid(),
+                            **{c.name: c.pid() for c in cluster.controls},
+                        },
+                    },
                 )
             )
             results["exec_difference_ms"] = round(
