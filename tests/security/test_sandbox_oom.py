@@ -3,8 +3,8 @@
 The attack (no malice needed): many small processes that together exceed the
 sandbox's memory limit, each smaller than the agent. The kernel kills the
 largest process in the memory cgroup, which was the agent: the exec's answer
-was lost (502) and the sandbox had to be restarted. Now every command raises
-its own ``oom_score_adj`` (podbay.agent.oom): the kernel kills commands, the
+was lost (502) and the sandbox had to be restarted. Now every command's
+``oom_score_adj`` is raised (podbay.agent.oom): the kernel kills commands, the
 exec answers ``oom_killed: true`` and the next exec runs at once.
 
 Under gVisor (2022) the host's OOM killer sees one sandbox process and ends
@@ -58,7 +58,9 @@ def test_memory_hogs_lose_to_the_oom_killer_not_the_agent(server: PlatformServer
         result = r.json()
         assert result["oom_killed"] is True, result
         assert result["stdout"] == "finished\n"  # sh itself survived its children
-    after = server.exec(handle, "sh", "-c", "echo alive; cat /proc/self/oom_score_adj")
+    # The agent raises a command's score right after its exec; a child the
+    # command forks a second later has it for sure.
+    after = server.exec(handle, "sh", "-c", "echo alive; sleep 1; cat /proc/self/oom_score_adj")
     assert after.status_code == 200, after.text
     assert after.json()["stdout"] == "alive\n1000\n"
     assert "oom_killed" not in after.json()

@@ -118,9 +118,7 @@ def launch(
     another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
     stdin_pipe = subprocess.PIPE if stdin else subprocess.DEVNULL
     streams = (stdin_pipe, subprocess.PIPE, subprocess.PIPE)
-    return _start(
-        reaper, argv, cwd, env, account, streams, on_exit=on_exit, preexec_fn=oom.raise_own_score
-    )
+    return _start(reaper, argv, cwd, env, account, streams, on_exit=on_exit, raise_score=True)
 
 
 def launch_on_terminal(
@@ -165,10 +163,13 @@ def _start(
     on_exit: Callable[[Child], None] | None = None,
     before: Callable[[int | None], None] | None = None,
     preexec_fn: Callable[[], None] | None = None,
+    raise_score: bool = False,
 ) -> Child:
     """Start ``argv`` as ``account`` leading a new session with ``streams`` as
     its stdin, stdout and stderr; registered with ``reaper`` before it can exit.
-    ``before`` gets the account's uid first (to hand it what it must own)."""
+    ``before`` gets the account's uid first (to hand it what it must own).
+    ``raise_score``: make it the OOM killer's choice over the agent (:mod:`.oom`),
+    in the child when it runs a ``preexec_fn`` anyway, else right after."""
     env = dict(env)
     uid, gid, groups = command_identity(account, env)
     if before is not None:
@@ -183,6 +184,8 @@ def _start(
                 entry = guard.Entry(uid or 0, gid or 0, [0] if groups is None else groups)
                 uid = gid = groups = None
                 preexec_fn = _chain(entry.enter, preexec_fn)
+            if raise_score and preexec_fn is not None:
+                preexec_fn = _chain(preexec_fn, oom.raise_own_score)
             popen = subprocess.Popen(
                 argv,
                 stdin=streams[0],
@@ -209,6 +212,8 @@ def _start(
         finally:
             if entry is not None:
                 entry.close()
+        if raise_score and preexec_fn is None:
+            oom.raise_score_of(popen.pid)
         child = Child(popen)
         child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)

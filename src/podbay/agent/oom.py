@@ -4,7 +4,9 @@ When a sandbox's memory cgroup runs out, the kernel kills the process with
 the highest score: its size, plus ``oom_score_adj`` thousandths of the limit.
 Left alone, a sandbox filled by many small processes loses its agent (the
 largest of them). Every command the agent starts first raises its own
-``oom_score_adj`` to :data:`COMMAND_SCORE` (raising needs no privilege), so
+``oom_score_adj`` to :data:`COMMAND_SCORE` (raising needs no privilege; the
+agent raises it for the command right after its exec, :func:`raise_score_of`,
+where no ``preexec_fn`` runs anyway), so
 any command outscores the agent, which keeps the default 0: lowering the
 agent instead would need ``CAP_SYS_RESOURCE`` on the host, which not every
 host grants (ours does not). A command may lower its score again, down to 0
@@ -60,6 +62,29 @@ def raise_own_score() -> None:
     os.closerange(keep + 1, _max_fd)
     if _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) == 0:
         _write_score()
+
+
+def raise_score_of(pid: int) -> bool:
+    """In the agent, right after a command started (exec done): raise its score.
+
+    This keeps ``subprocess`` on its vfork path (a ``preexec_fn`` forces a
+    full fork plus Python in the child: 1.7x the cost of every exec). The
+    price is a window of microseconds between the command's exec and this
+    write in which a child it forks keeps score 0, as the agent has; such a
+    child then competes with the agent by size, no more than a command that
+    lowers its own score back to 0 (which it may) does. A command started
+    with a ``preexec_fn`` anyway (gVisor's guard, terminals) still raises its
+    own score before exec."""
+    try:
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, _SCORE) == len(_SCORE)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def prepare() -> None:
