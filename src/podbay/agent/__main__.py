@@ -26,7 +26,7 @@ from types import FrameType
 from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
-from . import VERSION, guard
+from . import VERSION, guard, oom
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .hibernate import Hibernation, no_children
@@ -38,7 +38,7 @@ THREAD_STACK_BYTES = 1024 * 1024
 
 
 USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
-                    [--workspace DIR] [--env-file PATH] [--guard-uid N]
+                    [--workspace DIR] [--env-file PATH] [--guard-uid N] [--oom-fd N]
 
 Run the sandbox agent (inside a sandbox).
 
@@ -49,6 +49,7 @@ Run the sandbox agent (inside a sandbox).
   --env-file PATH     JSON object of variables given to every command
   --guard-uid N       run as uid N, commands in user namespaces without it
                       (under a kernel that cannot protect the agent: gVisor)
+  --oom-fd N          our own /proc/self/oom_score_adj, opened for us
 """
 
 
@@ -60,6 +61,7 @@ class Options:
     workspace: str = limits.WORKSPACE
     env_file: str | None = None
     guard_uid: int | None = None
+    oom_fd: int | None = None
 
 
 def parse_args(argv: list[str]) -> Options:
@@ -68,10 +70,18 @@ def parse_args(argv: list[str]) -> Options:
 
     >>> parse_args(["--fd", "3", "--env-file=/e.json"])  # doctest: +NORMALIZE_WHITESPACE
     Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json',
-            guard_uid=None)
+            guard_uid=None, oom_fd=None)
     """
     opts = Options()
-    names = {"--socket", "--listen", "--fd", "--workspace", "--env-file", "--guard-uid"}
+    names = {
+        "--socket",
+        "--listen",
+        "--fd",
+        "--workspace",
+        "--env-file",
+        "--guard-uid",
+        "--oom-fd",
+    }
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -82,7 +92,7 @@ def parse_args(argv: list[str]) -> Options:
             if not args:
                 raise UsageError(f"{name} needs a value")
             value = args.pop(0)
-        if name in ("--fd", "--guard-uid"):
+        if name in ("--fd", "--guard-uid", "--oom-fd"):
             if not value.isdigit():
                 raise UsageError(f"{name} wants a number, got {value!r}")
             setattr(opts, name[2:].replace("-", "_"), int(value))
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"podbay-agent: cannot create {args.workspace}: {exc}", file=sys.stderr)
     else:
         become_subreaper()
+    if args.oom_fd is not None:
+        oom.adopt_own_score(args.oom_fd)
     if args.guard_uid is not None:
         try:
             guard.enable(args.guard_uid)

@@ -6,8 +6,8 @@ grandchild too) with one ``killpg``. A deadline or a kill takes its whole
 tree, also what left the group or session (:mod:`.tree`). stdin is
 ``/dev/null``; stdout and stderr are pipes the caller drains.
 
-Each command raises its own ``oom_score_adj`` before it runs, so the OOM
-killer takes commands before the agent (:mod:`.oom`).
+Each command is started with a higher ``oom_score_adj`` than the agent's,
+so the OOM killer takes commands before the agent (:mod:`.oom`).
 
 A command that cannot be started at all (no such file, not executable,
 argument list too long, no such ``cwd``) is refused with
@@ -118,7 +118,7 @@ def launch(
     another ``account``); refuse when nothing ran. ``stdin``: give it a pipe."""
     stdin_pipe = subprocess.PIPE if stdin else subprocess.DEVNULL
     streams = (stdin_pipe, subprocess.PIPE, subprocess.PIPE)
-    return _start(reaper, argv, cwd, env, account, streams, on_exit=on_exit, raise_score=True)
+    return _start(reaper, argv, cwd, env, account, streams, on_exit=on_exit)
 
 
 def launch_on_terminal(
@@ -163,18 +163,14 @@ def _start(
     on_exit: Callable[[Child], None] | None = None,
     before: Callable[[int | None], None] | None = None,
     preexec_fn: Callable[[], None] | None = None,
-    raise_score: bool = False,
 ) -> Child:
     """Start ``argv`` as ``account`` leading a new session with ``streams`` as
     its stdin, stdout and stderr; registered with ``reaper`` before it can exit.
-    ``before`` gets the account's uid first (to hand it what it must own).
-    ``raise_score``: make it the OOM killer's choice over the agent (:mod:`.oom`),
-    in the child when it runs a ``preexec_fn`` anyway, else right after."""
+    ``before`` gets the account's uid first (to hand it what it must own)."""
     env = dict(env)
     uid, gid, groups = command_identity(account, env)
     if before is not None:
         before(uid)
-    oom.prepare()
     entry: guard.Entry | None = None
     with reaper.lock:
         try:
@@ -184,23 +180,22 @@ def _start(
                 entry = guard.Entry(uid or 0, gid or 0, [0] if groups is None else groups)
                 uid = gid = groups = None
                 preexec_fn = _chain(entry.enter, preexec_fn)
-            if raise_score and preexec_fn is not None:
-                preexec_fn = _chain(preexec_fn, oom.raise_own_score)
-            popen = subprocess.Popen(
-                argv,
-                stdin=streams[0],
-                stdout=streams[1],
-                stderr=streams[2],
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-                bufsize=0,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-                preexec_fn=preexec_fn,
-            )
+            with oom.spawning():
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=streams[0],
+                    stdout=streams[1],
+                    stderr=streams[2],
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
+                    bufsize=0,
+                    user=uid,
+                    group=gid,
+                    extra_groups=groups,
+                    preexec_fn=preexec_fn,
+                )
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None
         except ValueError as exc:  # e.g. an environment the OS cannot take
@@ -212,8 +207,7 @@ def _start(
         finally:
             if entry is not None:
                 entry.close()
-        if raise_score and preexec_fn is None:
-            oom.raise_score_of(popen.pid)
+        oom.raise_command(popen.pid)
         child = Child(popen)
         child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)
@@ -231,13 +225,11 @@ def _chain(first: Callable[[], None], then: Callable[[], None] | None) -> Callab
 
 def _take_terminal() -> None:
     """Make standard input (the pty) the new session's controlling terminal, so
-    that Ctrl-C typed on it reaches the foreground process group as SIGINT;
-    and outscore the agent for the OOM killer (:mod:`.oom`)."""
+    that Ctrl-C typed on it reaches the foreground process group as SIGINT."""
     import fcntl
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    oom.raise_own_score()
 
 
 def _start_failed(exc: OSError, argv: list[str], cwd: str) -> ApiError:

@@ -169,6 +169,7 @@ def test_command_line_parsing() -> None:
 
     assert parse_args(["--socket", "/s", "--workspace", "/w"]).workspace == "/w"
     assert parse_args(["--fd", "3", "--guard-uid=65535"]).guard_uid == 65535
+    assert parse_args(["--fd", "3", "--oom-fd", "4"]).oom_fd == 4
     for bad in (
         [],
         ["--fd", "x"],

@@ -116,7 +116,7 @@ def sandbox_argv(
     starts commands in user namespaces without that id (:mod:`podbay.agent.guard`)."""
     listen = ["--socket", socket] if socket else ["--fd", "3"]
     guarded = [] if private_loader else ["--guard-uid", str(guard.DEFAULT_UID)]
-    return staging.agent_argv(
+    agent = staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
         AGENT_DIR,
         *listen,
@@ -124,3 +124,40 @@ def sandbox_argv(
         ENV_FILE,
         *guarded,
     )
+    shell = _image_shell(image_rootfs) if private_loader else None
+    if shell is None:
+        return agent
+    # The agent lowers and raises its own OOM score around starting commands
+    # (podbay.agent.oom); once non-dumpable it can no longer open that file, so
+    # a shell of the image opens it first, while dumpable, and execs the agent.
+    return [
+        *shell,
+        "-c",
+        f'command exec {OOM_FD}>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"',
+        *agent,
+        "--oom-fd",
+        str(OOM_FD),
+    ]
+
+
+#: The descriptor the agent finds its own ``oom_score_adj`` on (runc).
+OOM_FD = 4
+
+
+def _image_shell(image_rootfs: Path) -> list[str] | None:
+    """The image's dash through the image's loader, as the sandbox sees them."""
+    dash = image_rootfs / "usr" / "bin" / "dash"
+    if not dash.is_file() or dash.is_symlink():
+        return None
+    loader, libdirs, _ = _interpreter(image_rootfs)
+
+    def inside(path: Path) -> str:
+        return IMAGE_DIR + "/" + str(path.relative_to(image_rootfs))
+
+    return [
+        inside(loader),
+        "--inhibit-cache",
+        "--library-path",
+        ":".join(inside(d) for d in libdirs),
+        inside(dash),
+    ]

@@ -42,6 +42,27 @@ def test_the_agent_runs_on_the_images_loader_and_python(tmp_path: Path) -> None:
     assert argv[9:] == ["--fd", "3", "--env-file", agent_bundle.ENV_FILE]
 
 
+def test_the_images_shell_opens_the_agents_oom_score_first(tmp_path: Path) -> None:
+    """Non-dumpable once started, the agent could not open its own
+    oom_score_adj: the image's dash opens it and execs the agent with it."""
+    root = image(tmp_path, "python3.11")
+    bare = agent_bundle.sandbox_argv(root)
+    (root / "usr/bin/dash").write_text("")
+    argv = agent_bundle.sandbox_argv(root)
+    assert argv[:5] == [
+        f"/.podbay/image/{LIB}/ld-linux-x86-64.so.2",
+        "--inhibit-cache",
+        "--library-path",
+        f"/.podbay/image/{LIB}",
+        "/.podbay/image/usr/bin/dash",
+    ]
+    script = 'command exec 4>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"'
+    assert argv[5:7] == ["-c", script]  # dash would add PWD to the agent's environment
+    assert argv[7:] == [*bare, "--oom-fd", "4"]
+    # gVisor's agent needs none of it (no OOM killer inside).
+    assert "--oom-fd" not in agent_bundle.sandbox_argv(root, private_loader=False)
+
+
 def test_without_the_private_loader_the_images_own_is_used(tmp_path: Path) -> None:
     root = image(tmp_path, "python3.11")
     private = agent_bundle.sandbox_argv(root)
