@@ -35,6 +35,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from . import oom
 from .http import Connections
 
 #: The environment variable with the idle seconds before hibernating.
@@ -135,10 +136,12 @@ class Hibernation:
         sys.stderr.flush()
         fd = self.listener.fileno()
         os.set_inheritable(fd, True)
+        oom.pass_on(True)  # the agent's command line names it again (--oom-fd)
         try:
             os.execv(self.argv[0], self.argv)  # noqa: S606 - our own command line, no shell
         except OSError as exc:
             os.set_inheritable(fd, False)
+            oom.pass_on(False)
             self.seconds = float("inf")  # stay awake from now on
             print(f"podbay-agent: cannot hibernate: {exc}", file=sys.stderr)
 

@@ -53,13 +53,25 @@ _own_score_fd: int | None = None
 
 def adopt_own_score(fd: int) -> None:
     """Use ``fd``, the agent's own ``/proc/self/oom_score_adj`` opened for it
-    before it became non-dumpable (kept from commands: close-on-exec)."""
+    before it became non-dumpable (kept from commands: close-on-exec). Ignored
+    unless it reads as a score: it may be closed, or something else."""
     global _own_score_fd
     try:
+        value = os.pread(fd, 16, 0).strip()
+        if not -1000 <= int(value) <= 1000:
+            return
         os.set_inheritable(fd, False)
-    except OSError:
-        return  # not open: the runtime could not open it
+    except (OSError, ValueError):
+        return
     _own_score_fd = fd
+
+
+def pass_on(on: bool) -> None:
+    """Let the agent's own score descriptor survive its next exec (hibernation's
+    waiter hands it back to the agent), or not."""
+    if _own_score_fd is not None:
+        with contextlib.suppress(OSError):
+            os.set_inheritable(_own_score_fd, on)
 
 
 @contextlib.contextmanager
