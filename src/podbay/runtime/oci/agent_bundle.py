@@ -133,7 +133,7 @@ def sandbox_argv(
     return [
         *shell,
         "-c",
-        f'command exec {OOM_FD}>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"',
+        f'command exec {OOM_FD}<>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"',
         *agent,
         "--oom-fd",
         str(OOM_FD),

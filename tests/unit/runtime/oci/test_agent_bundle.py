@@ -56,7 +56,7 @@ def test_the_images_shell_opens_the_agents_oom_score_first(tmp_path: Path) -> No
         f"/.podbay/image/{LIB}",
         "/.podbay/image/usr/bin/dash",
     ]
-    script = 'command exec 4>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"'
+    script = 'command exec 4<>/proc/self/oom_score_adj; unset PWD; exec "$0" "$@"'
     assert argv[5:7] == ["-c", script]  # dash would add PWD to the agent's environment
     assert argv[7:] == [*bare, "--oom-fd", "4"]
     # gVisor's agent needs none of it (no OOM killer inside).
