@@ -60,3 +60,11 @@ def test_the_images_install_podbay_with_the_server_and_postgres_extras() -> None
     assert 'ENTRYPOINT ["podbay"]' in base
     assert '"control"' in stages()["control"] and '"node"' in stages()["node"]
     assert re.search(r"^USER\s+10001", stages()["control"], re.MULTILINE)
+
+
+def test_the_plain_machine_recipe_installs_the_same_packages() -> None:
+    """docs/cluster.md's apt-get line for every machine of the systemd recipe."""
+    docs = (ROOT / "docs" / "cluster.md").read_text().replace("\\\n", " ")
+    (line,) = [x for x in docs.splitlines() if x.startswith("apt-get install python3-venv")]
+    missing = run_packages() - TEST_ONLY - set(line.split()[2:]) - {"python3", "ca-certificates"}
+    assert not missing, f"docs/cluster.md's recipe lacks {sorted(missing)}"
