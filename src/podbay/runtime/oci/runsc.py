@@ -255,10 +255,16 @@ def reachable_agent(agent_dir: Path, run_dir: Path) -> Path:
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(agent_dir, tmp, symlinks=True)
+    return _publish(tmp, target)
+
+
+def _publish(tmp: Path, target: Path) -> Path:
+    """Mark the tree made at ``tmp`` complete and move it to ``target`` in one
+    rename; a tree made there concurrently is as good, so ours is dropped."""
     (tmp / "complete").touch()
     try:
         os.rename(tmp, target)
-    except OSError:  # made concurrently: theirs is as good
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
@@ -300,12 +306,7 @@ def build_statx_shim(run_dir: Path) -> Path | None:
     os.chmod(tmp / "statx-shim.so", 0o755)  # noqa: S103 - loaded by every sandbox user
     (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
     os.chmod(tmp / "ld.so.preload", 0o644)
-    (tmp / "complete").touch()
-    try:
-        os.rename(tmp, target)
-    except OSError:  # made concurrently: theirs is as good
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _publish(tmp, target)
 
 
 def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:
