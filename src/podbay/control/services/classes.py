@@ -96,6 +96,9 @@ class ClassRuntimes:
         #: Classes whose host check passed, still being proven in the background.
         self._pending: set[str] = set()
         self._later: asyncio.Task[None] | None = None
+        #: Proved after start-up, its machines not yet taken up (routes, resumes):
+        #: /healthz does not call it available until they are.
+        self._taking_up: set[str] = set()
 
     # -- start-up ------------------------------------------------------------------------
     async def start(
@@ -187,10 +190,13 @@ class ClassRuntimes:
             finally:
                 self._pending.discard(name)
             if self.works(name) and later is not None:
+                self._taking_up.add(name)
                 try:
                     await later(name)
                 except Exception:
                     log.exception("sandbox class %s: taking up its machines failed", name)
+                finally:
+                    self._taking_up.discard(name)
 
     async def close(self) -> None:
         """Stop proving classes in the background."""
@@ -268,6 +274,6 @@ class ClassRuntimes:
         """For ``/healthz``: what runs and what ``default`` means."""
         return {
             "default": self.default,
-            "available": list(self.available),
+            "available": [n for n in self.available if n not in self._taking_up],
             "enabled": list(self.enabled),
         }
