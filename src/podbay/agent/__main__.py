@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    restore_default_dispositions()
     if os.getpid() == 1:
         # No handlers at all: the kernel then drops every signal sent to a
         # namespace's init from inside it (SIGKILL included), so no `kill 1`
@@ -222,6 +223,21 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(args.socket)
     return 0
+
+
+#: Signals a command expects at their default action when it starts.
+COMMAND_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+def restore_default_dispositions() -> None:
+    """An ignored signal stays ignored across exec: whatever started the agent
+    ignoring one (``nohup``, a shell with SIGQUIT ignored) would pass that on
+    to every command, and ``kill -QUIT`` through the API would do nothing.
+    Commands start with default dispositions, as in any fresh container."""
+    for name in COMMAND_SIGNALS:
+        signum = getattr(signal, name)
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

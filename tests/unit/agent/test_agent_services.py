@@ -180,3 +180,25 @@ def test_command_line_parsing() -> None:
     ):
         with pytest.raises(UsageError):
             parse_args(bad)
+
+
+def test_signals_ignored_by_the_agents_launcher_reach_commands_at_their_default() -> None:
+    # A suite or a shell that starts the agent in the background ignores
+    # SIGINT and SIGQUIT; a command must not inherit that (kill -QUIT did nothing).
+    import subprocess
+    import sys
+
+    script = (
+        "import signal, subprocess\n"
+        "for s in (signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1):\n"
+        "    signal.signal(s, signal.SIG_IGN)\n"
+        "from podbay.agent.__main__ import restore_default_dispositions\n"
+        "restore_default_dispositions()\n"
+        "child = subprocess.run(['sh', '-c', 'kill -QUIT $$; echo survived'],"
+        " capture_output=True, text=True)\n"
+        "print(child.returncode, repr(child.stdout))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "-3 ''", out
