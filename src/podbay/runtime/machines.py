@@ -211,6 +211,15 @@ class RecordKeepingDriver(ABC):
         except FileNotFoundError:
             return []
 
+    def machine_records(self) -> list[records.MachineRecord]:
+        """Every machine's record (those that vanish while being read are left out)."""
+        found = (records.read(self.machines / machine_id) for machine_id in self.machine_ids())
+        return [record for record in found if record is not None]
+
+    def images_in_use(self) -> set[str]:
+        """The base images this driver's machines stand on (``podbay gc`` keeps them)."""
+        return {record.image for record in self.machine_records() if record.image}
+
 
 class Collectable(Protocol):
     """What ``podbay gc`` asks of every class's driver first."""

@@ -52,7 +52,7 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
                     vm, everything=everything, layer_cache=settings.data_dir / "layers"
                 )
                 done += [f"{VM}: {line}" for line in found]
-                in_use |= vm_gc.images_in_use(vm)
+                in_use |= vm.images_in_use()
             finally:
                 await vm.close()
         for name in (GVISOR, CONTAINER):
@@ -68,7 +68,7 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
                         driver, everything=everything, images_in_use=in_use
                     )
                 ]
-                in_use |= gc.images_in_use(driver)
+                in_use |= driver.images_in_use()
             finally:
                 await driver.close()
         return done

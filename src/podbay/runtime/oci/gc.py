@@ -72,16 +72,6 @@ async def collect(
     return done
 
 
-def images_in_use(driver: OciDriver) -> set[str]:
-    """The base images this driver's machines stand on."""
-    used = set()
-    for machine_id in driver.machine_ids():
-        record = records.read(driver.layout.machine(machine_id).home)
-        if record is not None and record.image:
-            used.add(record.image)
-    return used
-
-
 def _old_images(driver: OciDriver, keep: set[str]) -> list[str]:
     """Base images of older recipes that no machine of this data directory still
     stands on. Only when the image cache is this data directory's own: a shared
@@ -89,7 +79,7 @@ def _old_images(driver: OciDriver, keep: set[str]) -> list[str]:
     layout = driver.layout
     if not layout.image_dir.is_relative_to(layout.data_dir):
         return []
-    keep = {driver.recipe.key(), *keep, *images_in_use(driver)}
+    keep = {driver.recipe.key(), *keep, *driver.images_in_use()}
     removed = []
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(layout.image_dir.iterdir()):

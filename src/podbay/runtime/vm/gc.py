@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..machines import adopt_for_gc
-from ..oci import records
 from . import disks, templates
 from .driver import VmDriver, VmPaths
 
@@ -52,16 +51,6 @@ async def collect(
     return done
 
 
-def images_in_use(driver: VmDriver) -> set[str]:
-    """The base images this driver's machines stand on (their overlay's lower layer)."""
-    used = set()
-    for machine_id in driver.machine_ids():
-        record = records.read(driver.machines / machine_id)
-        if record is not None and record.image:
-            used.add(record.image)
-    return used
-
-
 def _stale_templates(directory: Path) -> list[str]:
     removed = []
     with contextlib.suppress(FileNotFoundError):
@@ -90,10 +79,8 @@ def _layers(driver: VmDriver, layer_cache: Path | None) -> Iterable[Path]:
     if layer_cache is not None:
         with contextlib.suppress(FileNotFoundError):
             yield from (p / "rootfs" for p in layer_cache.iterdir() if p.is_dir())
-    for machine_id in driver.machine_ids():
-        record = records.read(driver.machines / machine_id)
-        if record is not None:
-            yield from record.spec.layers
+    for record in driver.machine_records():
+        yield from record.spec.layers
 
 
 def _key(layer: Path) -> str | None:
