@@ -31,29 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from podbay.domain import Sandbox, SandboxState
+from podbay.domain import Sandbox
 from podbay.store.base import InsertOutcome, Store
 from podbay.store.postgres import PostgresStore
 from podbay.store.sqlite import SqliteStore
 from podbay.testing.postgres import TemporaryCluster
+from podbay.testing.records import sandbox_record
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def sandbox(name: str, dep: str = "dep_bench") -> Sandbox:
-    return Sandbox(
-        id=f"sb-{dep}-{name}",
-        deployment_id=dep,
-        account="acct",
-        name=name,
-        class_="container",
-        state=SandboxState.CREATING,
-        machine_id=f"m-{dep}-{name}",
-        created_at=T0,
-        last_active_at=T0,
-        started_at=None,
-        ceiling_at=None,
-    )
+    return sandbox_record(name, deployment=dep, at=T0)
 
 
 async def timed(n: int, call: Callable[[int], Awaitable[object]]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from podbay.errors import ApiError
 from podbay.gateway.credentials import CredentialVerifier, mint_credential
 from podbay.store.postgres import PostgresStore
 from podbay.testing.postgres import TemporaryCluster
+from podbay.testing.records import sandbox_record
 from podbay.wire.codes import ErrorCode
 
 pytestmark = pytest.mark.anyio
@@ -62,20 +63,7 @@ def _report(classes: list[str], capacity: int, warm: int = 0) -> dict[str, objec
 
 
 def _sandbox(name: str, node: str) -> Sandbox:
-    return Sandbox(
-        id=f"sb-{name}",
-        deployment_id="dep_d",
-        account="acct",
-        name=name,
-        class_="container",
-        state=SandboxState.RUNNING,
-        machine_id=f"m-{name}",
-        created_at=NOW,
-        last_active_at=NOW,
-        started_at=NOW,
-        ceiling_at=None,
-        node=node,
-    )
+    return sandbox_record(name, state=SandboxState.RUNNING, node=node, at=NOW)
 
 
 async def test_placement_prefers_warm_then_the_least_loaded(store):

@@ -15,6 +15,7 @@ from podbay.store.base import InsertOutcome
 from podbay.store.postgres import PostgresStore, dialect
 from podbay.store.sql import migrations
 from podbay.store.sqlite import SqliteStore, migrate
+from podbay.testing.records import sandbox_record
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -33,18 +34,8 @@ def _dep(name="d", account="acct", section=None) -> Deployment:
 
 
 def _sb(name, dep="dep_d", account="acct", state=SandboxState.CREATING) -> Sandbox:
-    return Sandbox(
-        id=f"sb-{dep}-{name}",
-        deployment_id=dep,
-        account=account,
-        name=name,
-        class_="default",
-        state=state,
-        machine_id=f"m-{dep}-{name}".replace("_", "-"),
-        created_at=T0,
-        last_active_at=T0,
-        started_at=None,
-        ceiling_at=None,
+    return sandbox_record(
+        name, deployment=dep, account=account, state=state, class_="default", at=T0
     )
 
 

@@ -9,26 +9,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from podbay.domain import Sandbox, SandboxState
+from podbay.testing.records import sandbox_record
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _sb(name: str, node: str) -> Sandbox:
-    return Sandbox(
-        id=f"sb-{name}",
-        deployment_id="dep_d",
-        account="acct",
-        name=name,
-        class_="container",
-        state=SandboxState.RUNNING,
-        machine_id=f"m-{name}",
-        created_at=T0,
-        last_active_at=T0,
-        started_at=T0,
-        ceiling_at=None,
-        node=node,
-    )
+    return sandbox_record(name, state=SandboxState.RUNNING, node=node, at=T0)
 
 
 async def test_nodes_enroll_heartbeat_drain_forget(store):
