@@ -318,7 +318,9 @@ class App:
         digest = parse_digest(req.headers.get(paths.DIGEST_HEADER.lower()))
         mode = parse_mode(req.headers.get(paths.MODE_HEADER.lower()))
         with self._as(req):
-            info = self.files.write(req.query.get("path"), req.body.readinto, digest, mode)
+            info = self.files.write(
+                req.query.get("path"), req.body.readinto, digest, mode, req.body.length
+            )
         return json_response(info)
 
     def delete_file(self, req: Request) -> Response:

@@ -175,6 +175,8 @@ class Body:
         on_first_read: Callable[[], None] | None = None,
     ) -> None:
         self._conn = conn
+        #: The declared length (``Content-Length``); None when chunked.
+        self.length = None if chunked else length or 0
         self._left = length or 0  # bytes left: whole body, or current chunk
         self._chunked = chunked
         self._done = not chunked and not length
@@ -184,6 +186,11 @@ class Body:
     @property
     def finished(self) -> bool:
         return self._done
+
+    @property
+    def unread(self) -> int | None:
+        """Bytes of the body not read yet, where the framing says (not chunked)."""
+        return None if self._chunked else self._left
 
     def read(self, n: int = RECV_SIZE) -> bytes:
         """Up to ``n`` bytes of body; ``b""`` once it is all read."""
@@ -518,8 +525,15 @@ def serve_connection(
             keep = req.keep_alive
             if keep and not req.body.finished:
                 # A client that asked to wait for 100 Continue never got it: its
-                # body is not coming, so the connection cannot be reused.
-                keep = not (req.headers.get("expect") and not sent_continue) and _drain(req.body)
+                # body is not coming, so the connection cannot be reused. Nor is
+                # it worth keeping when more is left than would be drained: the
+                # answer (a refusal, say a full disk) goes out now instead.
+                unread = req.body.unread
+                keep = (
+                    not (req.headers.get("expect") and not sent_continue)
+                    and (unread is None or unread <= DRAIN_LIMIT)
+                    and _drain(req.body)
+                )
             if not write_response(sock, resp, keep):
                 return
     except (OSError, Aborted):

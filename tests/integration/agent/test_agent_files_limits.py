@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,25 @@ def test_full_filesystem_is_no_space_and_leaves_nothing(agent: Agent, small_fs: 
     assert (resp.status_code, resp.json()["code"]) == (507, "NO_SPACE")
     assert sorted(p.name for p in small_fs.iterdir()) == ["keep"]
     assert (small_fs / "keep").read_bytes() == b"old"
+
+
+def test_a_write_larger_than_the_free_space_is_refused_before_its_body(
+    agent: Agent, small_fs: Path
+) -> None:
+    """The space is taken when the head arrives: a body that cannot fit is not
+    waited for (none of it is sent here), and nothing is left behind."""
+    head = (
+        f"PUT /v1/files?path={small_fs}/big HTTP/1.1\r\nHost: agent\r\n"
+        f"X-Podbay-Sha256: {'0' * 64}\r\nContent-Length: {64 * 1024 * 1024}\r\n\r\n"
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)  # a liveness bound: without the early refusal it waits for the body
+        sock.connect(agent.sock_path)
+        sock.sendall(head.encode())
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 507 "), answer[:200]
+    assert b'"NO_SPACE"' in answer
+    assert list(small_fs.iterdir()) == []
 
 
 def test_read_only_filesystem_is_access_denied(agent: Agent, small_fs: Path) -> None:
