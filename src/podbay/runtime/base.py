@@ -17,14 +17,17 @@ Every call is idempotent: repeating one that already took effect succeeds.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from podbay.errors import DriverError as DriverError  # re-exported: defined in the one tree
 from podbay.errors import MachineNotFound as MachineNotFound
+
+if TYPE_CHECKING:
+    from .transfer import Received
 
 #: Machine ids are host path and cgroup components: keep them dull.
 MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -79,6 +82,9 @@ class Capabilities:
     suspend: bool  # freeze with memory intact
     stop_keeps_files: bool  # a stopped machine starts again with its files
     network: bool  # outbound internet
+    #: A stopped machine's disk can be exported here and imported on another
+    #: node (:class:`MovableDriver`), so it can carry over there.
+    move: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,3 +146,25 @@ class Driver(Protocol):
 
     async def close(self) -> None:
         """Release the driver's own resources; machines keep running."""
+
+
+@runtime_checkable
+class MovableDriver(Protocol):
+    """A driver whose stopped machines move between nodes (``capabilities.move``)."""
+
+    def export_disk(self, machine_id: str) -> AsyncGenerator[bytes, None]:
+        """A stopped machine's record and disk as a stream (:mod:`.transfer`)."""
+        ...
+
+    # The signature RecordKeepingDriver.import_disk implements, repeated as a
+    # protocol must: what is asked of a driver stands here.
+    async def import_disk(
+        self,
+        machine_id: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        layers: tuple[Path, ...],
+        env: Mapping[str, str],
+    ) -> Received:
+        """The machine made here, stopped, from another node's export."""
+        ...

@@ -12,9 +12,14 @@ of its records; the bookkeeping around them is written once here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+import os
+import secrets
 import time
 from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +28,7 @@ from .network import NetworkManager
 from .oci import records, storage
 from .oci.image import Recipe
 from .oci.layout import Layout, MachineDirs
+from .transfer import Received, receive, send
 
 
 class RecordKeepingDriver(ABC):
@@ -157,6 +163,67 @@ class RecordKeepingDriver(ABC):
 
     def agent_socket(self, machine_id: str) -> Path:
         return self._paths(machine_id).socket
+
+    # -- moving a stopped machine to another node -------------------------------------
+    async def export_disk(self, machine_id: str) -> AsyncGenerator[bytes, None]:
+        """A stopped machine's record and disk as a stream (:mod:`.transfer`).
+        The machine's lock is held until the stream ends, so it cannot start
+        while its disk is read; the machine itself is left as it was."""
+        async with self._lock(machine_id):
+            await self._release_stopped(machine_id)
+            record = self._record(machine_id)
+            data = {
+                "spec": records.spec_to_json(record.spec),
+                "image": record.image,
+            }
+            stream = send(self._paths(machine_id).disk_image, data)
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                await stream.aclose()
+
+    async def import_disk(
+        self,
+        machine_id: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        layers: tuple[Path, ...],
+        env: Mapping[str, str],
+    ) -> Received:
+        """Make ``machine_id`` here, stopped, from another node's
+        :meth:`export_disk` stream. ``layers`` and ``env`` are this node's
+        build of the machine's environment (a layer is a path on its node).
+        Nothing is left behind when the stream fails or arrives damaged; the
+        machine appears whole (one rename) or not at all."""
+        async with self._lock(machine_id):
+            paths = self._paths(machine_id)
+            if paths.home.exists():
+                raise DriverError(f"machine {machine_id} exists here already")
+            self.machines.mkdir(parents=True, exist_ok=True)
+            # No record inside until it is whole: gc and adopt pass it by.
+            incoming = self.machines / f".incoming-{machine_id}-{secrets.token_hex(4)}"
+            incoming.mkdir()
+            try:
+                raw, received = await receive(chunks, incoming / paths.disk_image.name)
+                spec = records.spec_from_json(raw["spec"])
+                if spec.machine_id != machine_id:
+                    raise DriverError(f"the stream holds machine {spec.machine_id}")
+                spec = dataclasses.replace(spec, layers=tuple(layers), env=dict(env))
+                image = str(raw.get("image") or "")
+                records.write(incoming, records.MachineRecord(spec, MachineState.STOPPED, image))
+                os.rename(incoming, paths.home)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(storage.remove_tree, incoming)
+                raise
+            self.log.info(
+                "machine %s imported: %d bytes, sha256 %s",
+                machine_id,
+                received.bytes,
+                received.sha256,
+            )
+            return received
 
     async def _adopt_records(self) -> list[ObservedMachine]:
         """Every machine with a record, as it is now: a dead incarnation (or a

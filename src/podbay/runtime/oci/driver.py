@@ -92,7 +92,7 @@ class OciDriver(RecordKeepingDriver):
             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir),
         )
         self.capabilities = Capabilities(
-            suspend=True, stop_keeps_files=True, network=self.network.enabled
+            suspend=True, stop_keeps_files=True, network=self.network.enabled, move=True
         )
         self._image: Image | None = None
         self._agent_dir: Path | None = None

@@ -190,29 +190,37 @@ async def _mkfs(target: Path, size: int) -> None:
     os.rename(tmp, target)  # atomic: a racing creator's equal copy is as good
 
 
+def data_extents(fd: int) -> list[tuple[int, int]]:
+    """A file's data extents (``SEEK_DATA``/``SEEK_HOLE``), as (offset, length):
+    what a sparse copy or a disk's transfer reads, holes left out."""
+    found: list[tuple[int, int]] = []
+    position = 0
+    while True:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data past here
+                return found
+            raise
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        found.append((start, end - start))
+        position = end
+
+
 def _sparse_copy(source: Path, target: Path, size: int) -> None:
-    """Copy only ``source``'s data extents (``SEEK_DATA``/``SEEK_HOLE``)."""
+    """Copy only ``source``'s data extents."""
     src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(dst, size)
-            position = 0
-            while True:
-                try:
-                    start = os.lseek(src, position, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == errno.ENXIO:  # no data past here
-                        break
-                    raise
-                end = os.lseek(src, start, os.SEEK_HOLE)
-                offset = start
+            for start, length in data_extents(src):
+                offset, end = start, start + length
                 while offset < end:
                     copied = os.copy_file_range(src, dst, end - offset, offset, offset)
                     if copied == 0:
                         raise DriverError(f"short copy of {source}")
                     offset += copied
-                position = end
             os.fsync(dst)
         finally:
             os.close(dst)
