@@ -9,6 +9,11 @@ Two credentials, each good for one direction only:
 * **control call**: a short-lived EdDSA JWT the control plane signs for one
   node (``aud`` = :data:`NODE_CALL_AUDIENCE`, ``sub`` = node name). The node
   checks it with the control plane's public keys, like a data-plane credential.
+* **disk pass**: a JWT the control plane signs so that one node may read one
+  stopped machine's disk from another (``aud`` = :data:`DISK_PASS_AUDIENCE`,
+  ``sub`` = the node holding it, ``machine`` = ``class/machine id``, ``to`` =
+  the receiving node, one minute). The receiver presents it to the holder:
+  disks move node to node, never through the control plane.
 
 A data-plane credential (``aud`` = ``podbay:data-plane``) is neither: its
 audience refuses it on a node's internal API, and it hashes to no node on
@@ -37,12 +42,18 @@ PREFIX = "/internal/v1"
 ENROLL = f"{PREFIX}/nodes/enroll"
 HEARTBEAT = f"{PREFIX}/nodes/heartbeat"
 KEYS = f"{PREFIX}/keys"
+#: ``GET DISKS/<class>/<machine id>``: a stopped machine's disk, for a disk pass.
+DISKS = f"{PREFIX}/disks"
 
 NODE_CALL_AUDIENCE = "podbay:node-call"
 NODE_CALL = TokenKind(ErrorCode.NODE_CREDENTIAL_INVALID, "control-plane call credential")
 #: Life of a control call's token; the control plane reuses one for half of it.
 NODE_CALL_SECONDS = 120
 NODE_CREDENTIAL_PREFIX = "pbn_"
+DISK_PASS_AUDIENCE = "podbay:disk-pass"
+DISK_PASS = TokenKind(ErrorCode.NODE_CREDENTIAL_INVALID, "disk pass")
+#: A disk pass is checked when the transfer starts, which follows its minting at once.
+DISK_PASS_SECONDS = 60
 
 
 def new_node_credential() -> str:
@@ -83,6 +94,38 @@ def verify_node_call(keys: VerifyingKeys, token: str, node: str) -> None:
     )
     if claims.get("sub") != node:
         raise refused("this control-plane call was meant for another node")
+
+
+def mint_disk_pass(keys: SigningKeys, holder: str, class_: str, machine_id: str, to: str) -> str:
+    now = int(time.time())
+    return sign(
+        keys,
+        {
+            "aud": DISK_PASS_AUDIENCE,
+            "sub": holder,
+            "machine": f"{class_}/{machine_id}",
+            "to": to,
+            "iat": now,
+            "exp": now + DISK_PASS_SECONDS,
+        },
+    )
+
+
+def verify_disk_pass(
+    keys: VerifyingKeys, token: str, holder: str, class_: str, machine_id: str
+) -> str:
+    """A pass to read ``class_/machine_id`` from ``holder``; the receiving
+    node's name. Else 401 ``NODE_CREDENTIAL_INVALID``."""
+    claims = verify(
+        keys,
+        token,
+        DISK_PASS,
+        require=["sub", "exp", "aud", "machine", "to"],
+        audience=DISK_PASS_AUDIENCE,
+    )
+    if claims.get("sub") != holder or claims.get("machine") != f"{class_}/{machine_id}":
+        raise refused("this disk pass is for another machine or node")
+    return str(claims["to"])
 
 
 # -- public keys ------------------------------------------------------------------------

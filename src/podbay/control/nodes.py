@@ -26,6 +26,7 @@ from typing import Protocol
 
 from podbay.domain import Deployment, Sandbox
 from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.runtime.transfer import Received
 
 from .services.classes import ClassRuntimes
 from .services.environment import Building, Prepared
@@ -41,6 +42,17 @@ class Launch:
     labels: Mapping[str, str]
     #: Whether ``machine_id`` came ready from the node's warm pool.
     pooled: bool
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A stopped machine's disk to fetch from the node holding it: that node's
+    URL and a disk pass the control plane signed for this one fetch."""
+
+    class_: str
+    machine_id: str
+    source_url: str
+    token: str
 
 
 class Node(Protocol):
@@ -96,6 +108,12 @@ class Node(Protocol):
 
     async def adopt(self) -> dict[str, list[ObservedMachine]]:
         """Every machine of every running class, as it is now."""
+        ...
+
+    async def receive(self, transfer: Transfer, prepared: Prepared) -> Received:
+        """Fetch a stopped machine's disk from the node holding it (node to
+        node) and make it here, stopped, over this node's ``prepared`` build
+        of its environment. Raises (leaving nothing) when it cannot."""
         ...
 
     # -- the gateway's routes ----------------------------------------------------------
@@ -162,6 +180,15 @@ class Nodes(Protocol):
 
     def works(self, class_: str) -> bool: ...
 
+    async def relocation(self, sandbox: Sandbox) -> tuple[Node, str] | None:
+        """Where a stopped sandbox should carry over to instead of its own node,
+        and why (its node is drained or full), or None: it stays."""
+        ...
+
+    def transfer(self, source: Node, target: Node, class_: str, machine_id: str) -> Transfer:
+        """A disk pass for ``target`` to fetch the machine from ``source``."""
+        ...
+
 
 class OneNode:
     """The all-in-one server's set: one node, whose classes are the server's."""
@@ -193,3 +220,9 @@ class OneNode:
 
     def works(self, class_: str) -> bool:
         return self.classes.works(class_)
+
+    async def relocation(self, sandbox: Sandbox) -> tuple[Node, str] | None:
+        return None  # one node: there is nowhere else
+
+    def transfer(self, source: Node, target: Node, class_: str, machine_id: str) -> Transfer:
+        raise ValueError("a single node moves nothing")

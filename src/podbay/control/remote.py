@@ -29,18 +29,20 @@ from podbay.errors import ApiError
 from podbay.gateway.activity import keep_newest
 from podbay.runtime.base import MachineState, ObservedMachine
 from podbay.runtime.classes import CLASSES
+from podbay.runtime.transfer import Received
 from podbay.signing import SigningKeys
 from podbay.store.postgres import PostgresStore
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 from podbay.wire.paths import SHARE_PREFIX
 
-from .nodes import Launch, Node
+from .nodes import Launch, Node, Transfer
 from .services.classes import refuse_unknown_class
 from .services.environment import Building, Prepared
 
 log = logging.getLogger("podbay.cluster")
 SANDBOX_PATH = "/sandbox/"
+CALL_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
 
 def _raise_for(r: httpx.Response) -> None:
@@ -77,13 +79,16 @@ class RemoteNode:
             self._token = (internal.mint_node_call(self.keys, self.name), now)
         return {"Authorization": f"Bearer {self._token[0]}"}
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, limit: httpx.Timeout = CALL_TIMEOUT
+    ) -> Any:
         try:
             r = await self.client.request(
                 method,
                 f"{self.url}{internal.PREFIX}{path}",
                 json=body,
                 headers=self._auth(),
+                timeout=limit,
             )
         except httpx.TransportError as exc:
             raise ApiError(
@@ -178,6 +183,24 @@ class RemoteNode:
             for name, seen in doc.items()
         }
 
+    async def receive(self, transfer: Transfer, prepared: Prepared) -> Received:
+        # The bytes go node to node; this call waits for the whole transfer.
+        doc = await self._call(
+            "POST",
+            "/moves/receive",
+            {
+                "class": transfer.class_,
+                "machine_id": transfer.machine_id,
+                "source_url": transfer.source_url,
+                "token": transfer.token,
+                "key": prepared.key,
+            },
+            limit=httpx.Timeout(None, connect=5.0),
+        )
+        return Received(
+            bytes=int(doc["bytes"]), sha256=str(doc["sha256"]), sent_sha256=str(doc["sent_sha256"])
+        )
+
     # -- routes --------------------------------------------------------------------------
     async def publish(self, sandbox: Sandbox) -> None:
         await self._call(
@@ -233,7 +256,7 @@ class ClusterNodes:
         self.keys = keys
         self.lost_after = lost_after
         self.clock = clock
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=5.0))
+        self.client = httpx.AsyncClient(timeout=CALL_TIMEOUT)
         self._nodes: dict[str, RemoteNode] = {}
         self._read_at = 0.0
 
@@ -286,13 +309,19 @@ class ClusterNodes:
             if not n.record.drained and not self.lost(n.record) and n.record.report.get("ready")
         ]
 
-    async def place(self, class_: str) -> RemoteNode:
+    async def place(
+        self, class_: str, *, movable: bool = False, besides: str | None = None
+    ) -> RemoteNode:
+        """A node for a new sandbox of ``class_`` (``movable``: one that takes
+        machines of it from other nodes; ``besides``: not that node)."""
         await self.refresh()
         held = Counter(await self.store.held_by_node())
         candidates = []
         for node in self._usable():
             report = node.record.report
-            if class_ not in report.get("classes", []):
+            if class_ not in report.get("classes", []) or node.name == besides:
+                continue
+            if movable and class_ not in report.get("movable", []):
                 continue
             room = int(report.get("capacity", 0)) - held[node.name]
             if room <= 0:
@@ -308,6 +337,32 @@ class ClusterNodes:
             )
         candidates.sort(key=lambda c: (c[0], c[1]))
         return candidates[0][2]
+
+    async def relocation(self, sandbox: Sandbox) -> tuple[Node, str] | None:
+        await self.refresh()
+        source = self._nodes.get(sandbox.node)
+        if (
+            source is None
+            or self.lost(source.record)  # its disk cannot be read now
+            or sandbox.class_ not in source.record.report.get("movable", [])
+        ):
+            return None
+        if source.record.drained:
+            why = f"node {source.name} is drained"
+        else:
+            held = (await self.store.held_by_node()).get(source.name, 0)
+            if held < int(source.record.report.get("capacity", 0)):
+                return None  # it stays where its files are
+            why = f"node {source.name} is full"
+        try:
+            return await self.place(sandbox.class_, movable=True, besides=source.name), why
+        except ApiError:
+            return None  # nowhere else to go: it carries over where it is
+
+    def transfer(self, source: Node, target: Node, class_: str, machine_id: str) -> Transfer:
+        assert isinstance(source, RemoteNode)
+        token = internal.mint_disk_pass(self.keys, source.name, class_, machine_id, target.name)
+        return Transfer(class_, machine_id, source.url, token)
 
     def _classes(self, *, drained: bool = False) -> list[str]:
         nodes = (

@@ -9,25 +9,27 @@ Each route is one :class:`~podbay.control.nodes.Node` method of the node's
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from podbay import internal
-from podbay.control.nodes import Launch
+from podbay.control.nodes import Launch, Transfer
 from podbay.control.services.environment import Building, Prepared
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
-from podbay.runtime.base import check_machine_id
+from podbay.runtime.base import MachineState, check_machine_id
 from podbay.wire.codes import ErrorCode
 
 if TYPE_CHECKING:
     from .server import NodeServer
 
 P = internal.PREFIX
+log = logging.getLogger("podbay.node")
 MACHINE_ACTIONS = ("start", "suspend", "resume", "stop", "destroy")
 
 
@@ -193,6 +195,57 @@ async def withdraw(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def receive(request: Request) -> Response:
+    """Fetch a stopped machine's disk from the node named in the body (with the
+    disk pass the control plane gave) and make the machine here."""
+    node = await _authorized(request)
+    doc = await _body(request)
+    source_url = _str(doc, "source_url")
+    if not source_url.startswith(("http://", "https://")):
+        raise _invalid("source_url must be an http(s) URL")
+    transfer = Transfer(
+        class_=_class(node, _str(doc, "class")),
+        machine_id=_machine(_str(doc, "machine_id")),
+        source_url=source_url,
+        token=_str(doc, "token"),
+    )
+    received = await node.node.receive(transfer, _prepared(node, _str(doc, "key")))
+    return JSONResponse(
+        {"bytes": received.bytes, "sha256": received.sha256, "sent_sha256": received.sent_sha256}
+    )
+
+
+async def disk(request: Request) -> Response:
+    """A stopped machine's disk (:mod:`podbay.runtime.transfer`), to the node a
+    disk pass names: the only call here made by another node."""
+    node: NodeServer = request.app.state.node
+    class_ = _class(node, request.path_params["class_"])
+    machine = _machine(request.path_params["machine"])
+    to = internal.verify_disk_pass(
+        node.keys, internal.bearer(request.headers.get("authorization")), node.name, class_, machine
+    )
+    driver = node.node.movable(class_)
+    state = await node.node.state(class_, machine)
+    if state is not MachineState.STOPPED:
+        raise _invalid(f"machine {machine} is {state.value}, not stopped")
+    stream = driver.export_disk(machine)
+    # The first chunk before the answer: a refusal is then a status, not a cut stream.
+    first = await anext(stream)
+
+    async def body() -> Any:
+        sent = len(first)
+        yield first
+        try:
+            async for chunk in stream:
+                sent += len(chunk)
+                yield chunk
+        finally:
+            await stream.aclose()
+            log.info("machine %s: %d bytes of its disk sent to node %s", machine, sent, to)
+
+    return StreamingResponse(body(), media_type="application/octet-stream")
+
+
 routes = [
     Route(f"{P}/prepare", prepare, methods=["POST"]),
     Route(f"{P}/warm/take", take_warm, methods=["POST"]),
@@ -201,6 +254,8 @@ routes = [
     Route(f"{P}/machines", machines, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}", machine_state, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/{{action}}", machine_action, methods=["POST"]),
+    Route(f"{P}/moves/receive", receive, methods=["POST"]),
+    Route(f"{internal.DISKS}/{{class_}}/{{machine}}", disk, methods=["GET"]),
     Route(f"{P}/routes/{{sandbox}}", publish, methods=["PUT"]),
     Route(f"{P}/routes/{{sandbox}}", withdraw, methods=["DELETE"]),
 ]

@@ -7,18 +7,31 @@ the all-in-one server is exactly as fast as before the interface existed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 
-from podbay.control.nodes import Launch
+import httpx
+
+from podbay import internal
+from podbay.control.nodes import Launch, Transfer
 from podbay.control.services.classes import ClassRuntimes
 from podbay.control.services.environment import Building, EnvironmentService, Prepared
 from podbay.control.services.pool import WarmPool
 from podbay.domain import Deployment, Sandbox
+from podbay.errors import ApiError, DriverError
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import endpoint_for
 from podbay.gateway.routes import RouteTable
-from podbay.runtime.base import Driver, Limits, MachineSpec, MachineState, ObservedMachine
+from podbay.runtime.base import (
+    Driver,
+    Limits,
+    MachineSpec,
+    MachineState,
+    MovableDriver,
+    ObservedMachine,
+)
+from podbay.runtime.transfer import Received
+from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import SHARE_PREFIX
 
 
@@ -113,6 +126,41 @@ class LocalNode:
 
     async def adopt(self) -> dict[str, list[ObservedMachine]]:
         return {name: await driver.adopt() for name, driver in self.classes.running().items()}
+
+    def movable(self, class_: str) -> MovableDriver:
+        """The driver of ``class_`` if its machines can move between nodes."""
+        driver = self.driver(class_)
+        if not driver.capabilities.move or not isinstance(driver, MovableDriver):
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, f"class {class_!r} cannot move machines between nodes"
+            )
+        return driver
+
+    async def receive(self, transfer: Transfer, prepared: Prepared) -> Received:
+        driver = self.movable(transfer.class_)
+        short = self._shortfall()
+        if short is not None:
+            raise ApiError(ErrorCode.HOST_DISK_FULL, short)
+        url = (
+            f"{transfer.source_url.rstrip('/')}{internal.DISKS}/"
+            f"{transfer.class_}/{transfer.machine_id}"
+        )
+        headers = {"Authorization": f"Bearer {transfer.token}"}
+        timeout = httpx.Timeout(60.0, connect=5.0)
+        async with (
+            httpx.AsyncClient(timeout=timeout) as client,
+            client.stream("GET", url, headers=headers) as r,
+        ):
+            if r.status_code != 200:
+                await r.aread()
+                raise DriverError(
+                    f"the node holding machine {transfer.machine_id} refused its disk "
+                    f"({r.status_code}): {r.text[:300]}"
+                )
+            chunks: AsyncIterator[bytes] = r.aiter_raw()
+            return await driver.import_disk(
+                transfer.machine_id, chunks, layers=prepared.layers, env=prepared.env
+            )
 
     async def adopt_class(self, class_: str) -> dict[str, list[ObservedMachine]]:
         return {class_: await self.classes.driver(class_).adopt()}

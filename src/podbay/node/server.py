@@ -256,6 +256,12 @@ class NodeServer:
             "capacity": capacity(self.settings),
             "running": len(self.routes),
             "warm": {name: len(pool) for name, pool in self.pools.items()},
+            # Classes whose stopped machines can move to or from here.
+            "movable": [
+                name
+                for name in self.classes.available
+                if self.classes.driver(name).capabilities.move
+            ],
             "busy": sorted(self.activity.busy_ids()),
             "boot": self.boot,
         }

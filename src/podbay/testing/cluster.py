@@ -316,12 +316,15 @@ class LocalCluster:
 
     # -- operator and client ------------------------------------------------------
     def cli(
-        self, *args: str, input: str | None = None, check: bool = True
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """An operator command (``deployment create``, ``node list`` ...) on the
         cluster's store, as an operator's machine runs it."""
-        env = {**os.environ, **self.control_env(), "PODBAY_DATA_DIR": str(self.root / "operator")}
-        return run_cli(list(args), env, input, check)
+        return run_cli(list(args), self.operator_env(), input, check, timeout)
+
+    def operator_env(self) -> dict[str, str]:
+        """The environment operator commands run with."""
+        return {**os.environ, **self.control_env(), "PODBAY_DATA_DIR": str(self.root / "operator")}
 
     def create_deployment(self, name: str, spec: str = SANDBOX_SPEC) -> str:
         """Register ``name``; its identity token."""

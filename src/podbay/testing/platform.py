@@ -43,7 +43,11 @@ def free_port() -> int:
 
 
 def run_cli(
-    args: list[str], env: dict[str, str], input: str | None = None, check: bool = True
+    args: list[str],
+    env: dict[str, str],
+    input: str | None = None,
+    check: bool = True,
+    timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """``podbay ARGS`` as a process of its own, with ``env``; its output as text.
     ``check``: RuntimeError with its stderr when it fails."""
@@ -53,7 +57,7 @@ def run_cli(
         input=input,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
     if check and result.returncode != 0:
         raise RuntimeError(f"podbay {' '.join(args)} failed: {result.stderr}")

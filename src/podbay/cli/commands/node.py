@@ -128,25 +128,72 @@ def list_(ctx: click.Context, list_json: bool, data_dir: Path | None) -> None:
 
 @command.command()
 @click.argument("name")
+@click.option(
+    "--evict",
+    is_flag=True,
+    help="Stop its running and suspended sandboxes too (files kept) and move them.",
+)
+@click.option("--json", "drain_json", is_flag=True, help="Print JSON.")
 @data_dir_option
-def drain(name: str, data_dir: Path | None) -> None:
-    """No new sandboxes go to NAME; if it is lost, its sandboxes are given up
-    (their next attach starts a new one elsewhere)."""
-    lost_after = _settings(data_dir).cluster.node_lost_seconds
+@click.pass_context
+def drain(
+    ctx: click.Context, name: str, evict: bool, drain_json: bool, data_dir: Path | None
+) -> None:
+    """No new sandboxes go to NAME, and its stopped sandboxes' disks move to
+    other nodes. Running and suspended ones stay (--evict: stopped and moved
+    too). If NAME is lost, its sandboxes are given up (their next attach starts
+    a new one elsewhere). Exits 1 if a sandbox it was to move stayed."""
+    from podbay.control.drain import drain as drain_node
 
-    async def work(store: Any) -> tuple[bool, int]:
-        if not await store.drain_node(name):
-            return False, 0
-        records = {r.name: r for r in await store.list_nodes()}
-        if records[name].lost(datetime.now(UTC), lost_after):
-            return True, await store.drop_node_sandboxes(name)
-        return True, 0
-
-    found, dropped = _on_store(data_dir, work)
-    if not found:
+    settings = _settings(data_dir)
+    done = _on_store(data_dir, lambda store: drain_node(store, settings, name, evict=evict))
+    if not done.found:
         fail(f"no node named {name!r}")
-    extra = f"; it is lost: {dropped} sandbox record(s) given up" if dropped else ""
-    Output().info(f"drained {name}{extra}")
+    out = Output(as_json=drain_json or ctx.obj["as_json"])
+    if done.lost:
+        out.value(
+            {"node": name, "lost": True, "given_up": done.given_up},
+            f"drained {name}; it is lost: {done.given_up} sandbox record(s) given up",
+        )
+        return
+    lines = [
+        f"drained {name}: {len(done.moved)} moved, {len(done.kept)} kept, {len(done.failed)} failed"
+    ]
+    for m in done.moved:
+        lines.append(
+            f"  moved  {m['name']} to {m['to']}: {m['bytes']} bytes in {m['seconds']:.2f} s,"
+            f" sha256 {m['sha256'][:16]}... checked at both ends"
+        )
+    for k in done.kept:
+        lines.append(f"  kept   {k['name']} ({k['state']}): {k['why']}")
+    for f in done.failed:
+        lines.append(f"  FAILED {f['name']} ({f['state']}): {f['why']}")
+    out.value(
+        {
+            "node": name,
+            "lost": False,
+            "moved": done.moved,
+            "kept": done.kept,
+            "failed": done.failed,
+        },
+        "\n".join(lines),
+    )
+    if done.failed:
+        raise SystemExit(1)
+
+
+@command.command()
+@click.argument("name")
+@data_dir_option
+def undrain(name: str, data_dir: Path | None) -> None:
+    """NAME takes new sandboxes again."""
+
+    async def work(store: Any) -> bool:
+        return bool(await store.drain_node(name, drained=False))
+
+    if not _on_store(data_dir, work):
+        fail(f"no node named {name!r}")
+    Output().info(f"{name} takes new sandboxes again")
 
 
 @command.command()

@@ -9,7 +9,10 @@ Thresholds (``settings.lifecycle``)::
     running,   idle >= idle_seconds, no request
                in flight through the gateway       → suspended
     running/suspended, now >= ceiling_at            → stopped (files kept; next
-                                                      attach carries them over)
+                                                      attach carries them over),
+                                                      and moved to another node
+                                                      if its node is drained or
+                                                      full (Transitions.relocate)
     suspended/stopped for >= suspended_ttl,
                counted from the suspension          → reclaimed (destroyed, row gone)
     deleting (e.g. the CLI deleted its deployment)  → destroyed, row gone
@@ -137,7 +140,14 @@ class Lifecycle:
             if why in ("delete", "rollback", "reclaim"):
                 return await t.destroy(row, why)
             if why == "ceiling":
-                return await t.stop(row, why) is not None
+                stopped = await t.stop(row, why)
+                if stopped is not None:
+                    # Now, not on the next attach: the attach then only starts it.
+                    try:
+                        await t.relocate(stopped, why)
+                    except Exception:
+                        log.exception("sandbox %s: move failed; it stays on its node", row.id)
+                return stopped is not None
             if why == "idle":
                 return await t.suspend(row, why) is not None
             return False

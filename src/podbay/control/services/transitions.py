@@ -13,19 +13,34 @@ Order, so that a crash anywhere leaves a state the next reconcile finishes:
 
 A sandbox's machine is held by its node (:meth:`Nodes.of`), in the driver of
 its class (``row.class_``).
+
+* moving a stopped sandbox to another node (:meth:`Transitions.relocate`):
+  the target fetches the disk from the source node to node and checks its
+  SHA-256 against the sender's, then the row's ``node`` is compare-and-set,
+  then the source's copy is destroyed. Until that write the row names the
+  source, whose machine is untouched: any failure leaves the sandbox there
+  (and the target's copy is destroyed, or its reconcile destroys it as an
+  orphan). After it, a source copy left by a crash is the source's orphan.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from podbay.domain import Sandbox, SandboxState
+from podbay.errors import ApiError
+from podbay.runtime.base import MachineState
+from podbay.runtime.transfer import Received
 from podbay.store.base import Store
+from podbay.wire.codes import ErrorCode
 
 from ..metrics import Metrics
 from ..nodes import Node, Nodes
+from .environment import Building
 
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
@@ -105,12 +120,93 @@ class Transitions:
 
     async def start_fresh_compute(self, row: Sandbox, why: str) -> Sandbox | None:
         """stopped → running on new compute with the files kept: a new
-        incarnation (old credentials die) and a new ceiling."""
+        incarnation (old credentials die) and a new ceiling. A sandbox whose
+        node is drained or full moves first (:meth:`relocate`); when it cannot,
+        it starts where it is."""
+        try:
+            moved = await self.relocate(row, why)
+        except Exception:
+            log.exception("sandbox %s: could not move; it carries over on its node", row.id)
+        else:
+            if moved is not None:
+                row = moved[0]
         await self.node(row).start(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is not None:
             await self.add_route(new)
         return self._moved(row, new, why)
+
+    async def relocate(
+        self, row: Sandbox, why: str, target: Node | None = None
+    ) -> tuple[Sandbox, Received] | None:
+        """Move a stopped sandbox's machine to ``target`` (by default where
+        :meth:`Nodes.relocation` says it should go): the row as it is then and
+        what was sent, or None when it stays (nowhere to go, or the row changed
+        meanwhile). Raises when a step fails; the sandbox is then where it was."""
+        if row.state is not S.STOPPED:
+            return None
+        if target is None:
+            found = await self.nodes.relocation(row)
+            if found is None:
+                return None
+            target, reason = found
+            why = f"{why}: {reason}"
+        source = self.node(row)
+        c, mid = row.class_, row.machine_id
+        deployment = await self.store.get_deployment(row.deployment_id)
+        if deployment is None:
+            return None
+        prepared = await target.prepare(deployment, c)
+        if isinstance(prepared, Building):
+            raise ApiError(
+                ErrorCode.SANDBOXES_UNAVAILABLE,
+                f"node {target.name} is still building the sandbox's environment",
+                retry_after=prepared.retry_after_seconds,
+            )
+        if await target.state(c, mid) is not MachineState.ABSENT:
+            # Left by a move that failed before the row named the target: nobody's.
+            await target.destroy(c, mid)
+        started = time.monotonic()
+        try:
+            received = await target.receive(self.nodes.transfer(source, target, c, mid), prepared)
+            if received.sha256 != received.sent_sha256:  # the target refuses it too
+                raise ApiError(ErrorCode.INTERNAL, "the disk arrived damaged")
+            new = await self.store.replace_sandbox(row, replace(row, node=target.name))
+        except BaseException:
+            try:
+                await target.destroy(c, mid)
+            except Exception:
+                log.exception("sandbox %s: the copy on %s stays an orphan", row.id, target.name)
+            raise
+        if new is None:
+            await target.destroy(c, mid)
+            return None
+        try:
+            await source.destroy(c, mid)
+        except Exception:  # its reconcile destroys it: no row names it there now
+            log.exception("sandbox %s: the old copy on %s stays an orphan", row.id, source.name)
+        seconds = time.monotonic() - started
+        log.info(
+            "sandbox %s: moved from %s to %s (%s): %d bytes in %.2f s, sha256 %s at both ends",
+            row.id,
+            source.name,
+            target.name,
+            why,
+            received.bytes,
+            seconds,
+            received.sha256,
+            extra={
+                "sandbox_id": row.id,
+                "machine_id": mid,
+                "from_node": source.name,
+                "to_node": target.name,
+                "bytes": received.bytes,
+                "seconds": round(seconds, 3),
+                "sha256": received.sha256,
+                "why": why,
+            },
+        )
+        return new, received
 
     async def record(self, row: Sandbox, state: SandboxState, why: str) -> Sandbox | None:
         """Write what was observed, without touching the machine."""

@@ -1,0 +1,286 @@
+"""Stopped sandboxes move between nodes: carry-over at the age ceiling off a
+drained node, and ``podbay node drain`` (with and without ``--evict``).
+Files and installed software travel (SHA-256 over them before and after);
+a move that fails mid-transfer leaves the sandbox on its node, intact.
+
+Its own cluster (2 control replicas behind haproxy, 3 runc nodes) with a
+short age ceiling. Where a sandbox lands is pinned by marking the other
+nodes drained in the store for the attach (placement reads that flag), and
+what the store records is read with SQL: neither is public API, both are
+what an operator's ``podbay node`` commands read and write.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from podbay.testing.cluster import LocalCluster, process_io
+
+pytestmark = pytest.mark.root
+
+MIB = 1 << 20
+CEILING = 40
+ENV = {
+    "PODBAY_LIFECYCLE_MAX_AGE_SECONDS": str(CEILING),
+    "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
+    "PODBAY_LIFECYCLE_IDLE_SECONDS": "600",
+    "PODBAY_LIFECYCLE_SUSPENDED_TTL_SECONDS": "600",
+}
+#: What must travel: a 100 MiB workspace file, a program installed outside
+#: the workspace, a file of the base image deleted (an overlay whiteout).
+MAKE = (
+    "head -c 104857600 /dev/urandom > /workspace/big && "
+    "printf '#!/bin/sh\\necho installed-tool-ok\\n' > /usr/local/bin/tool && "
+    "chmod 755 /usr/local/bin/tool && rm /etc/issue && sync"
+)
+FINGERPRINT = (
+    "sha256sum /workspace/big /usr/local/bin/tool && stat -c '%a %n' /usr/local/bin/tool && "
+    "tool && if test -e /etc/issue; then echo issue-back; else echo issue-gone; fi"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("moves"), env=ENV) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def token(cluster: LocalCluster) -> str:
+    return cluster.create_deployment("move-agent")
+
+
+def sql(cluster: LocalCluster, text: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(cluster.store_url, autocommit=True) as conn:
+        cur = conn.execute(text, params)
+        return cur.fetchall() if cur.description else []
+
+
+def row(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    ((node, state, machine),) = sql(
+        cluster, "SELECT node, state, machine_id FROM sandboxes WHERE name=%s", name
+    )
+    return {"node": node, "state": state, "machine": machine}
+
+
+def node_name(server: Any) -> str:
+    return str(server.env["PODBAY_NODE_NAME"])
+
+
+def holds(cluster: LocalCluster, node: str, machine: str) -> bool:
+    """The node's runc driver has a record of ``machine``."""
+    (server,) = [n for n in cluster.nodes if node_name(n) == node]
+    return (Path(server.data_dir) / "machines" / machine / "machine.json").exists()
+
+
+def attach_on(cluster: LocalCluster, token: str, name: str, node: str) -> dict[str, Any]:
+    """Attach ``name`` new on ``node``: the other nodes are marked drained meanwhile."""
+    others = [node_name(n) for n in cluster.nodes if node_name(n) != node]
+    sql(cluster, "UPDATE nodes SET drained=1 WHERE name = ANY(%s)", others)
+    try:
+        time.sleep(1.2)  # replicas re-read the nodes at most once a second
+        r = cluster.attach(token, name)
+        assert r.status_code == 200, r.text
+    finally:
+        sql(cluster, "UPDATE nodes SET drained=0 WHERE name = ANY(%s)", others)
+        time.sleep(1.2)
+    handle: dict[str, Any] = r.json()
+    assert row(cluster, name)["node"] == node
+    return handle
+
+
+def api(cluster: LocalCluster, token: str, method: str, path: str) -> httpx.Response:
+    return httpx.request(
+        method,
+        f"{cluster.url}/api/v1/sandboxes/{path}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+
+
+def run(handle: dict[str, Any], script: str) -> str:
+    r = httpx.post(
+        handle["endpoint"] + "/v1/exec",
+        headers=handle["headers"],
+        json={"command": ["/bin/sh", "-c", script]},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["exit_code"] == 0, doc
+    return str(doc["stdout"])
+
+
+def fill(handle: dict[str, Any]) -> str:
+    run(handle, MAKE)
+    print_ = run(handle, FINGERPRINT)
+    assert "installed-tool-ok" in print_ and "issue-gone" in print_
+    return print_
+
+
+def wait_for(what: str, check: Any, timeout: float = 120.0, every: float = 0.25) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(every)
+
+
+def drain(cluster: LocalCluster, node: str, *more: str) -> tuple[int, dict[str, Any]]:
+    out = cluster.cli("node", "drain", node, "--json", *more, check=False, timeout=600)
+    assert out.returncode in (0, 1), out.stderr
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_carry_over_at_the_ceiling_moves_off_a_drained_node(
+    cluster: LocalCluster, token: str
+) -> None:
+    source = node_name(cluster.nodes[0])
+    h = attach_on(cluster, token, "ceiling", source)
+    before = fill(h)
+    machine = row(cluster, "ceiling")["machine"]
+    controls = [c.pid() for c in cluster.controls]
+    io_before = [process_io(pid) for pid in controls]
+    code, report = drain(cluster, source)
+    try:
+        assert code == 0
+        # A running sandbox is not interrupted by a drain.
+        assert [k["name"] for k in report["kept"]] == ["ceiling"]
+        assert run(h, "echo still-here") == "still-here\n"
+        # At the ceiling the lifecycle stops it and, its node being drained, moves it.
+        wait_for(
+            "moved at the ceiling",
+            lambda: row(cluster, "ceiling")["node"] != source,
+            timeout=CEILING + 90,
+        )
+        moved = row(cluster, "ceiling")
+        # A replica drove the move; the 100 MiB went node to node, not through it.
+        for pid, before_io in zip(controls, io_before, strict=True):
+            after = process_io(pid)
+            carried = sum(after[k] - before_io[k] for k in ("rchar", "wchar"))
+            assert carried < 8 * MIB, (pid, carried)
+        assert moved["state"] == "stopped" and moved["machine"] == machine
+        assert holds(cluster, moved["node"], machine)
+        # The source's copy goes right after the row names the target.
+        wait_for("the old copy destroyed", lambda: not holds(cluster, source, machine), 30)
+        again = cluster.attach(token, "ceiling").json()
+        assert again["start"] == "carried_over"
+        assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] == moved["node"]
+        assert run(again, FINGERPRINT) == before
+    finally:
+        cluster.cli("node", "undrain", source)
+    assert api(cluster, token, "DELETE", "ceiling").status_code in (200, 204)
+
+
+def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
+    cluster: LocalCluster, token: str
+) -> None:
+    source = node_name(cluster.nodes[1])
+    h = attach_on(cluster, token, "stopped-one", source)
+    before = fill(h)
+    # The ceiling stops it; its node is neither drained nor full: it stays there.
+    wait_for(
+        "stopped at the ceiling",
+        lambda: row(cluster, "stopped-one")["state"] == "stopped",
+        timeout=CEILING + 60,
+    )
+    assert row(cluster, "stopped-one")["node"] == source
+    running = attach_on(cluster, token, "running-one", source)
+    run(running, "echo kept > /workspace/mark")
+    suspended = attach_on(cluster, token, "suspended-one", source)
+    run(suspended, "echo kept > /workspace/mark")
+    r = api(cluster, token, "POST", "suspended-one/stop")
+    assert r.status_code in (200, 204), r.text
+    assert row(cluster, "suspended-one")["state"] == "suspended"
+
+    code, report = drain(cluster, source)
+    try:
+        assert code == 0, report
+        assert [m["name"] for m in report["moved"]] == ["stopped-one"]
+        (moved,) = report["moved"]
+        assert moved["bytes"] > 100 * MIB and len(moved["sha256"]) == 64
+        assert sorted(k["name"] for k in report["kept"]) == ["running-one", "suspended-one"]
+        target = row(cluster, "stopped-one")["node"]
+        assert target == moved["to"] != source
+        again = cluster.attach(token, "stopped-one").json()
+        assert again["start"] == "carried_over"
+        assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] == target
+        assert run(again, FINGERPRINT) == before
+
+        code, report = drain(cluster, source, "--evict")
+        assert code == 0, report
+        # Evicted now, unless their own ceiling came first (then the lifecycle moved them).
+        assert {m["name"] for m in report["moved"]} <= {"running-one", "suspended-one"}
+        assert report["moved"] and report["failed"] == report["kept"] == []
+        assert sql(cluster, "SELECT name FROM sandboxes WHERE node=%s", source) == []
+        for name in ("running-one", "suspended-one"):
+            again = cluster.attach(token, name).json()
+            assert again["start"] == "carried_over"
+            assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] != source
+            assert run(again, "cat /workspace/mark") == "kept\n"
+        # Nothing of them is left on the drained node: it can be forgotten.
+        for name in ("stopped-one", "running-one", "suspended-one"):
+            assert not holds(cluster, source, row(cluster, name)["machine"])
+    finally:
+        cluster.cli("node", "undrain", source)
+
+
+def test_a_move_cut_off_midway_leaves_the_sandbox_on_its_node(
+    cluster: LocalCluster, token: str
+) -> None:
+    """The receiving node is killed (-9) while the disk streams to it."""
+    source, target = (node_name(n) for n in cluster.nodes[1:3])
+    h = attach_on(cluster, token, "cut", source)
+    # Bigger than the others, so the transfer lasts while the test finds it.
+    run(h, "head -c 314572800 /dev/urandom > /workspace/big && sync")
+    before = run(h, "sha256sum /workspace/big")
+    machine = row(cluster, "cut")["machine"]
+    (receiver,) = [n for n in cluster.nodes if node_name(n) == target]
+    # The only place it can go: the first node is drained meanwhile.
+    first = node_name(cluster.nodes[0])
+    sql(cluster, "UPDATE nodes SET drained=1 WHERE name=%s", first)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "podbay.cli.main", "node", "drain", source, "--evict", "--json"],
+        env=cluster.operator_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    incoming = Path(receiver.data_dir) / "machines"
+    try:
+        wait_for(
+            "the transfer to start",
+            lambda: (
+                any(p.name.startswith(f".incoming-{machine}") for p in incoming.iterdir())
+                if incoming.exists()
+                else False
+            ),
+            timeout=120,
+            every=0.005,
+        )
+        receiver.kill9()
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1, out + err
+        report = json.loads(out)
+        assert [f["name"] for f in report["failed"]] == ["cut"]
+        assert row(cluster, "cut") == {"node": source, "state": "stopped", "machine": machine}
+        assert holds(cluster, source, machine)
+        cluster.cli("node", "undrain", source)
+        again = cluster.attach(token, "cut").json()
+        assert again["start"] == "carried_over"
+        assert run(again, "sha256sum /workspace/big") == before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sql(cluster, "UPDATE nodes SET drained=0 WHERE name=%s", first)
+        cluster.cli("node", "undrain", source)
