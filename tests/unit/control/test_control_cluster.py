@@ -175,3 +175,50 @@ async def test_shared_keys_start_from_the_data_directorys(store, tmp_path):
     rotated = await shared.rotate()
     again = await StoreKeyRing.open(store, adopt=tmp_path / "other")
     assert again.kids() == sorted([*local.kids(), rotated]) and again.active().kid == rotated
+
+
+async def test_a_stopped_sandbox_moves_only_off_a_drained_or_full_node(store):
+    nodes = ClusterNodes(store, _keys(), lost_after=30, clock=lambda: NOW)
+    movable = {**_report(["container"], 2), "movable": ["container"]}
+    await store.enroll_node("a", "http://a", "h-a", movable, NOW)
+    await store.enroll_node("b", "http://b", "h-b", movable, NOW)
+    await store.enroll_node("c", "http://c", "h-c", _report(["container"], 9), NOW)
+    stopped = sandbox_record("s", state=SandboxState.STOPPED, node="a", at=NOW)
+    await store.insert_sandbox(stopped, deployment_cap=9, account_cap=9)
+    try:
+        await nodes.refresh(force=True)
+        assert await nodes.relocation(stopped) is None  # a has room: it stays
+        await store.insert_sandbox(_sandbox("r1", "a"), deployment_cap=9, account_cap=9)
+        await store.insert_sandbox(_sandbox("r2", "a"), deployment_cap=9, account_cap=9)
+        # a is full; c has more room but takes no moves: b.
+        found = await nodes.relocation(stopped)
+        assert found is not None and found[0].name == "b" and "full" in found[1]
+        await store.drain_node("b")
+        await nodes.refresh(force=True)
+        assert await nodes.relocation(stopped) is None  # nowhere to go: it stays
+        await store.drain_node("b", drained=False)
+        await store.drain_node("a")
+        r1 = await store.get_sandbox("dep_d", "r1")
+        assert r1 is not None and await store.delete_sandbox(r1)
+        await nodes.refresh(force=True)
+        found = await nodes.relocation(stopped)
+        assert found is not None and found[0].name == "b" and "drained" in found[1]
+    finally:
+        await nodes.close()
+
+
+def test_a_disk_pass_opens_one_machine_on_one_node_and_nothing_else():
+    keys = _keys()
+    token = internal.mint_disk_pass(keys, "node-a", "container", "m-1", "node-b")
+    assert internal.verify_disk_pass(keys, token, "node-a", "container", "m-1") == "node-b"
+    for holder, machine in (("node-b", "m-1"), ("node-a", "m-2")):
+        with pytest.raises(ApiError) as refused:
+            internal.verify_disk_pass(keys, token, holder, "container", machine)
+        assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
+    call = internal.mint_node_call(keys, "node-a")
+    with pytest.raises(ApiError):
+        internal.verify_disk_pass(keys, call, "node-a", "container", "m-1")
+    with pytest.raises(ApiError):
+        internal.verify_node_call(keys, token, "node-a")
+    with pytest.raises(ApiError):
+        CredentialVerifier(keys).verify(token)
