@@ -111,3 +111,25 @@ def test_native_file_writes_are_not_capped_by_the_json_limit(
     )
     assert r.status_code == 200, r.text
     assert r.json()["size"] == len(data)
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_native_file_write_larger_than_the_disk_is_no_space(
+    server: PlatformServer, handle: dict[str, Any], framing: str
+) -> None:
+    """The agent refuses it (from the head when it has a length) and stops
+    reading; the gateway relays that refusal (it answered 502 when the body
+    could not all be sent)."""
+    size = 96 * 1024 * 1024  # /dev/shm is the sandbox's 64 MiB tmpfs
+    length = {"Content-Length": str(size)} if framing == "length" else {}
+    r = server.data(
+        handle,
+        "PUT",
+        "/v1/files",
+        params={"path": "/dev/shm/too-big"},
+        headers={"X-Podbay-Sha256": "0" * 64, **length},
+        content=chunks(size),
+    )
+    assert (r.status_code, r.json()["code"]) == (507, "NO_SPACE")
+    listed = server.exec(handle, "ls", "-A", "/dev/shm")
+    assert listed.json()["stdout"] == ""

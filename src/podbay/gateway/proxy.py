@@ -77,6 +77,13 @@ _KEEP_RESPONSE = frozenset(
 )
 _KEEP_RESPONSE_PREFIX = b"x-podbay-"
 READ_SIZE = 64 * 1024
+#: Bodies from this size on (and chunked ones) are sent while the agent's answer
+#: is already awaited: an agent may answer before it has taken the body (a
+#: refusal made from the head, such as a full disk) and then stop reading, and
+#: that answer is relayed instead of the failed write's 502. Smaller bodies fit
+#: the agent's buffers (it reads and discards what a refusal leaves) and skip
+#: the second task.
+EARLY_ANSWER_FROM = 1024 * 1024
 #: Largest answer head (status line and headers) read from an agent.
 MAX_RESPONSE_HEAD = 64 * 1024
 #: Most answer headers read from an agent.
@@ -187,7 +194,7 @@ async def relay(
         return await _unreachable(send, request_id)
     reader, writer = conn
     try:
-        await _send_body(writer, framing, receive, body_limit)
+        reading, delivered = await _deliver(reader, writer, framing, scope, receive, body_limit)
         # An agent may take its time (a long exec) or never answer (a hijacked
         # one): a client that leaves meanwhile releases the agent connection.
         watcher = asyncio.create_task(_watch_client(receive, writer, gone))
@@ -196,7 +203,10 @@ async def relay(
         parser = response.parser = httptools.HttpResponseParser(response)
         head_bytes = 0
         while not response.done:
-            data = await reader.read(READ_SIZE)
+            if reading is not None:
+                data, reading = await reading, None
+            else:
+                data = await reader.read(READ_SIZE)
             if not data:
                 raise ConnectionResetError("the agent closed the connection")
             parser.feed_data(data)
@@ -219,7 +229,7 @@ async def relay(
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if response.keep_alive and not gone.is_set():
+        if response.keep_alive and not gone.is_set() and delivered:
             pool.release(conn)
         else:
             writer.close()
@@ -290,6 +300,45 @@ async def _send_request(
 ) -> None:
     writer.write(head)
     await _send_body(writer, framing, receive, body_limit)
+
+
+async def _deliver(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    framing: str,
+    scope: Scope,
+    receive: Receive,
+    body_limit: int | None,
+) -> tuple[asyncio.Future[bytes] | None, bool]:
+    """Send the body; returns a read of the answer already under way (or None),
+    and whether the agent took the whole body (else the connection is not reused)."""
+    if framing == "none" or (
+        framing == "length" and int(_header(scope, b"content-length")) < EARLY_ANSWER_FROM
+    ):
+        await _send_body(writer, framing, receive, body_limit)
+        return None, True
+    reading = asyncio.ensure_future(reader.read(READ_SIZE))
+    sending = asyncio.ensure_future(_send_body(writer, framing, receive, body_limit))
+    try:
+        await asyncio.wait((reading, sending), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        reading.cancel()
+        sending.cancel()
+        raise
+    if not sending.done():
+        # The agent answered (or hung up) before taking the whole body.
+        sending.cancel()
+        await asyncio.wait((sending,))
+        if not sending.cancelled():
+            sending.exception()  # retrieved: the answer is what counts now
+        return reading, False
+    failed = sending.exception()
+    if failed is None:
+        return reading, True
+    if isinstance(failed, OSError) and not isinstance(failed, ConnectionAbortedError):
+        return reading, False  # the agent stopped reading: its answer, if it gave one
+    reading.cancel()
+    raise failed
 
 
 async def _send_body(

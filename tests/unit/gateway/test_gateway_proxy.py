@@ -214,3 +214,30 @@ async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path):
     assert [head.split(b"\r\n")[0] for head, _ in seen] == [b"GET /v1/info HTTP/1.1"] * 2
     assert seen[0][1] != seen[1][1]  # the second went out on a new connection
     server.close()
+
+
+async def test_an_answer_before_the_body_is_relayed(tmp_path):
+    """An agent that refuses a large upload from its head (a full disk) answers and
+    hangs up without reading the body: the client gets that answer, not a 502."""
+    body = b'{"code":"NO_SPACE"}'
+    refusal = b"HTTP/1.1 507 Insufficient Storage\r\ncontent-length: 19\r\n\r\n" + body
+
+    async def handle(reader, writer):  # type: ignore[no-untyped-def]
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(refusal)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
+    size = 64 * 1024 * 1024
+    sink = _Sink()
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"),
+        _scope("PUT", [(b"content-length", str(size).encode())]),
+        _receive([b"z" * (1024 * 1024)] * 64),
+        sink,
+        b"/v1/files?path=big",
+        "r",
+    )
+    assert status == 507 and sink.body == body
+    server.close()
