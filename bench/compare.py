@@ -1,22 +1,29 @@
-"""podbay (A) against Docker or an older podbay (B), interleaved, and the machine's floors.
+"""podbay (A) against Docker or an older podbay (B, C), interleaved, and the machine's floors.
 
+    .venv/bin/python bench/docker_setup.py start              # Docker, for B and C
     .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
+    .venv/bin/python bench/docker_setup.py stop [--purge]
     .venv/bin/python bench/compare.py --against OLD/src      # before/after
-    .venv/bin/python bench/compare.py --no-docker            # floors only
+    .venv/bin/python bench/compare.py --no-docker            # podbay and floors only
 
 Column A is this checkout: a real ``podbay serve`` (``podbay.testing.platform``:
 real sandboxes, needs root and the base image), started twice, with the
 default warm pool of 2 and with none, and the SDK and CLI of this checkout.
-Column B, when there is one, runs in the same loop, sample for sample
-(A B A B ...), so that a machine shared with other work slows both alike;
-``A/B`` is the median of the pairwise ratios. B is:
+The other columns, when there are any, run in the same loop, sample for
+sample (A B C A B C ...), so that a machine shared with other work slows
+them all alike; ``A/B`` is the median of the pairwise ratios. They are:
 
 * ``--against SRC``: podbay from another checkout's ``src`` (e.g. ``git
   archive OLD src | tar -x -C /tmp/old``), in a child process of this script
   with ``PYTHONPATH=SRC``: its server, agent, SDK, and its CLI as
   ``--against-cli`` (default ``python -m podbay.cli.main``);
 * otherwise Docker Engine, where it answers on ``/var/run/docker.sock`` and
-  has ``--docker-image`` locally (runc, the daemon's default runtime).
+  has ``--docker-image`` locally: one column per ``--docker-runtimes`` the
+  daemon has (default ``runc,runsc``: B and C). ``bench/docker_setup.py``
+  starts such a daemon (Debian's docker.io, 20.10) with podbay's base image
+  imported as ``podbay-base``, without a bridge: Docker's containers have no
+  network (``NetworkMode: none``) where podbay's have one, and runsc runs on
+  the ptrace platform (the only one this runsc has that runs here).
 
 Without a B the table holds podbay's rows; the physical floors of this
 machine are printed in every case:
@@ -32,28 +39,29 @@ Rows (medians of ``--runs`` samples unless said):
 
 * new sandbox → first output: ``attach`` of a new name + ``exec echo``, SDK,
   1 s apart (a warm pool refills between conversations); Docker: API create
-  + start + exec;
+  + start + exec (the same in both rows: it has no pool), and ``docker run
+  --rm IMAGE echo hi`` as a whole command in the note below the table;
 * first exec on a sandbox handed out by the warm pool, beside its second;
 * exec ``true`` in a running sandbox, SDK (10x ``--runs``); Docker: API;
 * suspend / resume: ``stop`` then ``attach`` (control-plane API, SDK);
   Docker: pause / unpause;
 * write 100 MiB (``--runs``/3): SDK ``upload`` of a page-cached file (its
   digest included), and a PUT straight to the agent's socket with the digest
-  computed beforehand (the agent's write path alone); Docker: ``docker cp``;
+  computed beforehand (the agent's write path alone); Docker: ``docker cp``
+  and the API's ``PUT /containers/ID/archive`` of a tar made while sending;
 * ``podbay sandbox exec NAME -- true``: the CLI as a whole process; Docker:
   ``docker exec``;
-* exec throughput: 8 client threads over 20 running sandboxes, 5 s, once;
+* exec throughput: 8 client threads over 20 running sandboxes, 5 s, once
+  (Docker: API exec create + start);
 * first exec after idling past the agent's hibernation delay (podbay's
   servers here hibernate an idle agent after ``HIBERNATE_SECONDS``; the
   default is 300 s), beside its second;
 * host memory per idle sandbox: agent PSS + slirp4netns PSS, median of 10
   idle sandboxes, ``--runs``/5 times, once past the hibernation delay (an
-  awake agent's PSS, right after an exec, beside it); Docker:
-  containerd-shim PSS + the container's init PSS.
-
-The Docker half is written against the Engine API (v1.41) and the ``docker``
-CLI but was not run where it was written (no Docker daemon there): treat its
-figures as unverified until it has run once on your machine.
+  awake agent's PSS, right after an exec, beside it); Docker: the PSS of
+  the container's containerd shim and every process below it (runc: the
+  container's ``sleep``; runsc: its gofer, its sandbox and the ptrace
+  platform's stub processes), median of 10 of its 20 idle containers.
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -79,13 +88,14 @@ from typing import Any
 
 import httpx
 
+from docker_setup import DOCKER_CLI, IMAGE, SOCKET
 from podbay import SandboxClient
 from podbay.testing.platform import PlatformServer
 
 MIB = 1024 * 1024
 ROOT = Path(__file__).resolve().parent.parent
 PODBAY = [str(Path(sys.executable).with_name("podbay"))]
-DOCKER_SOCKET = "/var/run/docker.sock"
+DOCKER_SOCKET = SOCKET
 #: podbay's servers here hibernate an idle agent after this many seconds.
 HIBERNATE_SECONDS = 3.0
 
@@ -150,35 +160,51 @@ def pids_matching(predicate: Callable[[list[str]], bool]) -> list[int]:
 
 
 class Row:
-    """One line of the table: podbay's samples, Docker's, in one unit."""
+    """One line of the table: each column's samples (A, B, C, ...), in one unit."""
 
     def __init__(
         self, name: str, unit: str, scale: float = 1000.0, higher_is_better: bool = False
     ) -> None:
         self.name, self.unit, self.scale = name, unit, scale
         self.higher_is_better = higher_is_better
-        self.podbay: list[float] = []
-        self.docker: list[float] = []
+        self.columns: list[list[float]] = [[]]
 
-    def run(self, podbay: Sample, docker: Sample | None, runs: int) -> Row:
+    @property
+    def podbay(self) -> list[float]:
+        return self.columns[0]
+
+    def column(self, i: int) -> list[float]:
+        while len(self.columns) <= i:
+            self.columns.append([])
+        return self.columns[i]
+
+    def run(self, podbay: Sample, other: Sample | None, runs: int) -> Row:
         for _ in range(runs):
-            self.podbay.append(podbay() * self.scale)
-            if docker is not None:
-                self.docker.append(docker() * self.scale)
+            self.column(0).append(podbay() * self.scale)
+            if other is not None:
+                self.column(1).append(other() * self.scale)
         return self
 
     def as_dict(self) -> dict[str, Any]:
+        """``a``, and for each further column with samples its median (``b``,
+        ``c``, ...) and the median of the pairwise ratios (``a/b``, ``a/c``)."""
         out: dict[str, Any] = {
             "row": self.name,
             "unit": self.unit,
             "n": len(self.podbay),
             "a": round(median(self.podbay), 3),
         }
-        if self.docker:
-            out["b"] = round(median(self.docker), 3)
-            pairs = [a / b for a, b in zip(self.podbay, self.docker, strict=False) if b]
-            out["ratio"] = round(median(pairs), 3)
+        for i, samples in enumerate(self.columns[1:], start=1):
+            if not samples:
+                continue
+            letter = COLUMNS[i]
+            out[letter] = round(median(samples), 3)
+            pairs = [a / b for a, b in zip(self.podbay, samples, strict=False) if b]
+            out[f"a/{letter}"] = round(median(pairs), 3)
         return out
+
+
+COLUMNS = "abcdefgh"
 
 
 # -- floors ---------------------------------------------------------------------------
@@ -407,10 +433,13 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class Docker:
-    """Docker Engine through its API socket and its CLI (runc, the daemon's default)."""
+    """Docker Engine through its API socket (v1.41, Engine 20.10) and its CLI, on
+    one runtime (``runc``, ``runsc``). Containers have no network: the daemon of
+    ``bench/docker_setup.py`` has no bridge (it must not touch this machine's
+    firewall), so every container is ``NetworkMode: none``."""
 
-    def __init__(self, image: str) -> None:
-        self.image = image
+    def __init__(self, image: str, runtime: str, cli: str) -> None:
+        self.image, self.runtime, self.cli_path = image, runtime, cli
         self.api = httpx.Client(
             transport=httpx.HTTPTransport(uds=DOCKER_SOCKET),
             base_url="http://docker/v1.41",
@@ -418,39 +447,84 @@ class Docker:
         )
         self.containers: list[str] = []
 
-    @classmethod
-    def available(cls, image: str) -> Docker | None:
-        if not os.path.exists(DOCKER_SOCKET) or shutil.which("docker") is None:
-            return None
+    @staticmethod
+    def runtimes(image: str) -> list[str]:
+        """The runtimes of the daemon on :data:`DOCKER_SOCKET`, [] when there is
+        none or it lacks ``image``."""
+        if not os.path.exists(DOCKER_SOCKET):
+            return []
         try:
-            docker = cls(image)
-            if docker.api.get(f"/images/{image}/json").status_code != 200:
-                print(f"docker: image {image} is not present locally; Docker rows skipped")
-                return None
-            return docker
+            with httpx.Client(
+                transport=httpx.HTTPTransport(uds=DOCKER_SOCKET), base_url="http://docker/v1.41"
+            ) as api:
+                if api.get(f"/images/{image}/json").status_code != 200:
+                    print(
+                        f"docker: no image {image} (bench/docker_setup.py start imports it); "
+                        "Docker rows skipped",
+                        file=sys.stderr,
+                    )
+                    return []
+                return sorted(api.get("/info").json().get("Runtimes", {}))
         except httpx.TransportError:
-            return None
+            return []
+
+    def version(self) -> str:
+        return str(self.api.get("/version").json().get("Version", "?"))
 
     def create_started(self) -> str:
         r = self.api.post(
             "/containers/create",
-            json={"Image": self.image, "Cmd": ["sleep", "infinity"], "HostConfig": {"Init": True}},
+            json={
+                "Image": self.image,
+                "Cmd": ["sleep", "infinity"],
+                "Labels": {"podbay-bench": "compare"},
+                "HostConfig": {"NetworkMode": "none", "Runtime": self.runtime},
+            },
         )
-        r.raise_for_status()
+        ok(r)
         cid = str(r.json()["Id"])
         self.containers.append(cid)
-        self.api.post(f"/containers/{cid}/start").raise_for_status()
+        ok(self.api.post(f"/containers/{cid}/start"))
         return cid
 
-    def exec(self, cid: str, argv: list[str]) -> bytes:
-        r = self.api.post(
+    def exec(self, cid: str, argv: list[str], api: httpx.Client | None = None) -> bytes:
+        """Exec create + start, attached: the answer to start is the command's
+        output (multiplexed) until it exits, and then the daemon closes the
+        connection."""
+        api = api or self.api
+        r = api.post(
             f"/containers/{cid}/exec",
             json={"Cmd": argv, "AttachStdout": True, "AttachStderr": True},
         )
-        r.raise_for_status()
-        out = self.api.post(f"/exec/{r.json()['Id']}/start", json={"Detach": False, "Tty": False})
-        out.raise_for_status()
+        ok(r)
+        out = ok(api.post(f"/exec/{r.json()['Id']}/start", json={"Detach": False, "Tty": False}))
         return out.content
+
+    def put_archive(self, cid: str, source: Path, name: str) -> float:
+        """PUT /containers/ID/archive: a tar of one file, made while it is sent
+        (as ``docker cp`` does), into /workspace."""
+        info = tarfile.TarInfo(name)
+        info.size = source.stat().st_size
+        info.mode = 0o644
+        info.mtime = int(time.time())
+
+        def body() -> Iterator[bytes]:
+            yield info.tobuf(format=tarfile.PAX_FORMAT)
+            with open(source, "rb") as f:
+                while chunk := f.read(MIB):
+                    yield chunk
+            yield b"\0" * (-info.size % tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE)
+
+        started = time.perf_counter()
+        r = self.api.put(
+            f"/containers/{cid}/archive",
+            params={"path": "/workspace"},
+            content=body(),
+            headers={"Content-Type": "application/x-tar"},
+        )
+        took = time.perf_counter() - started
+        ok(r)
+        return took
 
     def remove(self, cid: str) -> None:
         self.api.delete(f"/containers/{cid}", params={"force": "true"})
@@ -471,30 +545,77 @@ class Docker:
         self.remove(cid)
         return took
 
+    def run_echo(self) -> float:
+        """``docker run --rm IMAGE echo hi``: the CLI's new container to first output."""
+        started = time.perf_counter()
+        done = self.cli(
+            "run", "--rm", "--network=none", f"--runtime={self.runtime}", self.image, "echo", "hi"
+        )
+        took = time.perf_counter() - started
+        assert done.stdout == b"hi\n", done
+        return took
+
     def throughput(self, cids: list[str], clients: int, seconds: float) -> float:
         def worker(calls: Iterator[int]) -> None:
-            for k in calls:
-                self.exec(cids[k % len(cids)], ["true"])
+            with self.client() as api:
+                for k in calls:
+                    self.exec(cids[k % len(cids)], ["true"], api)
 
         return rate(clients, seconds, worker)
 
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=DOCKER_SOCKET),
+            base_url="http://docker/v1.41",
+            timeout=120,
+        )
+
     def idle_memory_kib(self, cids: list[str], settle: float) -> float:
+        """Median per container of the PSS of its containerd shim and every
+        process below it: runc's container init, or runsc's gofer, sandbox
+        (the Sentry) and its platform's stub processes."""
         time.sleep(settle)
+        children: dict[int, list[int]] = {}
+        for pid in pids_matching(lambda argv: True):
+            children.setdefault(parent_pid(pid), []).append(pid)
         totals = []
         for cid in cids:
-            pid = int(self.api.get(f"/containers/{cid}/json").json()["State"]["Pid"])
             shims = pids_matching(
-                lambda argv, c=cid: (
-                    bool(argv) and "containerd-shim" in argv[0] and any(c in a for a in argv)
-                )
+                lambda argv, c=cid: bool(argv) and "containerd-shim" in argv[0] and c in argv
             )
-            totals.append(pss_kib(pid) + sum(pss_kib(p) for p in shims))
+            tree, todo = [], list(shims)
+            while todo:
+                pid = todo.pop()
+                tree.append(pid)
+                todo.extend(children.get(pid, []))
+            totals.append(sum(pss_kib(p) for p in tree))
         return median(totals)
 
-    def cli(self, *args: str) -> float:
-        started = time.perf_counter()
-        subprocess.run(["docker", *args], check=True, capture_output=True, stdin=subprocess.DEVNULL)
-        return time.perf_counter() - started
+    def cli(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [self.cli_path, *args], check=True, capture_output=True, stdin=subprocess.DEVNULL
+        )
+
+    def timed_cli(self, *args: str) -> float:
+        return timed(lambda: self.cli(*args))
+
+
+def ok(response: httpx.Response) -> httpx.Response:
+    """``response``, or an error that carries the daemon's message."""
+    if response.is_error:
+        raise RuntimeError(
+            f"docker: {response.request.method} {response.request.url.path}: "
+            f"{response.status_code} {response.text.strip()}"
+        )
+    return response
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -514,15 +635,15 @@ def make_source(directory: Path, mib: int) -> tuple[Path, str, int]:
 
 #: (key, label, unit, scale, samples as a share of --runs, higher is better)
 ROWS: list[tuple[str, str, str, float, float, bool]] = [
-    ("new_pool", "new sandbox -> first output, warm pool", "ms", 1000, 1, False),
-    ("new_cold", "new sandbox -> first output, no pool", "ms", 1000, 1, False),
+    ("new_pool", "new sandbox -> first output, warm pool (API)", "ms", 1000, 1, False),
+    ("new_cold", "new sandbox -> first output, no pool (API)", "ms", 1000, 1, False),
     ("first_exec", "first exec on a pooled sandbox", "ms", 1000, 1, False),
     ("second_exec", "  (its second exec)", "ms", 1000, 0, False),
     ("exec_hot", "exec `true`, running sandbox (SDK / API)", "ms", 1000, 10, False),
     ("suspend", "suspend (stop / pause)", "ms", 1000, 1, False),
     ("resume", "resume (attach / unpause)", "ms", 1000, 0, False),
     ("write_sdk", "write {mib} MiB, SDK upload (docker cp)", "ms", 1000, 1 / 3, False),
-    ("write_agent", "write {mib} MiB, straight to the agent", "ms", 1000, 1 / 3, False),
+    ("write_agent", "write {mib} MiB, to the agent (API PUT archive)", "ms", 1000, 1 / 3, False),
     ("cli", "`podbay sandbox exec NAME -- true` (docker exec)", "ms", 1000, 1, False),
     ("throughput", "exec throughput, 20 sandboxes, 8 clients", "/s", 1, 0.01, True),
     ("wake", "first exec after idling past hibernation", "ms", 1000, 1 / 3, False),
@@ -596,35 +717,43 @@ class PodbaySide:
 
 
 class DockerSide:
-    """Docker's rows, where it has one."""
+    """Docker's rows on one runtime, where it has one (no pool, no hibernation:
+    those rows stay empty)."""
 
     def __init__(self, docker: Docker, source: Path) -> None:
         self.docker, self.source = docker, source
-        self.hot = docker.create_started()
-        self.many = [docker.create_started() for _ in range(20)]
+        try:
+            self.hot = docker.create_started()
+            for _ in range(30):
+                docker.exec(self.hot, ["true"])
+            docker.put_archive(self.hot, source, "warm.bin")  # first-write costs, as podbay's
+            self.many = [docker.create_started() for _ in range(20)]
+        except BaseException:
+            docker.close()
+            raise
 
     def close(self) -> None:
         self.docker.close()
 
     def sample(self, key: str) -> dict[str, float]:
         d = self.docker
-        if key in ("new_pool", "new_cold"):
+        if key == "new_pool":
             return {key: d.new_to_first_output()}
+        if key == "new_cold":
+            return {key: d.new_to_first_output(), "docker run --rm, ms": 1000 * d.run_echo()}
         if key == "exec_hot":
             return {key: timed(lambda: d.exec(self.hot, ["true"]))}
         if key == "suspend":
             return {
-                "suspend": timed(
-                    lambda: d.api.post(f"/containers/{self.hot}/pause").raise_for_status()
-                ),
-                "resume": timed(
-                    lambda: d.api.post(f"/containers/{self.hot}/unpause").raise_for_status()
-                ),
+                "suspend": timed(lambda: ok(d.api.post(f"/containers/{self.hot}/pause"))),
+                "resume": timed(lambda: ok(d.api.post(f"/containers/{self.hot}/unpause"))),
             }
         if key == "write_sdk":
-            return {key: d.cli("cp", str(self.source), f"{self.hot}:/tmp/bench.bin")}
+            return {key: d.timed_cli("cp", str(self.source), f"{self.hot}:/workspace/bench.bin")}
+        if key == "write_agent":
+            return {key: d.put_archive(self.hot, self.source, "direct.bin")}
         if key == "cli":
-            return {key: d.cli("exec", self.hot, "true")}
+            return {key: d.timed_cli("exec", self.hot, "true")}
         if key == "throughput":
             return {key: d.throughput(self.many, 8, 5.0)}
         if key == "memory":
@@ -721,16 +850,27 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-files-"))
     source, digest, size = make_source(scratch, args.mib)
     sides: list[Any] = []
+    labels = ["podbay (this checkout)"]
     try:
         sides.append(PodbaySide(source, digest, size))
         if args.against:
             sides.append(WorkerSide(args.against, args.against_cli, source, digest, size))
-            extra["second"] = f"podbay from {args.against} (B), interleaved"
-        elif not args.no_docker and (docker := Docker.available(args.docker_image)):
-            sides.append(DockerSide(docker, source))
-            extra["second"] = "Docker Engine (B), interleaved"
-        else:
-            extra["second"] = "none (Docker is not running): the machine's floors instead"
+            labels.append(f"podbay from {args.against}")
+        elif not args.no_docker:
+            known = Docker.runtimes(args.docker_image)
+            for runtime in args.docker_runtimes.split(",") if known else []:
+                if runtime not in known:
+                    print(f"docker: no runtime {runtime} (has {', '.join(known)})", file=sys.stderr)
+                    continue
+                docker = Docker(args.docker_image, runtime, args.docker_cli)
+                labels.append(
+                    f"Docker {docker.version()} {runtime}"
+                    f"{' ' + RUNSC_NOTE if runtime == 'runsc' else ''}, no network"
+                )
+                sides.append(DockerSide(docker, source))
+        if len(sides) == 1:
+            labels.append("none (Docker is not running): the machine's floors only")
+        extra["columns"] = dict(zip(COLUMNS.upper(), labels, strict=False))
         rows = {
             key: Row(label.format(mib=args.mib), unit, scale, better)
             for key, label, unit, scale, _, better in ROWS
@@ -741,13 +881,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
             if share == 0 or (wanted is not None and key not in wanted):
                 continue  # filled by another row's samples, or not asked for
             for _ in range(max(1, round(args.runs * share))):
+                # Column by column, sample for sample: A B C A B C ...
                 for i, side in enumerate(sides):
                     for name, value in side.sample(key).items():
                         row = rows.get(name)
                         if row is None:
-                            more.setdefault(f"{name}{'' if i == 0 else ' (B)'}", []).append(value)
+                            tag = "" if i == 0 else f" ({COLUMNS[i].upper()})"
+                            more.setdefault(name + tag, []).append(value)
                         else:
-                            (row.podbay if i == 0 else row.docker).append(value * row.scale)
+                            row.column(i).append(value * row.scale)
         extra.update({k: round(median(v), 2) for k, v in more.items()})
     finally:
         for side in sides:
@@ -757,11 +899,31 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     return list(rows.values()), machine, extra
 
 
+#: How runsc runs under bench/docker_setup.py's daemon.
+RUNSC_NOTE = "(ptrace platform)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--mib", type=int, default=100)
-    parser.add_argument("--docker-image", default="debian:bookworm-slim")
+    parser.add_argument(
+        "--docker-image",
+        default=IMAGE,
+        help="a local image with sleep and echo (default: podbay's base image, "
+        "as bench/docker_setup.py imports it)",
+    )
+    parser.add_argument(
+        "--docker-runtimes",
+        default="runc,runsc",
+        metavar="NAME,NAME",
+        help="Docker's runtimes to measure, one column each (default: runc,runsc)",
+    )
+    parser.add_argument(
+        "--docker-cli",
+        default=DOCKER_CLI if os.path.exists(DOCKER_CLI) else "docker",
+        help="the docker CLI for the CLI rows (default: the daemon's own release's)",
+    )
     parser.add_argument("--no-docker", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
@@ -808,15 +970,22 @@ def main() -> int:
             )
         )
         return 0
-    print(f"A: podbay (this checkout); B: {extra.pop('second')}")
-    print(f"{'row':52} {'A':>10} {'B':>10} {'A/B':>7}  unit")
+    columns: dict[str, str] = extra.pop("columns")
+    for letter, label in columns.items():
+        print(f"{letter}: {label}")
+    # The columns that have figures (B says "none" when nothing ran beside A).
+    others = [c.lower() for c in columns][1:]
+    others = [c for c in others if any(c in r.as_dict() for r in rows)]
+    head = "".join(f" {c.upper():>10}" for c in others)
+    ratios = "".join(f" {'A/' + c.upper():>7}" for c in others)
+    print(f"{'row':52} {'A':>10}{head}{ratios}  unit")
     for row in rows:
         if not row.podbay:
             continue
         d = row.as_dict()
-        b_cell = f"{d['b']:10.2f}" if "b" in d else f"{'-':>10}"
-        ratio_cell = f"{d['ratio']:7.2f}" if "ratio" in d else f"{'':>7}"
-        print(f"{row.name:52} {d['a']:10.2f} {b_cell} {ratio_cell}  {row.unit}")
+        cells = "".join(f" {d[c]:10.2f}" if c in d else f" {'-':>10}" for c in others)
+        cells += "".join(f" {d['a/' + c]:7.2f}" if c in d else f" {'':>7}" for c in others)
+        print(f"{row.name:52} {d['a']:10.2f}{cells}  {row.unit}")
     if extra:
         print("  (" + ", ".join(f"{k} {v}" for k, v in extra.items()) + ")")
     print("floors of this machine:")
