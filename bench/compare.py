@@ -502,25 +502,31 @@ class Docker:
 
     def put_archive(self, cid: str, source: Path, name: str) -> float:
         """PUT /containers/ID/archive: a tar of one file, made while it is sent
-        (as ``docker cp`` does), into /workspace."""
+        (as ``docker cp`` does), into /workspace. With its length given: a
+        chunked body cost the daemon (and httpx) about half as much again."""
         info = tarfile.TarInfo(name)
         info.size = source.stat().st_size
         info.mode = 0o644
         info.mtime = int(time.time())
+        head = info.tobuf(format=tarfile.PAX_FORMAT)
+        tail = b"\0" * (-info.size % tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE)
 
         def body() -> Iterator[bytes]:
-            yield info.tobuf(format=tarfile.PAX_FORMAT)
+            yield head
             with open(source, "rb") as f:
                 while chunk := f.read(MIB):
                     yield chunk
-            yield b"\0" * (-info.size % tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE)
+            yield tail
 
         started = time.perf_counter()
         r = self.api.put(
             f"/containers/{cid}/archive",
             params={"path": "/workspace"},
             content=body(),
-            headers={"Content-Type": "application/x-tar"},
+            headers={
+                "Content-Type": "application/x-tar",
+                "Content-Length": str(len(head) + info.size + len(tail)),
+            },
         )
         took = time.perf_counter() - started
         ok(r)
