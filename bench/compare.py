@@ -73,6 +73,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import statistics
@@ -959,6 +960,11 @@ def main() -> int:
     parser.add_argument("--digest", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Stopped early (Ctrl-C, kill, or SIGINT to a run started in the background,
+    # where it is ignored), it still removes its servers' sandboxes and Docker's
+    # containers: both end in the ``finally`` of ``run``.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.cli:
         PODBAY[:] = args.cli.split()
     if args.worker:
