@@ -83,6 +83,11 @@ def holds(cluster: LocalCluster, node: str, machine: str) -> bool:
     return (Path(server.data_dir) / "machines" / machine / "machine.json").exists()
 
 
+def node_state(cluster: LocalCluster, node: str) -> str:
+    listing = json.loads(cluster.cli("node", "list", "--json").stdout)
+    return str(next(n["state"] for n in listing if n["name"] == node))
+
+
 def attach_on(cluster: LocalCluster, token: str, name: str, node: str) -> dict[str, Any]:
     """Attach ``name`` new on ``node``: the other nodes are marked drained meanwhile."""
     others = [node_name(n) for n in cluster.nodes if node_name(n) != node]
@@ -238,7 +243,8 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
 def test_a_move_cut_off_midway_leaves_the_sandbox_on_its_node(
     cluster: LocalCluster, token: str
 ) -> None:
-    """The receiving node is killed (-9) while the disk streams to it."""
+    """The receiving node is killed (-9) while the disk streams to it; then an
+    attach moves the sandbox off its drained node before starting it."""
     source, target = (node_name(n) for n in cluster.nodes[1:3])
     h = attach_on(cluster, token, "cut", source)
     # Bigger than the others, so the transfer lasts while the test finds it.
@@ -275,10 +281,16 @@ def test_a_move_cut_off_midway_leaves_the_sandbox_on_its_node(
         assert [f["name"] for f in report["failed"]] == ["cut"]
         assert row(cluster, "cut") == {"node": source, "state": "stopped", "machine": machine}
         assert holds(cluster, source, machine)
-        cluster.cli("node", "undrain", source)
+        # Its node is still drained: the next attach moves it first (to the first
+        # node, once the killed one is reported lost), then starts it there.
+        sql(cluster, "UPDATE nodes SET drained=0 WHERE name=%s", first)
+        wait_for("the killed node reported lost", lambda: node_state(cluster, target) == "lost")
         again = cluster.attach(token, "cut").json()
         assert again["start"] == "carried_over"
+        assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] == first
         assert run(again, "sha256sum /workspace/big") == before
+        assert row(cluster, "cut")["node"] == first
+        wait_for("the old copy destroyed", lambda: not holds(cluster, source, machine), 30)
     finally:
         if proc.poll() is None:
             proc.kill()
