@@ -2,13 +2,14 @@
 serve`` and, beside it, PostgreSQL + two ``podbay control`` behind haproxy +
 three ``podbay node`` (``podbay.testing.cluster.LocalCluster``), real sandboxes.
 
-    .venv/bin/python bench/cluster.py [--rounds 30] [--json]
+    .venv/bin/python bench/cluster.py [--rounds 30] [--json] [--speeds-only]
 
 * attach p50 of a new and of a running sandbox, and exec (``true``) p50 through
   the gateway: serve vs the cluster (attach through haproxy and a control
   replica, exec straight to the node holding the sandbox; and attach straight
   to one replica, without haproxy), sampled in turn; and the CPU time per
-  exec of the process serving it (serve; the node) and of each control replica
+  exec of the process serving it (serve; the node) and of each control replica,
+  and the CPU time per attach of a running sandbox of each of those processes
 * 50 concurrent first attaches of one name, half to each control replica
   directly: how many sandboxes result (must be 1)
 * ``kill -9`` of one control replica while 8 workers attach (3 names each,
@@ -109,6 +110,22 @@ def speeds(
                 assert r.status_code == 200, r.text
                 samples[t]["attach_running"].append(elapsed)
         pids = {t: (serving or {}).get(t, lambda h: {})(handles[t][0]) for t in targets}
+        # CPU per attach of a running sandbox, each target's processes alone
+        # (wall time on a loaded machine spreads; CPU much less).
+        cpu_per_attach: dict[str, dict[str, float]] = {}
+        for t, (url, token) in targets.items():
+            if not pids[t]:
+                continue
+            before = {k: cpu_seconds(p) for k, p in pids[t].items()}
+            for _ in range(rounds * 3):
+                r = attach(http, url, token, handles[t][0]["name"])
+                assert r.status_code == 200, r.text
+            cpu_per_attach[t] = {
+                f"{k}_cpu_per_attach_running_ms": round(
+                    (cpu_seconds(p) - before[k]) * 1000 / (rounds * 3), 3
+                )
+                for k, p in pids[t].items()
+            }
         cpu_before = {t: {k: cpu_seconds(p) for k, p in pids[t].items()} for t in targets}
         phase_start = time.perf_counter()
         for _ in range(rounds * 10):
@@ -132,7 +149,9 @@ def speeds(
     for t, (url, token) in targets.items():
         delete_all(url, token, {h["name"] for h in handles[t]})
     return {
-        t: {f"{kind}_p50_ms": p50_ms(values) for kind, values in kinds.items()} | cpu_per_exec[t]
+        t: {f"{kind}_p50_ms": p50_ms(values) for kind, values in kinds.items()}
+        | cpu_per_exec[t]
+        | cpu_per_attach.get(t, {})
         for t, kinds in samples.items()
     }
 
@@ -311,6 +330,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--speeds-only", action="store_true", help="attach and exec figures, no scenarios"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="podbay-bench-cluster-") as tmp:
@@ -341,11 +363,12 @@ def main() -> None:
             results["exec_difference_ms"] = round(
                 results["cluster"]["exec_p50_ms"] - results["serve"]["exec_p50_ms"], 2
             )
-            for key, scenario in [
+            scenarios = [
                 ("concurrent_first_attach", concurrent_first_attach),
                 ("kill_control", kill_control_under_load),
                 ("kill_node", kill_node),
-            ]:
+            ]
+            for key, scenario in [] if args.speeds_only else scenarios:
                 try:
                     results[key] = scenario(cluster, token)
                 except Exception as exc:  # the other figures still count

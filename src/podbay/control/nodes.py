@@ -117,16 +117,20 @@ class Node(Protocol):
         ...
 
     # -- the gateway's routes ----------------------------------------------------------
-    async def publish(self, sandbox: Sandbox) -> None:
-        """Route data-plane calls for this incarnation to its machine."""
+    async def publish(self, sandbox: Sandbox) -> str | None:
+        """Route data-plane calls for this incarnation to its machine. Returns
+        what the caller records in ``routed_on`` for :meth:`routed` to compare
+        (a remote node: the boot id of the process that took the route), or
+        None when :meth:`routed` asks the route table itself (in process)."""
         ...
 
     async def withdraw(self, sandbox_id: str) -> None:
         """Refuse data-plane calls for the sandbox from now on."""
         ...
 
-    def routed(self, sandbox_id: str) -> bool:
-        """Whether a route is published (best knowledge; False when unsure)."""
+    def routed(self, sandbox: Sandbox) -> bool:
+        """Whether this incarnation's route is published (best knowledge; False
+        when unsure: publishing again is idempotent)."""
         ...
 
     # -- activity ------------------------------------------------------------------------

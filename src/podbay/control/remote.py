@@ -202,8 +202,8 @@ class RemoteNode:
         )
 
     # -- routes --------------------------------------------------------------------------
-    async def publish(self, sandbox: Sandbox) -> None:
-        await self._call(
+    async def publish(self, sandbox: Sandbox) -> str | None:
+        doc = await self._call(
             "PUT",
             f"/routes/{sandbox.id}",
             {
@@ -212,12 +212,19 @@ class RemoteNode:
                 "incarnation": sandbox.incarnation,
             },
         )
+        boot = doc.get("boot") if isinstance(doc, dict) else None
+        return boot if isinstance(boot, str) and boot else None
 
     async def withdraw(self, sandbox_id: str) -> None:
         await self._call("DELETE", f"/routes/{sandbox_id}")
 
-    def routed(self, sandbox_id: str) -> bool:
-        return False  # unknown from here: publishing again is cheap and idempotent
+    def routed(self, sandbox: Sandbox) -> bool:
+        # The node's routes live in its memory: the process that took this one
+        # (the row's routed_on) must be the one reporting now (the boot of its
+        # last heartbeat). A restart changes the boot, so its lost routes are
+        # published again; a withdrawal clears routed_on first.
+        boot = self.record.report.get("boot")
+        return sandbox.routed_on is not None and sandbox.routed_on == boot
 
     # -- activity (data-plane activity arrives with the node's heartbeats) ----------------
     def touch(self, sandbox_id: str) -> None:

@@ -90,6 +90,12 @@ class Sandbox:
     suspended_at: datetime | None = None
     #: The node that holds the machine (``local``: the all-in-one server's).
     node: str = "local"
+    #: The boot id of the node process that took this incarnation's route
+    #: (a cluster's control plane records it after publishing, so an attach
+    #: that finds it equal to the node's current boot needs no call to the
+    #: node); ``None``: not known to be published. Every compare-and-set
+    #: write clears it.
+    routed_on: str | None = None
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""

@@ -186,7 +186,9 @@ async def publish(request: Request) -> Response:
         node=node.name,
     )
     await node.node.publish(sandbox)
-    return Response(status_code=204)
+    # Which process took the route: the control plane records it and attaches
+    # without calling again until this node's reported boot changes.
+    return JSONResponse({"boot": node.boot})
 
 
 async def withdraw(request: Request) -> Response:

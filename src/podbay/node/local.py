@@ -167,7 +167,7 @@ class LocalNode:
 
     # -- routes ---------------------------------------------------------------------
     async def publish(self, sandbox: Sandbox) -> None:
-        self.publish_now(sandbox)
+        self.publish_now(sandbox)  # routed() reads the table: nothing to record
 
     def publish_now(self, sandbox: Sandbox) -> None:
         self.routes.add(
@@ -180,8 +180,9 @@ class LocalNode:
     async def withdraw(self, sandbox_id: str) -> None:
         self.routes.remove(sandbox_id)
 
-    def routed(self, sandbox_id: str) -> bool:
-        return sandbox_id in self.routes
+    def routed(self, sandbox: Sandbox) -> bool:
+        route = self.routes.get(sandbox.id)
+        return route is not None and route.incarnation == sandbox.incarnation
 
     # -- activity -------------------------------------------------------------------
     def touch(self, sandbox_id: str) -> None:

@@ -61,7 +61,15 @@ class Store(Protocol):
 
     async def replace_sandbox(self, old: Sandbox, new: Sandbox) -> Sandbox | None:
         """Write ``new`` if the row still has ``old.version``; returns the stored
-        record (version bumped) or ``None`` when the row changed or vanished."""
+        record (version bumped, ``routed_on`` cleared) or ``None`` when the row
+        changed or vanished."""
+
+    async def mark_routed(self, sandbox: Sandbox, boot: str) -> bool:
+        """Record that node process ``boot`` took the route of ``sandbox`` if the
+        row is still that running version (no version bump: not a transition)."""
+
+    async def clear_routed(self, sandbox_id: str) -> None:
+        """Forget where the route is published (before it is withdrawn)."""
 
     async def delete_sandbox(self, sandbox: Sandbox) -> bool:
         """Remove the row if it still has ``sandbox.version``."""

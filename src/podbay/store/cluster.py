@@ -63,7 +63,24 @@ class ClusterQueries:
             " heartbeat_at=excluded.heartbeat_at"
         )
         values = (name, url, json.dumps(report), ts(now), ts(now), credential_hash)
-        await self._run(lambda conn: self._count(conn, sql, *values))
+
+        def run(conn: Any) -> None:
+            self._count(conn, sql, *values)
+            self._forget_routes(conn, name, report)
+
+        await self._tx(run)
+
+    def _forget_routes(self, conn: Any, name: str, report: dict[str, Any]) -> None:
+        """Routes published to an earlier process of the node are gone with it:
+        their marks go in the same transaction that records the new boot, so
+        no replica trusts one once it can read the new boot."""
+        self._count(
+            conn,
+            "UPDATE sandboxes SET routed_on=NULL"
+            " WHERE node=? AND routed_on IS NOT NULL AND routed_on<>?",
+            name,
+            str(report.get("boot", "")),
+        )
 
     async def node_by_credential(self, credential_hash: str) -> NodeRecord | None:
         sql = f"SELECT {NODE_COLUMNS} FROM nodes WHERE credential_hash=?"
@@ -86,6 +103,8 @@ class ClusterQueries:
                 ts(now),
                 name,
             )
+            if json.loads(before[3]).get("boot") != report.get("boot"):
+                self._forget_routes(conn, name, report)
             return _node(before)
 
         return await self._tx(run)

@@ -15,7 +15,7 @@ from podbay.domain import Deployment, Sandbox, SandboxState
 
 SANDBOX_COLUMNS = (
     "id, deployment_id, account, name, class, state, machine_id, created_at,"
-    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node"
+    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node, routed_on"
 )
 DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
@@ -55,6 +55,7 @@ def sandbox(row: Row) -> Sandbox:
         version=row[12],
         suspended_at=dt(row[13]),
         node=row[14],
+        routed_on=row[15],
     )
 
 

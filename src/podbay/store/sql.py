@@ -229,7 +229,8 @@ class SqlStore(ClusterQueries, ABC, Generic[C]):
             # past the lock ends this insert as EXISTS, not as an error.
             inserted = self._count(
                 conn,
-                f"INSERT INTO sandboxes ({SANDBOX_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?,?)"
+                f"INSERT INTO sandboxes ({SANDBOX_COLUMNS})"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,NULL)"
                 " ON CONFLICT (deployment_id, name) DO NOTHING",
                 *sandbox_values(s),
             )
@@ -243,12 +244,22 @@ class SqlStore(ClusterQueries, ABC, Generic[C]):
         sql = (
             "UPDATE sandboxes SET deployment_id=?, account=?, name=?, class=?, state=?,"
             f" machine_id=?, created_at=?, last_active_at={self.GREATEST}(last_active_at, ?),"
-            " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, node=?,"
+            " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, node=?, routed_on=NULL,"
             f" version=version+1 WHERE id=? AND version=? RETURNING {SANDBOX_COLUMNS}"
         )
         params = (*sandbox_values(new)[1:], old.id, old.version)
         row = await self._tx(lambda conn: self._one(conn, sql, *params))
         return None if row is None else sandbox(row)
+
+    async def mark_routed(self, sandbox: Sandbox, boot: str) -> bool:
+        sql = "UPDATE sandboxes SET routed_on=? WHERE id=? AND version=? AND state='running'"
+        return await self._run(
+            lambda conn: self._count(conn, sql, boot, sandbox.id, sandbox.version) == 1
+        )
+
+    async def clear_routed(self, sandbox_id: str) -> None:
+        sql = "UPDATE sandboxes SET routed_on=NULL WHERE id=? AND routed_on IS NOT NULL"
+        await self._run(lambda conn: self._count(conn, sql, sandbox_id))
 
     async def delete_sandbox(self, sandbox: Sandbox) -> bool:
         sql = "DELETE FROM sandboxes WHERE id=? AND version=?"

@@ -7,6 +7,7 @@ import asyncio
 import pathlib
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -112,6 +113,23 @@ async def test_a_silent_node_is_lost_and_its_sandboxes_refused(store):
         await nodes.refresh(force=True)
         assert nodes.reachable(row)  # back: its sandboxes are simply there
         assert not nodes.reachable(_sandbox("t", "forgotten-node"))
+    finally:
+        await nodes.close()
+
+
+async def test_a_route_is_trusted_only_while_the_process_that_took_it_reports(store):
+    nodes = ClusterNodes(store, _keys(), lost_after=30, clock=lambda: NOW)
+    await store.enroll_node(
+        "a", "http://a", "h-a", {**_report(["container"], 4), "boot": "b1"}, NOW
+    )
+    try:
+        await nodes.refresh(force=True)
+        row = _sandbox("s", "a")
+        assert not nodes.of(row).routed(row)  # never published: attach publishes
+        assert nodes.of(row).routed(replace(row, routed_on="b1"))
+        await store.heartbeat_node("a", {**_report(["container"], 4), "boot": "b2"}, NOW)
+        await nodes.refresh(force=True)
+        assert not nodes.of(row).routed(replace(row, routed_on="b1"))  # restarted since
     finally:
         await nodes.close()
 

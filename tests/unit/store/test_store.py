@@ -200,6 +200,27 @@ async def test_activity_only_moves_forward(store):
     assert moved.last_active_at == T0 + timedelta(seconds=10)
 
 
+async def test_a_route_mark_holds_only_for_the_running_version_it_names(store):
+    await store.insert_sandbox(_sb("a"), deployment_cap=9, account_cap=9)
+    creating = await store.get_sandbox("dep_d", "a")
+    assert creating.routed_on is None
+    assert not await store.mark_routed(creating, "boot-1")  # not running
+    running = await store.replace_sandbox(creating, creating.started(T0, timedelta(hours=1)))
+    assert await store.mark_routed(running, "boot-1")
+    marked = await store.get_sandbox("dep_d", "a")
+    assert marked.routed_on == "boot-1" and marked.version == running.version
+    await store.clear_routed(running.id)
+    assert (await store.get_sandbox("dep_d", "a")).routed_on is None
+    assert await store.mark_routed(running, "boot-2")
+    # Every compare-and-set write forgets it; a mark of an older version is refused.
+    suspended = await store.replace_sandbox(marked, marked.released(SandboxState.SUSPENDED, T0))
+    assert suspended is not None and suspended.routed_on is None
+    resumed = await store.replace_sandbox(suspended, suspended.moved(SandboxState.RUNNING))
+    assert resumed is not None and resumed.routed_on is None
+    assert not await store.mark_routed(running, "boot-2")
+    assert (await store.get_sandbox("dep_d", "a")).routed_on is None
+
+
 async def test_list_filters(store):
     await store.insert_sandbox(_sb("a"), deployment_cap=9, account_cap=9)
     await store.insert_sandbox(_sb("b", dep="dep_e"), deployment_cap=9, account_cap=9)
@@ -232,6 +253,7 @@ async def test_sandboxes_from_before_classes_are_containers(new_store, store_kin
 #: What undoes each migration after the classes one, newest first, so that
 #: rewinding the recorded version lets the later migrations run again.
 _UNDO = [
+    (5, ["ALTER TABLE sandboxes DROP COLUMN routed_on"]),
     (
         4,
         [

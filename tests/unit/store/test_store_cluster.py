@@ -79,3 +79,21 @@ async def test_node_survives_a_sandbox_write(store):
     row = await store.get_sandbox("dep_d", "a")
     new = await store.replace_sandbox(row, replace(row.moved(SandboxState.SUSPENDED)))
     assert new is not None and new.node == "n7"
+
+
+async def test_a_new_boot_of_a_node_forgets_the_routes_of_the_last_one(store):
+    await store.enroll_node("n1", "http://n1", "h1", {"boot": "b1"}, T0)
+    for name, node in (("a", "n1"), ("b", "n1"), ("c", "n2")):
+        await store.insert_sandbox(_sb(name, node), deployment_cap=9, account_cap=9)
+        row = await store.get_sandbox("dep_d", name)
+        assert await store.mark_routed(row, "b1" if name != "b" else "b2")
+
+    async def marks() -> dict[str, str | None]:
+        return {r.name: r.routed_on for r in await store.list_sandboxes()}
+
+    await store.heartbeat_node("n1", {"boot": "b1"}, T0)  # same process: kept
+    assert await marks() == {"a": "b1", "b": "b2", "c": "b1"}
+    await store.heartbeat_node("n1", {"boot": "b2"}, T0)  # restarted
+    assert await marks() == {"a": None, "b": "b2", "c": "b1"}  # another node's kept
+    await store.enroll_node("n1", "http://n1", "h2", {"boot": "b3"}, T0)
+    assert await marks() == {"a": None, "b": None, "c": "b1"}

@@ -142,6 +142,9 @@ class SandboxService:
             )
         transitions = self._runtime()
         await self.nodes.refresh()
+        fast = await self._reuse_published(deployment, name, class_)
+        if fast is not None:
+            return fast
         async with self.locks.hold(deployment.id, name):
             for _ in range(5):
                 row = await self.store.get_sandbox(deployment.id, name)
@@ -202,10 +205,31 @@ class SandboxService:
         endpoint = (node or self.nodes.of(row)).endpoint(row.id)
         return Attached(row, start, token, expires, endpoint)
 
+    async def _reuse_published(
+        self, deployment: Deployment, name: str, class_: str
+    ) -> Attached | None:
+        """A running sandbox whose route its node holds, without the sandbox's
+        lock (in a cluster a lease: two writes to the store) or a call to the
+        node: nothing changes, so there is nothing to serialize. A transition
+        racing it is as if it came just after this attach (the credential then
+        fails with SANDBOX_NOT_RUNNING and the client attaches again). None:
+        take the locked path."""
+        row = await self.store.get_sandbox(deployment.id, name)
+        if row is None or row.state is not S.RUNNING:
+            return None
+        node = self.nodes.of(row)  # refuses a sandbox whose node is lost
+        self._check_class(row, class_)
+        if not node.routed(row):
+            return None
+        return self._touched(row, node)
+
     async def _reuse(self, row: Sandbox, transitions: Transitions) -> Attached:
         node = self.nodes.of(row)
-        if not node.routed(row.id):
+        if not node.routed(row):
             await transitions.add_route(row)
+        return self._touched(row, node)
+
+    def _touched(self, row: Sandbox, node: Node) -> Attached:
         node.touch(row.id)
         return self._attached(replace(row, last_active_at=self.clock()), "reused", node)
 

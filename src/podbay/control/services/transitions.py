@@ -9,7 +9,11 @@ Order, so that a crash anywhere leaves a state the next reconcile finishes:
   driver call or records what it observes.
 * destroying: row to ``deleting`` first, then route, driver, row removed.
   A ``deleting`` row is finished by whoever sees it next.
-* entering ``running``: driver first, then the row, then the route.
+* entering ``running``: driver first, then the row, then the route, then
+  (a remote node) the row's ``routed_on``, which lets attach skip the node.
+  Every compare-and-set write clears ``routed_on``, and leaving ``running``
+  clears it before the route goes, so it never names a route that is gone
+  while the same node process runs.
 
 A sandbox's machine is held by its node (:meth:`Nodes.of`), in the driver of
 its class (``row.class_``).
@@ -87,14 +91,23 @@ class Transitions:
         return self.nodes.of(row)
 
     async def add_route(self, sandbox: Sandbox) -> None:
-        await self.node(sandbox).publish(sandbox)
+        mark = await self.node(sandbox).publish(sandbox)
+        if mark is not None:
+            await self.store.mark_routed(sandbox, mark)
+
+    async def _withdraw(self, node: Node, row: Sandbox) -> None:
+        """The route gone: its mark first, so that a crash before the state is
+        written leaves a row that attach publishes again rather than trusts."""
+        if row.routed_on is not None:
+            await self.store.clear_routed(row.id)
+        await node.withdraw(row.id)
 
     async def suspend(self, row: Sandbox, why: str) -> Sandbox | None:
         """running → suspended (memory kept), or stopped where the driver cannot freeze."""
         node = self.node(row)
         if not node.can_suspend(row.class_):
             return await self.stop(row, why)
-        await node.withdraw(row.id)
+        await self._withdraw(node, row)
         await node.suspend(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
         return self._moved(row, new, why)
@@ -102,7 +115,7 @@ class Transitions:
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
         """→ stopped: compute released, files kept, no ceiling while nothing runs."""
         node = self.node(row)
-        await node.withdraw(row.id)
+        await self._withdraw(node, row)
         await node.stop(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(
             row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None)
@@ -214,7 +227,7 @@ class Transitions:
         if state is S.STOPPED:
             changes = {"ceiling_at": None, "started_at": None}
         if state is not S.RUNNING:
-            await self.node(row).withdraw(row.id)
+            await self._withdraw(self.node(row), row)
         moved = (
             row.released(state, self.clock(), **changes)
             if state in (S.SUSPENDED, S.STOPPED)
@@ -235,6 +248,6 @@ class Transitions:
             self._moved(row, marked, why)
             row = marked
         node = self.node(row)
-        await node.withdraw(row.id)
+        await self._withdraw(node, row)
         await node.destroy(row.class_, row.machine_id)
         return await self.store.delete_sandbox(row)
