@@ -9,8 +9,10 @@ last line::
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,6 +23,9 @@ from podbay.cli.output import Output, fail
 from podbay.cli.stores import run_on_store
 
 if TYPE_CHECKING:
+    from podbay.control.remote import ClusterNodes
+    from podbay.domain import Deployment
+    from podbay.settings import Settings
     from podbay.store.base import Store
 
 T = TypeVar("T")
@@ -53,20 +58,62 @@ def with_service(
 
     async def on_service(store: Store) -> T:
         named = issuer or await store.get_meta(PUBLIC_URL_KEY) or settings.server.base_url()
+        keys = await open_keys(settings, store)
+        nodes = cluster_nodes(settings, store, keys)
+        marker: Path | None = marker_path(settings.data_dir)
+        if nodes is not None and not settings.data_dir.is_dir():
+            marker = None  # a cluster operator's machine: no server here watches it
         service = DeploymentService(
             store,
-            await open_keys(settings, store),
+            keys,
             issuer=named,
             identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
             validate_section=section_validator(),
-            deleted_marker=marker_path(settings.data_dir),
+            deleted_marker=marker,
+            after_delete=None if nodes is None else functools.partial(withdraw, store, nodes),
         )
-        return await work(service)
+        try:
+            return await work(service)
+        finally:
+            if nodes is not None:
+                await nodes.close()
 
     try:
         return run_on_store(settings, on_service)
     except DeploymentError as exc:
         fail(str(exc))
+
+
+def cluster_nodes(settings: Settings, store: Store, keys: object) -> ClusterNodes | None:
+    """The nodes of the cluster whose store this is, or None on one host (its
+    gateway watches the deletion marker instead)."""
+    from podbay.control.keys import StoreKeyRing
+
+    if not isinstance(keys, StoreKeyRing):
+        return None
+    from podbay.control.remote import ClusterNodes
+    from podbay.store.postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore):
+        return None
+    return ClusterNodes(
+        store,
+        keys,
+        lost_after=settings.cluster.node_lost_seconds,
+        clock=lambda: datetime.now(UTC),
+    )
+
+
+async def withdraw(store: Store, nodes: ClusterNodes, deployment: Deployment) -> None:
+    """A deleted deployment's sandboxes refused on their nodes now, not at a
+    control replica's next lifecycle pass."""
+    from podbay.control.services.deletions import withdraw_deleted
+
+    for node in await withdraw_deleted(store, nodes, deployment.id):
+        Output().info(
+            f"podbay: warning: node {node} did not answer; its sandboxes of "
+            f"{deployment.name} answer until a control replica destroys them"
+        )
 
 
 def read_spec(spec: str | None) -> str:

@@ -8,6 +8,10 @@ still reach them. So whoever deletes a deployment replaces a marker file
 file's identity with the last one seen (one ``stat``): on a change it drops
 the route of every ``deleting`` sandbox, and its credentials are refused
 (401 ``SANDBOX_NOT_RUNNING``; re-attaching then fails on the identity token).
+
+In a cluster the gateways are the nodes', on other machines: the deleting
+command itself withdraws the routes on every node that holds one of the
+deployment's sandboxes (:func:`withdraw_deleted`), before it returns.
 """
 
 from __future__ import annotations
@@ -71,3 +75,25 @@ class DeletionWatch:
         except Exception:
             log.exception("could not read deleted deployments' sandboxes; retrying")
             self._seen = None  # the next request tries again
+
+
+async def withdraw_deleted(store: Store, nodes: Nodes, deployment_id: str) -> list[str]:
+    """Withdraw, on the node that holds it, the route of each of a deleted
+    deployment's sandboxes (all ``deleting`` now). Returns the nodes that
+    could not be told (lost, or not answering): their sandboxes answer until
+    a lifecycle pass destroys them. Rows on no enrolled node (``serve``'s,
+    whose gateway watches the marker) are not this function's."""
+    await nodes.refresh()
+    enrolled = {node.name for node in nodes.all()}
+    missed: list[str] = []
+    for row in await store.list_sandboxes(
+        deployment_id=deployment_id, states=[SandboxState.DELETING]
+    ):
+        if row.node not in enrolled:
+            continue
+        try:
+            await nodes.of(row).withdraw(row.id)
+        except Exception as exc:
+            log.warning("sandbox %s: node %s kept its route: %s", row.id, row.node, exc)
+            missed.append(row.node)
+    return sorted(set(missed))

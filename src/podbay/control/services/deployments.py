@@ -74,6 +74,7 @@ class DeploymentService:
         deleted_marker: Path | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         refresh_keys: Callable[[], Awaitable[bool]] | None = None,
+        after_delete: Callable[[Deployment], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -86,6 +87,9 @@ class DeploymentService:
         #: Replaced after each delete: a running server drops the routes of
         #: the deployment's sandboxes at once (services/deletions.py).
         self.deleted_marker = deleted_marker
+        #: Run after each delete: in a cluster, the nodes withdraw the routes of
+        #: the deployment's sandboxes at once (services/deletions.py).
+        self.after_delete = after_delete
         self.clock = clock
 
     def _section(self, spec_text: str) -> dict[str, Any] | None:
@@ -157,6 +161,8 @@ class DeploymentService:
         await self.store.remove_deployment(deployment.id)
         if self.deleted_marker is not None:
             mark_deleted(self.deleted_marker)
+        if self.after_delete is not None:
+            await self.after_delete(deployment)
         return deployment
 
     # -- the control plane's side ----------------------------------------------------
