@@ -185,16 +185,18 @@ async def test_large_response_streams_in_chunks(tmp_path):
     server.close()
 
 
-async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path):
+@pytest.mark.parametrize("body", [b"", b'{"command":["true"]}'])
+async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path, body):
     """An agent that stops reading a kept-alive connection (a hibernating agent
     shuts them): the next request's write fails there, and it goes out on a new
-    connection instead of being lost."""
+    connection instead of being lost, with the body that went with its head."""
     seen: list = []
     shut = asyncio.Event()
 
     async def handle(reader, writer):  # type: ignore[no-untyped-def]
         head = await reader.readuntil(b"\r\n\r\n")
-        seen.append((head, id(writer)))
+        received = await reader.readexactly(len(body))
+        seen.append((head, id(writer), received))
         writer.write(OK)
         await writer.drain()
         if len(seen) == 1:
@@ -206,13 +208,71 @@ async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path):
 
     server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
     pool = AgentPool(tmp_path / "a.sock")
+    method = "POST" if body else "GET"
+    headers = [(b"content-length", str(len(body)).encode())] if body else []
     for n in range(2):
         sink = _Sink()
-        status = await relay(pool, _scope("GET"), _receive([]), sink, b"/v1/info", f"r{n}")
+        scope = _scope(method, headers)
+        status = await relay(pool, scope, _receive([body]), sink, b"/v1/info", f"r{n}")
         assert status == 200 and sink.body == b"{}"
         await shut.wait()
-    assert [head.split(b"\r\n")[0] for head, _ in seen] == [b"GET /v1/info HTTP/1.1"] * 2
+    first = f"{method} /v1/info HTTP/1.1".encode()
+    assert [head.split(b"\r\n")[0] for head, _, _ in seen] == [first] * 2
     assert seen[0][1] != seen[1][1]  # the second went out on a new connection
+    assert [received for _, _, received in seen] == [body, body]
+    server.close()
+
+
+class _CountingPool(AgentPool):
+    """Records every write the relay makes on its agent connections."""
+
+    def __init__(self, socket_path):  # type: ignore[no-untyped-def]
+        super().__init__(socket_path)
+        self.writes: list[bytes] = []
+        self.connects = 0
+
+    async def connect(self):  # type: ignore[no-untyped-def]
+        self.connects += 1
+        reader, writer = await super().connect()
+        write = writer.write
+
+        def recorded(data):  # type: ignore[no-untyped-def]
+            self.writes.append(bytes(data))
+            write(data)
+
+        writer.write = recorded  # type: ignore[method-assign]
+        return reader, writer
+
+
+async def test_a_small_body_goes_out_in_one_write_with_its_head(tmp_path):
+    """An exec's JSON body and its head reach the agent in one write (one wake-up
+    of the agent, one send here), not two."""
+    seen: list = []
+    server = await _agent(tmp_path / "a.sock", [OK], seen)
+    pool = _CountingPool(tmp_path / "a.sock")
+    body = b'{"command":["true"]}'
+    sink = _Sink()
+    headers = [(b"content-length", str(len(body)).encode())]
+    status = await relay(pool, _scope(headers=headers), _receive([body]), sink, b"/v1/exec", "r")
+    assert status == 200 and sink.body == b"{}"
+    assert len(pool.writes) == 1, pool.writes
+    assert pool.writes[0].startswith(b"POST /v1/exec HTTP/1.1\r\n")
+    assert pool.writes[0].endswith(b"\r\n\r\n" + body)
+    assert seen[0][1] == body
+    server.close()
+
+
+async def test_a_client_gone_before_its_body_never_reaches_the_agent(tmp_path):
+    pool = _CountingPool(tmp_path / "a.sock")
+    server = await _agent(tmp_path / "a.sock", [OK], [])
+
+    async def receive():  # type: ignore[no-untyped-def]
+        return {"type": "http.disconnect"}
+
+    headers = [(b"content-length", b"20")]
+    sink = _Sink()
+    assert await relay(pool, _scope(headers=headers), receive, sink, b"/v1/exec", "r") == 499
+    assert pool.connects == 0 and sink.messages == []
     server.close()
 
 
