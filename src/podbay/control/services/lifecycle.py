@@ -69,6 +69,8 @@ class Lifecycle:
         self.locks = locks
         self.settings = settings
         self.clock = clock
+        #: Moves after a ceiling under way, by sandbox id.
+        self._moves: dict[str, asyncio.Task[None]] = {}
 
     async def flush_activity(self) -> None:
         for node in self.nodes.all():
@@ -142,27 +144,56 @@ class Lifecycle:
             if why == "ceiling":
                 stopped = await t.stop(row, why)
                 if stopped is not None:
-                    # Now, not on the next attach: the attach then only starts it.
-                    try:
-                        await t.relocate(stopped, why)
-                    except Exception:
-                        log.exception("sandbox %s: move failed; it stays on its node", row.id)
+                    await self._move_soon(stopped, why)
                 return stopped is not None
             if why == "idle":
                 return await t.suspend(row, why) is not None
             return False
 
-    async def loop(self, on_pass: Callable[[], None] | None = None) -> None:
-        while True:
+    async def _move_soon(self, row: Sandbox, why: str) -> None:
+        """Move a sandbox just stopped at its ceiling off a drained or full node
+        now, not on its next attach (which then only starts it), in a task of
+        its own: a large disk's transfer must not hold up the pass."""
+        found = await self.nodes.relocation(row)
+        if found is None or row.id in self._moves:
+            return
+        target, reason = found
+
+        async def move() -> None:
             try:
-                await self.run_pass()
-                if on_pass is not None:
-                    on_pass()
-            except asyncio.CancelledError:
-                raise
+                async with self.locks.hold(row.deployment_id, row.name):
+                    current = await self.store.get_sandbox(row.deployment_id, row.name)
+                    if current is not None and current.id == row.id:
+                        await self.transitions.relocate(current, f"{why}: {reason}", target)
             except Exception:
-                log.exception("lifecycle pass failed")
-            await asyncio.sleep(self.settings.interval_seconds)
+                log.exception("sandbox %s: move failed; it stays on its node", row.id)
+            finally:
+                self._moves.pop(row.id, None)
+
+        self._moves[row.id] = asyncio.get_running_loop().create_task(move())
+
+    async def moves_done(self) -> None:
+        """Wait for the moves under way (tests; shutdown cancels them instead)."""
+        await asyncio.gather(*self._moves.values(), return_exceptions=True)
+
+    async def loop(self, on_pass: Callable[[], None] | None = None) -> None:
+        try:
+            while True:
+                try:
+                    await self.run_pass()
+                    if on_pass is not None:
+                        on_pass()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("lifecycle pass failed")
+                await asyncio.sleep(self.settings.interval_seconds)
+        finally:
+            # A move cut off here cleans up after itself (Transitions.relocate):
+            # the sandbox stays where it was.
+            for task in list(self._moves.values()):
+                task.cancel()
+            await asyncio.gather(*self._moves.values(), return_exceptions=True)
 
     # -- a machine that stopped answering -------------------------------------------
     async def check(self, sandbox_id: str) -> None:
