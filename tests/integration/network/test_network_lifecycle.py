@@ -70,6 +70,54 @@ def test_setup_builds_the_namespace(
     assert reaches_testhost(handle.netns_path, testnet)
 
 
+def test_filtered_is_set_once_the_policy_is_loaded(
+    manager: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """A runc sandbox is started as soon as ``filtered`` is set, while slirp4netns
+    still comes up: by then its namespace must be mounted with the policy in it."""
+
+    async def setup_and_look() -> tuple[str, bool]:
+        filtered = asyncio.Event()
+        task = asyncio.create_task(manager.setup("m1", filtered=filtered))
+        await asyncio.wait_for(filtered.wait(), 30)
+        path = manager.netns_path("m1")
+        rules = await asyncio.to_thread(sh, "nsenter", f"--net={path}", "nft", "list", "ruleset")
+        await task
+        again = asyncio.Event()
+        await manager.setup("m1", filtered=again)  # adopted: set as well
+        return rules, again.is_set()
+
+    rules, adopted_sets_it = runner.run(setup_and_look())
+    assert "table inet podbay" in rules and "@blocked_v4" in rules
+    assert adopted_sets_it
+
+
+def test_a_fresh_machine_is_torn_down_without_scanning_processes(
+    manager: NetworkManager, runner: asyncio.Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver tears a machine's network down before each start, and setup does
+    again when the machine's directory exists: without a namespace file or a pid
+    file there is no slirp4netns to look for among every process on the host."""
+    from podbay.runtime.network import slirp
+
+    scans: list[Path] = []
+    real_find = slirp.find
+
+    def counting_find(netns: Path) -> list[int]:
+        scans.append(netns)
+        return real_find(netns)
+
+    monkeypatch.setattr(slirp, "find", counting_find)
+    manager.machine_dir("m1").mkdir(mode=0o711)
+    runner.run(manager.teardown("m1"))
+    handle = runner.run(manager.setup("m1"))
+    assert scans == []
+    (manager.machine_dir("m1") / "slirp.pid").unlink()
+    runner.run(manager.teardown("m1"))  # the namespace file is left: looked for
+    assert scans == [handle.netns_path]
+    assert not Path(f"/proc/{handle.slirp_pid}").exists()
+
+
 def test_setup_is_idempotent(manager: NetworkManager, runner: asyncio.Runner) -> None:
     first = runner.run(manager.setup("m1"))
     again = runner.run(manager.setup("m1"))

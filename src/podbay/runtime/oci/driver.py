@@ -203,12 +203,21 @@ class OciDriver(RecordKeepingDriver):
             self._write_files(spec, paths)
 
         mounted = asyncio.create_task(asyncio.to_thread(storage_and_files))
+        # A runc container's packets all pass its namespace's own kernel stack, so
+        # it may start once the inet policy is loaded, while slirp4netns brings
+        # tap0 up: the network is complete before this returns, and nothing but
+        # the agent runs in the sandbox until then. runsc's netstack needs tap0
+        # when it starts.
+        early = self.runc.passes_fds
+        filtered = asyncio.Event()
 
         async def make_network() -> NetworkHandle:
             if owned is None:
-                return await self.network.setup(spec.machine_id)
+                return await self.network.setup(spec.machine_id, filtered=filtered)
             await owned.open()
-            return await self.network.setup(spec.machine_id, netns_source=owned.netns_path)
+            return await self.network.setup(
+                spec.machine_id, netns_source=owned.netns_path, filtered=filtered
+            )
 
         netns_task = asyncio.create_task(make_network())
         socket_dir = paths.run / "agent"
@@ -225,17 +234,16 @@ class OciDriver(RecordKeepingDriver):
         try:
             # Both settle before anything is judged: a failure (or cancellation) must
             # not leave the other still mounting while the caller cleans up.
+            network_up = _filtered(filtered, netns_task) if early else netns_task
             try:
-                results = await asyncio.gather(mounted, netns_task, return_exceptions=True)
+                results = await asyncio.gather(mounted, network_up, return_exceptions=True)
             except BaseException:
                 await _settle(mounted, netns_task)
                 raise
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            network = results[1]
-            assert isinstance(network, NetworkHandle)
-            netns = network.netns_path
+            netns = self.network.netns_path(spec.machine_id)
             facts = bundle.BundleFacts(
                 machine_id=spec.machine_id,
                 hostname=uts_name(spec.hostname),
@@ -287,17 +295,26 @@ class OciDriver(RecordKeepingDriver):
                         paths.console,
                         inherit_rlimits=bundle.rlimits() if owned is not None else None,
                     )
+                    if owned is not None:
+                        await owned.close()  # the sandbox's init holds both namespaces now
                 except BaseException:
                     ready.cancel()
                     await asyncio.gather(ready, return_exceptions=True)
                     raise
+        except BaseException:
+            await _settle(netns_task)
+            raise
         finally:
             if listener is not None:
                 listener.close()
         try:
             await ready
-        except DriverError as e:
-            raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
+        except BaseException as e:
+            await _settle(netns_task)
+            if isinstance(e, DriverError):
+                raise DriverError(f"{e}; agent output: {_tail(paths.console)}") from None
+            raise
+        await netns_task  # complete (slirp4netns and tap0's rules) before a command runs
 
     def _owned_userns(self, paths: MachinePaths) -> userns.OwnedUserNamespace:
         """A user namespace of the machine's own host owner (per-user kernel
@@ -508,6 +525,18 @@ async def _settle(*tasks: asyncio.Future[Any]) -> None:
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved: no "never retrieved" warning
+
+
+async def _filtered(filtered: asyncio.Event, network: asyncio.Task[NetworkHandle]) -> None:
+    """Return once ``filtered`` is set (see :meth:`NetworkManager.setup`); raise
+    what ``network`` failed with if it fails first."""
+    waiter = asyncio.ensure_future(filtered.wait())
+    try:
+        await asyncio.wait({waiter, network}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if network.done():
+        network.result()
 
 
 def _listen(path: Path) -> socket.socket:
