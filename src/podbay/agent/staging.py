@@ -55,15 +55,31 @@ BUNDLE = "agent.bundle"
 # It imports the agent as a start does and keeps, for every module that came from
 # a ``.py`` file, where it was found (an index into sys.path and the path below
 # it) and its marshalled code. ``-I -S`` gives the same sys.path at build and at
-# start. The file: the table's length (8 bytes), the table, the code blobs.
+# start. It also keeps the code of every method source ``dataclasses`` generates
+# meanwhile (it compiles each with ``exec``: about a third of the start-up's CPU),
+# by that source. The file: the table's length (8 bytes), the table, the code blobs.
 _BUILD_BUNDLE = """
 import marshal, sys
 staged, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, staged)
 roots = sorted(enumerate(sys.path), key=lambda entry: -len(entry[1]))
 before = set(sys.modules)
+import dataclasses
+table, texts, blobs, offset = {}, {}, [], 0
+def add(blob):
+    global offset
+    blobs.append(blob)
+    offset += len(blob)
+    return offset - len(blob), len(blob)
+def record(source, globals=None, locals=None, /):
+    if isinstance(source, str) and source not in texts:
+        # As exec compiles it there: dataclasses.py has no __future__ imports.
+        code = compile(source, "<string>", "exec", dont_inherit=True)
+        texts[source] = add(marshal.dumps(code))
+    return exec(source, globals, locals)
+dataclasses.exec = record
 import podbay.agent.__main__
-table, blobs, offset = {}, [], 0
+del dataclasses.exec
 for name in sorted(set(sys.modules) - before):
     spec = getattr(sys.modules[name], "__spec__", None)
     origin = getattr(spec, "origin", None)
@@ -78,10 +94,8 @@ for name in sorted(set(sys.modules) - before):
     with open(origin, "rb") as f:
         blob = marshal.dumps(compile(f.read(), rel, "exec", dont_inherit=True))
     package = spec.submodule_search_locations is not None
-    table[name] = (index, rel, package, offset, len(blob))
-    blobs.append(blob)
-    offset += len(blob)
-head = marshal.dumps(("podbay-bundle-1", sys.version, len(sys.path), table))
+    table[name] = (index, rel, package, *add(blob))
+head = marshal.dumps(("podbay-bundle-2", sys.version, len(sys.path), table, texts))
 with open(out, "wb") as f:
     f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
 """
@@ -90,8 +104,11 @@ with open(out, "wb") as f:
 # (same version, same sys.path shape), a finder first on sys.meta_path serves
 # those modules from it. Anything else (an older bundle, none, a module imported
 # later) is found on sys.path as before. A module's code is unmarshalled when it
-# is imported, from the file's one buffer, dropped once the last is: all at once,
-# they raised the agent's resident memory for good (~0.5 MiB).
+# is imported, from the file's one buffer, dropped once the agent is imported (the
+# function returned): all at once, they raised the agent's resident memory for
+# good (~0.5 MiB). Until then, ``dataclasses`` runs the kept code of a method
+# source it generates instead of compiling that source again (the same source
+# compiles to the same code).
 _USE_BUNDLE = """
 def _bundled(path):
     import marshal
@@ -99,12 +116,17 @@ def _bundled(path):
         with open(path, "rb") as f:
             data = f.read()
         size = int.from_bytes(data[:8], "little")
-        kind, version, width, modules = marshal.loads(data[8 : 8 + size])
+        kind, version, width, modules, texts = marshal.loads(data[8 : 8 + size])
     except (OSError, ValueError, EOFError, TypeError):
-        return
-    if (kind, version, width) != ("podbay-bundle-1", sys.version, len(sys.path)):
-        return
+        return lambda: None
+    if (kind, version, width) != ("podbay-bundle-2", sys.version, len(sys.path)):
+        return lambda: None
     roots, spec_type, blobs = list(sys.path), type(sys.__spec__), [data, 8 + size]
+
+    def code_at(offset, length):
+        data, base = blobs
+        with memoryview(data) as view:
+            return marshal.loads(view[base + offset : base + offset + length])
 
     class Bundled:
         @classmethod
@@ -126,14 +148,26 @@ def _bundled(path):
         @staticmethod
         def exec_module(module):
             _, _, _, offset, length = modules.pop(module.__spec__.name)
-            data, base = blobs
-            with memoryview(data) as view:
-                code = marshal.loads(view[base + offset : base + offset + length])
-            if not modules:
-                blobs[0] = b""
-            exec(code, module.__dict__)
+            exec(code_at(offset, length), module.__dict__)
+
+    def exec_kept(source, globals=None, locals=None, /):
+        entry = texts.get(source) if isinstance(source, str) else None
+        return exec(source if entry is None else code_at(*entry), globals, locals)
+
+    def release():
+        sys.meta_path.remove(Bundled)
+        modules.clear()
+        texts.clear()
+        blobs[0] = b""
+        if sys.modules.get("dataclasses") is not None:
+            sys.modules["dataclasses"].__dict__.pop("exec", None)
 
     sys.meta_path.insert(0, Bundled)
+    if texts and "dataclasses" in modules:
+        import dataclasses
+
+        dataclasses.exec = exec_kept
+    return release
 """
 
 
@@ -144,11 +178,17 @@ def launch_code(staged: str | os.PathLike[str]) -> str:
     hundred files: under gVisor every file the agent opens at start-up costs a
     round trip to the gofer and many trapped system calls."""
     staged = os.fspath(staged)
+    # No garbage collection while importing: nearly every object made lives on,
+    # so collecting meanwhile is wasted work.
     return (
-        f"import sys\nsys.path.insert(0, {staged!r})\n{_USE_BUNDLE}"
-        f"_bundled({staged + '/' + BUNDLE!r})\n"
-        "from podbay.agent.__main__ import main\nsys.exit(main())\n"
+        f"import gc, sys\ngc.disable()\nsys.path.insert(0, {staged!r})\n{_USE_BUNDLE}"
+        f"_release = _bundled({staged + '/' + BUNDLE!r})\n"
+        f"{START_AGENT}"
     )
+
+
+#: The end of :func:`launch_code`: import the agent, drop the bundle, run it.
+START_AGENT = "from podbay.agent.__main__ import main\n_release()\ngc.enable()\nsys.exit(main())\n"
 
 
 #: The environment to start the agent with (commands never see it: they get a
