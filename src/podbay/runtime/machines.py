@@ -99,7 +99,8 @@ class RecordKeepingDriver(ABC):
             await storage.make_disk(
                 paths.disk_image, spec.limits.disk_bytes, self.layout.data_dir / "disks"
             )
-            self._save(records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key()))
+            record = records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key())
+            await asyncio.to_thread(self._save, record)  # its fsync off the loop
 
     async def start(self, machine_id: str) -> None:
         async with self._lock(machine_id):
@@ -114,13 +115,22 @@ class RecordKeepingDriver(ABC):
             await self.prepare()
             started = time.perf_counter()
             await self.release(machine_id)  # whatever a dead incarnation left
+            # Recorded while the machine boots: the write's fsync (tens of ms on a
+            # busy disk) then neither holds up the answer nor blocks the loop. A
+            # start that fails records the state it found again.
+            saving = asyncio.ensure_future(
+                asyncio.to_thread(self._save, record.with_state(MachineState.RUNNING))
+            )
             try:
                 await self._boot(record)
             except BaseException as e:
                 self.log.warning("machine %s failed to start: %s", machine_id, e)
+                await asyncio.gather(saving, return_exceptions=True)
                 await self.release(machine_id)
+                with contextlib.suppress(OSError):  # the start's own error says more
+                    self._save(record)
                 raise
-            self._save(record.with_state(MachineState.RUNNING))
+            await saving
             self.log.info(
                 "machine %s started in %.0f ms", machine_id, (time.perf_counter() - started) * 1000
             )

@@ -1,0 +1,92 @@
+"""The bookkeeping every record-keeping driver shares: what a start leaves on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from podbay.runtime.base import DriverError, Limits, MachineSpec, MachineState
+from podbay.runtime.machines import RecordKeepingDriver
+from podbay.runtime.oci import records
+from podbay.runtime.oci.layout import MachineDirs
+
+SPEC = MachineSpec(
+    machine_id="m1",
+    hostname="h",
+    limits=Limits(memory_bytes=1 << 30, cpus=1.0, pids=64, disk_bytes=1 << 30),
+)
+
+
+class Booting(RecordKeepingDriver):
+    """Machines that exist as records only; booting one fails when told to."""
+
+    log = logging.getLogger("test.machines")
+
+    def __init__(self, root: Path, *, fail: bool) -> None:
+        super().__init__()
+        self.root, self.fail = root, fail
+        self.running: set[str] = set()
+        #: The commanded state on disk while each boot ran.
+        self.seen_while_booting: list[MachineState] = []
+
+    @property
+    def machines(self) -> Path:
+        return self.root
+
+    def _paths(self, machine_id: str) -> MachineDirs:
+        return MachineDirs(self.root / machine_id, self.root / "run" / machine_id)
+
+    def _record(self, machine_id: str) -> records.MachineRecord:
+        record = records.read(self._paths(machine_id).home)
+        assert record is not None
+        return record
+
+    def _save(self, record: records.MachineRecord) -> None:
+        records.write(self._paths(record.spec.machine_id).home, record)
+
+    async def _observe(self, machine_id: str) -> MachineState:
+        return MachineState.RUNNING if machine_id in self.running else MachineState.STOPPED
+
+    async def prepare(self) -> None:
+        return None
+
+    async def _boot(self, record: records.MachineRecord) -> None:
+        await asyncio.sleep(0.05)  # the record's write runs meanwhile
+        self.seen_while_booting.append(self._record(record.spec.machine_id).commanded)
+        if self.fail:
+            raise DriverError("the agent did not answer")
+        self.running.add(record.spec.machine_id)
+
+    async def _freeze(self, machine_id: str) -> None:
+        raise NotImplementedError
+
+    async def _thaw(self, machine_id: str) -> None:
+        raise NotImplementedError
+
+    async def release(self, machine_id: str) -> None:
+        self.running.discard(machine_id)
+
+
+def made(driver: Booting) -> None:
+    home = driver._paths(SPEC.machine_id).home
+    home.mkdir(parents=True)
+    records.write(home, records.MachineRecord(SPEC, MachineState.STOPPED))
+
+
+def test_a_start_is_recorded_while_the_machine_boots(tmp_path: Path) -> None:
+    driver = Booting(tmp_path, fail=False)
+    made(driver)
+    asyncio.run(driver.start(SPEC.machine_id))
+    assert driver.seen_while_booting == [MachineState.RUNNING]
+    assert driver._record(SPEC.machine_id).commanded is MachineState.RUNNING
+
+
+def test_a_failed_start_records_the_state_it_found(tmp_path: Path) -> None:
+    driver = Booting(tmp_path, fail=True)
+    made(driver)
+    with pytest.raises(DriverError):
+        asyncio.run(driver.start(SPEC.machine_id))
+    assert driver._record(SPEC.machine_id).commanded is MachineState.STOPPED
