@@ -55,6 +55,8 @@ Run the sandbox agent (inside a sandbox).
 
 @dataclass
 class Options:
+    """The agent's command-line options."""
+
     socket: str | None = None
     listen: str | None = None
     fd: int | None = None

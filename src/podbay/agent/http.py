@@ -260,6 +260,8 @@ class Body:
 
 @dataclass
 class Request:
+    """One parsed request: its head, and its body as a stream."""
+
     method: str
     target: str
     path: str

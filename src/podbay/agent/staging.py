@@ -51,6 +51,25 @@ def staged_files(root: Path | None = None) -> list[tuple[str, Path]]:
 #: :func:`build_bundle`.
 BUNDLE = "agent.bundle"
 
+# Part of both programs below: ``inspect`` (with ast, dis and tokenize, a sixth
+# of the start-up's CPU) is imported by ``dataclasses`` only to describe a class
+# without a docstring, which no class the agent imports at start-up is (a test
+# pins it). So ``sys.modules`` first holds a stand-in that imports the real module
+# when an attribute it lacks is read, and takes on its contents. (The standard
+# library's LazyLoader does not fit: on 3.11 the ``import`` statement itself
+# reads the module's ``__spec__``, which loads it.)
+_DEFER_INSPECT = """
+def _defer(name):
+    class Deferred(type(sys)):
+        def __getattr__(self, attr):
+            del sys.modules[name]
+            real = __import__(name)
+            self.__dict__.update(real.__dict__)
+            return getattr(real, attr)
+
+    sys.modules[name] = Deferred(name)
+"""
+
 # Run by the interpreter that will run the agent (argv: staged dir, output file).
 # It imports the agent as a start does and keeps, for every module that came from
 # a ``.py`` file, where it was found (an index into sys.path and the path below
@@ -58,12 +77,17 @@ BUNDLE = "agent.bundle"
 # start. It also keeps the code of every method source ``dataclasses`` generates
 # meanwhile (it compiles each with ``exec``: about a third of the start-up's CPU),
 # by that source. The file: the table's length (8 bytes), the table, the code blobs.
-_BUILD_BUNDLE = """
+_BUILD_BUNDLE = (
+    """
 import marshal, sys
 staged, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, staged)
 roots = sorted(enumerate(sys.path), key=lambda entry: -len(entry[1]))
 before = set(sys.modules)
+"""
+    + _DEFER_INSPECT
+    + """
+_defer("inspect")
 import dataclasses
 table, texts, blobs, offset = {}, {}, [], 0
 def add(blob):
@@ -99,6 +123,7 @@ head = marshal.dumps(("podbay-bundle-2", sys.version, len(sys.path), table, text
 with open(out, "wb") as f:
     f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
 """
+)
 
 # Part of the start-up program: when the bundle was made by this very interpreter
 # (same version, same sys.path shape), a finder first on sys.meta_path serves
@@ -163,6 +188,8 @@ def _bundled(path):
             sys.modules["dataclasses"].__dict__.pop("exec", None)
 
     sys.meta_path.insert(0, Bundled)
+    if "inspect" not in modules:  # deferred at build time too (never imported there)
+        _defer("inspect")
     if texts and "dataclasses" in modules:
         import dataclasses
 
@@ -181,7 +208,8 @@ def launch_code(staged: str | os.PathLike[str]) -> str:
     # No garbage collection while importing: nearly every object made lives on,
     # so collecting meanwhile is wasted work.
     return (
-        f"import gc, sys\ngc.disable()\nsys.path.insert(0, {staged!r})\n{_USE_BUNDLE}"
+        f"import gc, sys\ngc.disable()\nsys.path.insert(0, {staged!r})\n"
+        f"{_DEFER_INSPECT}{_USE_BUNDLE}"
         f"_release = _bundled({staged + '/' + BUNDLE!r})\n"
         f"{START_AGENT}"
     )

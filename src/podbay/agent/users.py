@@ -25,6 +25,8 @@ from podbay.wire.codes import ErrorCode
 
 @dataclass(frozen=True)
 class Account:
+    """An account commands run as: its name, ids, home and groups."""
+
     name: str
     uid: int
     gid: int

@@ -51,6 +51,8 @@ class ExecRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecResult:
+    """``POST /v1/exec``'s answer: how the command ended and its output."""
+
     exit_code: int
     stdout: str
     stderr: str
@@ -88,6 +90,8 @@ class SpawnRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class ProcessStatus:
+    """A spawned process: its command, whether it runs, and how it ended."""
+
     process_id: str
     command: list[str]
     state: ProcessState
@@ -110,6 +114,8 @@ class ProcessOutput(ProcessStatus):
 
 @dataclass(frozen=True, kw_only=True)
 class ProcessList:
+    """``GET /v1/processes``: every process the agent keeps."""
+
     processes: list[ProcessStatus] = field(default_factory=list)
 
 
@@ -149,6 +155,8 @@ class FileInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class DirListing:
+    """A directory's entries."""
+
     path: str
     entries: list[FileInfo] = field(default_factory=list)
 
