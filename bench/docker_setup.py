@@ -73,6 +73,8 @@ DOCKERD = "/usr/sbin/dockerd"
 #: The CLI of the same release as the daemon (a newer ``docker`` may come first on PATH).
 DOCKER_CLI = "/usr/bin/docker"
 RUNSC = "/usr/bin/runsc"
+#: Where Docker's cgroupfs driver puts containers (its default ``cgroup-parent``, /docker).
+CGROUP_PARENT = "docker"
 IMAGE = "podbay-base"
 #: An imported image has no environment, and runc (unlike runsc) finds no
 #: command without PATH.
@@ -270,6 +272,28 @@ def our_mounts(pid: int | str = "self") -> list[str]:
     return sorted(points, key=len, reverse=True)  # deepest first
 
 
+def remove_cgroups() -> None:
+    """Docker's cgroups (``docker/<id>`` in each hierarchy, cgroupfs driver): a
+    container whose start failed, or a daemon that was killed, leaves them
+    behind; any process still in one is a container's and is ended first."""
+    for top in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}"):
+        tree = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts))
+        for group in [top, *tree]:
+            with contextlib.suppress(OSError):
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+        for group in [*reversed(tree), top]:  # deepest first
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # killed processes leave the group a moment later
+
+
 def stop(args: argparse.Namespace) -> None:
     pid = our_pid()
     if pid is None and answering():
@@ -292,6 +316,7 @@ def stop(args: argparse.Namespace) -> None:
             print(f"killed leftover process {left}")
     for point in our_mounts():
         subprocess.run(["umount", "-l", point], check=False)
+    remove_cgroups()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCKET)
     shutil.rmtree(EXEC_ROOT, ignore_errors=True)
