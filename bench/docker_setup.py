@@ -128,14 +128,23 @@ def install() -> None:
     if Path(DOCKERD).exists() and Path(DOCKER_CLI).exists():
         return
     print("installing docker.io (Debian's Docker Engine 20.10)", flush=True)
-    # Debian's policy-rc.d on these machines denies starting services; without
-    # it the package would start a dockerd with its default iptables set-up.
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "RUNLEVEL": "1"}
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker.io"],
-        check=True,
-        env=env,
-    )
+    # The package would start its own dockerd (default set-up: iptables rules,
+    # a bridge) unless policy-rc.d forbids starting services, as it does on
+    # these machines; where it does not, one forbids it for the install.
+    policy = Path("/usr/sbin/policy-rc.d")
+    made = not policy.exists()
+    if made:
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    argv = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "docker.io"]
+    try:
+        if subprocess.run(argv, env=env).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], check=True, env=env)  # stale lists
+            subprocess.run(argv, check=True, env=env)
+    finally:
+        if made:
+            policy.unlink()
 
 
 def start_daemon() -> None:
@@ -187,7 +196,10 @@ def podbay_rootfs() -> tuple[Path, int]:
             environ={"PODBAY_RUNTIME_IMAGE_DIR": image_dir}, data_dir=Path(data_dir)
         )
         driver = OciDriver(settings)
-        image = asyncio.run(ImageCache(driver.layout.image_dir, driver.recipe).ensure())
+        cache = ImageCache(driver.layout.image_dir, driver.recipe)
+        if cache.cached() is None:
+            print(f"building podbay's base image in {image_dir} (mmdebstrap, minutes)", flush=True)
+        image = asyncio.run(cache.ensure())
     return image.rootfs, driver.recipe.uid_base
 
 
