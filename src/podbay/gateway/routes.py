@@ -24,6 +24,8 @@ class Route:
     socket: Path
     #: Kept-alive connections to this incarnation's agent.
     pool: AgentPool = field(init=False, repr=False)
+    #: The first connection being opened and warmed (see :meth:`RouteTable.ready`).
+    warming: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.pool = AgentPool(self.socket)
@@ -57,6 +59,15 @@ class RouteTable:
             task = asyncio.get_running_loop().create_task(route.pool.prewarm())
             self._prewarming.add(task)
             task.add_done_callback(self._prewarming.discard)
+            route.warming = task
+
+    async def ready(self, sandbox_id: str) -> None:
+        """Wait until the route's first connection is open and warm (or failed:
+        best effort, bounded by the prewarm's own timeout)."""
+        route = self._routes.get(sandbox_id)
+        task = route.warming if route is not None else None
+        if task is not None and not task.done():
+            await asyncio.shield(task)
 
     def remove(self, sandbox_id: str) -> None:
         old = self._routes.pop(sandbox_id, None)

@@ -58,6 +58,8 @@ class LocalNode:
         self.activity = activity
         self.limits = limits
         self._shortfall = shortfall
+        #: Machines launched here whose route is not published yet.
+        self._launched: set[str] = set()
 
     def driver(self, class_: str) -> Driver:
         return self.classes.driver(self.classes.require(class_))
@@ -105,6 +107,7 @@ class LocalNode:
             )
             await driver.start(order.machine_id)
         await self.environment.apply(deployment, driver, order.machine_id)
+        self._launched.add(order.machine_id)
 
     async def start(self, class_: str, machine_id: str) -> None:
         await self.driver(class_).start(machine_id)
@@ -119,6 +122,7 @@ class LocalNode:
         await self.driver(class_).stop(machine_id)
 
     async def destroy(self, class_: str, machine_id: str) -> None:
+        self._launched.discard(machine_id)
         await self.driver(class_).destroy(machine_id)
 
     async def state(self, class_: str, machine_id: str) -> MachineState:
@@ -168,6 +172,11 @@ class LocalNode:
     # -- routes ---------------------------------------------------------------------
     async def publish(self, sandbox: Sandbox) -> None:
         self.publish_now(sandbox)  # routed() reads the table: nothing to record
+        if sandbox.machine_id in self._launched:
+            # A new sandbox's first route: its agent connection is opened and
+            # warmed before the attach is answered, not on the owner's first call.
+            self._launched.discard(sandbox.machine_id)
+            await self.routes.ready(sandbox.id)
 
     def publish_now(self, sandbox: Sandbox) -> None:
         self.routes.add(

@@ -36,11 +36,15 @@ async def _echo(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     seen: list[tuple[str, str]] | None = None,
+    open_: set[asyncio.StreamWriter] | None = None,
 ) -> None:
     """Answer every request with what it was: method, path, headers, body size.
-    Connections are counted in ``seen`` as ("CONNECT", ""), requests as (method, path)."""
+    Connections are counted in ``seen`` as ("CONNECT", ""), requests as (method, path);
+    open ones are kept in ``open_`` (a machine that dies closes them)."""
     if seen is not None:
         seen.append(("CONNECT", ""))
+    if open_ is not None:
+        open_.add(writer)
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -81,6 +85,8 @@ async def _echo(
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:
+        if open_ is not None:
+            open_.discard(writer)
         writer.close()
 
 
@@ -93,6 +99,8 @@ class FakeMachine:
     #: What reached its agent socket: ("CONNECT", "") per connection, (method, path).
     requests: list[tuple[str, str]] = field(default_factory=list)
     starts: int = 0
+    #: Its agent's open connections.
+    connections: set[asyncio.StreamWriter] = field(default_factory=set)
 
 
 class FakeDriver:
@@ -134,7 +142,7 @@ class FakeDriver:
         path = self.agent_socket(machine_id)
         path.unlink(missing_ok=True)
         m.server = await asyncio.start_unix_server(
-            functools.partial(_echo, seen=m.requests), path=str(path)
+            functools.partial(_echo, seen=m.requests, open_=m.connections), path=str(path)
         )
         m.state = MachineState.RUNNING
         m.starts += 1
@@ -151,6 +159,8 @@ class FakeDriver:
         if m.server is not None:
             m.server.close()
             m.server = None
+        for writer in list(m.connections):  # its agent is gone: so are its connections
+            writer.close()
 
     async def stop(self, machine_id: str) -> None:
         self.calls.append(("stop", machine_id))
