@@ -267,7 +267,7 @@ class Podbay:
     """One ``podbay serve`` and an SDK client on it."""
 
     def __init__(self, warm_pool: int) -> None:
-        root = Path(tempfile.mkdtemp(prefix="podbay-compare-"))
+        root = self.root = Path(tempfile.mkdtemp(prefix="podbay-compare-"))
         env = {
             "PODBAY_RUNTIME_WARM_POOL": str(warm_pool),
             "PODBAY_CAPS_PER_DEPLOYMENT": "100",
@@ -283,8 +283,14 @@ class Podbay:
         self.pause = 1.0 if warm_pool else 0.1
 
     def close(self) -> None:
+        from podbay.runtime.oci.storage import remove_tree
+
         self.client.close()
         self.server.close()
+        # Its data and log (template disks, the agent: tens of MB a run); never
+        # while anything is still mounted there (remove_tree refuses).
+        with contextlib.suppress(Exception):
+            remove_tree(self.root)
 
     def fresh_name(self, prefix: str) -> str:
         self.counter += 1
@@ -876,7 +882,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
                 )
                 sides.append(DockerSide(docker, source))
         if len(sides) == 1:
-            labels.append("none (Docker is not running): the machine's floors only")
+            labels.append("none (no Docker running, or --no-docker): podbay's rows and the floors")
         extra["columns"] = dict(zip(COLUMNS.upper(), labels, strict=False))
         rows = {
             key: Row(label.format(mib=args.mib), unit, scale, better)
@@ -901,8 +907,12 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     finally:
         for side in sides:
             side.close()
-    machine = floors(source, args.runs, args.mib)
-    shutil.rmtree(scratch, ignore_errors=True)
+        if sys.exc_info()[0] is not None:  # stopped early: floors are not wanted
+            shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        machine = floors(source, args.runs, args.mib)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return list(rows.values()), machine, extra
 
 
