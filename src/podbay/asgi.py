@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -20,6 +21,30 @@ Message: TypeAlias = MutableMapping[str, Any]
 Receive: TypeAlias = Callable[[], Awaitable[Message]]
 Send: TypeAlias = Callable[[Message], Awaitable[None]]
 ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: ``scope["extensions"][BODY_TAKEOVER]``, set by podbay's listener on a request
+#: that declares a large body: a callable that hands the rest of the body over
+#: as the client's socket (:class:`TakenBody`), or returns None when it cannot.
+#: The connection then closes after the answer (the server never parses the rest).
+BODY_TAKEOVER = "podbay.body_takeover"
+
+
+@dataclass
+class TakenBody:
+    """The rest of a request body, taken from the server to be moved by the kernel."""
+
+    #: Body bytes the server had already read.
+    head: bytes
+    #: Bytes of body still unread on ``fd``.
+    left: int
+    #: The client's socket (non-blocking; the server reads nothing more from it).
+    fd: int
+    #: The longest the client may leave the body idle.
+    idle_timeout: float
+    #: Drops the client's connection (gone, or idle too long).
+    abort: Callable[[], None]
+    #: Tells the server the whole body has been read off ``fd``.
+    finished: Callable[[], None]
 
 
 async def send_refusal(

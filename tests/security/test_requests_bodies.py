@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from podbay.testing.platform import PlatformServer
@@ -133,3 +135,29 @@ def test_native_file_write_larger_than_the_disk_is_no_space(
     assert (r.status_code, r.json()["code"]) == (507, "NO_SPACE")
     listed = server.exec(handle, "ls", "-A", "/dev/shm")
     assert listed.json()["stdout"] == ""
+
+
+def test_native_file_write_cut_short_by_the_client_leaves_nothing(
+    server: PlatformServer, handle: dict[str, Any]
+) -> None:
+    """A large body (handed from the listener to the relay's splice) whose client
+    hangs up half-way: the agent gets a short body and writes nothing, and the
+    server goes on answering."""
+    url = httpx.URL(handle["endpoint"])
+    head = [f"PUT {url.path.rstrip('/')}/v1/files?path=/workspace/cut HTTP/1.1"]
+    head += [f"host: {url.host}", f"content-length: {64 * 1024 * 1024}"]
+    head += [f"{k}: {v}" for k, v in handle["headers"].items()]
+    head += ["x-podbay-sha256: " + "0" * 64, "", ""]
+    with socket.create_connection((url.host, url.port), timeout=30) as sock:
+        sock.sendall("\r\n".join(head).encode())
+        for chunk in chunks(16 * 1024 * 1024):
+            sock.sendall(chunk)
+    left: list[str] = []
+    for _ in range(100):  # the agent sees the cut once the relay lets go
+        listed = server.exec(handle, "ls", "-A", "/workspace").json()["stdout"].split()
+        left = [name for name in listed if "cut" in name]  # the file or its temporary
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []
+    assert server.exec(handle, "true").status_code == 200

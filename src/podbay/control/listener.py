@@ -29,6 +29,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from podbay.asgi import BODY_TAKEOVER, TakenBody
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
@@ -37,6 +38,10 @@ log = logging.getLogger("podbay.serve")
 #: Descriptors kept for everything but client connections (store, runtime,
 #: agent sockets, pipes of running commands).
 RESERVED_DESCRIPTORS = 512
+#: A request declaring a body of this size or more may have it taken over
+#: (:data:`podbay.asgi.BODY_TAKEOVER`): the gateway's relay then moves it to
+#: the agent in the kernel instead of through uvicorn's buffers.
+TAKEOVER_FROM = 4 * 1024 * 1024
 
 
 def raise_descriptor_limit() -> int:
@@ -89,15 +94,61 @@ def guarded_protocol(
             super().on_message_begin()
             self._arm_head()
 
+        _body_length = 0
+        _body_seen = 0
+
         def on_headers_complete(self) -> None:
             self._cancel()
             super().on_headers_complete()
             if self.cycle is not None and self.cycle.more_body:
                 self._arm_body()
+                self._offer_body()
 
         def on_body(self, body: bytes) -> None:
+            self._body_seen += len(body)
             super().on_body(body)
             self._arm_body()
+
+        # -- handing a large body over (see TAKEOVER_FROM) -----------------------
+        def _offer_body(self) -> None:
+            self._body_seen = self._body_length = 0
+            for name, value in self.scope["headers"]:
+                if name == b"content-length" and value.isdigit():
+                    self._body_length = int(value)
+            if self._body_length >= TAKEOVER_FROM:
+                cycle = self.cycle
+                extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+                extensions[BODY_TAKEOVER] = lambda: self._take_body(cycle)
+
+        def _take_body(self, cycle: Any) -> TakenBody | None:
+            if (
+                cycle is not self.cycle
+                or not cycle.more_body
+                or cycle.disconnected
+                or cycle.waiting_for_100_continue
+                or self.transport.is_closing()
+            ):
+                return None
+            self.flow.pause_reading()
+            # The parser never sees the rest of the body: the answer ends the connection.
+            cycle.keep_alive = False
+            head, cycle.body = bytes(cycle.body), bytearray()
+
+            def abort() -> None:
+                cycle.disconnected = True  # before the app returns: no 500 for a gone client
+                self.transport.abort()
+
+            def finished() -> None:
+                cycle.more_body = False  # no body timeout from here on
+
+            return TakenBody(
+                head=head,
+                left=self._body_length - self._body_seen,
+                fd=self.transport.get_extra_info("socket").fileno(),
+                idle_timeout=body_timeout,
+                abort=abort,
+                finished=finished,
+            )
 
         def on_message_complete(self) -> None:
             self._cancel()

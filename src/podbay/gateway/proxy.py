@@ -24,11 +24,12 @@ and never retried (the command may have run).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 
 import httptools
 
-from podbay.asgi import Receive, Scope, Send, send_refusal
+from podbay.asgi import BODY_TAKEOVER, Receive, Scope, Send, TakenBody, send_refusal
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
@@ -36,7 +37,9 @@ from podbay.errors import ApiError, BodyTooLarge
 from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, DEFAULT_USER_HEADER, REQUEST_ID_HEADER
 
+from . import splice
 from .agentpool import AgentPool, Connection
+from .splice import Outcome, splice_in_thread
 
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _DROP_REQUEST = frozenset(
@@ -339,6 +342,24 @@ async def _deliver(
     """Send the body (``sent`` bytes of it went with the head); returns a read of
     the answer already under way (or None), and whether the agent took the whole
     body (else the connection is not reused)."""
+    takeover = (scope.get("extensions") or {}).get(BODY_TAKEOVER)
+    if (
+        framing == "length"
+        and not sent
+        and body_limit is None
+        and takeover is not None
+        and splice.available()
+    ):
+        taken: TakenBody | None = takeover()
+        if taken is not None:
+            # Read from the start: an answer given before the body is taken
+            # must be in hand before the agent's hang-up turns into an error.
+            reading = asyncio.ensure_future(reader.read(READ_SIZE))
+            try:
+                return reading, await _splice(writer, taken)
+            except BaseException:
+                reading.cancel()
+                raise
     if framing == "none" or (
         framing == "length" and int(_header(scope, b"content-length")) < EARLY_ANSWER_FROM
     ):
@@ -366,6 +387,39 @@ async def _deliver(
         return reading, False  # the agent stopped reading: its answer, if it gave one
     reading.cancel()
     raise failed
+
+
+async def _splice(writer: asyncio.StreamWriter, taken: TakenBody) -> bool:
+    """The body the listener handed over, to the agent by ``splice``; whether the
+    agent took it all (else its answer, if it gave one, is read next)."""
+    # The thread works on its own descriptors: either transport may close its
+    # own meanwhile (an agent that hangs up resets the connection), and a
+    # number closed under the thread could be reused by another connection.
+    src = os.dup(taken.fd)
+    dst = -1
+    try:
+        writer.write(taken.head)
+        # Everything written through the stream must be out before the kernel
+        # appends to the same socket.
+        writer.transport.set_write_buffer_limits(0)
+        try:
+            await writer.drain()
+            dst = os.dup(writer.get_extra_info("socket").fileno())
+        except OSError:
+            pass  # the agent hung up already (it may have answered): the body is dropped
+        finally:
+            if not writer.transport.is_closing():
+                writer.transport.set_write_buffer_limits()
+        outcome = await splice_in_thread(src, dst, taken.left, taken.idle_timeout)
+    finally:
+        os.close(src)
+        if dst >= 0:
+            os.close(dst)
+    if outcome is not Outcome.DONE and outcome is not Outcome.AGENT_GONE:
+        taken.abort()
+        raise ConnectionAbortedError("the client went away")
+    taken.finished()
+    return outcome is Outcome.DONE
 
 
 async def _send_body(

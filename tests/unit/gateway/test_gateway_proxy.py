@@ -301,3 +301,29 @@ async def test_an_answer_before_the_body_is_relayed(tmp_path):
     )
     assert status == 507 and sink.body == body
     server.close()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+async def test_a_large_body_is_offered_for_splicing_unless_too_many_are(
+    tmp_path, monkeypatch, busy
+):  # type: ignore[no-untyped-def]
+    """The listener's takeover is asked for (here it declines: the body comes
+    through ``receive`` after all); with MAX_AT_ONCE splices running it is not."""
+    from podbay.asgi import BODY_TAKEOVER
+    from podbay.gateway import splice
+
+    if busy:
+        monkeypatch.setattr(splice, "_running", splice.MAX_AT_ONCE)
+    asked: list[bool] = []
+    seen: list = []
+    server = await _agent(tmp_path / "a.sock", [OK], seen)
+    body = [b"a" * 100_000, b"b" * 100_000]  # past what goes out with the head
+    scope = _scope("PUT", [(b"content-length", b"200000")])
+    scope["extensions"] = {BODY_TAKEOVER: lambda: asked.append(True)}
+    sink = _Sink()
+    status = await relay(
+        AgentPool(tmp_path / "a.sock"), scope, _receive(body), sink, b"/v1/files", "r"
+    )
+    assert status == 200 and seen[0][1] == b"".join(body)
+    assert asked == ([] if busy else [True])
+    server.close()
