@@ -81,9 +81,22 @@ class Slirps:
             "--netns-type=path",
             f"--ready-fd={ready_fd}",
         ]
-        if self.sandbox:
-            argv += ["--enable-sandbox", "--enable-seccomp"]
-        return [*argv, str(netns), TAP_NAME]
+        if not self.sandbox:
+            return [*argv, str(netns), TAP_NAME]
+        # --enable-sandbox makes "/" private (not recursively) in a mount namespace
+        # copied from ours, pivots and detaches the old root. Where the host's
+        # mounts are shared (systemd's default), that detach propagates back and
+        # unmounts every shared leaf mount on the host (/dev/shm, other tools'
+        # overlays). A namespace made private throughout first keeps it in there;
+        # unshare execs slirp4netns in place, so the pid stays slirp4netns's.
+        return [
+            *("unshare", "--mount", "--propagation", "private", "--"),
+            *argv,
+            "--enable-sandbox",
+            "--enable-seccomp",
+            str(netns),
+            TAP_NAME,
+        ]
 
     async def start(self, directory: Path, netns: Path) -> int:
         """Start one for ``netns``, record it in ``directory``, wait until tap0 is up."""
