@@ -49,6 +49,10 @@ Rows (medians of ``--runs`` samples unless said):
   digest included), and a PUT straight to the agent's socket with the digest
   computed beforehand (the agent's write path alone); Docker: ``docker cp``
   and the API's ``PUT /containers/ID/archive`` of a tar made while sending;
+  podbay's samples also give the CPU ms each cost the SDK's process, the
+  server and the agent (``write_sdk cpu agent`` ..., after the table), which
+  load inflates far less than time; both over-write the same file each time,
+  as a client updating a file does;
 * ``podbay sandbox exec NAME -- true``: the CLI as a whole process; Docker:
   ``docker exec``;
 * exec throughput: 8 client threads over 20 running sandboxes, 5 s, once
@@ -143,6 +147,12 @@ def pss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def process_seconds(pid: str) -> float:
+    """User + system CPU seconds of a process (all its threads, live and gone)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cmdline(pid: int) -> list[str]:
@@ -311,6 +321,9 @@ class Podbay:
 
         settings = Settings.load(environ={**self.server.env}, data_dir=self.server.data_dir)
         return OciDriver(settings)
+
+    def agent_pid(self, name: str) -> int:
+        return int(self.driver().runc.state(self.machine_id(name)).pid)
 
     def agent_socket(self, name: str) -> str:
         return str(self.driver().agent_socket(self.machine_id(name)))
@@ -678,6 +691,12 @@ class PodbaySide:
             self.client.exec("hot", ["true"])
         self.client.upload("hot", source, "warm.bin")  # page cache, first-write costs
         self.sock = self.pooled.agent_socket("hot")
+        #: Whose CPU a write costs (load inflates it far less than time).
+        self.cpu_of = {
+            "sdk": lambda: process_seconds("self"),
+            "server": lambda: process_seconds(str(self.pooled.server.pid())),
+            "agent": lambda: process_seconds(str(self.pooled.agent_pid("hot"))),
+        }
         self.many = [f"tp-{i}" for i in range(20)]
         for n in self.many:
             self.client.attach(n)
@@ -687,6 +706,15 @@ class PodbaySide:
     def close(self) -> None:
         self.pooled.close()
         self.cold.close()
+
+    def with_cpu(self, key: str, sample: Sample) -> dict[str, float]:
+        """``sample``'s time, and the CPU ms it cost the SDK's process, the server
+        and the agent (``<key> cpu <whose>``)."""
+        before = {whose: cpu() for whose, cpu in self.cpu_of.items()}
+        out = {key: sample()}
+        for whose, cpu in self.cpu_of.items():
+            out[f"{key} cpu {whose}"] = (cpu() - before[whose]) * 1000
+        return out
 
     def sample(self, key: str) -> dict[str, float]:
         c = self.client
@@ -705,9 +733,13 @@ class PodbaySide:
                 "resume": timed(lambda: c.attach("hot")),
             }
         if key == "write_sdk":
-            return {key: timed(lambda: c.upload("hot", self.source, "bench.bin"))}
+            return self.with_cpu(
+                key, lambda: timed(lambda: c.upload("hot", self.source, "bench.bin"))
+            )
         if key == "write_agent":
-            return {key: write_to_agent(self.sock, self.source, self.digest, self.size)}
+            return self.with_cpu(
+                key, lambda: write_to_agent(self.sock, self.source, self.digest, self.size)
+            )
         if key == "cli":
             return {key: self.pooled.cli_exec("hot")}
         if key == "throughput":
