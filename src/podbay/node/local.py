@@ -48,6 +48,7 @@ class LocalNode:
         activity: ActivityTracker,
         limits: Limits,
         shortfall: Callable[[], str | None],
+        room: Callable[[int], str | None] | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -60,6 +61,8 @@ class LocalNode:
         self._shortfall = shortfall
         #: Machines launched here whose route is not published yet.
         self._launched: set[str] = set()
+        #: Why a disk of so many bytes may not move here (its disk reserve), or None.
+        self._room = room
 
     def driver(self, class_: str) -> Driver:
         return self.classes.driver(self.classes.require(class_))
@@ -163,7 +166,11 @@ class LocalNode:
                 )
             chunks: AsyncIterator[bytes] = r.aiter_raw()
             return await driver.import_disk(
-                transfer.machine_id, chunks, layers=prepared.layers, env=prepared.env
+                transfer.machine_id,
+                chunks,
+                layers=prepared.layers,
+                env=prepared.env,
+                room=self._room,
             )
 
     async def adopt_class(self, class_: str) -> dict[str, list[ObservedMachine]]:

@@ -168,6 +168,7 @@ class NodeServer:
             activity=self.activity,
             limits=limits,
             shortfall=shortfall,
+            room=functools.partial(reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes),
         )
         #: Environments this node prepared, by key: the control plane names them by key.
         self.prepared: dict[str, Prepared] = {"": Prepared()}

@@ -17,7 +17,7 @@ Every call is idempotent: repeating one that already took effect succeeds.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -165,6 +165,7 @@ class MovableDriver(Protocol):
         *,
         layers: tuple[Path, ...],
         env: Mapping[str, str],
+        room: Callable[[int], str | None] | None = None,
     ) -> Received:
         """The machine made here, stopped, from another node's export."""
         ...

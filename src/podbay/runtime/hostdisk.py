@@ -15,9 +15,10 @@ from pathlib import Path
 GIB = 1024**3
 
 
-def reserve_shortfall(directory: Path, reserve: int) -> str | None:
+def reserve_shortfall(directory: Path, reserve: int, need: int = 0) -> str | None:
     """Why no new sandbox may be made, when ``directory``'s filesystem has less
-    than ``reserve`` bytes free; ``None`` when it has room (or ``reserve`` is 0).
+    than ``reserve`` bytes free (``need`` more: a disk moving here); ``None``
+    when it has room (or ``reserve`` is 0).
 
     >>> reserve_shortfall(Path("/"), 0) is None
     True
@@ -27,11 +28,13 @@ def reserve_shortfall(directory: Path, reserve: int) -> str | None:
     probe = directory
     while not probe.exists():
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    free = shutil.disk_usage(probe).free - need
     if free >= reserve:
         return None
     return (
-        f"the host has {free / GIB:.1f} GiB free at {probe}, below the reserve of "
+        f"the host has {free / GIB:.1f} GiB free at {probe}"
+        + (f" once a {need / GIB:.1f} GiB disk is written" if need else "")
+        + f", below the reserve of "
         f"{reserve / GIB:.1f} GiB (runtime.disk_reserve_bytes): no new sandbox until "
         "space is freed"
     )

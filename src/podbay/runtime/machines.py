@@ -19,7 +19,7 @@ import os
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -200,10 +200,12 @@ class RecordKeepingDriver(ABC):
         *,
         layers: tuple[Path, ...],
         env: Mapping[str, str],
+        room: Callable[[int], str | None] | None = None,
     ) -> Received:
         """Make ``machine_id`` here, stopped, from another node's
         :meth:`export_disk` stream. ``layers`` and ``env`` are this node's
-        build of the machine's environment (a layer is a path on its node).
+        build of the machine's environment (a layer is a path on its node);
+        ``room`` may refuse the disk by its size (:func:`.transfer.receive`).
         Nothing is left behind when the stream fails or arrives damaged; the
         machine appears whole (one rename) or not at all."""
         async with self._lock(machine_id):
@@ -215,7 +217,7 @@ class RecordKeepingDriver(ABC):
             incoming = self.machines / f".incoming-{machine_id}-{secrets.token_hex(4)}"
             incoming.mkdir()
             try:
-                raw, received = await receive(chunks, incoming / paths.disk_image.name)
+                raw, received = await receive(chunks, incoming / paths.disk_image.name, room)
                 spec = records.spec_from_json(raw["spec"])
                 if spec.machine_id != machine_id:
                     raise DriverError(f"the stream holds machine {spec.machine_id}")

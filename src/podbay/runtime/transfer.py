@@ -7,7 +7,8 @@ sender as it sent them; the receiver computes its own over what arrived and
 refuses the machine when the two differ (checked at both ends). Format::
 
     MAGIC
-    u32 length, JSON {"record": ..., "size": bytes}     the header
+    u32 length, JSON {"record": ..., "size": bytes,     the header
+                      "data": bytes of extents}
     (u64 offset, u32 length, data) ...                  extents, <= CHUNK each
     u64 END, u32 32, SHA-256 of everything above        the end
 
@@ -22,7 +23,7 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,13 @@ async def send(disk: Path, record: dict[str, Any]) -> AsyncGenerator[bytes, None
     try:
         digest = hashlib.sha256()
         size = os.fstat(fd).st_size
-        header = json.dumps({"record": record, "size": size}).encode()
+        extents = await asyncio.to_thread(data_extents, fd)
+        data = sum(length for _, length in extents)
+        header = json.dumps({"record": record, "size": size, "data": data}).encode()
         first = MAGIC + _LENGTH.pack(len(header)) + header
         digest.update(first)
         yield first
-        for start, length in await asyncio.to_thread(data_extents, fd):
+        for start, length in extents:
             offset = start
             while offset < start + length:
                 want = min(CHUNK, start + length - offset)
@@ -101,10 +104,16 @@ class _Reader:
         return out
 
 
-async def receive(chunks: AsyncIterator[bytes], disk: Path) -> tuple[dict[str, Any], Received]:
+async def receive(
+    chunks: AsyncIterator[bytes],
+    disk: Path,
+    room: Callable[[int], str | None] | None = None,
+) -> tuple[dict[str, Any], Received]:
     """Write the stream's disk to ``disk`` (created, sparse) and return its
     header's record and what arrived. Raises :class:`DriverError` when the
-    stream is malformed, short, or its digest is not what was sent."""
+    stream is malformed, short, or its digest is not what was sent, and
+    before writing anything when ``room`` (given the bytes the disk holds)
+    says why there is no room for it."""
     reader = _Reader(chunks)
     digest = hashlib.sha256()
     head = await reader.exactly(len(MAGIC) + _LENGTH.size)
@@ -117,9 +126,12 @@ async def receive(chunks: AsyncIterator[bytes], disk: Path) -> tuple[dict[str, A
     digest.update(head + raw)
     try:
         header = json.loads(raw)
-        record, size = header["record"], int(header["size"])
+        record, size, holds = header["record"], int(header["size"]), int(header["data"])
     except (ValueError, KeyError, TypeError):
         raise DriverError("the disk stream's header is not valid") from None
+    short = room(holds) if room is not None else None
+    if short is not None:
+        raise DriverError(short)
     fd = os.open(disk, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, size)

@@ -68,3 +68,19 @@ def test_a_damaged_stream_is_refused(tmp_path: Path, damage: str) -> None:
         expect = "ended early"
     with pytest.raises(DriverError, match=expect):
         asyncio.run(receive(feed(chunks), tmp_path / "copy"))
+
+
+def test_a_disk_without_room_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    sparse_disk(tmp_path / "disk")
+    chunks = asyncio.run(collect(tmp_path / "disk"))
+    asked: list[int] = []
+
+    def room(data: int) -> str | None:
+        asked.append(data)
+        return "no room"
+
+    with pytest.raises(DriverError, match="no room"):
+        asyncio.run(receive(feed(chunks), tmp_path / "copy", room))
+    # The bytes its extents hold (whole file-system blocks), not its 64 MiB size.
+    assert len(asked) == 1 and 4096 + 3 * CHUNK + 17 + 3 <= asked[0] < 4 * MIB
+    assert not (tmp_path / "copy").exists()
