@@ -1,0 +1,83 @@
+"""A deleted deployment's routes withdrawn on the nodes that hold its
+sandboxes (the cluster's side of services/deletions.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from podbay.control.services.deletions import withdraw_deleted
+from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.errors import ApiError
+from podbay.store.sqlite import SqliteStore
+from podbay.testing.records import EPOCH, sandbox_record
+from podbay.wire.codes import ErrorCode
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Host:
+    name: str
+    answers: bool = True
+    withdrawn: list[str] = field(default_factory=list)
+
+    async def withdraw(self, sandbox_id: str) -> None:
+        if not self.answers:
+            raise ApiError(ErrorCode.INTERNAL, f"node {self.name} did not answer")
+        self.withdrawn.append(sandbox_id)
+
+
+class Hosts:
+    """The part of :class:`~podbay.control.nodes.Nodes` a withdrawal uses."""
+
+    def __init__(self, *hosts: Host) -> None:
+        self.hosts = {h.name: h for h in hosts}
+
+    async def refresh(self) -> None:
+        return None
+
+    def all(self) -> list[Host]:
+        return list(self.hosts.values())
+
+    def of(self, sandbox: Sandbox) -> Host:
+        return self.hosts[sandbox.node]
+
+
+def _deployment(name: str) -> Deployment:
+    return Deployment(
+        id=f"dep_{name}",
+        name=name,
+        account="acct",
+        spec_text="",
+        sandbox_section={},
+        created_at=EPOCH,
+        updated_at=EPOCH,
+    )
+
+
+async def test_each_node_withdraws_the_deleted_deployments_routes(tmp_path):
+    store = SqliteStore.open(tmp_path / "podbay.db")
+    a, b, quiet = Host("a"), Host("b"), Host("quiet", answers=False)
+    try:
+        for d in ("doomed", "kept"):
+            await store.add_deployment(_deployment(d))
+        rows = [
+            ("doomed", "s1", "a"),
+            ("doomed", "s2", "b"),
+            ("doomed", "s3", "quiet"),
+            ("doomed", "s4", "local"),  # serve's: its gateway watches the marker
+            ("kept", "s1", "a"),
+        ]
+        for dep, name, node in rows:
+            row = sandbox_record(
+                name, deployment=f"dep_{dep}", state=SandboxState.RUNNING, node=node
+            )
+            await store.insert_sandbox(row, deployment_cap=9, account_cap=9)
+        await store.remove_deployment("dep_doomed")
+        missed = await withdraw_deleted(store, Hosts(a, b, quiet), "dep_doomed")  # type: ignore[arg-type]
+        assert missed == ["quiet"]
+        assert a.withdrawn == ["sb-dep_doomed-s1"] and b.withdrawn == ["sb-dep_doomed-s2"]
+    finally:
+        await store.close()
