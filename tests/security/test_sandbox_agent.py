@@ -17,6 +17,7 @@ gVisor's own and harmless (probes.OWN_KERNEL_HARMLESS).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +103,25 @@ def test_what_the_agent_creates_belongs_to_root(oci_machines: Machines) -> None:
         ]
     )
     assert owners.stdout.split() == ["0"] * 5, owners
+
+
+def test_sandbox_code_that_kills_everything_it_can_stops_no_later_command(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
+    """``kill -9 -1`` as root takes every process root may signal: under gVisor
+    that is the launcher of commands too (podbay.agent.launcher), never the
+    agent. The next command still runs, and the agent stays out of reach."""
+    gvisor = Path(oci_session.settings.runtime.oci_runtime).name == "runsc"
+    m = oci_machines.up()
+    parent = "cat /proc/$PPID/stat | cut -d' ' -f1"
+    before = m.agent.exec(["sh", "-c", parent]).stdout.strip()
+    assert (before != "1") == gvisor  # under gVisor, commands are the launcher's
+    # All but itself and init; a moment later, so that the launcher answered
+    # for it (killed before, it could not tell the agent the command started).
+    m.agent.exec(["sh", "-c", "(sleep 1; kill -9 -1) >/dev/null 2>&1 &"])
+    time.sleep(3)
+    after = m.agent.exec(["sh", "-c", f"{parent}; echo ran"])
+    assert after.stdout.split()[1:] == ["ran"], after
+    if gvisor:
+        assert after.stdout.split()[0] != before  # a new launcher
+    assert probes.agent_out_of_reach(m.agent, own_kernel=gvisor) is None

@@ -9,8 +9,9 @@ signal it. With ``--guard-uid N`` (the runtime passes it for gVisor):
 
 - the agent runs as uid and gid ``N``, keeping its capabilities
   (:func:`enable`);
-- every command starts in a user namespace of its own that maps ids
-  ``0 .. N-1`` to themselves and leaves ``N`` out (:class:`Entry`). Root
+- every command runs in a user namespace that maps ids ``0 .. N-1`` to
+  themselves and leaves ``N`` out, made once by the launcher that starts
+  them (:mod:`.launcher`, :func:`enter_own_namespace`). Root
   there is root over every file and process of the sandbox, but the agent's
   id is not one it can name or become, and its capabilities count only in
   that namespace: the kernel refuses it the agent's ``/proc`` files
@@ -20,8 +21,8 @@ signal it. With ``--guard-uid N`` (the runtime passes it for gVisor):
   ``CAP_NET_ADMIN``), so owning that namespace gives it nothing more.
 
 This gVisor has neither ``setns`` into a user namespace nor ``setfsuid``: so
-each command makes its namespace with ``unshare`` before it runs while the
-agent writes its id maps, and files the agent creates for a caller are
+the launcher makes the namespace with ``unshare`` while the agent writes its
+id maps, and files the agent creates for a caller are
 handed to root (:func:`claim`) instead of being created as root.
 """
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterator
 
 #: The agent's uid under gVisor: the last id of the sandbox's range (65536
@@ -121,53 +121,28 @@ def claiming_new_dirs(path: str) -> Iterator[None]:
             claim(made)
 
 
-class Entry:
-    """One command's way into its own user namespace, for ``Popen``: the child
-    calls :meth:`enter` before it runs (``preexec_fn``); a thread of the agent
-    writes the namespace's id maps meanwhile. :meth:`close` after ``Popen``."""
+def map_ids(pid: int) -> None:
+    """In the agent: give the user namespace ``pid`` just made (:func:`enter_own_namespace`)
+    its id maps, ``0 .. N-1`` to themselves."""
+    assert _uid is not None
+    for name in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(f"0 0 {_uid}\n")
 
-    def __init__(self, uid: int, gid: int, groups: list[int]) -> None:
-        assert _uid is not None
-        self.ids = (uid, gid, groups)
-        self.ready_r, self.ready_w = os.pipe()  # child -> agent: "unshared, pid"
-        self.mapped_r, self.mapped_w = os.pipe()  # agent -> child: "maps written"
-        self.mapper = threading.Thread(target=self._map, name="userns-map", daemon=True)
-        self.mapper.start()
 
-    def _map(self) -> None:
-        assert _uid is not None
-        try:
-            pid = int(os.read(self.ready_r, 32) or b"0")
-            if pid > 0:
-                for name in ("uid_map", "gid_map"):
-                    with open(f"/proc/{pid}/{name}", "w") as f:
-                        f.write(f"0 0 {_uid}\n")
-                os.write(self.mapped_w, b"1")
-        except (OSError, ValueError):
-            pass  # the child reads nothing and refuses to run
-        finally:
-            os.close(self.ready_r)
-            os.close(self.mapped_w)
-
-    def enter(self) -> None:
-        """In the child: a new user namespace, then the command's ids in it."""
-        os.close(self.ready_r)
-        os.close(self.mapped_w)
-        assert _unshare is not None and _prctl is not None
-        if _unshare(_CLONE_NEWUSER) != 0:
-            raise OSError("cannot make the command's user namespace")
-        for cap in _not_ours:  # a cap past the kernel's last one is EINVAL: fine
-            _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
-        os.write(self.ready_w, str(os.getpid()).encode())
-        if os.read(self.mapped_r, 1) != b"1":
-            raise OSError("the command's user namespace got no id map")
-        uid, gid, groups = self.ids
-        os.setgroups(groups)
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-
-    def close(self) -> None:
-        """In the agent once ``Popen`` returned or failed."""
-        os.close(self.ready_w)
-        os.close(self.mapped_r)
-        self.mapper.join(5)
+def enter_own_namespace(unshared: int, mapped: int) -> None:
+    """In a child of the agent: a new user namespace, root in it with groups
+    ``[0]``. Tells the agent its pid on the pipe
+    ``unshared`` and waits on ``mapped`` while the agent calls :func:`map_ids`.
+    Raises OSError when something is refused: then nothing may run."""
+    assert _unshare is not None and _prctl is not None
+    if _unshare(_CLONE_NEWUSER) != 0:
+        raise OSError("cannot make the commands' user namespace")
+    for cap in _not_ours:  # a cap past the kernel's last one is EINVAL: fine
+        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    os.write(unshared, str(os.getpid()).encode())
+    if os.read(mapped, 1) != b"1":
+        raise OSError("the commands' user namespace got no id map")
+    os.setgroups([0])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)

@@ -9,6 +9,10 @@ tree, also what left the group or session (:mod:`.tree`). stdin is
 Each command is started with a higher ``oom_score_adj`` than the agent's,
 so the OOM killer takes commands before the agent (:mod:`.oom`).
 
+Under the guard (gVisor, :mod:`.guard`) the agent does not fork: its
+launcher starts each command in the commands' user namespace, with the same
+streams, ids, session and refusals (:mod:`.launcher`).
+
 A command that cannot be started at all (no such file, not executable,
 argument list too long, no such ``cwd``) is refused with
 ``COMMAND_START_FAILED`` and the OS's reason: nothing ran.
@@ -22,12 +26,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO
 
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
-from . import guard, oom
+from . import guard, launcher, oom
 from .reaper import Reaper
 from .tree import kill_tree
 from .users import ROOT, Account, command_identity
@@ -36,11 +41,18 @@ from .users import ROOT, Account, command_identity
 class Child:
     """A started command. The reaper fills in ``code`` when it exits."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self,
+        pid: int,
+        streams: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None],
+        popen: subprocess.Popen[bytes] | None = None,
+    ) -> None:
         # Kept until reaped, with its returncode set by us, so that neither
         # Popen.__del__ nor subprocess._cleanup ever waits for it.
         self.popen = popen
-        self.pid = popen.pid
+        self.pid = pid
+        #: Our ends of its stdin, stdout and stderr pipes (None: not a pipe).
+        self.streams = streams
         self.code: int | None = None
         self.exited_mono: float | None = None
         self.exited = threading.Event()
@@ -48,7 +60,8 @@ class Child:
 
     def _reaped(self, code: int) -> None:
         self.code = code
-        self.popen.returncode = code
+        if self.popen is not None:
+            self.popen.returncode = code
         self.exited_mono = time.monotonic()
         self.exited.set()
         if self.on_exit is not None:
@@ -67,26 +80,26 @@ class Child:
 
     def stdin_fd(self) -> int | None:
         """The write end of the command's stdin pipe; None without one or once closed."""
-        pipe = self.popen.stdin
+        pipe = self.streams[0]
         if pipe is None or pipe.closed:
             return None
         return pipe.fileno()
 
     def close_stdin(self) -> None:
-        if self.popen.stdin is not None:
+        if self.streams[0] is not None:
             with contextlib.suppress(OSError):
-                self.popen.stdin.close()
+                self.streams[0].close()
 
     def stdout_fd(self) -> int:
-        assert self.popen.stdout is not None
-        return self.popen.stdout.fileno()
+        assert self.streams[1] is not None
+        return self.streams[1].fileno()
 
     def stderr_fd(self) -> int:
-        assert self.popen.stderr is not None
-        return self.popen.stderr.fileno()
+        assert self.streams[2] is not None
+        return self.streams[2].fileno()
 
     def close_pipes(self) -> None:
-        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+        for pipe in self.streams:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
@@ -148,7 +161,7 @@ def launch_on_terminal(
         account,
         streams,
         before=own_terminal,
-        preexec_fn=_take_terminal,  # runs after setsid, in the child only
+        terminal=True,
     )
 
 
@@ -162,40 +175,24 @@ def _start(
     *,
     on_exit: Callable[[Child], None] | None = None,
     before: Callable[[int | None], None] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
+    terminal: bool = False,
 ) -> Child:
     """Start ``argv`` as ``account`` leading a new session with ``streams`` as
     its stdin, stdout and stderr; registered with ``reaper`` before it can exit.
-    ``before`` gets the account's uid first (to hand it what it must own)."""
+    ``before`` gets the account's uid first (to hand it what it must own);
+    ``terminal``: stdin becomes its controlling terminal (:func:`take_terminal`,
+    run after ``setsid`` in the child only)."""
     env = dict(env)
     uid, gid, groups = command_identity(account, env)
     if before is not None:
         before(uid)
-    entry: guard.Entry | None = None
+    if guard.active():
+        ids = None if uid is None or gid is None else (uid, gid, groups or [])
+        return _start_launched(reaper, argv, cwd, env, ids, streams, on_exit, terminal)
     with reaper.lock:
         try:
-            if guard.active():
-                # The command's own user namespace (see .guard): its ids are set
-                # there, not by Popen in the agent's namespace.
-                entry = guard.Entry(uid or 0, gid or 0, [0] if groups is None else groups)
-                uid = gid = groups = None
-                preexec_fn = _chain(entry.enter, preexec_fn)
             with oom.spawning():
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=streams[0],
-                    stdout=streams[1],
-                    stderr=streams[2],
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                    close_fds=True,
-                    bufsize=0,
-                    user=uid,
-                    group=gid,
-                    extra_groups=groups,
-                    preexec_fn=preexec_fn,
-                )
+                popen = popen_command(argv, streams, cwd, env, uid, gid, groups, terminal)
         except OSError as exc:
             raise _start_failed(exc, argv, cwd) from None
         except ValueError as exc:  # e.g. an environment the OS cannot take
@@ -204,26 +201,96 @@ def _start(
             raise ApiError(
                 ErrorCode.COMMAND_START_FAILED, f"cannot start {argv[0]!r}: {exc}"
             ) from None
-        finally:
-            if entry is not None:
-                entry.close()
         oom.raise_command(popen.pid)
-        child = Child(popen)
+        child = Child(popen.pid, (popen.stdin, popen.stdout, popen.stderr), popen)
         child.on_exit = on_exit
         reaper.register(popen.pid, child._reaped)
     return child
 
 
-def _chain(first: Callable[[], None], then: Callable[[], None] | None) -> Callable[[], None]:
-    def both() -> None:
-        first()
-        if then is not None:
-            then()
+def _start_launched(
+    reaper: Reaper,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    ids: tuple[int, int, list[int]] | None,
+    streams: tuple[int, int, int],
+    on_exit: Callable[[Child], None] | None,
+    terminal: bool,
+) -> Child:
+    """:func:`_start` under the guard: the launcher starts the command in the
+    commands' user namespace (:mod:`.launcher`); the same streams, the same refusals."""
+    ours: list[IO[bytes] | None] = [None, None, None]
+    theirs: list[int] = []  # their ends of new pipes: closed here once sent
+    fds: list[int | None] = []
+    try:
+        for n, stream in enumerate(streams):
+            if stream == subprocess.PIPE:
+                read, write = os.pipe()
+                mine, their = (write, read) if n == 0 else (read, write)
+                ours[n] = open(mine, "wb" if n == 0 else "rb", buffering=0)  # noqa: SIM115
+                theirs.append(their)
+                fds.append(their)
+            else:
+                fds.append(None if stream == subprocess.DEVNULL else stream)
+        with reaper.lock:
+            try:
+                pid = launcher.spawn(
+                    reaper, argv, cwd, env, (fds[0], fds[1], fds[2]), ids, terminal=terminal
+                )
+            except launcher.StartFailed as exc:
+                if exc.error is not None:
+                    raise _start_failed(exc.error, argv, cwd) from None
+                code = ErrorCode.REQUEST_INVALID if exc.invalid else ErrorCode.COMMAND_START_FAILED
+                raise ApiError(code, str(exc)) from None
+            child = Child(pid, (ours[0], ours[1], ours[2]))
+            child.on_exit = on_exit
+            reaper.register(pid, child._reaped)
+    except BaseException:
+        for pipe in ours:
+            if pipe is not None:
+                pipe.close()
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return child
 
-    return both
+
+def popen_command(
+    argv: list[str],
+    streams: Sequence[int],
+    cwd: str,
+    env: Mapping[str, str],
+    uid: int | None,
+    gid: int | None,
+    groups: list[int] | None,
+    terminal: bool,
+    close_fds: bool = True,
+) -> subprocess.Popen[bytes]:
+    """How every command is started, by the agent or by its launcher: leading a
+    new session, with ``streams`` as its standard streams, as
+    ``uid``/``gid``/``groups`` (None: the starter's own). A vfork unless ids or
+    a ``terminal`` (:func:`take_terminal`) need code in the child.
+    ``close_fds=False`` only where every other descriptor is close-on-exec."""
+    return subprocess.Popen(
+        argv,
+        stdin=streams[0],
+        stdout=streams[1],
+        stderr=streams[2],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        close_fds=close_fds,
+        bufsize=0,
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+        preexec_fn=take_terminal if terminal else None,
+    )
 
 
-def _take_terminal() -> None:
+def take_terminal() -> None:
     """Make standard input (the pty) the new session's controlling terminal, so
     that Ctrl-C typed on it reaches the foreground process group as SIGINT."""
     import fcntl

@@ -27,7 +27,9 @@ open (``--oom-fd``). A command may lower its own score again, down to 0 and
 no lower (that needs the privilege): then it competes with the agent by size.
 
 Under gVisor the host's OOM killer sees one sandbox process and ends the
-whole sandbox; the scores inside gVisor's kernel change nothing there.
+whole sandbox; the scores inside gVisor's kernel change nothing there. There
+commands start from the launcher (:mod:`.launcher`), whose own score is
+:data:`COMMAND_SCORE`: they inherit it.
 
 :func:`kills` reads how many processes the OOM killer has killed in this
 sandbox (``oom_kill`` of its memory cgroup), so an exec can say it lost a

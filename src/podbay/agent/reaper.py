@@ -83,10 +83,15 @@ class Reaper:
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
             self.reaped += 1
-            with self.lock:
-                callback = self._callbacks.pop(pid, None)
-            if callback is not None:
-                try:
-                    callback(exit_code(status))
-                except Exception as exc:  # pragma: no cover - a bug, but keep reaping
-                    print(f"podbay-agent: exit callback for {pid} failed: {exc!r}", file=sys.stderr)
+            self.deliver(pid, exit_code(status))
+
+    def deliver(self, pid: int, code: int) -> None:
+        """Hand ``pid``'s exit code to its callback, if one is registered (also
+        for a child of the launcher, which reaps its own: see :mod:`.launcher`)."""
+        with self.lock:
+            callback = self._callbacks.pop(pid, None)
+        if callback is not None:
+            try:
+                callback(code)
+            except Exception as exc:  # pragma: no cover - a bug, but keep reaping
+                print(f"podbay-agent: exit callback for {pid} failed: {exc!r}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from podbay.agent.staging import AGENT_ENV, agent_argv
+from podbay.wire import paths, stream
 
 #: A variable in the agent's own environment that commands must never see.
 AGENT_SECRET = "PODBAY_TEST_AGENT_SECRET"
@@ -104,11 +105,21 @@ def gone(pid: int, within: float = 2.0) -> bool:
     return False
 
 
+#: How a guarded agent is started, as the runtime starts it under gVisor (see
+#: podbay.agent.guard), here as the init of a PID namespace of its own.
+GUARDED = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM")
+GUARD_ARGS = ("--guard-uid", "65535")
+
+
 def start_agent(
-    tmp: Path, staged: Path, wrapper: tuple[str, ...] = (), env: dict[str, str] | None = None
+    tmp: Path,
+    staged: Path,
+    wrapper: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Agent:
     """Start an agent in ``tmp``; ``wrapper`` prefixes its command line (``unshare``);
-    ``env`` adds to its environment."""
+    ``env`` adds to its environment; ``args`` to its options (``GUARD_ARGS``)."""
     workspace = tmp / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     env_file = tmp / "env.json"
@@ -127,6 +138,7 @@ def start_agent(
         str(workspace),
         "--env-file",
         str(env_file),
+        *args,
     )
     full_env = {**os.environ, **AGENT_ENV, AGENT_SECRET: "must-not-leak", **(env or {})}
     proc = subprocess.Popen([*wrapper, *argv], pass_fds=(fd,), env=full_env, cwd=str(tmp))
@@ -134,3 +146,66 @@ def start_agent(
     agent = Agent(proc, sock_path, workspace, wrapped=bool(wrapper))
     assert agent.client.get("/v1/info").status_code == 200
     return agent
+
+
+def upgrade(
+    agent: Agent, method: str, target: str, token: str, body: bytes = b""
+) -> tuple[socket.socket, bytes, bytes]:
+    """Send an upgrade request; the socket, the answer's head and what followed it."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(30)
+    sock.connect(agent.sock_path)
+    sock.sendall(
+        f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
+        f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return sock, head, rest
+
+
+class Frames:
+    """Stream frames read from an upgraded connection."""
+
+    def __init__(self, sock: socket.socket, rest: bytes) -> None:
+        self.sock, self.buf = sock, bytearray(rest)
+
+    def next(self) -> tuple[bytes, bytes]:
+        while True:
+            if len(self.buf) >= stream.HEADER.size:
+                kind, length = stream.parse_header(bytes(self.buf[: stream.HEADER.size]))
+                end = stream.HEADER.size + length
+                if len(self.buf) >= end:
+                    payload = bytes(self.buf[stream.HEADER.size : end])
+                    del self.buf[:end]
+                    return kind, payload
+            chunk = self.sock.recv(65536)
+            assert chunk, "the agent closed the terminal stream"
+            self.buf += chunk
+
+    def exit_code(self) -> int:
+        """Skip output until the EXIT frame; its code."""
+        while True:
+            kind, payload = self.next()
+            if kind == stream.EXIT:
+                return stream.parse_exit(payload)
+
+    def output_until(self, needle: bytes) -> bytes:
+        seen = b""
+        while needle not in seen:
+            kind, payload = self.next()
+            assert kind == stream.DATA, (kind, payload, seen)
+            seen += payload
+        return seen
+
+
+def open_pty(agent: Agent, **fields: object) -> tuple[socket.socket, bytes, Frames]:
+    """Start a command on a terminal: the socket, the answer's head, its frames."""
+    body = json.dumps(fields).encode()
+    sock, head, rest = upgrade(agent, "POST", paths.PTY, paths.UPGRADE_PTY, body)
+    return sock, head, Frames(sock, rest)

@@ -8,66 +8,13 @@ import socket
 import threading
 import time
 
-from agent_harness import Agent
+from agent_harness import Agent, open_pty, upgrade
 
 from podbay.wire import paths, stream
 
 
-def _upgrade(
-    agent: Agent, method: str, target: str, token: str, body: bytes = b""
-) -> tuple[socket.socket, bytes, bytes]:
-    """Send an upgrade request; the socket, the answer's head and what followed it."""
-    sock = socket.socket(socket.AF_UNIX)
-    sock.settimeout(30)
-    sock.connect(agent.sock_path)
-    sock.sendall(
-        f"{method} {target} HTTP/1.1\r\nhost: agent\r\nconnection: upgrade\r\n"
-        f"upgrade: {token}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return sock, head, rest
-
-
-class _Frames:
-    def __init__(self, sock: socket.socket, rest: bytes) -> None:
-        self.sock, self.buf = sock, bytearray(rest)
-
-    def next(self) -> tuple[bytes, bytes]:
-        while True:
-            if len(self.buf) >= stream.HEADER.size:
-                kind, length = stream.parse_header(bytes(self.buf[: stream.HEADER.size]))
-                end = stream.HEADER.size + length
-                if len(self.buf) >= end:
-                    payload = bytes(self.buf[stream.HEADER.size : end])
-                    del self.buf[:end]
-                    return kind, payload
-            chunk = self.sock.recv(65536)
-            assert chunk, "the agent closed the terminal stream"
-            self.buf += chunk
-
-    def output_until(self, needle: bytes) -> bytes:
-        seen = b""
-        while needle not in seen:
-            kind, payload = self.next()
-            assert kind == stream.DATA, (kind, payload, seen)
-            seen += payload
-        return seen
-
-
-def _pty(agent: Agent, **fields: object) -> tuple[socket.socket, bytes, _Frames]:
-    body = json.dumps(fields).encode()
-    sock, head, rest = _upgrade(agent, "POST", paths.PTY, paths.UPGRADE_PTY, body)
-    return sock, head, _Frames(sock, rest)
-
-
 def test_python_repl_on_a_terminal_answers_resizes_and_reports_its_exit(agent: Agent) -> None:
-    sock, head, frames = _pty(
+    sock, head, frames = open_pty(
         agent, command=["python3", "-q", "-i"], rows=30, cols=100, term="xterm-mono"
     )
     assert head.startswith(b"HTTP/1.1 101"), head
@@ -93,16 +40,12 @@ def test_python_repl_on_a_terminal_answers_resizes_and_reports_its_exit(agent: A
     sock.sendall(stream.frame(stream.DATA, b"\x03"))
     frames.output_until(b"KeyboardInterrupt")
     sock.sendall(stream.frame(stream.DATA, b"raise SystemExit(7)\r"))
-    while True:
-        kind, payload = frames.next()
-        if kind == stream.EXIT:
-            assert stream.parse_exit(payload) == 7
-            break
+    assert frames.exit_code() == 7
     sock.close()
 
 
 def test_a_closed_terminal_kills_its_command(agent: Agent) -> None:
-    sock, head, frames = _pty(agent, command=["sh", "-c", "echo $$; exec sleep 300"])
+    sock, head, frames = open_pty(agent, command=["sh", "-c", "echo $$; exec sleep 300"])
     assert head.startswith(b"HTTP/1.1 101")
     pid = int(frames.output_until(b"\n").split()[0])
     sock.close()
@@ -112,7 +55,7 @@ def test_a_closed_terminal_kills_its_command(agent: Agent) -> None:
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().split(") ")[1].startswith("Z"):
                     break
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # reaped, or while reading
             break
         time.sleep(0.05)
     else:
@@ -120,7 +63,7 @@ def test_a_closed_terminal_kills_its_command(agent: Agent) -> None:
 
 
 def test_a_command_that_cannot_start_is_refused_without_upgrade(agent: Agent) -> None:
-    sock, head, rest = _upgrade(
+    sock, head, rest = upgrade(
         agent, "POST", paths.PTY, paths.UPGRADE_PTY, json.dumps({"command": ["/no/such"]}).encode()
     )
     assert head.startswith(b"HTTP/1.1 400"), head
@@ -130,14 +73,14 @@ def test_a_command_that_cannot_start_is_refused_without_upgrade(agent: Agent) ->
         {"command": ["sh"], "term": "a\nb"},
         {"command": ["sh"], "extra": 1},
     ):
-        sock, head, _ = _upgrade(
+        sock, head, _ = upgrade(
             agent, "POST", paths.PTY, paths.UPGRADE_PTY, json.dumps(bad).encode()
         )
         assert head.startswith(b"HTTP/1.1 400"), (bad, head)
 
 
 def test_hostile_frames_end_the_session(agent: Agent) -> None:
-    sock, head, _ = _pty(agent, command=["cat"])
+    sock, head, _ = open_pty(agent, command=["cat"])
     assert head.startswith(b"HTTP/1.1 101")
     sock.sendall(b"d" + (stream.MAX_FRAME + 1).to_bytes(4, "big"))
     while sock.recv(65536):  # whatever cat echoed, then the end
@@ -155,7 +98,7 @@ def test_tunnel_splices_to_a_server_on_the_sandbox_loopback(agent: Agent) -> Non
                 conn.sendall(data.upper())
 
     threading.Thread(target=echo_once, daemon=True).start()
-    sock, head, rest = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL)
+    sock, head, rest = upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL)
     assert head.startswith(b"HTTP/1.1 101"), head
     sock.sendall(b"hello" * 100_000)
     sock.shutdown(socket.SHUT_WR)
@@ -170,10 +113,10 @@ def test_tunnel_to_a_closed_port_or_a_bad_one_is_refused(agent: Agent) -> None:
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    _, head, rest = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL)
+    _, head, rest = upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL)
     assert head.startswith(b"HTTP/1.1 502") and b"PORT_UNREACHABLE" in rest, (head, rest)
     for bad in ("0", "65536", "x", "", "-1"):
-        _, head, _ = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={bad}", paths.UPGRADE_TUNNEL)
+        _, head, _ = upgrade(agent, "GET", f"{paths.TUNNEL}?port={bad}", paths.UPGRADE_TUNNEL)
         assert head.startswith(b"HTTP/1.1 400"), (bad, head)
-    _, head, _ = _upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", "websocket")
+    _, head, _ = upgrade(agent, "GET", f"{paths.TUNNEL}?port={port}", "websocket")
     assert head.startswith(b"HTTP/1.1 400"), head

@@ -1,0 +1,403 @@
+"""Under the guard (gVisor), one launcher starts every command in their namespace.
+
+:mod:`.guard` keeps sandbox code away from the agent by running commands in
+a user namespace without the agent's id. Making a namespace per command
+meant a full fork of the agent for each (a ``preexec_fn`` rules out vfork)
+plus an ``unshare``, and fork is what gVisor's ptrace platform does worst:
+exec ``true`` went from 14.8 to 31.8 ms. So the namespace is made once, by
+the *launcher*: a process forked from the agent (at its first command, and
+again whenever it is gone) that enters it, becomes root there, and starts
+each command on the agent's request as an unguarded agent does (``Popen``
+without ``preexec_fn``: a vfork, for root).
+
+The agent sends argv, cwd, env and ids as JSON with the command's three
+standard streams as descriptors (``SCM_RIGHTS``) and gets back the pid, or
+why nothing ran. The launcher reaps its children and sends each exit code on
+a second socket, read by a thread of the agent and handed to the
+:class:`~.reaper.Reaper`'s callbacks. Orphans still go to the agent (the
+sandbox's init), and so do running commands when the launcher dies: their
+callbacks stay registered with the agent's reaper. The launcher's own OOM
+score is :data:`~.oom.COMMAND_SCORE`, which commands inherit.
+
+Trust runs one way. Commands are root in the launcher's namespace: they can
+trace it, stop it, take its sockets. It holds nothing they lack (their own
+argv, env and streams; it closed every other descriptor of the agent), and
+the agent believes little of what comes back: answers are fixed-size
+records, a pid is used only if it is not the agent's (nor its group's or
+session's) and names a child of the launcher or nothing, and a launcher that
+breaks that or does not answer within :data:`ANSWER_SECONDS` is killed and
+replaced (a command it was asked for fails with ``COMMAND_START_FAILED``).
+
+Call :func:`spawn` with the reaper's lock held, like any start of a child.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from . import guard, oom
+from .reaper import Reaper
+
+#: How long the agent waits for the launcher to come up or to answer.
+ANSWER_SECONDS = 10.0
+#: Exit code reported for a command whose status the launcher took with it.
+LOST_CODE = 128 + signal.SIGKILL
+#: The longest reason for a failed start the agent reads.
+MAX_REASON = 1024
+
+_LENGTH = struct.Struct("!I")  # a request's JSON length; its descriptors ride on it
+_ANSWER = struct.Struct("!iiiH")  # pid, errno, what failed, reason length
+_EXIT = struct.Struct("!ii")  # pid, exit code
+
+# What failed, in an answer.
+_STARTED, _NO_PROGRAM, _NO_CWD, _REFUSED, _INVALID = 0, 1, 2, 3, 4
+
+_current: Launcher | None = None
+
+
+class StartFailed(Exception):
+    """Nothing ran: ``error`` is the OSError the spawn raised, else ``reason``;
+    ``invalid``: the request was at fault (an environment the OS cannot take)."""
+
+    def __init__(self, reason: str, error: OSError | None = None, invalid: bool = False) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.invalid = invalid
+
+
+def spawn(
+    reaper: Reaper,
+    argv: Sequence[str],
+    cwd: str,
+    env: dict[str, str],
+    streams: tuple[int | None, int | None, int | None],
+    ids: tuple[int, int, list[int]] | None,
+    *,
+    terminal: bool = False,
+) -> int:
+    """Start ``argv`` through the launcher (started first if there is none);
+    its pid, registered with nothing yet. ``streams``: stdin, stdout, stderr
+    (None: /dev/null); ``ids``: uid, gid and groups, None for root; ``terminal``:
+    make stdin its controlling terminal. Hold ``reaper.lock``.
+    Raises :class:`StartFailed`."""
+    global _current
+    # The launcher's own /dev/null stands in for a None: the agent keeps none
+    # open (sandbox code may open what the agent holds if its mode lets it).
+    fds = [fd for fd in streams if fd is not None]
+    given = [fd is not None for fd in streams]
+    request = {
+        "argv": list(argv),
+        "cwd": cwd,
+        "env": env,
+        "ids": ids,
+        "terminal": terminal,
+        "given": given,
+    }
+    for attempt in (1, 2):
+        if _current is None or not _current.alive:
+            try:
+                _current = Launcher.start(reaper)
+            except (OSError, RuntimeError) as exc:  # no process or thread to be had
+                raise StartFailed(f"cannot start the launcher of commands: {exc}") from None
+        try:
+            return _current.spawn(request, fds)
+        except _Gone:
+            _current.kill()
+            if attempt == 2:
+                raise StartFailed("the launcher of commands went away") from None
+    raise AssertionError("unreachable")
+
+
+class _Gone(Exception):
+    """The launcher went away before it was asked: asking another is safe."""
+
+
+class Launcher:
+    """The agent's side of one launcher process."""
+
+    def __init__(self, pid: int, requests: socket.socket, exits: socket.socket) -> None:
+        self.pid = pid
+        self.requests = requests
+        self.exits = exits
+        self.alive = True
+        #: Commands it started whose exit is still to come (under the reaper's lock).
+        self.running: set[int] = set()
+        self.reaped = threading.Event()
+        self.reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, reaper: Reaper) -> Launcher:
+        """Fork the launcher and set up its namespace. Hold ``reaper.lock``."""
+        requests, their_requests = socket.socketpair()
+        exits, their_exits = socket.socketpair()
+        unshared_r, unshared_w = os.pipe()
+        mapped_r, mapped_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the launcher; its work is seen by the agent
+            try:
+                for ours in (requests, exits):
+                    ours.close()
+                os.close(unshared_r)
+                os.close(mapped_w)
+                guard.enter_own_namespace(unshared_w, mapped_r)
+                _serve(their_requests, their_exits)
+            except BaseException as exc:
+                with contextlib.suppress(OSError):
+                    os.write(2, f"podbay-agent: the launcher stopped: {exc!r}\n".encode())
+            os._exit(1)
+        for theirs in (their_requests, their_exits):
+            theirs.close()
+        os.close(unshared_w)
+        os.close(mapped_r)
+        launcher = cls(pid, requests, exits)
+        reaper.register(pid, lambda _: launcher._reaped())
+        try:
+            waiting = select.poll()
+            waiting.register(unshared_r, select.POLLIN)
+            if not waiting.poll(int(ANSWER_SECONDS * 1000)):
+                raise StartFailed("the launcher of commands did not start")
+            if os.read(unshared_r, 32) != str(pid).encode():
+                raise StartFailed("the launcher of commands could not make its namespace")
+            guard.map_ids(pid)
+            os.write(mapped_w, b"1")
+        except BaseException:
+            launcher.kill()
+            raise
+        finally:
+            os.close(unshared_r)
+            os.close(mapped_w)
+        requests.settimeout(ANSWER_SECONDS)
+        reader = threading.Thread(
+            target=launcher._read_exits, args=(reaper,), name="launcher-exits", daemon=True
+        )
+        try:
+            reader.start()
+        except RuntimeError:
+            launcher.kill()
+            raise
+        launcher.reader = reader
+        return launcher
+
+    def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
+        """One command's pid. Raises :class:`_Gone` when the launcher is gone
+        before taking the request, :class:`StartFailed` otherwise."""
+        body = json.dumps(request).encode()
+        head = _LENGTH.pack(len(body))
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        try:
+            sent = self.requests.sendmsg([head, body], rights)
+        except (BrokenPipeError, ConnectionResetError):
+            raise _Gone from None
+        except OSError as exc:
+            self.kill()
+            raise StartFailed(f"the launcher of commands refused the request: {exc}") from None
+        try:
+            if sent < len(head) + len(body):
+                self.requests.sendall((head + body)[sent:])
+            pid, code, failed, length = _ANSWER.unpack(_read(self.requests, _ANSWER.size))
+            reason = _read(self.requests, min(length, MAX_REASON)) if length else b""
+            if length > MAX_REASON:
+                raise OSError("an answer too long")
+        except (OSError, struct.error) as exc:
+            self.kill()
+            raise StartFailed(f"the launcher of commands did not answer: {exc}") from None
+        if failed != _STARTED:
+            text = reason.decode("utf-8", "replace")
+            if failed in (_NO_PROGRAM, _NO_CWD):
+                where = request["cwd"] if failed == _NO_CWD else request["argv"][0]
+                raise StartFailed(text, OSError(code, os.strerror(code), where))
+            raise StartFailed(text or "cannot start", invalid=failed == _INVALID)
+        if not self._may_be_ours(pid):
+            self.kill()
+            raise StartFailed(f"the launcher of commands answered pid {pid}, not its own")
+        self.running.add(pid)
+        return int(pid)
+
+    def _may_be_ours(self, pid: int) -> bool:
+        """True when ``pid`` is not the agent, its group or session, and is a
+        child of the launcher or nothing (a command that is gone already)."""
+        if pid <= 1 or pid in (os.getpid(), os.getpgrp(), os.getsid(0), self.pid):
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        except OSError:
+            return False
+        try:
+            state, parent = stat[stat.rindex(b")") + 2 :].split()[:2]
+            return state == b"X" or int(parent) == self.pid  # X: being reaped, parent 0
+        except ValueError:
+            return False
+
+    def _read_exits(self, reaper: Reaper) -> None:
+        """The launcher's exit codes, to the reaper's callbacks, until it is gone."""
+        try:
+            while True:
+                pid, code = _EXIT.unpack(_read(self.exits, _EXIT.size))
+                with reaper.lock:
+                    if pid not in self.running:
+                        continue  # not one of ours: believe nothing of it
+                    self.running.discard(pid)
+                reaper.deliver(pid, code)
+        except (OSError, struct.error):
+            pass
+        self.kill()
+        self.exits.close()
+        # Its running commands are the agent's children once it is reaped; a
+        # status it took with it is lost: those commands count as killed.
+        self.reaped.wait(ANSWER_SECONDS)
+        with reaper.lock:
+            left = list(self.running)
+            self.running.clear()
+        for pid in left:
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                reaper.deliver(pid, LOST_CODE)
+            except OSError:
+                pass
+
+    def _reaped(self) -> None:
+        self.alive = False
+        self.reaped.set()
+
+    def kill(self) -> None:
+        """Stop using this launcher and kill it (the agent may: it is in a
+        namespace the agent's user owns)."""
+        self.alive = False
+        with contextlib.suppress(OSError):
+            if not self.reaped.is_set():
+                os.kill(self.pid, signal.SIGKILL)
+        for sock in (self.requests, self.exits):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.requests.close()
+        if self.reader is None:  # else the reader closes it once it sees the end
+            self.exits.close()
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes; OSError at the end of the stream."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError(errno.EPIPE, "the other side went away")
+        data += chunk
+    return bytes(data)
+
+
+# -- the launcher process ----------------------------------------------------
+
+
+def _serve(requests: socket.socket, exits: socket.socket) -> NoReturn:
+    """Become the launcher (in its namespace already) and start commands until
+    the agent goes away."""
+    keep = {requests.fileno(), exits.fileno()}
+    for sock in (requests, exits):
+        sock.set_inheritable(False)  # as all it keeps, and the streams it receives
+    for name in os.listdir("/proc/self/fd"):  # the agent's listener, connections, …
+        if name.isdigit() and int(name) not in keep:
+            with contextlib.suppress(OSError):
+                os.close(int(name))
+    devnull = os.open(os.devnull, os.O_RDWR)  # also 0, 1, 2: the agent's are not for commands
+    for fd in (0, 1, 2):
+        if fd != devnull:
+            os.dup2(devnull, fd)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(oom.COMMAND_SCORE))
+    # Caught, and so at their default again in every command (exec resets a
+    # caught signal, not an ignored one): a `pkill python` in the sandbox,
+    # which matches the launcher's name too, leaves it serving.
+    for name in ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM"):
+        signal.signal(getattr(signal, name), _shrug)
+    reaper = Reaper()
+    reaper.start()
+    requests.settimeout(None)
+    while True:
+        try:
+            head, ancillary, _, _ = requests.recvmsg(
+                _LENGTH.size,
+                socket.CMSG_SPACE(3 * array.array("i").itemsize),
+                socket.MSG_CMSG_CLOEXEC,
+            )
+        except OSError:
+            os._exit(0)
+        fds = array.array("i")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        if len(head) < _LENGTH.size:
+            if not head:
+                os._exit(0)  # the agent went away
+            head += _read(requests, _LENGTH.size - len(head))
+        try:
+            request = json.loads(_read(requests, _LENGTH.unpack(head)[0]))
+        except (OSError, ValueError):
+            os._exit(1)
+        with reaper.lock:
+            try:
+                answer = _start(request, list(fds), devnull, reaper, exits)
+            finally:
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        requests.sendall(answer)
+
+
+def _shrug(signum: int, frame: object) -> None:
+    """The launcher's handler of every signal it can catch: nothing."""
+
+
+def _start(
+    request: dict[str, Any], fds: list[int], devnull: int, reaper: Reaper, exits: socket.socket
+) -> bytes:
+    """Start one command with the streams ``fds`` (``devnull`` for those not
+    given); hold ``reaper.lock``. The answer to send."""
+    argv, cwd, ids, terminal = request["argv"], request["cwd"], request["ids"], request["terminal"]
+    from .launch import popen_command  # imported by the agent already (launch imports us)
+
+    try:
+        given = iter(fds)
+        streams = [next(given) if there else devnull for there in request["given"]]
+        if len(streams) != 3 or next(given, None) is not None:
+            raise ValueError("the request came with other streams than it named")
+        uid, gid, groups = (None, None, None) if ids is None else ids
+        # Every descriptor here is close-on-exec (see _serve): no closing pass
+        # in the child, a dozen system calls fewer (~5 ms of CPU under ptrace).
+        popen = popen_command(
+            argv, streams, cwd, request["env"], uid, gid, groups, terminal, close_fds=False
+        )
+    except OSError as exc:
+        failed = _NO_CWD if exc.filename == cwd and argv[0] != cwd else _NO_PROGRAM
+        return _answer(0, exc.errno or errno.EINVAL, failed, exc.strerror or str(exc))
+    except ValueError as exc:  # e.g. an environment the OS cannot take
+        return _answer(0, 0, _INVALID, f"cannot start {argv[0]!r}: {exc}")
+    except subprocess.SubprocessError as exc:  # take_terminal failed: nothing ran
+        return _answer(0, 0, _REFUSED, f"cannot start {argv[0]!r}: {exc}")
+
+    def exited(code: int) -> None:
+        popen.returncode = code  # so that nothing in subprocess ever waits for it
+        exits.sendall(_EXIT.pack(popen.pid, code))
+
+    reaper.register(popen.pid, exited)
+    return _answer(popen.pid, 0, _STARTED, "")
+
+
+def _answer(pid: int, code: int, failed: int, reason: str) -> bytes:
+    data = reason.encode("utf-8", "replace")[:MAX_REASON]
+    return _ANSWER.pack(pid, code, failed, len(data)) + data
