@@ -107,6 +107,8 @@ def spawn(
     }
     for attempt in (1, 2):
         if _current is None or not _current.alive:
+            if _current is not None:
+                _current.close()
             try:
                 _current = Launcher.start(reaper)
             except (OSError, RuntimeError) as exc:  # no process or thread to be had
@@ -174,6 +176,8 @@ class Launcher:
             os.write(mapped_w, b"1")
         except BaseException:
             launcher.kill()
+            launcher.requests.close()
+            launcher.exits.close()
             raise
         finally:
             os.close(unshared_r)
@@ -186,6 +190,8 @@ class Launcher:
             reader.start()
         except RuntimeError:
             launcher.kill()
+            launcher.requests.close()
+            launcher.exits.close()
             raise
         launcher.reader = reader
         return launcher
@@ -211,6 +217,10 @@ class Launcher:
             if length > MAX_REASON:
                 raise OSError("an answer too long")
         except (OSError, struct.error) as exc:
+            if not self.alive:  # it went away meanwhile: killed by a command, maybe this one
+                raise StartFailed(
+                    "the launcher of commands went away while starting it (it may have run)"
+                ) from None
             self.kill()
             raise StartFailed(f"the launcher of commands did not answer: {exc}") from None
         if failed != _STARTED:
@@ -282,12 +292,16 @@ class Launcher:
         with contextlib.suppress(OSError):
             if not self.reaped.is_set():
                 os.kill(self.pid, signal.SIGKILL)
+        # Shut, not closed: another thread may be using them (a closed number
+        # could be reused under it). The next spawn closes them (close()).
         for sock in (self.requests, self.exits):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Once killed and replaced (hold ``reaper.lock``): free its request
+        socket; its reader frees the other."""
         self.requests.close()
-        if self.reader is None:  # else the reader closes it once it sees the end
-            self.exits.close()
 
 
 def _read(sock: socket.socket, size: int) -> bytes:

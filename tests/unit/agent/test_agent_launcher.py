@@ -132,3 +132,10 @@ def test_exits_reach_the_reaper_only_for_commands_it_started(played: Played) -> 
 def test_a_command_whose_status_went_with_the_launcher_counts_as_killed(played: Played) -> None:
     # Not the agent's child once the launcher is gone: its status went with it.
     assert _exits_delivered(played, []) == {played.child: launcher.LOST_CODE}
+
+
+def test_a_launcher_gone_while_starting_says_the_command_may_have_run(played: Played) -> None:
+    # Its end seen by the exits reader meanwhile (a command may kill it at once).
+    threading.Timer(0.2, played.agent_side.kill).start()
+    with pytest.raises(StartFailed, match="may have run"):
+        played.agent_side.spawn(dict(REQUEST), [])
