@@ -97,9 +97,9 @@ class Transitions:
 
     async def _withdraw(self, node: Node, row: Sandbox) -> None:
         """The route gone: its mark first, so that a crash before the state is
-        written leaves a row that attach publishes again rather than trusts."""
-        if row.routed_on is not None:
-            await self.store.clear_routed(row.id)
+        written leaves a row that attach publishes again rather than trusts.
+        Whatever ``row`` says: a mark may have been written since it was read."""
+        await self.store.clear_routed(row.id)
         await node.withdraw(row.id)
 
     async def suspend(self, row: Sandbox, why: str) -> Sandbox | None:

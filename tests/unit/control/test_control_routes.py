@@ -1,13 +1,17 @@
-"""A deleted deployment's routes withdrawn on the nodes that hold its
-sandboxes (the cluster's side of services/deletions.py)."""
+"""Routes on the nodes as the control plane keeps them: a deleted
+deployment's withdrawn on each node that holds one of its sandboxes (the
+cluster's side of services/deletions.py), and a withdrawal's route mark."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 
+from podbay.control.metrics import Metrics
 from podbay.control.services.deletions import withdraw_deleted
+from podbay.control.services.transitions import Transitions
 from podbay.domain import Deployment, Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.store.sqlite import SqliteStore
@@ -79,5 +83,43 @@ async def test_each_node_withdraws_the_deleted_deployments_routes(tmp_path):
         missed = await withdraw_deleted(store, Hosts(a, b, quiet), "dep_doomed")  # type: ignore[arg-type]
         assert missed == ["quiet"]
         assert a.withdrawn == ["sb-dep_doomed-s1"] and b.withdrawn == ["sb-dep_doomed-s2"]
+    finally:
+        await store.close()
+
+
+class Freezing(Host):
+    """A node that dies (raises) after withdrawing, before it suspends."""
+
+    def can_suspend(self, class_: str) -> bool:
+        return True
+
+    async def suspend(self, class_: str, machine_id: str) -> None:
+        raise RuntimeError("node died mid-suspend")
+
+
+async def test_a_withdrawal_forgets_a_route_mark_written_since_the_row_was_read(tmp_path):
+    """Leaving running clears the row's routed_on before the route goes, even
+    when the caller's copy of the row predates the mark: a transition cut off
+    between the two must leave a row that attach publishes again."""
+    store = SqliteStore.open(tmp_path / "podbay.db")
+    node = Freezing("a")
+    try:
+        row = sandbox_record("s", state=SandboxState.RUNNING, node="a")
+        await store.insert_sandbox(row, deployment_cap=9, account_cap=9)
+        stale = await store.get_sandbox(row.deployment_id, "s")
+        assert stale is not None and await store.mark_routed(stale, "boot-1")
+        transitions = Transitions(
+            store,
+            Hosts(node),  # type: ignore[arg-type]
+            Metrics(),
+            lambda: EPOCH,
+            timedelta(hours=1),
+        )
+        with pytest.raises(RuntimeError):
+            await transitions.suspend(stale, "idle")
+        assert node.withdrawn == [row.id]
+        again = await store.get_sandbox(row.deployment_id, "s")
+        assert again is not None and again.state is SandboxState.RUNNING
+        assert again.routed_on is None
     finally:
         await store.close()
