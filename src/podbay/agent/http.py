@@ -44,6 +44,9 @@ IDLE_TIMEOUT_SECONDS = 600
 #: read and discarded to keep the connection; more, and it is closed.
 DRAIN_LIMIT = 8 * 1024 * 1024
 RECV_SIZE = 256 * 1024
+#: How long a connection closed with its request body unread is read (and the
+#: bytes dropped) before it is closed (see :func:`_linger`).
+LINGER_SECONDS = 2.0
 
 REASONS = {
     100: "Continue",
@@ -409,6 +412,20 @@ def _write_streamed(
     return keep_alive
 
 
+def _linger(sock: socket.socket) -> None:
+    """After an answer given before the body was read, stop sending and drop what
+    the client still sends, for a moment, before closing: a socket closed with
+    unread data resets the connection, and the client (the gateway, still
+    writing the body) can lose the answer with it."""
+    deadline = time.monotonic() + LINGER_SECONDS
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(RECV_SIZE):
+                return
+
+
 def _drain(body: Body) -> bool:
     """Discard what is left of an unread body; False when too much is left."""
     try:
@@ -537,6 +554,8 @@ def serve_connection(
                     and _drain(req.body)
                 )
             if not write_response(sock, resp, keep):
+                if not req.body.finished:
+                    _linger(sock)
                 return
     except (OSError, Aborted):
         return  # peer gone, idle timeout, or a body cut on purpose
