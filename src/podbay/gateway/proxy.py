@@ -24,6 +24,7 @@ and never retried (the command may have run).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 
@@ -395,22 +396,22 @@ async def _splice(writer: asyncio.StreamWriter, taken: TakenBody) -> bool:
     # The thread works on its own descriptors: either transport may close its
     # own meanwhile (an agent that hangs up resets the connection), and a
     # number closed under the thread could be reused by another connection.
+    # Nothing more goes through the stream: a write that fails there closes the
+    # transport and loses an answer the agent gave before hanging up.
     src = os.dup(taken.fd)
     dst = -1
     try:
-        writer.write(taken.head)
-        # Everything written through the stream must be out before the kernel
-        # appends to the same socket.
-        writer.transport.set_write_buffer_limits(0)
-        try:
-            await writer.drain()
-            dst = os.dup(writer.get_extra_info("socket").fileno())
-        except OSError:
-            pass  # the agent hung up already (it may have answered): the body is dropped
-        finally:
+        if writer.transport.get_write_buffer_size():
+            # The head must be out before the kernel appends to the same socket.
+            writer.transport.set_write_buffer_limits(0)
+            with contextlib.suppress(OSError):
+                await writer.drain()
             if not writer.transport.is_closing():
                 writer.transport.set_write_buffer_limits()
-        outcome = await splice_in_thread(src, dst, taken.left, taken.idle_timeout)
+        if not writer.transport.is_closing():
+            dst = os.dup(writer.get_extra_info("socket").fileno())
+        # dst -1: the agent hung up already (it may have answered): the body is dropped.
+        outcome = await splice_in_thread(src, dst, taken.left, taken.idle_timeout, taken.head)
     finally:
         os.close(src)
         if dst >= 0:

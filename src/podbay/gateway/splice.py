@@ -50,26 +50,46 @@ class Outcome(Enum):
     STOPPED = "stopped"
 
 
-def splice_body(src: int, dst: int, left: int, idle_timeout: float, stop: int) -> Outcome:
-    """Move exactly ``left`` bytes from socket ``src`` to socket ``dst`` (both
-    non-blocking; ``dst`` -1: the agent is gone already); returns early when
-    ``stop`` (a pipe's read end) turns readable."""
+def splice_body(
+    src: int, dst: int, left: int, idle_timeout: float, stop: int, head: bytes = b""
+) -> Outcome:
+    """Send ``head`` (body bytes already read), then move exactly ``left`` bytes
+    from socket ``src`` to socket ``dst`` (both non-blocking; ``dst`` -1: the
+    agent is gone already); returns early when ``stop`` (a pipe's read end)
+    turns readable."""
     r, w = os.pipe2(os.O_CLOEXEC)
     sink = -1
     try:
         if dst < 0:
             sink = dst = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        out = memoryview(head)
+        while out:
+            try:
+                out = out[os.write(dst, out) :]
+            except BlockingIOError:
+                ready = dict(_poll({stop: select.POLLIN, dst: select.POLLOUT}, idle_timeout))
+                if not ready:
+                    return Outcome.CLIENT_GONE
+                if stop in ready:
+                    return Outcome.STOPPED
+            except OSError:
+                if sink >= 0:
+                    raise
+                sink = dst = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # a smaller pipe only means more steps
             fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         room = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
         held = 0  # bytes in the pipe
+        # Each side is tried until it would block, then polled for: a would-block
+        # is an exception in Python, and retrying it blindly cost more CPU than
+        # the splices themselves.
+        readable = writable = True
         while left or held:
-            moved = False
-            if left and held < room:
+            if readable and left and held < room:
                 try:
                     n = os.splice(src, w, min(left, room - held), flags=_FLAGS)
                 except BlockingIOError:
-                    pass
+                    readable = False
                 except OSError:
                     return Outcome.CLIENT_GONE
                 else:
@@ -77,33 +97,31 @@ def splice_body(src: int, dst: int, left: int, idle_timeout: float, stop: int) -
                         return Outcome.CLIENT_GONE
                     left -= n
                     held += n
-                    moved = True
-            if held:
+            if writable and held:
                 try:
-                    n = os.splice(r, dst, held, flags=_FLAGS)
+                    held -= os.splice(r, dst, held, flags=_FLAGS)
                 except BlockingIOError:
-                    pass
+                    writable = False
                 except OSError:
                     if sink >= 0:
                         raise
                     sink = dst = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
                     continue
-                else:
-                    held -= n
-                    moved = moved or n > 0
-            if moved:
+            want_in = left > 0 and held < room
+            if not (left or held) or (readable and want_in) or (writable and held):
                 continue
-            poller = select.poll()
-            poller.register(stop, select.POLLIN)
-            if left and held < room:
-                poller.register(src, select.POLLIN)
+            wanted = {stop: select.POLLIN}
+            if want_in:
+                wanted[src] = select.POLLIN
             if held:
-                poller.register(dst, select.POLLOUT)
-            ready = poller.poll(idle_timeout * 1000)
+                wanted[dst] = select.POLLOUT
+            ready = dict(_poll(wanted, idle_timeout))
             if not ready:
                 return Outcome.CLIENT_GONE
-            if any(fd == stop for fd, _ in ready):
+            if stop in ready:
                 return Outcome.STOPPED
+            readable = readable or src in ready
+            writable = writable or dst in ready
         return Outcome.DONE if sink < 0 else Outcome.AGENT_GONE
     finally:
         os.close(r)
@@ -112,7 +130,16 @@ def splice_body(src: int, dst: int, left: int, idle_timeout: float, stop: int) -
             os.close(sink)
 
 
-async def splice_in_thread(src: int, dst: int, left: int, idle_timeout: float) -> Outcome:
+def _poll(wanted: dict[int, int], timeout: float) -> list[tuple[int, int]]:
+    poller = select.poll()
+    for fd, events in wanted.items():
+        poller.register(fd, events)
+    return poller.poll(timeout * 1000)
+
+
+async def splice_in_thread(
+    src: int, dst: int, left: int, idle_timeout: float, head: bytes = b""
+) -> Outcome:
     """:func:`splice_body` in a thread of its own; cancelling stops the thread and
     waits for it, so neither socket is closed under it."""
     global _running
@@ -130,7 +157,7 @@ async def splice_in_thread(src: int, dst: int, left: int, idle_timeout: float) -
 
     def run() -> None:
         try:
-            outcome = splice_body(src, dst, left, idle_timeout, stop_r)
+            outcome = splice_body(src, dst, left, idle_timeout, stop_r, head)
         except BaseException as exc:  # handed to the waiting relay
             loop.call_soon_threadsafe(settle, None, exc)
         else:

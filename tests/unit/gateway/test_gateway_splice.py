@@ -66,12 +66,14 @@ def test_moves_exactly_the_body_and_leaves_what_follows(client, agent, stop) -> 
     sender = _send(client[0], body + b"NEXT")
     got: list[bytes] = []
     reader = _receive(agent[1], got)
-    outcome = splice_body(client[1].fileno(), agent[0].fileno(), len(body), 10, stop[0])
+    outcome = splice_body(
+        client[1].fileno(), agent[0].fileno(), len(body), 10, stop[0], head=b"already read"
+    )
     agent[0].shutdown(socket.SHUT_WR)
     reader.join()
     sender.join()
     assert outcome is Outcome.DONE
-    assert b"".join(got) == body
+    assert b"".join(got) == b"already read" + body
     client[1].setblocking(True)
     assert client[1].recv(16) == b"NEXT"
 
