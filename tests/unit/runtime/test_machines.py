@@ -54,8 +54,14 @@ class Booting(RecordKeepingDriver):
         return None
 
     async def _boot(self, record: records.MachineRecord) -> None:
-        await asyncio.sleep(0.05)  # the record's write runs meanwhile
-        self.seen_while_booting.append(self._record(record.spec.machine_id).commanded)
+        # The record's write runs in a thread meanwhile: wait for it here (a
+        # write that waited for the boot to end would never come).
+        machine_id = record.spec.machine_id
+        for _ in range(1000):
+            if self._record(machine_id).commanded is MachineState.RUNNING:
+                break
+            await asyncio.sleep(0.01)
+        self.seen_while_booting.append(self._record(machine_id).commanded)
         if self.fail:
             raise DriverError("the agent did not answer")
         self.running.add(record.spec.machine_id)
