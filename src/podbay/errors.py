@@ -23,6 +23,7 @@
     ├── SetupFailed(index, command, exit_code, output)  a setup command failed
     ├── AgentError(status, body)         the agent refused a host-side call
     ├── AgentUnreachable                 no answer from the agent's socket
+    ├── SandboxStays(reason)             a sandbox a drain was to move stays on its node
     │
     │   runtime
     ├── DriverError                      a machine operation failed (for an operator)
@@ -38,6 +39,8 @@
     ├── Aborted                          cut a response mid-body
     ├── FrameError                       a terminal-stream frame broke the rules (ValueError)
     ├── EnvFileError                     the env file is unusable (ValueError)
+    ├── LaunchFailed(reason, error, invalid)  the guard's launcher started nothing
+    ├── LauncherGone                     the guard's launcher went away before it was asked
     └── UsageError                       the agent's command line is wrong (ValueError)
 
 Servers refuse with :class:`ApiError`; clients raise the ``Sandbox*``
@@ -187,6 +190,10 @@ class AgentUnreachable(PodbayError):
     """No answer from an agent's socket (not listening, gone, or too slow)."""
 
 
+class SandboxStays(PodbayError):
+    """Why a sandbox that ``podbay node drain`` was to move is on its node still."""
+
+
 class DriverError(PodbayError):
     """A machine operation failed; ``message`` is meant for an operator."""
 
@@ -230,6 +237,20 @@ class FrameError(PodbayError, ValueError):
 
 class EnvFileError(PodbayError, ValueError):
     """The env file is unreadable or not a JSON object of strings."""
+
+
+class LaunchFailed(PodbayError):
+    """Nothing ran: ``error`` is the OSError the spawn raised, else the reason;
+    ``invalid``: the request was at fault (an environment the OS cannot take)."""
+
+    def __init__(self, reason: str, error: OSError | None = None, invalid: bool = False) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.invalid = invalid
+
+
+class LauncherGone(PodbayError):
+    """The guard's launcher went away before it was asked: asking another is safe."""
 
 
 class UsageError(PodbayError, ValueError):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
-from podbay.errors import ApiError
+from podbay.errors import ApiError, LaunchFailed
 from podbay.wire.codes import ErrorCode
 
 from . import guard, launcher, oom
@@ -238,7 +238,7 @@ def _start_launched(
                 pid = launcher.spawn(
                     reaper, argv, cwd, env, (fds[0], fds[1], fds[2]), ids, terminal=terminal
                 )
-            except launcher.StartFailed as exc:
+            except LaunchFailed as exc:
                 if exc.error is not None:
                     raise _start_failed(exc.error, argv, cwd) from None
                 code = ErrorCode.REQUEST_INVALID if exc.invalid else ErrorCode.COMMAND_START_FAILED

@@ -47,6 +47,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from podbay.errors import LauncherGone, LaunchFailed
+
 from . import guard, oom
 from .reaper import Reaper
 
@@ -67,16 +69,6 @@ _STARTED, _NO_PROGRAM, _NO_CWD, _REFUSED, _INVALID = 0, 1, 2, 3, 4
 _current: Launcher | None = None
 
 
-class StartFailed(Exception):
-    """Nothing ran: ``error`` is the OSError the spawn raised, else ``reason``;
-    ``invalid``: the request was at fault (an environment the OS cannot take)."""
-
-    def __init__(self, reason: str, error: OSError | None = None, invalid: bool = False) -> None:
-        super().__init__(reason)
-        self.error = error
-        self.invalid = invalid
-
-
 def spawn(
     reaper: Reaper,
     argv: Sequence[str],
@@ -91,7 +83,7 @@ def spawn(
     its pid, registered with nothing yet. ``streams``: stdin, stdout, stderr
     (None: /dev/null); ``ids``: uid, gid and groups, None for root; ``terminal``:
     make stdin its controlling terminal. Hold ``reaper.lock``.
-    Raises :class:`StartFailed`."""
+    Raises :class:`LaunchFailed`."""
     global _current
     # The launcher's own /dev/null stands in for a None: the agent keeps none
     # open (sandbox code may open what the agent holds if its mode lets it).
@@ -112,18 +104,14 @@ def spawn(
             try:
                 _current = Launcher.start(reaper)
             except (OSError, RuntimeError) as exc:  # no process or thread to be had
-                raise StartFailed(f"cannot start the launcher of commands: {exc}") from None
+                raise LaunchFailed(f"cannot start the launcher of commands: {exc}") from None
         try:
             return _current.spawn(request, fds)
-        except _Gone:
+        except LauncherGone:
             _current.kill()
             if attempt == 2:
-                raise StartFailed("the launcher of commands went away") from None
+                raise LaunchFailed("the launcher of commands went away") from None
     raise AssertionError("unreachable")
-
-
-class _Gone(Exception):
-    """The launcher went away before it was asked: asking another is safe."""
 
 
 class Launcher:
@@ -169,9 +157,9 @@ class Launcher:
             waiting = select.poll()
             waiting.register(unshared_r, select.POLLIN)
             if not waiting.poll(int(ANSWER_SECONDS * 1000)):
-                raise StartFailed("the launcher of commands did not start")
+                raise LaunchFailed("the launcher of commands did not start")
             if os.read(unshared_r, 32) != str(pid).encode():
-                raise StartFailed("the launcher of commands could not make its namespace")
+                raise LaunchFailed("the launcher of commands could not make its namespace")
             guard.map_ids(pid)
             os.write(mapped_w, b"1")
         except BaseException:
@@ -197,18 +185,18 @@ class Launcher:
         return launcher
 
     def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
-        """One command's pid. Raises :class:`_Gone` when the launcher is gone
-        before taking the request, :class:`StartFailed` otherwise."""
+        """One command's pid. Raises :class:`LauncherGone` when the launcher is gone
+        before taking the request, :class:`LaunchFailed` otherwise."""
         body = json.dumps(request).encode()
         head = _LENGTH.pack(len(body))
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             sent = self.requests.sendmsg([head, body], rights)
         except (BrokenPipeError, ConnectionResetError):
-            raise _Gone from None
+            raise LauncherGone from None
         except OSError as exc:
             self.kill()
-            raise StartFailed(f"the launcher of commands refused the request: {exc}") from None
+            raise LaunchFailed(f"the launcher of commands refused the request: {exc}") from None
         try:
             if sent < len(head) + len(body):
                 self.requests.sendall((head + body)[sent:])
@@ -218,20 +206,20 @@ class Launcher:
                 raise OSError("an answer too long")
         except (OSError, struct.error) as exc:
             if not self.alive:  # it went away meanwhile: killed by a command, maybe this one
-                raise StartFailed(
+                raise LaunchFailed(
                     "the launcher of commands went away while starting it (it may have run)"
                 ) from None
             self.kill()
-            raise StartFailed(f"the launcher of commands did not answer: {exc}") from None
+            raise LaunchFailed(f"the launcher of commands did not answer: {exc}") from None
         if failed != _STARTED:
             text = reason.decode("utf-8", "replace")
             if failed in (_NO_PROGRAM, _NO_CWD):
                 where = request["cwd"] if failed == _NO_CWD else request["argv"][0]
-                raise StartFailed(text, OSError(code, os.strerror(code), where))
-            raise StartFailed(text or "cannot start", invalid=failed == _INVALID)
+                raise LaunchFailed(text, OSError(code, os.strerror(code), where))
+            raise LaunchFailed(text or "cannot start", invalid=failed == _INVALID)
         if not self._may_be_ours(pid):
             self.kill()
-            raise StartFailed(f"the launcher of commands answered pid {pid}, not its own")
+            raise LaunchFailed(f"the launcher of commands answered pid {pid}, not its own")
         self.running.add(pid)
         return int(pid)
 

@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from podbay.domain import Sandbox, SandboxState
+from podbay.errors import SandboxStays
 from podbay.settings import Settings
 from podbay.store.postgres import PostgresStore
 
@@ -111,12 +112,8 @@ async def _one(
         else:
             try:
                 done.moved.append({**entry, **await _move_off(row, nodes, transitions)})
-            except _Stays as stays:
+            except SandboxStays as stays:
                 done.failed.append({**entry, "why": str(stays)})
-
-
-class _Stays(Exception):
-    """Why a sandbox the drain was to move is on its node still."""
 
 
 async def _move_off(row: Sandbox, nodes: ClusterNodes, transitions: Transitions) -> dict[str, Any]:
@@ -124,20 +121,20 @@ async def _move_off(row: Sandbox, nodes: ClusterNodes, transitions: Transitions)
         try:
             stopped = await transitions.stop(row, "drain --evict")
         except Exception as exc:
-            raise _Stays(f"could not stop it: {exc}") from None
+            raise SandboxStays(f"could not stop it: {exc}") from None
         if stopped is None:
-            raise _Stays("it changed meanwhile; drain again")
+            raise SandboxStays("it changed meanwhile; drain again")
         row = stopped
     found = await nodes.relocation(row)
     if found is None:
-        raise _Stays(f"no other node takes class {row.class_!r} machines now")
+        raise SandboxStays(f"no other node takes class {row.class_!r} machines now")
     started = time.monotonic()
     try:
         result = await transitions.relocate(row, "drain", found[0])
     except Exception as exc:
-        raise _Stays(f"the move failed: {exc}") from None
+        raise SandboxStays(f"the move failed: {exc}") from None
     if result is None:
-        raise _Stays("it changed meanwhile; drain again")
+        raise SandboxStays("it changed meanwhile; drain again")
     moved, received = result
     return {
         "to": moved.node,

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import pytest
 
 from podbay.agent import launcher
-from podbay.agent.launcher import Launcher, StartFailed
+from podbay.agent.launcher import Launcher
 from podbay.agent.reaper import Reaper
+from podbay.errors import LaunchFailed
 
 REQUEST = {"argv": ["true"], "cwd": "/w", "env": {}, "ids": None, "terminal": False}
 
@@ -75,7 +76,7 @@ def test_a_pid_not_its_child_gets_the_launcher_killed(played: Played, who: str) 
         "stranger": os.getppid(),
     }
     played.answer(pids[who])
-    with pytest.raises(StartFailed, match="not its own"):
+    with pytest.raises(LaunchFailed, match="not its own"):
         played.agent_side.spawn(dict(REQUEST), [])
     assert not played.agent_side.alive
     assert played.process.wait(5) == -9
@@ -83,21 +84,21 @@ def test_a_pid_not_its_child_gets_the_launcher_killed(played: Played, who: str) 
 
 def test_a_long_answer_or_none_gets_the_launcher_killed(played: Played) -> None:
     played.requests.sendall(launcher._ANSWER.pack(0, 0, 3, 60000) + b"x" * launcher.MAX_REASON)
-    with pytest.raises(StartFailed, match="did not answer"):
+    with pytest.raises(LaunchFailed, match="did not answer"):
         played.agent_side.spawn(dict(REQUEST), [])
     assert played.process.wait(5) == -9
 
 
 def test_silence_gets_the_launcher_killed(played: Played) -> None:
     played.agent_side.requests.settimeout(0.2)
-    with pytest.raises(StartFailed, match="did not answer"):
+    with pytest.raises(LaunchFailed, match="did not answer"):
         played.agent_side.spawn(dict(REQUEST), [])
     assert played.process.wait(5) == -9
 
 
 def test_a_failed_start_names_what_was_missing(played: Played) -> None:
     played.answer(0, errno.ENOENT, 2, "No such file or directory")
-    with pytest.raises(StartFailed) as failed:
+    with pytest.raises(LaunchFailed) as failed:
         played.agent_side.spawn(dict(REQUEST), [])
     assert failed.value.error is not None and failed.value.error.filename == "/w"
     assert played.agent_side.alive  # a refusal is no lie
@@ -137,5 +138,5 @@ def test_a_command_whose_status_went_with_the_launcher_counts_as_killed(played: 
 def test_a_launcher_gone_while_starting_says_the_command_may_have_run(played: Played) -> None:
     # Its end seen by the exits reader meanwhile (a command may kill it at once).
     threading.Timer(0.2, played.agent_side.kill).start()
-    with pytest.raises(StartFailed, match="may have run"):
+    with pytest.raises(LaunchFailed, match="may have run"):
         played.agent_side.spawn(dict(REQUEST), [])
