@@ -115,7 +115,8 @@ class Platform:
         self.ready = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._checking: set[str] = set()
+        #: Checks of machines whose agent went quiet, by sandbox id.
+        self._checking: dict[str, asyncio.Task[None]] = {}
         rt = settings.runtime
         self.limits = Limits(
             memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
@@ -183,6 +184,7 @@ class Platform:
             clock=clock,
             mint=lambda sid, inc: self._mint(sid, inc, ttl),
         )
+        self.sandboxes.settle = self._settle
         self.verifier = CredentialVerifier(self.keys)
         # Wired as node/server.py's NodeServer wires it, on purpose: the same
         # gateway with each process's own hooks (metrics, suspects, deletions).
@@ -220,7 +222,6 @@ class Platform:
         """Check, once at a time per sandbox, a machine whose agent went quiet."""
         if self.lifecycle is None or sandbox_id in self._checking:
             return
-        self._checking.add(sandbox_id)
 
         async def check() -> None:
             try:
@@ -229,11 +230,22 @@ class Platform:
             except Exception:
                 log.exception("checking sandbox %s failed", sandbox_id)
             finally:
-                self._checking.discard(sandbox_id)
+                self._checking.pop(sandbox_id, None)
 
         task = asyncio.get_running_loop().create_task(check())
+        # Registered before the client sees its 502: an attach that follows
+        # waits for the check (SandboxService.settle) instead of racing it.
+        self._checking[sandbox_id] = task
         self._tasks.append(task)
         task.add_done_callback(self._forget_task)
+
+    async def _settle(self, sandbox_id: str) -> bool:
+        """Wait for the pending check of ``sandbox_id``, if any; whether there was one."""
+        task = self._checking.get(sandbox_id)
+        if task is None:
+            return False
+        await asyncio.shield(task)  # the check logs its own failure
+        return True
 
     def _forget_task(self, task: asyncio.Task[Any]) -> None:
         if task in self._tasks:

@@ -101,6 +101,9 @@ class SandboxService:
         #: False until the runtime is prepared and reconciled (set by the app).
         self.ready = False
         self.not_ready_reason = STARTING
+        #: Waits for a pending check of the sandbox's machine (its agent went
+        #: quiet: the gateway answered 502), True if there was one; set by the app.
+        self.settle: Callable[[str], Awaitable[bool]] | None = None
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
 
     # -- reads -------------------------------------------------------------------
@@ -216,6 +219,10 @@ class SandboxService:
         take the locked path."""
         row = await self.store.get_sandbox(deployment.id, name)
         if row is None or row.state is not S.RUNNING:
+            return None
+        # A machine under suspicion (a dead gVisor sandbox's route is still up):
+        # once its check has recorded what it found, the locked path reads anew.
+        if self.settle is not None and await self.settle(row.id):
             return None
         node = self.nodes.of(row)  # refuses a sandbox whose node is lost
         self._check_class(row, class_)
