@@ -21,12 +21,14 @@ the daemon is started by hand (no systemd) and keeps to itself:
   Docker makes its data root a *shared* mount, so every mount namespace made
   on the host afterwards holds peers of its overlay mounts, and podbay's
   slirp4netns (``--enable-sandbox``, as root: it makes ``/`` private but not
-  the mounts below, then detaches the old root) propagates an unmount of
+  the mounts below, then detaches the old root) propagated an unmount of
   every such leaf mount back to the host. In the host's namespace Docker's
   containers then failed to start now and then ("executable file not found":
   their root filesystem had been unmounted under them) while anyone's
-  podbay sandboxes started. In its own namespace nobody else sees its mounts
-  (and nobody else's namespaces pin them).
+  podbay sandboxes started. podbay now starts slirp4netns in a private
+  namespace of its own (runtime/network/slirp.py); this stays for older
+  checkouts on the machine. In its own namespace nobody else sees its
+  mounts (and nobody else's namespaces pin them).
 * runtimes ``runc`` (the default) and ``runsc`` (Debian's gVisor, the same
   binary podbay's gVisor class runs) with ``--platform=ptrace`` (this runsc
   predates systrap; KVM is not usable here) and ``--network=none``: with a
