@@ -41,6 +41,9 @@ from podbay.wire.codes import ErrorCode
 PREFIX = "/internal/v1"
 ENROLL = f"{PREFIX}/nodes/enroll"
 HEARTBEAT = f"{PREFIX}/nodes/heartbeat"
+#: ``POST {"sandboxes": [id, ...]}``: a node's gateway found these agents silent;
+#: answered once the control plane has checked their machines.
+SUSPECTS = f"{PREFIX}/nodes/suspects"
 KEYS = f"{PREFIX}/keys"
 #: ``GET DISKS/<class>/<machine id>``: a stopped machine's disk, for a disk pass.
 DISKS = f"{PREFIX}/disks"

@@ -218,8 +218,9 @@ class Platform:
     def _pool_changed(self, _: int) -> None:
         self.metrics.warm_pool.set(sum(len(pool) for pool in self.pools.values()))
 
-    def _suspect(self, sandbox_id: str) -> None:
-        """Check, once at a time per sandbox, a machine whose agent went quiet."""
+    async def _suspect(self, sandbox_id: str) -> None:
+        """Check, once at a time per sandbox, a machine whose agent went quiet
+        (awaited by the gateway before its 502; the check runs on its own)."""
         if self.lifecycle is None or sandbox_id in self._checking:
             return
 

@@ -56,6 +56,8 @@ log = logging.getLogger("podbay.control")
 LEASE_SECONDS = 10.0
 #: Largest body of a node's call (a heartbeat with every sandbox's activity).
 MAX_HEARTBEAT_BODY = 8 * 1024 * 1024
+#: Most sandboxes one suspects call names (a node sends one at a time).
+MAX_SUSPECTS = 100
 
 
 def _utcnow() -> datetime:
@@ -155,6 +157,7 @@ class ControlPlane:
                 Route(internal.ENROLL, self._enroll, methods=["POST"]),
                 Route(internal.HEARTBEAT, self._heartbeat, methods=["POST"]),
                 Route(internal.KEYS, self._keys, methods=["GET"]),
+                Route(internal.SUSPECTS, self._suspects, methods=["POST"]),
                 *openapi.routes,
                 *sandboxes.routes,
             ],
@@ -244,11 +247,33 @@ class ControlPlane:
         for sid in doc.get("unreachable") or []:
             if isinstance(sid, str):
                 self._check_later(sid)
-        if before is not None and before.report.get("boot") != report.get("boot"):
+        # The node restarted (it reports its new boot before serving, not yet
+        # ready), or it is ready now: make rows and machines agree.
+        restarted = before is not None and before.report.get("boot") != report.get("boot")
+        came_up = before is not None and report.get("ready") and not before.report.get("ready")
+        if restarted or came_up:
             await self.nodes.refresh(force=True)
-            self._reconcile_later(record.name)  # the node restarted: make rows and machines agree
+            self._reconcile_later(record.name)
         # The kids in use, so a node fetches a rotated key before a token needs it.
         return JSONResponse({"ok": True, "kids": self.keys.kids()})
+
+    async def _suspects(self, request: Request) -> Response:
+        """A node's gateway could not reach these sandboxes' agents: check their
+        machines now, before the node answers its client's 502, so the attach
+        that follows finds a dead machine already stopped (and carries it over)
+        instead of its route, as under ``serve``. The heartbeat repeats what
+        this call did not settle."""
+        await self._node(request)
+        doc = await self._json(request)
+        ids = doc.get("sandboxes")
+        if not isinstance(ids, list) or len(ids) > MAX_SUSPECTS:
+            raise ApiError(
+                ErrorCode.REQUEST_INVALID, f"sandboxes must be a list of at most {MAX_SUSPECTS}"
+            )
+        for sid in ids:
+            if isinstance(sid, str):
+                await self.lifecycle.check(sid)
+        return Response(status_code=204)
 
     async def _keys(self, request: Request) -> Response:
         await self._node(request)

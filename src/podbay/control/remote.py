@@ -57,7 +57,9 @@ def _raise_for(r: httpx.Response) -> None:
     if code is ErrorCode.NODE_CREDENTIAL_INVALID:
         # The node does not take our calls: that is ours to fix, not the caller's.
         code, message = ErrorCode.INTERNAL, f"the node refused the control plane: {message}"
-    raise ApiError(code, message)
+    retry = r.headers.get("retry-after")
+    # A temporary refusal (a node starting) stays one for the client.
+    raise ApiError(code, message, retry_after=float(retry) if retry and retry.isdigit() else None)
 
 
 class RemoteNode:

@@ -15,6 +15,7 @@ Pure ASGI rather than a framework route: this is the hot path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -92,7 +93,7 @@ class Gateway:
         *,
         observe: Callable[[str, int, float], None] | None = None,
         on_refusal: Callable[[str], None] | None = None,
-        on_unreachable: Callable[[str], None] | None = None,
+        on_unreachable: Callable[[str], Awaitable[None]] | None = None,
         before_route: Callable[[], Awaitable[None]] | None = None,
         default_user: str | None = None,
     ) -> None:
@@ -103,8 +104,9 @@ class Gateway:
         self.observe = observe
         #: (code) for every refusal: metrics' hook.
         self.on_refusal = on_refusal
-        #: (sandbox id) when its agent did not answer: the control plane checks
-        #: whether the machine died, so the next attach can bring it back.
+        #: (sandbox id) when its agent did not answer, awaited before the client
+        #: hears its 502: the control plane checks whether the machine died, so
+        #: the next attach can bring it back.
         self.on_unreachable = on_unreachable
         #: Awaited before the route is looked up: brings the route table up to
         #: date with deletions made by another process.
@@ -146,11 +148,18 @@ class Gateway:
                 # Only a native file write streams an unbounded body; every other
                 # body is JSON the agent reads whole.
                 limit = None if _streams_body(scope, tail) else MAX_JSON_BODY
+                hook = self.on_unreachable
                 status = await relay(
-                    route.pool, scope, receive, send, target, request_id, limit, self.extra_headers
+                    route.pool,
+                    scope,
+                    receive,
+                    send,
+                    target,
+                    request_id,
+                    limit,
+                    self.extra_headers,
+                    None if hook is None else functools.partial(hook, sid),
                 )
-                if status == 502 and self.on_unreachable is not None:
-                    self.on_unreachable(sid)
         finally:
             self.activity.end(sid)
         self._observe("exec" if tail == _EXEC else "other", status, started)

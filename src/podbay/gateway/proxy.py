@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import httptools
 
@@ -182,12 +182,16 @@ async def relay(
     request_id: str,
     body_limit: int | None = None,
     extra_headers: Sequence[tuple[bytes, bytes]] = (),
+    before_unreachable: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
     """Forward one request; returns the status the client got.
 
     ``body_limit``: the most request-body bytes relayed; a larger declared
     length is refused before the agent is reached, a larger streamed body
     as soon as it passes the limit (413 ``REQUEST_TOO_LARGE`` either way).
+    ``before_unreachable``: awaited when the agent does not answer, before
+    the client hears its 502, so that what it starts (a check of the machine)
+    is under way before the client can act on the 502 (attach again).
     """
     head, framing = _request_head(scope, target, request_id, extra_headers)
     if (
@@ -211,14 +215,14 @@ async def relay(
     try:
         conn = await pool.acquire()
     except OSError:
-        return await _unreachable(send, request_id)
+        return await _unreachable(send, request_id, before_unreachable)
     started = False
     gone = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
     try:
         conn = await _send_head(pool, conn, head)
     except OSError:
-        return await _unreachable(send, request_id)
+        return await _unreachable(send, request_id, before_unreachable)
     reader, writer = conn
     try:
         reading, delivered = await _deliver(
@@ -275,8 +279,10 @@ async def relay(
         if gone.is_set():
             return 499
         if not started:
-            return await _unreachable(send, request_id)
+            return await _unreachable(send, request_id, before_unreachable)
         # Mid-body: the client gets a short body; nothing else can be said now.
+        if before_unreachable is not None:
+            await before_unreachable()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 502
     except BaseException:
@@ -462,7 +468,11 @@ def _passed_on(name: bytes) -> bool:
     return name in _KEEP_RESPONSE or name.startswith(_KEEP_RESPONSE_PREFIX)
 
 
-async def _unreachable(send: Send, request_id: str) -> int:
+async def _unreachable(
+    send: Send, request_id: str, before: Callable[[], Awaitable[None]] | None = None
+) -> int:
+    if before is not None:
+        await before()
     exc = ApiError(ErrorCode.AGENT_UNREACHABLE, "the sandbox's agent did not answer")
     await send_error(send, exc, request_id)
     return exc.status

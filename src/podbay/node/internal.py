@@ -70,6 +70,13 @@ def _machine(value: str) -> str:
 
 
 def _class(node: NodeServer, value: str) -> str:
+    if not node.ready:
+        # Starting (its classes being proved): temporary, unlike a class it lacks.
+        raise ApiError(
+            ErrorCode.SANDBOXES_UNAVAILABLE,
+            f"node {node.name} is starting; try again shortly",
+            retry_after=1,
+        )
     return node.classes.require(value)
 
 

@@ -57,6 +57,11 @@ from .local import LocalNode
 
 log = logging.getLogger("podbay.node")
 CREDENTIAL_FILE = "node-credential"
+#: How long a start waits for the control plane to hear of it before serving.
+ANNOUNCE_WAIT = 15.0
+#: How long a client's 502 waits for the control plane to check the machine
+#: whose agent was silent (a dead one is then carried over by the next attach).
+SUSPECT_WAIT = 10.0
 #: Paths the node answers itself; everything else outside /internal is the gateway's.
 _OWN = ("/healthz", "/metrics")
 
@@ -175,7 +180,11 @@ class NodeServer:
         self.credential = self._read_credential()
         self.keys = ControlKeys(self.control_url, self.credential or "")
         self.verifier = CredentialVerifier(self.keys)
+        #: Sandboxes whose agent went silent, for the next heartbeat to report
+        #: (when reporting them at once failed).
         self._unreachable: set[str] = set()
+        #: Reports under way, by sandbox: concurrent 502s of one sandbox share one.
+        self._suspects: dict[str, asyncio.Task[None]] = {}
         # Wired as control/app.py's Platform wires it, on purpose: the same
         # gateway with each process's own hooks (metrics, unreachable agents).
         self.gateway = Gateway(
@@ -184,7 +193,7 @@ class NodeServer:
             self.activity,
             observe=self.metrics.observe_gateway,
             on_refusal=self.metrics.refused,
-            on_unreachable=self._unreachable.add,
+            on_unreachable=self._suspect,
             default_user=settings.runtime.default_user or None,
         )
         self.boot = secrets.token_hex(8)
@@ -192,6 +201,7 @@ class NodeServer:
         self.enrolled = False
         self.startup_error: str | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._wake = asyncio.Event()
         self.client = httpx.AsyncClient(timeout=10.0)
         self.internal = Starlette(
             routes=[
@@ -316,33 +326,86 @@ class NodeServer:
         if isinstance(kids, list) and set(kids) != self.keys.kids():
             await self.keys.fetch(self.client)
 
+    async def _suspect(self, sandbox_id: str) -> None:
+        """The gateway could not reach a sandbox's agent: report it to the
+        control plane at once, before the client hears its 502, so the attach
+        that follows finds the machine checked (carried over if it died), not
+        its route. Waits ``SUSPECT_WAIT`` at most; the heartbeat reports what
+        this did not."""
+        self._unreachable.add(sandbox_id)
+        task = self._suspects.get(sandbox_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._report_suspect(sandbox_id))
+            self._suspects[sandbox_id] = task
+            task.add_done_callback(functools.partial(self._reported, sandbox_id))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), SUSPECT_WAIT)
+        except Exception as exc:
+            log.warning("sandbox %s: reporting its silent agent failed: %s", sandbox_id, exc)
+
+    async def _report_suspect(self, sandbox_id: str) -> None:
+        r = await self.client.post(
+            self.control_url + internal.SUSPECTS,
+            json={"sandboxes": [sandbox_id]},
+            headers={"Authorization": f"Bearer {self.credential}"},
+        )
+        r.raise_for_status()
+        self._unreachable.discard(sandbox_id)
+
+    def _reported(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._suspects.get(sandbox_id) is task:
+            del self._suspects[sandbox_id]
+
+    async def _join(self) -> None:
+        """Enroll, or prove the kept credential with a heartbeat (a 401 enrolls
+        again); healthy only once the control plane's keys are here too."""
+        if self.credential:
+            await self.heartbeat()
+            await self.keys.fetch(self.client)
+            self.enrolled = True
+        else:
+            await self.enroll()
+
     async def _beat_forever(self) -> None:
         while True:
             try:
                 if not self.enrolled:
-                    if self.credential:
-                        # The kept credential: a first heartbeat proves it (a 401
-                        # enrolls again); healthy only once keys are here too.
-                        await self.heartbeat()
-                        await self.keys.fetch(self.client)
-                        self.enrolled = True
-                    else:
-                        await self.enroll()
+                    await self._join()
                 await self.heartbeat()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("control plane unreachable: %s", exc)
-            await asyncio.sleep(self.settings.cluster.heartbeat_seconds)
+            # A beat every interval, or at once when woken (the node became ready).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.cluster.heartbeat_seconds)
+            self._wake.clear()
 
     # -- start and stop ------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self._announce()
+        # Beating from now on, ready or not: a long start (classes proved, the
+        # pool filled) does not make the node look lost.
+        self._tasks.append(asyncio.create_task(self._beat_forever()))
         self._tasks.append(asyncio.create_task(self._start()))
         try:
             yield
         finally:
             await self.shutdown()
+
+    async def _announce(self) -> None:
+        """Report this process's boot before serving anything. The routes an
+        earlier process took died with it; the store forgets them in the
+        transaction that records the new boot, so no attach hands out a route
+        this process does not hold (it publishes it again, once we are ready).
+        The listening socket queues connections meanwhile. A control plane out
+        of reach is waited for ``ANNOUNCE_WAIT`` at most (then the heartbeat
+        loop keeps trying)."""
+        try:
+            await asyncio.wait_for(self._join(), ANNOUNCE_WAIT)
+        except Exception as exc:
+            log.warning("could not report this start to the control plane yet: %r", exc)
 
     async def _start(self) -> None:
         try:
@@ -358,7 +421,7 @@ class NodeServer:
             await default_pool.wait_filled()
         self.ready = True
         log.info("node %s ready (classes %s)", self.name, list(self.classes.available))
-        self._tasks.append(asyncio.create_task(self._beat_forever()))
+        self._wake.set()  # tell the control plane now: it reconciles us, then places here
 
     async def _clear_old_pool(self) -> None:
         """Pool machines of a previous run are nobody's: destroy them before

@@ -4,7 +4,11 @@ behind haproxy, two ``podbay node``, real sandboxes):
 
 * attaching a running sandbox asks its node nothing (the node keeps the
   routes it was given; the store records which node process took each);
-* a restarted node's routes are published again on the next attach;
+* a restarted node's routes are published again on the next attach, and
+  no attach hands out a route while it starts (it reports its new boot
+  before serving);
+* a machine killed underneath is carried over by the very next attach (the
+  node reports its 502 to the control plane before the client hears it);
 * a deleted deployment's or sandbox's credentials are refused by its node at
   once, not at a lifecycle pass (here an hour away), as under ``serve``
   (tests/security/test_lifecycle_deleted_deployment.py).
@@ -14,10 +18,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from podbay.testing.cluster import LocalCluster
@@ -92,6 +99,60 @@ def test_a_restarted_nodes_routes_are_published_again(cluster, token):
         again = _attached(cluster, token, "survivor", control=control)
         assert again["start"] == "reused"
         assert _exec(again, "true").status_code == 200
+
+
+def test_no_attach_hands_out_a_route_while_a_node_restarts(cluster, token):
+    """The restarted node reports its new boot before it serves anything: an
+    attach meanwhile is refused as temporary (503 with Retry-After, as the SDK
+    waits out) or answers a handle that works, never one whose route is gone."""
+    handle = _attached(cluster, token, "restarting")
+    node = cluster.node_for(handle["endpoint"])
+    node.terminate()
+    node.spawn()
+    deadline = time.monotonic() + 60
+    while True:  # the first moment the new process answers at all
+        try:
+            node.http.get("/healthz", timeout=2)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    refused = 0
+    while True:
+        r = cluster.attach(token, "restarting")
+        if r.status_code == 503 and "Retry-After" in r.headers:
+            refused += 1
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.1)
+            continue
+        assert r.status_code == 200, r.text
+        assert r.json()["endpoint"] == handle["endpoint"]
+        done = _exec(r.json(), "true")
+        assert done.status_code == 200, (refused, done.text)
+        break
+    node.wait_ready()
+
+
+def test_a_machine_killed_underneath_is_carried_over_by_the_next_attach(cluster, token):
+    """Its node's gateway answers 502 AGENT_UNREACHABLE; the control plane has
+    checked the machine before that answer left, so the attach right after
+    starts it again with its files (not a heartbeat later)."""
+    handle = _attached(cluster, token, "doomed-machine")
+    assert _exec(handle, "sh", "-c", "echo kept > /workspace/f").status_code == 200
+    node = cluster.node_for(handle["endpoint"])
+    sandbox_id = handle["endpoint"].rsplit("/", 1)[1]
+    with psycopg.connect(cluster.store_url, autocommit=True) as db:
+        row = db.execute("SELECT machine_id FROM sandboxes WHERE id=%s", (sandbox_id,)).fetchone()
+    assert row is not None
+    subprocess.run(["runc", "--root", f"{node.run_dir}/runc", "kill", row[0], "KILL"], check=True)
+    deadline = time.monotonic() + 10
+    while (r := _exec(handle, "true")).status_code != 502:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    assert r.json()["code"] == "AGENT_UNREACHABLE"
+    again = _attached(cluster, token, "doomed-machine")
+    assert again["start"] == "carried_over"
+    assert _exec(again, "cat", "/workspace/f").json()["stdout"] == "kept\n"
 
 
 def test_a_deleted_deployments_sandboxes_are_refused_at_once_on_every_node(cluster):

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from podbay.client import SandboxClient, SandboxUnavailableError
 from podbay.testing.cluster import LocalCluster
 from podbay.testing.platform import PlatformServer
 
@@ -197,6 +198,16 @@ def test_a_killed_node_is_lost_until_drained(cluster, token):
     kept = [n for n, h in handles.items() if _node_of(cluster, h) != _name(victim)]
     assert doomed and kept
     victim.kill9()
+    # Until it is lost, attach answers its route from the store (inherent to
+    # a timeout); calls to it do not connect: nothing was sent, and the SDK's
+    # error carries the connection error that says so (safe to repeat).
+    early = _attach(cluster, token, doomed[0], 1)
+    assert early.status_code == 200, early.text
+    assert early.json()["endpoint"] == handles[doomed[0]]["endpoint"]
+    client = SandboxClient(identity_token=token, server_url=cluster.url)
+    with client, pytest.raises(SandboxUnavailableError) as caught:
+        client.exec(doomed[0], ["true"])
+    assert isinstance(caught.value.cause, httpx.ConnectError)
     deadline = time.monotonic() + LOST_SECONDS + 20
     while True:
         record = httpx.get(f"{cluster.url}/api/v1/sandboxes/{doomed[0]}", headers=auth)
