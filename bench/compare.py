@@ -53,8 +53,8 @@ Rows (medians of ``--runs`` samples unless said):
   server and the agent (``write_sdk cpu agent`` ..., after the table), which
   load inflates far less than time; both over-write the same file each time,
   as a client updating a file does;
-* ``podbay sandbox exec NAME -- true``: the CLI as a whole process; Docker:
-  ``docker exec``;
+* ``podbay sandbox exec NAME -- true``: the CLI as a whole process, its
+  bytecode cached as in an installed package; Docker: ``docker exec``;
 * exec throughput: 8 client threads over 20 running sandboxes, 5 s, once
   (Docker: API exec create + start);
 * first exec after idling past the agent's hibernation delay (podbay's
@@ -418,6 +418,11 @@ class Podbay:
             **os.environ,
             "ASTRO_AUTHZ_TOKEN": self.token,
             "PODBAY_SERVER_URL": self.server.base_url,
+            # Bytecode cached, as an installed package has it (pip compiles it
+            # at install): an editable install under PYTHONDONTWRITEBYTECODE
+            # compiles podbay's modules at every start. Kept out of the tree.
+            "PYTHONDONTWRITEBYTECODE": "",
+            "PYTHONPYCACHEPREFIX": str(self.root / "pycache"),
         }
         started = time.perf_counter()
         # No stdin, as typed at a terminal (and as `docker exec` without -i).

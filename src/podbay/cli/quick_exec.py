@@ -28,9 +28,8 @@ command, streamed in a chunked request body (:func:`local_stdin`), unless
 
 from __future__ import annotations
 
-import json
+import _socket
 import os
-import socket
 import sys
 
 from podbay import __version__
@@ -40,9 +39,9 @@ from podbay.client._config import (
     exec_timeout_ms,
     token_issuer,
 )
-from podbay.errors import refusal_error, request_error
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 from podbay.wire.paths import EXEC, EXEC_STDIN_CONTENT_TYPE, SANDBOXES
+from podbay.wire.quickjson import dumps, loads
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
 if TYPE_CHECKING:
@@ -185,7 +184,7 @@ class _Connections:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.open: dict[tuple[str, int], socket.socket] = {}
+        self.open: dict[tuple[str, int], _socket.socket] = {}
 
     def request(
         self, method: str, url: str, headers: dict[str, str], body: bytes, then: int | None = None
@@ -210,8 +209,8 @@ class _Connections:
             return None
         sock = self.open.get((host, port))
         if sock is None:
-            sock = socket.create_connection((host, port), timeout=self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = connect(host, port, self.timeout)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             self.open[(host, port)] = sock
         if then is None:
             sock.sendall(head + body)
@@ -230,8 +229,48 @@ class _Connections:
             sock.close()
 
 
+def connect(host: str, port: int, timeout: float) -> _socket.socket:
+    """``socket.create_connection((host, port), timeout)``, with the C module
+    alone: the ``socket`` module loads ``enum`` and ``selectors`` to start.
+    Each address in turn; the last one's error when none connects."""
+    error: OSError = OSError("getaddrinfo returns an empty list")
+    for family, kind, proto, _, address in _socket.getaddrinfo(
+        _lookup_name(host), port, 0, _socket.SOCK_STREAM
+    ):
+        try:
+            sock = _socket.socket(family, kind, proto)
+        except OSError as exc:
+            error = exc
+            continue
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error
+
+
+def _lookup_name(host: str) -> str | bytes:
+    """``host`` as ``getaddrinfo`` receives it: ASCII bytes, which is what the
+    ``idna`` codec makes of a ``str`` whose labels are 1 to 63 characters (the
+    last may be empty), without loading the codec (and ``unicodedata``).
+    Anything else stays a ``str``, for the codec to encode or refuse.
+
+    >>> _lookup_name("127.0.0.1"), _lookup_name("cp.example."), _lookup_name("a..b")
+    (b'127.0.0.1', b'cp.example.', 'a..b')
+    """
+    if host.isascii():
+        *labels, last = host.split(".")
+        if all(0 < len(label) < 64 for label in labels) and len(last) < 64:
+            return host.encode()
+    return host
+
+
 class _Reader:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.buf = b""
 
@@ -259,7 +298,7 @@ class _Reader:
         return data
 
 
-def _read_answer(sock: socket.socket) -> tuple[int, str, bytes, bool]:
+def _read_answer(sock: _socket.socket) -> tuple[int, str, bytes, bool]:
     """One HTTP/1.1 answer: status, reason, body, whether the connection stays open."""
     reader = _Reader(sock)
     head = reader.until(b"\r\n\r\n", _MAX_HEAD).decode("latin-1").split("\r\n")
@@ -295,6 +334,8 @@ def _read_answer(sock: socket.socket) -> tuple[int, str, bytes, bool]:
 
 def _refusal(status: int, reason: str, raw: bytes) -> str:
     """The same sentence the SDK's refusal gives (both are ``refusal_error``)."""
+    from podbay.errors import refusal_error  # here: only a refusal needs it
+
     return str(refusal_error(status, raw, reason))
 
 
@@ -328,12 +369,12 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                     "User-Agent": agent,
                     "Content-Type": "application/json",
                 },
-                json.dumps({"class": DEFAULT_SANDBOX_CLASS}).encode(),
+                dumps({"class": DEFAULT_SANDBOX_CLASS}).encode(),
             )
             if attached is None or attached[0] not in (200, 201):
                 return None
             raw = attached[2]
-            handle = json.loads(raw)
+            handle = loads(raw)
             endpoint, headers = handle["endpoint"], handle["headers"]
             if not isinstance(endpoint, str) or not isinstance(headers, dict):
                 return None
@@ -355,7 +396,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                     "POST",
                     url,
                     {"User-Agent": agent, **headers, "Content-Type": "application/json"},
-                    json.dumps(body).encode(),
+                    dumps(body).encode(),
                 )
             else:
                 # The request line, then stdin: once sent, it cannot be sent again,
@@ -364,7 +405,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                     "POST",
                     url,
                     {"User-Agent": agent, **headers, "Content-Type": EXEC_STDIN_CONTENT_TYPE},
-                    json.dumps(body).encode() + b"\n",
+                    dumps(body).encode() + b"\n",
                     then=stdin,
                 )
                 if answered is not None and answered[0] in _REPEATABLE:
@@ -381,10 +422,12 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
             _fail(_refusal(status, reason, raw))
             return 1
         try:
-            result = json.loads(raw)
+            result = loads(raw)
             code = int(result["exit_code"])
             stdout, stderr = str(result.get("stdout", "")), str(result.get("stderr", ""))
         except (ValueError, KeyError, TypeError) as exc:
+            from podbay.errors import request_error
+
             _fail(
                 str(
                     request_error(

@@ -5,12 +5,15 @@ without loading httpx.
 
 from __future__ import annotations
 
-import base64
 import binascii
-import json
+
+from podbay.wire.quickjson import loads
 
 TOKEN_ENV = "ASTRO_AUTHZ_TOKEN"
 DEFAULT_TIMEOUT_SECONDS = 30.0
+#: base64url's two letters to standard base64's: ``base64.urlsafe_b64decode``
+#: is this and ``binascii``, less the ``base64`` module's import (``struct``).
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def token_issuer(token: str) -> str:
@@ -26,7 +29,9 @@ def token_issuer(token: str) -> str:
         raise ValueError("identity token is not a JWT (expected three dot-separated parts)")
     payload = parts[1] + "=" * (-len(parts[1]) % 4)
     try:
-        claims = json.loads(base64.urlsafe_b64decode(payload))
+        if not payload.isascii():  # base64's own words for it
+            raise ValueError("string argument should contain only ASCII characters")
+        claims = loads(binascii.a2b_base64(payload.encode().translate(_URLSAFE)))
     except (ValueError, binascii.Error) as exc:
         raise ValueError(f"identity token payload is not base64url JSON ({exc})") from None
     issuer = claims.get("iss") if isinstance(claims, dict) else None

@@ -6,7 +6,6 @@ Here, in the stdlib-only package that is staged into every sandbox, so that
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
@@ -25,6 +24,8 @@ def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], An
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        import importlib  # here: it loads warnings, and most starts never call this
+
         value = getattr(importlib.import_module(module, package), name)
         namespace[name] = value
         return value

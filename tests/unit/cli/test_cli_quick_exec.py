@@ -61,11 +61,29 @@ def test_hands_over_without_a_token_or_to_https() -> None:
     assert run(["box", "--token", "not-a-jwt", "--", "true"], environ={}) is None
 
 
+#: Modules the quick path does without: the full command's (click, httpx), and
+#: the standard library's heavier ones (json loads re, enum, functools and
+#: collections; socket loads enum and selectors; importlib loads warnings).
+NOT_LOADED = (
+    "click",
+    "httpx",
+    "typing",
+    "http.client",
+    "urllib.parse",
+    "json",
+    "re",
+    "enum",
+    "socket",
+    "base64",
+    "importlib",
+    "podbay.errors",
+)
+
+
 def test_loads_neither_click_nor_httpx_nor_typing() -> None:
     code = (
         "import sys; import podbay.cli.entry, podbay.cli.quick_exec; "
-        "print(sorted(m for m in ('click', 'httpx', 'typing', 'http.client', 'urllib.parse')"
-        " if m in sys.modules))"
+        f"print(sorted(m for m in {NOT_LOADED!r} if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
