@@ -34,7 +34,7 @@ SUBS: list[tuple[str, str]] = [
     (r"\bAsyncTerminal\b", "Terminal"),
     (r"\b_AsyncPortTransport\b", "_PortTransport"),
     (r"\bhandle_async_request\b", "handle_request"),
-    (r"\bhttpx\.AsyncHTTPTransport\b", "httpx.HTTPTransport"),
+    (r"\bdefault_async_transport\b", "default_transport"),
     (r"\bhttpx\.AsyncClient\b", "httpx.Client"),
     (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
     (r"\baiter_bytes\b", "iter_bytes"),

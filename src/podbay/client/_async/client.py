@@ -70,6 +70,7 @@ from .._core import (
 from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
+from .._transport import default_async_transport
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class AsyncSandboxClient:
         )
         self._core = Core(config)
         #: Also what :meth:`port_transport` sends through.
-        self._transport = transport or httpx.AsyncHTTPTransport()
+        self._transport = transport or default_async_transport()
         self._http = httpx.AsyncClient(
             transport=self._transport,
             timeout=httpx.Timeout(config.timeout_seconds),

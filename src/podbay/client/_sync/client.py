@@ -71,6 +71,7 @@ from .._core import (
 from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
 from .._run import RunAccumulator
+from .._transport import default_transport
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class SandboxClient:
         )
         self._core = Core(config)
         #: Also what :meth:`port_transport` sends through.
-        self._transport = transport or httpx.HTTPTransport()
+        self._transport = transport or default_transport()
         self._http = httpx.Client(
             transport=self._transport,
             timeout=httpx.Timeout(config.timeout_seconds),
