@@ -6,7 +6,10 @@ all of its time went to Python start-up and imports (~100 ms for httpx and
 the SDK, ~15 ms for click, ~10 ms more for ``http.client`` and the email
 package it loads), not to the two requests it makes. This path makes those
 two requests (attach, exec) with a socket and the little HTTP/1.1 two JSON
-requests need, and prints what the full command prints.
+requests need, and prints what the full command prints. It loads neither
+``json`` nor ``socket`` (:mod:`podbay.wire.quickjson`, :func:`connect`):
+between them they load ``re``, ``enum``, ``functools``, ``collections`` and
+``selectors``, ~20 ms of CPU a start on a loaded 2-core machine.
 
 It hands over to the full command (by answering ``None``) whenever the
 full command would do something it does not, always before the command

@@ -70,8 +70,9 @@ def is_valid_sandbox_name(name: str) -> bool:
     >>> is_valid_sandbox_name("thread-42"), is_valid_sandbox_name("../x")
     (True, False)
     """
-    # SANDBOX_NAME_PATTERN, spelled out: ``re`` costs the CLI ~5 ms to import
-    # (tests/unit/wire pins that the two agree). Not "$": it accepts a trailing newline.
+    # SANDBOX_NAME_PATTERN spelled out, because ``re`` (with the enum, functools
+    # and collections it loads) costs the CLI's quick path a few ms to import;
+    # tests/unit/wire/test_limits.py pins that the two agree.
     return (
         0 < len(name) <= 128 and name[0] in _NAME_FIRST and all(char in _NAME_REST for char in name)
     )

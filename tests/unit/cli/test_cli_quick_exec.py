@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 
@@ -151,3 +152,49 @@ def test_reads_length_chunked_and_closing_answers() -> None:
         pass
     else:
         raise AssertionError("a short body must not pass")
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from podbay.cli import quick_exec
+
+    assert doctest.testmod(quick_exec).failed == 0
+
+
+def test_host_names_reach_getaddrinfo_as_the_idna_codec_makes_them() -> None:
+    from podbay.cli.quick_exec import _lookup_name
+
+    for host in ("127.0.0.1", "::1", "localhost", "cp.example.", "a" * 63, "a" * 64, "x.", "."):
+        for name in (host, f"{host}.b", f"b.{host}", f"{host}..c"):
+            try:
+                expected: str | bytes = name.encode("idna")
+            except UnicodeError:
+                expected = name  # left to the codec, which refuses it
+            assert _lookup_name(name) == expected, name
+    assert _lookup_name("b\u00fccher.example") == "b\u00fccher.example"
+
+
+def test_connect_is_create_connection() -> None:
+    import socket
+
+    from podbay.cli.quick_exec import connect
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        sock = connect("127.0.0.1", port, 5)
+        try:
+            assert sock.getpeername() == ("127.0.0.1", port) and sock.gettimeout() == 5
+        finally:
+            sock.close()
+    # Nothing listens now: the same error as the socket module's, for every address.
+    for host in ("127.0.0.1", "localhost"):
+        errors = []
+        for attempt in (connect, lambda h, p, t: socket.create_connection((h, p), t)):
+            try:
+                attempt(host, port, 5).close()
+            except OSError as exc:
+                errors.append((type(exc), exc.errno))
+        assert errors == [(ConnectionRefusedError, errno.ECONNREFUSED)] * 2, host
