@@ -35,6 +35,9 @@ __all__ = ["NetworkHandle", "NetworkManager"]
 log = logging.getLogger("podbay.runtime.network")
 
 _NETNS_FILE = "netns"
+#: Everything of a network in a machine's directory (slirp's log is opened
+#: before slirp4netns starts, so a started one always left that).
+_STATE_FILES = (_NETNS_FILE, slirp.PID_FILE, f".{slirp.PID_FILE}.tmp", slirp.LOG_FILE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,7 +144,7 @@ class NetworkManager:
                 if filtered is not None:
                     filtered.set()
                 return existing
-            if self.machine_dir(machine_id).exists():
+            if self._leftovers(machine_id):
                 # Leftovers of a failed attempt. The directory itself stays: the
                 # driver may have made it (with the mode its sandbox needs to
                 # traverse) and be filling it at this moment; made again here, it
@@ -363,6 +366,13 @@ class NetworkManager:
             raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
         return self._handle(machine_id, pid)
 
+    def _leftovers(self, machine_id: str) -> bool:
+        """Whether an earlier attempt left network state in the machine's directory
+        (a driver's own files there, or its making the directory, are none: a start
+        has just torn down, so only a failed attempt in between leaves any)."""
+        directory = self.machine_dir(machine_id)
+        return any((directory / name).exists() for name in _STATE_FILES)
+
     async def _teardown(self, machine_id: str, *, keep_directory: bool = False) -> None:
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
@@ -382,7 +392,7 @@ class NetworkManager:
             netns.unmount(path)
         except OSError as exc:
             raise NetworkError(f"cannot unmount {path}: {exc}") from exc
-        for name in (_NETNS_FILE, slirp.PID_FILE, f".{slirp.PID_FILE}.tmp", slirp.LOG_FILE):
+        for name in _STATE_FILES:
             (directory / name).unlink(missing_ok=True)
         if keep_directory:
             return

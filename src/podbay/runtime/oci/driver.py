@@ -191,6 +191,7 @@ class OciDriver(RecordKeepingDriver):
         paths = self._paths(spec.machine_id)
         assert self._image is not None and self._agent_dir is not None and self._argv
         image, argv = self._image_for(record)
+        agent_dir = self._agent_dir
         if len(str(paths.socket)) > SOCKET_PATH_MAX:
             raise DriverError(
                 f"socket path {paths.socket} is too long; set a shorter runtime.run_dir"
@@ -210,17 +211,50 @@ class OciDriver(RecordKeepingDriver):
         # when it starts.
         early = self.runc.passes_fds
         filtered = asyncio.Event()
+        netns = self.network.netns_path(spec.machine_id)
+        socket_dir = paths.run / "agent"
+
+        def write_config() -> None:
+            # Needs only paths (and the holder's namespace): written while the
+            # disk mounts, so runc starts the moment the rootfs and the policy are.
+            facts = bundle.BundleFacts(
+                machine_id=spec.machine_id,
+                hostname=uts_name(spec.hostname),
+                rootfs=paths.rootfs,
+                image_rootfs=image.rootfs,
+                agent_dir=agent_dir,
+                files_dir=paths.files,
+                argv=argv,
+                uid_base=self.rt.uid_base,
+                memory_bytes=spec.limits.memory_bytes,
+                cpus=spec.limits.cpus,
+                pids=spec.limits.pids,
+                cgroup_path=paths.cgroup,
+                netns=netns,
+                resolv_conf=True,
+                limit_swap=self.cgroups.swap_accounting(),
+                loader=(
+                    image.root / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
+                ),
+                hibernate_seconds=self.rt.agent_hibernate_seconds,
+                userns=None if owned is None else owned.userns_path,
+            )
+            config = bundle.config(facts)
+            if not self.runc.passes_fds:
+                config = runsc.adapt_config(config, socket_dir, self._statx_shim)
+            (paths.run / "config.json").write_text(json.dumps(config))
 
         async def make_network() -> NetworkHandle:
             if owned is None:
+                write_config()
                 return await self.network.setup(spec.machine_id, filtered=filtered)
             await owned.open()
+            write_config()
             return await self.network.setup(
                 spec.machine_id, netns_source=owned.netns_path, filtered=filtered
             )
 
         netns_task = asyncio.create_task(make_network())
-        socket_dir = paths.run / "agent"
         try:
             listener = _listen(paths.socket) if self.runc.passes_fds else None
             if listener is None:
@@ -243,34 +277,6 @@ class OciDriver(RecordKeepingDriver):
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-            netns = self.network.netns_path(spec.machine_id)
-            facts = bundle.BundleFacts(
-                machine_id=spec.machine_id,
-                hostname=uts_name(spec.hostname),
-                rootfs=paths.rootfs,
-                image_rootfs=image.rootfs,
-                agent_dir=self._agent_dir,
-                files_dir=paths.files,
-                argv=argv,
-                uid_base=self.rt.uid_base,
-                memory_bytes=spec.limits.memory_bytes,
-                cpus=spec.limits.cpus,
-                pids=spec.limits.pids,
-                cgroup_path=paths.cgroup,
-                netns=netns,
-                resolv_conf=True,
-                limit_swap=self.cgroups.swap_accounting(),
-                loader=(
-                    image.root / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
-                ),
-                hibernate_seconds=self.rt.agent_hibernate_seconds,
-            )
-            if owned is not None:
-                facts = dataclasses.replace(facts, userns=owned.userns_path)
-            config = bundle.config(facts)
-            if listener is None:
-                config = runsc.adapt_config(config, socket_dir, self._statx_shim)
-            (paths.run / "config.json").write_text(json.dumps(config))
             if listener is None:
                 await self.runc.run_detached(
                     spec.machine_id, paths.run, None, paths.console, netns=netns
