@@ -126,6 +126,9 @@ class Launcher:
         self.running: set[int] = set()
         self.reaped = threading.Event()
         self.reader: threading.Thread | None = None
+        #: Pids an answer must not name: the agent, its group and session (fixed
+        #: for its life: it never calls setsid or setpgid) and the launcher.
+        self.not_commands = {os.getpid(), os.getpgrp(), os.getsid(0), pid}
 
     @classmethod
     def start(cls, reaper: Reaper) -> Launcher:
@@ -170,7 +173,11 @@ class Launcher:
         finally:
             os.close(unshared_r)
             os.close(mapped_w)
-        requests.settimeout(ANSWER_SECONDS)
+        # A blocking socket with kernel timeouts: a socket timeout would cost a
+        # poll before every send and receive (each a trap under gVisor).
+        bound = struct.pack("@ll", int(ANSWER_SECONDS), 0)
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            requests.setsockopt(socket.SOL_SOCKET, option, bound)
         reader = threading.Thread(
             target=launcher._read_exits, args=(reaper,), name="launcher-exits", daemon=True
         )
@@ -226,15 +233,23 @@ class Launcher:
     def _may_be_ours(self, pid: int) -> bool:
         """True when ``pid`` is not the agent, its group or session, and is a
         child of the launcher or nothing (a command that is gone already)."""
-        if pid <= 1 or pid in (os.getpid(), os.getpgrp(), os.getsid(0), self.pid):
+        if pid <= 1 or pid in self.not_commands:
             return False
+        # os.open, not open(): a file object adds an fstat, an ioctl and two lseeks.
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, ProcessLookupError):
             return True
         except OSError:
             return False
+        try:
+            stat = os.read(fd, 4096)  # procfs gives the whole line in one read
+        except ProcessLookupError:  # reaped meanwhile
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
         try:
             state, parent = stat[stat.rindex(b")") + 2 :].split()[:2]
             return state == b"X" or int(parent) == self.pid  # X: being reaped, parent 0
