@@ -616,8 +616,16 @@ class _Spare:
                     self._busy = False
 
 
+#: Connection threads kept, once their connection closed, for the next ones: a
+#: thread start costs a clone and, under gVisor's ptrace platform, a new host
+#: thread (measured there: 6.7 -> 4.8 ms of the sandbox's CPU per
+#: ``GET /v1/info`` on a new connection).
+IDLE_THREADS = 4
+
+
 class Server:
-    """Accept connections on ``listener``; one thread per connection.
+    """Accept connections on ``listener``; one thread per connection, kept
+    (up to :data:`IDLE_THREADS` idle) to serve a later one.
 
     With ``on_idle``, the accepting thread calls it (with :attr:`connections`)
     whenever ``idle_poll_seconds`` pass without a new connection; it may end
@@ -639,6 +647,32 @@ class Server:
         self.on_idle = on_idle
         self.idle_poll_ms = int(idle_poll_seconds * 1000)
         self.connections = Connections() if on_idle is not None else None
+        self._handoff = threading.Condition()
+        #: Accepted connections handed to idle threads, and how many threads wait.
+        self._handed: list[socket.socket] = []
+        self._idle = 0
+
+    def _hand_over(self, sock: socket.socket) -> bool:
+        """Give ``sock`` to an idle connection thread; False when none waits."""
+        with self._handoff:
+            if self._idle <= len(self._handed):
+                return False
+            self._handed.append(sock)
+            self._handoff.notify()
+            return True
+
+    def _serve(self, sock: socket.socket) -> None:
+        """A connection thread: serve ``sock``, then whatever is handed over."""
+        while True:
+            serve_connection(sock, self.handler, self.refuse, self.connections)
+            with self._handoff:
+                if self._idle >= IDLE_THREADS:
+                    return
+                self._idle += 1
+                while not self._handed:
+                    self._handoff.wait()
+                sock = self._handed.pop()
+                self._idle -= 1
 
     def serve_forever(self) -> None:
         timeout = _timeval(IDLE_TIMEOUT_SECONDS)
@@ -668,11 +702,10 @@ class Server:
             if connections is not None:
                 # Known as open before this thread can next call on_idle.
                 connections.opened(sock)
+            if self._hand_over(sock):
+                continue
             thread = threading.Thread(
-                target=serve_connection,
-                name="http-conn",
-                args=(sock, self.handler, self.refuse, connections),
-                daemon=True,
+                target=self._serve, name="http-conn", args=(sock,), daemon=True
             )
             try:
                 thread.start()

@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
 from podbay.agent.http import (
     MAX_HEAD_BYTES,
     ProtocolError,
+    Request,
     Response,
+    Server,
     _Connection,
     parse_request,
     write_response,
@@ -74,3 +77,46 @@ def test_streamed_response_with_and_without_length() -> None:
     assert b"Transfer-Encoding: chunked\r\n" in raw
     assert raw.endswith(b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\n")
     assert b"Connection: close" in raw
+
+
+def test_a_connection_thread_serves_the_next_connection() -> None:
+    """Threads are kept for later connections (a thread start is costly under
+    gVisor), while connections open together still get threads of their own."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0podbay-test-http-" + str(threading.get_ident()))
+    listener.listen()
+    served: list[threading.Thread] = []
+    release = threading.Event()
+
+    def handler(req: Request) -> Response:
+        served.append(threading.current_thread())
+        if req.path == "/hold":
+            release.wait(10)
+        return Response(200, b"{}")
+
+    server = Server(listener, handler, lambda status, message: Response(status))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def call(path: str) -> bytes:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(listener.getsockname())
+            c.sendall(f"GET {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+            return b"".join(iter(lambda: c.recv(4096), b""))
+
+    def kept_idle() -> None:  # the thread parks a moment after the answer is out
+        deadline = time.monotonic() + 10
+        while getattr(server, "_idle", 1) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    for _ in range(3):
+        assert call("/x").startswith(b"HTTP/1.1 200")
+        kept_idle()
+    assert served[0] is served[1] is served[2]
+    held = threading.Thread(target=call, args=("/hold",))
+    held.start()
+    while len(served) < 4:
+        time.sleep(0.01)
+    assert call("/x").startswith(b"HTTP/1.1 200")  # while the kept thread is busy
+    release.set()
+    held.join()
+    assert served[4] is not served[3]
