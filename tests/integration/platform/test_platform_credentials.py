@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from podbay.testing.platform import run_cli
+
 pytestmark = pytest.mark.root
 
 
@@ -58,10 +60,15 @@ def test_expiry_mid_session_then_reattach(make_server):
     assert server.exec(again, "cat", "/workspace/n").json()["stdout"] == "1\n"
 
 
+def _claims(token: str) -> dict[str, int]:
+    payload = token.split(".")[1]
+    return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+
+
 def test_identity_token_with_expiry_and_key_rotation(make_server):
-    # Long enough that slow CLI calls under load never expire a token early;
-    # the expiry itself is waited for from the token's own exp claim.
-    server = make_server({"PODBAY_CREDENTIALS_IDENTITY_TTL_SECONDS": "20"})
+    # Tokens with the default lifetime (days): slow CLI calls under load never
+    # expire one early. Expiry is checked on a token of its own below.
+    server = make_server()
     token = server.create_deployment("rotating")
     assert server.api("GET", "/api/v1/sandboxes", token).status_code == 200
     old_kid = server.cli("deployment", "keys", "list").stdout.split()[1]
@@ -73,8 +80,16 @@ def test_identity_token_with_expiry_and_key_rotation(make_server):
     time.sleep(1.1)  # the server looks at its key directory at most once a second
     assert server.api("GET", "/api/v1/sandboxes", new_token).status_code == 200
     assert server.api("GET", "/api/v1/sandboxes", token).status_code == 401  # key removed
-    payload = new_token.split(".")[1]
-    exp = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["exp"]
-    time.sleep(max(0.0, exp - time.time()) + 1.1)
-    expired = server.api("GET", "/api/v1/sandboxes", new_token)
+    # The CLI signs with the lifetime its settings give: 2 s here. The token
+    # is the same as new_token but for its times, and new_token (its exp days
+    # away) is accepted: the refusal is the expiry's.
+    short = run_cli(
+        ["deployment", "token", "rotating", "--data-dir", str(server.data_dir)],
+        {**server.env, "PODBAY_CREDENTIALS_IDENTITY_TTL_SECONDS": "2"},
+    ).stdout.strip()
+    claims = _claims(short)
+    assert claims["exp"] - claims["iat"] == 2 and _claims(new_token)["exp"] > claims["exp"]
+    time.sleep(max(0.0, claims["exp"] - time.time()) + 1.1)
+    expired = server.api("GET", "/api/v1/sandboxes", short)
     assert (expired.status_code, expired.json()["code"]) == (401, "IDENTITY_TOKEN_INVALID")
+    assert "expired" in expired.json()["error"]
