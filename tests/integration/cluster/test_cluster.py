@@ -2,7 +2,8 @@
 PostgreSQL, two ``podbay control`` behind haproxy, three ``podbay node``
 (``podbay.testing.cluster.LocalCluster``), real sandboxes.
 
-One cluster for the module. Losing a node is tested in
+The package's cluster (conftest.py), left with no sandbox for the next
+module. Losing a node is tested in
 tests/integration/platform/test_platform_cluster.py; its figures are in
 bench/cluster.py."""
 
@@ -31,14 +32,13 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("cluster")) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def token(cluster: LocalCluster) -> str:
-    return cluster.create_deployment("cluster-agent")
+def token(cluster: LocalCluster) -> Iterator[str]:
+    token = cluster.create_deployment("cluster-agent")
+    yield token
+    # The cluster goes on to test_cluster_moves.py, whose drains count sandboxes.
+    with SandboxClient(identity_token=token, server_url=cluster.url) as client:
+        for sandbox in client.list():
+            client.delete(sandbox.name)
 
 
 @pytest.fixture

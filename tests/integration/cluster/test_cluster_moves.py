@@ -3,8 +3,9 @@ drained node, and ``podbay node drain`` (with and without ``--evict``).
 Files and installed software travel (SHA-256 over them before and after);
 a move that fails mid-transfer leaves the sandbox on its node, intact.
 
-Its own cluster (2 control replicas behind haproxy, 3 runc nodes) with a
-lifecycle pass every half second and an age ceiling an hour away. Where a
+The package's cluster (conftest.py: 2 control replicas behind haproxy, 3
+runc nodes), with a lifecycle pass every half second and an age ceiling an
+hour away; the tests run in file order, the last kills a node. Where a
 sandbox lands is pinned by marking the other nodes drained in the store for
 the attach (placement reads that flag); a sandbox reaches its ceiling when
 the test moves its row's ``ceiling_at`` (set at start to start + max age)
@@ -20,7 +21,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,6 @@ from podbay.testing.cluster import LocalCluster, process_io
 pytestmark = pytest.mark.root
 
 MIB = 1 << 20
-ENV = {
-    # No sandbox reaches its ceiling on its own here (see reach_ceiling).
-    "PODBAY_LIFECYCLE_MAX_AGE_SECONDS": "3600",
-    "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
-    "PODBAY_LIFECYCLE_IDLE_SECONDS": "600",
-    "PODBAY_LIFECYCLE_SUSPENDED_TTL_SECONDS": "600",
-}
 #: What must travel: a workspace file of random data (its size in MiB
 #: formatted in), a program installed outside the workspace, a file of the
 #: base image deleted (an overlay whiteout).
@@ -55,13 +48,9 @@ FINGERPRINT = (
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("moves"), env=ENV) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def token(cluster: LocalCluster) -> str:
+    # Drains report every sandbox of a node: the tests count on theirs alone.
+    assert sql(cluster, "SELECT name FROM sandboxes") == [], "an earlier module left sandboxes"
     return cluster.create_deployment("move-agent")
 
 

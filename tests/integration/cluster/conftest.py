@@ -1,0 +1,32 @@
+"""One ``LocalCluster`` (PostgreSQL, two ``podbay control`` behind haproxy,
+three ``podbay node``) for the modules here that take its settings:
+starting one costs seconds of the suite, and stopping it as many again.
+
+Modules run in file order: test_cluster.py leaves no sandbox behind, so the
+move tests find the nodes empty; test_cluster_moves.py kills a node in its
+last test. test_cluster_routes.py starts its own (no lifecycle pass there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from podbay.testing.cluster import LocalCluster
+
+#: The move tests' settings (test_cluster.py needs none): a lifecycle pass
+#: every half second, no idle suspension or reclaim during the tests, and an
+#: age ceiling an hour away (a test that wants one brings it forward).
+ENV = {
+    "PODBAY_LIFECYCLE_MAX_AGE_SECONDS": "3600",
+    "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
+    "PODBAY_LIFECYCLE_IDLE_SECONDS": "600",
+    "PODBAY_LIFECYCLE_SUSPENDED_TTL_SECONDS": "600",
+}
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("cluster"), env=ENV) as c:
+        yield c
