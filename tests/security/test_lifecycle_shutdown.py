@@ -68,9 +68,13 @@ def test_exec_past_the_grace_gets_json_503_and_its_command_is_killed(
     assert r.json()["code"] == "SERVER_SHUTTING_DOWN"
     server.spawn()
     server.wait_ready()
-    # Had the command lived on, it would have written its file 9 s after it began.
-    time.sleep(max(0.0, started + 12 - time.monotonic()))
     handle = server.attach(token, "raw").json()
+    # Had the command lived on, it would still run (its shell's command line
+    # names the sleep) or, 9 s after it began, have written its file: neither.
+    listing = server.exec(handle, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    seen = listing.json()["stdout"]
+    assert "/proc/[0-9]*/cmdline" in seen, seen  # the listing sees its own shell
+    assert "sleep 9" not in seen, (time.monotonic() - started, seen)
     assert server.exec(handle, "test", "-e", "/workspace/done").json()["exit_code"] == 1
     assert "Traceback" not in server.log_tail(400)
 
@@ -78,9 +82,9 @@ def test_exec_past_the_grace_gets_json_503_and_its_command_is_killed(
 def test_sdk_rides_over_the_restart_and_repeats(server: PlatformServer, token: str) -> None:
     with SandboxClient(identity_token=token) as client:
         client.attach("sdk")
-        thread, out = in_thread(
-            lambda: client.exec("sdk", ["sh", "-c", "echo run >> /workspace/runs; sleep 8"])
-        )
+        # The first run outlasts the 5 s grace; the repeat has no need to.
+        script = "echo run >> /workspace/runs; [ $(wc -l < /workspace/runs) -gt 1 ] || sleep 8"
+        thread, out = in_thread(lambda: client.exec("sdk", ["sh", "-c", script]))
         time.sleep(1.5)
         server.restart()
         thread.join(120)
