@@ -61,6 +61,10 @@ class Node(Protocol):
 
     #: Stable name (``serve``: ``local``); sandbox rows record it.
     name: str
+    #: Whether :meth:`publish` returns a mark for the row's ``routed_on`` (a
+    #: remote node), so a withdrawal has a mark to clear; an in-process node's
+    #: :meth:`routed` reads its route table and never writes nor reads one.
+    marks_routes: bool
 
     def endpoint(self, sandbox_id: str) -> str:
         """Absolute data-plane base URL of a sandbox this node holds."""

@@ -65,6 +65,8 @@ def _raise_for(r: httpx.Response) -> None:
 class RemoteNode:
     """One node's internal API; the :class:`~podbay.control.nodes.Node` interface."""
 
+    marks_routes = True
+
     def __init__(self, record: NodeRecord, client: httpx.AsyncClient, keys: SigningKeys) -> None:
         self.record = record
         self.name = record.name

@@ -36,6 +36,9 @@ from podbay.wire.paths import SHARE_PREFIX
 
 
 class LocalNode:
+    #: Its routes are this process's table: no row mark to write or clear.
+    marks_routes = False
+
     def __init__(
         self,
         *,

@@ -26,6 +26,8 @@ class Host:
     name: str
     answers: bool = True
     withdrawn: list[str] = field(default_factory=list)
+    #: A remote node's routes are marked on their rows (routed_on).
+    marks_routes: bool = True
 
     async def withdraw(self, sandbox_id: str) -> None:
         if not self.answers:
@@ -97,6 +99,16 @@ class Freezing(Host):
         raise RuntimeError("node died mid-suspend")
 
 
+def _transitions(store: SqliteStore, node: Host) -> Transitions:
+    return Transitions(
+        store,
+        Hosts(node),  # type: ignore[arg-type]
+        Metrics(),
+        lambda: EPOCH,
+        timedelta(hours=1),
+    )
+
+
 async def test_a_withdrawal_forgets_a_route_mark_written_since_the_row_was_read(tmp_path):
     """Leaving running clears the row's routed_on before the route goes, even
     when the caller's copy of the row predates the mark: a transition cut off
@@ -108,18 +120,40 @@ async def test_a_withdrawal_forgets_a_route_mark_written_since_the_row_was_read(
         await store.insert_sandbox(row, deployment_cap=9, account_cap=9)
         stale = await store.get_sandbox(row.deployment_id, "s")
         assert stale is not None and await store.mark_routed(stale, "boot-1")
-        transitions = Transitions(
-            store,
-            Hosts(node),  # type: ignore[arg-type]
-            Metrics(),
-            lambda: EPOCH,
-            timedelta(hours=1),
-        )
+        transitions = _transitions(store, node)
         with pytest.raises(RuntimeError):
             await transitions.suspend(stale, "idle")
         assert node.withdrawn == [row.id]
         again = await store.get_sandbox(row.deployment_id, "s")
         assert again is not None and again.state is SandboxState.RUNNING
         assert again.routed_on is None
+    finally:
+        await store.close()
+
+
+class Counting(SqliteStore):
+    """The store, counting the route-mark clears it is asked for."""
+
+    clears = 0
+
+    async def clear_routed(self, sandbox_id: str) -> None:
+        self.clears += 1
+        await super().clear_routed(sandbox_id)
+
+
+@pytest.mark.parametrize("remote", [True, False])
+async def test_a_withdrawal_clears_a_route_mark_only_where_the_node_marks_them(tmp_path, remote):
+    """An in-process node (serve's) never marks a row, so its suspend spends no
+    store write on clearing one; a remote node's withdrawal clears it."""
+    store = Counting.open(tmp_path / "podbay.db")
+    node = Freezing("a", marks_routes=remote)
+    try:
+        row = sandbox_record("s", state=SandboxState.RUNNING, node="a")
+        await store.insert_sandbox(row, deployment_cap=9, account_cap=9)
+        transitions = _transitions(store, node)
+        with pytest.raises(RuntimeError):
+            await transitions.suspend(row, "idle")
+        assert node.withdrawn == [row.id]
+        assert store.clears == (1 if remote else 0)
     finally:
         await store.close()
