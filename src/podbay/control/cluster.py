@@ -92,6 +92,12 @@ class LeaseLocks(NameLocks):
                 with contextlib.suppress(Exception):
                     await self.store.drop_lease(key, self.holder)
 
+    def stamp(self, deployment_id: str, name: str) -> int | None:
+        # Other replicas drive transitions under their leases, not this
+        # process's locks: a row read without the lease is never as good as one
+        # read under it.
+        return None
+
     async def _renew(self, key: str) -> None:
         while True:
             await asyncio.sleep(LEASE_SECONDS / 3)

@@ -15,6 +15,8 @@ class NameLocks:
     def __init__(self) -> None:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._users: dict[tuple[str, str], int] = {}
+        #: Locks taken so far, of any name (see :meth:`stamp`).
+        self._taken = 0
 
     @asynccontextmanager
     async def hold(self, deployment_id: str, name: str) -> AsyncIterator[None]:
@@ -23,6 +25,7 @@ class NameLocks:
         self._users[key] = self._users.get(key, 0) + 1
         try:
             async with lock:
+                self._taken += 1
                 yield
         finally:
             self._users[key] -= 1
@@ -32,3 +35,16 @@ class NameLocks:
 
     def busy(self, deployment_id: str, name: str) -> bool:
         return (deployment_id, name) in self._locks
+
+    def stamp(self, deployment_id: str, name: str) -> int | None:
+        """Taken just before reading a sandbox's row without its lock: None when
+        its lock is held or awaited now. See :meth:`unchanged_since`."""
+        return None if self.busy(deployment_id, name) else self._taken
+
+    def unchanged_since(self, stamp: int | None) -> bool:
+        """Inside :meth:`hold`: whether no lock but this one was taken since
+        ``stamp``. Then no transition of this process (each holds the lock)
+        touched the sandbox since the read made at ``stamp``, which is as good as
+        a read made now: other processes' writes are refused by compare-and-set
+        either way. Any lock taken meanwhile, of any name, says False."""
+        return stamp is not None and self._taken == stamp + 1

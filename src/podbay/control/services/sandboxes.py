@@ -145,12 +145,18 @@ class SandboxService:
             )
         transitions = self._runtime()
         await self.nodes.refresh()
-        fast = await self._reuse_published(deployment, name, class_)
+        stamp = self.locks.stamp(deployment.id, name)
+        row = await self.store.get_sandbox(deployment.id, name)
+        fast = await self._reuse_published(row, class_)
         if fast is not None:
             return fast
         async with self.locks.hold(deployment.id, name):
-            for _ in range(5):
-                row = await self.store.get_sandbox(deployment.id, name)
+            for attempt in range(5):
+                # The row read above serves when no transition can have run since
+                # (a resume or a create then waits for one hop to the store's
+                # thread less, which under load is milliseconds).
+                if attempt or not self.locks.unchanged_since(stamp):
+                    row = await self.store.get_sandbox(deployment.id, name)
                 result: Attached | Building | None
                 if row is not None and row.state.visible:
                     self.nodes.of(row)  # refuses a sandbox whose node is lost
@@ -208,16 +214,13 @@ class SandboxService:
         endpoint = (node or self.nodes.of(row)).endpoint(row.id)
         return Attached(row, start, token, expires, endpoint)
 
-    async def _reuse_published(
-        self, deployment: Deployment, name: str, class_: str
-    ) -> Attached | None:
+    async def _reuse_published(self, row: Sandbox | None, class_: str) -> Attached | None:
         """A running sandbox whose route its node holds, without the sandbox's
         lock (in a cluster a lease: two writes to the store) or a call to the
         node: nothing changes, so there is nothing to serialize. A transition
         racing it is as if it came just after this attach (the credential then
         fails with SANDBOX_NOT_RUNNING and the client attaches again). None:
-        take the locked path."""
-        row = await self.store.get_sandbox(deployment.id, name)
+        take the locked path. ``row`` was read without the lock."""
         if row is None or row.state is not S.RUNNING:
             return None
         # A machine under suspicion (a dead gVisor sandbox's route is still up):
