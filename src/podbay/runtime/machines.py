@@ -42,6 +42,8 @@ class RecordKeepingDriver(ABC):
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
+        #: Record writes under way, by machine (see :meth:`_save_soon`).
+        self._writing: dict[str, asyncio.Future[None]] = {}
 
     @property
     def base_image(self) -> str:
@@ -87,8 +89,36 @@ class RecordKeepingDriver(ABC):
     async def release(self, machine_id: str) -> None:
         """End the incarnation; the disk stays."""
 
-    def _lock(self, machine_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(machine_id, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, machine_id: str) -> AsyncIterator[None]:
+        """The machine's lock, held once its record write under way has landed:
+        each call on a machine finds its record as the last call left it."""
+        async with self._locks.setdefault(machine_id, asyncio.Lock()):
+            await self._written(machine_id)
+            yield
+
+    async def _written(self, machine_id: str) -> None:
+        writing = self._writing.pop(machine_id, None)
+        if writing is not None:
+            try:
+                await writing
+            except OSError as e:  # the record says the state before; adopt observes anew
+                self.log.warning("machine %s: its record could not be written: %s", machine_id, e)
+
+    def _save_soon(self, record: records.MachineRecord) -> None:
+        """Write ``record`` in a thread, not waiting for it (under the machine's
+        lock): a suspend or resume is answered without the write's fsync (ms on
+        an idle disk, tens on a busy one; it blocked the loop meanwhile). The
+        next holder of the lock waits for it. A crash before it lands leaves
+        the state before, which :meth:`adopt` replaces with what it observes."""
+        machine_id = record.spec.machine_id
+        assert machine_id not in self._writing, "saved twice under one lock"
+        self._writing[machine_id] = asyncio.ensure_future(asyncio.to_thread(self._save, record))
+
+    async def _writes_done(self) -> None:
+        """Wait for every record write under way (closing)."""
+        for machine_id in list(self._writing):
+            await self._written(machine_id)
 
     async def create(self, spec: MachineSpec) -> None:
         async with self._lock(spec.machine_id):
@@ -110,7 +140,7 @@ class RecordKeepingDriver(ABC):
                 return
             if observed is MachineState.SUSPENDED:
                 await self._thaw(machine_id)
-                self._save(record.with_state(MachineState.RUNNING))
+                self._save_soon(record.with_state(MachineState.RUNNING))
                 return
             await self.prepare()
             started = time.perf_counter()
@@ -151,7 +181,7 @@ class RecordKeepingDriver(ABC):
             if observed is not source:
                 raise DriverError(f"machine {machine_id} is {observed.value}, not {source.value}")
             await (self._freeze if target is MachineState.SUSPENDED else self._thaw)(machine_id)
-            self._save(record.with_state(target))
+            self._save_soon(record.with_state(target))
 
     async def _release_stopped(self, machine_id: str) -> None:
         """For work on a stopped machine's disk (under the machine's lock): it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,55 @@ def test_a_failed_start_records_the_state_it_found(tmp_path: Path) -> None:
     with pytest.raises(DriverError):
         asyncio.run(driver.start(SPEC.machine_id))
     assert driver._record(SPEC.machine_id).commanded is MachineState.STOPPED
+
+
+class Freezing(Booting):
+    """Running machines that freeze and thaw; each record write waits for ``gate``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fail=False)
+        self.frozen: set[str] = set()
+        self.gate = threading.Event()
+        #: The commanded states written, in the order they landed.
+        self.written: list[MachineState] = []
+
+    def _save(self, record: records.MachineRecord) -> None:
+        self.gate.wait(5)
+        super()._save(record)
+        self.written.append(record.commanded)
+
+    async def _observe(self, machine_id: str) -> MachineState:
+        if machine_id in self.frozen:
+            return MachineState.SUSPENDED
+        return await super()._observe(machine_id)
+
+    async def _freeze(self, machine_id: str) -> None:
+        self.frozen.add(machine_id)
+
+    async def _thaw(self, machine_id: str) -> None:
+        self.frozen.discard(machine_id)
+
+
+def test_a_suspend_is_answered_before_its_record_lands_and_the_next_call_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    driver = Freezing(tmp_path)
+    made(driver)
+    driver.running.add(SPEC.machine_id)
+
+    async def run() -> None:
+        await driver.suspend(SPEC.machine_id)  # returns with its write held at the gate
+        assert SPEC.machine_id in driver.frozen
+        assert driver._record(SPEC.machine_id).commanded is MachineState.STOPPED  # as made
+        resume = asyncio.ensure_future(driver.resume(SPEC.machine_id))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not resume.done() and SPEC.machine_id in driver.frozen  # waits for the write
+        driver.gate.set()
+        await resume
+        assert SPEC.machine_id not in driver.frozen
+        await driver._writes_done()
+
+    asyncio.run(run())
+    assert driver.written == [MachineState.SUSPENDED, MachineState.RUNNING]
+    assert driver._record(SPEC.machine_id).commanded is MachineState.RUNNING

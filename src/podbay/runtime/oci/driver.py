@@ -507,6 +507,7 @@ class OciDriver(RecordKeepingDriver):
         return found
 
     async def close(self) -> None:
+        await self._writes_done()
         self._records.clear()
         await self.network.close()
 

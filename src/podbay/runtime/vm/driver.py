@@ -740,6 +740,7 @@ class VmDriver(RecordKeepingDriver):
             await self._relay_loop.call(relay.start())
 
     async def close(self) -> None:
+        await self._writes_done()
         # A template still building is abandoned: its guest is killed.
         for build in self._builds:
             build.cancel()
