@@ -126,11 +126,15 @@ class RecordKeepingDriver(ABC):
             if records.read(paths.home) is not None:
                 return  # created already (a retry): the first spec stands
             paths.home.mkdir(parents=True, exist_ok=True)
-            await storage.make_disk(
-                paths.disk_image, spec.limits.disk_bytes, self.layout.data_dir / "disks"
-            )
             record = records.MachineRecord(spec, MachineState.STOPPED, self.recipe.key())
-            await asyncio.to_thread(self._save, record)  # its fsync off the loop
+            # The record (the machine exists) only once its disk does; written in the
+            # disk's thread, its fsync off the loop.
+            await storage.make_disk(
+                paths.disk_image,
+                spec.limits.disk_bytes,
+                self.layout.data_dir / "disks",
+                then=lambda: self._save(record),
+            )
 
     async def start(self, machine_id: str) -> None:
         async with self._lock(machine_id):
