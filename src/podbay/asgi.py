@@ -27,6 +27,12 @@ ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: as the client's socket (:class:`TakenBody`), or returns None when it cannot.
 #: The connection then closes after the answer (the server never parses the rest).
 BODY_TAKEOVER = "podbay.body_takeover"
+#: ``scope["extensions"][RESPONSE_GATHER]``, set by podbay's listener on every
+#: request: a callable returning a context manager inside which the answer's
+#: writes are gathered, and written to the client as one when it exits. For an
+#: answer sent whole at once (its head and a small body): one write and one
+#: segment instead of one per ASGI message, so the client wakes up once.
+RESPONSE_GATHER = "podbay.response_gather"
 
 
 @dataclass

@@ -22,14 +22,17 @@ protocol (uvicorn's httptools one, plus three guards) bounds all three:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import resource
+from collections.abc import Iterator
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from podbay.asgi import BODY_TAKEOVER, TakenBody
+from podbay.asgi import BODY_TAKEOVER, RESPONSE_GATHER, TakenBody
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
@@ -100,6 +103,9 @@ def guarded_protocol(
         def on_headers_complete(self) -> None:
             self._cancel()
             super().on_headers_complete()
+            if self.cycle is not None:
+                extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+                extensions[RESPONSE_GATHER] = functools.partial(_gathered, self.cycle)
             if self.cycle is not None and self.cycle.more_body:
                 self._arm_body()
                 self._offer_body()
@@ -202,3 +208,42 @@ def _answer(exc: ApiError) -> bytes:
         f"HTTP/1.1 {exc.status} Request Timeout\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     ).encode() + body
+
+
+class _Gathering:
+    """A transport whose writes are kept until :meth:`flush` writes them as one;
+    everything else is the transport's own (a close writes what was kept first)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def flush(self) -> None:
+        parts, self._parts = self._parts, []
+        if parts and not self._transport.is_closing():
+            self._transport.write(b"".join(parts))
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+@contextlib.contextmanager
+def _gathered(cycle: Any) -> Iterator[None]:
+    """See :data:`podbay.asgi.RESPONSE_GATHER`: the cycle writes to a gathering
+    transport meanwhile (uvicorn writes an answer's head and each body message
+    on their own)."""
+    real = cycle.transport
+    gathering = _Gathering(real)
+    cycle.transport = gathering
+    try:
+        yield
+    finally:
+        cycle.transport = real
+        gathering.flush()

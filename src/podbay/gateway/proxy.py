@@ -30,7 +30,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import httptools
 
-from podbay.asgi import BODY_TAKEOVER, Receive, Scope, Send, TakenBody, send_refusal
+from podbay.asgi import (
+    BODY_TAKEOVER,
+    RESPONSE_GATHER,
+    Receive,
+    Scope,
+    Send,
+    TakenBody,
+    send_refusal,
+)
 from podbay.errors import (
     AgentAnswerInvalid as AgentAnswerInvalid,  # re-exported: defined in the one tree
 )
@@ -235,33 +243,38 @@ async def relay(
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
         head_bytes = 0
-        while not response.done:
-            if reading is not None:
-                data, reading = await reading, None
-            else:
-                data = await reader.read(READ_SIZE)
-            if not data:
-                raise ConnectionResetError("the agent closed the connection")
-            parser.feed_data(data)
-            if not response.headers_done:
-                # httptools keeps a partial head in memory: stop feeding it early.
-                head_bytes += len(data)
-                if head_bytes > MAX_RESPONSE_HEAD:
-                    raise AgentAnswerInvalid("answer head too large")
-            elif not started:
-                status = parser.get_status_code()
-                if not 200 <= status <= 599:
-                    raise AgentAnswerInvalid(f"status {status} is not a final answer")
-                headers = [(k, v) for k, v in response.headers if _passed_on(k)]
-                headers.append((_REQUEST_ID, request_id.encode()))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                started = True
-            if response.body:
-                chunks, response.body = response.body, []
-                for chunk in chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        with contextlib.ExitStack() as whole:
+            while not response.done:
+                if reading is not None:
+                    data, reading = await reading, None
+                else:
+                    data = await reader.read(READ_SIZE)
+                if not data:
+                    raise ConnectionResetError("the agent closed the connection")
+                parser.feed_data(data)
+                if not response.headers_done:
+                    # httptools keeps a partial head in memory: stop feeding it early.
+                    head_bytes += len(data)
+                    if head_bytes > MAX_RESPONSE_HEAD:
+                        raise AgentAnswerInvalid("answer head too large")
+                elif not started:
+                    status = parser.get_status_code()
+                    if not 200 <= status <= 599:
+                        raise AgentAnswerInvalid(f"status {status} is not a final answer")
+                    headers = [(k, v) for k, v in response.headers if _passed_on(k)]
+                    headers.append((_REQUEST_ID, request_id.encode()))
+                    if response.done:  # the whole answer is in hand (an exec's)
+                        _gather(scope, whole)
+                    await send(
+                        {"type": "http.response.start", "status": status, "headers": headers}
+                    )
+                    started = True
+                if response.body:
+                    chunks, response.body = response.body, []
+                    for chunk in chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         if response.keep_alive and not gone.is_set() and delivered:
             pool.release(conn)
         else:
@@ -449,6 +462,14 @@ async def _send_body(
     if framing == "chunked":
         writer.write(b"0\r\n\r\n")
     await writer.drain()
+
+
+def _gather(scope: Scope, stack: contextlib.ExitStack) -> None:
+    """Have the listener write what is sent until ``stack`` closes as one write,
+    where it offers that (:data:`podbay.asgi.RESPONSE_GATHER`)."""
+    gather = (scope.get("extensions") or {}).get(RESPONSE_GATHER)
+    if gather is not None:
+        stack.enter_context(gather())
 
 
 def _header(scope: Scope, name: bytes) -> bytes:

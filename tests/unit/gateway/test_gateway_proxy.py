@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import pytest
 
+from podbay.asgi import RESPONSE_GATHER
 from podbay.gateway.agentpool import AgentPool
 from podbay.gateway.proxy import relay
 
@@ -327,3 +330,50 @@ async def test_a_large_body_is_offered_for_splicing_unless_too_many_are(
     assert status == 200 and seen[0][1] == b"".join(body)
     assert asked == ([] if busy else [True])
     server.close()
+
+
+class _Gather:
+    """The listener's RESPONSE_GATHER stand-in: records which messages were sent
+    while it was open."""
+
+    def __init__(self, sink: _Sink) -> None:
+        self.sink = sink
+        self.spans: list[tuple[int, int]] = []
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        start = len(self.sink.messages)
+        yield
+        self.spans.append((start, len(self.sink.messages)))
+
+
+async def test_an_answer_in_hand_is_sent_gathered_into_one_write(tmp_path):
+    seen: list = []
+    slow_head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+    server = await _agent(tmp_path / "a.sock", [OK], seen)
+    sink = _Sink()
+    gather = _Gather(sink)
+    scope = {**_scope(), "extensions": {RESPONSE_GATHER: gather}}
+    status = await relay(AgentPool(tmp_path / "a.sock"), scope, _receive([]), sink, b"/x", "r")
+    assert status == 200 and sink.body == b"{}"
+    # Head, body and end: all sent while gathered (the listener writes them as one).
+    assert gather.spans == [(0, len(sink.messages))] and len(sink.messages) == 3
+    server.close()
+
+    # An answer whose body comes later is relayed as it comes: not gathered.
+    async def handle(reader, writer):  # type: ignore[no-untyped-def]
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(slow_head)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"{}")
+        await writer.drain()
+        writer.close()
+
+    slow = await asyncio.start_unix_server(handle, path=str(tmp_path / "b.sock"))
+    sink = _Sink()
+    gather = _Gather(sink)
+    scope = {**_scope(), "extensions": {RESPONSE_GATHER: gather}}
+    status = await relay(AgentPool(tmp_path / "b.sock"), scope, _receive([]), sink, b"/x", "r")
+    assert status == 200 and sink.body == b"{}" and gather.spans == []
+    slow.close()
