@@ -99,10 +99,13 @@ class UdpServer:
 # --------------------------------------------------------------------------- probes
 
 #: Runs inside a namespace: argv[1] is a JSON list of [kind, host, port, payload-hex].
+#: The targets are tried side by side (a thread each): a dropped packet costs
+#: its timeout once per run, not once per target.
 PROBE = r"""
-import errno, json, socket, sys, time
-out = []
-for kind, host, port, payload in json.loads(sys.argv[1]):
+import errno, json, socket, sys, threading, time
+
+
+def one(kind, host, port, payload):
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     t0 = time.monotonic()
     try:
@@ -127,7 +130,22 @@ for kind, host, port, payload in json.loads(sys.argv[1]):
         res = "timeout"
     except OSError as e:
         res = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
-    out.append([res, round(time.monotonic() - t0, 3)])
+    return [res, round(time.monotonic() - t0, 3)]
+
+
+targets = json.loads(sys.argv[1])
+out = [None] * len(targets)
+
+
+def run(i):
+    out[i] = one(*targets[i])
+
+
+threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
 print(json.dumps(out))
 """
 
