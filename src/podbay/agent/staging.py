@@ -179,7 +179,26 @@ def _bundled(path):
         entry = texts.get(source) if isinstance(source, str) else None
         return exec(source if entry is None else code_at(*entry), globals, locals)
 
+    # Under gVisor a fresh sandbox's clock_gettime calls are system calls (its vDSO
+    # is not ready yet) and CPython 3.11 reads the clock at every lock acquire:
+    # importlib's per-module and per-finder locks were ~600 traps of a start-up's
+    # ~1050. Nothing else runs while the agent is imported, so they are left out
+    # until release().
+    boot = sys.modules["_frozen_importlib"]
+    locking = boot._ModuleLockManager, boot._lock_unlock_module, boot._ImportLockContext
+
+    class Unlocked:
+        def __init__(self, name=None):
+            pass
+
+        def __enter__(self):
+            pass
+
+        def __exit__(self, *exc):
+            pass
+
     def release():
+        boot._ModuleLockManager, boot._lock_unlock_module, boot._ImportLockContext = locking
         sys.meta_path.remove(Bundled)
         modules.clear()
         texts.clear()
@@ -188,6 +207,8 @@ def _bundled(path):
             sys.modules["dataclasses"].__dict__.pop("exec", None)
 
     sys.meta_path.insert(0, Bundled)
+    boot._ModuleLockManager, boot._ImportLockContext = Unlocked, Unlocked
+    boot._lock_unlock_module = lambda name: None
     if "inspect" not in modules:  # deferred at build time too (never imported there)
         _defer("inspect")
     if texts and "dataclasses" in modules:
