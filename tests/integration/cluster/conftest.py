@@ -16,13 +16,16 @@ import pytest
 from podbay.testing.cluster import LocalCluster
 
 #: The move tests' settings (test_cluster.py needs none): a lifecycle pass
-#: every half second, no idle suspension or reclaim during the tests, and an
-#: age ceiling an hour away (a test that wants one brings it forward).
+#: every half second, no idle suspension or reclaim during the tests, an age
+#: ceiling an hour away (a test that wants one brings it forward), and
+#: gVisor's class beside runc's.
 ENV = {
     "PODBAY_LIFECYCLE_MAX_AGE_SECONDS": "3600",
     "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.5",
     "PODBAY_LIFECYCLE_IDLE_SECONDS": "600",
     "PODBAY_LIFECYCLE_SUSPENDED_TTL_SECONDS": "600",
+    # gVisor beside runc (the default): test_cluster_moves.py moves one gVisor sandbox.
+    "PODBAY_RUNTIME_CLASSES": "container,gvisor",
 }
 
 

@@ -2,17 +2,18 @@
 drained node, and ``podbay node drain`` (with and without ``--evict``).
 Files and installed software travel (SHA-256 over them before and after);
 a move that fails mid-transfer leaves the sandbox on its node, intact.
+A sandbox of class gVisor moves as runc's do.
 
 The package's cluster (conftest.py: 2 control replicas behind haproxy, 3
-runc nodes), with a lifecycle pass every half second and an age ceiling an
-hour away; the tests run in file order, the last kills a node. Where a
-sandbox lands is pinned by marking the other nodes drained in the store for
-the attach (placement reads that flag); a sandbox reaches its ceiling when
-the test moves its row's ``ceiling_at`` (set at start to start + max age)
-to now, rather than after waiting out a short ceiling: the lifecycle pass
-acts on that column alone. What the store records is read with SQL. None
-of this is public API; it is what the control plane and an operator's
-``podbay node`` commands read and write.
+nodes running runc by default and gVisor), with a lifecycle pass every half
+second and an age ceiling an hour away; the tests run in file order, the
+last kills a node. Where a sandbox lands is pinned by marking the other
+nodes drained in the store for the attach (placement reads that flag); a
+sandbox reaches its ceiling when the test moves its row's ``ceiling_at``
+(set at start to start + max age) to now, rather than after waiting out a
+short ceiling: the lifecycle pass acts on that column alone. What the
+store records is read with SQL. None of this is public API; it is what the
+control plane and an operator's ``podbay node`` commands read and write.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ MAKE = (
     "printf '#!/bin/sh\\necho installed-tool-ok\\n' > /usr/local/bin/tool && "
     "chmod 755 /usr/local/bin/tool && rm /etc/issue && sync"
 )
+#: ``uname -r`` in a gVisor sandbox: gVisor's own kernel, not the host's.
+GVISOR_KERNEL = "4.4.0\n"
 FINGERPRINT = (
     "sha256sum /workspace/big /usr/local/bin/tool && stat -c '%a %n' /usr/local/bin/tool && "
     "tool && if test -e /etc/issue; then echo issue-back; else echo issue-gone; fi"
@@ -72,9 +75,13 @@ def node_name(server: Any) -> str:
 
 
 def holds(cluster: LocalCluster, node: str, machine: str) -> bool:
-    """The node's runc driver has a record of ``machine``."""
+    """The node's runc or gVisor driver has a record of ``machine``."""
     (server,) = [n for n in cluster.nodes if node_name(n) == node]
-    return (Path(server.data_dir) / "machines" / machine / "machine.json").exists()
+    data = Path(server.data_dir)
+    return any(
+        (machines / machine / "machine.json").exists()
+        for machines in (data / "machines", data / "gvisor" / "machines")
+    )
 
 
 def node_state(cluster: LocalCluster, node: str) -> str:
@@ -82,16 +89,23 @@ def node_state(cluster: LocalCluster, node: str) -> str:
     return str(next(n["state"] for n in listing if n["name"] == node))
 
 
-def attach_on(cluster: LocalCluster, token: str, node: str, *names: str) -> list[dict[str, Any]]:
-    """Attach each of ``names`` new on ``node``: the other nodes are marked
-    drained meanwhile."""
+def attach_on(
+    cluster: LocalCluster,
+    token: str,
+    node: str,
+    *names: str,
+    classes: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Attach each of ``names`` new on ``node`` (of its class in ``classes``,
+    else the default): the other nodes are marked drained meanwhile."""
     others = [node_name(n) for n in cluster.nodes if node_name(n) != node]
     sql(cluster, "UPDATE nodes SET drained=1 WHERE name = ANY(%s)", others)
     handles = []
     try:
         time.sleep(1.2)  # replicas re-read the nodes at most once a second
         for name in names:
-            r = cluster.attach(token, name)
+            asked = (classes or {}).get(name)
+            r = cluster.attach(token, name, **({"json": {"class": asked}} if asked else {}))
             assert r.status_code == 200, r.text
             handles.append(r.json())
     finally:
@@ -201,8 +215,23 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
     cluster: LocalCluster, token: str
 ) -> None:
     source = node_name(cluster.nodes[1])
-    h, running, suspended = attach_on(
-        cluster, token, source, "stopped-one", "running-one", "suspended-one"
+    # gVisor proves itself on each node in the background after the default class.
+    wait_for(
+        "gVisor proven on every node",
+        lambda: all(
+            "gvisor" in json.loads(report)["classes"]
+            for (report,) in sql(cluster, "SELECT report FROM nodes")
+        ),
+    )
+    h, running, suspended, gvisor = attach_on(
+        cluster,
+        token,
+        source,
+        "stopped-one",
+        "running-one",
+        "suspended-one",
+        "gvisor-one",
+        classes={"gvisor-one": "gvisor"},
     )
     # Small: what a drain moves is checked here, not how much (the ceiling test's 100 MiB).
     before = fill(h, 8)
@@ -212,6 +241,8 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
     assert row(cluster, "stopped-one")["node"] == source
     run(running, "echo kept > /workspace/mark")
     run(suspended, "echo kept > /workspace/mark")
+    assert run(gvisor, "uname -r") == GVISOR_KERNEL
+    gvisor_before = fill(gvisor, 4)
     r = api(cluster, token, "POST", "suspended-one/stop")
     assert r.status_code in (200, 204), r.text
     assert row(cluster, "suspended-one")["state"] == "suspended"
@@ -222,7 +253,8 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
         assert [m["name"] for m in report["moved"]] == ["stopped-one"]
         (moved,) = report["moved"]
         assert moved["bytes"] > 8 * MIB and len(moved["sha256"]) == 64
-        assert sorted(k["name"] for k in report["kept"]) == ["running-one", "suspended-one"]
+        kept = ["gvisor-one", "running-one", "suspended-one"]
+        assert sorted(k["name"] for k in report["kept"]) == kept
         target = row(cluster, "stopped-one")["node"]
         assert target == moved["to"] != source
         again = cluster.attach(token, "stopped-one").json()
@@ -233,7 +265,7 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
         code, report = drain(cluster, source, "--evict")
         assert code == 0, report
         # Their ceiling is an hour away: the eviction moved them, not the lifecycle.
-        assert sorted(m["name"] for m in report["moved"]) == ["running-one", "suspended-one"]
+        assert sorted(m["name"] for m in report["moved"]) == kept
         assert report["failed"] == report["kept"] == []
         assert sql(cluster, "SELECT name FROM sandboxes WHERE node=%s", source) == []
         for name in ("running-one", "suspended-one"):
@@ -241,8 +273,13 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
             assert again["start"] == "carried_over"
             assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] != source
             assert run(again, "cat /workspace/mark") == "kept\n"
+        # The gVisor sandbox's disk moved as runc's do, and it runs under gVisor there.
+        again = cluster.attach(token, "gvisor-one").json()
+        assert (again["start"], again["class"]) == ("carried_over", "gvisor")
+        assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] != source
+        assert run(again, f"uname -r && {FINGERPRINT}") == GVISOR_KERNEL + gvisor_before
         # Nothing of them is left on the drained node: it can be forgotten.
-        for name in ("stopped-one", "running-one", "suspended-one"):
+        for name in ("stopped-one", *kept):
             assert not holds(cluster, source, row(cluster, name)["machine"])
     finally:
         cluster.cli("node", "undrain", source)
