@@ -12,7 +12,8 @@ Subclass :class:`DriverConformance` in a test module and provide a
 It checks, against real machines: every lifecycle transition and its
 idempotent repeat; files surviving suspend/resume and stop/start; a process
 running before suspend running after resume, its counter advancing only while
-thawed; ``assign``; and ``adopt`` after the node process was killed with
+thawed; a stopped machine's disk exported and imported again (a driver that
+moves machines between nodes); ``assign``; and ``adopt`` after the node process was killed with
 SIGKILL (the driver runs in a child process for that).
 """
 
@@ -26,14 +27,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
 
 from podbay.runtime.agent_client import AgentClient
-from podbay.runtime.base import Driver, DriverError, MachineSpec, MachineState
+from podbay.runtime.base import Driver, DriverError, MachineSpec, MachineState, MovableDriver
 from podbay.settings import Settings
 
 from .fixtures import small_spec
@@ -45,6 +46,15 @@ COUNTER = (
     "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; "
     "mv /tmp/counter.new /tmp/counter; sleep 0.05; done' </dev/null >/dev/null 2>&1 &"
 )
+
+
+async def _collect(chunks: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in chunks]
+
+
+async def _replay(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 @dataclass
@@ -150,13 +160,27 @@ class DriverConformance:
     def test_stop_start_keeps_files_and_installs(self, h: Harness) -> None:
         if not h.driver.capabilities.stop_keeps_files:
             pytest.skip("driver does not keep files across stop")
-        mid = h.up()
+        spec = h.spec()
+        mid = spec.machine_id
+        h.run(h.driver.create(spec))
+        h.run(h.driver.start(mid))
         h.sh(
             mid,
             "echo kept > /workspace/file && printf '#!/bin/sh\\necho tool\\n' "
             "> /usr/local/bin/tool && chmod +x /usr/local/bin/tool && " + COUNTER,
         )
         h.run(h.driver.stop(mid))
+        if h.driver.capabilities.move:
+            # As another node receives it: the stopped machine's disk exported,
+            # the machine gone, then made again from the stream alone.
+            assert isinstance(h.driver, MovableDriver)
+            stream = h.run(_collect(h.driver.export_disk(mid)))
+            h.run(h.driver.destroy(mid))
+            received = h.run(
+                h.driver.import_disk(mid, _replay(stream), layers=spec.layers, env=spec.env)
+            )
+            assert received.sha256 == received.sent_sha256
+            assert h.state(mid) is MachineState.STOPPED
         h.run(h.driver.start(mid))
         assert h.sh(mid, "cat /workspace/file").strip() == "kept"
         assert h.sh(mid, "tool").strip() == "tool"

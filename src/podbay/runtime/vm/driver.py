@@ -33,7 +33,7 @@ import os
 import shlex
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from ...agent import staging
@@ -58,6 +58,7 @@ from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout, MachineDirs
 from ..oci.readiness import wait_ready
 from ..tools import check_tool
+from ..transfer import Received
 from . import disks, initramfs, qmp, templates
 from .relay import Relay, RelayLoop
 
@@ -164,8 +165,10 @@ class VmDriver(RecordKeepingDriver):
         # machine's host-owned namespace: every packet the guest sends leaves as
         # QEMU's own socket there, under the same nftables policy as a container's.
         self.network = NetworkManager(self.run_root / "net", enabled=self.rt.network)
+        # A stopped machine's disk is a sparse ext4 file as the OCI driver's
+        # is: it moves with the same stream (RecordKeepingDriver.export_disk).
         self.capabilities = Capabilities(
-            suspend=True, stop_keeps_files=True, network=self.network.enabled
+            suspend=True, stop_keeps_files=True, network=self.network.enabled, move=True
         )
         self._image: Image | None = None
         self._base_disk: Path | None = None
@@ -613,6 +616,22 @@ class VmDriver(RecordKeepingDriver):
             await self.release(machine_id, flush=True)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
+
+    async def import_disk(
+        self,
+        machine_id: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        layers: tuple[Path, ...],
+        env: Mapping[str, str],
+        room: Callable[[int], str | None] | None = None,
+    ) -> Received:
+        received = await super().import_disk(machine_id, chunks, layers=layers, env=env, room=room)
+        # Its disk has been used (it holds the sandbox's files): its next start
+        # boots it, where a first start would copy a template's disk over it.
+        # Nobody starts it before this returns (the row does not name us yet).
+        self._paths(machine_id).booted.touch()
+        return received
 
     async def destroy(self, machine_id: str) -> None:
         async with self._lock(machine_id):
