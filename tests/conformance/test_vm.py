@@ -45,6 +45,7 @@ class TestVmConformance(DriverConformance):
             vm_session.run,
             vm_session.settings,
             factory="podbay.runtime.vm.driver:VmDriver",
+            settle=vm_session.driver.wait_templates,
         )
 
 

@@ -65,6 +65,9 @@ class Harness:
     #: "module:callable" building this driver from :class:`Settings` in a child process.
     factory: str
     created: list[str] = field(default_factory=list)
+    #: The driver's background work to wait for before a machine starts again,
+    #: so that what it prepares is used (the vm driver's templates).
+    settle: Callable[[], Coroutine[Any, Any, Any]] | None = None
 
     def spec(self, **kw: Any) -> MachineSpec:
         spec = small_spec(**kw)
@@ -181,6 +184,8 @@ class DriverConformance:
             )
             assert received.sha256 == received.sent_sha256
             assert h.state(mid) is MachineState.STOPPED
+            if h.settle is not None:
+                h.run(h.settle())  # e.g. a template ready: it must not replace the disk
         h.run(h.driver.start(mid))
         assert h.sh(mid, "cat /workspace/file").strip() == "kept"
         assert h.sh(mid, "tool").strip() == "tool"
