@@ -184,8 +184,13 @@ def _bundled(path):
     # importlib's per-module and per-finder locks were ~600 traps of a start-up's
     # ~1050. Nothing else runs while the agent is imported, so they are left out
     # until release().
+    # These are CPython internals: an interpreter without any of them (another
+    # version in another image) keeps its locks and starts as before.
     boot = sys.modules["_frozen_importlib"]
-    locking = boot._ModuleLockManager, boot._lock_unlock_module, boot._ImportLockContext
+    names = ("_ModuleLockManager", "_lock_unlock_module", "_ImportLockContext")
+    locking = [getattr(boot, name, None) for name in names]
+    if None in locking:
+        locking = None
 
     class Unlocked:
         def __init__(self, name=None):
@@ -198,7 +203,8 @@ def _bundled(path):
             pass
 
     def release():
-        boot._ModuleLockManager, boot._lock_unlock_module, boot._ImportLockContext = locking
+        if locking is not None:
+            boot._ModuleLockManager, boot._lock_unlock_module, boot._ImportLockContext = locking
         sys.meta_path.remove(Bundled)
         modules.clear()
         texts.clear()
@@ -207,8 +213,9 @@ def _bundled(path):
             sys.modules["dataclasses"].__dict__.pop("exec", None)
 
     sys.meta_path.insert(0, Bundled)
-    boot._ModuleLockManager, boot._ImportLockContext = Unlocked, Unlocked
-    boot._lock_unlock_module = lambda name: None
+    if locking is not None:
+        boot._ModuleLockManager, boot._ImportLockContext = Unlocked, Unlocked
+        boot._lock_unlock_module = lambda name: None
     if "inspect" not in modules:  # deferred at build time too (never imported there)
         _defer("inspect")
     if texts and "dataclasses" in modules:

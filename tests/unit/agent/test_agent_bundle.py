@@ -170,3 +170,27 @@ def test_importing_the_agent_takes_no_import_locks(staged: Path) -> None:
     during, locked_after = report(staged, LOCKS)
     assert int(during) == 0
     assert locked_after == "True"
+
+
+# The same start on an interpreter whose importlib lacks one of the internals the
+# start leaves out (another CPython): the agent is still imported, with locks.
+WITHOUT_INTERNAL = """
+import podbay.agent.__main__
+_release()
+print(sys.modules["_frozen_importlib"]._ModuleLockManager.__name__)
+"""
+
+
+def test_an_interpreter_without_those_internals_keeps_its_locks(staged: Path) -> None:
+    original = launch_code(staged)
+    program = original.replace('"_ImportLockContext")', '"_NotInThisPython")')
+    assert program != original
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", program.replace(START_AGENT, WITHOUT_INTERNAL)],
+        capture_output=True,
+        text=True,
+        env={},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["_ModuleLockManager"]
