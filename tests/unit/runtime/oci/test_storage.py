@@ -53,6 +53,10 @@ def test_mount_points_are_this_namespaces(tmp_path: Path) -> None:
     assert "/" in points and "/proc" in points
     assert storage.is_mounted(Path("/proc"))
     assert not storage.is_mounted(tmp_path)
+    # The cheap check agrees on a filesystem of its own, and on a plain directory.
+    assert storage.holds_own_mount(Path("/proc"))
+    assert not storage.holds_own_mount(tmp_path)
+    assert not storage.holds_own_mount(tmp_path / "absent")
 
 
 def test_disk_commitment_adds_up_every_machine_and_says_when_overcommitted(tmp_path: Path) -> None:
