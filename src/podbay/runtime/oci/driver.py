@@ -425,7 +425,12 @@ class OciDriver(RecordKeepingDriver):
             leftover = self.cgroups.remove(paths.cgroup)
         if leftover:
             log.warning("machine %s: cgroup dirs stayed: %s", machine_id, leftover)
-        await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
+        if storage.holds_own_mount(paths.rootfs) or storage.holds_own_mount(paths.disk_mount):
+            await asyncio.to_thread(storage.unmount_machine, paths.rootfs, paths.disk_mount)
+        else:  # a fresh machine's start: nothing to wait for in a thread
+            for target in (paths.rootfs, paths.disk_mount):
+                with contextlib.suppress(OSError):
+                    target.rmdir()
         await self.network.teardown(machine_id)
         for path in (paths.socket, paths.run / "config.json", paths.run / userns.OWNER_FILE):
             path.unlink(missing_ok=True)
