@@ -6,8 +6,14 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from podbay.control import tokens
 from podbay.control.keys import KeyRing, KeyRingError
-from podbay.control.tokens import bearer, issue_identity_token, verify_identity_token
+from podbay.control.tokens import (
+    IdentityTokens,
+    bearer,
+    issue_identity_token,
+    verify_identity_token,
+)
 from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.credentials import AUDIENCE, Credential, CredentialVerifier, mint_credential
@@ -88,6 +94,33 @@ def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
     other.reload()
     assert _refused(other, old) == "IDENTITY_TOKEN_INVALID"
     assert verify_identity_token(other, new, issuer="i") == "d"
+
+
+def test_a_verified_identity_token_is_remembered_until_its_key_is_removed(
+    ring, tmp_path, monkeypatch
+):
+    """Checked in full once (signature, claims), then known by its digest; a
+    key removed from the ring refuses what it signed, remembered or not."""
+    checks: list[str] = []
+    full = tokens.verify
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        checks.append("full")
+        return full(*args, **kwargs)
+
+    monkeypatch.setattr(tokens, "verify", counted)
+    old = issue_identity_token(ring, deployment_id="d", issuer="i")
+    old_kid = ring.active().kid
+    ring.rotate()
+    server = IdentityTokens(KeyRing.open(tmp_path / "keys"), "i")
+    assert server.verify(old) == "d" and server.verify(old) == "d"
+    assert checks == ["full"]
+    assert _code(lambda: IdentityTokens(ring, "elsewhere").verify(old)) == "IDENTITY_TOKEN_INVALID"
+    ring.remove(old_kid)
+    assert isinstance(server.keys, KeyRing)
+    server.keys.reload()
+    assert _code(lambda: server.verify(old)) == "IDENTITY_TOKEN_INVALID"
+    assert _code(lambda: server.verify(None)) == "IDENTITY_TOKEN_INVALID"
 
 
 def test_server_ring_notices_a_key_added_by_the_cli(tmp_path):

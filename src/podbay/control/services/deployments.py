@@ -23,7 +23,7 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import is_valid_sandbox_name
 
 from ..keys import KeyRing, StoreKeyRing
-from ..tokens import issue_identity_token, verify_identity_token
+from ..tokens import IdentityTokens, issue_identity_token
 from .deletions import mark_deleted
 
 PUBLIC_URL_KEY = "public_url"
@@ -82,6 +82,7 @@ class DeploymentService:
         #: another replica or the CLI just made is checked again after it.
         self.refresh_keys = refresh_keys
         self.issuer = issuer
+        self.identity_tokens = IdentityTokens(keys, issuer)
         self.identity_ttl_seconds = identity_ttl_seconds
         self.validate_section = validate_section
         #: Replaced after each delete: a running server drops the routes of
@@ -168,11 +169,11 @@ class DeploymentService:
     # -- the control plane's side ----------------------------------------------------
     async def authenticate(self, token: str | None) -> Deployment:
         try:
-            deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
+            deployment_id = self.identity_tokens.verify(token)
         except ApiError:
             if self.refresh_keys is None or not await self.refresh_keys():
                 raise
-            deployment_id = verify_identity_token(self.keys, token, issuer=self.issuer)
+            deployment_id = self.identity_tokens.verify(token)
         deployment = await self.store.get_deployment(deployment_id)
         if deployment is None:
             raise ApiError(
