@@ -362,7 +362,9 @@ class Podbay:
     def first_exec_pooled(self, running: str) -> tuple[float, float, float]:
         """The first and second exec on a sandbox the pool handed out, and one on
         the running sandbox ``running`` just before the hand-out: a pool refill
-        still under way (its machine's start) slows all three alike."""
+        still under way (its machine's start) slows all three alike. ``running``
+        is woken first (idle past HIBERNATE_SECONDS, its agent hibernated)."""
+        self.client.exec(running, ["true"])
         beside = timed(lambda: self.client.exec(running, ["true"]))
         name = self.fresh_name("pooled")
         self.client.attach(name)
