@@ -94,3 +94,23 @@ async def test_the_refill_waits_until_the_hand_out_is_done(driver):
     await pool.wait_filled()
     assert [call for call, _ in driver.calls] == ["create", "start"]
     await pool.close()
+
+
+async def test_a_hand_out_during_a_refill_also_gets_its_quiet_moment(driver):
+    # Takes closer together than a machine's start: the refill under way must
+    # not start the next machine while the second taker is being served.
+    pool = WarmPool(driver, LIMITS, 2)
+    pool.refill(Prepared(), delay=0.0)
+    await pool.wait_filled()
+    pool.refill_delay = 1.0
+    driver.start_delay = 0.2
+    driver.calls.clear()
+    pool.take(Prepared())  # t=0: the refill starts a machine at t=1.0, ready ~1.2
+    await asyncio.sleep(1.1)
+    assert [call for call, _ in driver.calls] == ["create", "start"]
+    pool.take(Prepared())  # t=1.1, while that machine starts
+    await asyncio.sleep(0.7)  # t=1.8: the first is ready; the second waits for t=2.1
+    assert [call for call, _ in driver.calls if call == "create"] == ["create"]
+    await pool.wait_filled()
+    assert len(pool) == 2
+    await pool.close()

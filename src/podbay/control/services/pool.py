@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 
 from podbay.domain.sandbox import new_machine_id
@@ -57,6 +59,10 @@ class WarmPool:
         self._destroying: set[asyncio.Task[None]] = set()
         self._closed = False
         self._on_change = on_change
+        #: How long after a hand-out no machine is started (:data:`REFILL_DELAY_SECONDS`).
+        self.refill_delay = REFILL_DELAY_SECONDS
+        #: When the last machine was handed out (monotonic seconds).
+        self._taken_at = -math.inf
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._ready.values())
@@ -71,6 +77,7 @@ class WarmPool:
             return None
         ready = self._ready.pop(prepared.key, [])
         machine_id = ready.pop(0) if ready else None
+        self._taken_at = time.monotonic()
         self._ready[prepared.key] = ready  # most recently used now
         self._evict()
         self._changed()
@@ -101,13 +108,13 @@ class WarmPool:
         self._ready.setdefault(prepared.key, []).insert(0, machine_id)
         self._changed()
 
-    def refill(self, prepared: Prepared, delay: float = REFILL_DELAY_SECONDS) -> None:
+    def refill(self, prepared: Prepared, delay: float | None = None) -> None:
         if self.size <= 0 or self._closed:
             return
         task = self._filling.get(prepared.key)
         if task is None or task.done():
             self._filling[prepared.key] = asyncio.get_running_loop().create_task(
-                self._fill(prepared, delay)
+                self._fill(prepared, self.refill_delay if delay is None else delay)
             )
 
     async def _fill(self, prepared: Prepared, delay: float = 0.0) -> None:
@@ -116,6 +123,13 @@ class WarmPool:
         ready = self._ready.setdefault(prepared.key, [])
         failures = 0
         while len(ready) < self.size and not self._closed and failures < 3:
+            # Also between the machines of one refill: a hand-out made while the
+            # refill ran (takes closer together than a machine's start) gets
+            # the same quiet moment as the first one.
+            quiet = self._taken_at + self.refill_delay - time.monotonic()
+            if quiet > 0:
+                await asyncio.sleep(quiet)
+                continue
             short = self.shortfall() if self.shortfall is not None else None
             if short is not None:
                 log.warning("warm pool: not filling: %s", short)
