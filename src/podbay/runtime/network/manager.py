@@ -23,7 +23,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ...errors import NetworkError
 from ..base import check_machine_id
@@ -123,7 +122,6 @@ class NetworkManager:
         *,
         netns_source: Path | None = None,
         filtered: asyncio.Event | None = None,
-        slirp_after: asyncio.Future[Any] | None = None,
     ) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
 
@@ -135,10 +133,6 @@ class NetworkManager:
         the ``inet`` policy loaded, while slirp4netns still brings ``tap0`` up: a
         sandbox whose own kernel stack sends (runc) may be started in it from then
         on, as long as no command runs in it before this returns.
-
-        ``slirp_after``: slirp4netns starts only once this is done (however it
-        ended) and the rules are loaded, so that its start does not compete
-        with the caller's own (the disk a runc sandbox waits for).
 
         Idempotent: a complete network that already exists is adopted and
         returned; a partial one is removed and built again. On failure nothing is
@@ -158,7 +152,7 @@ class NetworkManager:
                 # its root filesystem.
                 await self._teardown(machine_id, keep_directory=True)
             try:
-                pid = await self._create(machine_id, netns_source, filtered, slirp_after)
+                pid = await self._create(machine_id, netns_source, filtered)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._teardown(machine_id))
@@ -267,11 +261,7 @@ class NetworkManager:
         return _rulesets(tuple(v4), tuple(v6), self.extra_blocked, replace, inet, tap)
 
     async def _create(
-        self,
-        machine_id: str,
-        source: Path | None = None,
-        filtered: asyncio.Event | None = None,
-        slirp_after: asyncio.Future[Any] | None = None,
+        self, machine_id: str, source: Path | None = None, filtered: asyncio.Event | None = None
     ) -> int | None:
         directory = self.machine_dir(machine_id)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -319,9 +309,6 @@ class NetworkManager:
             await asyncio.wait({mounted, built}, return_when=asyncio.FIRST_COMPLETED)
             if built.done() and built.exception() is not None:
                 await built  # raises
-            if slirp_after is not None:
-                await built
-                await asyncio.wait({slirp_after})
             started = asyncio.ensure_future(self.slirps.start(directory, path))
             try:
                 await built

@@ -244,23 +244,14 @@ class OciDriver(RecordKeepingDriver):
                 config = runsc.adapt_config(config, socket_dir, self._statx_shim)
             (paths.run / "config.json").write_text(json.dumps(config))
 
-        # slirp4netns starts after the disk is mounted, while runc runs: on a busy
-        # host its spawn held up the mount, which is the longer leg.
-        slirp_after = mounted if early else None
-
         async def make_network() -> NetworkHandle:
             if owned is None:
                 write_config()
-                return await self.network.setup(
-                    spec.machine_id, filtered=filtered, slirp_after=slirp_after
-                )
+                return await self.network.setup(spec.machine_id, filtered=filtered)
             await owned.open()
             write_config()
             return await self.network.setup(
-                spec.machine_id,
-                netns_source=owned.netns_path,
-                filtered=filtered,
-                slirp_after=slirp_after,
+                spec.machine_id, netns_source=owned.netns_path, filtered=filtered
             )
 
         netns_task = asyncio.create_task(make_network())
