@@ -47,7 +47,9 @@ Rows (medians of ``--runs`` samples unless said):
   than the pause: a loaded 2-core machine starting a sandbox slows every exec);
 * exec ``true`` in a running sandbox, SDK (10x ``--runs``); Docker: API;
 * suspend / resume: ``stop`` then ``attach`` (control-plane API, SDK);
-  Docker: pause / unpause;
+  Docker: pause / unpause; podbay's samples of these, of the new pooled
+  sandbox and of the pooled first exec also give the CPU ms the server's
+  threads spent meanwhile (``suspend serve cpu ms`` ..., after the table);
 * write 100 MiB (``--runs``/3): SDK ``upload`` of a page-cached file (its
   digest included), and a PUT straight to the agent's socket with the digest
   computed beforehand (the agent's write path alone); Docker: ``docker cp``
