@@ -18,7 +18,6 @@ stops every process it started and destroys every machine of every node.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -28,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -398,8 +398,10 @@ class LocalCluster:
         """Nodes first (their machines destroyed), then the control plane, the
         load balancer and the database."""
         for server in [*self.nodes, *self.controls]:
-            with contextlib.suppress(Exception):
+            try:
                 server.close()
+            except Exception as exc:  # the rest still closes; the test run is told
+                warnings.warn(f"closing {server.name}: {exc!r}", RuntimeWarning, stacklevel=2)
         self.balancer.stop()
         if self.owns_postgres:
             self.postgres.stop()

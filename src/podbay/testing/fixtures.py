@@ -129,12 +129,23 @@ def cleanup(settings: Settings) -> None:
     there (``gvisor`` and ``vm`` keep their own), and collect the leftovers."""
     from podbay.runtime.classes import CONTAINER, GVISOR, VM, class_settings
 
+    # Each class is cleaned even when another's cleanup fails: one failure
+    # used to leave the next class's machines running after the test.
+    failures: list[Exception] = []
     if (settings.data_dir / VM / "machines").is_dir():
-        _destroy_vms(settings)
+        try:
+            _destroy_vms(settings)
+        except Exception as exc:
+            failures.append(exc)
     for name in (CONTAINER, GVISOR):
         derived = class_settings(settings, name)
         if name == CONTAINER or derived.data_dir.exists():
-            DriverSession(derived).close()
+            try:
+                DriverSession(derived).close()
+            except Exception as exc:
+                failures.append(exc)
+    if failures:
+        raise ExceptionGroup(f"cleaning up {settings.data_dir}", failures)
 
 
 def _destroy_vms(settings: Settings) -> None:
