@@ -248,7 +248,7 @@ class RecordKeepingDriver(ABC):
                 raise DriverError(f"machine {machine_id} exists here already")
             self.machines.mkdir(parents=True, exist_ok=True)
             # No record inside until it is whole: gc and adopt pass it by.
-            incoming = self.machines / f".incoming-{machine_id}-{secrets.token_hex(4)}"
+            incoming = self.machines / f"{INCOMING_PREFIX}{machine_id}-{secrets.token_hex(4)}"
             incoming.mkdir()
             try:
                 raw, received = await receive(chunks, incoming / paths.disk_image.name, room)
@@ -342,6 +342,14 @@ class Collectable(Protocol):
     async def destroy(self, machine_id: str) -> None: ...
 
     def machine_ids(self) -> list[str]: ...
+
+
+#: A disk being received from another node (:meth:`import_disk`) lives under
+#: this name until it is whole; a node killed meanwhile leaves it behind.
+INCOMING_PREFIX = ".incoming-"
+#: ``podbay gc`` removes such a leftover once nothing has written to it for this
+#: long (a live transfer writes all the time); ``gc --all`` removes it at once.
+STALE_INCOMING_SECONDS = 600.0
 
 
 async def adopt_for_gc(driver: Collectable, *, everything: bool) -> tuple[list[str], set[str]]:

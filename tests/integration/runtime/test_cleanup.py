@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from podbay.runtime.base import DriverError, MachineState
+from podbay.runtime.machines import INCOMING_PREFIX, STALE_INCOMING_SECONDS
 from podbay.runtime.oci import storage
 from podbay.testing.fixtures import DriverSession, small_spec
 
@@ -150,6 +151,15 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     # Simulate a create/destroy that died half-way: the record is gone, the rest is not.
     layout = driver.layout  # type: ignore[attr-defined]
     (layout.machine(broken.machine_id).home / "machine.json").unlink()
+    # Disks a killed node was receiving: one long silent, one still being written.
+    stale = layout.machines / f"{INCOMING_PREFIX}{small_spec().machine_id}-0badf00d"
+    fresh = layout.machines / f"{INCOMING_PREFIX}{small_spec().machine_id}-5eedf00d"
+    for partial in (stale, fresh):
+        partial.mkdir()
+        (partial / "disk.ext4").write_bytes(b"part of a disk")
+    long_ago = time.time() - 2 * STALE_INCOMING_SECONDS
+    for path in (stale / "disk.ext4", stale):
+        os.utime(path, (long_ago, long_ago))
     env = {
         **os.environ,
         "PODBAY_RUNTIME_RUN_DIR": settings.runtime.run_dir,
@@ -159,10 +169,13 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert broken.machine_id in done.stdout
+    assert f"removed partial import {stale.name}" in done.stdout
+    assert not stale.exists() and fresh.exists()
     assert run(driver.state(kept.machine_id)) is MachineState.RUNNING
     done = subprocess.run([*argv, "--all"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert run(driver.state(kept.machine_id)) is MachineState.ABSENT
+    assert not fresh.exists()
     # gc --all also removes runc's state directory: the run directories differ.
     after = settled(oci_session, before, ("mounts", "processes", "loops", "machine_dirs"))
     assert after["mounts"] == before["mounts"] and after["processes"] == before["processes"]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterable
 
 from ...wire.limits import SANDBOX_CLASS_NAMES
-from ..machines import adopt_for_gc
+from ..machines import INCOMING_PREFIX, STALE_INCOMING_SECONDS, adopt_for_gc
 from . import records, storage
 from .driver import OciDriver
 
@@ -29,6 +30,11 @@ async def collect(
     # Machine directories without a record: creates that never finished.
     with contextlib.suppress(FileNotFoundError):
         for home in sorted(layout.machines.iterdir()):
+            if home.name.startswith(INCOMING_PREFIX):
+                if everything or _untouched_for(home, STALE_INCOMING_SECONDS):
+                    storage.remove_tree(home)
+                    done.append(f"removed partial import {home.name}")
+                continue
             if home.is_dir() and records.read(home) is None:
                 paths = layout.machine(home.name)
                 await driver.release(home.name)
@@ -103,3 +109,13 @@ def _clear_loop(device: str) -> None:
             fcntl.ioctl(fd, 0x4C01)  # LOOP_CLR_FD
         finally:
             os.close(fd)
+
+
+def _untouched_for(path: os.PathLike[str] | str, seconds: float) -> bool:
+    """Whether nothing under ``path`` (itself and its files) changed for ``seconds``."""
+    newest = 0.0
+    for root, _, files in os.walk(path):
+        for name in [".", *files]:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(os.path.join(root, name)).st_mtime)
+    return time.time() - newest >= seconds
