@@ -257,6 +257,7 @@ class RecordKeepingDriver(ABC):
                     raise DriverError(f"the stream holds machine {spec.machine_id}")
                 spec = dataclasses.replace(spec, layers=tuple(layers), env=dict(env))
                 image = str(raw.get("image") or "")
+                self._imported(incoming)
                 records.write(incoming, records.MachineRecord(spec, MachineState.STOPPED, image))
                 os.rename(incoming, paths.home)
             except BaseException:
@@ -270,6 +271,12 @@ class RecordKeepingDriver(ABC):
                 received.sha256,
             )
             return received
+
+    def _imported(self, home: Path) -> None:
+        """What a driver keeps beside a received machine's disk, written into its
+        directory ``home`` before the machine appears there whole (one rename);
+        nothing by default."""
+        return None
 
     async def _adopt_records(self) -> list[ObservedMachine]:
         """Every machine with a record, as it is now: a dead incarnation (or a

@@ -33,7 +33,7 @@ import os
 import shlex
 import shutil
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from ...agent import staging
@@ -58,7 +58,6 @@ from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout, MachineDirs
 from ..oci.readiness import wait_ready
 from ..tools import check_tool
-from ..transfer import Received
 from . import disks, initramfs, qmp, templates
 from .relay import Relay, RelayLoop
 
@@ -73,6 +72,8 @@ KERNEL_DIR = Path("/boot")
 MIN_MEMORY_MIB = 192
 #: How long stop waits for the guest to write its page cache to its disk.
 SYNC_SECONDS = 30.0
+#: A file in a machine's directory once its disk has been used (no template restore then).
+BOOTED = "booted"
 #: The guest's side of QEMU's user-mode network. Its resolv.conf names the
 #: namespace's DNS forwarder (10.0.2.3), reached through QEMU like any address.
 GUEST_NET = "10.0.5.0/24"
@@ -137,7 +138,7 @@ class VmPaths(MachineDirs):
     @property
     def booted(self) -> Path:
         """Present once the machine's disk has been used (no template restore then)."""
-        return self.home / "booted"
+        return self.home / BOOTED
 
 
 class VmDriver(RecordKeepingDriver):
@@ -617,21 +618,10 @@ class VmDriver(RecordKeepingDriver):
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
 
-    async def import_disk(
-        self,
-        machine_id: str,
-        chunks: AsyncIterator[bytes],
-        *,
-        layers: tuple[Path, ...],
-        env: Mapping[str, str],
-        room: Callable[[int], str | None] | None = None,
-    ) -> Received:
-        received = await super().import_disk(machine_id, chunks, layers=layers, env=env, room=room)
+    def _imported(self, home: Path) -> None:
         # Its disk has been used (it holds the sandbox's files): its next start
         # boots it, where a first start would copy a template's disk over it.
-        # Nobody starts it before this returns (the row does not name us yet).
-        self._paths(machine_id).booted.touch()
-        return received
+        (home / BOOTED).touch()
 
     async def destroy(self, machine_id: str) -> None:
         async with self._lock(machine_id):
