@@ -23,12 +23,42 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
 MEMORY = 128 << 20
 #: 24 awk processes holding 6 MB each (~7.5 MiB resident, the agent ~14 MiB):
-#: together past the limit, each smaller than the agent.
-SMALL_HOGS = (
-    "for i in $(seq 24); do "
-    'awk \'BEGIN { s = sprintf("%6000000s", ""); system("sleep 15") }\' & '
-    "done; wait; echo finished"
-)
+#: together past the limit, each smaller than the agent. Each notes in /tmp/held
+#: that it holds its memory and keeps it until its stdin ends: the pipe from a
+#: watcher that waits until every hog either holds its memory or was killed (the
+#: sandbox cgroup's oom_kill count), 50 s at most. So they hold their memory
+#: together however slowly they start (a fixed sleep raced a slow start), and the
+#: command ends as soon as all 24 have met the OOM killer or survived it.
+SMALL_HOGS = r"""
+kills() {
+    sed -n 's/^oom_kill //p' /sys/fs/cgroup/memory.events \
+        /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null | head -n 1
+}
+# Whatever this shell forks before the agent raises it from 500 to 1000 keeps
+# 500 (podbay.agent.oom), and the kernel would take this shell, at 1000, before
+# any hog: the hogs are forked once it has been raised (or 5 s have passed).
+n=0
+while read score < /proc/$$/oom_score_adj && [ "$score" = 500 ] && [ $n -lt 100 ]; do
+    sleep 0.05; n=$((n + 1))
+done
+: > /tmp/held
+{
+    n=0
+    while [ $n -lt 500 ]; do
+        k=$(kills)
+        [ $(($(wc -l < /tmp/held) + ${k:-0})) -ge 24 ] && break
+        sleep 0.1; n=$((n + 1))
+    done
+} | {
+    exec 3<&0  # a background job's stdin is /dev/null unless redirected
+    for i in $(seq 24); do
+        awk 'BEGIN { s = sprintf("%6000000s", "")
+                     print 1 >> "/tmp/held"; close("/tmp/held"); getline x }' <&3 &
+    done
+    wait
+}
+echo finished
+"""
 
 
 @pytest.fixture(scope="module", params=["container", "gvisor"])
