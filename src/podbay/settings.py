@@ -86,6 +86,10 @@ class RuntimeSettings:
     uid_base: int = 1_000_000
     #: Outbound internet through slirp4netns; off gives a loopback-only sandbox.
     network: bool = True
+    #: Descriptors one sandbox's network helper (slirp4netns, a host process) may
+    #: hold, its RLIMIT_NOFILE: every connection the sandbox has open is one, so
+    #: this caps them (docs/network.md). 64 to 1048576.
+    slirp_max_fds: int = 4096
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
     #: A sandbox's agent (``container`` class) that has had nothing to do for this

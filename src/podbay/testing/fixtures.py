@@ -167,9 +167,10 @@ OCI_RUNTIMES = ("runc", "runsc")
 
 
 def settings_for(
-    tmp_path_factory: pytest.TempPathFactory, oci_runtime: str = "runc"
+    tmp_path_factory: pytest.TempPathFactory, oci_runtime: str = "runc", **runtime: Any
 ) -> Iterator[Settings]:
-    """The body of ``oci_settings``, for a module that runs under several runtimes::
+    """The body of ``oci_settings``, for a module that runs under several runtimes
+    or with other ``runtime`` settings::
 
     @pytest.fixture(scope="module", params=OCI_RUNTIMES)
     def oci_settings(request, tmp_path_factory):
@@ -187,7 +188,7 @@ def settings_for(
         pytest.skip(message)
     sweep_dead_sessions()
     settings = sandbox_settings(
-        tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"), oci_runtime=oci_runtime
+        tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"), oci_runtime=oci_runtime, **runtime
     )
     mark_owner(settings)
     yield settings

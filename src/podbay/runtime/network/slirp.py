@@ -25,10 +25,15 @@ from ..oci.fdwait import wait_readable
 from . import procscan
 from .policy import MTU, TAP_NAME
 
-__all__ = ["LOG_FILE", "PID_FILE", "SlirpLimits", "Slirps", "version"]
+__all__ = ["LOG_FILE", "MAX_FDS", "MIN_FDS", "PID_FILE", "SlirpLimits", "Slirps", "version"]
 
 PID_FILE = "slirp.pid"
 LOG_FILE = "slirp.log"
+#: The fewest descriptors a slirp4netns is given: its own (tap, namespace, log,
+#: epoll ...) take ~10, and a sandbox needs a few dozen connections to be useful.
+MIN_FDS = 64
+#: The most: the kernel's default ``fs.nr_open``, above which RLIMIT_NOFILE fails.
+MAX_FDS = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,7 @@ from ..base import (
     check_machine_id,
 )
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
-from ..network import NetworkHandle, NetworkManager
-from ..network.slirp import SlirpLimits
+from ..network import NetworkHandle, NetworkManager, slirp
 from ..tools import check_tool
 from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
@@ -70,10 +69,17 @@ class OciDriver(RecordKeepingDriver):
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
+        if not slirp.MIN_FDS <= self.rt.slirp_max_fds <= slirp.MAX_FDS:
+            raise DriverError(
+                f"runtime.slirp_max_fds must be {slirp.MIN_FDS} to {slirp.MAX_FDS}, "
+                f"not {self.rt.slirp_max_fds}"
+            )
         self.network = NetworkManager(
             self.layout.run_dir,
             enabled=self.rt.network,
-            slirp_limits=SlirpLimits(cgroup_parent=f"{self.layout.cgroup_parent}-net"),
+            slirp_limits=slirp.SlirpLimits(
+                cgroup_parent=f"{self.layout.cgroup_parent}-net", max_fds=self.rt.slirp_max_fds
+            ),
         )
         self.runc: Runc = (
             runsc.Runsc(
