@@ -98,6 +98,10 @@ class RuntimeSettings:
     agent_hibernate_seconds: float = 300.0
     #: Base image cache; empty means ``<data_dir>/images`` (tests share one across runs).
     image_dir: str = ""
+    #: Built environment layers (declared ``sandbox`` sections); empty means
+    #: ``<data_dir>/layers``. Servers on one machine may share one (tests do,
+    #: across runs): a layer is keyed by its base image and what it installs.
+    layer_dir: str = ""
     #: Volatile per-machine state (sockets, mounts, runc's state); empty means
     #: ``/run/podbay/<hash of data_dir>``. Keep it short: unix socket paths max 107 bytes.
     run_dir: str = ""
@@ -185,6 +189,11 @@ class Settings:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     node: NodeSettings = field(default_factory=NodeSettings)
     log_level: str = "info"
+
+    @property
+    def layer_dir(self) -> Path:
+        """Where built environment layers are cached (``runtime.layer_dir``)."""
+        return Path(self.runtime.layer_dir) if self.runtime.layer_dir else self.data_dir / "layers"
 
     @classmethod
     def load(cls, *, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -49,3 +49,11 @@ def test_bad_values_name_the_variable(name: str, value: str) -> None:
 def test_unknown_override_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown setting"):
         Settings.load(environ={}, runtime__colour="blue")
+
+
+def test_layers_live_in_the_data_directory_unless_set_elsewhere() -> None:
+    assert Settings.load(environ={"PODBAY_DATA_DIR": "/tmp/pb"}).layer_dir == Path("/tmp/pb/layers")
+    shared = Settings.load(
+        environ={"PODBAY_DATA_DIR": "/tmp/pb", "PODBAY_RUNTIME_LAYER_DIR": "/var/tmp/layers"}
+    )
+    assert shared.layer_dir == Path("/var/tmp/layers")

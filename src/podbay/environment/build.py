@@ -45,6 +45,9 @@ STEP_TIMEOUT_S = 30 * 60
 FAILURE_MEMORY_S = 30.0
 #: Suggested ``Retry-After`` while a layer builds.
 RETRY_AFTER_S = 2
+#: A staging directory untouched this long is a crashed build's, not one under way
+#: in another server sharing the cache (``runtime.layer_dir``).
+STALE_STAGING_S = 60 * 60
 
 
 async def agent_exec(
@@ -113,9 +116,16 @@ class LayerCache:
             shutil.rmtree(staged, ignore_errors=True)
 
     def sweep(self) -> None:
-        """Remove staging directories a crashed build left behind."""
-        if self.root.is_dir():
-            for leftover in self.root.glob(".*.partial"):
+        """Remove staging directories a crashed build left behind: those untouched
+        for :data:`STALE_STAGING_S` (younger ones may be another server's builds)."""
+        if not self.root.is_dir():
+            return
+        for leftover in self.root.glob(".*.partial"):
+            try:
+                touched = max(p.stat().st_mtime for p in (leftover, *leftover.iterdir()))
+            except OSError:
+                continue  # gone meanwhile: published or swept by its owner
+            if time.time() - touched > STALE_STAGING_S:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DEFAULT_IMAGE_DIR = "/var/tmp/podbay-test-images"
+#: Environment layers shared by test sessions (see :func:`shared_layer_dir`).
+DEFAULT_LAYER_DIR = "/var/tmp/podbay-test-layers"
 #: Test sessions' run directories (short paths, see ``runtime.run_dir``).
 RUN_ROOT = "/run/podbay-test"
 
@@ -67,6 +69,14 @@ def require_host() -> None:
     if os.environ.get("PODBAY_TEST_REQUIRE_SANDBOXES") == "1":
         pytest.fail(f"this host cannot run sandboxes: {problem}")
     pytest.skip(problem)
+
+
+def shared_layer_dir() -> str:
+    """A layer cache every test session shares (``$PODBAY_TEST_LAYER_DIR``), for
+    suites whose declared environment is what their sandboxes need, not what
+    they test: its layer is built once per machine, like the base image. Suites
+    that test building keep their data directory's own cache."""
+    return os.environ.get("PODBAY_TEST_LAYER_DIR", DEFAULT_LAYER_DIR)
 
 
 def sandbox_settings(data_dir: Path, **runtime: Any) -> Settings:

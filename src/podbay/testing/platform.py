@@ -34,6 +34,16 @@ from .fixtures import DEFAULT_IMAGE_DIR, require_host
 
 SANDBOX_SPEC = "name: test-agent\nsandbox:\n  toolchain: never\n"
 NO_SANDBOX_SPEC = "name: test-agent\n"
+#: numpy, Pillow and matplotlib in the sandbox, for suites whose sandbox code uses
+#: them (run_code's figures; smolagents' remote side imports numpy and PIL): one
+#: section, so one layer serves them all (with ``shared_layer_dir``, built once
+#: per machine). Prefix it with a ``name:`` line.
+PYDATA_SECTION = """\
+sandbox:
+  toolchain: never
+  python:
+    packages: ["matplotlib==3.9.2", "numpy==2.1.3", "pillow==11.0.0"]
+"""
 
 
 def free_port() -> int:

@@ -15,25 +15,23 @@ from smolagents.utils import AgentError
 
 from podbay.client import SandboxClient
 from podbay.integrations.smolagents import PodbayExecutor
-from podbay.testing.platform import PlatformServer
+from podbay.testing.fixtures import shared_layer_dir
+from podbay.testing.platform import PYDATA_SECTION, PlatformServer
 
 pytestmark = pytest.mark.root
 
 # smolagents' remote side (its variable deserializer, its tools' requirements)
 # imports numpy and PIL, as its E2B and Docker images provide: declared once,
-# built into a cached layer.
-SPEC = """\
-name: smolagents-tests
-sandbox:
-  toolchain: never
-  python:
-    packages: ["numpy==2.1.3", "pillow==11.0.0"]
-"""
+# the layer run_code's tests use too, built once per machine.
+SPEC = "name: smolagents-tests\n" + PYDATA_SECTION
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxClient]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve-smolagents")) as server:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve-smolagents"),
+        env={"PODBAY_RUNTIME_LAYER_DIR": shared_layer_dir()},
+    ) as server:
         token = server.create_deployment("smolagents-tests", SPEC)
         with SandboxClient(
             identity_token=token, server_url=server.base_url, prepare_timeout_seconds=900

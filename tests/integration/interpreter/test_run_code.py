@@ -1,6 +1,7 @@
 """run_code over real sandboxes: a stateful interpreter INSIDE the sandbox (its
 kernel a spawned process there), reached through the gateway's port relay.
-matplotlib comes from the deployment's declared environment, built once."""
+matplotlib comes from the deployment's declared environment, built once per
+machine into the test sessions' shared layer cache."""
 
 from __future__ import annotations
 
@@ -11,22 +12,20 @@ import anyio
 import pytest
 
 from podbay.client import AsyncSandboxClient, SandboxClient
-from podbay.testing.platform import PlatformServer
+from podbay.testing.fixtures import shared_layer_dir
+from podbay.testing.platform import PYDATA_SECTION, PlatformServer
 
 pytestmark = pytest.mark.root
 
-SPEC = """\
-name: interpreter-tests
-sandbox:
-  toolchain: never
-  python:
-    packages: ["matplotlib==3.9.2"]
-"""
+SPEC = "name: interpreter-tests\n" + PYDATA_SECTION
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve-interpreter")) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve-interpreter"),
+        env={"PODBAY_RUNTIME_LAYER_DIR": shared_layer_dir()},
+    ) as s:
         yield s
 
 

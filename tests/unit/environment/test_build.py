@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +92,13 @@ def test_a_failure_is_reported_then_retried(
 
 def test_staging_leftovers_are_swept(tmp_path: Path) -> None:
     cache = LayerCache(tmp_path)
-    leftover = cache.staging("k")
-    (leftover / "rootfs").mkdir()
+    leftover, under_way = cache.staging("k"), cache.staging("k")
+    for staged in (leftover, under_way):
+        (staged / "rootfs").mkdir()
+    long_ago = time.time() - build.STALE_STAGING_S - 60
+    for path in (leftover, leftover / "rootfs"):
+        os.utime(path, (long_ago, long_ago))
     cache.sweep()
     assert not leftover.exists()
+    # Touched within the hour: another server sharing the cache may be building it.
+    assert under_way.is_dir()

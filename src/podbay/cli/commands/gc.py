@@ -49,7 +49,7 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
             vm = VmDriver(settings)
             try:
                 found = await vm_gc.collect(
-                    vm, everything=everything, layer_cache=settings.data_dir / "layers"
+                    vm, everything=everything, layer_cache=settings.layer_dir
                 )
                 done += [f"{VM}: {line}" for line in found]
                 in_use |= vm.images_in_use()

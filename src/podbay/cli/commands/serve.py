@@ -221,7 +221,7 @@ def environment_service(settings: Settings, drivers: Mapping[str, Driver]) -> En
     limits = Limits(
         memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
     )
-    cache = LayerCache(settings.data_dir / "layers")
+    cache = LayerCache(settings.layer_dir)
     builders: dict[int, Environments] = {}  # id of the building driver -> its Environments
     by_class: dict[str, Environments] = {}
     for name, driver in drivers.items():
