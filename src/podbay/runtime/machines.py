@@ -42,8 +42,10 @@ class RecordKeepingDriver(ABC):
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
-        #: Record writes under way, by machine (see :meth:`_save_soon`).
-        self._writing: dict[str, asyncio.Future[None]] = {}
+        #: Per machine, the task writing its records in a thread (see :meth:`_save_soon`)
+        self._writing: dict[str, asyncio.Task[None]] = {}
+        #: and the newest record that task has still to write.
+        self._unwritten: dict[str, records.MachineRecord] = {}
 
     @property
     def base_image(self) -> str:
@@ -90,30 +92,48 @@ class RecordKeepingDriver(ABC):
         """End the incarnation; the disk stays."""
 
     @contextlib.asynccontextmanager
-    async def _lock(self, machine_id: str) -> AsyncIterator[None]:
-        """The machine's lock, held once its record write under way has landed:
-        each call on a machine finds its record as the last call left it."""
+    async def _lock(self, machine_id: str, *, written: bool = True) -> AsyncIterator[None]:
+        """The machine's lock. With ``written`` it is held once the record writes
+        under way have landed: the call finds the record on disk as the last call
+        left it. Only suspend and resume do without: they need the record's spec
+        alone (which neither changes), and waiting there made each of them pay
+        the other's write (its fsync) when they follow each other closely."""
         async with self._locks.setdefault(machine_id, asyncio.Lock()):
-            await self._written(machine_id)
+            if written:
+                await self._written(machine_id)
             yield
 
     async def _written(self, machine_id: str) -> None:
-        writing = self._writing.pop(machine_id, None)
+        writing = self._writing.get(machine_id)
         if writing is not None:
-            try:
-                await writing
-            except OSError as e:  # the record says the state before; adopt observes anew
-                self.log.warning("machine %s: its record could not be written: %s", machine_id, e)
+            # Shielded: a caller cancelled while it waits must not drop the writes.
+            await asyncio.shield(writing)
 
     def _save_soon(self, record: records.MachineRecord) -> None:
         """Write ``record`` in a thread, not waiting for it (under the machine's
         lock): a suspend or resume is answered without the write's fsync (ms on
-        an idle disk, tens on a busy one; it blocked the loop meanwhile). The
-        next holder of the lock waits for it. A crash before it lands leaves
-        the state before, which :meth:`adopt` replaces with what it observes."""
+        an idle disk, tens on a busy one; it blocked the loop meanwhile). Writes
+        land in order, one at a time; one asked for while another is under way
+        replaces any still waiting (only the newest state matters). The next
+        call that needs the record written waits for them (:meth:`_lock`). A
+        crash before they land leaves a state before, which :meth:`adopt`
+        replaces with what it observes."""
         machine_id = record.spec.machine_id
-        assert machine_id not in self._writing, "saved twice under one lock"
-        self._writing[machine_id] = asyncio.ensure_future(asyncio.to_thread(self._save, record))
+        self._unwritten[machine_id] = record
+        if machine_id not in self._writing:
+            self._writing[machine_id] = asyncio.ensure_future(self._write_out(machine_id))
+
+    async def _write_out(self, machine_id: str) -> None:
+        try:
+            while (record := self._unwritten.pop(machine_id, None)) is not None:
+                try:
+                    await asyncio.to_thread(self._save, record)
+                except OSError as e:  # the record says a state before; adopt observes anew
+                    self.log.warning(
+                        "machine %s: its record could not be written: %s", machine_id, e
+                    )
+        finally:
+            del self._writing[machine_id]
 
     async def _writes_done(self) -> None:
         """Wait for every record write under way (closing)."""
@@ -177,7 +197,8 @@ class RecordKeepingDriver(ABC):
 
     async def _flip(self, machine_id: str, source: MachineState, target: MachineState) -> None:
         """``source`` → ``target`` (freeze or thaw); already ``target`` is done."""
-        async with self._lock(machine_id):
+        async with self._lock(machine_id, written=False):
+            # Maybe not the newest record while a write is under way: its spec is.
             record = self._record(machine_id)
             observed = await self._observe(machine_id)
             if observed is target:

@@ -126,26 +126,37 @@ class Freezing(Booting):
         self.frozen.discard(machine_id)
 
 
-def test_a_suspend_is_answered_before_its_record_lands_and_the_next_call_waits_for_it(
+def test_suspend_and_resume_wait_for_no_record_write_and_the_next_other_call_does(
     tmp_path: Path,
 ) -> None:
     driver = Freezing(tmp_path)
     made(driver)
     driver.running.add(SPEC.machine_id)
 
+    async def settled(call: asyncio.Future[None]) -> bool:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return call.done()
+
     async def run() -> None:
         await driver.suspend(SPEC.machine_id)  # returns with its write held at the gate
         assert SPEC.machine_id in driver.frozen
         assert driver._record(SPEC.machine_id).commanded is MachineState.STOPPED  # as made
-        resume = asyncio.ensure_future(driver.resume(SPEC.machine_id))
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert not resume.done() and SPEC.machine_id in driver.frozen  # waits for the write
+        # Neither waits for the write held at the gate: each is answered at once.
+        assert await settled(asyncio.ensure_future(driver.resume(SPEC.machine_id)))
+        assert SPEC.machine_id not in driver.frozen
+        assert await settled(asyncio.ensure_future(driver.suspend(SPEC.machine_id)))
+        assert SPEC.machine_id in driver.frozen
+        # A start needs the record as the last call left it: it waits for the writes.
+        start = asyncio.ensure_future(driver.start(SPEC.machine_id))
+        assert not await settled(start) and SPEC.machine_id in driver.frozen
         driver.gate.set()
-        await resume
+        await start
         assert SPEC.machine_id not in driver.frozen
         await driver._writes_done()
 
     asyncio.run(run())
-    assert driver.written == [MachineState.SUSPENDED, MachineState.RUNNING]
+    # In order, the resume's write replaced by the suspend that followed it before
+    # it could start; the newest state last.
+    assert driver.written == [MachineState.SUSPENDED, MachineState.SUSPENDED, MachineState.RUNNING]
     assert driver._record(SPEC.machine_id).commanded is MachineState.RUNNING
