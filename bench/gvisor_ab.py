@@ -131,6 +131,10 @@ async def bench(args: argparse.Namespace) -> None:
             argvs["A"] = driver._agent_argv(driver._image)
         finally:
             staging._USE_BUNDLE = kept
+        if "--launcher" not in (package / "agent/__main__.py").read_text():
+            at = argvs["A"].index("--launcher") if "--launcher" in argvs["A"] else -1
+            if at >= 0:  # an agent from before the launcher program
+                del argvs["A"][at : at + 2]
     flags = {"A": shlex.split(args.a_flags), "B": shlex.split(args.b_flags)}
     if args.runsc_debug:
         os.makedirs(args.runsc_debug, exist_ok=True)

@@ -26,7 +26,7 @@ from types import FrameType
 from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
-from . import VERSION, guard, oom
+from . import VERSION, guard, launcher, oom
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .hibernate import Hibernation, no_children
@@ -39,6 +39,7 @@ THREAD_STACK_BYTES = 1024 * 1024
 
 USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
                     [--workspace DIR] [--env-file PATH] [--guard-uid N] [--oom-fd N]
+                    [--launcher PATH]
 
 Run the sandbox agent (inside a sandbox).
 
@@ -50,6 +51,8 @@ Run the sandbox agent (inside a sandbox).
   --guard-uid N       run as uid N, commands in user namespaces without it
                       (under a kernel that cannot protect the agent: gVisor)
   --oom-fd N          our own /proc/self/oom_score_adj, opened for us
+  --launcher PATH     under --guard-uid, the launcher program (launcher.c) to
+                      start commands with (default: the launcher in Python)
 """
 
 
@@ -64,15 +67,16 @@ class Options:
     env_file: str | None = None
     guard_uid: int | None = None
     oom_fd: int | None = None
+    launcher: str | None = None
 
 
 def parse_args(argv: list[str]) -> Options:
-    """The options in ``argv``. Hand-rolled rather than argparse: five options,
+    """The options in ``argv``. Hand-rolled rather than argparse: a few options,
     and argparse costs several ms of every sandbox's start-up.
 
     >>> parse_args(["--fd", "3", "--env-file=/e.json"])  # doctest: +NORMALIZE_WHITESPACE
     Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json',
-            guard_uid=None, oom_fd=None)
+            guard_uid=None, oom_fd=None, launcher=None)
     """
     opts = Options()
     names = {
@@ -83,6 +87,7 @@ def parse_args(argv: list[str]) -> Options:
         "--env-file",
         "--guard-uid",
         "--oom-fd",
+        "--launcher",
     }
     args = list(argv)
     while args:
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"podbay-agent: cannot run as uid {args.guard_uid}: {exc}", file=sys.stderr)
             return 2
+        launcher.program = args.launcher
     threading.stack_size(THREAD_STACK_BYTES)
     reaper = Reaper()
     reaper.start()

@@ -91,6 +91,12 @@ def enable(uid: int) -> None:
     _uid = uid
 
 
+def foreign_caps() -> int:
+    """The capabilities the agent does not have, as a mask (bit N: capability
+    N), for the launcher program to drop from its bounding set."""
+    return sum(1 << cap for cap in _not_ours)
+
+
 def claim(path: str | int) -> None:
     """Hand what the agent just created (a path or an fd) to root, as if root
     had created it; nothing when the agent is root."""

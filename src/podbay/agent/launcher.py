@@ -10,10 +10,19 @@ again whenever it is gone) that enters it, becomes root there, and starts
 each command on the agent's request as an unguarded agent does (``Popen``
 without ``preexec_fn``: a vfork, for root).
 
-The agent sends argv, cwd, env and ids as JSON with the command's three
-standard streams as descriptors (``SCM_RIGHTS``) and gets back the pid, or
-why nothing ran. The launcher reaps its children and sends each exit code on
-a second socket, read by a thread of the agent and handed to the
+Where the runtime built it (with the host's C compiler, see
+``runtime/oci/runsc.py``), the launcher is ``launcher.c``: the fork execs it
+at once (``--launcher PATH``) and it makes the namespace itself. CPython's
+vfork child resets every signal handler (~65 system calls) and reports
+through a pipe, half of the system calls of an exec of ``true``, each a trap
+under gVisor's ptrace platform; the program's child makes only the calls the
+command needs. Without it, the launcher serves in Python (:func:`_serve`).
+
+The agent sends argv, cwd, env, ids and the paths to try
+(:func:`encode_request`) with the command's three standard streams as
+descriptors (``SCM_RIGHTS``) and gets back the pid, or why nothing ran.
+The launcher reaps its children and sends each exit code on a second
+socket, read by a thread of the agent and handed to the
 :class:`~.reaper.Reaper`'s callbacks. Orphans still go to the agent (the
 sandbox's init), and so do running commands when the launcher dies: their
 callbacks stay registered with the agent's reaper. The launcher's own OOM
@@ -36,7 +45,6 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
-import json
 import os
 import select
 import signal
@@ -59,7 +67,10 @@ LOST_CODE = 128 + signal.SIGKILL
 #: The longest reason for a failed start the agent reads.
 MAX_REASON = 1024
 
-_LENGTH = struct.Struct("!I")  # a request's JSON length; its descriptors ride on it
+_LENGTH = struct.Struct("!I")  # a request's length; its descriptors ride on it
+#: A request's fixed part: flags, uid, gid (-1: the launcher's own), then how
+#: many groups, paths to try, argv and env entries (see :func:`encode_request`).
+_BODY = struct.Struct("!IiiIIII")
 _ANSWER = struct.Struct("!iiiH")  # pid, errno, what failed, reason length
 _EXIT = struct.Struct("!ii")  # pid, exit code
 
@@ -67,6 +78,10 @@ _EXIT = struct.Struct("!ii")  # pid, exit code
 _STARTED, _NO_PROGRAM, _NO_CWD, _REFUSED, _INVALID = 0, 1, 2, 3, 4
 
 _current: Launcher | None = None
+
+#: The launcher as a program of its own (``launcher.c``, built by the runtime),
+#: exec'd by the launcher once in its namespace; None: it serves in Python.
+program: str | None = None
 
 
 def spawn(
@@ -97,6 +112,10 @@ def spawn(
         "terminal": terminal,
         "given": given,
     }
+    try:
+        body = encode_request(request)
+    except ValueError as exc:  # e.g. an environment the OS cannot take
+        raise LaunchFailed(f"cannot start {argv[0]!r}: {exc}", invalid=True) from None
     for attempt in (1, 2):
         if _current is None or not _current.alive:
             if _current is not None:
@@ -106,7 +125,7 @@ def spawn(
             except (OSError, RuntimeError) as exc:  # no process or thread to be had
                 raise LaunchFailed(f"cannot start the launcher of commands: {exc}") from None
         try:
-            return _current.spawn(request, fds)
+            return _current.spawn(request, fds, body)
         except LauncherGone:
             _current.kill()
             if attempt == 2:
@@ -144,6 +163,8 @@ class Launcher:
                     ours.close()
                 os.close(unshared_r)
                 os.close(mapped_w)
+                if program is not None:
+                    _exec_program(their_requests, their_exits, unshared_w, mapped_r)
                 guard.enter_own_namespace(unshared_w, mapped_r)
                 _serve(their_requests, their_exits)
             except BaseException as exc:
@@ -191,10 +212,12 @@ class Launcher:
         launcher.reader = reader
         return launcher
 
-    def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
-        """One command's pid. Raises :class:`LauncherGone` when the launcher is gone
-        before taking the request, :class:`LaunchFailed` otherwise."""
-        body = json.dumps(request).encode()
+    def spawn(self, request: dict[str, Any], fds: list[int], body: bytes | None = None) -> int:
+        """One command's pid (``body``: ``request`` encoded already). Raises
+        :class:`LauncherGone` when the launcher is gone before taking the
+        request, :class:`LaunchFailed` otherwise."""
+        if body is None:
+            body = encode_request(request)
         head = _LENGTH.pack(len(body))
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
@@ -307,6 +330,55 @@ class Launcher:
         self.requests.close()
 
 
+def encode_request(request: dict[str, Any]) -> bytes:
+    """A request as the launcher reads it: :data:`_BODY`, the groups (``!I``
+    each), then NUL-ended strings: cwd, the paths to try in turn (the PATH
+    search subprocess makes, from the command's own PATH), argv, ``K=V`` env
+    entries. Raises ValueError for what no argv or environment can hold, as
+    subprocess would."""
+    argv = [os.fsencode(arg) for arg in request["argv"]]
+    env = {os.fsencode(k): os.fsencode(v) for k, v in request["env"].items()}
+    if any(b"=" in key for key in env):
+        raise ValueError("illegal environment variable name")
+    name = argv[0]
+    if os.path.dirname(name):
+        paths = [name]
+    else:
+        paths = [os.path.join(os.fsencode(d), name) for d in os.get_exec_path(request["env"])]
+    strings = [os.fsencode(request["cwd"]), *paths, *argv, *(k + b"=" + v for k, v in env.items())]
+    if any(b"\0" in string for string in strings):
+        raise ValueError("embedded null byte")
+    uid, gid, groups = request["ids"] or (-1, -1, [])
+    given = request["given"]
+    flags = bool(request["terminal"]) | given[0] << 1 | given[1] << 2 | given[2] << 3
+    head = _BODY.pack(flags, uid, gid, len(groups), len(paths), len(argv), len(env))
+    return b"".join([head, *(struct.pack("!I", g) for g in groups), b"\0".join(strings), b"\0"])
+
+
+def decode_request(body: bytes) -> dict[str, Any]:
+    """What :func:`encode_request` made (for the launcher served in Python).
+    Raises ValueError when it is not that."""
+    flags, uid, gid, ngroups, npaths, nargs, nenv = _BODY.unpack_from(body)
+    at = _BODY.size + 4 * ngroups
+    groups = list(struct.unpack_from(f"!{ngroups}I", body, _BODY.size))
+    strings = [os.fsdecode(s) for s in body[at:].split(b"\0")]
+    if len(strings) != 2 + npaths + nargs + nenv or strings[-1] or not nargs:
+        raise ValueError("a malformed request")
+    argv = strings[1 + npaths : 1 + npaths + nargs]
+    env: dict[str, str] = {}
+    for entry in strings[1 + npaths + nargs : -1]:
+        key, _, value = entry.partition("=")
+        env[key] = value
+    return {
+        "argv": argv,
+        "cwd": strings[0],
+        "env": env,
+        "ids": None if uid < 0 else (uid, gid, groups),
+        "terminal": bool(flags & 1),
+        "given": [bool(flags >> n & 1) for n in (1, 2, 3)],
+    }
+
+
 def _read(sock: socket.socket, size: int) -> bytes:
     """Exactly ``size`` bytes; OSError at the end of the stream."""
     data = bytearray()
@@ -321,22 +393,51 @@ def _read(sock: socket.socket, size: int) -> bytes:
 # -- the launcher process ----------------------------------------------------
 
 
-def _serve(requests: socket.socket, exits: socket.socket) -> NoReturn:
-    """Become the launcher (in its namespace already) and start commands until
-    the agent goes away."""
-    keep = {requests.fileno(), exits.fileno()}
-    for sock in (requests, exits):
-        sock.set_inheritable(False)  # as all it keeps, and the streams it receives
+def _settle(keep: set[int]) -> int:
+    """Close every descriptor of the agent's but ``keep``, make /dev/null
+    standard input, output and error (the agent's are not for commands) and
+    raise our OOM score to the commands' (they inherit it). /dev/null's fd."""
     for name in os.listdir("/proc/self/fd"):  # the agent's listener, connections, …
         if name.isdigit() and int(name) not in keep:
             with contextlib.suppress(OSError):
                 os.close(int(name))
-    devnull = os.open(os.devnull, os.O_RDWR)  # also 0, 1, 2: the agent's are not for commands
+    devnull = os.open(os.devnull, os.O_RDWR)  # 0: the lowest free
     for fd in (0, 1, 2):
         if fd != devnull:
             os.dup2(devnull, fd)
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write(str(oom.COMMAND_SCORE))
+    return devnull
+
+
+def _exec_program(
+    requests: socket.socket, exits: socket.socket, unshared: int, mapped: int
+) -> None:
+    """Become :data:`program`, which makes the commands' namespace itself (as
+    :func:`guard.enter_own_namespace`) and serves. Exec'd before the namespace
+    is made, so that its memory belongs to the sandbox's user namespace, where
+    the commands' root has no capability: it is not dumpable, so they cannot
+    trace it. With an empty environment: nothing of the agent's is carried.
+    Returns only when the exec failed (the launcher then serves in Python)."""
+    assert program is not None
+    kept = (requests.fileno(), exits.fileno(), unshared, mapped)
+    devnull = _settle(set(kept))
+    for fd in (*kept, devnull):
+        os.set_inheritable(fd, True)
+    try:
+        argv = [program, *map(str, kept), f"{guard.foreign_caps():x}"]
+        os.execve(program, argv, {})  # noqa: S606 - the runtime's program, no shell
+    except OSError:
+        for fd in (*kept, devnull):
+            os.set_inheritable(fd, False)
+
+
+def _serve(requests: socket.socket, exits: socket.socket) -> NoReturn:
+    """Become the launcher (in its namespace already) and start commands until
+    the agent goes away."""
+    for sock in (requests, exits):
+        sock.set_inheritable(False)  # as all it keeps, and the streams it receives
+    devnull = _settle({requests.fileno(), exits.fileno()})
     # Caught, and so at their default again in every command (exec resets a
     # caught signal, not an ignored one): a `pkill python` in the sandbox,
     # which matches the launcher's name too, leaves it serving.
@@ -363,8 +464,8 @@ def _serve(requests: socket.socket, exits: socket.socket) -> NoReturn:
                 os._exit(0)  # the agent went away
             head += _read(requests, _LENGTH.size - len(head))
         try:
-            request = json.loads(_read(requests, _LENGTH.unpack(head)[0]))
-        except (OSError, ValueError):
+            request = decode_request(_read(requests, _LENGTH.unpack(head)[0]))
+        except (OSError, ValueError, struct.error):
             os._exit(1)
         with reaper.lock:
             try:

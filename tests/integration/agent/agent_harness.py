@@ -111,6 +111,16 @@ GUARDED = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM")
 GUARD_ARGS = ("--guard-uid", "65535")
 
 
+def launcher_program(where: Path) -> Path:
+    """The launcher program (podbay/agent/launcher.c) built under ``where`` as
+    the gvisor class builds it (with the statx shim, by the host's C compiler)."""
+    from podbay.runtime.oci.runsc import build_statx_shim
+
+    built = build_statx_shim(where)
+    assert built is not None and (built / "launcher").exists(), "no C compiler to build it"
+    return built / "launcher"
+
+
 def start_agent(
     tmp: Path,
     staged: Path,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_harness import GUARD_ARGS, GUARDED, Agent, open_pty, start_agent
+from agent_harness import GUARD_ARGS, GUARDED, Agent, launcher_program, open_pty, start_agent
 
 from podbay.runtime import probes
 from podbay.wire.paths import EXEC_STDIN_CONTENT_TYPE
@@ -27,9 +27,17 @@ WHO = (
 )
 
 
-@pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory, staged: Path) -> Iterator[Agent]:
-    running = start_agent(tmp_path_factory.mktemp("guarded"), staged, GUARDED, args=GUARD_ARGS)
+@pytest.fixture(scope="module", params=["program", "python"])
+def guarded(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, staged: Path
+) -> Iterator[Agent]:
+    """Its launcher as the program the runtime builds (launcher.c), and as the
+    agent's own Python (where the host has no C compiler)."""
+    args = GUARD_ARGS
+    if request.param == "program":
+        program = launcher_program(tmp_path_factory.mktemp("launcher"))
+        args = (*GUARD_ARGS, "--launcher", str(program))
+    running = start_agent(tmp_path_factory.mktemp("guarded"), staged, GUARDED, args=args)
     yield running
     running.stop()
 
@@ -66,6 +74,14 @@ def test_commands_share_one_namespace_without_the_agents_id(guarded: Agent) -> N
     # Nothing of the launcher's (nor the agent's) is open in a command: ls
     # sees its three streams and the directory it lists.
     assert _exec(guarded, ["ls", "/proc/self/fd"])["stdout"] == "0\n1\n2\n3\n"
+
+
+def test_the_launcher_is_the_program_when_given_one(
+    guarded: Agent, request: pytest.FixtureRequest
+) -> None:
+    # Its name: a launcher that fell back to Python would pass every other test.
+    name = _stdout(guarded, "cat /proc/$PPID/comm")[0]
+    assert (name == "launcher") == (request.node.callspec.params["guarded"] == "program"), name
 
 
 def test_each_command_gets_what_an_exec_promises(guarded: Agent, tmp_path: Path) -> None:

@@ -25,7 +25,14 @@ from podbay.agent.launcher import Launcher
 from podbay.agent.reaper import Reaper
 from podbay.errors import LaunchFailed
 
-REQUEST = {"argv": ["true"], "cwd": "/w", "env": {}, "ids": None, "terminal": False}
+REQUEST = {
+    "argv": ["true"],
+    "cwd": "/w",
+    "env": {},
+    "ids": None,
+    "terminal": False,
+    "given": [False, False, False],
+}
 
 
 @dataclass
@@ -140,3 +147,39 @@ def test_a_launcher_gone_while_starting_says_the_command_may_have_run(played: Pl
     threading.Timer(0.2, played.agent_side.kill).start()
     with pytest.raises(LaunchFailed, match="may have run"):
         played.agent_side.spawn(dict(REQUEST), [])
+
+
+def test_a_request_reads_back_as_it_was_sent() -> None:
+    sent = {
+        "argv": ["sh", "-c", "echo é"],
+        "cwd": "/w",
+        "env": {"PATH": "/a:/b", "EMPTY": "", "X": "1=2"},
+        "ids": (1000, 1000, [4, 5]),
+        "terminal": True,
+        "given": [True, False, True],
+    }
+    assert launcher.decode_request(launcher.encode_request(sent)) == sent
+
+
+def test_a_request_names_the_paths_to_try_as_subprocess_would() -> None:
+    # The launcher program tries these in turn (the PATH search of the command's env).
+    body = launcher.encode_request({**REQUEST, "env": {"PATH": "/a:/b"}})
+    strings = body[launcher._BODY.size :].split(b"\0")
+    assert strings[:4] == [b"/w", b"/a/true", b"/b/true", b"true"]
+    body = launcher.encode_request({**REQUEST, "argv": ["./x"], "env": {"PATH": "/a"}})
+    assert body[launcher._BODY.size :].split(b"\0")[:3] == [b"/w", b"./x", b"./x"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"env": {"A=B": "x"}}, "illegal environment variable name"),
+        ({"env": {"A": "x\0"}}, "embedded null byte"),
+        ({"cwd": "/w\0"}, "embedded null byte"),
+    ],
+)
+def test_what_no_environment_can_hold_is_refused_before_sending(
+    change: dict[str, object], reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason):
+        launcher.encode_request({**REQUEST, **change})

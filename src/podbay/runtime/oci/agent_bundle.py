@@ -105,7 +105,11 @@ def image_python(
 
 
 def sandbox_argv(
-    image_rootfs: Path, *, private_loader: bool = True, socket: str | None = None
+    image_rootfs: Path,
+    *,
+    private_loader: bool = True,
+    socket: str | None = None,
+    launcher: str | None = None,
 ) -> list[str]:
     """The sandbox's first process: the agent on the image's python (see
     :func:`image_python`), serving the socket on fd 3 (or binding the path
@@ -113,9 +117,12 @@ def sandbox_argv(
 
     Without the private loader (a kernel of the sandbox's own: gVisor) the
     agent guards itself instead: it runs as :data:`guard.DEFAULT_UID` and
-    starts commands in user namespaces without that id (:mod:`podbay.agent.guard`)."""
+    starts commands in user namespaces without that id (:mod:`podbay.agent.guard`),
+    through the program ``launcher`` when one is given (``launcher.c``)."""
     listen = ["--socket", socket] if socket else ["--fd", "3"]
     guarded = [] if private_loader else ["--guard-uid", str(guard.DEFAULT_UID)]
+    if guarded and launcher:
+        guarded += ["--launcher", launcher]
     agent = staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
         AGENT_DIR,

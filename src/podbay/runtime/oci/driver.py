@@ -152,7 +152,11 @@ class OciDriver(RecordKeepingDriver):
         if private:
             agent_bundle.stage_loader(image.rootfs)
         socket = None if self.runc.passes_fds else f"{runsc.SOCKET_DIR}/{runsc.SOCKET_NAME}"
-        return agent_bundle.sandbox_argv(image.rootfs, private_loader=private, socket=socket)
+        shim = self._statx_shim
+        launcher = runsc.LAUNCHER_IN_SANDBOX if shim and (shim / "launcher").exists() else None
+        return agent_bundle.sandbox_argv(
+            image.rootfs, private_loader=private, socket=socket, launcher=launcher
+        )
 
     @property
     def machines(self) -> Path:

@@ -272,15 +272,22 @@ def _publish(tmp: Path, target: Path) -> Path:
 #: Where the statx shim (statx_shim.c) appears inside a gvisor sandbox.
 SHIM_IN_SANDBOX = "/.podbay/statx-shim.so"
 SHIM_SOURCE = Path(__file__).with_name("statx_shim.c")
+#: The agent's launcher of commands as a static program (podbay/agent/launcher.c),
+#: built beside the shim, and where it appears inside a gvisor sandbox.
+LAUNCHER_SOURCE = Path(__file__).parent.parent.parent / "agent" / "launcher.c"
+LAUNCHER_IN_SANDBOX = "/.podbay/launcher"
 
 
 def build_statx_shim(run_dir: Path) -> Path | None:
     """The directory holding the compiled statx shim and an ``ld.so.preload``
-    naming it (made once per shim source, under the traverse-only ``run_dir``
-    runsc's gofer can reach); None when the host has no C compiler, and then
-    coreutils' ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
+    naming it, and the agent's launcher (``launcher``, linked statically, so
+    that the image's libc does not matter) when the host can link it (made once
+    per pair of sources, under the traverse-only ``run_dir`` runsc's gofer can
+    reach); None when the host has no C compiler, and then coreutils'
+    ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
     source = SHIM_SOURCE.read_bytes()
-    target = run_dir / "gvisor-shim" / hashlib.sha256(source).hexdigest()[:16]
+    launcher = LAUNCHER_SOURCE.read_bytes()
+    target = run_dir / "gvisor-shim" / hashlib.sha256(source + launcher).hexdigest()[:16]
     if (target / "complete").exists():
         return target
     compiler = shutil.which("cc") or shutil.which("gcc")
@@ -304,6 +311,17 @@ def build_statx_shim(run_dir: Path) -> Path | None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DriverError(f"building the statx shim failed: {built.stderr.decode()[-800:]}")
     os.chmod(tmp / "statx-shim.so", 0o755)  # noqa: S103 - loaded by every sandbox user
+    linked = subprocess.run(
+        [compiler, "-static", "-O2", "-Wall", "-o", str(tmp / "launcher"), "-x", "c", "-"],
+        input=launcher,
+        capture_output=True,
+        check=False,
+    )
+    if linked.returncode != 0:  # e.g. no static libc (libc6-dev): the agent's own serves
+        log.warning("the launcher of commands was not built: %s", linked.stderr.decode()[-800:])
+        (tmp / "launcher").unlink(missing_ok=True)
+    else:
+        os.chmod(tmp / "launcher", 0o755)  # noqa: S103 - run by the agent's launcher
     (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
     os.chmod(tmp / "ld.so.preload", 0o644)
     return _publish(tmp, target)
@@ -338,7 +356,10 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
         for name, destination in (
             ("statx-shim.so", SHIM_IN_SANDBOX),
             ("ld.so.preload", "/etc/ld.so.preload"),
+            ("launcher", LAUNCHER_IN_SANDBOX),
         ):
+            if not (shim / name).exists():
+                continue
             mounts.append(
                 {
                     "destination": destination,
