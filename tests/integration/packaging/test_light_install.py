@@ -4,10 +4,11 @@ A fresh virtualenv, podbay installed from this tree with no extras (its three
 dependencies come from PyPI): the SDK imports, no server package is present,
 and a server command says which extra to install instead of a traceback.
 
-pip is this suite's own, pointed at the new environment (``pip --python``), and
-keeps its download cache across runs (``$PODBAY_TEST_PIP_CACHE``): seeding
-pip into each virtualenv and fetching the same wheels and build backend again
-were most of this module's time, and neither is what it checks.
+pip is this suite's own, pointed at the new environment (``pip --python``):
+seeding pip into each virtualenv was half of this module's time, and is not
+what it checks. Its download cache is kept across runs
+(``$PODBAY_TEST_PIP_CACHE``), which spares the downloads where the index's
+answers may be cached (PyPI's; not every mirror's).
 """
 
 from __future__ import annotations
