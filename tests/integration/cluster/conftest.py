@@ -4,7 +4,8 @@ starting one costs seconds of the suite, and stopping it as many again.
 
 Modules run in file order: test_cluster.py leaves no sandbox behind, so the
 move tests find the nodes empty; test_cluster_moves.py kills a node in its
-last test. test_cluster_routes.py starts its own (no lifecycle pass there).
+last test. test_cluster_routes.py starts its own (no lifecycle pass there),
+on the same PostgreSQL server (a database of its own): one initdb fewer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from podbay.testing.cluster import LocalCluster
+from podbay.testing.postgres import TemporaryCluster
 
 #: The move tests' settings (test_cluster.py needs none): a lifecycle pass
 #: every half second, no idle suspension or reclaim during the tests, an age
@@ -30,6 +32,14 @@ ENV = {
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster.start(tmp_path_factory.mktemp("cluster"), env=ENV) as c:
+def postgres() -> Iterator[TemporaryCluster]:
+    with TemporaryCluster.start() as db:
+        yield db
+
+
+@pytest.fixture(scope="package")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, postgres: TemporaryCluster
+) -> Iterator[LocalCluster]:
+    with LocalCluster.start(tmp_path_factory.mktemp("cluster"), env=ENV, postgres=postgres) as c:
         yield c

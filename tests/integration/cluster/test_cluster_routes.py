@@ -28,17 +28,21 @@ import psycopg
 import pytest
 
 from podbay.testing.cluster import LocalCluster
+from podbay.testing.postgres import TemporaryCluster
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, postgres: TemporaryCluster
+) -> Iterator[LocalCluster]:
     with LocalCluster.start(
         tmp_path_factory.mktemp("cluster"),
         controls=2,
         nodes=2,
         env={"PODBAY_LIFECYCLE_INTERVAL_SECONDS": "3600"},
+        postgres=postgres,
     ) as c:
         yield c
 
