@@ -17,8 +17,9 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _INFO = f"GET {INFO} HTTP/1.1\r\nhost: agent\r\n\r\n".encode()
 #: Longest wait for that answer (a machine just started answers in ms).
 PREWARM_SECONDS = 1.0
-#: Largest answer to it read (the agent's is a few hundred bytes).
-MAX_INFO_BYTES = 64 * 1024
+#: Largest answer :func:`exchange` reads (the agent's to info or to an exec of
+#: ``true`` is a few hundred bytes).
+MAX_ANSWER_BYTES = 64 * 1024
 
 
 class AgentPool:
@@ -56,23 +57,13 @@ class AgentPool:
 
     async def _answered(self) -> Connection:
         """A new connection on which the agent has answered ``GET /v1/info``."""
-        reader, writer = await self.connect()
+        conn = await self.connect()
         try:
-            writer.write(_INFO)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/1.1 ") else b""
-            length = None
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if status != b"200" or length is None or length > MAX_INFO_BYTES:
-                raise ValueError("not the agent's answer")
-            await reader.readexactly(length)
+            await exchange(conn, _INFO)
         except BaseException:
-            writer.close()
+            conn[1].close()
             raise
-        return reader, writer
+        return conn
 
     def release(self, conn: Connection) -> None:
         reader, writer = conn
@@ -91,3 +82,22 @@ class AgentPool:
         idle, self._idle = self._idle, []
         for _, writer in idle:
             writer.close()
+
+
+async def exchange(conn: Connection, request: bytes) -> bytes:
+    """Send ``request`` (a whole HTTP/1.1 request) on ``conn`` and read the agent's
+    answer; its body. ValueError unless it is a 200 with a ``Content-Length`` of
+    at most :data:`MAX_ANSWER_BYTES`: for the host's own small calls (the
+    prewarm, a warm pool's warm-up), not for relaying."""
+    reader, writer = conn
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/1.1 ") else b""
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    if status != b"200" or length is None or length > MAX_ANSWER_BYTES:
+        raise ValueError("not the agent's answer")
+    return await reader.readexactly(length)
