@@ -8,6 +8,7 @@ checked in tests/integration/network/test_network_vm.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
 import os
@@ -51,14 +52,30 @@ class TestVmConformance(DriverConformance):
 
 @pytest.fixture(scope="module")
 def pair(vm_session: VmSession) -> Iterator[tuple[AgentClient, AgentClient]]:
-    """Two small guests for the isolation probes, kept for the module."""
-    clients = []
-    for _ in range(2):
-        spec = small_spec(
+    """Two small guests for the isolation probes, kept for the module. They boot
+    side by side (each TCG boot keeps one core busy) and cold: a template of
+    their shape would be one more boot, in the background of the probes, that
+    nothing else here would use."""
+    driver = vm_session.driver
+    specs = [
+        small_spec(
             env={"PODBAY_PROBE": "1"}, pids=64, memory_bytes=256 << 20, disk_bytes=PROBE_DISK
         )
-        clients.append(AgentClient(vm_session.driver.agent_socket(vm_session.up(spec))))
-    yield clients[0], clients[1]
+        for _ in range(2)
+    ]
+
+    async def boot_both() -> None:
+        for spec in specs:
+            await driver.create(spec)
+        await asyncio.gather(*(driver.start(spec.machine_id) for spec in specs))
+
+    driver.templates_enabled = False
+    try:
+        vm_session.run(boot_both())
+    finally:
+        driver.templates_enabled = True
+    a, b = (AgentClient(driver.agent_socket(spec.machine_id)) for spec in specs)
+    yield a, b
 
 
 def test_guest_runs_its_own_kernel_as_real_root(pair: tuple[AgentClient, AgentClient]) -> None:
