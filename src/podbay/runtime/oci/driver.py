@@ -143,6 +143,8 @@ class OciDriver(RecordKeepingDriver):
                 runsc.reachable_agent, agent_dir, self.layout.run_dir
             )
             self._statx_shim = await asyncio.to_thread(runsc.build_statx_shim, self.layout.run_dir)
+            if self._statx_shim is not None and (self._statx_shim / "runsc-enter").exists():
+                self.runc.enter = self._statx_shim / "runsc-enter"
         self._image, self._agent_dir = image, agent_dir
         self.network.watch_addresses()
         self._argv = self._agent_argv(image)

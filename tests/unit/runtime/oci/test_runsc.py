@@ -42,6 +42,17 @@ def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(tmp_
     assert argv[-4:] == ["--detach", "--bundle", str(tmp_path / "bundle"), "m1"]
 
 
+def test_run_starts_through_runsc_enter_when_it_was_built(tmp_path: Path) -> None:
+    (tmp_path / "bundle").mkdir()
+    netns = tmp_path / "m1" / "netns"
+    r = _runsc(tmp_path)
+    r.enter = tmp_path / "runsc-enter"
+    argv = r.launch_argv("m1", tmp_path / "bundle", netns)
+    proc = str(tmp_path / "bundle" / runsc.PROC_DIR)
+    assert argv[:5] == [str(r.enter), str(netns), proc, "runsc", "--root"]
+    assert argv[-4:] == ["--detach", "--bundle", str(tmp_path / "bundle"), "m1"]
+
+
 def test_commands_for_a_live_sandbox_enter_its_namespace_only_when_mounted(tmp_path: Path) -> None:
     # Not an nsfs mount here: the plain command line.
     assert _runsc(tmp_path).command("state", "m1")[0] == "runsc"
