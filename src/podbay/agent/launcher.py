@@ -66,6 +66,10 @@ ANSWER_SECONDS = 10.0
 LOST_CODE = 128 + signal.SIGKILL
 #: The longest reason for a failed start the agent reads.
 MAX_REASON = 1024
+#: The largest request the launcher program reads (``MAX_BODY`` in launcher.c):
+#: argv and env past it fail execve anyway (E2BIG: Linux takes at most a
+#: quarter of the stack limit), so the agent refuses so without sending.
+MAX_REQUEST = 8 << 20
 
 _LENGTH = struct.Struct("!I")  # a request's length; its descriptors ride on it
 #: A request's fixed part: flags, uid, gid (-1: the launcher's own), then how
@@ -116,6 +120,9 @@ def spawn(
         body = encode_request(request)
     except ValueError as exc:  # e.g. an environment the OS cannot take
         raise LaunchFailed(f"cannot start {argv[0]!r}: {exc}", invalid=True) from None
+    if len(body) > MAX_REQUEST:  # past any execve's limit (and the launcher's)
+        too_big = OSError(errno.E2BIG, os.strerror(errno.E2BIG), argv[0])
+        raise LaunchFailed(os.strerror(errno.E2BIG), too_big)
     for attempt in (1, 2):
         if _current is None or not _current.alive:
             if _current is not None:

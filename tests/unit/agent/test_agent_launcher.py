@@ -183,3 +183,11 @@ def test_what_no_environment_can_hold_is_refused_before_sending(
 ) -> None:
     with pytest.raises(ValueError, match=reason):
         launcher.encode_request({**REQUEST, **change})
+
+
+def test_a_request_past_what_execve_takes_is_refused_as_too_long() -> None:
+    # Before any launcher is asked (the program reads at most MAX_REQUEST).
+    argv = ["echo", "x" * launcher.MAX_REQUEST]
+    with pytest.raises(LaunchFailed) as failed:
+        launcher.spawn(Reaper(), argv, "/", {}, (None, None, None), None)
+    assert failed.value.error is not None and failed.value.error.errno == errno.E2BIG
