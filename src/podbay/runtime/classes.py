@@ -58,7 +58,6 @@ CHECK_TIMEOUT_S = 180.0
 #: How long the first machine of a class may take to answer (a loaded host
 #: boots a guest under TCG slowly).
 PROOF_TIMEOUT_S = 600.0
-MIB = 1024**2
 
 
 class HostCheck(NamedTuple):
@@ -280,8 +279,13 @@ async def prove_class(settings: Settings, name: str, driver: Driver) -> str:
     when none does. Returns what it took, for the class's detail."""
     rt = settings.runtime
     # The sandboxes' own limits (gVisor's kernel needs threads a tiny pids limit
-    # would starve), on a small disk.
-    limits = Limits(memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=512 * MIB)
+    # would starve) and disk: what the machine prepares then serves the first
+    # sandboxes (the disk size's mkfs; the vm class's template of that shape,
+    # which warm pools build anyway), not a shape no sandbox has (a smaller disk
+    # made the vm class boot one more template guest for the probe alone).
+    limits = Limits(
+        memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
+    )
     took = await asyncio.wait_for(smoke(driver, limits), PROOF_TIMEOUT_S)
     return f"a sandbox answered in {took * 1000:.0f} ms"
 

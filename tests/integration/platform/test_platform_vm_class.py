@@ -57,5 +57,9 @@ def test_vm_sandboxes_run_their_own_kernel_beside_containers(server):
     back = server.attach(token, "guest").json()
     assert back["start"] == "resumed" and back["class"] == "vm"
     assert server.exec(back, "cat", "/workspace/f").json()["stdout"] == "kept\n"
+    # The class's proof machine had the sandboxes' shape: one template (built or
+    # building) serves both, no guest booted for a shape no sandbox has.
+    built = (server.data_dir / "vm" / "templates").iterdir()
+    assert len({p.name.lstrip(".").split(".")[0] for p in built}) == 1
     assert server.api("DELETE", "/api/v1/sandboxes/guest", token).status_code == 204
     assert not list((server.data_dir / "vm" / "machines").iterdir())
