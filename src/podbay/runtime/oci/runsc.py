@@ -286,35 +286,51 @@ LAUNCHER_IN_SANDBOX = "/.podbay/launcher"
 ENTER_SOURCE = Path(__file__).with_name("runsc_enter.c")
 
 
-def build_statx_shim(run_dir: Path) -> Path | None:
+#: Where the shim and the programs beside it are built, once per set of sources
+#: for the whole host (~1 s of compiling), before each run directory gets a copy.
+BUILD_CACHE = Path("/run/podbay/gvisor-shim")
+
+
+def build_statx_shim(run_dir: Path, *, cache: Path = BUILD_CACHE) -> Path | None:
     """The directory holding the compiled statx shim and an ``ld.so.preload``
     naming it, the agent's launcher (``launcher``, linked statically, so that
     the image's libc does not matter) when the host can link it, and
     ``runsc-enter`` (host only: :meth:`Runsc.launch_argv`), made once per set
-    of sources, under the traverse-only ``run_dir`` runsc's gofer can reach;
-    None when the host has no C compiler, and then coreutils' ``ls``/``stat``
-    fail in gvisor sandboxes (logged)."""
-    source = SHIM_SOURCE.read_bytes()
-    launcher = LAUNCHER_SOURCE.read_bytes()
-    enter = ENTER_SOURCE.read_bytes()
-    digest = hashlib.sha256(source + launcher + enter).hexdigest()[:16]
+    of sources (in ``cache``, copied from there), under the traverse-only
+    ``run_dir`` runsc's gofer can reach; None when the host has no C compiler,
+    and then coreutils' ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
+    sources = [SHIM_SOURCE.read_bytes(), LAUNCHER_SOURCE.read_bytes(), ENTER_SOURCE.read_bytes()]
+    digest = hashlib.sha256(b"".join(sources)).hexdigest()[:16]
     target = run_dir / "gvisor-shim" / digest
     if (target / "complete").exists():
         return target
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.warning(
-            "no C compiler (apt-get install gcc): gvisor sandboxes run without the statx "
-            "shim, and coreutils' ls, stat, du and find fail there with EINVAL"
-        )
-        return None
+    built = cache / digest
+    if not (built / "complete").exists():
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            log.warning(
+                "no C compiler (apt-get install gcc): gvisor sandboxes run without the statx "
+                "shim, and coreutils' ls, stat, du and find fail there with EINVAL"
+            )
+            return None
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = built.with_name(f".{digest}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o755)
+        _compile(compiler, tmp, *sources)
+        _publish(tmp, built)
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=0o755)
+    shutil.copytree(built, tmp)  # modes kept: the directory 0755, as made
+    return _publish(tmp, target)
+
+
+def _compile(compiler: str, tmp: Path, shim: bytes, launcher: bytes, enter: bytes) -> None:
+    """Build :func:`build_statx_shim`'s files in ``tmp``."""
     built = subprocess.run(
         [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp / "statx-shim.so"), "-x", "c", "-"],
-        input=source,
+        input=shim,
         capture_output=True,
         check=False,
     )
@@ -346,7 +362,6 @@ def build_statx_shim(run_dir: Path) -> Path | None:
         os.chmod(tmp / "runsc-enter", 0o700)
     (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
     os.chmod(tmp / "ld.so.preload", 0o644)
-    return _publish(tmp, target)
 
 
 def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:

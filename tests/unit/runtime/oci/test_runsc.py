@@ -139,3 +139,16 @@ def test_end_leaves_what_its_state_cannot_name_to_runsc_delete(tmp_path: Path) -
     assert asyncio.run(r._end("m1", paused_only=True)) is False  # running: runsc delete
     assert asyncio.run(r._end("m1", paused_only=False)) is True
     assert not state.exists() and not state.with_suffix(".lock").exists()
+
+
+def test_the_shim_and_programs_are_compiled_once_per_host_and_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = runsc.build_statx_shim(tmp_path / "run1", cache=tmp_path / "cache")
+    assert first is not None and (first / "launcher").exists()
+    # A second run directory gets a copy: no compiler is looked for.
+    monkeypatch.setattr(runsc.shutil, "which", lambda name: None)
+    second = runsc.build_statx_shim(tmp_path / "run2", cache=tmp_path / "cache")
+    assert second is not None and second.parent.parent == tmp_path / "run2"
+    names = ("statx-shim.so", "launcher", "runsc-enter", "ld.so.preload")
+    assert all((second / name).read_bytes() == (first / name).read_bytes() for name in names)
