@@ -5,14 +5,16 @@ Run as root with the base image cached::
     git archive OLD src | tar -x -C /tmp/old
     .venv/bin/python bench/gvisor_ab.py --against /tmp/old/src [--execs 150] [--info]
                                         [--ready 15] [--a-flags '...'] [--b-flags '...']
+                                        [--a-chain]
 
 One ``gvisor`` driver of this checkout runs both columns; what differs is the
 agent: its staged code (``--against SRC``: the ``podbay`` package under SRC)
 and its start-up program (:func:`podbay.agent.staging.launch_code` of either
-tree), and the runsc flags each column adds (``--a-flags``, ``--b-flags``).
-Samples alternate A B A B ..., so that a machine shared with other work slows
-both alike; ``B/A`` is the median of the pairwise ratios. Beside each time, the
-CPU the sandbox's host processes (sentry, its ptrace stubs, gofer) spent on it
+tree), and the runsc flags each column adds (``--a-flags``, ``--b-flags``);
+``--a-chain`` starts A's runsc as a host without ``runsc-enter`` would.
+Samples alternate A B A B ... (starts A B, B A, ...), so that a machine shared
+with other work slows both alike; ``B/A`` is the median of the pairwise ratios.
+Beside each time, the CPU the sandbox's host processes (sentry, its ptrace stubs, gofer) spent on it
 (a mean: /proc counts it in 10 ms ticks), which load inflates far less than time:
 
 - ``--ready N``: create + start until the agent answers, N pairs;
@@ -140,9 +142,13 @@ async def bench(args: argparse.Namespace) -> None:
         os.makedirs(args.runsc_debug, exist_ok=True)
         flags["B"] += ["--debug", f"--debug-log={args.runsc_debug}/", "--strace"]
     plain_argv = runsc.Runsc.argv
+    assert isinstance(driver.runc, runsc.Runsc)
+    enters = {"A": None if args.a_chain else driver.runc.enter, "B": driver.runc.enter}
 
     def use(column: str) -> None:
         driver._agent_dir, driver._argv = agents[column], argvs[column]
+        assert isinstance(driver.runc, runsc.Runsc)
+        driver.runc.enter = enters[column]
         extra = flags[column]
 
         def argv(self: runsc.Runsc, *rest: str) -> list[str]:
@@ -155,8 +161,10 @@ async def bench(args: argparse.Namespace) -> None:
         if args.ready:
             times: dict[str, list[float]] = {c: [] for c in COLUMNS}
             cpu: dict[str, list[float]] = {c: [] for c in COLUMNS}
-            for _ in range(args.ready):
-                for column in COLUMNS:
+            for n in range(args.ready):
+                # A B, then B A: the second start of a pair ran slower (the first's
+                # destroy still settling), which a fixed order charged to B.
+                for column in COLUMNS if n % 2 == 0 else COLUMNS[::-1]:
                     use(column)
                     s = spec("ready-" + column.lower())
                     t0 = time.perf_counter()
@@ -206,6 +214,11 @@ def main() -> None:
     parser.add_argument("--ready", type=int, default=0)
     parser.add_argument("--info", action="store_true")
     parser.add_argument("--cmd", default="true")
+    parser.add_argument(
+        "--a-chain",
+        action="store_true",
+        help="A starts runsc through nsenter, unshare and sh (as without runsc-enter)",
+    )
     parser.add_argument("--a-flags", default="")
     parser.add_argument("--b-flags", default="")
     parser.add_argument("--runsc-debug")
