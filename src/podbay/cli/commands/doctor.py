@@ -202,7 +202,14 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
         report.add("driver", False, f"{type(e).__name__}: {e}")
         return "n/a"
     tag = uuid.uuid4().hex[:8]
-    small = Limits(memory_bytes=256 * MIB, cpus=1.0, pids=128, disk_bytes=512 * MIB)
+    # The sandboxes' own pids limit, not a smaller one: under gVisor's ptrace
+    # platform the limit counts the host threads of gVisor's kernel too (about
+    # 70 idle, about 9 per guest process), and at 128 a probe's few blocked
+    # connections ended the whole sandbox, failing every probe after it. Memory
+    # and disk stay small so the hog and the quota probes end quickly.
+    small = Limits(
+        memory_bytes=256 * MIB, cpus=1.0, pids=settings.runtime.pids, disk_bytes=512 * MIB
+    )
     specs = [
         MachineSpec(machine_id=f"doctor-{tag}-{i}", hostname=f"doctor-{i}", limits=small)
         for i in range(2)
