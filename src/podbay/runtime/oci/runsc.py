@@ -328,40 +328,43 @@ def build_statx_shim(run_dir: Path, *, cache: Path = BUILD_CACHE) -> Path | None
 
 def _compile(compiler: str, tmp: Path, shim: bytes, launcher: bytes, enter: bytes) -> None:
     """Build :func:`build_statx_shim`'s files in ``tmp``."""
-    built = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp / "statx-shim.so"), "-x", "c", "-"],
-        input=shim,
-        capture_output=True,
-        check=False,
-    )
+    built = _cc(compiler, ["-shared", "-fPIC"], shim, tmp / "statx-shim.so")
     if built.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise DriverError(f"building the statx shim failed: {built.stderr.decode()[-800:]}")
     os.chmod(tmp / "statx-shim.so", 0o755)  # noqa: S103 - loaded by every sandbox user
-    linked = subprocess.run(
-        [compiler, "-static", "-O2", "-Wall", "-o", str(tmp / "launcher"), "-x", "c", "-"],
-        input=launcher,
-        capture_output=True,
-        check=False,
+    # Each optional: without it, its Python or shell equivalent serves.
+    _build_optional(
+        compiler,
+        ["-static", "-Wall"],  # static: whatever the image's libc
+        launcher,
+        tmp / "launcher",
+        0o755,  # run by the agent's launcher, as the sandbox's user
+        "the launcher of commands",  # e.g. no static libc (libc6-dev): the agent's own serves
     )
-    if linked.returncode != 0:  # e.g. no static libc (libc6-dev): the agent's own serves
-        log.warning("the launcher of commands was not built: %s", linked.stderr.decode()[-800:])
-        (tmp / "launcher").unlink(missing_ok=True)
-    else:
-        os.chmod(tmp / "launcher", 0o755)  # noqa: S103 - run by the agent's launcher
-    made = subprocess.run(
-        [compiler, "-O2", "-Wall", "-o", str(tmp / "runsc-enter"), "-x", "c", "-"],
-        input=enter,
-        capture_output=True,
-        check=False,
-    )
-    if made.returncode != 0:  # runsc starts through nsenter, unshare and sh instead
-        log.warning("runsc-enter was not built: %s", made.stderr.decode()[-800:])
-        (tmp / "runsc-enter").unlink(missing_ok=True)
-    else:
-        os.chmod(tmp / "runsc-enter", 0o700)
+    _build_optional(compiler, ["-Wall"], enter, tmp / "runsc-enter", 0o700, "runsc-enter")
     (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
     os.chmod(tmp / "ld.so.preload", 0o644)
+
+
+def _cc(
+    compiler: str, flags: list[str], source: bytes, output: Path
+) -> subprocess.CompletedProcess[bytes]:
+    """``compiler`` on C ``source`` from standard input, optimised, into ``output``."""
+    argv = [compiler, *flags, "-O2", "-o", str(output), "-x", "c", "-"]
+    return subprocess.run(argv, input=source, capture_output=True, check=False)
+
+
+def _build_optional(
+    compiler: str, flags: list[str], source: bytes, output: Path, mode: int, what: str
+) -> None:
+    """``output`` built with ``mode``, or absent (and logged) when it cannot be."""
+    made = _cc(compiler, flags, source, output)
+    if made.returncode != 0:
+        log.warning("%s was not built: %s", what, made.stderr.decode()[-800:])
+        output.unlink(missing_ok=True)
+    else:
+        os.chmod(output, mode)
 
 
 def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:
