@@ -16,7 +16,8 @@ Run as root with the base image cached (the first run builds it)::
 - density: idle sandboxes started one after another until ``--density-max``,
   a failure, or host memory available drops under ``--reserve-mib``; with the
   agent's resident memory (RSS and PSS) per idle sandbox (for ``vm``: QEMU's,
-  which holds the guest's memory).
+  which holds the guest's memory), and the PSS and threads of all the host
+  processes of each (under gVisor: sentry, gofer, stubs; the network helper).
 
 Each class's driver is built as ``podbay serve`` builds it
 (:func:`podbay.runtime.classes.build_driver`: ``gvisor`` is the OCI driver with
@@ -120,6 +121,32 @@ def sandbox_cpu(driver: Driver, machine_id: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+def host_processes(machine_id: str, main_pid: int | None) -> set[int]:
+    """Every host process of one sandbox: those in a cgroup named after it (the
+    sandbox's own, its network helper's; under gVisor the sentry, the gofer and
+    the ptrace stubs), and the process that holds its memory."""
+    found = {main_pid} if main_pid else set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if machine_id in (entry / "cgroup").read_text():
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def threads_of(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def memory_of(pid: int) -> tuple[float, float]:
@@ -247,13 +274,16 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             started.append(s.machine_id)
         took = time.perf_counter() - t_start
         await asyncio.sleep(2)  # idle
-        rss, pss = [], []
+        rss, pss, whole_pss, threads = [], [], [], []
         for machine_id in started:
             pid = machine_pid(driver, machine_id)
             if pid is not None:
                 r, p = memory_of(pid)
                 rss.append(r)
                 pss.append(p)
+            every = host_processes(machine_id, pid)
+            whole_pss.append(sum(memory_of(each)[1] for each in every))
+            threads.append(sum(threads_of(each) for each in every))
         mem_end = available_mib()
         out["density"] = {
             "sandboxes": len(started),
@@ -266,6 +296,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "max": max(rss) if rss else None,
             },
             "agent_pss_mib_median": statistics.median(pss) if pss else None,
+            # PSS shares pages fairly between sandboxes, so this sums to the host's use.
+            "host_pss_mib_per_sandbox_median": statistics.median(whole_pss) if whole_pss else None,
+            "host_threads_per_sandbox_median": statistics.median(threads) if threads else None,
         }
         alive = 0
         for machine_id in started:
@@ -329,6 +362,12 @@ def main() -> None:
             f"agent memory     RSS median {rss['median']:.1f} MiB (max {rss['max']:.1f}), "
             f"PSS median {d['agent_pss_mib_median']:.1f} MiB; host memory per sandbox "
             f"{d['host_memory_per_sandbox_mib']:.1f} MiB"
+        )
+    if d["host_pss_mib_per_sandbox_median"] is not None:
+        print(
+            f"host processes   PSS median {d['host_pss_mib_per_sandbox_median']:.1f} MiB, "
+            f"threads median {d['host_threads_per_sandbox_median']:.0f} per idle sandbox "
+            "(every host process of it: agent or sentry, gofer, stubs, network helper)"
         )
 
 
