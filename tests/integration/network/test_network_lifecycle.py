@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from _nethelpers import NetLab, probe, sh
 
 from podbay.runtime.network import NetworkError, NetworkManager
 from podbay.runtime.network.policy import DISABLED_RESOLV_CONF, RESOLV_CONF
+from podbay.runtime.network.slirp import SlirpLimits
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -89,6 +91,52 @@ def test_filtered_is_set_once_the_policy_is_loaded(
 
     rules, adopted_sets_it = runner.run(setup_and_look())
     assert "table inet podbay" in rules and "@blocked_v4" in rules
+    assert adopted_sets_it
+
+
+def test_tapped_is_set_once_tap0_has_its_rules_before_the_helpers_budget(
+    run_dir: Path, runner: asyncio.Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gVisor sandbox is started as soon as ``tapped`` is set (its netstack takes
+    tap0 over as it starts): by then tap0 must be up with both tables loaded,
+    while slirp4netns's budget may still be on its way (a cgroup move waits an
+    RCU grace period); setup itself returns only with the budget applied."""
+    limits = SlirpLimits(cgroup_parent=f"/podbay-test-{os.getpid()}-net")
+    manager = NetworkManager(run_dir, True, slirp_limits=limits)
+    release = threading.Event()
+    confine = manager.slirps._confine
+
+    def held_back(machine_id: str, pid: int) -> None:
+        release.wait(30)
+        confine(machine_id, pid)
+
+    monkeypatch.setattr(manager.slirps, "_confine", held_back)
+
+    async def setup_and_look() -> tuple[bool, str, str, str, bool]:
+        tapped = asyncio.Event()
+        task = asyncio.create_task(manager.setup("m1", tapped=tapped))
+        await asyncio.wait_for(tapped.wait(), 30)
+        returned_early = task.done()
+        path = manager.netns_path("m1")
+        rules = await asyncio.to_thread(sh, "nsenter", f"--net={path}", "nft", "list", "ruleset")
+        links = await asyncio.to_thread(sh, "nsenter", f"--net={path}", "ip", "-o", "link")
+        release.set()
+        handle = await task
+        cgroup = Path(f"/proc/{handle.slirp_pid}/cgroup").read_text()  # noqa: ASYNC240
+        again = asyncio.Event()
+        await manager.setup("m1", tapped=again)  # adopted: set as well
+        return returned_early, rules, links, cgroup, again.is_set()
+
+    try:
+        returned_early, rules, links, cgroup, adopted_sets_it = runner.run(setup_and_look())
+    finally:
+        release.set()
+        runner.run(manager.teardown("m1"))
+    assert not returned_early
+    assert "table inet podbay" in rules and "table netdev" in rules
+    tap = next(line for line in links.splitlines() if ": tap0:" in line)
+    assert "UP" in tap
+    assert f"{limits.cgroup_parent}/m1" in cgroup, cgroup
     assert adopted_sets_it
 
 

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...errors import NetworkError
 from ..base import check_machine_id
@@ -122,6 +123,7 @@ class NetworkManager:
         *,
         netns_source: Path | None = None,
         filtered: asyncio.Event | None = None,
+        tapped: asyncio.Event | None = None,
     ) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
 
@@ -134,6 +136,12 @@ class NetworkManager:
         sandbox whose own kernel stack sends (runc) may be started in it from then
         on, as long as no command runs in it before this returns.
 
+        ``tapped`` is set once ``tap0`` is up with both tables loaded, while
+        slirp4netns's budget (:class:`~.slirp.SlirpLimits`) may still be being
+        applied: a sandbox whose netstack takes ``tap0`` over (runsc) may start
+        from then on, under the same condition. (A cgroup move costs the start
+        an RCU grace period, ~10 ms.)
+
         Idempotent: a complete network that already exists is adopted and
         returned; a partial one is removed and built again. On failure nothing is
         left behind and :class:`NetworkError` is raised.
@@ -141,8 +149,9 @@ class NetworkManager:
         async with self._lock(machine_id):
             existing = await self._adopt(machine_id)
             if existing is not None:
-                if filtered is not None:
-                    filtered.set()
+                for event in (filtered, tapped):
+                    if event is not None:
+                        event.set()
                 return existing
             if self._leftovers(machine_id):
                 # Leftovers of a failed attempt. The directory itself stays: the
@@ -152,7 +161,7 @@ class NetworkManager:
                 # its root filesystem.
                 await self._teardown(machine_id, keep_directory=True)
             try:
-                pid = await self._create(machine_id, netns_source, filtered)
+                pid = await self._create(machine_id, netns_source, filtered, tapped)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._teardown(machine_id))
@@ -261,7 +270,11 @@ class NetworkManager:
         return _rulesets(tuple(v4), tuple(v6), self.extra_blocked, replace, inet, tap)
 
     async def _create(
-        self, machine_id: str, source: Path | None = None, filtered: asyncio.Event | None = None
+        self,
+        machine_id: str,
+        source: Path | None = None,
+        filtered: asyncio.Event | None = None,
+        tapped: asyncio.Event | None = None,
     ) -> int | None:
         directory = self.machine_dir(machine_id)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -303,24 +316,29 @@ class NetworkManager:
         try:
             if not self.enabled:
                 await built
+                if tapped is not None:
+                    tapped.set()  # no tap0: the namespace is all there is
                 return None
             # slirp needs only the mounted file; the rules load meanwhile. Both are
             # done before setup returns, so no sandbox process ever runs unfiltered.
             await asyncio.wait({mounted, built}, return_when=asyncio.FIRST_COMPLETED)
             if built.done() and built.exception() is not None:
                 await built  # raises
-            started = asyncio.ensure_future(self.slirps.start(directory, path))
+            up = asyncio.Event()
+            started = asyncio.ensure_future(self.slirps.start(directory, path, up=up))
             try:
                 await built
+                await until_set(up, started)
+                # tap0 exists now (slirp made it): its egress hook can be bound.
+                await self._load(path, self._ruleset(inet=False, tap=True))
             except BaseException:
                 started.cancel()
                 with contextlib.suppress(BaseException):
                     await started
                 raise
-            pid = await started
-            # tap0 exists now (slirp made it): its egress hook can be bound.
-            await self._load(path, self._ruleset(inet=False, tap=True))
-            return pid
+            if tapped is not None:
+                tapped.set()
+            return await started
         except BaseException:
             # Cancelled or failed: let the thread finish before anyone cleans up,
             # or it could mount after the cleanup ran.
@@ -401,6 +419,18 @@ class NetworkManager:
 
 
 @functools.lru_cache(maxsize=16)
+async def until_set(event: asyncio.Event, task: asyncio.Future[Any]) -> None:
+    """Return once ``event`` is set (see :meth:`NetworkManager.setup`); raise what
+    ``task`` failed with if it fails first."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()
+
+
 def _rulesets(
     v4: tuple[ipaddress.IPv4Network, ...],
     v6: tuple[ipaddress.IPv6Network, ...],

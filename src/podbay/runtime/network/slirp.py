@@ -103,8 +103,9 @@ class Slirps:
             TAP_NAME,
         ]
 
-    async def start(self, directory: Path, netns: Path) -> int:
-        """Start one for ``netns``, record it in ``directory``, wait until tap0 is up."""
+    async def start(self, directory: Path, netns: Path, *, up: asyncio.Event | None = None) -> int:
+        """Start one for ``netns``, record it in ``directory``, wait until tap0 is up
+        (then ``up`` is set) and its budget is applied."""
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             with open(directory / LOG_FILE, "ab", buffering=0) as log:  # noqa: ASYNC230
@@ -126,12 +127,15 @@ class Slirps:
             raise NetworkError(f"cannot start {self.binary}: {exc}") from exc
         os.close(write_end)
         self._children[proc.pid] = proc
-        # Its budget is set while it brings tap0 up (making cgroups takes a while),
-        # and before this returns: no sandbox runs before, so it has served nothing.
+        # Its budget is set while it brings tap0 up (a cgroup move waits for an RCU
+        # grace period), and before this returns: no sandbox command runs before,
+        # so it has served nothing of theirs (a sandbox may be booting, see ``up``).
         confined = asyncio.ensure_future(asyncio.to_thread(self._confine, directory.name, proc.pid))
         try:
             self._write_pidfile(directory, proc.pid)
             ready = await self._read_ready(read_end)
+            if ready and up is not None:
+                up.set()
             await confined
         except BaseException:
             # A thread cannot be cancelled: it finishes before the process is stopped.

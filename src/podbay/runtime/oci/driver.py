@@ -47,6 +47,7 @@ from ..base import (
 )
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager, slirp
+from ..network.manager import until_set
 from ..tools import check_tool
 from . import agent_bundle, bundle, records, runsc, storage, userns
 from .cgroups import Cgroups
@@ -219,10 +220,12 @@ class OciDriver(RecordKeepingDriver):
         # A runc container's packets all pass its namespace's own kernel stack, so
         # it may start once the inet policy is loaded, while slirp4netns brings
         # tap0 up: the network is complete before this returns, and nothing but
-        # the agent runs in the sandbox until then. runsc's netstack needs tap0
-        # when it starts.
+        # the agent runs in the sandbox until then. runsc's netstack takes tap0
+        # over when it starts: it starts once tap0 is up with its rules, while
+        # slirp4netns's budget is still being applied (complete before this
+        # returns too).
         early = self.runc.passes_fds
-        filtered = asyncio.Event()
+        filtered, tapped = asyncio.Event(), asyncio.Event()
         netns = self.network.netns_path(spec.machine_id)
         socket_dir = paths.run / "agent"
 
@@ -259,7 +262,7 @@ class OciDriver(RecordKeepingDriver):
         async def make_network() -> NetworkHandle:
             if owned is None:
                 write_config()
-                return await self.network.setup(spec.machine_id, filtered=filtered)
+                return await self.network.setup(spec.machine_id, filtered=filtered, tapped=tapped)
             await owned.open()
             write_config()
             return await self.network.setup(
@@ -280,7 +283,7 @@ class OciDriver(RecordKeepingDriver):
         try:
             # Both settle before anything is judged: a failure (or cancellation) must
             # not leave the other still mounting while the caller cleans up.
-            network_up = _filtered(filtered, netns_task) if early else netns_task
+            network_up = until_set(filtered if early else tapped, netns_task)
             try:
                 results = await asyncio.gather(mounted, network_up, return_exceptions=True)
             except BaseException:
@@ -549,18 +552,6 @@ async def _settle(*tasks: asyncio.Future[Any]) -> None:
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved: no "never retrieved" warning
-
-
-async def _filtered(filtered: asyncio.Event, network: asyncio.Task[NetworkHandle]) -> None:
-    """Return once ``filtered`` is set (see :meth:`NetworkManager.setup`); raise
-    what ``network`` failed with if it fails first."""
-    waiter = asyncio.ensure_future(filtered.wait())
-    try:
-        await asyncio.wait({waiter, network}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if network.done():
-        network.result()
 
 
 def _listen(path: Path) -> socket.socket:
