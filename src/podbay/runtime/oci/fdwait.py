@@ -1,8 +1,18 @@
-"""Waiting on a file descriptor from asyncio: a pipe's ready byte, a pidfd's exit."""
+"""Waiting on a file descriptor from asyncio: a pipe's ready byte, a pidfd's exit,
+a name made in a directory (inotify)."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+_IN_CLOEXEC = os.O_CLOEXEC
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CREATE = 0x100
+_IN_MOVED_TO = 0x80
 
 
 async def wait_readable(fd: int, within: float | None = None) -> bool:
@@ -25,3 +35,32 @@ async def wait_readable(fd: int, within: float | None = None) -> bool:
         return False
     finally:
         loop.remove_reader(fd)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def watch_created(directory: Path) -> int | None:
+    """An inotify descriptor that turns readable when a name is made in (or moved
+    into) ``directory`` (drain it with :func:`drain`; close it when done), or
+    None where inotify cannot be had (e.g. the user's 128 instances are taken):
+    the caller then polls."""
+    libc = _libc()
+    fd = int(libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC))
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_CREATE | _IN_MOVED_TO) < 0:
+        os.close(fd)
+        return None
+    return fd
+
+
+def drain(fd: int) -> None:
+    """Read away what a non-blocking descriptor (:func:`watch_created`'s) holds."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -48,7 +48,7 @@ from ..base import DriverError
 from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
 from ..tools import check_tool
-from .fdwait import wait_readable
+from .fdwait import drain, wait_readable, watch_created
 from .readiness import wait_ready
 from .runc import ContainerState, Runc
 
@@ -445,29 +445,41 @@ async def wait_bound(
     socket file to ``final`` (host only). Raises :class:`DriverError`, at once
     when ``alive()`` says the sandbox is gone.
 
-    The file appears at ``bind``, a moment before ``listen``: until then a
-    connection is refused, so refusals are retried too."""
+    The file's creation is watched (inotify, else polled every 10 ms at most:
+    ~5 ms of each start lost on average). It appears at ``bind``, a moment
+    before ``listen``: until then a connection is refused, so refusals are
+    retried after a short sleep."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     # runsc state costs a process start: ask only once the wait is long.
     delay, next_check = 0.002, loop.time() + 1.0
-    while True:
-        now = loop.time()
-        if now > deadline:
-            raise DriverError(f"the agent did not listen within {within:.0f} s")
-        if bound.is_socket():  # noqa: ASYNC240 - one stat on tmpfs
-            try:
-                await wait_ready(bound, max(0.1, deadline - now))
-                break
-            except DriverError as e:
-                if "Connection refused" not in str(e):
-                    raise
-        if now > next_check:
-            if not await alive():
-                raise DriverError("the sandbox exited before its agent listened")
-            next_check = now + 1.0
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.01)
+    watch = watch_created(bound.parent)  # before the first look: no creation missed
+    try:
+        while True:
+            now = loop.time()
+            if now > deadline:
+                raise DriverError(f"the agent did not listen within {within:.0f} s")
+            present = bound.is_socket()  # noqa: ASYNC240 - one stat on tmpfs
+            if present:
+                try:
+                    await wait_ready(bound, max(0.1, deadline - now))
+                    break
+                except DriverError as e:
+                    if "Connection refused" not in str(e):
+                        raise
+            if now > next_check:
+                if not await alive():
+                    raise DriverError("the sandbox exited before its agent listened")
+                next_check = now + 1.0
+            if watch is None or present:
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 0.01)
+            else:
+                await wait_readable(watch, max(0.0, min(next_check, deadline) - loop.time()))
+                drain(watch)
+    finally:
+        if watch is not None:
+            os.close(watch)
     os.replace(bound, final)
 
 
