@@ -48,7 +48,7 @@ from ..base import DriverError
 from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
 from ..tools import check_tool
-from .fdwait import drain, wait_readable, watch_created
+from .fdwait import close_watch, drain, wait_readable, watch_created
 from .readiness import wait_ready
 from .runc import ContainerState, Runc
 
@@ -479,7 +479,7 @@ async def wait_bound(
                 drain(watch)
     finally:
         if watch is not None:
-            os.close(watch)
+            close_watch(watch)
     os.replace(bound, final)
 
 
