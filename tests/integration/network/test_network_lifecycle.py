@@ -313,8 +313,10 @@ def test_disabled_network_is_loopback_only(
     run_dir: Path, runner: asyncio.Runner, testnet: NetLab
 ) -> None:
     manager = NetworkManager(run_dir, enabled=False)
-    handle = runner.run(manager.setup("off"))
+    tapped = asyncio.Event()  # a gVisor sandbox waits for it: no tap0 to wait for
+    handle = runner.run(manager.setup("off", tapped=tapped))
     try:
+        assert tapped.is_set()
         assert handle.slirp_pid is None
         assert handle.resolv_conf == DISABLED_RESOLV_CONF
         links = sh("nsenter", f"--net={handle.netns_path}", "ip", "-br", "link").split()
