@@ -20,6 +20,7 @@ from _nethelpers import NetLab, probe, sh
 from podbay.runtime.network import NetworkError, NetworkManager
 from podbay.runtime.network.policy import DISABLED_RESOLV_CONF, RESOLV_CONF
 from podbay.runtime.network.slirp import SlirpLimits
+from podbay.runtime.oci.cgroups import Cgroups
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -132,6 +133,7 @@ def test_tapped_is_set_once_tap0_has_its_rules_before_the_helpers_budget(
     finally:
         release.set()
         runner.run(manager.teardown("m1"))
+        Cgroups().remove(limits.cgroup_parent)  # teardown removes only the machine's
     assert not returned_early
     assert "table inet podbay" in rules and "table netdev" in rules
     tap = next(line for line in links.splitlines() if ": tap0:" in line)
