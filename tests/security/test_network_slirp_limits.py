@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ import pytest
 from podbay.runtime.network.slirp import SlirpLimits
 from podbay.settings import Settings
 from podbay.testing.fixtures import DriverSession, Machines, session_for, settings_for
+from podbay.testing.flood import HOLDING_SERVER, flood
 
 pytestmark = pytest.mark.root
 
@@ -35,32 +34,6 @@ BASE = 244 + 4 * (PID % 3)
 HOST_SIDE, TEST_HOST = f"203.0.113.{BASE + 1}", f"203.0.113.{BASE + 2}"
 PORT = 8080
 BUDGET = SlirpLimits(cgroup_parent="unused", max_fds=256)
-
-SERVER = r"""
-import resource, socket, sys
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-s = socket.create_server(("0.0.0.0", int(sys.argv[1])), backlog=4096)
-held = []
-print("ready", flush=True)
-while True:
-    held.append(s.accept()[0])
-"""
-
-FLOOD = r"""
-import resource, socket, sys, time
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-held, failed = [], 0
-for _ in range(count):
-    try:
-        held.append(socket.create_connection((host, port), timeout=2))
-    except OSError:
-        failed += 1
-print(len(held), failed, flush=True)
-time.sleep(float(sys.argv[4]))
-"""
 
 PROBE = r"""
 import socket, sys
@@ -109,7 +82,7 @@ def test_host(tmp_path: Path) -> Iterator[Upstream]:
         sh(*inside, "link", "set", peer, "up")
         sh(*inside, "route", "add", "default", "via", HOST_SIDE)
         server = subprocess.Popen(
-            ["nsenter", f"--net={netns}", "--", sys.executable, "-c", SERVER, str(PORT)],
+            ["nsenter", f"--net={netns}", "--", sys.executable, "-c", HOLDING_SERVER, str(PORT)],
             stdout=subprocess.PIPE,
         )
         assert server.stdout is not None and server.stdout.readline() == b"ready\n"
@@ -127,13 +100,6 @@ def slirp_pid(session: DriverSession, machine_id: str) -> int:
     return int(pid_file.read_text().split()[0])
 
 
-def open_fds(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0
-
-
 def test_a_flood_of_connections_stays_within_the_helpers_budget(
     oci_machines: Machines, oci_session: DriverSession, test_host: Upstream
 ) -> None:
@@ -147,28 +113,10 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
     unified = driver.cgroups.version == 2  # type: ignore[attr-defined]
     memory = Path("/sys/fs/cgroup") / ("" if unified else "memory") / rel
     attempts = BUDGET.max_fds + 200
-    result: dict[str, object] = {}
-
-    # The flood holds its connections 2 s, so the sampling below (every 50 ms)
-    # sees the helper with all it could open.
-    def flood() -> None:
-        result["done"] = flooder.agent.exec(
-            ["python3", "-c", FLOOD, TEST_HOST, str(PORT), str(attempts), "2"], timeout_ms=240_000
-        )
-
-    thread = threading.Thread(target=flood)
-    thread.start()
-    most = 0
-    while thread.is_alive():
-        most = max(most, open_fds(slirp))
-        time.sleep(0.05)
-    thread.join()
-    done = result["done"]
-    assert getattr(done, "ok", False), done
-    held, failed = (int(x) for x in getattr(done, "stdout", "").split())
+    done = flood(flooder.agent, TEST_HOST, PORT, attempts, [slirp])
     # The helper never held more sockets than its budget: the rest failed.
-    assert most <= BUDGET.max_fds, most
-    assert failed > 0 and held < attempts
+    assert done.most[slirp] <= BUDGET.max_fds, done
+    assert done.failed > 0 and done.held < attempts
     # Its memory stayed within the budget (at the limit the kernel ends it: the
     # flooding sandbox then has lost its own network, nobody else's).
     peak_file = memory / (

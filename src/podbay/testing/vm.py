@@ -50,15 +50,16 @@ class VmSession:
         self.driver = VmDriver(settings)
 
     @classmethod
-    def open(cls, data_dir: Path) -> VmSession:
-        """A prepared session on ``data_dir``; fails the test where the host
-        cannot run ``vm`` machines (a suite that skipped them proves nothing)."""
+    def open(cls, data_dir: Path, **runtime: Any) -> VmSession:
+        """A prepared session on ``data_dir`` (``runtime``: settings to change);
+        fails the test where the host cannot run ``vm`` machines (a suite that
+        skipped them proves nothing)."""
         require_host()
         sweep_dead_sessions()
         problem = vm_host_problem()
         if problem is not None:
             pytest.fail(f"this host cannot run vm sandboxes: {problem}")
-        settings = sandbox_settings(data_dir)
+        settings = sandbox_settings(data_dir, **runtime)
         mark_owner(settings)
         session = cls(settings)
         session.run(session.driver.prepare())
@@ -77,6 +78,9 @@ class VmSession:
             for machine_id in self.driver.machine_ids():
                 self.run(self.driver.destroy(machine_id))
             self.run(self.driver.close())
+            limits = self.driver.network.slirps.limits
+            for parent in [self.driver.cgroup_parent] + ([limits.cgroup_parent] if limits else []):
+                self.driver.cgroups.remove(parent)  # the session's, empty once all are gone
         finally:
             self.runner.close()
             run_dir = Path(self.settings.runtime.run_dir)

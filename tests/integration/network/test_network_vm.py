@@ -1,32 +1,68 @@
-"""A ``vm`` guest's packets obey its namespace's policy (QEMU runs inside it).
+"""A ``vm`` guest's packets obey its namespace's policy (QEMU runs inside it),
+and its host processes (QEMU, its slirp4netns) stay within host budgets.
 
 One TCG guest for the module: it reaches the test host (a public-looking
 address in a namespace of this session), and none of the host's addresses,
 its loopback (through either gateway) or the metadata and private ranges.
+Its ``runtime.slirp_max_fds`` is lowered to 256 (as in
+tests/security/test_network_slirp_limits.py), so a few hundred connections
+from the guest exhaust the budget.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from _nethelpers import NetLab
+from _nethelpers import PROBE_PYTHON, NetLab, stop
 
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.network.policy import SLIRP_GATEWAY
-from podbay.runtime.vm.driver import GUEST_GATEWAY
+from podbay.runtime.vm.driver import GUEST_GATEWAY, QEMU_OVERHEAD_MIB, QEMU_OWN_FDS
 from podbay.testing.fixtures import small_spec
+from podbay.testing.flood import HOLDING_SERVER, flood
 from podbay.testing.vm import VmSession
+
+MAX_FDS = 256
+GUEST_MIB = 256
+HOLDING_PORT = 8090
+V2_FILES = {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.max"}
+V1_FILES = {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpu": "cpu.cfs_quota_us"}
+
+
+@dataclass
+class Booted:
+    session: VmSession
+    machine_id: str
+
+    @property
+    def qemu(self) -> int:
+        pid = self.session.driver.qemu_pid(self.machine_id)
+        assert pid is not None
+        return pid
+
+    @property
+    def slirp(self) -> int:
+        pid_file = self.session.driver.network.machine_dir(self.machine_id) / "slirp.pid"
+        return int(pid_file.read_text().split()[0])
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentClient]:
-    session = VmSession.open(tmp_path_factory.mktemp("podbay-vm-net"))
+def booted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booted]:
+    session = VmSession.open(tmp_path_factory.mktemp("podbay-vm-net"), slirp_max_fds=MAX_FDS)
     try:
-        machine_id = session.up(small_spec(memory_bytes=256 << 20, disk_bytes=256 << 20))
-        yield AgentClient(session.driver.agent_socket(machine_id))
+        spec = small_spec(memory_bytes=GUEST_MIB << 20, disk_bytes=256 << 20)
+        yield Booted(session, session.up(spec))
     finally:
         session.close()
+
+
+@pytest.fixture(scope="module")
+def guest(booted: Booted) -> AgentClient:
+    return AgentClient(booted.session.driver.agent_socket(booted.machine_id))
 
 
 def connect(agent: AgentClient, host: str, port: int) -> str:
@@ -52,3 +88,88 @@ def test_guest_reaches_no_host_address(guest: AgentClient, testnet: NetLab) -> N
     for gateway in (SLIRP_GATEWAY, GUEST_GATEWAY):
         assert connect(guest, gateway, loopback).startswith("failed"), gateway
     assert {a: s.accepted for a, s in testnet.servers.items()} == before
+
+
+def limits(pid: int) -> dict[str, str]:
+    """The cgroup a process is in (its memory controller's path) and its limits:
+    memory bytes, pids, CPU quota per 100 ms period."""
+    paths = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            paths[controller] = path.strip("/")
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists():
+        files = {n: root / paths[""] / f for n, f in V2_FILES.items()}
+    else:
+        files = {n: root / n / paths[n] / f for n, f in V1_FILES.items()}
+    found = {n: file.read_text().split()[0] for n, file in files.items()}
+    return {"cgroup": paths["memory" if "memory" in paths else ""], **found}
+
+
+def max_open_files(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError("no open files limit")
+
+
+def test_qemu_and_its_slirp4netns_have_host_budgets(booted: Booted) -> None:
+    driver = booted.session.driver
+    qemu = limits(booted.qemu)
+    assert qemu["cgroup"] == driver.cgroup(booted.machine_id).strip("/"), qemu
+    # The guest's RAM and QEMU's own share; its CPUs; its threads.
+    assert int(qemu["memory"]) == (GUEST_MIB + QEMU_OVERHEAD_MIB) << 20, qemu
+    assert qemu["cpu"] == "100000" and 0 < int(qemu["pids"]) < 1000, qemu
+    assert max_open_files(booted.qemu) == QEMU_OWN_FDS + MAX_FDS
+    slirp = limits(booted.slirp)
+    assert slirp["cgroup"].endswith(f"-vm-net/{booted.machine_id}"), slirp
+    assert int(slirp["memory"]) < 1 << 30 and slirp["pids"] != "max", slirp
+    assert max_open_files(booted.slirp) == MAX_FDS
+
+
+@pytest.fixture
+def holding(testnet: NetLab) -> Iterator[subprocess.Popen[bytes]]:
+    """A server on the test host (port ``HOLDING_PORT``) that holds every connection."""
+    server = subprocess.Popen(
+        ["nsenter", f"--net={testnet.testhost_netns}", "--", PROBE_PYTHON, "-I", "-c",
+         HOLDING_SERVER, str(HOLDING_PORT)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        yield server
+    finally:
+        stop(server)
+
+
+def test_a_connection_flood_from_the_guest_stops_at_the_cap(
+    booted: Booted, guest: AgentClient, testnet: NetLab, holding: subprocess.Popen[bytes]
+) -> None:
+    qemu, slirp = booted.qemu, booted.slirp
+    # Connections beyond slirp4netns's cap get no answer (its ICMP error does not
+    # reach QEMU's socket), so each failure costs the guest its connect timeout:
+    # a few beyond the cap are enough (without the cap they all succeed).
+    attempts = MAX_FDS + 12
+    done = flood(
+        guest, testnet.testhost_address, HOLDING_PORT, attempts, [qemu, slirp], connect_timeout=0.5
+    )
+    # Neither host process held more sockets than its cap: the rest failed.
+    assert done.most[slirp] <= MAX_FDS and done.most[qemu] <= QEMU_OWN_FDS + MAX_FDS, done
+    assert done.failed > 0 and done.held < attempts, done
+    # Both live on, and once the far end lets the connections go (they stay
+    # half-closed in the helpers until it does), the guest's network works.
+    stop(holding)
+    assert booted.session.driver.qemu_pid(booted.machine_id) == qemu
+    assert booted.slirp == slirp and Path(f"/proc/{slirp}").exists()
+    assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+
+
+def test_destroy_leaves_no_cgroup(booted: Booted) -> None:
+    """Last in the module: it destroys the module's guest."""
+    driver = booted.session.driver
+    slirp = driver.network.slirps
+    made = [driver.cgroup(booted.machine_id), slirp.cgroup(booted.machine_id)]
+    assert all(driver.cgroups.existing(path) for path in made), made
+    booted.session.run(driver.destroy(booted.machine_id))
+    assert not any(driver.cgroups.existing(path) for path in made), made

@@ -13,6 +13,8 @@ import pytest
 
 from podbay.runtime.base import MachineState
 from podbay.runtime.oci import records
+from podbay.runtime.oci.cgroups import Cgroups
+from podbay.runtime.oci.layout import Layout
 from podbay.testing.fixtures import cleanup, require_host, sandbox_settings, small_spec
 
 pytestmark = pytest.mark.root
@@ -120,8 +122,17 @@ def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -
     )
     unfinished = vm / "machines" / "m-vm-half-made"
     unfinished.mkdir()
+    # The cgroups a QEMU and its slirp4netns had, left by a node killed before
+    # it removed them.
+    parent = Layout.from_settings(settings).cgroup_parent
+    cgroups = Cgroups()
+    left = [f"{parent}-vm/m-vm-gone", f"{parent}-vm-net/m-vm-gone"]
+    for path in left:
+        cgroups.limit(path, memory_bytes=1 << 30, pids=64, cpus=1.0)
     try:
         removed = gc(data_dir, settings.runtime.run_dir)
+        assert not any(cgroups.existing(path) for path in left), removed
+        assert sum("vm: removed cgroup" in line for line in removed) == 2, removed
         assert usable.is_dir() and building.is_dir() and packed.exists(), removed
         assert not orphaned.exists() and not old_format.exists() and not unused.exists()
         assert not abandoned.exists()
@@ -132,4 +143,6 @@ def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -
         assert not unfinished.exists()
         assert old.is_dir() and home.is_dir(), removed  # the vm machine stands on it
     finally:
+        for path in left:
+            cgroups.remove(path.rsplit("/", 1)[0])
         cleanup(settings)

@@ -25,7 +25,16 @@ from ..oci.fdwait import wait_readable
 from . import procscan
 from .policy import MTU, TAP_NAME
 
-__all__ = ["LOG_FILE", "MAX_FDS", "MIN_FDS", "PID_FILE", "SlirpLimits", "Slirps", "version"]
+__all__ = [
+    "LOG_FILE",
+    "MAX_FDS",
+    "MIN_FDS",
+    "PID_FILE",
+    "SlirpLimits",
+    "Slirps",
+    "budget",
+    "version",
+]
 
 PID_FILE = "slirp.pid"
 LOG_FILE = "slirp.log"
@@ -53,6 +62,14 @@ class SlirpLimits:
     max_fds: int = 4096
     pids: int = 32
     cpus: float = 0.5
+
+
+def budget(cgroup_parent: str, max_fds: int) -> SlirpLimits:
+    """Each slirp4netns's budget under ``cgroup_parent``, with ``max_fds``
+    (``runtime.slirp_max_fds``) refused out of range."""
+    if not MIN_FDS <= max_fds <= MAX_FDS:
+        raise NetworkError(f"runtime.slirp_max_fds must be {MIN_FDS} to {MAX_FDS}, not {max_fds}")
+    return SlirpLimits(cgroup_parent=cgroup_parent, max_fds=max_fds)
 
 
 class Slirps:

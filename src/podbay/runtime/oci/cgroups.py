@@ -95,6 +95,12 @@ class Cgroups:
     def confine(self, path: str, pid: int, *, memory_bytes: int, pids: int, cpus: float) -> None:
         """Make the cgroup ``path`` with these limits and move ``pid`` into it (for
         helpers podbay starts itself; runc makes the sandboxes' own)."""
+        for procs in self.limit(path, memory_bytes=memory_bytes, pids=pids, cpus=cpus):
+            self._write(procs, str(pid))
+
+    def limit(self, path: str, *, memory_bytes: int, pids: int, cpus: float) -> list[Path]:
+        """Make the cgroup ``path`` with these limits; its ``cgroup.procs`` files
+        (one per hierarchy): a process that writes its pid to each starts inside."""
         quota = max(1000, int(cpus * 100_000))
         rel = path.strip("/")
         if self.version == 2:
@@ -114,19 +120,20 @@ class Cgroups:
             for name, value in limits.items():
                 if (target / name).exists():
                     self._write(target / name, value)
-            self._write(target / "cgroup.procs", str(pid))
-            return
+            return [target / "cgroup.procs"]
         v1 = {
             "memory": {"memory.limit_in_bytes": str(memory_bytes)},
             "pids": {"pids.max": str(pids)},
             "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(quota)},
         }
+        procs = []
         for controller, limits in v1.items():
             target = self.root / controller / rel
             target.mkdir(parents=True, exist_ok=True)
             for name, value in limits.items():
                 self._write(target / name, value)
-            self._write(target / "cgroup.procs", str(pid))
+            procs.append(target / "cgroup.procs")
+        return procs
 
     # -- leftovers -----------------------------------------------------------
     def existing(self, path: str) -> list[Path]:

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -52,8 +53,9 @@ from ..base import (
     check_machine_id,
 )
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
-from ..network import NetworkManager
+from ..network import NetworkManager, slirp
 from ..oci import agent_bundle, records, storage
+from ..oci.cgroups import Cgroups
 from ..oci.image import Image, ImageCache, Recipe, local_ca_certificates
 from ..oci.layout import Layout, MachineDirs
 from ..oci.readiness import wait_ready
@@ -89,6 +91,22 @@ AGENT_OPTIONS = ["--env-file", "/.podbay/run/env.json"]
 GUEST_INIT = (
     "import sys; sys.path.insert(0, '/.podbay/agent'); from podbay_vm.init import main; main()"
 )
+#: QEMU's own host memory beside the guest's RAM: its code and heap, TCG's
+#: translation cache (``tb-size=64``), libslirp's state per guest connection
+#: (about 15 KiB each with MALLOC_MMAP_THRESHOLD below). See docs/runtime.md.
+QEMU_OVERHEAD_MIB = 256
+#: QEMU's threads beside one per vCPU: its main loop, RCU, and the block layer's
+#: worker pool (at most 64); ``exec:`` migrations add a shell and ``cat``.
+QEMU_PIDS = 96
+#: Descriptors QEMU holds for itself (disks, chardevs, QMP, event fds: 16 seen);
+#: beyond these each guest connection is one of libslirp's sockets, capped like
+#: slirp4netns's (``runtime.slirp_max_fds``).
+QEMU_OWN_FDS = 64
+#: glibc adjusts its mmap threshold upwards once a large block is freed; from then
+#: on libslirp's two 128 KiB buffers per connection came from the heap and stayed
+#: resident: 1,000 idle guest connections took QEMU's RSS from 257 to 512 MiB.
+#: A fixed threshold keeps them mapped on demand (272 MiB).
+QEMU_MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=131072"
 
 
 def kernel_release() -> str:
@@ -113,6 +131,16 @@ def host_tsc_khz() -> int | None:
         if line.startswith("cpu MHz"):
             return int(float(line.split(":")[1]) * 1000)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class QemuBudget:
+    """A machine's QEMU on the host: its cgroup's limits and RLIMIT_NOFILE."""
+
+    memory_bytes: int
+    pids: int
+    cpus: float
+    max_fds: int
 
 
 # Alike in shape to oci's MachinePaths and to templates.Template on purpose:
@@ -165,7 +193,16 @@ class VmDriver(RecordKeepingDriver):
         # The guest's NIC is QEMU's user-mode network, and QEMU runs inside the
         # machine's host-owned namespace: every packet the guest sends leaves as
         # QEMU's own socket there, under the same nftables policy as a container's.
-        self.network = NetworkManager(self.run_root / "net", enabled=self.rt.network)
+        # Its slirp4netns has the OCI classes' budget; QEMU has one of its own
+        # (:meth:`_confined`): both run on the host, outside any guest limit.
+        self.network = NetworkManager(
+            self.run_root / "net",
+            enabled=self.rt.network,
+            slirp_limits=slirp.budget(f"{self.layout.cgroup_parent}-vm-net", self.rt.slirp_max_fds),
+        )
+        self.cgroups = Cgroups()
+        #: ``<this>/<machine id>``: the cgroup of a machine's QEMU.
+        self.cgroup_parent = f"{self.layout.cgroup_parent}-vm"
         # A stopped machine's disk is a sparse ext4 file as the OCI driver's
         # is: it moves with the same stream (RecordKeepingDriver.export_disk).
         self.capabilities = Capabilities(
@@ -270,6 +307,7 @@ class VmDriver(RecordKeepingDriver):
             if any(key.startswith(run.name) for key in live):
                 continue
             templates.kill(pidfile, f"unix:{run / 'qmp.sock'},")
+            await self._drop_cgroup(f"tpl-{run.name}")
             with contextlib.suppress(Exception):
                 await self.network.teardown(f"tpl-{run.name}")
             shutil.rmtree(run, ignore_errors=True)
@@ -310,7 +348,7 @@ class VmDriver(RecordKeepingDriver):
         initrd: Path | None = None,
     ) -> list[str]:
         assert self._kernel is not None and self._base_disk is not None
-        memory = max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
+        memory = _guest_mib(spec)
         cpus = max(1, math.ceil(spec.limits.cpus))
         append = [
             "console=ttyS0",
@@ -395,7 +433,7 @@ class VmDriver(RecordKeepingDriver):
 
     def _shape(self, spec: MachineSpec) -> templates.Shape:
         return templates.Shape(
-            memory_mib=max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20),
+            memory_mib=_guest_mib(spec),
             cpus=max(1, math.ceil(spec.limits.cpus)),
             disk_bytes=spec.limits.disk_bytes,
             network=self.network.enabled,
@@ -467,10 +505,67 @@ class VmDriver(RecordKeepingDriver):
             run_files=run_files,
         )
 
-    async def _launch(self, machine_id: str, argv: list[str]) -> None:
+    async def _launch(self, spec: MachineSpec, argv: list[str]) -> None:
+        machine_id = spec.machine_id
+        confined = await asyncio.to_thread(self._confined, spec)
         await check_tool(
-            *self.network.enter_argv(machine_id), *argv, failed="qemu failed", new_session=True
+            *confined,
+            *self.network.enter_argv(machine_id),
+            *argv,
+            failed="qemu failed",
+            new_session=True,
         )
+
+    # -- QEMU's host budget ---------------------------------------------------
+    def cgroup(self, machine_id: str) -> str:
+        """The cgroup of the machine's QEMU (made at each start, removed at stop)."""
+        return f"{self.cgroup_parent}/{machine_id}"
+
+    def qemu_budget(self, spec: MachineSpec) -> QemuBudget:
+        """What QEMU may use on the host: the guest's RAM and CPUs, and its own share."""
+        return QemuBudget(
+            memory_bytes=(_guest_mib(spec) + QEMU_OVERHEAD_MIB) << 20,
+            pids=QEMU_PIDS + max(1, math.ceil(spec.limits.cpus)),
+            cpus=spec.limits.cpus,
+            max_fds=QEMU_OWN_FDS + (self.rt.slirp_max_fds if self.network.enabled else 0),
+        )
+
+    def _confined(self, spec: MachineSpec) -> list[str]:
+        """A command prefix: what follows starts in the QEMU cgroup (made first,
+        so every page QEMU touches is charged there, a restored guest's RAM
+        included), under its descriptor cap and malloc setting."""
+        budget = self.qemu_budget(spec)
+        procs = self.cgroups.limit(
+            self.cgroup(spec.machine_id),
+            memory_bytes=budget.memory_bytes,
+            pids=budget.pids,
+            cpus=budget.cpus,
+        )
+        moves = "".join(f"echo $$ > {shlex.quote(str(p))} && " for p in procs)
+        script = f'{moves}ulimit -n {budget.max_fds} && export {QEMU_MALLOC_ENV} && exec "$@"'
+        return ["sh", "-c", script, "podbay-qemu"]
+
+    def _reconfine(self, spec: MachineSpec, pid: int) -> None:
+        """An adopted QEMU keeps its budget (one started before budgets existed
+        gets it now; what it touched before stays charged where it was)."""
+        budget = self.qemu_budget(spec)
+        self.cgroups.confine(
+            self.cgroup(spec.machine_id),
+            pid,
+            memory_bytes=budget.memory_bytes,
+            pids=budget.pids,
+            cpus=budget.cpus,
+        )
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (budget.max_fds, budget.max_fds))
+
+    async def _drop_cgroup(self, machine_id: str) -> None:
+        """Remove the QEMU cgroup once its QEMU has gone (a killed one leaves
+        within milliseconds; one still there keeps it, and ``podbay gc`` retries)."""
+        for _ in range(200):
+            if not await asyncio.to_thread(self.cgroups.remove, self.cgroup(machine_id)):
+                return
+            await asyncio.sleep(0.01)
+        log.warning("machine %s: its QEMU cgroup is still in use", machine_id)
 
     async def _cold_boot(
         self,
@@ -490,7 +585,7 @@ class VmDriver(RecordKeepingDriver):
         await asyncio.to_thread(
             self._boot_files, paths, config, spec.env, name, resolv_conf, len(layers), network
         )
-        await self._launch(spec.machine_id, self._argv(spec, paths, layers, network=network))
+        await self._launch(spec, self._argv(spec, paths, layers, network=network))
         relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
@@ -511,7 +606,7 @@ class VmDriver(RecordKeepingDriver):
             "-incoming",
             f"exec:cat {shlex.quote(str(template.state))}",
         ]
-        await self._launch(spec.machine_id, argv)
+        await self._launch(spec, argv)
         await templates.wait_incoming(paths.qmp, 120.0)
         relay = Relay(spec.machine_id, paths.socket, paths.mux, fresh=True)
         self._relays[spec.machine_id] = relay
@@ -567,9 +662,7 @@ class VmDriver(RecordKeepingDriver):
                     len(layers),
                     handle.enabled,
                 )
-                await self._launch(
-                    machine_id, self._argv(spec, paths, layers, network=handle.enabled)
-                )
+                await self._launch(spec, self._argv(spec, paths, layers, network=handle.enabled))
                 relay = Relay(machine_id, paths.socket, paths.mux, fresh=True)
                 await relay.start()
                 await relay.waiting.wait()
@@ -589,6 +682,7 @@ class VmDriver(RecordKeepingDriver):
             if relay is not None:
                 await relay.close()
             templates.kill(paths.pidfile, f"unix:{paths.qmp},")
+            await self._drop_cgroup(machine_id)
             with contextlib.suppress(Exception):
                 await self.network.teardown(machine_id)
             shutil.rmtree(paths.run, ignore_errors=True)
@@ -661,6 +755,7 @@ class VmDriver(RecordKeepingDriver):
                 if not _running(pid):
                     break
                 await asyncio.sleep(0.01)
+        await self._drop_cgroup(machine_id)
         await self.network.teardown(machine_id)
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
@@ -742,8 +837,11 @@ class VmDriver(RecordKeepingDriver):
         return await self._adopt_records()
 
     async def _adopt_live(self, machine_id: str) -> None:
+        paths = self._paths(machine_id)
+        pid = self._qemu_pid(paths)
+        if pid is not None:
+            await asyncio.to_thread(self._reconfine, self._record(machine_id).spec, pid)
         if machine_id not in self._relays:
-            paths = self._paths(machine_id)
             relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
             self._relays[machine_id] = relay
             await self._relay_loop.call(relay.start())
@@ -762,6 +860,10 @@ class VmDriver(RecordKeepingDriver):
         self._relays.clear()
         self._relay_loop.stop()
         await self.network.close()
+
+
+def _guest_mib(spec: MachineSpec) -> int:
+    return max(MIN_MEMORY_MIB, spec.limits.memory_bytes >> 20)
 
 
 async def _copy_sparse(source: Path, target: Path) -> None:

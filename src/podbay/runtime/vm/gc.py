@@ -9,7 +9,9 @@ accumulates:
   can never be restored again: made by another template version, or from a
   kernel, initramfs, base disk or layer disk that is gone;
 - packed layer disks (``vm/layers/<key>.ext4``) of layers that no longer exist
-  in the layer cache and that no machine record names.
+  in the layer cache and that no machine record names;
+- the host cgroups of QEMUs and slirp4netns that are gone (a node killed
+  between a kill and the removal).
 """
 
 from __future__ import annotations
@@ -48,7 +50,26 @@ async def collect(
             done.append(f"removed leftovers of machine {run.name}")
     done += _stale_templates(driver.home / "templates")
     done += _unused_layer_disks(driver, layer_cache)
+    done += _empty_cgroups(driver, known, everything=everything)
     return done
+
+
+def _empty_cgroups(driver: VmDriver, known: set[str], *, everything: bool) -> list[str]:
+    """The cgroups of QEMUs and slirp4netns of no machine. A template being built
+    has one under no record, but a live process keeps any cgroup from removal."""
+    removed = []
+    limits = driver.network.slirps.limits
+    parents = [driver.cgroup_parent] + ([limits.cgroup_parent] if limits else [])
+    for parent in parents:
+        for directory in driver.cgroups.existing(parent):
+            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+                if child.name in known:
+                    continue
+                if not driver.cgroups.remove(f"{parent}/{child.name}"):
+                    removed.append(f"removed cgroup {child}")
+        if everything:
+            driver.cgroups.remove(parent)
+    return removed
 
 
 def _stale_templates(directory: Path) -> list[str]:
