@@ -20,6 +20,7 @@ from _nethelpers import NetLab, probe, sh
 from podbay.runtime.network import NetworkError, NetworkManager
 from podbay.runtime.network.policy import DISABLED_RESOLV_CONF, RESOLV_CONF
 from podbay.runtime.network.slirp import SlirpLimits
+from podbay.runtime.oci.cgroups import Cgroups
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -132,6 +133,7 @@ def test_tapped_is_set_once_tap0_has_its_rules_before_the_helpers_budget(
     finally:
         release.set()
         runner.run(manager.teardown("m1"))
+        Cgroups().remove(limits.cgroup_parent)  # teardown removes only the machine's
     assert not returned_early
     assert "table inet podbay" in rules and "table netdev" in rules
     tap = next(line for line in links.splitlines() if ": tap0:" in line)
@@ -313,8 +315,10 @@ def test_disabled_network_is_loopback_only(
     run_dir: Path, runner: asyncio.Runner, testnet: NetLab
 ) -> None:
     manager = NetworkManager(run_dir, enabled=False)
-    handle = runner.run(manager.setup("off"))
+    tapped = asyncio.Event()  # a gVisor sandbox waits for it: no tap0 to wait for
+    handle = runner.run(manager.setup("off", tapped=tapped))
     try:
+        assert tapped.is_set()
         assert handle.slirp_pid is None
         assert handle.resolv_conf == DISABLED_RESOLV_CONF
         links = sh("nsenter", f"--net={handle.netns_path}", "ip", "-br", "link").split()

@@ -45,7 +45,10 @@ async def wait_ready(socket_path: Path, within: float) -> None:
         try:
             status = await probe(socket_path, remaining)
         except TimeoutError:
-            last = "timed out"
+            # A probe cut short by the deadline says less than an answer the
+            # agent gave before it: keep that one.
+            if last == "no answer":
+                last = "timed out"
             continue
         except (OSError, ConnectionError) as e:
             raise DriverError(f"agent is not answering ({e})") from None

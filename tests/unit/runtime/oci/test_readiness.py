@@ -71,6 +71,25 @@ def test_never_200_fails_naming_the_last_answer(socket_path: Path) -> None:
         run_with_server(socket_path, handler, lambda: readiness.wait_ready(socket_path, 5.0))
 
 
+def test_an_answer_outlives_a_probe_the_deadline_cut(socket_path: Path) -> None:
+    # A 500, then an agent that holds every connection: the deadline always
+    # falls in a probe, as it did by chance under load.
+    answered: list[bool] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if answered:
+            await reader.read()
+            return
+        answered.append(True)
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    with pytest.raises(DriverError, match="answered 500"):
+        run_with_server(socket_path, handle, lambda: readiness.wait_ready(socket_path, 0.5))
+
+
 def test_something_that_is_not_http_is_not_an_agent(socket_path: Path) -> None:
     handler, _ = answering(b"SSH-2.0-OpenSSH_9.2")
     with pytest.raises(DriverError, match="not an HTTP answer"):
