@@ -90,14 +90,20 @@ def test_guest_reaches_no_host_address(guest: AgentClient, testnet: NetLab) -> N
     assert {a: s.accepted for a, s in testnet.servers.items()} == before
 
 
-def limits(pid: int) -> dict[str, str]:
-    """The cgroup a process is in (its memory controller's path) and its limits:
-    memory bytes, pids, CPU quota per 100 ms period."""
+def cgroups_of(pid: int) -> dict[str, str]:
+    """Each controller's cgroup path of a process (``""``: the unified hierarchy)."""
     paths = {}
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(","):
             paths[controller] = path.strip("/")
+    return paths
+
+
+def limits(pid: int) -> dict[str, str]:
+    """The cgroup a process is in (its memory controller's path) and its limits:
+    memory bytes, pids, CPU quota per 100 ms period."""
+    paths = cgroups_of(pid)
     root = Path("/sys/fs/cgroup")
     if (root / "cgroup.controllers").exists():
         files = {n: root / paths[""] / f for n, f in V2_FILES.items()}
@@ -163,6 +169,21 @@ def test_a_connection_flood_from_the_guest_stops_at_the_cap(
     assert booted.session.driver.qemu_pid(booted.machine_id) == qemu
     assert booted.slirp == slirp and Path(f"/proc/{slirp}").exists()
     assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+
+
+def test_adopt_puts_qemu_back_under_its_budget(booted: Booted) -> None:
+    """QEMU outlives the node, and one started without a budget (by an older
+    node) gets it when adopted: here it is moved out to the root first."""
+    driver = booted.session.driver
+    root = Path("/sys/fs/cgroup")
+    hierarchies = [root] if driver.cgroups.version == 2 else [root / c for c in V1_FILES]
+    for hierarchy in hierarchies:
+        (hierarchy / "cgroup.procs").write_text(str(booted.qemu))
+    moved = cgroups_of(booted.qemu)
+    assert moved.get("memory", moved[""]) == ""
+    booted.session.run(driver.adopt())
+    assert limits(booted.qemu)["cgroup"] == driver.cgroup(booted.machine_id).strip("/")
+    assert int(limits(booted.qemu)["memory"]) == (GUEST_MIB + QEMU_OVERHEAD_MIB) << 20
 
 
 def test_destroy_leaves_no_cgroup(booted: Booted) -> None:
