@@ -127,6 +127,8 @@ def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -
     parent = Layout.from_settings(settings).cgroup_parent
     cgroups = Cgroups()
     left = [f"{parent}-vm/m-vm-gone", f"{parent}-vm-net/m-vm-gone"]
+    # ... and one a template build killed before its QEMU started left.
+    left.append(f"{parent}-vm/tpl-0123456789ab")
     for path in left:
         cgroups.limit(path, memory_bytes=1 << 30, pids=64, cpus=1.0)
     try:

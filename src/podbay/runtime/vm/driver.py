@@ -311,6 +311,11 @@ class VmDriver(RecordKeepingDriver):
             with contextlib.suppress(Exception):
                 await self.network.teardown(f"tpl-{run.name}")
             shutil.rmtree(run, ignore_errors=True)
+        # A build killed before its QEMU wrote a pid file left only its cgroup.
+        for directory in self.cgroups.existing(self.cgroup_parent):
+            for child in directory.glob("tpl-*"):
+                if not any(key.startswith(child.name[4:]) for key in live):
+                    await self._drop_cgroup(child.name)
         for partial in partials:
             if partial.name[1:].rpartition(".")[0] not in live:
                 shutil.rmtree(partial, ignore_errors=True)

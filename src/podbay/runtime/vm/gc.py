@@ -55,15 +55,16 @@ async def collect(
 
 
 def _empty_cgroups(driver: VmDriver, known: set[str], *, everything: bool) -> list[str]:
-    """The cgroups of QEMUs and slirp4netns of no machine. A template being built
-    has one under no record, but a live process keeps any cgroup from removal."""
+    """The cgroups of QEMUs and slirp4netns of no machine. A template guest's
+    (``tpl-``) are left to adopt's clearing of dead builds (``adopt_for_gc``
+    ran it): a live build makes its cgroup a moment before its QEMU enters it."""
     removed = []
     limits = driver.network.slirps.limits
     parents = [driver.cgroup_parent] + ([limits.cgroup_parent] if limits else [])
     for parent in parents:
         for directory in driver.cgroups.existing(parent):
             for child in sorted(p for p in directory.iterdir() if p.is_dir()):
-                if child.name in known:
+                if child.name in known or child.name.startswith("tpl-"):
                     continue
                 if not driver.cgroups.remove(f"{parent}/{child.name}"):
                     removed.append(f"removed cgroup {child}")
