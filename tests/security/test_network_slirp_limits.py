@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from podbay.runtime.network.slirp import SlirpLimits
+from podbay.runtime.network import slirp as slirp_module
 from podbay.settings import Settings
 from podbay.testing.fixtures import DriverSession, Machines, session_for, settings_for
 from podbay.testing.flood import HOLDING_SERVER, flood
@@ -33,7 +33,7 @@ PID = os.getpid()
 BASE = 244 + 4 * (PID % 3)
 HOST_SIDE, TEST_HOST = f"203.0.113.{BASE + 1}", f"203.0.113.{BASE + 2}"
 PORT = 8080
-BUDGET = SlirpLimits(cgroup_parent="unused", max_fds=256)
+BUDGET = slirp_module.budget("unused", max_fds=256)
 
 PROBE = r"""
 import socket, sys
@@ -125,6 +125,9 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
     assert int(peak_file.read_text()) <= BUDGET.memory_bytes
     limit_file = memory / ("memory.max" if unified else "memory.limit_in_bytes")
     assert int(limit_file.read_text()) == BUDGET.memory_bytes
+    # The descriptor cap came first: the flooder's helper lives on, with the
+    # connections it holds.
+    os.kill(slirp, 0)
     # The neighbour's network never noticed.
     reached = neighbour.agent.exec(
         ["python3", "-c", PROBE, TEST_HOST, str(PORT)], timeout_ms=30_000

@@ -64,12 +64,28 @@ class SlirpLimits:
     cpus: float = 0.5
 
 
+#: Memory a slirp4netns needs beside its connections (its code, heap, tap ring).
+BASE_BYTES = 32 * 1024 * 1024
+#: Memory per open connection, with room: a flood measured ~28-34 KiB each
+#: (socket buffers, libslirp's state), so 128 MiB ended it at ~3,900.
+BYTES_PER_FD = 40 * 1024
+
+
 def budget(cgroup_parent: str, max_fds: int) -> SlirpLimits:
     """Each slirp4netns's budget under ``cgroup_parent``, with ``max_fds``
-    (``runtime.slirp_max_fds``) refused out of range."""
+    (``runtime.slirp_max_fds``) refused out of range.
+
+    Its memory grows with the descriptors it may hold, so a flood meets the
+    descriptor cap (new connections fail, the open ones live on) before the
+    memory limit (the kernel ends slirp4netns: every connection is lost).
+    """
     if not MIN_FDS <= max_fds <= MAX_FDS:
         raise NetworkError(f"runtime.slirp_max_fds must be {MIN_FDS} to {MAX_FDS}, not {max_fds}")
-    return SlirpLimits(cgroup_parent=cgroup_parent, max_fds=max_fds)
+    return SlirpLimits(
+        cgroup_parent=cgroup_parent,
+        max_fds=max_fds,
+        memory_bytes=BASE_BYTES + BYTES_PER_FD * max_fds,
+    )
 
 
 class Slirps:

@@ -70,17 +70,10 @@ class OciDriver(RecordKeepingDriver):
         self.settings = settings
         self.rt = settings.runtime
         self.layout = Layout.from_settings(settings)
-        if not slirp.MIN_FDS <= self.rt.slirp_max_fds <= slirp.MAX_FDS:
-            raise DriverError(
-                f"runtime.slirp_max_fds must be {slirp.MIN_FDS} to {slirp.MAX_FDS}, "
-                f"not {self.rt.slirp_max_fds}"
-            )
         self.network = NetworkManager(
             self.layout.run_dir,
             enabled=self.rt.network,
-            slirp_limits=slirp.SlirpLimits(
-                cgroup_parent=f"{self.layout.cgroup_parent}-net", max_fds=self.rt.slirp_max_fds
-            ),
+            slirp_limits=slirp.budget(f"{self.layout.cgroup_parent}-net", self.rt.slirp_max_fds),
         )
         self.runc: Runc = (
             runsc.Runsc(

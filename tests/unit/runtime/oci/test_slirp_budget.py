@@ -22,7 +22,21 @@ def test_each_slirp_gets_the_configured_budget(tmp_path: Path) -> None:
     assert default is not None and default.max_fds == 4096
     lowered = driver(tmp_path, PODBAY_RUNTIME_SLIRP_MAX_FDS="256").network.slirps.limits
     assert lowered is not None and lowered.max_fds == 256
-    assert lowered.memory_bytes == default.memory_bytes  # only the descriptors change
+    assert lowered.memory_bytes < default.memory_bytes
+
+
+#: What one held connection cost a flooded slirp4netns (28-34 KiB measured;
+#: 128 MiB ended it at ~3,900 of its 4,096 descriptors).
+MEASURED_BYTES_PER_CONNECTION = 34 * 1024
+
+
+@pytest.mark.parametrize("max_fds", [MIN_FDS, 256, 4096, 65536])
+def test_the_descriptor_cap_comes_before_the_memory_limit(tmp_path: Path, max_fds: int) -> None:
+    # At the cap new connections fail and the open ones live on; at the memory
+    # limit the kernel ends slirp4netns and the sandbox loses every connection.
+    limits = driver(tmp_path, PODBAY_RUNTIME_SLIRP_MAX_FDS=str(max_fds)).network.slirps.limits
+    assert limits is not None
+    assert limits.memory_bytes > max_fds * MEASURED_BYTES_PER_CONNECTION + 16 * 1024 * 1024
 
 
 @pytest.mark.parametrize("value", [MIN_FDS - 1, 0, -1, MAX_FDS + 1])
