@@ -17,7 +17,8 @@ with other work slows both alike; ``B/A`` is the median of the pairwise ratios.
 Beside each time, the CPU the sandbox's host processes (sentry, its ptrace stubs, gofer) spent on it
 (a mean: /proc counts it in 10 ms ticks), which load inflates far less than time:
 
-- ``--ready N``: create + start until the agent answers, N pairs;
+- ``--ready N``: create + start until the agent answers, N pairs, and of that
+  the agent's own start (from ``runsc run``'s exit);
 - ``--info``: ``GET /v1/info`` on a new connection (the agent's HTTP alone);
 - exec ``true`` (``--cmd`` for another argv), ``--execs`` pairs.
 
@@ -127,12 +128,13 @@ async def bench(args: argparse.Namespace) -> None:
         assert loaded is not None and loaded.loader is not None
         theirs: Any = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(theirs)
-        kept = staging._USE_BUNDLE
+        kept = staging._USE_BUNDLE, staging.START_AGENT
         staging._USE_BUNDLE = theirs._USE_BUNDLE
+        staging.START_AGENT = getattr(theirs, "START_AGENT", staging.START_AGENT)
         try:
             argvs["A"] = driver._agent_argv(driver._image)
         finally:
-            staging._USE_BUNDLE = kept
+            staging._USE_BUNDLE, staging.START_AGENT = kept
         if "--launcher" not in (package / "agent/__main__.py").read_text():
             at = argvs["A"].index("--launcher") if "--launcher" in argvs["A"] else -1
             if at >= 0:  # an agent from before the launcher program
@@ -157,10 +159,21 @@ async def bench(args: argparse.Namespace) -> None:
 
         runsc.Runsc.argv = argv  # type: ignore[method-assign]
 
+    # When ``runsc run`` returned (the container's process started): the agent's own
+    # start is from then to its first answer.
+    ran: list[float] = []
+    run_detached = driver.runc.run_detached
+
+    async def stamped(*a: Any, **k: Any) -> None:
+        await run_detached(*a, **k)
+        ran.append(time.perf_counter())
+
+    driver.runc.run_detached = stamped  # type: ignore[method-assign]
     try:
         if args.ready:
             times: dict[str, list[float]] = {c: [] for c in COLUMNS}
             cpu: dict[str, list[float]] = {c: [] for c in COLUMNS}
+            agent: dict[str, list[float]] = {c: [] for c in COLUMNS}
             for n in range(args.ready):
                 # A B, then B A: the second start of a pair ran slower (the first's
                 # destroy still settling), which a fixed order charged to B.
@@ -171,10 +184,12 @@ async def bench(args: argparse.Namespace) -> None:
                     await driver.create(s)
                     await driver.start(s.machine_id)
                     times[column].append(time.perf_counter() - t0)
+                    agent[column].append(time.perf_counter() - ran[-1])
                     cpu[column].append(tree_cpu(host_pids(driver, s.machine_id)))
                     await driver.destroy(s.machine_id)
                     await asyncio.sleep(0.2)  # as between real attaches
             report("create-to-ready", times, cpu)
+            report("agent (runsc run's exit to its first answer)", agent, cpu)
         ids, clients, pids = {}, {}, {}
         for column in COLUMNS:
             use(column)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 from podbay.errors import ApiError
 from podbay.wire import paths
@@ -196,6 +195,8 @@ class App:
         if methods is None and req.path.startswith(paths.PROCESSES + "/"):
             rest = req.path[len(paths.PROCESSES) + 1 :]
             raw_id, _, tail = rest.partition("/")
+            from urllib.parse import unquote  # not at start-up: see http.parse_query
+
             process_id = unquote(raw_id)
             if process_id and tail == "signal":
                 methods = {"POST": self.signal}

@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl
 
 from podbay.errors import Aborted as Aborted
 from podbay.errors import ProtocolError as ProtocolError  # re-exported: defined in the one tree
@@ -301,6 +300,20 @@ def _read_head(conn: _Connection) -> bytes | None:
     return conn.until(b"\r\n\r\n", MAX_HEAD_BYTES, _HEAD_TOO_LARGE, _HEAD_CUT)
 
 
+def parse_query(raw_query: str) -> dict[str, str]:
+    """The fields of a request's query string (a 400 when malformed)."""
+    # Imported with the first query string rather than at start-up: urllib.parse
+    # brings ipaddress, ~3.5 ms of a gVisor agent's start before its first answer.
+    from urllib.parse import parse_qsl
+
+    try:
+        return dict(
+            parse_qsl(raw_query, keep_blank_values=True, max_num_fields=100, errors="strict")
+        )
+    except ValueError as exc:
+        raise ProtocolError(400, f"malformed query string ({exc})") from None
+
+
 def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Request | None:
     """Read and check one request head; its body is left on the connection."""
     head = _read_head(conn)
@@ -326,12 +339,7 @@ def parse_request(conn: _Connection, send_continue: Callable[[], None]) -> Reque
     if not target.startswith("/"):
         raise ProtocolError(400, "request target must be a path")
     path, _, raw_query = target.partition("?")
-    try:
-        query = dict(
-            parse_qsl(raw_query, keep_blank_values=True, max_num_fields=100, errors="strict")
-        )
-    except ValueError as exc:
-        raise ProtocolError(400, f"malformed query string ({exc})") from None
+    query = parse_query(raw_query) if raw_query else {}
     connection = headers.get("connection", "").lower()
     keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     length: int | None = None

@@ -26,7 +26,6 @@ import os
 import select
 import socket
 import struct
-import termios
 import time
 from collections.abc import Mapping
 
@@ -52,6 +51,10 @@ MAX_TERM_LENGTH = 64
 
 
 def set_size(fd: int, rows: int, cols: int) -> None:
+    # Imported with the first terminal, not at start-up: an extension module,
+    # ~6 ms of a gVisor agent's start (looked up, opened and mapped in the sandbox).
+    import termios
+
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 

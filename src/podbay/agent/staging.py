@@ -70,6 +70,14 @@ def _defer(name):
     sys.modules[name] = Deferred(name)
 """
 
+#: Modules the agent imports only in ``main()``, when it is started with an
+#: option: the guard's ``ctypes`` under gVisor (``--guard-uid``), between its
+#: socket's ``bind`` and its first answer. They are kept in the bundle too, and
+#: imported from it, before it is dropped, when the option is given: from their
+#: files they cost ~25 trapped system calls (lookups along ``sys.path``, a
+#: directory listing, two ``.pyc`` files) on the path to readiness.
+LATE_IMPORTS: tuple[tuple[str, str], ...] = (("--guard-uid", "ctypes"),)
+
 # Run by the interpreter that will run the agent (argv: staged dir, output file).
 # It imports the agent as a start does and keeps, for every module that came from
 # a ``.py`` file, where it was found (an index into sys.path and the path below
@@ -78,8 +86,9 @@ def _defer(name):
 # meanwhile (it compiles each with ``exec``: about a third of the start-up's CPU),
 # by that source. The file: the table's length (8 bytes), the table, the code blobs.
 _BUILD_BUNDLE = (
-    """
+    f"""
 import marshal, sys
+LATE_IMPORTS = {LATE_IMPORTS!r}
 staged, out = sys.argv[1], sys.argv[2]
 sys.path.insert(0, staged)
 roots = sorted(enumerate(sys.path), key=lambda entry: -len(entry[1]))
@@ -104,6 +113,8 @@ def record(source, globals=None, locals=None, /):
 dataclasses.exec = record
 import podbay.agent.__main__
 del dataclasses.exec
+for _, late in LATE_IMPORTS:
+    __import__(late)
 for name in sorted(set(sys.modules) - before):
     spec = getattr(sys.modules[name], "__spec__", None)
     origin = getattr(spec, "origin", None)
@@ -243,8 +254,20 @@ def launch_code(staged: str | os.PathLike[str]) -> str:
     )
 
 
-#: The end of :func:`launch_code`: import the agent, drop the bundle, run it.
-START_AGENT = "from podbay.agent.__main__ import main\n_release()\ngc.enable()\nsys.exit(main())\n"
+#: The end of :func:`launch_code`: import the agent (and the :data:`LATE_IMPORTS`
+#: its options call for), drop the bundle, run it. What the import made lives on,
+#: so it is moved out of the collector's sight (``gc.freeze``) before collection
+#: resumes: otherwise the first allocation after ``gc.enable()`` traversed all of
+#: it (every object made with the collector off counts towards its first
+#: collection), ~6 ms on the host between the import and the socket's ``bind``,
+#: and later collections went through it again.
+START_AGENT = (
+    "from podbay.agent.__main__ import main\n"
+    f"for _option, _module in {LATE_IMPORTS!r}:\n"
+    "    if _option in sys.argv[1:]:\n"
+    "        __import__(_module)\n"
+    "_release()\ngc.freeze()\ngc.enable()\nsys.exit(main())\n"
+)
 
 
 #: The environment to start the agent with (commands never see it: they get a

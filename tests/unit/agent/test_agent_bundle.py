@@ -27,11 +27,15 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stage(tmp_path_factory.mktemp("staged"))
 
 
-def report(staged: Path, instead: str = REPORT) -> list[str]:
-    program = launch_code(staged).replace(START_AGENT, instead)
+def report(
+    staged: Path, instead: str = REPORT, *, part: str = START_AGENT, options: tuple[str, ...] = ()
+) -> list[str]:
+    """What the start-up program, run with ``options``, prints with ``part`` of it
+    replaced by ``instead``."""
+    program = launch_code(staged).replace(part, instead)
     assert program != launch_code(staged)
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", program],
+        [sys.executable, "-I", "-S", "-c", program, *options],
         capture_output=True,
         text=True,
         env={},
@@ -194,3 +198,27 @@ def test_an_interpreter_without_those_internals_keeps_its_locks(staged: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["_ModuleLockManager"]
+
+
+# Replaces only the agent's run at the end of the start-up program: what the
+# start made ready, and what it left for the first request that needs it.
+STARTED = """
+late = getattr(sys.modules.get("ctypes"), "__loader__", None)
+print(gc.isenabled(), gc.get_freeze_count() > 1000, getattr(late, "__name__", "-"),
+      ",".join(sorted({"termios", "urllib.parse", "ipaddress"} & set(sys.modules))) or "-")
+"""
+RUN = "sys.exit(main())\n"
+
+
+def test_the_start_leaves_for_later_what_the_first_answer_does_not_need(staged: Path) -> None:
+    """Between the import and the first answer: no traversal of everything the
+    import made (frozen), no extension module or urllib.parse that only a
+    terminal or a query string needs, no ctypes without the guard."""
+    assert report(staged, STARTED, part=RUN, options=("--fd", "3")) == ["True", "True", "-", "-"]
+
+
+def test_the_guards_ctypes_comes_from_the_bundle(staged: Path) -> None:
+    """Under gVisor the guard imports ctypes between bind and the first answer:
+    from the bundle (one file already read), not from ~25 lookups and files."""
+    guarded = ("--socket", "/s", "--guard-uid", "1")
+    assert report(staged, STARTED, part=RUN, options=guarded) == ["True", "True", "Bundled", "-"]
