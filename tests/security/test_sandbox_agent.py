@@ -59,6 +59,7 @@ def test_sandbox_code_cannot_trace_or_rob_the_agent(
         "signal",
         "oom_score_adj",
         "environ",
+        "preload",
     }
     allowed = set(probes.OWN_KERNEL_HARMLESS) if gvisor else set()
     won = {k: v for k, v in outcomes.items() if k not in allowed and not v.startswith("refused")}
@@ -103,6 +104,19 @@ def test_what_the_agent_creates_belongs_to_root(oci_machines: Machines) -> None:
         ]
     )
     assert owners.stdout.split() == ["0"] * 5, owners
+
+
+def test_the_agent_finds_accounts_without_the_sandboxs_nss_modules(oci_machines: Machines) -> None:
+    """An account is looked up in /etc/passwd by the agent itself: the C
+    library's lookup would follow the sandbox's nsswitch.conf and load the
+    ``libnss_<name>`` module it names from the sandbox's own library directories,
+    into the agent. With nsswitch.conf naming only a module that does not
+    exist, the C library finds no account; the agent still does."""
+    m = oci_machines.up()
+    assert m.agent.sh("printf 'passwd: podbaynone\\ngroup: podbaynone\\n' > /etc/nsswitch.conf").ok
+    found = m.agent.exec(["id", "-u"], user="user")
+    assert found.ok and found.stdout.strip() == "1000", found
+    assert m.agent.exec(["id", "-un"]).exit_code != 0  # the C library's lookup now fails
 
 
 def test_sandbox_code_that_kills_everything_it_can_stops_no_later_command(

@@ -49,7 +49,7 @@ from podbay.wire.data import (
 )
 from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
-from . import guard
+from . import guard, users
 from .http import Aborted
 from .refusal import path_refusal
 
@@ -444,12 +444,7 @@ def _info(st: os.stat_result, shown: str) -> FileInfo:
 
 
 def _user_name(uid: int) -> str | None:
-    import pwd
-
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return None
+    return users.name_of(uid)  # not through pwd: see podbay.agent.users
 
 
 def _receive(

@@ -10,12 +10,17 @@ thread's *filesystem* ids switched (``setfsuid``/``setfsgid``, which Linux
 keeps per thread), so the kernel checks permissions exactly as for that user
 and new files are owned by it; switching away from uid 0 also drops the
 thread's file capabilities, and switching back restores them.
+
+Accounts are read from ``/etc/passwd`` and ``/etc/group`` by this module, not
+through the C library's ``getpwnam``: that follows the sandbox's
+``/etc/nsswitch.conf`` and loads the ``libnss_*`` module it names, found in
+the sandbox's own library directories, so sandbox root could have had its code
+run inside the agent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,19 +51,58 @@ def resolve(requested: str | None, default: str | None = None) -> Account:
     name = requested if requested is not None else default
     if name is None or name in ("", "root", "0"):
         return ROOT
-    import pwd  # only when a user is asked for: keeps start-up lean
+    entry = _find(_table(PASSWD), 2 if _id(name) else 0, name)
+    if entry is None or not (_id(entry[2]) and _id(entry[3])):
+        raise ApiError(ErrorCode.USER_UNKNOWN, f"user {name!r} is not an account of this sandbox")
+    login, uid, gid, home = entry[0], int(entry[2]), int(entry[3]), entry[5] or "/"
+    groups = [gid]
+    for group in _table(GROUP):
+        member = len(group) >= 4 and _id(group[2]) and login in group[3].split(",")
+        if member and int(group[2]) not in groups:
+            groups.append(int(group[2]))
+    return Account(login, uid, gid, home, tuple(groups))
 
+
+def name_of(uid: int) -> str | None:
+    """The name ``/etc/passwd`` gives ``uid``, if any."""
+    entry = _find(_table(PASSWD), 2, str(uid))
+    return None if entry is None else entry[0]
+
+
+PASSWD = "/etc/passwd"
+GROUP = "/etc/group"
+#: Read no more of either: they are the sandbox's, and may be anything.
+TABLE_BYTES = 4 << 20
+
+
+def _id(text: str) -> bool:
+    """A uid or gid the kernel takes (``-1``, 4294967295, means "unchanged")."""
+    return text.isascii() and text.isdigit() and int(text) < 0xFFFFFFFF
+
+
+def _table(path: str) -> list[list[str]]:
+    """The colon-separated rows of ``path`` (none if it cannot be read)."""
     try:
-        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
-    except (KeyError, ValueError, OverflowError):
-        raise ApiError(
-            ErrorCode.USER_UNKNOWN, f"user {name!r} is not an account of this sandbox"
-        ) from None
-    try:
-        groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid))
+        with open(path, "rb") as f:
+            text = f.read(TABLE_BYTES).decode("utf-8", "replace")
     except OSError:
-        groups = (entry.pw_gid,)
-    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir or "/", groups)
+        return []
+    return [line.split(":") for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def _find(rows: list[list[str]], by: int, wanted: str) -> list[str] | None:
+    """The first passwd row whose name (``by`` 0) or uid (``by`` 2) is ``wanted``.
+
+    A uid is compared as a number (``0042`` is 42); rows of other shapes are skipped.
+    """
+    for row in rows:
+        if len(row) < 7:
+            continue
+        if by == 0 and row[0] == wanted and row[0]:
+            return row
+        if by == 2 and _id(row[2]) and _id(wanted) and int(row[2]) == int(wanted):
+            return row
+    return None
 
 
 def command_identity(

@@ -52,8 +52,11 @@ class AgentClient:
         timeout_ms: int = 60_000,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        body = ExecRequest(command=command, cwd=cwd, env=env or None, timeout_ms=timeout_ms)
+        body = ExecRequest(
+            command=command, cwd=cwd, env=env or None, timeout_ms=timeout_ms, user=user
+        )
         return self._call("POST", EXEC, body, ExecResult, timeout=timeout_ms / 1000 + 30)
 
     def sh(self, script: str, *, timeout_ms: int = 60_000) -> ExecResult:

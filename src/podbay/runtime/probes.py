@@ -142,9 +142,14 @@ def environ():
     with open("/proc/1/environ", "rb") as f:
         return "read the agent's environment: %d bytes" % len(f.read())
 
+def preload():
+    # The loader the agent starts (and wakes from hibernation) through reads it.
+    with open("/etc/ld.so.preload", "a"):
+        return "can write /etc/ld.so.preload, which the agent's next start would load"
+
 for name, fn in [("pidfd_getfd", steal), ("ptrace", trace), ("mem", memory),
                  ("fd", fd_link), ("take_fd", take_fd), ("signal", stop),
-                 ("oom_score_adj", oom), ("environ", environ)]:
+                 ("oom_score_adj", oom), ("environ", environ), ("preload", preload)]:
     try:
         out[name] = fn()
     except OSError as e:

@@ -30,6 +30,10 @@ ENV_FILE = "/.podbay/env.json"
 LOADER = "/.podbay/loader"
 #: Its copy on the host, next to the image's rootfs.
 LOADER_COPY = "agent-loader"
+#: An empty read-only file, next to it, bound over the sandbox's
+#: ``/etc/ld.so.preload``: the loader reads that file at the agent's every start
+#: and wake, and one that sandbox root wrote would put its code in the agent.
+NO_PRELOAD = "empty-ld.so.preload"
 
 
 def _interpreter(image_rootfs: Path) -> tuple[Path, list[Path], Path]:
@@ -64,6 +68,7 @@ def stage_loader(image_rootfs: Path) -> Path:
     belong to host root: only ``CAP_SYS_PTRACE`` in the host's namespace reaches
     it. Commands it starts exec their own binaries and are debuggable as usual."""
     loader, _, _ = _interpreter(image_rootfs)
+    _stage_no_preload(image_rootfs.parent / NO_PRELOAD)
     target = image_rootfs.parent / LOADER_COPY
     try:
         st = target.stat()
@@ -77,6 +82,21 @@ def stage_loader(image_rootfs: Path) -> Path:
     os.chmod(tmp, 0o111)  # noqa: S103 - execute-only, readable by none
     os.rename(tmp, target)
     return target
+
+
+def _stage_no_preload(target: Path) -> None:
+    """:data:`NO_PRELOAD`: empty, owned by host root, read-only (made once)."""
+    try:
+        st = target.stat()
+        if st.st_uid == 0 and st.st_size == 0 and st.st_mode & 0o7777 == 0o444:
+            return
+    except FileNotFoundError:
+        pass
+    tmp = target.with_name(f".{NO_PRELOAD}.{os.getpid()}")
+    tmp.write_bytes(b"")
+    os.chown(tmp, 0, 0)
+    os.chmod(tmp, 0o444)
+    os.rename(tmp, target)
 
 
 def image_python(

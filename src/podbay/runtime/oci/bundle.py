@@ -31,7 +31,7 @@ from podbay.agent.hibernate import ENV as HIBERNATE_ENV
 from podbay.agent.staging import AGENT_ENV
 
 from . import seccomp
-from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER
+from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER, NO_PRELOAD
 
 ID_RANGE = 65536
 
@@ -190,6 +190,13 @@ def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
         _bind(facts.image_rootfs, IMAGE_DIR, "ro"),
         _bind(facts.agent_dir, AGENT_DIR, "ro"),
         *([_bind(facts.loader, LOADER, "ro")] if facts.loader is not None else []),
+        # Staged with the loader (agent_bundle.stage_loader): no preload of the
+        # sandbox's own reaches the agent when it starts or wakes through it.
+        *(
+            [_bind(facts.loader.with_name(NO_PRELOAD), "/etc/ld.so.preload", "ro", "noexec")]
+            if facts.loader is not None
+            else []
+        ),
         _bind(facts.files_dir / "env.json", ENV_FILE, "ro"),
         _bind(facts.files_dir / "hostname", "/etc/hostname", "rw"),
         _bind(facts.files_dir / "hosts", "/etc/hosts", "rw"),
