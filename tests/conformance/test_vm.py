@@ -169,3 +169,32 @@ def test_files_cross_the_channel_intact_beside_other_requests(
     assert inside == hashlib.sha256(blob).hexdigest()
     status, back = _request(a.socket_path, "GET", path)
     assert status == 200 and back == blob
+
+
+def test_gc_beside_running_machines_leaves_their_networks(
+    vm_session: VmSession, pair: tuple[AgentClient, AgentClient]
+) -> None:
+    """gc reclaims the networks of machines that no longer exist
+    (tests/integration/runtime/test_gc_classes.py), never a running one's."""
+    from podbay.runtime.network import netns
+    from podbay.runtime.vm import gc
+
+    driver, network = vm_session.driver, vm_session.driver.network
+    running = {
+        machine_id: network.slirps.recorded(
+            network.machine_dir(machine_id), network.netns_path(machine_id)
+        )
+        for machine_id in driver.machine_ids()
+        if netns.is_mounted(network.netns_path(machine_id))
+    }
+    assert len(running) >= 2 and None not in running.values(), running
+    removed = vm_session.run(gc.collect(driver))
+    assert not any(machine_id in line for line in removed for machine_id in running), removed
+    for machine_id, slirp_pid in running.items():
+        assert netns.is_mounted(network.netns_path(machine_id)), machine_id
+        assert (
+            network.slirps.recorded(network.machine_dir(machine_id), network.netns_path(machine_id))
+            == slirp_pid
+        )
+    for agent in pair:
+        assert agent.sh("echo up").stdout.strip() == "up"

@@ -3,6 +3,7 @@ directory's image cache and keeps the base images gvisor machines stand on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from podbay.runtime.base import MachineState
+from podbay.runtime.network import NetworkHandle
 from podbay.runtime.oci import records
 from podbay.runtime.oci.cgroups import Cgroups
 from podbay.runtime.oci.layout import Layout
@@ -147,4 +149,52 @@ def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -
     finally:
         for path in left:
             cgroups.remove(path.rsplit("/", 1)[0])
+        cleanup(settings)
+
+
+def test_the_network_of_a_vm_machine_that_no_longer_exists_is_reclaimed(tmp_path: Path) -> None:
+    """A node killed mid-create, or a QEMU that crashed after its record went,
+    leaves the machine's network (namespace, slirp4netns, its cgroup) under the
+    vm driver's ``net/``; so does a template build whose builder died. gc takes
+    them back; a live build's network stays (gc runs beside a live node)."""
+    require_host()
+    from podbay.runtime.network import netns, procscan
+    from podbay.runtime.vm.driver import VmDriver
+
+    settings = sandbox_settings(tmp_path / "d")
+    vm = VmDriver(settings)
+    # Partial templates are named by their builder: this process lives, 999999999 does not.
+    (vm.home / "templates" / f".{'a' * 16}.{os.getpid()}").mkdir(parents=True)
+    (vm.home / "templates" / f".{'b' * 16}.999999999").mkdir()
+    ids = {"gone": "m-vm-gone", "dead build": f"tpl-{'b' * 12}", "live build": f"tpl-{'a' * 12}"}
+
+    async def set_up() -> dict[str, NetworkHandle]:
+        return {name: await vm.network.setup(machine_id) for name, machine_id in ids.items()}
+
+    async def tear_down() -> None:
+        for machine_id in ids.values():
+            await vm.network.teardown(machine_id)
+        await vm.network.close()
+
+    handles = asyncio.run(set_up())
+    cgroups = Cgroups()
+
+    def present(handle: NetworkHandle) -> list[bool]:
+        assert handle.slirp_pid is not None
+        return [
+            netns.is_mounted(handle.netns_path),
+            procscan.alive(handle.slirp_pid),
+            bool(cgroups.existing(vm.network.slirps.cgroup(handle.machine_id))),
+        ]
+
+    try:
+        assert all(all(present(h)) for h in handles.values())
+        removed = gc(settings.data_dir, settings.runtime.run_dir)
+        assert "vm: removed network of machine m-vm-gone" in removed
+        for name in ("gone", "dead build"):
+            assert present(handles[name]) == [False, False, False], (name, removed)
+            assert not handles[name].netns_path.parent.exists()
+        assert present(handles["live build"]) == [True, True, True], removed
+    finally:
+        asyncio.run(tear_down())
         cleanup(settings)

@@ -296,26 +296,37 @@ class VmDriver(RecordKeepingDriver):
         """Template guests a killed node was building (their QEMU, network, files).
         Builds of a live process on this data directory (this one, or a node
         beside ``podbay gc``) are left alone: a partial is ``.<key>.<builder pid>``."""
+        # Listed before the builds: a build's partial comes before its network
+        # and outlives it, so one listed here whose build lives is seen live.
+        networks = [m for m in self.network.machines() if m.startswith("tpl-")]
         partials = list((self.home / "templates").glob(".*"))
         live = set(self._building)
         for partial in partials:
             key, _, pid = partial.name[1:].rpartition(".")
             if pid.isdigit() and int(pid) != os.getpid() and _running(int(pid)):
                 live.add(key)
+
+        def dead(machine_id: str) -> bool:
+            return not any(key.startswith(machine_id[4:]) for key in live)
+
         for pidfile in (self.run_root / "templates").glob("*/qemu.pid"):
             run = pidfile.parent
-            if any(key.startswith(run.name) for key in live):
+            if not dead(f"tpl-{run.name}"):
                 continue
             templates.kill(pidfile, f"unix:{run / 'qmp.sock'},")
             await self._drop_cgroup(f"tpl-{run.name}")
             with contextlib.suppress(Exception):
                 await self.network.teardown(f"tpl-{run.name}")
             shutil.rmtree(run, ignore_errors=True)
-        # A build killed before its QEMU wrote a pid file left only its cgroup.
+        # A build killed before its QEMU wrote a pid file left its cgroup, and
+        # its network if it had set that up.
         for directory in self.cgroups.existing(self.cgroup_parent):
             for child in directory.glob("tpl-*"):
-                if not any(key.startswith(child.name[4:]) for key in live):
+                if dead(child.name):
                     await self._drop_cgroup(child.name)
+        for machine_id in filter(dead, networks):
+            with contextlib.suppress(Exception):
+                await self.network.teardown(machine_id)
         for partial in partials:
             if partial.name[1:].rpartition(".")[0] not in live:
                 shutil.rmtree(partial, ignore_errors=True)

@@ -11,7 +11,10 @@ accumulates:
 - packed layer disks (``vm/layers/<key>.ext4``) of layers that no longer exist
   in the layer cache and that no machine record names;
 - the host cgroups of QEMUs and slirp4netns that are gone (a node killed
-  between a kill and the removal).
+  between a kill and the removal);
+- the networks (namespace, slirp4netns, its cgroup) of machines that no
+  longer exist: the driver keeps them under ``net/``, apart from each
+  machine's run directory.
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ async def collect(
                 shutil.rmtree(home, ignore_errors=True)
                 shutil.rmtree(driver.run_root / home.name, ignore_errors=True)
                 done.append(f"removed unfinished machine {home.name}")
+    # Networks of machines that no longer exist (a node killed mid-create or
+    # mid-destroy, a QEMU that crashed after its record went) live apart from
+    # their run directories (``net/<id>``). ``release`` ends the QEMU first (its
+    # pid file is still there), then its cgroup, slirp4netns and namespace. A
+    # template build's (``tpl-``) are left to adopt's clearing of dead builds.
+    for machine_id in driver.network.machines():
+        if machine_id in known or machine_id.startswith("tpl-"):
+            continue
+        if (driver.machines / machine_id).exists():
+            continue  # created since adopt looked: a record comes before a network
+        await driver.release(machine_id)
+        done.append(f"removed network of machine {machine_id}")
     with contextlib.suppress(FileNotFoundError):
         for run in sorted(p for p in driver.run_root.iterdir() if p.is_dir()):
             if run.name in known or run.name in ("templates", "net"):
