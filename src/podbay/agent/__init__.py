@@ -18,6 +18,7 @@ Modules, by concept::
     refusal      the one exception services raise (a contract code + sentence)
     reaper       the only caller of waitpid: reaps every child, orphans included
     launch       starting a command: clean environment, own process group
+    guestpids    under gVisor, the commands' pids cgroup in the sandbox's kernel
     environment  the clean base environment and the env file
     exec         run to completion with caps and a deadline
     processes    spawned processes: table, pumps, signals

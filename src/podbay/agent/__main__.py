@@ -26,7 +26,7 @@ from types import FrameType
 from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
-from . import VERSION, guard, launcher, oom
+from . import VERSION, guard, guestpids, launcher, oom
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .hibernate import Hibernation, no_children
@@ -39,7 +39,7 @@ THREAD_STACK_BYTES = 1024 * 1024
 
 USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
                     [--workspace DIR] [--env-file PATH] [--guard-uid N] [--oom-fd N]
-                    [--launcher PATH]
+                    [--launcher PATH] [--pids-max N]
 
 Run the sandbox agent (inside a sandbox).
 
@@ -53,6 +53,8 @@ Run the sandbox agent (inside a sandbox).
   --oom-fd N          our own /proc/self/oom_score_adj, opened for us
   --launcher PATH     under --guard-uid, the launcher program (launcher.c) to
                       start commands with (default: the launcher in Python)
+  --pids-max N        under --guard-uid, confine commands to a pids cgroup of
+                      the sandbox's kernel that holds at most N (gVisor)
 """
 
 
@@ -68,6 +70,7 @@ class Options:
     guard_uid: int | None = None
     oom_fd: int | None = None
     launcher: str | None = None
+    pids_max: int | None = None
 
 
 def parse_args(argv: list[str]) -> Options:
@@ -76,7 +79,7 @@ def parse_args(argv: list[str]) -> Options:
 
     >>> parse_args(["--fd", "3", "--env-file=/e.json"])  # doctest: +NORMALIZE_WHITESPACE
     Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json',
-            guard_uid=None, oom_fd=None, launcher=None)
+            guard_uid=None, oom_fd=None, launcher=None, pids_max=None)
     """
     opts = Options()
     names = {
@@ -88,6 +91,7 @@ def parse_args(argv: list[str]) -> Options:
         "--guard-uid",
         "--oom-fd",
         "--launcher",
+        "--pids-max",
     }
     args = list(argv)
     while args:
@@ -99,7 +103,7 @@ def parse_args(argv: list[str]) -> Options:
             if not args:
                 raise UsageError(f"{name} needs a value")
             value = args.pop(0)
-        if name in ("--fd", "--guard-uid", "--oom-fd"):
+        if name in ("--fd", "--guard-uid", "--oom-fd", "--pids-max"):
             if not value.isdigit():
                 raise UsageError(f"{name} wants a number, got {value!r}")
             setattr(opts, name[2:].replace("-", "_"), int(value))
@@ -179,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.oom_fd is not None:
         oom.adopt_own_score(args.oom_fd)
     if args.guard_uid is not None:
+        if args.pids_max is not None:
+            try:
+                guestpids.confine(args.pids_max)
+            except OSError as exc:
+                # Commands then run unconfined: the host's budget still holds them.
+                print(f"podbay-agent: no pids cgroup for commands: {exc}", file=sys.stderr)
         try:
             guard.enable(args.guard_uid)
         except OSError as exc:

@@ -26,7 +26,8 @@ socket, read by a thread of the agent and handed to the
 :class:`~.reaper.Reaper`'s callbacks. Orphans still go to the agent (the
 sandbox's init), and so do running commands when the launcher dies: their
 callbacks stay registered with the agent's reaper. The launcher's own OOM
-score is :data:`~.oom.COMMAND_SCORE`, which commands inherit.
+score is :data:`~.oom.COMMAND_SCORE`, which commands inherit; it is in the
+commands' pids cgroup (:mod:`.guestpids`), which they inherit too.
 
 Trust runs one way. Commands are root in the launcher's namespace: they can
 trace it, stop it, take its sockets. It holds nothing they lack (their own
@@ -57,7 +58,7 @@ from typing import Any, NoReturn
 
 from podbay.errors import LauncherGone, LaunchFailed
 
-from . import guard, oom
+from . import guard, guestpids, oom
 from .reaper import Reaper
 
 #: How long the agent waits for the launcher to come up or to answer.
@@ -170,6 +171,9 @@ class Launcher:
                     ours.close()
                 os.close(unshared_r)
                 os.close(mapped_w)
+                # Into the commands' pids cgroup before anything runs: all
+                # that the launcher starts is born there (see .guestpids).
+                guestpids.join()
                 if program is not None:
                     _exec_program(their_requests, their_exits, unshared_w, mapped_r)
                 guard.enter_own_namespace(unshared_w, mapped_r)

@@ -142,6 +142,33 @@ def host_checks(settings: object, report: Report) -> None:
         ),
     )
     report.add("disk commitment", True, disk_commitment(settings).describe(rt.disk_reserve_bytes))
+    report.add("pid space", *pid_space(rt.pids))
+
+
+def pid_space(pids: int, pid_max: int | None = None) -> tuple[bool, str]:
+    """Whether the host's pids hold a gVisor sandbox at its limit: its host
+    budget (gVisor's own threads, ``runsc.host_pids``) within what all
+    sandboxes may hold together (``cgroups.node_pids``).
+
+    >>> ok, detail = pid_space(256, 32768)
+    >>> ok, "at most 28672 together" in detail, "16768 host threads (1 at once)" in detail
+    (True, True, True)
+    >>> pid_space(256, 16384)[0]
+    False
+    """
+    from podbay.runtime.oci.cgroups import node_pids
+    from podbay.runtime.oci.runsc import host_pids
+
+    if pid_max is None:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    node, budget = node_pids(pid_max), host_pids(pids)
+    detail = (
+        f"kernel.pid_max {pid_max}: sandboxes hold at most {node} together; a gVisor sandbox "
+        f"at pids {pids} may take {budget} host threads ({node // budget} at once)"
+    )
+    if budget > node:
+        detail += ": raise kernel.pid_max (sysctl -w kernel.pid_max=4194304) or lower runtime.pids"
+    return budget <= node, detail
 
 
 def disk_commitment(settings: Settings) -> DiskCommitment:
@@ -202,10 +229,8 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
         report.add("driver", False, f"{type(e).__name__}: {e}")
         return "n/a"
     tag = uuid.uuid4().hex[:8]
-    # The sandboxes' own pids limit, not a smaller one: under gVisor's ptrace
-    # platform the limit counts the host threads of gVisor's kernel too (about
-    # 70 idle, about 9 per guest process), and at 128 a probe's few blocked
-    # connections ended the whole sandbox, failing every probe after it. Memory
+    # The sandboxes' own pids limit, as they have it (under gVisor it counts the
+    # guest's processes, and the host cgroup gets runsc.host_pids of it). Memory
     # and disk stay small so the hog and the quota probes end quickly.
     small = Limits(
         memory_bytes=256 * MIB, cpus=1.0, pids=settings.runtime.pids, disk_bytes=512 * MIB

@@ -135,6 +135,19 @@ class Cgroups:
             procs.append(target / "cgroup.procs")
         return procs
 
+    def cap_pids(self, path: str, limit: int) -> None:
+        """Set ``pids.max`` of the cgroup ``path`` (made if missing): on the
+        parent of every sandbox, it bounds them all together (:func:`node_pids`)."""
+        rel = path.strip("/")
+        if self.version == 2:
+            with contextlib.suppress(OSError):  # already on, or not ours to change
+                self._write(self.root / "cgroup.subtree_control", "+pids")
+            target = self.root / rel
+        else:
+            target = self.root / "pids" / rel
+        target.mkdir(parents=True, exist_ok=True)
+        self._write(target / "pids.max", str(limit))
+
     # -- leftovers -----------------------------------------------------------
     def existing(self, path: str) -> list[Path]:
         return [d for d in self.dirs(path) if d.is_dir()]
@@ -181,3 +194,20 @@ class Cgroups:
         except (OSError, IndexError):
             return False
         return (self.root / own.lstrip("/") / "memory.swap.max").exists()
+
+
+#: Host pids no sandbox may take: at least this many, or an eighth of ``pid_max``.
+HOST_PIDS_RESERVE = 4096
+
+
+def node_pids(pid_max: int | None = None) -> int:
+    """The pids all sandboxes of a node may hold together (host threads of gVisor's
+    included, see ``runsc.host_pids``): ``kernel.pid_max`` but the host's reserve,
+    so that sandboxes at their limits at once cannot leave the host without pids.
+
+    >>> node_pids(32768)
+    28672
+    """
+    if pid_max is None:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return pid_max - max(HOST_PIDS_RESERVE, pid_max // 8)

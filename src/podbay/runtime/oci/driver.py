@@ -50,9 +50,9 @@ from ..network import NetworkHandle, NetworkManager, slirp
 from ..network.manager import until_set
 from ..tools import check_tool
 from . import agent_bundle, bundle, records, runsc, storage, userns
-from .cgroups import Cgroups
+from .cgroups import Cgroups, node_pids
 from .image import Image, ImageCache, Recipe, local_ca_certificates
-from .layout import RUN_MODE, Layout, MachinePaths
+from .layout import NODE_CGROUP, RUN_MODE, Layout, MachinePaths
 from .readiness import wait_ready
 from .runc import Runc
 
@@ -113,6 +113,12 @@ class OciDriver(RecordKeepingDriver):
             raise DriverError(
                 f"OCI runtime {self.rt.oci_runtime!r} not found (apt-get install runc)"
             )
+        # All sandboxes of the node together leave the host pids of its own (a
+        # gVisor sandbox's host budget is large: runsc.host_pids).
+        try:
+            await asyncio.to_thread(self.cgroups.cap_pids, NODE_CGROUP, node_pids())
+        except (OSError, DriverError) as exc:
+            log.warning("no pids limit over all sandboxes (%s): %s", NODE_CGROUP, exc)
         if isinstance(self.runc, runsc.Runsc):
             self.runc.platform = await asyncio.to_thread(
                 runsc.choose_platform, self.runc.binary, self.rt.runsc_platform

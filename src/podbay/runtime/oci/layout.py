@@ -26,6 +26,10 @@ from pathlib import Path
 
 from ...settings import Settings
 
+#: The cgroup over every data directory's sandboxes and helpers on this node
+#: (its pids limit leaves the host pids of its own, see ``Cgroups.cap_pids``).
+NODE_CGROUP = "/podbay"
+
 #: A machine's run directory: others may pass through, not list it.
 RUN_MODE = 0o711
 
@@ -62,7 +66,7 @@ class Layout:
 
     @property
     def cgroup_parent(self) -> str:
-        return f"/podbay/{self.instance}"
+        return f"{NODE_CGROUP}/{self.instance}"
 
     def machine(self, machine_id: str) -> MachinePaths:
         return MachinePaths(

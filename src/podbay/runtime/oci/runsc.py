@@ -409,7 +409,50 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
                 }
             )
     annotations = {**cfg.get("annotations", {}), **exclusive_hints(mounts)}
-    return {**cfg, "mounts": mounts, "annotations": annotations}
+    return guest_pids({**cfg, "mounts": mounts, "annotations": annotations})
+
+
+#: gVisor's host threads per sandbox (ptrace platform, runsc 20221219), counted
+#: in its host cgroup: idle about 70-100 (the sentry's Go threads, the gofer);
+#: each guest process adds its address space's stub process with a tracee
+#: thread per sentry thread that ever ran it, and stubs and threads stay
+#: pooled after it exits: about 12 per ``sleep``, 22-57 per process slot in a
+#: fork bomb at the guest's limit (peaks 251, 842, 1266-1882, 3180 host
+#: threads at limits 8, 16, 32, 64; 12543 at 256 when its 512 MiB ended it).
+HOST_PIDS_IDLE = 384
+HOST_PIDS_PER_GUEST = 64
+
+
+def host_pids(guest: int) -> int:
+    """The host pids budget of a gVisor sandbox whose guest holds at most
+    ``guest`` processes (:func:`guest_pids`): so large that a guest at its
+    limit does not reach it (gVisor cannot make a thread there and the whole
+    sandbox ends): 1.3 times the worst measured.
+
+    >>> host_pids(256)
+    16768
+    """
+    return HOST_PIDS_IDLE + HOST_PIDS_PER_GUEST * guest
+
+
+def guest_pids(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The sandbox's pids limit moved from the host into the guest (pure): the
+    guarded agent confines commands to a pids cgroup of gVisor's kernel holding
+    that many (``--pids-max``, see :mod:`podbay.agent.guestpids`), granted
+    ``CAP_SYS_ADMIN`` to make it (it drops it at once, before anything runs),
+    and the host's cgroup gets :func:`host_pids` of it."""
+    process, resources = cfg["process"], cfg["linux"]["resources"]
+    if "--guard-uid" not in process["args"] or "pids" not in resources:
+        return cfg
+    limit = int(resources["pids"]["limit"])
+    caps = {k: [*v, "CAP_SYS_ADMIN"] for k, v in process["capabilities"].items()}
+    process = {
+        **process,
+        "args": [*process["args"], "--pids-max", str(limit)],
+        "capabilities": caps,
+    }
+    resources = {**resources, "pids": {"limit": host_pids(limit)}}
+    return {**cfg, "process": process, "linux": {**cfg["linux"], "resources": resources}}
 
 
 #: gVisor's mount hints (annotations ``dev.gvisor.spec.mount.<name>.<field>``).

@@ -112,6 +112,26 @@ def test_bundle_for_gvisor(tmp_path: Path) -> None:
     }
     assert exclusive == {"/i", "/a", "/f/env.json"}
     assert all(hints[key] == "bind" for key in hints if key.endswith(".type"))
+    # Not guarded: the pids limit stays the host's.
+    assert cfg["linux"]["resources"]["pids"] == {"limit": 256}
+    assert "CAP_SYS_ADMIN" not in cfg["process"]["capabilities"]["bounding"]
+
+
+def test_a_guarded_agent_gets_the_pids_limit_and_the_host_a_budget(tmp_path: Path) -> None:
+    cfg = {
+        "process": {
+            "args": ["/py", "--socket", "/s", "--guard-uid", "65535"],
+            "capabilities": {"bounding": ["CAP_KILL"], "permitted": ["CAP_KILL"]},
+        },
+        "linux": {"resources": {"pids": {"limit": 32}, "memory": {"limit": 1}}},
+    }
+    adapted = runsc.guest_pids(cfg)
+    assert adapted["process"]["args"][-2:] == ["--pids-max", "32"]
+    assert adapted["process"]["capabilities"]["bounding"] == ["CAP_KILL", "CAP_SYS_ADMIN"]
+    resources = adapted["linux"]["resources"]
+    assert resources == {"pids": {"limit": runsc.host_pids(32)}, "memory": {"limit": 1}}
+    assert runsc.host_pids(32) > 32 * 57 + 100  # the worst measured per guest process, idle
+    assert cfg["linux"]["resources"]["pids"] == {"limit": 32}  # pure
 
 
 def test_reachable(tmp_path: Path) -> None:
