@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.guard_uid is not None:
         if args.pids_max is not None:
             try:
-                guestpids.confine(args.pids_max)
+                guestpids.confine(args.pids_max, args.guard_uid)
             except OSError as exc:
                 # Commands then run unconfined: the host's budget still holds them.
                 print(f"podbay-agent: no pids cgroup for commands: {exc}", file=sys.stderr)

@@ -54,20 +54,21 @@ def confined() -> bool:
     return _procs is not None
 
 
-def confine(limit: int) -> None:
-    """Make the commands' cgroup with ``pids.max`` = ``limit`` and drop
-    ``CAP_SYS_ADMIN`` for good (also when that fails). Call as the sandbox's
-    root, before :func:`podbay.agent.guard.enable` and before any thread.
-    Raises OSError when the cgroup cannot be made (the capability is gone)."""
+def confine(limit: int, owner: int) -> None:
+    """Make the commands' cgroup with ``pids.max`` = ``limit``, its files owned
+    by ``owner`` (the guard's uid), and drop ``CAP_SYS_ADMIN`` for good (also
+    when that fails). Call as the sandbox's root, before
+    :func:`podbay.agent.guard.enable` and before any thread. Raises OSError
+    when the cgroup cannot be made (the capability is gone)."""
     global _procs
     libc = ctypes.CDLL(None, use_errno=True)
     try:
-        _procs = _make(libc, limit)
+        _procs = _make(libc, limit, owner)
     finally:
         _drop_sys_admin(libc)
 
 
-def _make(libc: ctypes.CDLL, limit: int) -> int:
+def _make(libc: ctypes.CDLL, limit: int, owner: int) -> int:
     def check(result: int, what: str) -> None:
         if result != 0:
             errno = ctypes.get_errno()
@@ -83,6 +84,12 @@ def _make(libc: ctypes.CDLL, limit: int) -> int:
             os.write(fd, str(limit).encode())
         finally:
             os.close(fd)
+        # The agent's alone, not root's: gVisor opens /proc/1/fd/N to whoever may
+        # open the file itself, and commands are root (over root's files only).
+        for name in ("cgroup.procs", "tasks", "pids.max", ""):
+            path = f"{where}/{name}".rstrip("/")
+            os.chown(path, owner, owner)
+            os.chmod(path, 0o700 if not name else 0o600)
         return os.open(f"{where}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
     finally:
         check(libc.umount2(MOUNT_POINT.encode(), _MNT_DETACH), "detach pids cgroup")
