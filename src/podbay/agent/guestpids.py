@@ -31,8 +31,8 @@ processes already) nothing changes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+from typing import Any
 
 #: Where the pids hierarchy is mounted for a moment: an empty directory of
 #: gVisor's read-only sysfs, there in every sandbox (mounting over a directory
@@ -61,6 +61,8 @@ def confine(limit: int, owner: int) -> None:
     :func:`podbay.agent.guard.enable` and before any thread. Raises OSError
     when the cgroup cannot be made (the capability is gone)."""
     global _procs
+    import ctypes  # here: an agent without the guard never loads it (its start-up)
+
     libc = ctypes.CDLL(None, use_errno=True)
     try:
         _procs = _make(libc, limit, owner)
@@ -68,7 +70,9 @@ def confine(limit: int, owner: int) -> None:
         _drop_sys_admin(libc)
 
 
-def _make(libc: ctypes.CDLL, limit: int, owner: int) -> int:
+def _make(libc: Any, limit: int, owner: int) -> int:
+    import ctypes
+
     def check(result: int, what: str) -> None:
         if result != 0:
             errno = ctypes.get_errno()
@@ -95,9 +99,10 @@ def _make(libc: ctypes.CDLL, limit: int, owner: int) -> int:
         check(libc.umount2(MOUNT_POINT.encode(), _MNT_DETACH), "detach pids cgroup")
 
 
-def _drop_sys_admin(libc: ctypes.CDLL) -> None:
+def _drop_sys_admin(libc: Any) -> None:
     """Out of the bounding, permitted and effective sets: commands (whose
     bounding set is the agent's, see :mod:`.guard`) never get it either."""
+    import ctypes
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
