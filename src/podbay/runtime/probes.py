@@ -144,8 +144,15 @@ def environ():
 
 def preload():
     # The loader the agent starts (and wakes from hibernation) through reads it.
-    with open("/etc/ld.so.preload", "a"):
-        return "can write /etc/ld.so.preload, which the agent's next start would load"
+    # Asked of the kernel (a read-only mount answers EROFS), nothing written.
+    path = "/etc/ld.so.preload"
+    if not os.path.lexists(path):
+        if os.access("/etc", os.W_OK):
+            return "can create " + path + ", which the agent's next start would load"
+        raise OSError(0, "neither there nor creatable")
+    if os.access(path, os.W_OK):
+        return "can write " + path + ", which the agent's next start would load"
+    raise OSError(0, "read-only")
 
 for name, fn in [("pidfd_getfd", steal), ("ptrace", trace), ("mem", memory),
                  ("fd", fd_link), ("take_fd", take_fd), ("signal", stop),
