@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 #: The agent's uid under gVisor: the last id of the sandbox's range (65536
 #: ids from 0), so the files it creates map to the host before :func:`claim`.
@@ -38,7 +39,7 @@ DEFAULT_UID = 65535
 
 _CLONE_NEWUSER = 0x10000000
 _PR_SET_KEEPCAPS = 8
-_PR_CAPBSET_DROP = 24
+PR_CAPBSET_DROP = 24
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 _uid: int | None = None
@@ -52,18 +53,19 @@ def active() -> bool:
     return _uid is not None
 
 
-def enable(uid: int) -> None:
-    """Become ``uid`` (and gid ``uid``) with every capability the agent had.
-    Call before any thread starts. Raises OSError when the kernel refuses."""
-    global _uid, _unshare, _prctl, _not_ours
+def check(result: int, what: str) -> None:
+    """Raise OSError, with the C library's errno, for a libc call that failed."""
+    import ctypes  # only where a libc call is made: not at an unguarded start-up
+
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def capabilities(libc: Any) -> tuple[Any, Any]:
+    """This process's capability sets (``capget``, version 3): the header and
+    the two halves (capabilities 0-31, 32-63) to change and :func:`set_capabilities`."""
     import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def check(result: int, what: str) -> None:
-        if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
     class Header(ctypes.Structure):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -75,16 +77,34 @@ def enable(uid: int) -> None:
             ("inheritable", ctypes.c_uint32),
         ]
 
+    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    check(libc.capget(ctypes.byref(header), data), "capget")
+    return header, data
+
+
+def set_capabilities(libc: Any, header: Any, data: Any) -> None:
+    """``capset`` what :func:`capabilities` read and the caller changed."""
+    import ctypes
+
+    check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def enable(uid: int) -> None:
+    """Become ``uid`` (and gid ``uid``) with every capability the agent had.
+    Call before any thread starts. Raises OSError when the kernel refuses."""
+    global _uid, _unshare, _prctl, _not_ours
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
     check(libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
     # Leaving uid 0 emptied the effective set; the permitted one was kept.
-    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
-    check(libc.capget(ctypes.byref(header), data), "capget")
+    header, data = capabilities(libc)
     for half in data:
         half.effective = half.permitted
-    check(libc.capset(ctypes.byref(header), data), "capset")
+    set_capabilities(libc, header, data)
     ours = data[0].permitted | data[1].permitted << 32
     _not_ours = [cap for cap in range(64) if not ours >> cap & 1]
     _unshare, _prctl = libc.unshare, libc.prctl
@@ -145,7 +165,7 @@ def enter_own_namespace(unshared: int, mapped: int) -> None:
     if _unshare(_CLONE_NEWUSER) != 0:
         raise OSError("cannot make the commands' user namespace")
     for cap in _not_ours:  # a cap past the kernel's last one is EINVAL: fine
-        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+        _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     os.write(unshared, str(os.getpid()).encode())
     if os.read(mapped, 1) != b"1":
         raise OSError("the commands' user namespace got no id map")

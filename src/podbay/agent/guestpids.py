@@ -34,6 +34,8 @@ import contextlib
 import os
 from typing import Any
 
+from .guard import PR_CAPBSET_DROP, capabilities, check, set_capabilities
+
 #: Where the pids hierarchy is mounted for a moment: an empty directory of
 #: gVisor's read-only sysfs, there in every sandbox (mounting over a directory
 #: writes nothing to its filesystem).
@@ -42,9 +44,7 @@ MOUNT_POINT = "/sys/fs/cgroup"
 CGROUP = "podbay-commands"
 
 _CAP_SYS_ADMIN = 21
-_PR_CAPBSET_DROP = 24
 _MNT_DETACH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 #: The commands' cgroup's ``cgroup.procs``, open for writing (None: not confined).
 _procs: int | None = None
@@ -71,13 +71,6 @@ def confine(limit: int, owner: int) -> None:
 
 
 def _make(libc: Any, limit: int, owner: int) -> int:
-    import ctypes
-
-    def check(result: int, what: str) -> None:
-        if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
     check(libc.mount(b"none", MOUNT_POINT.encode(), b"cgroup", 0, b"pids"), "mount pids cgroup")
     try:
         where = f"{MOUNT_POINT}/{CGROUP}"
@@ -102,30 +95,17 @@ def _make(libc: Any, limit: int, owner: int) -> int:
 def _drop_sys_admin(libc: Any) -> None:
     """Out of the bounding, permitted and effective sets: commands (whose
     bounding set is the agent's, see :mod:`.guard`) never get it either."""
-    import ctypes
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [
-            ("effective", ctypes.c_uint32),
-            ("permitted", ctypes.c_uint32),
-            ("inheritable", ctypes.c_uint32),
-        ]
-
     errors = []
-    if libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_ADMIN, 0, 0, 0) != 0:
+    if libc.prctl(PR_CAPBSET_DROP, _CAP_SYS_ADMIN, 0, 0, 0) != 0:
         errors.append("bounding set")
-    header, data = Header(_LINUX_CAPABILITY_VERSION_3, 0), (Data * 2)()
-    if libc.capget(ctypes.byref(header), data) != 0:
-        errors.append("capget")
-    else:
+    try:
+        header, data = capabilities(libc)
         bit = ~(1 << _CAP_SYS_ADMIN) & 0xFFFFFFFF
         for field in ("effective", "permitted", "inheritable"):
             setattr(data[0], field, getattr(data[0], field) & bit)
-        if libc.capset(ctypes.byref(header), data) != 0:
-            errors.append("capset")
+        set_capabilities(libc, header, data)
+    except OSError as exc:
+        errors.append(exc.strerror or str(exc))
     if errors:
         # Keeping it would hand it to every command: better no sandbox at all.
         raise SystemExit(f"podbay-agent: cannot drop CAP_SYS_ADMIN ({', '.join(errors)})")
