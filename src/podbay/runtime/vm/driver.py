@@ -365,7 +365,7 @@ class VmDriver(RecordKeepingDriver):
     ) -> list[str]:
         assert self._kernel is not None and self._base_disk is not None
         memory = _guest_mib(spec)
-        cpus = max(1, math.ceil(spec.limits.cpus))
+        cpus = _guest_cpus(spec)
         append = [
             "console=ttyS0",
             "quiet",
@@ -450,7 +450,7 @@ class VmDriver(RecordKeepingDriver):
     def _shape(self, spec: MachineSpec) -> templates.Shape:
         return templates.Shape(
             memory_mib=_guest_mib(spec),
-            cpus=max(1, math.ceil(spec.limits.cpus)),
+            cpus=_guest_cpus(spec),
             disk_bytes=spec.limits.disk_bytes,
             network=self.network.enabled,
         )
@@ -541,7 +541,7 @@ class VmDriver(RecordKeepingDriver):
         """What QEMU may use on the host: the guest's RAM and CPUs, and its own share."""
         return QemuBudget(
             memory_bytes=(_guest_mib(spec) + QEMU_OVERHEAD_MIB) << 20,
-            pids=QEMU_PIDS + max(1, math.ceil(spec.limits.cpus)),
+            pids=QEMU_PIDS + _guest_cpus(spec),
             cpus=spec.limits.cpus,
             max_fds=QEMU_OWN_FDS + (self.rt.slirp_max_fds if self.network.enabled else 0),
         )
@@ -876,6 +876,11 @@ class VmDriver(RecordKeepingDriver):
         self._relays.clear()
         self._relay_loop.stop()
         await self.network.close()
+
+
+def _guest_cpus(spec: MachineSpec) -> int:
+    """The guest's vCPUs: its CPU limit, rounded up, at least one."""
+    return max(1, math.ceil(spec.limits.cpus))
 
 
 def _guest_mib(spec: MachineSpec) -> int:
