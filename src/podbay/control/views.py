@@ -22,7 +22,8 @@ def record(sandbox: Sandbox, *, lost: bool = False) -> SandboxRecord:
     the node holding it stopped answering (split roles)."""
     return SandboxRecord(
         name=sandbox.name,
-        class_=sandbox.class_,
+        class_=sandbox.asked_class,
+        runtime_class=sandbox.class_,
         state="lost" if lost else _SHOWN[sandbox.state],
         created_at=sandbox.created_at,
         last_active_at=sandbox.last_active_at,
@@ -30,11 +31,14 @@ def record(sandbox: Sandbox, *, lost: bool = False) -> SandboxRecord:
     )
 
 
-def handle(attached: Attached) -> SandboxHandle:
+def handle(attached: Attached, asked: str) -> SandboxHandle:
+    """Attach's 200; ``class`` is this attach's word (``asked``), whatever the
+    sandbox was made with, as the reference client expects of a handle."""
     s = attached.sandbox
     return SandboxHandle(
         name=s.name,
-        class_=s.class_,
+        class_=asked,
+        runtime_class=s.class_,
         state="running",
         created_at=s.created_at,
         last_active_at=s.last_active_at,

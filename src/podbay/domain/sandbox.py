@@ -96,6 +96,9 @@ class Sandbox:
     #: node); ``None``: not known to be published. Every compare-and-set
     #: write clears it.
     routed_on: str | None = None
+    #: The class word the attach that created it gave (``default`` when none):
+    #: what callers see as ``class``, while ``class_`` is the class it runs.
+    asked_class: str = "default"
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""

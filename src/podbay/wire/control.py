@@ -30,11 +30,16 @@ class SandboxRecord:
     """A sandbox without credentials (``GET``, ``list``)."""
 
     name: str
+    #: The caller's word (``default`` when none was given), as the reference
+    #: contract has it; the class that runs is ``runtime_class``.
     class_: str = field(metadata={"wire": "class"})
     state: SandboxStateName
     created_at: datetime
     last_active_at: datetime
     ceiling_at: datetime | None = None  # absent while nothing runs
+    #: The class the sandbox runs in (``gvisor``, ``container``, ``vm``); absent
+    #: from servers that predate it (their ``class`` said it).
+    runtime_class: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,11 +63,11 @@ def test_default_is_gvisor_here_and_the_handle_says_so(server, token):
     r = server.attach(token, "by-default")
     assert r.status_code == 200, r.text
     handle = r.json()
-    assert handle["class"] == "gvisor" and handle["start"] == "created"
+    assert handle["runtime_class"] == "gvisor" and handle["start"] == "created"
     # gVisor's own kernel answers, not the host's.
     assert kernel(server, handle) != HOST_RELEASE
     record = server.api("GET", "/api/v1/sandboxes/by-default", token).json()
-    assert record["class"] == "gvisor"
+    assert record["runtime_class"] == "gvisor"
 
 
 def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):

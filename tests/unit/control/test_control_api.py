@@ -18,7 +18,8 @@ async def test_attach_creates_then_reuses(harness):
     body = first.json()
     assert body["start"] == "created"
     assert body["state"] == "running"
-    assert body["class"] == "container"  # the class actually used
+    assert body["class"] == "default"  # the caller's word (none given)
+    assert body["runtime_class"] == "container"  # the class actually used
     assert body["endpoint"].startswith("http://podbay.test/sandbox/sb-")
     assert set(body["headers"]) == {CREDENTIAL_HEADER}
     assert "ceiling_at" in body and "expires_at" in body
@@ -84,7 +85,15 @@ async def test_get_list_stop_delete(harness):
     got = await harness.call("GET", "/api/v1/sandboxes/one", token)
     assert got.status_code == 200
     record = got.json()
-    assert set(record) == {"name", "class", "state", "created_at", "last_active_at", "ceiling_at"}
+    assert set(record) == {
+        "name",
+        "class",
+        "runtime_class",
+        "state",
+        "created_at",
+        "last_active_at",
+        "ceiling_at",
+    }
     assert "headers" not in record
     listed = await harness.call("GET", "/api/v1/sandboxes", token)
     assert [s["name"] for s in listed.json()["sandboxes"]] == ["one", "two"]

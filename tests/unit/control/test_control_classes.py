@@ -66,12 +66,12 @@ async def test_default_is_the_first_enabled_class_that_runs_and_the_record_says_
     h, drivers = both
     token = await h.deployment()
     handle = (await h.attach(token, "a")).json()
-    assert handle["class"] == "gvisor"
+    assert handle["runtime_class"] == "gvisor"
     assert list(drivers["gvisor"].machines) and not drivers["container"].machines
     record = (await h.call("GET", "/api/v1/sandboxes/a", token)).json()
-    assert record["class"] == "gvisor"
+    assert record["runtime_class"] == "gvisor"
     listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
-    assert [s["class"] for s in listed] == ["gvisor"]
+    assert [s["runtime_class"] for s in listed] == ["gvisor"]
     health = (await h.client.get("/healthz")).json()
     assert health["classes"] == {
         "default": "gvisor",
@@ -86,7 +86,7 @@ async def test_a_named_class_runs_on_its_own_driver_and_the_gateway_reaches_it(b
     r = await h.attach(token, "c", json={"class": "container"})
     assert r.status_code == 200, r.text
     handle = r.json()
-    assert handle["class"] == "container" and handle["start"] == "created"
+    assert handle["runtime_class"] == "container" and handle["start"] == "created"
     assert list(drivers["container"].machines) and not drivers["gvisor"].machines
     echoed = await h.client.get(handle["endpoint"] + "/v1/info", headers=handle["headers"])
     assert echoed.status_code == 200 and echoed.json()["path"] == "/v1/info"
@@ -117,11 +117,11 @@ async def test_an_unknown_class_stays_unknown(both):
 async def test_an_existing_sandbox_keeps_its_class(both):
     h, drivers = both
     token = await h.deployment()
-    assert (await h.attach(token, "s")).json()["class"] == "gvisor"
+    assert (await h.attach(token, "s")).json()["runtime_class"] == "gvisor"
     for asked in ("default", "gvisor"):
         again = await h.attach(token, "s", json={"class": asked})
         assert again.status_code == 200 and again.json()["start"] == "reused"
-        assert again.json()["class"] == "gvisor"
+        assert again.json()["runtime_class"] == "gvisor"
     other = await h.attach(token, "s", json={"class": "container"})
     assert other.status_code == 409
     assert other.json()["code"] == "SANDBOX_CLASS_CONFLICT"
@@ -130,7 +130,7 @@ async def test_an_existing_sandbox_keeps_its_class(both):
     # Deleting it frees the name for another class.
     assert (await h.call("DELETE", "/api/v1/sandboxes/s", token)).status_code == 204
     moved = await h.attach(token, "s", json={"class": "container"})
-    assert moved.status_code == 200 and moved.json()["class"] == "container"
+    assert moved.status_code == 200 and moved.json()["runtime_class"] == "container"
 
 
 async def test_suspend_resume_and_carry_over_stay_in_the_class(both):
@@ -141,7 +141,7 @@ async def test_suspend_resume_and_carry_over_stay_in_the_class(both):
     calls = [c for c, _ in drivers["container"].calls]
     assert "suspend" in calls and not drivers["gvisor"].calls
     back = await h.attach(token, "life")
-    assert back.json()["start"] == "resumed" and back.json()["class"] == "container"
+    assert back.json()["start"] == "resumed" and back.json()["runtime_class"] == "container"
     assert [c for c, _ in drivers["container"].calls][-1] == "resume"
 
 
@@ -150,7 +150,7 @@ async def test_a_class_that_fails_its_check_is_unavailable_with_the_reason(tmp_p
     broken = {"gvisor": HostCheck(False, False, "runsc not found: apt-get install runsc")}
     async for h in run(tmp_path, drivers, classes="gvisor,container", results=broken):
         token = await h.deployment()
-        assert (await h.attach(token, "a")).json()["class"] == "container"
+        assert (await h.attach(token, "a")).json()["runtime_class"] == "container"
         r = await h.attach(token, "b", json={"class": "gvisor"})
         assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
         assert "runsc not found" in r.json()["error"]
@@ -165,9 +165,9 @@ async def test_a_slow_class_is_never_what_default_means_but_runs_when_named(tmp_
     tcg = {"vm": HostCheck(True, False, "TCG only: KVM guests do not boot")}
     async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg):
         token = await h.deployment()
-        assert (await h.attach(token, "d")).json()["class"] == "gvisor"
+        assert (await h.attach(token, "d")).json()["runtime_class"] == "gvisor"
         named = await h.attach(token, "v", json={"class": "vm"})
-        assert named.status_code == 200 and named.json()["class"] == "vm"
+        assert named.status_code == 200 and named.json()["runtime_class"] == "vm"
         assert list(drivers["vm"].machines)
     for d in drivers.values():
         await d.close_all()
@@ -177,7 +177,7 @@ async def test_a_pin_decides_default(tmp_path):
     drivers = two_classes(tmp_path)
     async for h in run(tmp_path, drivers, classes="gvisor,container", pin="container"):
         token = await h.deployment()
-        assert (await h.attach(token, "p")).json()["class"] == "container"
+        assert (await h.attach(token, "p")).json()["runtime_class"] == "container"
     for d in drivers.values():
         await d.close_all()
 
@@ -206,7 +206,7 @@ async def test_restart_adopts_each_class_from_its_own_driver(tmp_path):
     async for h in run(tmp_path, drivers, classes="gvisor,container"):
         for handle in (g, c):
             r = await h.client.get(handle["endpoint"] + "/v1/info", headers=handle["headers"])
-            assert r.status_code == 200, (handle["class"], r.text)
+            assert r.status_code == 200, (handle["runtime_class"], r.text)
         assert len(drivers["gvisor"].machines) == 1 and len(drivers["container"].machines) == 1
     # A restart without gvisor leaves its sandbox alone (row and machine) ...
     async for h in run(tmp_path, drivers, classes="container"):
@@ -215,7 +215,7 @@ async def test_restart_adopts_each_class_from_its_own_driver(tmp_path):
         await h.platform.lifecycle.run_pass()
         assert len(drivers["gvisor"].machines) == 1
         listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
-        assert sorted(s["class"] for s in listed) == ["container", "gvisor"]
+        assert sorted(s["runtime_class"] for s in listed) == ["container", "gvisor"]
         r = await h.attach(token, "g")
         assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
     for d in drivers.values():
@@ -262,14 +262,14 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
         early = await h.attach(token, "v", json={"class": "vm"})
         assert early.status_code == 503 and early.json()["code"] == "SANDBOXES_UNAVAILABLE"
         assert "still being checked" in early.json()["error"]
-        assert (await h.attach(token, "d")).json()["class"] == "gvisor"
+        assert (await h.attach(token, "d")).json()["runtime_class"] == "gvisor"
         booted.set()
         for _ in range(100):
             if "vm" in h.platform.classes.available:
                 break
             await asyncio.sleep(0.01)
         late = await h.attach(token, "v", json={"class": "vm"})
-        assert late.status_code == 200 and late.json()["class"] == "vm"
+        assert late.status_code == 200 and late.json()["runtime_class"] == "vm"
         status = {s.name: s for s in h.platform.classes.statuses()}
         assert status["vm"].available and "a vm machine answered" in status["vm"].detail
     for d in drivers.values():
@@ -319,3 +319,33 @@ async def test_a_class_proven_late_takes_up_its_machines_after_a_restart(tmp_pat
         assert r.status_code == 200, r.text
     for d in drivers.values():
         await d.close_all()
+
+
+async def test_class_is_the_callers_word_and_runtime_class_the_class_that_runs(both):
+    """The reference client's handles say "Always ``default``": ``class`` echoes
+    what attach was asked (``default`` when nothing was), in the handle and in
+    the records; ``runtime_class`` says what runs."""
+    h, _ = both
+    token = await h.deployment()
+    none_given = (await h.attach(token, "n")).json()
+    assert (none_given["class"], none_given["runtime_class"]) == ("default", "gvisor")
+    said_default = (await h.attach(token, "d", json={"class": "default"})).json()
+    assert (said_default["class"], said_default["runtime_class"]) == ("default", "gvisor")
+    named = (await h.attach(token, "c", json={"class": "container"})).json()
+    assert (named["class"], named["runtime_class"]) == ("container", "container")
+    # Reattaching with `default` answers `default`: a handle carries this call's word.
+    again = (await h.attach(token, "c")).json()
+    assert (again["class"], again["runtime_class"]) == ("default", "container")
+    for name, word, runs in (
+        ("n", "default", "gvisor"),
+        ("d", "default", "gvisor"),
+        ("c", "container", "container"),
+    ):
+        record = (await h.call("GET", f"/api/v1/sandboxes/{name}", token)).json()
+        assert (record["class"], record["runtime_class"]) == (word, runs)
+    listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
+    assert sorted((s["name"], s["class"], s["runtime_class"]) for s in listed) == [
+        ("c", "container", "container"),
+        ("d", "default", "gvisor"),
+        ("n", "default", "gvisor"),
+    ]

@@ -159,7 +159,9 @@ def list_(conn: Connection) -> None:
         records = client.list()
         rows = [list(_row(r).values()) for r in records]
         out.table(
-            rows, ["NAME", "STATE", "CLASS", "CREATED", "LAST ACTIVE", "CEILING"], data=records
+            rows,
+            ["NAME", "STATE", "CLASS", "RUNTIME CLASS", "CREATED", "LAST ACTIVE", "CEILING"],
+            data=records,
         )
 
 
@@ -171,6 +173,7 @@ def _row(record: SandboxRecord) -> dict[str, Any]:
         "name": record.name,
         "state": record.state,
         "class": record.class_,
+        "runtime_class": record.runtime_class or "-",
         "created": when(record.created_at),
         "last_active": when(record.last_active_at),
         "ceiling": when(record.ceiling_at),

@@ -72,7 +72,7 @@ async def attach(request: Request) -> Response:
             {"Retry-After": str(result.retry_after_seconds)},
         )
     platform.metrics.attach.labels(result.start).observe(time.perf_counter() - started)
-    return _json(views.handle(result))
+    return _json(views.handle(result, body.class_))
 
 
 async def get_one(request: Request) -> Response:

@@ -7,7 +7,9 @@ another deployment's sandbox is exactly as invisible as a missing one.
 
 Attach's ``class`` picks the isolation level of a *new* sandbox
 (:class:`~.classes.ClassRuntimes` resolves ``default``); the record keeps
-the class actually used. An existing sandbox is reused with ``default`` or
+the class actually used (``class_``, shown as ``runtime_class``) beside the
+word it was asked for (``asked_class``, shown as ``class``: the reference
+contract's handles say "Always ``default``"). An existing sandbox is reused with ``default`` or
 its own class named; naming another class is 409 ``SANDBOX_CLASS_CONFLICT``
 rather than a silent change of isolation (delete it to change class).
 """
@@ -162,7 +164,9 @@ class SandboxService:
                     self.nodes.of(row)  # refuses a sandbox whose node is lost
                     self._check_class(row, class_)
                 if row is None:
-                    result = await self._create(deployment, name, self.nodes.resolve(class_))
+                    result = await self._create(
+                        deployment, name, self.nodes.resolve(class_), class_
+                    )
                 elif row.state is S.RUNNING:
                     result = await self._reuse(row, transitions)
                 elif row.state is S.SUSPENDED:
@@ -259,7 +263,7 @@ class SandboxService:
         return None if new is None else self._attached(new, start)
 
     async def _create(
-        self, deployment: Deployment, name: str, class_: str
+        self, deployment: Deployment, name: str, class_: str, asked: str
     ) -> Attached | Building | None:
         node = await self.nodes.place(class_)
         short = await node.shortfall()
@@ -284,6 +288,7 @@ class SandboxService:
             started_at=None,
             ceiling_at=None,
             node=node.name,
+            asked_class=asked,
         )
         outcome = await self.store.insert_sandbox(
             row,
