@@ -7,8 +7,12 @@ Two credentials, each good for one direction only:
   node at enrollment (it keeps only its SHA-256). The node presents it on
   every call to the control plane (heartbeat, public keys).
 * **control call**: a short-lived EdDSA JWT the control plane signs for one
-  node (``aud`` = :data:`NODE_CALL_AUDIENCE`, ``sub`` = node name). The node
-  checks it with the control plane's public keys, like a data-plane credential.
+  node (``aud`` = :data:`NODE_CALL_AUDIENCE`, ``sub`` = node name, ``enr`` =
+  the SHA-256 of the node credential that enrollment gave it). The node checks
+  it with the control plane's public keys, like a data-plane credential, and
+  that ``enr`` is its own credential's: a token minted for another enrollment
+  under its name (someone who held the enrollment token and got the name
+  after an operator forgot the node) is refused.
 * **disk pass**: a JWT the control plane signs so that one node may read one
   stopped machine's disk from another (``aud`` = :data:`DISK_PASS_AUDIENCE`,
   ``sub`` = the node holding it, ``machine`` = ``class/machine id``, ``to`` =
@@ -83,20 +87,32 @@ def bearer(header: str | None) -> str:
     return value.strip()
 
 
-def mint_node_call(keys: SigningKeys, node: str) -> str:
+def mint_node_call(keys: SigningKeys, node: str, enrollment: str) -> str:
+    """A control call for ``node`` as enrolled with the credential whose
+    :func:`credential_hash` is ``enrollment``."""
     now = int(time.time())
-    return sign(
-        keys, {"aud": NODE_CALL_AUDIENCE, "sub": node, "iat": now, "exp": now + NODE_CALL_SECONDS}
-    )
+    claims = {
+        "aud": NODE_CALL_AUDIENCE,
+        "sub": node,
+        "enr": enrollment,
+        "iat": now,
+        "exp": now + NODE_CALL_SECONDS,
+    }
+    return sign(keys, claims)
 
 
-def verify_node_call(keys: VerifyingKeys, token: str, node: str) -> None:
-    """A control call meant for ``node``; else 401 ``NODE_CREDENTIAL_INVALID``."""
+def verify_node_call(keys: VerifyingKeys, token: str, node: str, credential: str | None) -> None:
+    """A control call meant for ``node`` holding ``credential`` (``None``: not
+    enrolled, so no call is meant for it); else 401 ``NODE_CREDENTIAL_INVALID``."""
     claims = verify(
-        keys, token, NODE_CALL, require=["sub", "exp", "aud"], audience=NODE_CALL_AUDIENCE
+        keys, token, NODE_CALL, require=["sub", "enr", "exp", "aud"], audience=NODE_CALL_AUDIENCE
     )
     if claims.get("sub") != node:
         raise refused("this control-plane call was meant for another node")
+    if credential is None or not secrets.compare_digest(
+        str(claims.get("enr")), credential_hash(credential)
+    ):
+        raise refused("this control-plane call was meant for another enrollment of this node")
 
 
 def mint_disk_pass(keys: SigningKeys, holder: str, class_: str, machine_id: str, to: str) -> str:

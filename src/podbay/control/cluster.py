@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -34,6 +33,7 @@ from podbay.errors import ApiError
 from podbay.gateway.credentials import mint_credential
 from podbay.settings import Settings
 from podbay.store.postgres import PostgresStore
+from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_CONTROL_BODY
 
@@ -196,12 +196,9 @@ class ControlPlane:
     # -- the nodes' calls ----------------------------------------------------------------
     async def _json(self, request: Request) -> dict[str, Any]:
         try:
-            doc = json.loads(await request.body() or b"{}")
-        except ValueError:
-            raise ApiError(ErrorCode.REQUEST_INVALID, "the body is not JSON") from None
-        if not isinstance(doc, dict):
-            raise ApiError(ErrorCode.REQUEST_INVALID, "the body must be a JSON object")
-        return doc
+            return codec.parse_object(await request.body())
+        except codec.WireError as exc:
+            raise ApiError(ErrorCode.REQUEST_INVALID, str(exc)) from None
 
     async def _node(self, request: Request) -> NodeRecord:
         credential = internal.bearer(request.headers.get("authorization"))
@@ -226,9 +223,15 @@ class ControlPlane:
         if not isinstance(report, dict):
             raise ApiError(ErrorCode.REQUEST_INVALID, "report must be an object")
         credential = internal.new_node_credential()
-        await self.store.enroll_node(
+        if not await self.store.enroll_node(
             name, url, internal.credential_hash(credential), report, self.clock()
-        )
+        ):
+            log.warning("enrollment as %s (at %s) refused: that node is enrolled", name, url)
+            raise ApiError(
+                ErrorCode.NODE_NAME_TAKEN,
+                f"a node named {name!r} is enrolled; a node keeps its name until an"
+                f" operator forgets it (podbay node forget {name})",
+            )
         log.info("node %s enrolled at %s", name, url)
         await self.nodes.refresh(force=True)
         self._reconcile_later(name)

@@ -73,14 +73,21 @@ class RemoteNode:
         self.url = record.url.rstrip("/")
         self.client = client
         self.keys = keys
-        self._token: tuple[str, float] | None = None
+        #: The token, when it was minted and for which enrollment of the node.
+        self._token: tuple[str, float, str] | None = None
         #: Attaches seen here, flushed with the lifecycle pass.
         self._touched: dict[str, datetime] = {}
 
     def _auth(self) -> dict[str, str]:
         now = time.monotonic()
-        if self._token is None or now - self._token[1] > internal.NODE_CALL_SECONDS / 2:
-            self._token = (internal.mint_node_call(self.keys, self.name), now)
+        enrollment = self.record.credential_hash
+        if (
+            self._token is None
+            or now - self._token[1] > internal.NODE_CALL_SECONDS / 2
+            or self._token[2] != enrollment
+        ):
+            token = internal.mint_node_call(self.keys, self.name, enrollment)
+            self._token = (token, now, enrollment)
         return {"Authorization": f"Bearer {self._token[0]}"}
 
     async def _call(

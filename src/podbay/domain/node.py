@@ -22,6 +22,9 @@ class NodeRecord:
     report: dict[str, Any] = field(default_factory=dict)
     enrolled_at: datetime
     heartbeat_at: datetime
+    #: SHA-256 of the node credential its enrollment gave it: control calls
+    #: name it, so only that enrollment's node takes them.
+    credential_hash: str = field(default="", repr=False)
 
     def lost(self, now: datetime, after_seconds: float) -> bool:
         """No heartbeat for ``after_seconds``: it may be dead or cut off."""

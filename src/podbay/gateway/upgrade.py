@@ -95,7 +95,7 @@ async def _refusal(reader: asyncio.StreamReader, header_block: bytes) -> ApiErro
         body = json.loads(await reader.readexactly(length))
         code = ErrorCode(body["code"])
         message = body["error"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return unreachable()
     if not isinstance(message, str):
         return unreachable()

@@ -8,7 +8,6 @@ Each route is one :class:`~podbay.control.nodes.Node` method of the node's
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from podbay.control.services.environment import Building, Prepared
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, check_machine_id
+from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
 
 if TYPE_CHECKING:
@@ -40,19 +40,16 @@ def _invalid(what: str) -> ApiError:
 async def _authorized(request: Request) -> NodeServer:
     node: NodeServer = request.app.state.node
     internal.verify_node_call(
-        node.keys, internal.bearer(request.headers.get("authorization")), node.name
+        node.keys, internal.bearer(request.headers.get("authorization")), node.name, node.credential
     )
     return node
 
 
 async def _body(request: Request) -> dict[str, Any]:
     try:
-        doc = json.loads(await request.body() or b"{}")
-    except ValueError:
-        raise _invalid("the body is not JSON") from None
-    if not isinstance(doc, dict):
-        raise _invalid("the body must be a JSON object")
-    return doc
+        return codec.parse_object(await request.body())
+    except codec.WireError as exc:
+        raise _invalid(str(exc)) from None
 
 
 def _str(doc: dict[str, Any], key: str) -> str:

@@ -20,7 +20,7 @@ from podbay.domain.node import NodeRecord
 from .rows import at, ts
 
 T = TypeVar("T")
-NODE_COLUMNS = "name, url, drained, report, enrolled_at, heartbeat_at"
+NODE_COLUMNS = "name, url, drained, report, enrolled_at, heartbeat_at, credential_hash"
 
 
 def _node(row: Sequence[Any]) -> NodeRecord:
@@ -31,6 +31,7 @@ def _node(row: Sequence[Any]) -> NodeRecord:
         report=json.loads(row[3]),
         enrolled_at=at(row[4]),
         heartbeat_at=at(row[5]),
+        credential_hash=row[6],
     )
 
 
@@ -53,22 +54,25 @@ class ClusterQueries:
         credential_hash: str,
         report: dict[str, Any],
         now: datetime,
-    ) -> None:
-        """Add the node, or give an enrolled one (restarted, its credential
-        lost) a new credential and URL; a drained node stays drained."""
+    ) -> bool:
+        """Add the node; False if a node of that name is enrolled. A name is
+        never taken over (nor its URL changed) by enrolling again: whoever
+        holds the enrollment token could otherwise point an enrolled node's
+        control calls at a machine of theirs. An operator frees the name with
+        :meth:`forget_node`."""
         sql = (
-            f"INSERT INTO nodes ({NODE_COLUMNS}, credential_hash) VALUES (?,?,0,?,?,?,?)"
-            " ON CONFLICT (name) DO UPDATE SET url=excluded.url,"
-            " credential_hash=excluded.credential_hash, report=excluded.report,"
-            " heartbeat_at=excluded.heartbeat_at"
+            f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES (?,?,0,?,?,?,?)"
+            " ON CONFLICT (name) DO NOTHING"
         )
         values = (name, url, json.dumps(report), ts(now), ts(now), credential_hash)
 
-        def run(conn: Any) -> None:
-            self._count(conn, sql, *values)
+        def run(conn: Any) -> bool:
+            if self._count(conn, sql, *values) != 1:
+                return False
             self._forget_routes(conn, name, report)
+            return True
 
-        await self._tx(run)
+        return await self._tx(run)
 
     def _forget_routes(self, conn: Any, name: str, report: dict[str, Any]) -> None:
         """Routes published to an earlier process of the node are gone with it:

@@ -110,15 +110,29 @@ def decode(cls: type[T], data: Any, *, strict: bool = True, where: str = "") -> 
     return typing.cast(T, _convert(cls, data, strict, where))
 
 
-def loads(cls: type[T], raw: bytes | str, *, strict: bool = True) -> T:
-    """Parse JSON text and :func:`decode` it."""
+def parse(raw: bytes | str) -> Any:
+    """JSON text as Python values (``{}`` for nothing); :class:`WireError` when
+    it is not JSON or nests past the interpreter's recursion limit (a hostile
+    ``[[[[...`` of 100,000 levels is a refusal, not a ``RecursionError``)."""
     try:
-        data = json.loads(raw) if raw else {}
+        return json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError("", f"body is not valid JSON ({exc})") from None
     except RecursionError:
         raise WireError("", "body is nested too deeply") from None
-    return decode(cls, data, strict=strict)
+
+
+def parse_object(raw: bytes | str) -> dict[str, Any]:
+    """:func:`parse` for a body that must be a JSON object."""
+    doc = parse(raw)
+    if not isinstance(doc, dict):
+        raise WireError("", "the body must be a JSON object")
+    return doc
+
+
+def loads(cls: type[T], raw: bytes | str, *, strict: bool = True) -> T:
+    """Parse JSON text and :func:`decode` it."""
+    return decode(cls, parse(raw), strict=strict)
 
 
 def _join(where: str, key: str | int) -> str:

@@ -51,6 +51,9 @@ class ErrorCode(StrEnum):
     #: Missing, unknown or wrong kind of node credential (a data-plane
     #: credential or an identity token is never one).
     NODE_CREDENTIAL_INVALID = "NODE_CREDENTIAL_INVALID"
+    #: Enrollment under the name of a node already enrolled: a node keeps its
+    #: name (and URL) until an operator forgets it (``podbay node forget``).
+    NODE_NAME_TAKEN = "NODE_NAME_TAKEN"
 
     # -- gateway (credentials) ---------------------------------------------
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID"  # missing, expired, forged
@@ -113,6 +116,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOXES_UNAVAILABLE: 503,
     ErrorCode.SANDBOX_NODE_LOST: 409,
     ErrorCode.NODE_CREDENTIAL_INVALID: 401,
+    ErrorCode.NODE_NAME_TAKEN: 409,
     ErrorCode.HOST_DISK_FULL: 507,
     ErrorCode.SERVER_SHUTTING_DOWN: 503,
     ErrorCode.CREDENTIAL_INVALID: 401,

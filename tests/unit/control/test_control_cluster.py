@@ -10,17 +10,19 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from podbay import internal
 from podbay.cli.main import cli
-from podbay.control.cluster import LeaseLocks
+from podbay.control.cluster import ControlPlane, LeaseLocks
 from podbay.control.keys import KeyRing, StoreKeyRing
 from podbay.control.remote import ClusterNodes
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.gateway.credentials import CredentialVerifier, mint_credential
+from podbay.settings import Settings
 from podbay.store.postgres import PostgresStore
 from podbay.testing.postgres import TemporaryCluster
 from podbay.testing.records import sandbox_record
@@ -158,11 +160,11 @@ async def test_one_replica_at_a_time_holds_a_sandbox(url):
 
 def test_node_calls_and_data_plane_credentials_never_pass_for_each_other():
     keys = _keys()
-    call = internal.mint_node_call(keys, "node-a")
-    internal.verify_node_call(keys, call, "node-a")
+    call = internal.mint_node_call(keys, "node-a", internal.credential_hash("pbn_a"))
+    internal.verify_node_call(keys, call, "node-a", "pbn_a")
     for wrong, node in ((call, "node-b"), (_credential(keys), "node-a")):
         with pytest.raises(ApiError) as refused:
-            internal.verify_node_call(keys, wrong, node)
+            internal.verify_node_call(keys, wrong, node, "pbn_a")
         assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
     with pytest.raises(ApiError) as refused:
         CredentialVerifier(keys).verify(call)
@@ -233,10 +235,81 @@ def test_a_disk_pass_opens_one_machine_on_one_node_and_nothing_else():
         with pytest.raises(ApiError) as refused:
             internal.verify_disk_pass(keys, token, holder, "container", machine)
         assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
-    call = internal.mint_node_call(keys, "node-a")
+    call = internal.mint_node_call(keys, "node-a", internal.credential_hash("pbn_a"))
     with pytest.raises(ApiError):
         internal.verify_disk_pass(keys, call, "node-a", "container", "m-1")
     with pytest.raises(ApiError):
-        internal.verify_node_call(keys, token, "node-a")
+        internal.verify_node_call(keys, token, "node-a", "pbn_a")
     with pytest.raises(ApiError):
         CredentialVerifier(keys).verify(token)
+
+
+@pytest.fixture
+async def control(store, tmp_path) -> AsyncIterator[tuple[ControlPlane, httpx.AsyncClient]]:
+    """A control plane over the real PostgreSQL, called in process."""
+    settings = Settings.load(environ={}, data_dir=tmp_path / "data")
+    settings.server.public_url = "http://control.test"
+    settings.cluster.enrollment_token = ENROLLMENT
+    plane = ControlPlane(settings, store, await StoreKeyRing.open(store))
+    transport = httpx.ASGITransport(app=plane)
+    async with httpx.AsyncClient(transport=transport, base_url="http://control.test") as client:
+        yield plane, client
+    for task in list(plane._tasks):  # enrollment's reconcile waits for a node never ready
+        task.cancel()
+    await asyncio.gather(*plane._tasks, return_exceptions=True)
+    await plane.nodes.close()
+
+
+ENROLLMENT = "enroll-me"
+
+
+async def _enroll(client: httpx.AsyncClient, name: str, url: str) -> httpx.Response:
+    body = {"name": name, "url": url, "token": ENROLLMENT, "report": {"ready": False}}
+    return await client.post(internal.ENROLL, json=body)
+
+
+async def test_enrolling_under_an_enrolled_nodes_name_is_refused_until_it_is_forgotten(control):
+    """Whoever holds the enrollment token cannot take an enrolled node's name
+    (and with it the node's control calls, sent to their own URL)."""
+    plane, client = control
+    first = await _enroll(client, "node-a", "http://10.0.0.1:8701")
+    assert first.status_code == 200, first.text
+    real = first.json()["credential"]
+    thief = await _enroll(client, "node-a", "http://10.6.6.6:8701")
+    assert thief.status_code == 409
+    assert thief.json()["code"] == "NODE_NAME_TAKEN" and "forget" in thief.json()["error"]
+    (record,) = await plane.store.list_nodes()
+    assert record.url == "http://10.0.0.1:8701"
+    assert record.credential_hash == internal.credential_hash(real)
+    # Control calls go to the enrolled URL, and the real node takes them.
+    await plane.nodes.refresh(force=True)
+    node = plane.nodes.get("node-a")
+    assert node is not None and node.url == "http://10.0.0.1:8701"
+    call = internal.bearer(node._auth()["Authorization"])
+    internal.verify_node_call(plane.keys, call, "node-a", real)
+    # The operator forgets it: the name is free, and whoever enrolls next gets
+    # control calls the forgotten node refuses (they name the new enrollment).
+    assert await plane.store.forget_node("node-a")
+    again = await _enroll(client, "node-a", "http://10.6.6.6:8701")
+    assert again.status_code == 200, again.text
+    await plane.nodes.refresh(force=True)
+    moved = plane.nodes.get("node-a")
+    assert moved is not None and moved.url == "http://10.6.6.6:8701"
+    call = internal.bearer(moved._auth()["Authorization"])
+    internal.verify_node_call(plane.keys, call, "node-a", again.json()["credential"])
+    with pytest.raises(ApiError) as refused:
+        internal.verify_node_call(plane.keys, call, "node-a", real)
+    assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
+    with pytest.raises(ApiError):  # a node not enrolled takes no call at all
+        internal.verify_node_call(plane.keys, call, "node-a", None)
+
+
+async def test_the_cluster_endpoints_refuse_deep_json_with_400(control):
+    """100,000 nested arrays: a refusal with a code, not a RecursionError's 500."""
+    _, client = control
+    credential = (await _enroll(client, "node-d", "http://10.0.0.4:8701")).json()["credential"]
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path in (internal.ENROLL, internal.HEARTBEAT, internal.SUSPECTS):
+        r = await client.post(path, content=deep, headers={"Authorization": f"Bearer {credential}"})
+        assert r.status_code == 400, r.text
+        assert r.json()["code"] == "REQUEST_INVALID" and "deeply" in r.json()["error"]

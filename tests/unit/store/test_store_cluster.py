@@ -32,11 +32,13 @@ async def test_nodes_enroll_heartbeat_drain_forget(store):
     assert n2.state(T0 + timedelta(seconds=30), 30) == "lost"
     assert await store.drain_node("n1")
     assert (await store.list_nodes())[0].state(T0, 30) == "draining"
-    # Re-enrolling (a new credential) keeps the operator's drain.
-    await store.enroll_node("n1", "http://n1b", "hash-3", {}, T0)
-    again = await store.node_by_credential("hash-3")
-    assert again is not None and again.drained and again.url == "http://n1b"
-    assert await store.node_by_credential("hash-1") is None
+    # Enrolling again under an enrolled name changes nothing (not its URL, not
+    # its credential, not the operator's drain): a name is not taken over.
+    assert not await store.enroll_node("n1", "http://n1b", "hash-3", {}, T0)
+    assert await store.node_by_credential("hash-3") is None
+    kept = await store.node_by_credential("hash-1")
+    assert kept is not None and kept.drained and kept.url == "http://n1"
+    assert kept.credential_hash == "hash-1"
     # Rows remember their node; forgetting a node forgets its sandboxes.
     for name, node in (("a", "n1"), ("b", "n2"), ("c", "n2")):
         await store.insert_sandbox(_sb(name, node), deployment_cap=9, account_cap=9)
@@ -95,5 +97,5 @@ async def test_a_new_boot_of_a_node_forgets_the_routes_of_the_last_one(store):
     assert await marks() == {"a": "b1", "b": "b2", "c": "b1"}
     await store.heartbeat_node("n1", {"boot": "b2"}, T0)  # restarted
     assert await marks() == {"a": None, "b": "b2", "c": "b1"}  # another node's kept
-    await store.enroll_node("n1", "http://n1", "h2", {"boot": "b3"}, T0)
-    assert await marks() == {"a": None, "b": None, "c": "b1"}
+    assert not await store.enroll_node("n1", "http://n1", "h2", {"boot": "b3"}, T0)
+    assert await marks() == {"a": None, "b": "b2", "c": "b1"}  # refused: nothing changed
