@@ -420,7 +420,8 @@ class Core:
 
     @staticmethod
     def is_restarting(response: httpx.Response) -> bool:
-        """A 503 with ``Retry-After``: the server is starting (just restarted)."""
+        """A 503 with ``Retry-After``: the server is starting (just restarted) or
+        still checking the class asked for; temporary, as it says."""
         return response.status_code == 503 and "Retry-After" in response.headers
 
     @staticmethod

@@ -132,7 +132,11 @@ def parse_object(raw: bytes | str) -> dict[str, Any]:
 
 def loads(cls: type[T], raw: bytes | str, *, strict: bool = True) -> T:
     """Parse JSON text and :func:`decode` it."""
-    return decode(cls, parse(raw), strict=strict)
+    data = parse(raw)
+    try:
+        return decode(cls, data, strict=strict)
+    except RecursionError:  # nesting json.loads took but decoding, a frame deeper each level, not
+        raise WireError("", "body is nested too deeply") from None
 
 
 def _join(where: str, key: str | int) -> str:

@@ -59,6 +59,7 @@ def test_default_is_gvisor_here_and_the_handle_says_so(server, token):
         "default": "gvisor",
         "available": ["gvisor", "container"],
         "enabled": ["gvisor", "container"],
+        "checking": [],
     }
     r = server.attach(token, "by-default")
     assert r.status_code == 200, r.text

@@ -67,6 +67,10 @@ class Fake:
     corrupt_reads: bool = False
     not_enabled: bool = False
     refuse_control: int = 0  # refuse this many control-plane connections (server away)
+    #: Answer this many attaches 503 SANDBOXES_UNAVAILABLE with this Retry-After
+    #: (None: without one), as a server checking the class asked for does.
+    checking: int = 0
+    checking_retry_after: str | None = "2"
     requests: list[httpx.Request] = field(default_factory=list)
     attaches: int = 0
     sandboxes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -118,6 +122,13 @@ class Fake:
             body = json.loads(request.content or b"{}")
             if body.get("class", "default") != "default":
                 return refusal(409, "SANDBOX_CLASS_UNKNOWN")
+            if self.checking > 0:
+                self.checking -= 1
+                headers = (
+                    {"Retry-After": self.checking_retry_after} if self.checking_retry_after else {}
+                )
+                refused = refusal(503, "SANDBOXES_UNAVAILABLE", "class still being checked")
+                return httpx.Response(503, json=refused.json(), headers=headers)
             if self.preparing > 0:
                 self.preparing -= 1
                 headers = {"Retry-After": self.retry_after} if self.retry_after else {}

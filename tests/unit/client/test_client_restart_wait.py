@@ -16,7 +16,7 @@ import podbay.client._async.client as async_module
 import podbay.client._sync.client as sync_module
 from podbay.client import AsyncSandboxClient, SandboxClient
 from podbay.client._core import FIRST_CONTACT_WAIT_SECONDS, RESTART_WAIT_SECONDS
-from podbay.errors import SandboxUnavailableError
+from podbay.errors import SandboxRequestError, SandboxUnavailableError
 
 
 class Clock:
@@ -97,3 +97,22 @@ def test_a_server_that_answered_before_is_waited_for_through_a_restart(
     assert handle.state == "running"
     assert FIRST_CONTACT_WAIT_SECONDS < attach.clock.slept < RESTART_WAIT_SECONDS
     assert fake.refuse_control == 0
+
+
+def test_a_class_still_being_checked_is_waited_for_as_retry_after_says(
+    attach: Attacher, fake: Fake
+) -> None:
+    """A server checking the class asked for answers 503 with Retry-After for
+    tens of seconds: attach waits what it says, past the restart wait, even
+    on the client's first contact."""
+    fake.checking = 20  # 40 s of "Retry-After: 2"
+    handle = attach("t")
+    assert handle.state == "running" and fake.checking == 0
+    assert attach.clock.slept == 40.0 > RESTART_WAIT_SECONDS
+
+
+def test_a_503_without_retry_after_is_an_error_at_once(attach: Attacher, fake: Fake) -> None:
+    fake.checking, fake.checking_retry_after = 1, None
+    with pytest.raises(SandboxRequestError) as refused:
+        attach("t")
+    assert refused.value.code == "SANDBOXES_UNAVAILABLE" and attach.clock.slept == 0

@@ -10,6 +10,7 @@ import pytest
 from platform_fakes import FakeDriver
 from platform_harness import Harness, build_harness, make_settings
 
+from podbay.control.services.classes import CHECKING_RETRY_SECONDS
 from podbay.runtime.base import Driver
 from podbay.runtime.classes import HostCheck
 
@@ -77,6 +78,7 @@ async def test_default_is_the_first_enabled_class_that_runs_and_the_record_says_
         "default": "gvisor",
         "available": ["gvisor", "container"],
         "enabled": ["gvisor", "container"],
+        "checking": [],
     }
 
 
@@ -262,6 +264,12 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
         early = await h.attach(token, "v", json={"class": "vm"})
         assert early.status_code == 503 and early.json()["code"] == "SANDBOXES_UNAVAILABLE"
         assert "still being checked" in early.json()["error"]
+        # Temporary, and said so: clients wait Retry-After and ask again; /healthz
+        # says the same (checking, not available; container too: the background
+        # proves one class after another).
+        assert early.headers["Retry-After"] == str(CHECKING_RETRY_SECONDS)
+        health = (await h.client.get("/healthz")).json()["classes"]
+        assert health["checking"] == ["vm", "container"] and "vm" not in health["available"]
         assert (await h.attach(token, "d")).json()["runtime_class"] == "gvisor"
         booted.set()
         for _ in range(100):

@@ -241,8 +241,9 @@ class SandboxClient:
 
     def _attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
         deadline = time.monotonic() + self._core.config.prepare_timeout_seconds
-        # A server restarting refuses connections, then answers 503 with
-        # Retry-After for a moment: attach (idempotent) waits that out, bounded.
+        # A server restarting refuses connections (waited out for a bounded
+        # restart_deadline), then answers 503 with Retry-After while it starts
+        # or checks a class: attach (idempotent) waits that out too.
         restart_deadline = time.monotonic() + self._core.restart_wait_seconds()
         pause = 0.1
         while True:
@@ -254,10 +255,14 @@ class SandboxClient:
                 sleep(pause)
                 pause = min(1.0, pause * 2)
                 continue
-            if self._core.is_restarting(response) and time.monotonic() < restart_deadline:
-                sleep(min(pause, self._core.retry_after(response)))
-                pause = min(1.0, pause * 2)
-                continue
+            if self._core.is_restarting(response):
+                # The server answered: it is there, starting or checking the
+                # class asked for, and says when to ask again. Wait as for a
+                # 202, within the same bound (prepare_timeout_seconds).
+                wait = max(0.1, self._core.retry_after(response))
+                if time.monotonic() + wait <= deadline:
+                    sleep(wait)
+                    continue
             if response.status_code == 202:
                 wait = self._core.retry_after(response)
                 if time.monotonic() + wait > deadline:

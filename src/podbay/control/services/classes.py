@@ -34,6 +34,9 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 
 log = logging.getLogger("podbay.classes")
+#: ``Retry-After`` of an attach of a class still being checked (a first
+#: machine of it starting: seconds, tens of seconds for a ``vm`` under TCG).
+CHECKING_RETRY_SECONDS = 2
 
 #: ``check(class name, driver)``: the host check, then the driver prepared: whether
 #: the class can run here, and how fast. Bounded in time.
@@ -210,6 +213,12 @@ class ClassRuntimes:
         """Enabled classes that run here, in order of preference."""
         return tuple(n for n in self.enabled if n in self.drivers and self.works(n))
 
+    @property
+    def checking(self) -> tuple[str, ...]:
+        """Enabled classes still being proved: attach answers 503 with
+        ``Retry-After`` for them (``/healthz`` lists them as ``checking``)."""
+        return tuple(n for n in self.enabled if n in self._pending)
+
     def works(self, name: str) -> bool:
         check = self._checks.get(name)
         return check is not None and check.works
@@ -246,14 +255,17 @@ class ClassRuntimes:
 
     def require(self, name: str, *, asked: str | None = None) -> str:
         """``name`` when this server runs it now; else 409 naming what it runs."""
-        if name in self.available:
-            return name
-        if name in self._pending:
+        if name in self.checking:
+            # Temporary, and said so (Retry-After): clients wait it out instead
+            # of giving up on a class that runs here a few seconds later.
             raise ApiError(
                 ErrorCode.SANDBOXES_UNAVAILABLE,
                 f"sandbox class {name!r} is still being checked on this server "
                 "(its first machine is starting); try again shortly",
+                retry_after=CHECKING_RETRY_SECONDS,
             )
+        if name in self.available:
+            return name
         what = repr(name) if asked in (None, name) else f"'default' (pinned to {name!r})"
         if name not in self.enabled:
             return self._raise(what, "it is not enabled here (runtime.classes)")
@@ -276,4 +288,5 @@ class ClassRuntimes:
             "default": self.default,
             "available": [n for n in self.available if n not in self._taking_up],
             "enabled": list(self.enabled),
+            "checking": list(self.checking),
         }
