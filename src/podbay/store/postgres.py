@@ -31,6 +31,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from podbay.domain import Sandbox
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
 
 from .sql import ActivityRow, SqlStore, migrations, statements
 
@@ -45,6 +47,21 @@ _LOCK_ACCOUNT = 2
 _VERSION_TABLE = "podbay_schema_version"
 #: Tries of a transaction the database aborted to break a deadlock.
 _ATTEMPTS = 5
+#: Times a transaction whose connection died under it (PostgreSQL shutting
+#: down or restarting: ``AdminShutdown``) runs again on a fresh one.
+_RECONNECTS = 2
+#: ``Retry-After`` of a request the store could not serve.
+STORE_RETRY_SECONDS = 2
+
+
+def _unavailable(exc: Exception, step: str) -> ApiError:
+    """The store went away: a temporary refusal (503 with ``Retry-After``), not a 500."""
+    when = {"connect": "could not be reached", "commit": "went away during the commit"}
+    return ApiError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"the database {when.get(step, 'went away')} ({type(exc).__name__}); try again shortly",
+        retry_after=STORE_RETRY_SECONDS,
+    )
 
 
 def dialect(sql: str) -> str:
@@ -124,13 +141,26 @@ class PostgresStore(SqlStore[Conn]):
         """
 
         def run() -> T:
+            lost = 0
             for attempt in range(_ATTEMPTS):
+                # Where a lost connection struck: before ``fn`` (no connection
+                # came), in it (its transaction died uncommitted with the
+                # connection: run it again on a fresh one), or in the commit
+                # (whether it took is unknown: the caller hears 503).
+                step = "connect"
                 try:
                     with self._pool.connection() as conn:
-                        return fn(conn)
+                        step = "run"
+                        result = fn(conn)
+                        step = "commit"
+                    return result
                 except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
                     if attempt == _ATTEMPTS - 1:
                         raise
+                except psycopg.OperationalError as exc:
+                    lost += 1
+                    if step != "run" or lost > _RECONNECTS:
+                        raise _unavailable(exc, step) from None
             raise AssertionError("unreachable")
 
         loop = asyncio.get_running_loop()

@@ -46,6 +46,11 @@ class ErrorCode(StrEnum):
     #: The server shut down while the request was in flight (past its grace):
     #: clients re-attach (riding over the restart) and repeat the call.
     SERVER_SHUTTING_DOWN = "SERVER_SHUTTING_DOWN"
+    #: The shared store (PostgreSQL) went away under the request (shutting
+    #: down, failing over) and could not be reached again: sent with
+    #: ``Retry-After``; nothing the request asked for was done, or it is
+    #: unknown only when the connection died during the commit itself.
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
     # -- internal API (control plane and nodes) ------------------------------
     #: Missing, unknown or wrong kind of node credential (a data-plane
@@ -119,6 +124,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NODE_NAME_TAKEN: 409,
     ErrorCode.HOST_DISK_FULL: 507,
     ErrorCode.SERVER_SHUTTING_DOWN: 503,
+    ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.CREDENTIAL_INVALID: 401,
     ErrorCode.SANDBOX_NOT_RUNNING: 401,
     ErrorCode.CREDENTIAL_WRONG_SANDBOX: 403,

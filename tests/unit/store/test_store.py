@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -10,12 +11,14 @@ import psycopg
 import pytest
 
 from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.errors import ApiError
 from podbay.store import postgres
 from podbay.store.base import InsertOutcome
 from podbay.store.postgres import PostgresStore, dialect
 from podbay.store.sql import migrations
 from podbay.store.sqlite import SqliteStore, migrate
 from podbay.testing.records import sandbox_record
+from podbay.wire.codes import ErrorCode
 
 pytestmark = pytest.mark.anyio
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -403,6 +406,52 @@ async def test_a_transaction_aborted_by_a_deadlock_runs_again(postgres_cluster):
         for name in ("a", "b"):
             row = await store.get_sandbox("dep_d", name)
             assert row.last_active_at == T0 + timedelta(seconds=7)
+    finally:
+        await store.close()
+
+
+async def test_a_transaction_in_flight_when_the_database_shuts_down_runs_again(postgres_cluster):
+    """PostgreSQL's fast shutdown cuts a session mid-transaction (AdminShutdown):
+    nothing of it was committed, so it runs again on a fresh connection once
+    the server is back, and the caller (an attach) sees no error."""
+    store = PostgresStore.open(postgres_cluster.create_database())
+    in_flight = threading.Event()
+    runs: list[int] = []
+
+    def attachish(conn: postgres.Conn) -> int:
+        runs.append(len(runs))
+        conn.execute("INSERT INTO meta (key, value) VALUES ('k', 'v')")
+        if len(runs) == 1:
+            in_flight.set()
+            conn.execute("SELECT pg_sleep(120)")  # cut by the shutdown
+        return int(conn.execute("SELECT count(*) FROM meta WHERE key='k'").fetchone()[0])
+
+    try:
+        call = asyncio.create_task(store._tx(attachish))
+        assert await asyncio.to_thread(in_flight.wait, 60)
+        await asyncio.to_thread(postgres_cluster.restart)
+        assert await call == 1 and runs == [0, 1]  # one row: the first run left nothing
+        assert await store.get_meta("k") == "v"
+    finally:
+        await store.close()
+
+
+async def test_a_store_that_stays_away_is_a_503_with_retry_after(postgres_cluster):
+    """Every run's connection dies under it: the request is refused as
+    temporary (503 STORE_UNAVAILABLE, Retry-After), never a 500 with
+    psycopg's traceback."""
+    store = PostgresStore.open(postgres_cluster.create_database())
+
+    def cut(conn: postgres.Conn) -> None:
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    try:
+        with pytest.raises(ApiError) as refused:
+            await store._tx(cut)
+        assert refused.value.code is ErrorCode.STORE_UNAVAILABLE
+        assert refused.value.code.status == 503 and refused.value.retry_after == 2
+        assert "AdminShutdown" in str(refused.value)
+        assert await store.get_meta("k") is None  # and the store serves on
     finally:
         await store.close()
 
