@@ -61,13 +61,17 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             "sandbox": sandbox,
             "state": handle.state,
             "class": handle.class_,
+            "runtime_class": handle.runtime_class,
             "start": handle.start,
         }
 
     @server.tool()
     async def list_sandboxes() -> list[dict[str, Any]]:
         """Every sandbox of this deployment with its state."""
-        return [{"name": r.name, "state": r.state, "class": r.class_} for r in await client.list()]
+        return [
+            {"name": r.name, "state": r.state, "class": r.class_, "runtime_class": r.runtime_class}
+            for r in await client.list()
+        ]
 
     @server.tool()
     async def exec(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +70,43 @@ def test_the_sdk_works_through_the_load_balancer_with_data_on_the_node(
     assert client.read_file(name, "/tmp/x.txt") == "through the node"
     assert node.process is not None and node.process.poll() is None
     client.delete(name)
+
+
+def test_enrolling_as_an_enrolled_node_is_refused_and_the_node_keeps_its_calls(
+    cluster: LocalCluster, client: SandboxClient, token: str
+) -> None:
+    """Whoever holds the enrollment token cannot take an enrolled node's name:
+    409, and control calls keep going to the real node (which takes them:
+    they name its enrollment), so its sandboxes keep working."""
+    victim = cluster.nodes[0].env["PODBAY_NODE_NAME"]
+    r = httpx.post(
+        cluster.url + "/internal/v1/nodes/enroll",
+        json={
+            "name": victim,
+            "url": "http://127.0.0.1:9",
+            "token": cluster.enrollment_token,
+            "report": {"ready": True, "classes": ["container"], "default": "container"},
+        },
+    )
+    assert r.status_code == 409 and r.json()["code"] == "NODE_NAME_TAKEN", r.text
+    assert "credential" not in r.json()
+    listed = {n["name"]: n for n in json.loads(cluster.cli("node", "list", "--json").stdout)}
+    assert listed[victim]["url"] == cluster.nodes[0].url
+    # The node still takes the control plane's calls: new sandboxes go to the
+    # least loaded node, so one lands on it within a few attaches.
+    names: list[str] = []
+    try:
+        for i in range(3 * len(cluster.nodes)):
+            names.append(f"e-{i}-{uuid.uuid4().hex[:6]}")
+            raw = cluster.attach(token, names[-1]).json()
+            assert client.exec(names[-1], ["true"]).exit_code == 0
+            if cluster.node_for(raw["endpoint"]) is cluster.nodes[0]:
+                break
+        else:
+            raise AssertionError(f"no sandbox was placed on {victim}")
+    finally:
+        for name in names:
+            client.delete(name)
 
 
 def test_the_client_contract_suite_passes_against_the_cluster(

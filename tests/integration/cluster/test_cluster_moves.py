@@ -278,7 +278,7 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
             assert run(again, "cat /workspace/mark") == "kept\n"
         # The gVisor sandbox's disk moved as runc's do, and it runs under gVisor there.
         again = cluster.attach(token, "gvisor-one").json()
-        assert (again["start"], again["class"]) == ("carried_over", "gvisor")
+        assert (again["start"], again["runtime_class"]) == ("carried_over", "gvisor")
         assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] != source
         assert run(again, f"uname -r && {FINGERPRINT}") == GVISOR_KERNEL + gvisor_before
         # Nothing of them is left on the drained node: it can be forgotten.

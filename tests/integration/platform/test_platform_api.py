@@ -15,7 +15,8 @@ def test_attach_exec_reuse(server, token):
     first = server.attach(token, "e2e-1")
     assert first.status_code == 200, first.text
     h = first.json()
-    assert h["start"] == "created" and h["state"] == "running" and h["class"] == "container"
+    assert h["start"] == "created" and h["state"] == "running"
+    assert (h["class"], h["runtime_class"]) == ("default", "container")
     assert h["endpoint"].startswith(server.base_url + "/sandbox/")
     r = server.exec(h, "sh", "-c", "echo hi; echo err >&2; exit 3")
     assert r.status_code == 200, r.text

@@ -51,11 +51,11 @@ def test_vm_sandboxes_run_their_own_kernel_beside_containers(server):
     release = server.exec(handle, "uname", "-r").json()["stdout"].strip()
     assert release and release != os.uname().release  # the guest's own kernel
     assert server.exec(handle, "sh", "-c", "echo kept > /workspace/f").json()["exit_code"] == 0
-    assert server.attach(token, "plain").json()["class"] == "container"
+    assert server.attach(token, "plain").json()["runtime_class"] == "container"
     # Suspend (QMP stop) and resume keep memory and files.
     assert server.api("POST", "/api/v1/sandboxes/guest/stop", token).status_code == 204
     back = server.attach(token, "guest").json()
-    assert back["start"] == "resumed" and back["class"] == "vm"
+    assert back["start"] == "resumed" and back["runtime_class"] == "vm"
     assert server.exec(back, "cat", "/workspace/f").json()["stdout"] == "kept\n"
     # The class's proof machine had the sandboxes' shape: one template (built or
     # building) serves both, no guest booted for a shape no sandbox has.
