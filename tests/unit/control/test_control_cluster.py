@@ -313,3 +313,21 @@ async def test_the_cluster_endpoints_refuse_deep_json_with_400(control):
         r = await client.post(path, content=deep, headers={"Authorization": f"Bearer {credential}"})
         assert r.status_code == 400, r.text
         assert r.json()["code"] == "REQUEST_INVALID" and "deeply" in r.json()["error"]
+
+
+async def test_a_nodes_internal_bodies_refuse_deep_json_with_400():
+    """The node's side of the internal API reads its bodies the same way."""
+    from starlette.requests import Request
+
+    from podbay.node.internal import _body
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": deep, "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+    with pytest.raises(ApiError) as refused:
+        await _body(request)
+    assert refused.value.code is ErrorCode.REQUEST_INVALID
+    assert "deeply" in refused.value.message

@@ -117,3 +117,18 @@ def test_optional_union_of_a_dataclass() -> None:
     with pytest.raises(WireError) as info:
         decode(Outer, {"items": [{"n": "x"}]})
     assert info.value.field == "items[0].n"
+
+
+@pytest.mark.parametrize("opening", [b"[", b'{"a":'])
+def test_nesting_past_the_recursion_limit_is_a_wire_error(opening: bytes) -> None:
+    """100,000 levels: every body parser of the control plane and the node
+    (codec.parse_object, codec.loads) refuses it as a WireError (400 with a
+    code at each route), never a RecursionError (a 500)."""
+    closing = b"]" if opening == b"[" else b"}"
+    deep = opening * 100_000 + b"1" + closing * 100_000
+    for parse in (codec.parse_object, lambda raw: loads(AttachRequest, raw)):
+        with pytest.raises(WireError, match="nested too deeply"):
+            parse(deep)
+    with pytest.raises(WireError, match="must be a JSON object"):
+        codec.parse_object(b"[1]")
+    assert codec.parse_object(b"") == {} and codec.parse_object(b'{"a": [1]}') == {"a": [1]}
