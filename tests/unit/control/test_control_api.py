@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from podbay.errors import ApiError
+from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -226,3 +228,24 @@ async def test_request_id_echoed(harness):
     r = await harness.client.get("/healthz", headers={"X-Request-Id": "abc123"})
     assert r.headers["x-request-id"] == "abc123"
     assert (await harness.client.get("/healthz")).headers["x-request-id"]
+
+
+async def test_a_store_gone_under_a_resume_is_503_with_retry_after(harness, monkeypatch):
+    """The shared store going away under an attach (PostgreSQL shutting down:
+    STORE_UNAVAILABLE) is a temporary refusal the client waits out, not the
+    502 of a sandbox that could not be brought up, nor a 500."""
+    token = await harness.deployment()
+    assert (await harness.attach(token, "s")).status_code == 200
+    assert (await harness.call("POST", "/api/v1/sandboxes/s/stop", token)).status_code == 204
+    real = harness.store.replace_sandbox
+
+    async def away(old: object, new: object) -> None:
+        raise ApiError(ErrorCode.STORE_UNAVAILABLE, "the database went away", retry_after=2)
+
+    monkeypatch.setattr(harness.store, "replace_sandbox", away)
+    r = await harness.attach(token, "s")
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "STORE_UNAVAILABLE" and r.headers["Retry-After"] == "2"
+    monkeypatch.setattr(harness.store, "replace_sandbox", real)
+    again = await harness.attach(token, "s")
+    assert again.status_code == 200 and again.json()["start"] == "resumed"

@@ -256,6 +256,8 @@ class SandboxService:
         try:
             new = await step(row, f"attach ({start})")
         except Exception as exc:
+            if isinstance(exc, ApiError) and exc.retry_after is not None:
+                raise  # temporary (the store away, a node starting): the client repeats
             log.exception("sandbox %s: %s failed", row.id, start)
             raise ApiError(
                 ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be brought up: {exc}"
