@@ -72,10 +72,11 @@ def test_run_streams_and_exits_with_the_code(cli: Any, name: str) -> None:
 def test_lifecycle_and_json(cli: Any, name: str) -> None:
     attached = json.loads(cli("attach", name, "--json", check=True).stdout)
     assert attached["name"] == name and "headers" not in attached
-    # The record names the class the sandbox runs in: the one attach answered
-    # (podbay resolves "default"; the reference stub keeps the word).
-    assert attached["class"] in ("default", "container")
-    assert json.loads(cli("get", name, "--json", check=True).stdout)["class"] == attached["class"]
+    # `class` is the caller's word ("default": none given) on podbay and the
+    # reference stub alike; podbay adds the class that runs (runtime_class).
+    assert attached["class"] == "default"
+    got = json.loads(cli("get", name, "--json", check=True).stdout)
+    assert got["class"] == "default" and got.get("runtime_class") == attached.get("runtime_class")
     rows = json.loads(cli("list", "--json", check=True).stdout)
     assert name in [r["name"] for r in rows]
     assert name in cli("list", check=True).stdout
