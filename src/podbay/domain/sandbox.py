@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from .options import NO_OPTIONS, SandboxOptions
+
 StartKind = Literal["created", "resumed", "reused", "carried_over"]
 
 
@@ -96,6 +98,8 @@ class Sandbox:
     #: node); ``None``: not known to be published. Every compare-and-set
     #: write clears it.
     routed_on: str | None = None
+    #: What attach set at creation (labels, variables, CPU, memory, idle timeout).
+    options: SandboxOptions = NO_OPTIONS
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState
 
 SANDBOX_COLUMNS = (
     "id, deployment_id, account, name, class, state, machine_id, created_at,"
-    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node, routed_on"
+    " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node, routed_on,"
+    " options"
 )
 DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
@@ -56,6 +57,7 @@ def sandbox(row: Row) -> Sandbox:
         suspended_at=dt(row[13]),
         node=row[14],
         routed_on=row[15],
+        options=SandboxOptions.from_json(row[16]),
     )
 
 
@@ -88,4 +90,5 @@ def sandbox_values(s: Sandbox) -> tuple[object, ...]:
         s.incarnation,
         ts(s.suspended_at),
         s.node,
+        s.options.to_json(),
     )
