@@ -327,3 +327,25 @@ def test_cli_completes_sandbox_names(
         timeout=60,
     )
     assert (done.returncode, done.stdout.strip()) == (0, "")
+
+
+def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A vm sandbox's options shape its guest: vCPUs, RAM, variables (it boots
+    cold: templates are kept for the server's own shape only)."""
+    env = {"PODBAY_RUNTIME_CLASSES": "vm,container", "PODBAY_RUNTIME_MEMORY_BYTES": str(512 * MIB)}
+    with PlatformServer.start(tmp_path_factory.mktemp("options-vm"), env=env) as s:
+        deadline = time.monotonic() + 600
+        while "vm" not in s.http.get("/healthz").json()["classes"]["available"]:
+            assert time.monotonic() < deadline, "the vm class never became available"
+            time.sleep(0.5)
+        token = s.create_deployment("options-vm")
+        with SandboxClient(identity_token=token, server_url=s.base_url) as client:
+            handle = client.attach("guest", "vm", cpus=2, memory_mib=320, env={"WHERE": "guest"})
+            assert (handle.class_, handle.cpus, handle.memory_mib) == ("vm", 2, 320)
+            script = 'nproc; grep MemTotal /proc/meminfo; echo "$WHERE"'
+            nproc, _, mem_kib, _, where = client.exec("guest", ["sh", "-c", script]).stdout.split()
+            assert int(nproc) == 2
+            # The guest's kernel keeps some of its RAM for itself.
+            assert 256 * 1024 < int(mem_kib) <= 320 * 1024
+            assert where == "guest"
+            client.delete("guest")
