@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from platform_harness import build_harness, make_settings
 
+from podbay.control.services.pool import POOL_LABEL
 from podbay.runtime.base import MachineState
 from podbay.store.sqlite import SqliteStore
 
@@ -170,3 +171,20 @@ async def test_options_survive_carry_over(tmp_path):
         (machine,) = h.driver.machines.values()
         assert machine.spec.limits.memory_bytes == 768 * MIB
         assert machine.spec.env["A"] == "1"
+
+
+async def test_a_sandbox_with_its_own_machine_options_never_takes_a_pooled_one(tmp_path):
+    settings = make_settings(tmp_path)
+    settings.runtime.warm_pool = 1
+    async with build_harness(tmp_path, settings) as h:
+        token = await h.deployment()
+        await h.attach(token, "first")  # the pool of this environment fills after it
+        pool = h.platform.pools["container"]
+        await pool.wait_filled()
+        (ready,) = [m for m, machine in h.driver.machines.items() if POOL_LABEL in machine.labels]
+        shaped = (await h.attach(token, "shaped", json={"env": {"A": "1"}})).json()
+        assert shaped["env"] == {"A": "1"}
+        assert POOL_LABEL in h.driver.machines[ready].labels  # still waiting in the pool
+        await h.attach(token, "plain")
+        assert POOL_LABEL not in h.driver.machines[ready].labels  # taken by "plain"
+        await pool.close()
