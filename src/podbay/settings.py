@@ -76,6 +76,12 @@ class RuntimeSettings:
     runsc_platform: str = ""
     memory_bytes: int = 1 * GIB
     cpus: float = 1.0
+    #: Bounds of what attach may ask for one sandbox (``memory_mib``, ``cpus``);
+    #: outside them attach is 400 ``SANDBOX_MEMORY_BELOW_MIN`` and the like.
+    min_memory_bytes: int = 256 * 1024**2
+    max_memory_bytes: int = 4 * GIB
+    min_cpus: float = 0.25
+    max_cpus: float = 4.0
     pids: int = 256
     disk_bytes: int = 10 * GIB
     #: New sandboxes are refused (507 HOST_DISK_FULL) while the data directory's
@@ -121,6 +127,9 @@ class RuntimeSettings:
 @dataclass
 class LifecycleSettings:
     idle_seconds: float = 15 * 60
+    #: Bounds of attach's ``idle_timeout_seconds`` (a sandbox's own idle threshold).
+    min_idle_seconds: float = 60
+    max_idle_seconds: float = 8 * 60 * 60
     suspended_ttl_seconds: float = 60 * 60
     max_age_seconds: float = 8 * 60 * 60
     #: How often the lifecycle pass runs.

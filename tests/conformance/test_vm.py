@@ -33,7 +33,9 @@ PROBE_DISK = 256 << 20
 
 @pytest.fixture(scope="module")
 def vm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmSession]:
-    session = VmSession.open(tmp_path_factory.mktemp("podbay-vm"))
+    # The server's shape is the conformance machines' (small_spec's 512 MiB):
+    # only that shape restores from a template.
+    session = VmSession.open(tmp_path_factory.mktemp("podbay-vm"), memory_bytes=512 << 20)
     yield session
     session.close()
 

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
     "dev": ("podbay.cli.commands.dev", "Local development: real sandboxes for your agent."),
     "mcp": ("podbay.cli.commands.mcp", "Serve sandboxes as MCP tools (stdio or HTTP)."),
+    "completion": ("podbay.cli.commands.completion", "Print a shell's completion script."),
 }
 #: Subcommands that need the ``server`` extra (``pip install podbay`` is the SDK
 #: and the client-side commands only).

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 
@@ -54,6 +55,7 @@ from ._config import DEFAULT_TIMEOUT_SECONDS as DEFAULT_TIMEOUT_SECONDS
 from ._config import TOKEN_ENV as TOKEN_ENV
 from ._config import exec_timeout_ms
 from ._config import token_issuer as token_issuer
+from ._options import AttachOptions
 
 T = TypeVar("T")
 
@@ -183,8 +185,20 @@ class Core:
         }
         return httpx.Request(method, self.config.server_url + path, headers=headers, json=json)
 
-    def attach_request(self, name: str, class_: str | None = None) -> httpx.Request:
-        body = codec.encode(AttachRequest(class_=class_ or DEFAULT_SANDBOX_CLASS))
+    def attach_request(
+        self, name: str, class_: str | None = None, options: AttachOptions | None = None
+    ) -> httpx.Request:
+        o = options or AttachOptions()
+        body = codec.encode(
+            AttachRequest(
+                class_=class_ or DEFAULT_SANDBOX_CLASS,
+                labels=None if o.labels is None else dict(o.labels),
+                env=None if o.env is None else dict(o.env),
+                cpus=o.cpus,
+                memory_mib=o.memory_mib,
+                idle_timeout_seconds=o.idle_timeout_seconds,
+            )
+        )
         request = self._control("PUT", paths.sandbox_path(name), json=body)
         # This client waits through 202s itself (Retry-After, prepare_timeout_seconds):
         # the server need not hold the request for it (RFC 7240).
@@ -194,8 +208,10 @@ class Core:
     def get_request(self, name: str) -> httpx.Request:
         return self._control("GET", paths.sandbox_path(name))
 
-    def list_request(self) -> httpx.Request:
-        return self._control("GET", paths.SANDBOXES)
+    def list_request(self, labels: Mapping[str, str] | None = None) -> httpx.Request:
+        # ``?label=k=v`` once per label: the server lists sandboxes with all of them.
+        query = urlencode([("label", f"{k}={v}") for k, v in (labels or {}).items()])
+        return self._control("GET", paths.SANDBOXES + (f"?{query}" if query else ""))
 
     def stop_request(self, name: str) -> httpx.Request:
         return self._control("POST", paths.sandbox_stop_path(name))

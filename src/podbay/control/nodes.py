@@ -20,12 +20,12 @@ serve, ``podbay.cluster`` for the split roles) picks the implementation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
 from podbay.domain import Deployment, Sandbox
-from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.runtime.base import Limits, MachineState, ObservedMachine
 from podbay.runtime.transfer import Received
 
 from .services.classes import ClassRuntimes
@@ -42,6 +42,19 @@ class Launch:
     labels: Mapping[str, str]
     #: Whether ``machine_id`` came ready from the node's warm pool.
     pooled: bool
+    #: The sandbox's own variables (over the environment's) and limits (None:
+    #: the node's); a pooled machine has none of them.
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_bytes: int | None = None
+
+    def limits(self, default: Limits) -> Limits:
+        """The machine's limits: the node's ``default`` with the sandbox's own."""
+        return replace(
+            default,
+            cpus=default.cpus if self.cpus is None else self.cpus,
+            memory_bytes=default.memory_bytes if self.memory_bytes is None else self.memory_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,8 @@ class Transfer:
     machine_id: str
     source_url: str
     token: str
+    #: The sandbox's own variables, over the target's build of its environment.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 class Node(Protocol):

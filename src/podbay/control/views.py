@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from podbay.domain import Sandbox, SandboxState
+from typing import Any
+
+from podbay.domain import Sandbox, SandboxOptions, SandboxState
 from podbay.wire.control import SandboxHandle, SandboxRecord, SandboxStateName
 from podbay.wire.paths import CREDENTIAL_HEADER
 
@@ -28,7 +30,19 @@ def record(sandbox: Sandbox, *, lost: bool = False) -> SandboxRecord:
         created_at=sandbox.created_at,
         last_active_at=sandbox.last_active_at,
         ceiling_at=sandbox.ceiling_at if sandbox.state.value in ("running", "suspended") else None,
+        **options(sandbox.options),
     )
+
+
+def options(o: SandboxOptions) -> dict[str, Any]:
+    """The options a record and a handle show: those set, each absent otherwise."""
+    return {
+        "labels": dict(o.labels) or None,
+        "env": dict(o.env) or None,
+        "cpus": o.cpus,
+        "memory_mib": o.memory_mib,
+        "idle_timeout_seconds": o.idle_timeout_seconds,
+    }
 
 
 def handle(attached: Attached, asked: str) -> SandboxHandle:
@@ -47,4 +61,5 @@ def handle(attached: Attached, asked: str) -> SandboxHandle:
         headers={CREDENTIAL_HEADER: attached.credential},
         expires_at=attached.expires_at,
         start=attached.start,
+        **options(s.options),
     )

@@ -5,12 +5,14 @@ facts the wire never shows (machine id, incarnation, deployment id).
 """
 
 from .deployment import Deployment
+from .options import SandboxOptions
 from .sandbox import TRANSITIONS, Sandbox, SandboxState, StartKind, can_transition
 
 __all__ = [
     "TRANSITIONS",
     "Deployment",
     "Sandbox",
+    "SandboxOptions",
     "SandboxState",
     "StartKind",
     "can_transition",

@@ -25,6 +25,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
+from .options import NO_OPTIONS, SandboxOptions
+
 StartKind = Literal["created", "resumed", "reused", "carried_over"]
 
 
@@ -99,6 +101,8 @@ class Sandbox:
     #: The class word the attach that created it gave (``default`` when none):
     #: what callers see as ``class``, while ``class_`` is the class it runs.
     asked_class: str = "default"
+    #: What attach set at creation (labels, variables, CPU, memory, idle timeout).
+    options: SandboxOptions = NO_OPTIONS
 
     def moved(self, state: SandboxState, **changes: object) -> Sandbox:
         """This record in ``state``; raises ``ValueError`` on an illegal move."""

@@ -115,20 +115,34 @@ async def give_back(request: Request) -> Response:
     return Response(status_code=204)
 
 
+def _strings(doc: dict[str, Any], key: str) -> dict[str, str]:
+    """``doc[key]``, a mapping of strings to strings (absent: empty)."""
+    value = doc.get(key) or {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise _invalid(f"{key} must map strings to strings")
+    return value
+
+
 async def launch(request: Request) -> Response:
     node = await _authorized(request)
     doc = await _body(request)
-    labels = doc.get("labels")
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise _invalid("labels must map strings to strings")
+    labels = _strings(doc, "labels")
+    cpus, memory = doc.get("cpus"), doc.get("memory_bytes")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise _invalid("cpus must be a number")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)):
+        raise _invalid("memory_bytes must be an integer")
     order = Launch(
         class_=_class(node, _str(doc, "class")),
         machine_id=_machine(_str(doc, "machine_id")),
         hostname=_str(doc, "hostname"),
         labels=labels,
         pooled=bool(doc.get("pooled")),
+        env=_strings(doc, "env"),
+        cpus=None if cpus is None else float(cpus),
+        memory_bytes=memory,
     )
     deployment = internal.deployment_from(doc.get("deployment"))
     await node.node.launch(order, _prepared(node, _str(doc, "key")), deployment)
@@ -214,6 +228,7 @@ async def receive(request: Request) -> Response:
         machine_id=_machine(_str(doc, "machine_id")),
         source_url=source_url,
         token=_str(doc, "token"),
+        env=_strings(doc, "env"),
     )
     received = await node.node.receive(transfer, _prepared(node, _str(doc, "key")))
     return JSONResponse(

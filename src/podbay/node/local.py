@@ -105,8 +105,8 @@ class LocalNode:
                 MachineSpec(
                     machine_id=order.machine_id,
                     hostname=order.hostname,
-                    limits=self.limits,
-                    env=dict(prepared.env),
+                    limits=order.limits(self.limits),
+                    env={**prepared.env, **order.env},
                     layers=prepared.layers,
                     labels=order.labels,
                 )
@@ -172,7 +172,7 @@ class LocalNode:
                 transfer.machine_id,
                 chunks,
                 layers=prepared.layers,
-                env=prepared.env,
+                env={**prepared.env, **transfer.env},
                 room=self._room,
             )
 

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState
 
 SANDBOX_COLUMNS = (
     "id, deployment_id, account, name, class, state, machine_id, created_at,"
     " last_active_at, started_at, ceiling_at, incarnation, version, suspended_at, node, routed_on,"
-    " asked_class"
+    " asked_class, options"
 )
 DEPLOYMENT_COLUMNS = "id, name, account, spec_text, sandbox_section, created_at, updated_at"
 
@@ -58,6 +58,7 @@ def sandbox(row: Row) -> Sandbox:
         node=row[14],
         routed_on=row[15],
         asked_class=row[16],
+        options=SandboxOptions.from_json(row[17]),
     )
 
 
@@ -91,4 +92,5 @@ def sandbox_values(s: Sandbox) -> tuple[object, ...]:
         ts(s.suspended_at),
         s.node,
         s.asked_class,
+        s.options.to_json(),
     )

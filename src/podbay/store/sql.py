@@ -230,7 +230,7 @@ class SqlStore(ClusterQueries, ABC, Generic[C]):
             inserted = self._count(
                 conn,
                 f"INSERT INTO sandboxes ({SANDBOX_COLUMNS})"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,NULL,?)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,0,?,?,NULL,?,?)"
                 " ON CONFLICT (deployment_id, name) DO NOTHING",
                 *sandbox_values(s),
             )
@@ -245,7 +245,7 @@ class SqlStore(ClusterQueries, ABC, Generic[C]):
             "UPDATE sandboxes SET deployment_id=?, account=?, name=?, class=?, state=?,"
             f" machine_id=?, created_at=?, last_active_at={self.GREATEST}(last_active_at, ?),"
             " started_at=?, ceiling_at=?, incarnation=?, suspended_at=?, node=?, routed_on=NULL,"
-            " asked_class=?,"
+            " asked_class=?, options=?,"
             f" version=version+1 WHERE id=? AND version=? RETURNING {SANDBOX_COLUMNS}"
         )
         params = (*sandbox_values(new)[1:], old.id, old.version)

@@ -23,6 +23,16 @@ class AttachRequest:
     """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""
 
     class_: str = field(default=DEFAULT_SANDBOX_CLASS, metadata={"wire": "class"})
+    # Options of a new sandbox, each within the server's bounds; absent: the
+    # server's setting. An existing sandbox keeps its own (docs/client.md).
+    #: The owner's string key/values, matched by ``GET ...?label=k=v``.
+    labels: dict[str, str] | None = None
+    #: Set for every command of the sandbox; a call's own ``env`` wins.
+    env: dict[str, str] | None = None
+    cpus: float | None = None
+    memory_mib: int | None = None
+    #: Suspend after this long without a call, instead of the server's threshold.
+    idle_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +50,12 @@ class SandboxRecord:
     #: The class the sandbox runs in (``gvisor``, ``container``, ``vm``); absent
     #: from servers that predate it (their ``class`` said it).
     runtime_class: str | None = None
+    # What attach set at creation; each absent when unset (the server's setting).
+    labels: dict[str, str] | None = None
+    env: dict[str, str] | None = None
+    cpus: float | None = None
+    memory_mib: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -188,7 +188,18 @@ def control_plane(server_url: str) -> dict[str, Any]:
                 "get": _op(
                     "This deployment's sandboxes",
                     {"200": {"description": "the list", **_json(s.ref(control.SandboxList))}},
-                    [C.IDENTITY_TOKEN_INVALID, *_ANY],
+                    [C.IDENTITY_TOKEN_INVALID, C.SANDBOX_LABELS_INVALID, *_ANY],
+                    params=[
+                        {
+                            "name": "label",
+                            "in": "query",
+                            "required": False,
+                            "description": "k=v: only sandboxes with this label (repeatable: all)",
+                            "schema": {"type": "array", "items": {"type": "string"}},
+                            "style": "form",
+                            "explode": True,
+                        }
+                    ],
                 )
             },
             one: {
@@ -201,6 +212,15 @@ def control_plane(server_url: str) -> dict[str, Any]:
                         C.SANDBOXES_NOT_CONFIGURED,
                         C.SANDBOX_NOT_DECLARED,
                         C.SANDBOX_CLASS_UNKNOWN,
+                        C.SANDBOX_LABELS_INVALID,
+                        C.SANDBOX_ENV_INVALID,
+                        C.SANDBOX_CPUS_BELOW_MIN,
+                        C.SANDBOX_CPUS_ABOVE_MAX,
+                        C.SANDBOX_MEMORY_BELOW_MIN,
+                        C.SANDBOX_MEMORY_ABOVE_MAX,
+                        C.SANDBOX_IDLE_TIMEOUT_BELOW_MIN,
+                        C.SANDBOX_IDLE_TIMEOUT_ABOVE_MAX,
+                        C.SANDBOX_OPTIONS_CONFLICT,
                         C.SANDBOX_PREPARE_FAILED,
                         C.SANDBOX_APPLY_FAILED,
                         C.SANDBOX_START_FAILED,

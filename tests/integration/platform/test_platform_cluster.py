@@ -116,6 +116,18 @@ def test_a_suspended_sandbox_resumes_on_its_node(cluster, token):
     assert _exec(resumed, "cat", "/tmp/mark").json()["stdout"] == "kept\n"
 
 
+def test_attach_options_reach_the_node_that_holds_the_sandbox(cluster, token):
+    body = {"env": {"WHERE": "node"}, "memory_mib": 320, "labels": {"k": "v"}}
+    r = cluster.controls[1].attach(token, "shaped", json=body)
+    assert r.status_code == 200, r.text
+    handle = r.json()
+    script = "echo $WHERE; cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+    where, limit = _exec(handle, "sh", "-c", script).json()["stdout"].split()
+    assert (where, int(limit)) == ("node", 320 << 20)
+    record = cluster.controls[0].api("GET", "/api/v1/sandboxes/shaped", token).json()
+    assert (record["labels"], record["memory_mib"]) == ({"k": "v"}, 320)
+
+
 def test_node_and_data_plane_credentials_are_never_interchangeable(cluster, token):
     handle = _attach(cluster, token, "creds").json()
     credential = handle["headers"]["X-Podbay-Credential"]

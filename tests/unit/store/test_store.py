@@ -79,6 +79,30 @@ async def test_remove_deployment_marks_sandboxes_deleting(store):
     assert row.state is SandboxState.DELETING
 
 
+async def test_sandbox_options_roundtrip(store):
+    """Attach's options are kept with the row, through insert and replace."""
+    from dataclasses import replace
+
+    from podbay.domain import SandboxOptions
+
+    assert await store.add_deployment(_dep())
+    options = SandboxOptions(
+        labels={"team": "a"}, env={"A": "1"}, cpus=0.5, memory_mib=512, idle_timeout_seconds=90
+    )
+    row = replace(_sb("o"), options=options)
+    assert (
+        await store.insert_sandbox(row, deployment_cap=5, account_cap=5) is InsertOutcome.INSERTED
+    )
+    got = await store.get_sandbox("dep_d", "o")
+    assert got is not None and got.options == options
+    moved = await store.replace_sandbox(got, got.moved(SandboxState.RUNNING))
+    assert moved is not None and moved.options == options
+    plain = _sb("p")
+    await store.insert_sandbox(plain, deployment_cap=5, account_cap=5)
+    got_plain = await store.get_sandbox("dep_d", "p")
+    assert got_plain is not None and got_plain.options == SandboxOptions()
+
+
 async def test_insert_unique_and_caps(store):
     assert (
         await store.insert_sandbox(_sb("a"), deployment_cap=2, account_cap=3)
@@ -256,6 +280,7 @@ async def test_sandboxes_from_before_classes_are_containers(new_store, store_kin
 #: What undoes each migration after the classes one, newest first, so that
 #: rewinding the recorded version lets the later migrations run again.
 _UNDO = [
+    (7, ["ALTER TABLE sandboxes DROP COLUMN options"]),
     (6, ["ALTER TABLE sandboxes DROP COLUMN asked_class"]),
     (5, ["ALTER TABLE sandboxes DROP COLUMN routed_on"]),
     (

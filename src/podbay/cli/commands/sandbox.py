@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from podbay.cli.completion import completing_names
 from podbay.cli.output import Output, fail
 from podbay.cli.quick_exec import local_stdin, print_exec_result
 
@@ -113,13 +114,18 @@ def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
 
 
 def _env(pairs: tuple[str, ...]) -> dict[str, str] | None:
-    env = {}
+    return _pairs(pairs, "--env")
+
+
+def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str] | None:
+    """``KEY=VALUE`` options as a mapping (None when there are none)."""
+    found = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            fail(f"--env wants KEY=VALUE, not {pair!r}", 2)
-        env[key] = value
-    return env or None
+            fail(f"{option} wants KEY=VALUE, not {pair!r}", 2)
+        found[key] = value
+    return found or None
 
 
 # -- lifecycle ---------------------------------------------------------------------
@@ -152,11 +158,19 @@ def get(name: str, conn: Connection) -> None:
 
 
 @command.command("list")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only sandboxes with this label (repeatable: all of them).",
+)
 @_options
-def list_(conn: Connection) -> None:
+def list_(labels: tuple[str, ...], conn: Connection) -> None:
     """List this deployment's sandboxes."""
+    wanted = _pairs(labels, "--label")
     with _session(conn) as (client, out):
-        records = client.list()
+        records = client.list(labels=wanted)
         rows = [list(_row(r).values()) for r in records]
         out.table(
             rows,
@@ -481,5 +495,98 @@ def cp(source: str, destination: str, conn: Connection) -> None:
             {"source": source, "destination": destination}, f"copied {source} -> {destination}"
         )
 
+
+# -- create, ports ----------------------------------------------------------------------
+
+
+@command.command()
+@click.argument("name")
+@click.option(
+    "--class",
+    "sandbox_class",
+    default=None,
+    help="Sandbox class: default, vm, gvisor or container.",
+)
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label (repeatable).")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Variable for every command of the sandbox (repeatable).",
+)
+@click.option("--cpus", type=float, default=None, help="CPUs (within the server's bounds).")
+@click.option("--memory", type=int, default=None, metavar="MIB", help="Memory in MiB.")
+@click.option(
+    "--idle-timeout",
+    type=int,
+    default=None,
+    metavar="S",
+    help="Suspend after S seconds without a call (instead of the server's threshold).",
+)
+@_options
+def create(
+    name: str,
+    sandbox_class: str | None,
+    labels: tuple[str, ...],
+    env: tuple[str, ...],
+    cpus: float | None,
+    memory: int | None,
+    idle_timeout: int | None,
+    conn: Connection,
+) -> None:
+    """Create sandbox NAME with these options (an existing one with other
+    options is refused; options apply at creation)."""
+    with _session(conn) as (client, out):
+        handle = client.attach(
+            name,
+            sandbox_class,
+            labels=_pairs(labels, "--label"),
+            env=_env(env),
+            cpus=cpus,
+            memory_mib=memory,
+            idle_timeout_seconds=idle_timeout,
+        )
+        out.value(_handle_json(handle), f"{handle.name}  {handle.state}  ({handle.start})")
+
+
+@command.command()
+@click.argument("name")
+@_options
+def ports(name: str, conn: Connection) -> None:
+    """List the TCP ports a server in NAME listens on."""
+    with _session(conn) as (client, out):
+        found = client.listening_ports(name)
+        if out.as_json:
+            out.value({"ports": found})
+        for port in [] if out.as_json else found:
+            out.line(str(port))
+
+
+@command.command()
+@click.argument("name")
+@click.argument("port", type=click.IntRange(1, 65535))
+@click.argument("path", default="/")
+@click.option(
+    "--share",
+    "share_seconds",
+    type=int,
+    default=None,
+    metavar="S",
+    help="A signed URL a person can open without credentials, valid S seconds.",
+)
+@_options
+def url(name: str, port: int, path: str, share_seconds: int | None, conn: Connection) -> None:
+    """The URL of PORT in NAME through the gateway (it needs the sandbox's
+    credential; --share makes one that does not)."""
+    with _session(conn) as (client, out):
+        if share_seconds is not None:
+            link = client.share_url(name, port, expires_in_seconds=share_seconds)
+        else:
+            link = client.url(name, port, path)
+        out.value({"url": link}, link)
+
+
+completing_names(command)
 
 __all__ = ["command", "split_remote"]

@@ -70,6 +70,7 @@ from .._core import (
 )
 from .._interpreter import Execution
 from .._models import BytesResult, Cancel, CombinedResult, DirEntry, GrepMatch, Progress, RunResult
+from .._options import LISTENING_COMMAND, AttachOptions, parse_listening
 from .._run import RunAccumulator
 from .._transport import default_transport
 from ._backend import ByteStream, EventStream, Lock, run_sync, shielded, sleep, ws_connect
@@ -223,8 +224,25 @@ class SandboxClient:
 
     # -- attach and handles ---------------------------------------------------------
 
-    def attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
+    def attach(
+        self,
+        name: str,
+        sandbox_class: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        cpus: float | None = None,
+        memory_mib: int | None = None,
+        idle_timeout_seconds: int | None = None,
+    ) -> SandboxHandle:
         """Create, resume or reuse the sandbox ``name`` and return its handle.
+
+        Beyond the reference, a new sandbox may get ``labels`` (shown in its
+        record, matched by ``list(labels=...)``), ``env`` (variables for every
+        command; a call's own ``env`` wins), ``cpus``, ``memory_mib`` and an
+        ``idle_timeout_seconds``, each within the server's bounds. They apply at
+        creation: an existing sandbox created with others is refused
+        (``SANDBOX_OPTIONS_CONFLICT``); one attached without them is reused.
 
         Optional: ``exec``, ``run``, ``spawn`` and the file methods attach on
         first use. While the declared environment is being prepared the server
@@ -236,10 +254,22 @@ class SandboxClient:
         >>> handle.state, handle.start  # doctest: +SKIP
         ('running', 'created')
         """
+        options = AttachOptions(
+            labels=labels,
+            env=env,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            idle_timeout_seconds=idle_timeout_seconds,
+        )
         with self._lock(name):
-            return self._attach(name, sandbox_class)
+            return self._attach(name, sandbox_class, options)
 
-    def _attach(self, name: str, sandbox_class: str | None = None) -> SandboxHandle:
+    def _attach(
+        self,
+        name: str,
+        sandbox_class: str | None = None,
+        options: AttachOptions | None = None,
+    ) -> SandboxHandle:
         deadline = time.monotonic() + self._core.config.prepare_timeout_seconds
         # A server restarting refuses connections (waited out for a bounded
         # restart_deadline), then answers 503 with Retry-After while it starts
@@ -248,7 +278,7 @@ class SandboxClient:
         pause = 0.1
         while True:
             try:
-                response = self._control(self._core.attach_request(name, sandbox_class))
+                response = self._control(self._core.attach_request(name, sandbox_class, options))
             except SandboxUnavailableError as exc:
                 if not self._core.never_connected(exc) or time.monotonic() > restart_deadline:
                     raise
@@ -1105,6 +1135,12 @@ class SandboxClient:
         """
         return self._core.port_url(self._handle(name), port, path)
 
+    def listening_ports(self, name: str) -> builtins.list[int]:
+        """The TCP ports a server in the sandbox listens on (what :meth:`url` can
+        reach), read from the sandbox's ``/proc/net/tcp`` and ``tcp6``."""
+        result = self.exec(name, [*LISTENING_COMMAND])
+        return parse_listening(result.stdout)
+
     def port_transport(self, name: str) -> httpx.BaseTransport:
         """An httpx transport that adds the sandbox's credential to every request
         (and re-attaches once when it is refused), for URLs from :meth:`url`.
@@ -1150,13 +1186,14 @@ class SandboxClient:
         """The sandbox's record (no credentials); 404 when there is none."""
         return self._core.parse_record(self._control(self._core.get_request(name)))
 
-    def list(self) -> builtins.list[SandboxRecord]:
-        """Every sandbox of this deployment.
+    def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxRecord]:
+        """Every sandbox of this deployment; with ``labels``, those carrying all of them.
 
         >>> for row in client.list():  # doctest: +SKIP
         ...     print(row.name, row.state, row.ceiling_at)
+        >>> client.list(labels={"team": "a"})  # doctest: +SKIP
         """
-        return self._core.parse_records(self._control(self._core.list_request()))
+        return self._core.parse_records(self._control(self._core.list_request(labels)))
 
     def stop(self, name: str) -> None:
         """Suspend the sandbox's compute early; the next call resumes it."""
@@ -1501,6 +1538,7 @@ class Sandbox:
     # Each of these is the client's method with this sandbox's name filled in:
     # same parameters, same types (for a type checker too), same docstring.
     attach = for_the_sandbox(SandboxClient.attach)
+    listening_ports = for_the_sandbox(SandboxClient.listening_ports)
     exec = for_the_sandbox(SandboxClient.exec)
     exec_bytes = for_the_sandbox(SandboxClient.exec_bytes)
     stream = for_the_sandbox(SandboxClient.stream)

@@ -19,6 +19,7 @@ from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 
 from .. import views
 from ..services.environment import Building
+from ..services.options import label_filter, options_of
 from ..tokens import bearer
 
 JSON = "application/json"
@@ -45,7 +46,10 @@ async def attach(request: Request) -> Response:
         body = loads(AttachRequest, raw) if raw.strip() else AttachRequest()
     except WireError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
-    result = await platform.sandboxes.attach(deployment, request.path_params["name"], body.class_)
+    options = options_of(body, platform.settings)
+    result = await platform.sandboxes.attach(
+        deployment, request.path_params["name"], body.class_, options
+    )
     # A client that predates 202 (the reference's) only knows 200: wait for the
     # build a while, so one finishing meanwhile is answered 200. A client that
     # says it handles 202 (Prefer: respond-async) gets it at once.
@@ -63,7 +67,7 @@ async def attach(request: Request) -> Response:
         if not result.done.done():
             break
         result = await platform.sandboxes.attach(
-            deployment, request.path_params["name"], body.class_
+            deployment, request.path_params["name"], body.class_, options
         )
     if isinstance(result, Building):
         return _json(
@@ -83,7 +87,10 @@ async def get_one(request: Request) -> Response:
 
 async def list_all(request: Request) -> Response:
     platform = request.app.state.platform
-    sandboxes = await platform.sandboxes.list(await _deployment(request))
+    deployment = await _deployment(request)
+    # ``?label=k=v``, repeated: sandboxes carrying every one of them.
+    labels = label_filter(request.query_params.getlist("label"))
+    sandboxes = await platform.sandboxes.list(deployment, labels)
     lost = platform.sandboxes.lost
     return _json(SandboxList(sandboxes=[views.record(s, lost=lost(s)) for s in sandboxes]))
 

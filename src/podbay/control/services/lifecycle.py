@@ -6,7 +6,8 @@ acting, so a pass that dies halfway leaves rows the next pass completes.
 
 Thresholds (``settings.lifecycle``)::
 
-    running,   idle >= idle_seconds, no request
+    running,   idle >= idle_seconds (or the sandbox's
+               own idle_timeout_seconds), no request
                in flight through the gateway       → suspended
     running/suspended, now >= ceiling_at            → stopped (files kept; next
                                                       attach carries them over),
@@ -115,7 +116,7 @@ class Lifecycle:
             return "ceiling"
         if (
             row.state is S.RUNNING
-            and idle >= timedelta(seconds=self.settings.idle_seconds)
+            and idle >= timedelta(seconds=self._idle_seconds(row))
             and not self._busy(row)
         ):
             return "idle"
@@ -125,6 +126,11 @@ class Lifecycle:
         ):
             return "reclaim"
         return None
+
+    def _idle_seconds(self, row: Sandbox) -> float:
+        """The sandbox's own idle threshold (set at attach) or the server's."""
+        own = row.options.idle_timeout_seconds
+        return self.settings.idle_seconds if own is None else own
 
     def _busy(self, row: Sandbox) -> bool:
         try:

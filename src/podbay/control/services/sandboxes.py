@@ -12,18 +12,21 @@ word it was asked for (``asked_class``, shown as ``class``: the reference
 contract's handles say "Always ``default``"). An existing sandbox is reused with ``default`` or
 its own class named; naming another class is 409 ``SANDBOX_CLASS_CONFLICT``
 rather than a silent change of isolation (delete it to change class).
+Its other options (labels, variables, CPU, memory, idle timeout) follow the
+same rule (:mod:`.options`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from podbay.domain import Deployment, Sandbox, SandboxState, StartKind
+from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState, StartKind
+from podbay.domain.options import NO_OPTIONS
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
 from podbay.errors import ApiError
 from podbay.runtime.classes import is_class_name
@@ -35,6 +38,7 @@ from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 from ..nodes import Launch, Node, Nodes
 from .environment import Building
 from .locks import NameLocks
+from .options import check_same
 from .transitions import Transitions
 
 T = TypeVar("T")
@@ -121,10 +125,17 @@ class SandboxService:
             raise not_found(name)
         return self._with_activity(row)
 
-    async def list(self, deployment: Deployment) -> list[Sandbox]:
+    async def list(
+        self, deployment: Deployment, labels: Mapping[str, str] | None = None
+    ) -> list[Sandbox]:
+        """This deployment's sandboxes; with ``labels``, those carrying them all."""
         rows = await self.store.list_sandboxes(deployment_id=deployment.id)
         await self.nodes.refresh()
-        return [self._with_activity(r) for r in rows if r.state.visible]
+        return [
+            self._with_activity(r)
+            for r in rows
+            if r.state.visible and (not labels or r.options.matches(labels))
+        ]
 
     def _with_activity(self, row: Sandbox) -> Sandbox:
         try:
@@ -136,7 +147,14 @@ class SandboxService:
         return row
 
     # -- attach ------------------------------------------------------------------
-    async def attach(self, deployment: Deployment, name: str, class_: str) -> Attached | Building:
+    async def attach(
+        self,
+        deployment: Deployment,
+        name: str,
+        class_: str,
+        options: SandboxOptions = NO_OPTIONS,
+    ) -> Attached | Building:
+        """``options`` are checked already (:func:`.options.options_of`)."""
         check_name(name)
         if not is_class_name(class_):
             self.nodes.resolve(class_)  # raises SANDBOX_CLASS_UNKNOWN
@@ -149,7 +167,7 @@ class SandboxService:
         await self.nodes.refresh()
         stamp = self.locks.stamp(deployment.id, name)
         row = await self.store.get_sandbox(deployment.id, name)
-        fast = await self._reuse_published(row, class_)
+        fast = await self._reuse_published(row, class_, options)
         if fast is not None:
             return fast
         async with self.locks.hold(deployment.id, name):
@@ -163,9 +181,10 @@ class SandboxService:
                 if row is not None and row.state.visible:
                     self.nodes.of(row)  # refuses a sandbox whose node is lost
                     self._check_class(row, class_)
+                    check_same(row, options)
                 if row is None:
                     result = await self._create(
-                        deployment, name, self.nodes.resolve(class_), class_
+                        deployment, name, self.nodes.resolve(class_), class_, options
                     )
                 elif row.state is S.RUNNING:
                     result = await self._reuse(row, transitions)
@@ -218,7 +237,9 @@ class SandboxService:
         endpoint = (node or self.nodes.of(row)).endpoint(row.id)
         return Attached(row, start, token, expires, endpoint)
 
-    async def _reuse_published(self, row: Sandbox | None, class_: str) -> Attached | None:
+    async def _reuse_published(
+        self, row: Sandbox | None, class_: str, options: SandboxOptions
+    ) -> Attached | None:
         """A running sandbox whose route its node holds, without the sandbox's
         lock (in a cluster a lease: two writes to the store) or a call to the
         node: nothing changes, so there is nothing to serialize. A transition
@@ -233,6 +254,7 @@ class SandboxService:
             return None
         node = self.nodes.of(row)  # refuses a sandbox whose node is lost
         self._check_class(row, class_)
+        check_same(row, options)
         if not node.routed(row):
             return None
         return self._touched(row, node)
@@ -265,7 +287,12 @@ class SandboxService:
         return None if new is None else self._attached(new, start)
 
     async def _create(
-        self, deployment: Deployment, name: str, class_: str, asked: str
+        self,
+        deployment: Deployment,
+        name: str,
+        class_: str,
+        asked: str,
+        options: SandboxOptions,
     ) -> Attached | Building | None:
         node = await self.nodes.place(class_)
         short = await node.shortfall()
@@ -276,7 +303,8 @@ class SandboxService:
         if isinstance(prepared, Building):
             return prepared
         now = self.clock()
-        pooled = await node.take_warm(class_, prepared)
+        # A pooled machine was made with the server's limits and variables.
+        pooled = None if options.machine else await node.take_warm(class_, prepared)
         row = Sandbox(
             id=new_sandbox_id(),
             deployment_id=deployment.id,
@@ -291,6 +319,7 @@ class SandboxService:
             ceiling_at=None,
             node=node.name,
             asked_class=asked,
+            options=options,
         )
         outcome = await self.store.insert_sandbox(
             row,
@@ -304,7 +333,16 @@ class SandboxService:
                 return None
             raise self._cap_refusal(outcome)
         labels = {LABEL_SANDBOX: row.id, LABEL_DEPLOYMENT: deployment.id, LABEL_NAME: name}
-        order = Launch(class_, row.machine_id, hostname_for(name), labels, pooled is not None)
+        order = Launch(
+            class_,
+            row.machine_id,
+            hostname_for(name),
+            labels,
+            pooled is not None,
+            env=dict(options.env),
+            cpus=options.cpus,
+            memory_bytes=None if options.memory_mib is None else options.memory_mib << 20,
+        )
         try:
             await node.launch(order, prepared, deployment)
         except ApiError:

@@ -184,7 +184,10 @@ class Transitions:
             await target.destroy(c, mid)
         started = time.monotonic()
         try:
-            received = await target.receive(self.nodes.transfer(source, target, c, mid), prepared)
+            transfer = replace(
+                self.nodes.transfer(source, target, c, mid), env=dict(row.options.env)
+            )
+            received = await target.receive(transfer, prepared)
             if received.sha256 != received.sent_sha256:  # the target refuses it too
                 raise ApiError(ErrorCode.INTERNAL, "the disk arrived damaged")
             new = await self.store.replace_sandbox(row, replace(row, node=target.name))

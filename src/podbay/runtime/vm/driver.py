@@ -455,6 +455,14 @@ class VmDriver(RecordKeepingDriver):
             network=self.network.enabled,
         )
 
+    def _templated(self, spec: MachineSpec) -> bool:
+        """Whether the machine has the server's own CPUs and memory: only that
+        shape restores from a template. One of attach's own (cpus, memory_mib)
+        boots cold: a template is a guest's saved memory on disk, and sandboxes
+        could ask for as many shapes as the bounds allow."""
+        limits = spec.limits
+        return limits.memory_bytes == self.rt.memory_bytes and limits.cpus == self.rt.cpus
+
     def _template_key(self, shape: templates.Shape, layers: list[Path]) -> str:
         return shape.key(self.accel, *map(str, self._template_inputs(layers)))
 
@@ -476,7 +484,7 @@ class VmDriver(RecordKeepingDriver):
         os.chmod(paths.run, 0o700)
         layers = await self._layer_disks(spec)
         template = None
-        if self.templates_enabled and not paths.booted.exists():
+        if self.templates_enabled and not paths.booted.exists() and self._templated(spec):
             template = self._ensure_template(self._shape(spec), layers)
         handle = await self.network.setup(spec.machine_id)
         paths.booted.touch()

@@ -1,0 +1,170 @@
+"""Attach's options, checked: labels, variables, CPU, memory, idle timeout.
+
+Everything here is the caller's input: a label or variable that cannot be
+one, or a figure outside the operator's bounds (``runtime.min_cpus`` ...
+``lifecycle.max_idle_seconds``), is refused before anything is made, with a
+code naming what is wrong (``SANDBOX_MEMORY_ABOVE_MAX``).
+
+Options apply when the sandbox is created. A later attach that names an
+option the sandbox was not created with is 409 ``SANDBOX_OPTIONS_CONFLICT``
+(the same rule as its class): the owner learns the sandbox is not what it
+asked for instead of getting it silently; one that names none, or the same
+ones, attaches as before.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+
+from podbay.domain import Sandbox, SandboxOptions
+from podbay.errors import ApiError
+from podbay.settings import Settings
+from podbay.wire.codes import ErrorCode
+from podbay.wire.control import AttachRequest
+
+MAX_LABELS = 32
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+MAX_LABEL_VALUE = 256
+MAX_ENV = 128
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+#: Names, values, ``=`` and NULs of every variable together (an ``execve``
+#: takes far more; this keeps the record and the env file small).
+MAX_ENV_BYTES = 32 * 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MIB = 1024 * 1024
+
+
+def _refuse(code: ErrorCode, message: str) -> ApiError:
+    return ApiError(code, message)
+
+
+def check_label(key: str, value: str) -> None:
+    if not _LABEL_KEY.fullmatch(key):
+        raise _refuse(
+            ErrorCode.SANDBOX_LABELS_INVALID,
+            f"label key {key[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}$",
+        )
+    if len(value) > MAX_LABEL_VALUE or _CONTROL.search(value):
+        raise _refuse(
+            ErrorCode.SANDBOX_LABELS_INVALID,
+            f"label {key!r}: values are at most {MAX_LABEL_VALUE} characters, "
+            "without control characters",
+        )
+
+
+def check_labels(labels: Mapping[str, str]) -> None:
+    if len(labels) > MAX_LABELS:
+        raise _refuse(ErrorCode.SANDBOX_LABELS_INVALID, f"at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        check_label(key, value)
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    if len(env) > MAX_ENV:
+        raise _refuse(ErrorCode.SANDBOX_ENV_INVALID, f"at most {MAX_ENV} variables")
+    size = 0
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise _refuse(
+                ErrorCode.SANDBOX_ENV_INVALID,
+                f"variable name {name[:80]!r} must match ^[A-Za-z_][A-Za-z0-9_]*$",
+            )
+        if "\x00" in value:
+            raise _refuse(
+                ErrorCode.SANDBOX_ENV_INVALID, f"variable {name!r} contains a NUL character"
+            )
+        size += len(name.encode()) + len(value.encode()) + 2
+    if size > MAX_ENV_BYTES:
+        raise _refuse(
+            ErrorCode.SANDBOX_ENV_INVALID,
+            f"the variables are {size} bytes together; at most {MAX_ENV_BYTES}",
+        )
+
+
+def _bounded(
+    value: float, low: float, high: float, what: str, unit: str, codes: tuple[ErrorCode, ErrorCode]
+) -> None:
+    if value < low:
+        raise _refuse(codes[0], f"{what} {value:g}{unit} is below this server's minimum {low:g}")
+    if value > high:
+        raise _refuse(codes[1], f"{what} {value:g}{unit} is above this server's maximum {high:g}")
+
+
+def options_of(body: AttachRequest, settings: Settings) -> SandboxOptions:
+    """The options ``body`` asks for, checked against ``settings``' bounds."""
+    labels = dict(body.labels or {})
+    env = dict(body.env or {})
+    check_labels(labels)
+    check_env(env)
+    rt, life = settings.runtime, settings.lifecycle
+    if body.cpus is not None:
+        if not math.isfinite(body.cpus):
+            raise _refuse(ErrorCode.REQUEST_INVALID, "cpus must be a finite number")
+        _bounded(
+            body.cpus,
+            rt.min_cpus,
+            rt.max_cpus,
+            "cpus",
+            "",
+            (ErrorCode.SANDBOX_CPUS_BELOW_MIN, ErrorCode.SANDBOX_CPUS_ABOVE_MAX),
+        )
+    if body.memory_mib is not None:
+        _bounded(
+            body.memory_mib,
+            rt.min_memory_bytes / MIB,
+            rt.max_memory_bytes / MIB,
+            "memory_mib",
+            " MiB",
+            (ErrorCode.SANDBOX_MEMORY_BELOW_MIN, ErrorCode.SANDBOX_MEMORY_ABOVE_MAX),
+        )
+    if body.idle_timeout_seconds is not None:
+        _bounded(
+            body.idle_timeout_seconds,
+            life.min_idle_seconds,
+            life.max_idle_seconds,
+            "idle_timeout_seconds",
+            " s",
+            (ErrorCode.SANDBOX_IDLE_TIMEOUT_BELOW_MIN, ErrorCode.SANDBOX_IDLE_TIMEOUT_ABOVE_MAX),
+        )
+    return SandboxOptions(
+        labels=labels,
+        env=env,
+        cpus=body.cpus,
+        memory_mib=body.memory_mib,
+        idle_timeout_seconds=body.idle_timeout_seconds,
+    )
+
+
+def check_same(row: Sandbox, asked: SandboxOptions) -> None:
+    """Refuse (409) options an existing sandbox was not created with; options
+    not named (empty, None) are not compared."""
+    have = row.options
+    for field in ("labels", "env", "cpus", "memory_mib", "idle_timeout_seconds"):
+        wanted = getattr(asked, field)
+        if wanted in (None, {}):
+            continue
+        current = getattr(have, field)
+        if (dict(current) if isinstance(current, Mapping) else current) != (
+            dict(wanted) if isinstance(wanted, Mapping) else wanted
+        ):
+            raise _refuse(
+                ErrorCode.SANDBOX_OPTIONS_CONFLICT,
+                f"sandbox {row.name!r} exists with other {field} than asked; options apply "
+                "when a sandbox is created: attach without them, or delete it first",
+            )
+
+
+def label_filter(pairs: Iterable[str]) -> dict[str, str]:
+    """``list``'s ``label=k=v`` query values as one mapping (all must match)."""
+    wanted: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise _refuse(
+                ErrorCode.SANDBOX_LABELS_INVALID, f"label filter {pair[:80]!r} is not k=v"
+            )
+        check_label(key, value)
+        wanted[key] = value
+    return wanted
