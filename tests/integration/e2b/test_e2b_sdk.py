@@ -6,6 +6,7 @@ module; the SDK reads the URLs per call, so they are passed explicitly."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +52,11 @@ def test_create_run_files_list_kill(server: PlatformServer, key: str) -> None:
         result = sandbox.commands.run("echo hi")
         assert (result.stdout, result.exit_code) == ("hi\n", 0)
         assert sandbox.commands.run("echo $GREETING-$X", envs={"X": "y"}).stdout == "hello-y\n"
+        seen: list[str] = []
+        ran = sandbox.commands.run(
+            "cd /tmp && pwd; id -un", cwd="/", user="root", on_stdout=seen.append
+        )
+        assert ran.stdout == "/tmp\nroot\n" and "".join(seen) == ran.stdout
         with pytest.raises(e2b.CommandExitException) as failed:
             sandbox.commands.run("echo oops >&2; exit 3")
         assert (failed.value.exit_code, failed.value.stderr) == (3, "oops\n")
@@ -114,6 +120,15 @@ def test_a_key_reaches_only_its_deployment(server: PlatformServer, key: str) -> 
         assert sandbox.commands.run("echo still mine").stdout == "still mine\n"
     finally:
         sandbox.kill()
+
+
+def test_timeout_kills_the_sandbox(server: PlatformServer, key: str) -> None:
+    sandbox = e2b.Sandbox.create(timeout=1, **_opts(server, key))
+    while sandbox.is_running():  # the sweep kills it past endAt; pytest's timeout bounds this
+        time.sleep(0.2)
+    assert sandbox.sandbox_id not in [
+        s.sandbox_id for s in e2b.Sandbox.list(**_opts(server, key)).next_items()
+    ]
 
 
 def test_revoked_key_is_refused(server: PlatformServer) -> None:
