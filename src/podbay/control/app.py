@@ -30,7 +30,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from podbay.asgi import Message, Receive, Scope, Send
+from podbay.asgi import ASGIApp, Message, Receive, Scope, Send
+from podbay.e2b.app import E2BApps
 from podbay.errors import ApiError
 from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import PREFIX as GATEWAY_PREFIX
@@ -205,6 +206,8 @@ class Platform:
         )
         self.control.state.platform = self
         self._control = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
+        # E2B's SDKs (docs/e2b.md): its REST paths and requests naming an E2B sandbox.
+        self.e2b = E2BApps(self)
 
     def _mint(self, sandbox_id: str, incarnation: int, ttl: float) -> tuple[str, datetime]:
         """A data-plane credential, already known to this process's gateway: the
@@ -264,7 +267,8 @@ class Platform:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        app = self.gateway if scope["path"].startswith(GATEWAY_PATHS) else self._control
+        app: ASGIApp = self.gateway if scope["path"].startswith(GATEWAY_PATHS) else self._control
+        app = self.e2b.route(scope) or app
         try:
             await app(scope, receive, tracked_send)
         except asyncio.CancelledError:
@@ -337,6 +341,7 @@ class Platform:
     async def shutdown(self) -> None:
         """Stop background work; sandboxes keep running."""
         await stop_tasks(self.classes, self._tasks)
+        await self.e2b.service.close()
         if self.lifecycle is not None:
             with contextlib.suppress(Exception):
                 await self.lifecycle.flush_activity()

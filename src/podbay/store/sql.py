@@ -30,6 +30,7 @@ from podbay.domain import Deployment, Sandbox, SandboxState
 
 from .base import InsertOutcome
 from .cluster import ClusterQueries
+from .e2b import E2BQueries
 from .rows import DEPLOYMENT_COLUMNS, SANDBOX_COLUMNS, Row, deployment, sandbox, sandbox_values, ts
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ def _section(d: Deployment) -> str | None:
     return None if d.sandbox_section is None else json.dumps(d.sandbox_section)
 
 
-class SqlStore(ClusterQueries, ABC, Generic[C]):
+class SqlStore(ClusterQueries, E2BQueries, ABC, Generic[C]):
     """:class:`~podbay.store.base.Store`'s queries over a :class:`Connection`."""
 
     #: The driver's parameter marker; queries are written with ``?``.

@@ -280,6 +280,7 @@ async def test_sandboxes_from_before_classes_are_containers(new_store, store_kin
 #: What undoes each migration after the classes one, newest first, so that
 #: rewinding the recorded version lets the later migrations run again.
 _UNDO = [
+    (8, ["DROP TABLE e2b_sandboxes", "DROP TABLE e2b_keys"]),
     (7, ["ALTER TABLE sandboxes DROP COLUMN options"]),
     (6, ["ALTER TABLE sandboxes DROP COLUMN asked_class"]),
     (5, ["ALTER TABLE sandboxes DROP COLUMN routed_on"]),

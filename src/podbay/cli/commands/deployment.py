@@ -148,19 +148,56 @@ def command() -> None:
 @click.argument("name")
 @click.option("--spec", default=None, metavar="FILE|-", help="The deployment's astropods.yml.")
 @click.option("--account", default="default", help="Account the deployment counts against.")
+@click.option("--e2b-key", is_flag=True, help="Also issue an E2B API key (printed last).")
 @data_dir_option
 @json_option
-def create(name: str, spec: str | None, account: str, data_dir: Path | None, as_json: bool) -> None:
-    """Register NAME; print its identity token (last line of stdout)."""
+def create(
+    name: str, spec: str | None, account: str, e2b_key: bool, data_dir: Path | None, as_json: bool
+) -> None:
+    """Register NAME; print its identity token (last line of stdout), then
+    with ``--e2b-key`` an E2B API key for it (the last line instead)."""
     text = read_spec(spec)
-    deployment, token = with_service(data_dir, lambda s: s.create(name, text, account))
+
+    async def work(service: Any) -> tuple[Deployment, str, str | None]:
+        from podbay.e2b.service import issue_key
+
+        deployment, token = await service.create(name, text, account)
+        key = await issue_key(service.store, deployment) if e2b_key else None
+        return deployment, token, key
+
+    deployment, token, key = with_service(data_dir, work)
     out = Output(as_json=as_json)
     if as_json:
-        out.value({**_row(deployment), "token": token})
+        out.value({**_row(deployment), "token": token, **({"e2b_key": key} if key else {})})
         return
     if not deployment.declares_sandbox:
         out.info(f"podbay: note: {name} declares no sandbox section; attach will answer 409")
     out.line(token)
+    if key is not None:
+        out.line(key)
+
+
+@command.command("e2b-key")
+@click.argument("name")
+@click.option("--revoke", is_flag=True, help="Revoke every E2B API key of NAME instead.")
+@data_dir_option
+def e2b_key_(name: str, revoke: bool, data_dir: Path | None) -> None:
+    """Issue an E2B API key for NAME (printed alone on the last line); with
+    ``--revoke``, revoke all of NAME's keys at once."""
+
+    async def work(service: Any) -> str:
+        from podbay.e2b.service import issue_key, revoke_keys
+
+        deployment = await service.get(name)
+        if revoke:
+            return f"revoked {await revoke_keys(service.store, deployment)} E2B key(s) of {name}"
+        return await issue_key(service.store, deployment)
+
+    result = with_service(data_dir, work)
+    if revoke:
+        Output().info(result)
+    else:
+        Output().line(result)
 
 
 @command.command()

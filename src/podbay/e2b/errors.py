@@ -1,0 +1,46 @@
+"""E2B's error shape: ``{"code": <HTTP status>, "message": ...}`` (its OpenAPI
+``Error``), with podbay's UPPER_SNAKE code as ``error_code`` (a field E2B's
+model has too)."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from podbay.errors import ApiError
+
+
+class E2BError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    return json.dumps({"code": status, "message": message, "error_code": code}).encode()
+
+
+def error_response(status: int, code: str, message: str) -> Response:
+    return Response(error_body(status, code, message), status, media_type="application/json")
+
+
+def not_implemented(what: str) -> E2BError:
+    return E2BError(501, "E2B_NOT_IMPLEMENTED", f"{what} is not implemented by podbay yet")
+
+
+async def on_e2b_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, E2BError)
+    return error_response(exc.status, exc.code, exc.message)
+
+
+async def on_api_error(_: Request, exc: Exception) -> Response:
+    """podbay's own refusals (caps, environment, runtime) in E2B's shape."""
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.code.value, exc.message)
+
+
+handlers = {E2BError: on_e2b_error, ApiError: on_api_error}

@@ -1,0 +1,148 @@
+"""E2B's own SDK (``e2b``, pinned in the dev extra) against a real ``podbay
+serve``, unchanged: only ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and a key that
+``podbay deployment create --e2b-key`` printed. One server per class for the
+module; the SDK reads the URLs per call, so they are passed explicitly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
+
+e2b = pytest.importorskip("e2b")
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module", params=["gvisor", "container"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PlatformServer]:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("e2b"), env={"PODBAY_RUNTIME_CLASSES": request.param}
+    ) as s:
+        yield s
+
+
+def _key(server: PlatformServer, name: str) -> str:
+    out = server.cli("deployment", "create", name, "--spec", "-", "--e2b-key", input=SANDBOX_SPEC)
+    key = out.stdout.strip().splitlines()[-1]
+    assert key.startswith("e2b_") and len(key) == 44
+    return key
+
+
+@pytest.fixture(scope="module")
+def key(server: PlatformServer) -> str:
+    return _key(server, "e2b-a")
+
+
+def _opts(server: PlatformServer, key: str) -> dict[str, Any]:
+    return {"api_key": key, "api_url": server.base_url, "sandbox_url": server.base_url}
+
+
+def test_create_run_files_list_kill(server: PlatformServer, key: str) -> None:
+    opts = _opts(server, key)
+    sandbox = e2b.Sandbox.create(metadata={"suite": "e2b"}, envs={"GREETING": "hello"}, **opts)
+    try:
+        result = sandbox.commands.run("echo hi")
+        assert (result.stdout, result.exit_code) == ("hi\n", 0)
+        assert sandbox.commands.run("echo $GREETING-$X", envs={"X": "y"}).stdout == "hello-y\n"
+        seen: list[str] = []
+        ran = sandbox.commands.run(
+            "cd /tmp && pwd; id -un", cwd="/", user="root", on_stdout=seen.append
+        )
+        assert ran.stdout == "/tmp\nroot\n" and "".join(seen) == ran.stdout
+        with pytest.raises(e2b.CommandExitException) as failed:
+            sandbox.commands.run("echo oops >&2; exit 3")
+        assert (failed.value.exit_code, failed.value.stderr) == (3, "oops\n")
+
+        sandbox.files.write("/tmp/e2b.txt", "written by e2b\n")
+        assert sandbox.files.read("/tmp/e2b.txt") == "written by e2b\n"
+        assert sandbox.commands.run("cat /tmp/e2b.txt").stdout == "written by e2b\n"
+
+        listed = e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": "e2b"}), **opts)
+        assert [s.sandbox_id for s in listed.next_items()] == [sandbox.sandbox_id]
+        other = e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"suite": "x"}), **opts)
+        assert other.next_items() == []
+        info = sandbox.get_info()
+        assert (info.template_id, info.metadata) == ("base", {"suite": "e2b"})
+        sandbox.set_timeout(600)
+        assert (sandbox.get_info().end_at - info.started_at).total_seconds() >= 599
+        # the same sandbox through podbay's own API, under its E2B id
+        assert server.http.get(f"/sandboxes/{sandbox.sandbox_id}", headers={"X-API-Key": key})
+    finally:
+        sandbox.kill()
+    assert not sandbox.is_running()
+    with pytest.raises(e2b.SandboxException):
+        sandbox.commands.run("true")
+
+
+def test_async_sdk(server: PlatformServer, key: str) -> None:
+    async def main() -> None:
+        sandbox = await e2b.AsyncSandbox.create(**_opts(server, key))
+        try:
+            result = await sandbox.commands.run("echo async")
+            assert (result.stdout, result.exit_code) == ("async\n", 0)
+            with pytest.raises(e2b.CommandExitException):
+                await sandbox.commands.run("false")
+            await sandbox.files.write("/tmp/a.bin", b"\x00\xffbytes")
+            assert await sandbox.files.read("/tmp/a.bin", format="bytes") == b"\x00\xffbytes"
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
+
+
+def test_a_key_reaches_only_its_deployment(server: PlatformServer, key: str) -> None:
+    other_key = _key(server, "e2b-b")
+    sandbox = e2b.Sandbox.create(**_opts(server, key))
+    try:
+        with pytest.raises(e2b.SandboxException):  # not found: another deployment's
+            e2b.Sandbox.connect(sandbox.sandbox_id, **_opts(server, other_key))
+        assert e2b.Sandbox.kill(sandbox.sandbox_id, **_opts(server, other_key)) is False
+        assert e2b.Sandbox.list(**_opts(server, other_key)).next_items() == []
+        # The sandbox API without its access token, with the other key: refused.
+        answer = server.http.post(
+            "/process.Process/Start",
+            headers={
+                "E2b-Sandbox-Id": sandbox.sandbox_id,
+                "X-API-Key": other_key,
+                "Content-Type": "application/json",
+            },
+            content=b"{}",
+        )
+        assert answer.status_code == 502 and "was not found" in answer.json()["message"]
+        assert sandbox.commands.run("echo still mine").stdout == "still mine\n"
+    finally:
+        sandbox.kill()
+
+
+def test_timeout_kills_the_sandbox(server: PlatformServer, key: str) -> None:
+    sandbox = e2b.Sandbox.create(timeout=1, **_opts(server, key))
+    while sandbox.is_running():  # the sweep kills it past endAt; pytest's timeout bounds this
+        time.sleep(0.2)
+    assert sandbox.sandbox_id not in [
+        s.sandbox_id for s in e2b.Sandbox.list(**_opts(server, key)).next_items()
+    ]
+
+
+def test_revoked_key_is_refused(server: PlatformServer) -> None:
+    key = _key(server, "e2b-revoked")
+    server.cli("deployment", "e2b-key", "e2b-revoked", "--revoke")
+    with pytest.raises(e2b.AuthenticationException):
+        e2b.Sandbox.create(**_opts(server, key))
+
+
+def test_unsupported_calls_answer_e2b_errors(server: PlatformServer, key: str) -> None:
+    answer = server.http.post("/templates", headers={"X-API-Key": key}, json={"alias": "x"})
+    assert answer.status_code == 501
+    assert answer.json()["code"] == 501 and "not implemented" in answer.json()["message"]
+    unknown = server.http.post(
+        "/v2/sandboxes", headers={"X-API-Key": key}, json={"templateID": "nope"}
+    )
+    assert unknown.status_code == 404 and "nope" in unknown.json()["message"]
