@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 from podbay.cli.progress import build_progress
 
@@ -45,6 +46,9 @@ def test_a_terminal_gets_bars_and_no_log_lines(caplog) -> None:  # type: ignore[
     assert "building the sandbox base image (once)" in shown
     assert "8/8" in shown and "3/3" in shown
     assert "building environment layer abcdef012345" in shown
+    # Beside each bar: what it is doing and the seconds since the build began.
+    assert re.search(r"downloading packages, \d+ s", shown)
+    assert re.search(r"pip install six, \d+ s", shown)
     assert not caplog.records  # the lines did not print under the bars
 
 
