@@ -22,9 +22,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
+
+if TYPE_CHECKING:
+    from podbay.wire.control import Preparing
 
 #: Base-image build stages, in order, by a text their log record contains.
 IMAGE_STAGES = (
@@ -174,3 +177,39 @@ def build_progress(enabled: bool = True, stream: TextIO | None = None) -> Iterat
             lg.removeHandler(handler)
             lg.propagate = propagate
             lg.setLevel(level)
+
+
+class PreparingLines:
+    """The SDK's ``on_preparing`` for the CLI: while an attach waits for the
+    declared environment, one line on stderr each time its build moves on
+    (step, what it does, seconds so far)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._last: tuple[int, str] | None = None
+        self._waiting_said = False
+
+    def __call__(self, preparing: Preparing) -> None:
+        step = preparing.progress
+        if step is None:  # built elsewhere, or a server that does not say
+            if not self._waiting_said:
+                self._write(f"sandbox {preparing.name}: waiting for its environment to be built")
+                self._waiting_said = True
+            return
+        if (step.step, step.doing) == self._last:
+            return
+        self._last = (step.step, step.doing)
+        self._write(
+            f"sandbox {preparing.name}: building its environment: step {step.step}/{step.steps}"
+            f" {step.doing} ({step.elapsed_seconds:.0f} s)"
+        )
+
+    def _write(self, line: str) -> None:
+        self.stream.write(f"podbay: {line}\n")
+        self.stream.flush()
+
+
+def preparing_lines(as_json: bool, stream: TextIO | None = None) -> PreparingLines | None:
+    """A :class:`PreparingLines` for people (stderr a terminal, no ``--json``), else None."""
+    out = stream if stream is not None else sys.stderr
+    return PreparingLines(out) if not as_json and out.isatty() else None
