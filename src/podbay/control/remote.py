@@ -32,9 +32,7 @@ from podbay.runtime.classes import CLASSES
 from podbay.runtime.transfer import Received
 from podbay.signing import SigningKeys
 from podbay.store.postgres import PostgresStore
-from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import BuildStep
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
 from podbay.wire.paths import SHARE_PREFIX
 
@@ -123,11 +121,7 @@ class RemoteNode:
             "POST", "/prepare", {"deployment": internal.deployment_doc(deployment), "class": class_}
         )
         if "building" in doc:
-            progress = doc.get("progress")
-            return Building(
-                int(doc["building"]),
-                progress=None if progress is None else codec.decode(BuildStep, progress),
-            )
+            return Building(int(doc["building"]))
         return Prepared(key=str(doc["key"]))
 
     async def take_warm(self, class_: str, prepared: Prepared) -> str | None:

@@ -23,7 +23,6 @@ from podbay.control.services.environment import Building, Prepared
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, check_machine_id
-from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
 
 if TYPE_CHECKING:
@@ -94,8 +93,7 @@ async def prepare(request: Request) -> Response:
     deployment = internal.deployment_from(doc.get("deployment"))
     result = await node.node.prepare(deployment, _class(node, _str(doc, "class")))
     if isinstance(result, Building):
-        progress = None if result.progress is None else codec.encode(result.progress)
-        return JSONResponse({"building": result.retry_after_seconds, "progress": progress})
+        return JSONResponse({"building": result.retry_after_seconds})
     node.prepared[result.key] = result
     return JSONResponse({"key": result.key})
 
