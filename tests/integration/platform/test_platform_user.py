@@ -55,7 +55,8 @@ def test_user_works_in_workspace_and_home(
     server: PlatformServer, token: str, sandbox_class: str
 ) -> None:
     available(server, sandbox_class)
-    r = server.attach(token, f"user-{sandbox_class}", json={"class": sandbox_class})
+    # A vm's first boot under TCG on a loaded machine can outlast the client's 60 s.
+    r = server.attach(token, f"user-{sandbox_class}", json={"class": sandbox_class}, timeout=600)
     assert r.status_code == 200, r.text
     handle = r.json()
     assert run(server, handle, "echo from-root > /workspace/root.txt")["exit_code"] == 0
