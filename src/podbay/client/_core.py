@@ -31,6 +31,7 @@ from podbay.wire import codec, paths
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    Preparing,
     SandboxHandle,
     SandboxList,
     SandboxRecord,
@@ -488,6 +489,14 @@ class Core:
 
     def parse_record(self, response: httpx.Response) -> SandboxRecord:
         return self.expect(response, SandboxRecord, 200)
+
+    @staticmethod
+    def parse_preparing(name: str, response: httpx.Response) -> Preparing:
+        """A 202's body; a server that sends none (or another) still means "preparing"."""
+        try:
+            return codec.loads(Preparing, response.content, strict=False)
+        except codec.WireError:
+            return Preparing(name=name)
 
     def parse_records(self, response: httpx.Response) -> list[SandboxRecord]:
         return self.expect(response, SandboxList, 200).sandboxes

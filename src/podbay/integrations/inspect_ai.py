@@ -2,7 +2,7 @@
 
     Task(dataset=..., solver=[use_tools(bash()), generate()], sandbox="podbay")  # the change
 
-``pip install 'podbay[inspect_ai]'`` registers it through inspect's extension
+``pip install 'podbay[inspect-ai]'`` registers it through inspect's extension
 entry point, so a task needs no import of ours. The server and token come
 from the environment as for :class:`~podbay.SandboxClient`
 (``ASTRO_AUTHZ_TOKEN``; the server is the token's issuer). Per task, optionally::

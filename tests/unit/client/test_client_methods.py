@@ -14,10 +14,12 @@ import pytest
 from fakeplatform import Fake
 
 from podbay.client import (
+    BuildStep,
     CombinedResult,
     DirEntry,
     ExecResult,
     GrepMatch,
+    Preparing,
     RunResult,
     SandboxHandle,
     SandboxNotEnabledError,
@@ -62,6 +64,32 @@ def test_202_then_200_waits_retry_after_and_puts_again(client: Any, fake: Fake) 
     handle = client.attach("prep")
     assert handle.state == "running"
     assert fake.count("PUT", "/prep") == 3
+
+
+def test_each_202_goes_to_on_preparing_with_the_builds_step(make_client: Any, fake: Fake) -> None:
+    seen: list[Preparing] = []
+    fake.preparing = 2
+    fake.preparing_extra = {
+        "progress": {"step": 2, "steps": 4, "doing": "apt-get update", "elapsed_seconds": 3.5},
+        "later": "a field this client does not know",
+    }
+    client = make_client(on_preparing=seen.append)
+    assert client.attach("prep").state == "running"
+    assert (
+        seen
+        == [
+            Preparing(
+                name="prep",
+                progress=BuildStep(step=2, steps=4, doing="apt-get update", elapsed_seconds=3.5),
+            )
+        ]
+        * 2
+    )
+    # A server that says no more than the contract: progress is None.
+    seen.clear()
+    fake.preparing, fake.preparing_extra = 1, {}
+    client.attach("other")
+    assert seen == [Preparing(name="other")]
 
 
 def test_prepare_timeout_raises_preparing_error(make_client: Any, fake: Fake) -> None:

@@ -86,10 +86,13 @@ def _options(func: Callable[..., None]) -> Callable[..., None]:
 @contextlib.contextmanager
 def _session(conn: Connection, **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
     """A client and an output; every expected failure becomes one line and an exit code."""
+    from podbay.cli.progress import preparing_lines
     from podbay.client import SandboxClient
     from podbay.errors import SandboxRequestError, SandboxUnavailableError
 
     out = Output(as_json=conn.as_json)
+    # On a terminal, an attach waiting for the declared environment shows its build.
+    options.setdefault("on_preparing", preparing_lines(conn.as_json))
     try:
         with SandboxClient(identity_token=conn.token, server_url=conn.server, **options) as client:
             yield client, out

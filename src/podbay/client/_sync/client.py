@@ -43,7 +43,7 @@ from podbay.wire import paths
 from podbay.wire.codec import dumps, loads
 from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.control import Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import (
     ChmodRequest,
     DirListing,
@@ -118,7 +118,11 @@ class SandboxClient:
         prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
         files: FilesMode = "auto",
+        on_preparing: Callable[[Preparing], None] | None = None,
     ) -> None:
+        #: Called with each 202's body while an attach waits for the declared
+        #: environment (``progress``: the build's step, where the server says).
+        self._on_preparing = on_preparing
         config = resolve_config(
             identity_token, server_url, timeout_seconds, prepare_timeout_seconds, files
         )
@@ -248,7 +252,9 @@ class SandboxClient:
         first use. While the declared environment is being prepared the server
         answers 202; the client waits ``Retry-After`` (default 5 s) and asks
         again until ``prepare_timeout_seconds``, then raises
-        :class:`SandboxPreparingError`.
+        :class:`SandboxPreparingError`. Each 202 goes to the client's
+        ``on_preparing`` callback, if given: a :class:`Preparing` whose
+        ``progress`` (a :class:`BuildStep`, or None) is the build's current step.
 
         >>> handle = client.attach("thread-42")  # doctest: +SKIP
         >>> handle.state, handle.start  # doctest: +SKIP
@@ -295,6 +301,8 @@ class SandboxClient:
                     continue
             if response.status_code == 202:
                 wait = self._core.retry_after(response)
+                if self._on_preparing is not None:
+                    self._on_preparing(self._core.parse_preparing(name, response))
                 if time.monotonic() + wait > deadline:
                     raise SandboxPreparingError(
                         f"sandbox {name!r} is still being prepared after "

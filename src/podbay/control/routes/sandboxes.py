@@ -71,7 +71,7 @@ async def attach(request: Request) -> Response:
         )
     if isinstance(result, Building):
         return _json(
-            Preparing(name=request.path_params["name"]),
+            Preparing(name=request.path_params["name"], progress=result.progress),
             202,
             {"Retry-After": str(result.retry_after_seconds)},
         )
