@@ -34,6 +34,10 @@
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
     ├── BodyTooLarge                     a client's body passed the relay's limit
     │
+    │   E2B's surface (podbay.e2b)
+    ├── E2BError(status, code, message)  a refusal in E2B's REST error shape
+    ├── ConnectError(code, message)      a refusal in the Connect protocol's shape
+    │
     │   agent (inside the sandbox)
     ├── ProtocolError(status, message)   the peer broke HTTP/1.1
     ├── Aborted                          cut a response mid-body
@@ -212,6 +216,30 @@ class AgentAnswerInvalid(PodbayError):
 
 class BodyTooLarge(PodbayError):
     """The client's body passed the relay's limit while it streamed."""
+
+
+class E2BError(PodbayError):
+    """A refusal on E2B's REST surface: ``status`` and an UPPER_SNAKE ``code``,
+    answered as E2B's ``{"code": status, "message"}`` body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class ConnectError(PodbayError):
+    """A refusal on envd's Connect surface; ``code`` is one of Connect's
+    lower-case codes (``invalid_argument``, ``not_found``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
 
 
 class ProtocolError(PodbayError):
