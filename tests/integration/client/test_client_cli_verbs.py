@@ -170,3 +170,28 @@ def test_no_token_names_the_option(podbay: Any) -> None:
             [PODBAY, "sandbox", "list", "--help"], capture_output=True, text=True
         ).stdout
     )
+
+
+def test_a_piped_shell_has_no_terminal(podbay: Any, name: str, platform: Any) -> None:
+    script = "echo hi\necho err >&2\ntest -t 0 || echo no-tty\nexit 3\n"
+    env = {**os.environ, "ASTRO_AUTHZ_TOKEN": platform.token}
+    env.pop("PODBAY_SERVER_URL", None)
+    done = subprocess.run(
+        [PODBAY, "sandbox", "shell", name],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    # No echo of the input, no prompt, no bracketed-paste switch (ESC[?2004h).
+    assert (done.returncode, done.stdout, done.stderr) == (3, "hi\nno-tty\n", "err\n")
+    catted = subprocess.run(
+        [PODBAY, "sandbox", "shell", name, "--", "cat"],
+        input="line\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert (catted.returncode, catted.stdout) == (0, "line\n")
