@@ -51,6 +51,13 @@ def size_of(path: Path) -> int:
     return total
 
 
+def _empty_tree(path: Path) -> bool:
+    """A directory holding directories only (nothing to reclaim)."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    return not any(files for _, _, files in os.walk(path))
+
+
 def human(size: int) -> str:
     """>>> human(512), human(3 * 1024 * 1024)
     ('512 B', '3.0 MiB')
@@ -71,6 +78,8 @@ def clear(data_dir: Path) -> tuple[list[str], list[str]]:
     removed: list[str] = []
     kept: list[str] = []
     for entry in sorted(data_dir.iterdir()) if data_dir.is_dir() else []:
+        if _empty_tree(entry):
+            continue  # the layout's own directories, emptied by the machines' destruction
         size = size_of(entry)
         why = KEPT.get(entry.name)
         if why is None:
