@@ -59,7 +59,9 @@ def _empty_tree(path: Path) -> bool:
 
 
 def human(size: int) -> str:
-    """>>> human(512), human(3 * 1024 * 1024)
+    """A size for people.
+
+    >>> human(512), human(3 * 1024 * 1024)
     ('512 B', '3.0 MiB')
     """
     value = float(size)
