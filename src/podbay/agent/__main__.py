@@ -175,7 +175,7 @@ def retitle(title: bytes = TITLE) -> None:
     A write to our own memory with ctypes: no capability (``PR_SET_MM`` would
     want ``CAP_SYS_RESOURCE``) and no file (under runc the agent, non-dumpable,
     may not open its own ``/proc/self/mem``, by design). ctypes is the guard's
-    already under gVisor; under runc its import is ~3 ms of the start.
+    already under gVisor; under runc this adds its import to the start.
     """
     try:
         with open("/proc/self/cmdline", "rb") as f:
