@@ -195,3 +195,12 @@ def test_a_piped_shell_has_no_terminal(podbay: Any, name: str, platform: Any) ->
         timeout=120,
     )
     assert (catted.returncode, catted.stdout) == (0, "line\n")
+
+
+def test_a_token_without_an_issuer_names_the_server_option(podbay: Any) -> None:
+    from test_client_cli import unsigned_token
+
+    no_iss = unsigned_token("x").replace(unsigned_token("x").split(".")[1], "e30")  # "{}"
+    done = podbay("list", env={"ASTRO_AUTHZ_TOKEN": no_iss})
+    assert done.returncode == 2
+    assert done.stderr == "podbay: identity token has no 'iss' claim; pass --server URL\n"

@@ -114,7 +114,8 @@ def _session(conn: Connection, **options: Any) -> Iterator[tuple[SandboxClient, 
         )
         fail(f"unavailable: {exc.message}{hint}", 2)
     except ValueError as exc:  # configuration: bad token, bad URL
-        fail(str(exc), 2)
+        # The SDK names its own parameter; here the option is --server.
+        fail(str(exc).replace("pass server_url=", "pass --server URL"), 2)
     except OSError as exc:  # local files for cp
         fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
     except KeyboardInterrupt:
