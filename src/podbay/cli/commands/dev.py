@@ -9,11 +9,11 @@ line to paste::
 A changed astropods.yml applies on the next ``dev up``: the deployment is
 updated, and each sandbox made under the old declaration is made anew under
 the new one with its /workspace kept (as a carry-over keeps files; the
-declared software is installed anew, and where the new setup wrote a file the
-old /workspace also has, the old one is kept). ``podbay dev down`` deletes every sandbox of
-the project's deployment; the server keeps running for other projects, unless
-``--server``: then the server ``dev up`` started is stopped too (its pid is
-kept in ``dev-serve.pid`` in the data directory).
+declared software is installed anew, and where the new setup wrote a file
+the old /workspace also has, the old one is kept). ``podbay dev down``
+deletes every sandbox of the project's deployment; the server keeps running
+for other projects, unless ``--server``: then the server ``dev up`` started
+is stopped too (its pid is kept in ``dev-serve.pid`` in the data directory).
 """
 
 from __future__ import annotations
@@ -125,10 +125,8 @@ def _sandbox_names(base_url: str, token: str) -> list[str]:
     return [row["name"] for row in response.json().get("sandboxes", [])]
 
 
-#: Where a sandbox's /workspace waits, as a tar, while the sandbox is made anew.
-_WORKSPACE_TAR = "/tmp/.podbay-dev-workspace.tar"
-#: Unpacks it (as root: owners, modes and links as they were) over the new
-#: /workspace, so a file both have is the kept one.
+#: Unpacks a sandbox's saved /workspace (a tar, $1) as root (owners, modes and
+#: links as they were) over the new /workspace, so a file both have is the kept one.
 _UNPACK = 'tar -xpf "$1" -C /workspace; s=$?; rm -f -- "$1"; exit $s'
 
 
@@ -139,7 +137,7 @@ def _renew(base_url: str, token: str, saves: Path, out: Output) -> tuple[int, in
     saved is left untouched under the old declaration, and said so. The
     saved /workspace waits in ``saves`` until it is back in the sandbox (and
     stays there, named, if that fails)."""
-    from podbay.client import SandboxClient
+    from podbay.client import SandboxClient, _files
     from podbay.errors import PodbayError
 
     renewed = kept = 0
@@ -149,11 +147,13 @@ def _renew(base_url: str, token: str, saves: Path, out: Output) -> tuple[int, in
     ) as client:
         for record in client.list():
             name, saved = record.name, saves / f"{record.name}.tar"
+            # In the sandbox's /tmp, outside what it packs; gone with the old sandbox.
+            remote = _files.remote_temp("dev-workspace")
             try:
-                packed = client.exec(name, ["tar", "-C", "/workspace", "-cf", _WORKSPACE_TAR, "."])
+                packed = client.exec(name, _files.tar_command("/workspace", remote))
                 if packed.exit_code != 0:
                     raise PodbayError(packed.stderr.strip() or f"tar exited {packed.exit_code}")
-                client.download(name, _WORKSPACE_TAR, saved)
+                client.download(name, remote, saved)
             except PodbayError as exc:
                 out.info(f"podbay: sandbox {name} kept under the old declaration: {exc}")
                 kept += 1
@@ -161,8 +161,8 @@ def _renew(base_url: str, token: str, saves: Path, out: Output) -> tuple[int, in
             client.delete(name)
             try:
                 client.attach(name, record.class_)
-                client.upload(name, saved, _WORKSPACE_TAR)
-                unpacked = client.exec(name, ["/bin/sh", "-c", _UNPACK, "sh", _WORKSPACE_TAR])
+                client.upload(name, saved, remote)
+                unpacked = client.exec(name, ["/bin/sh", "-c", _UNPACK, "sh", remote])
                 if unpacked.exit_code != 0:
                     raise PodbayError(unpacked.stderr.strip() or f"tar exited {unpacked.exit_code}")
             except PodbayError as exc:
