@@ -39,13 +39,15 @@ def servers_on(data_dir: Path) -> list[int]:
 
 
 def size_of(path: Path) -> int:
+    """Bytes ``path`` holds on disk (allocated blocks: a sandbox's sparse disk
+    file counts what it uses, not its apparent size)."""
     if not path.is_dir() or path.is_symlink():
-        return path.lstat().st_size
+        return path.lstat().st_blocks * 512
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:
                 continue
     return total
