@@ -106,6 +106,22 @@ class SandboxRequestError(PodbayError):
         self.code = code
 
 
+def shell_exit_code(exc: SandboxRequestError) -> int | None:
+    """The exit code a shell gives a command that could not start: 127 when it
+    (the program) does not exist, 126 when it may not be run or its cwd not
+    used; None for any other refusal. A ``COMMAND_START_FAILED``'s message
+    carries the OS's reason (``cannot start 'x': No such file or directory``).
+
+    >>> shell_exit_code(SandboxRequestError(400, "cannot start 'x': No such file or directory",
+    ...                                     "COMMAND_START_FAILED"))
+    127
+    """
+    if exc.code != "COMMAND_START_FAILED":
+        return None
+    missing = "No such file" in exc.message and not exc.message.startswith("cannot use cwd")
+    return 127 if missing else 126
+
+
 class SandboxNotEnabledError(SandboxRequestError):
     """The deployment has no sandboxes (no sandbox section, or none configured)."""
 

@@ -92,6 +92,18 @@ def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):
     assert listed["g"] == "gvisor" and listed["c"] == "container"
 
 
+@pytest.mark.parametrize("sandbox_class", ["gvisor", "container"])
+def test_ps_shows_the_agent_as_pid_1_by_name(server, token, sandbox_class):
+    # Not the loader's options and the agent's bootstrap code (its argv at start).
+    handle = server.attach(token, f"ps-{sandbox_class}", json={"class": sandbox_class}).json()
+    cmdline = server.exec(handle, "cat", "/proc/1/cmdline").json()["stdout"]
+    assert cmdline.rstrip("\0") == "podbay-agent"
+    shown = server.exec(handle, "ps", "-o", "args=", "-p", "1").json()["stdout"]
+    assert shown.strip() == "podbay-agent"
+    # The agent answers as before (a hibernation's re-exec uses its own argv).
+    assert server.exec(handle, "true").json()["exit_code"] == 0
+
+
 def test_the_classes_refusals(server, token):
     r = server.attach(token, "v", json={"class": "vm"})
     assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"

@@ -927,13 +927,16 @@ class AsyncSandboxClient:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
+        Permission bits are kept, as ``docker cp`` keeps them; what is written
+        is owned by the account the sandbox runs commands as (root by default).
         Memory stays constant whatever the size.
         """
         local = os.fspath(local_path)
         # Local metadata and open() are microseconds; the bytes stream in chunks.
         if not os.path.isdir(local):  # noqa: ASYNC240
             with open(local, "rb") as source:  # noqa: ASYNC230
-                await self._put(name, remote_path, source, progress)
+                mode = _files.upload_mode(os.fstat(source.fileno()).st_mode)
+                await self._put(name, remote_path, source, progress, mode=mode)
             return
         with tempfile.TemporaryFile() as archive:
             await run_sync(_files.pack, local, archive)
@@ -954,14 +957,18 @@ class AsyncSandboxClient:
 
         A file is written to a temporary sibling and renamed into place once
         its digest checks out; into an existing local directory it keeps its
-        name. A directory's contents land in ``local_path``.
+        name. A directory's contents land in ``local_path``. Permission bits
+        are kept but for set-id, sticky and group/other write bits (dropped, as
+        Python's tar ``data`` filter does); what is written is owned by the
+        local user.
         """
         local = os.fspath(local_path)
         is_dir = (await self.exec(name, _files.is_dir_command(remote_path))).exit_code == 0
         if not is_dir:
             if os.path.isdir(local):  # noqa: ASYNC240
                 local = os.path.join(local, os.path.basename(remote_path.rstrip("/")))
-            await self._get(name, remote_path, local, progress)
+            mode = _files.download_mode((await self.stat(name, remote_path)).mode)
+            await self._get(name, remote_path, local, progress, mode)
             return
         remote_archive = _files.remote_temp("download")
         result = await self.exec(name, _files.tar_command(remote_path, remote_archive))
@@ -982,9 +989,13 @@ class AsyncSandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        *,
+        mode: int | None = None,
     ) -> None:
+        """``source`` into the file ``path``; ``mode``: its permission bits
+        (None: a new file's default, an existing file's own)."""
         if await self._native(name):
-            await self._upload(name, path, source, progress, user)
+            await self._upload(name, path, source, progress, user, mode)
             return
         _, total = await run_sync(_files.file_digest, source)
         done = 0
@@ -994,6 +1005,9 @@ class AsyncSandboxClient:
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
+            if mode is not None:
+                result = await self.exec(name, _files.chmod_command(path, mode), user=user)
+                _files.check_ok(result, f"chmod {path}")
         except BaseException:
             with shielded(10), contextlib.suppress(PodbayError):
                 await self.exec(name, _files.cleanup_command(path))
@@ -1006,6 +1020,7 @@ class AsyncSandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        mode: int | None = None,
     ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
@@ -1030,6 +1045,8 @@ class AsyncSandboxClient:
             "Content-Length": str(length),
             "Content-Type": "application/octet-stream",
         }
+        if mode is not None:
+            headers[paths.MODE_HEADER] = f"{mode:04o}"
         response = await self._data(
             name,
             "PUT",
@@ -1040,8 +1057,16 @@ class AsyncSandboxClient:
         )
         self._core.check(response, 200, 201, 204)
 
-    async def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
-        """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
+    async def _get(
+        self,
+        name: str,
+        remote: str,
+        local: str,
+        progress: Progress | None,
+        mode: int | None = None,
+    ) -> None:
+        """``remote`` into the file ``local`` via a temporary sibling, renamed when
+        verified; ``mode``: its permission bits (None: the temporary's 0600)."""
         directory = os.path.dirname(os.path.abspath(local))  # noqa: ASYNC240
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
         try:
@@ -1054,6 +1079,8 @@ class AsyncSandboxClient:
                     sink.write(data)
                     if progress is not None:
                         progress(len(data), len(data))
+            if mode is not None:
+                os.chmod(temp, mode)
             os.replace(temp, local)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -914,13 +914,16 @@ class SandboxClient:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
+        Permission bits are kept, as ``docker cp`` keeps them; what is written
+        is owned by the account the sandbox runs commands as (root by default).
         Memory stays constant whatever the size.
         """
         local = os.fspath(local_path)
         # Local metadata and open() are microseconds; the bytes stream in chunks.
         if not os.path.isdir(local):
             with open(local, "rb") as source:
-                self._put(name, remote_path, source, progress)
+                mode = _files.upload_mode(os.fstat(source.fileno()).st_mode)
+                self._put(name, remote_path, source, progress, mode=mode)
             return
         with tempfile.TemporaryFile() as archive:
             run_sync(_files.pack, local, archive)
@@ -941,14 +944,18 @@ class SandboxClient:
 
         A file is written to a temporary sibling and renamed into place once
         its digest checks out; into an existing local directory it keeps its
-        name. A directory's contents land in ``local_path``.
+        name. A directory's contents land in ``local_path``. Permission bits
+        are kept but for set-id, sticky and group/other write bits (dropped, as
+        Python's tar ``data`` filter does); what is written is owned by the
+        local user.
         """
         local = os.fspath(local_path)
         is_dir = (self.exec(name, _files.is_dir_command(remote_path))).exit_code == 0
         if not is_dir:
             if os.path.isdir(local):
                 local = os.path.join(local, os.path.basename(remote_path.rstrip("/")))
-            self._get(name, remote_path, local, progress)
+            mode = _files.download_mode((self.stat(name, remote_path)).mode)
+            self._get(name, remote_path, local, progress, mode)
             return
         remote_archive = _files.remote_temp("download")
         result = self.exec(name, _files.tar_command(remote_path, remote_archive))
@@ -969,9 +976,13 @@ class SandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        *,
+        mode: int | None = None,
     ) -> None:
+        """``source`` into the file ``path``; ``mode``: its permission bits
+        (None: a new file's default, an existing file's own)."""
         if self._native(name):
-            self._upload(name, path, source, progress, user)
+            self._upload(name, path, source, progress, user, mode)
             return
         _, total = run_sync(_files.file_digest, source)
         done = 0
@@ -981,6 +992,9 @@ class SandboxClient:
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
+            if mode is not None:
+                result = self.exec(name, _files.chmod_command(path, mode), user=user)
+                _files.check_ok(result, f"chmod {path}")
         except BaseException:
             with shielded(10), contextlib.suppress(PodbayError):
                 self.exec(name, _files.cleanup_command(path))
@@ -993,6 +1007,7 @@ class SandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        mode: int | None = None,
     ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
@@ -1017,6 +1032,8 @@ class SandboxClient:
             "Content-Length": str(length),
             "Content-Type": "application/octet-stream",
         }
+        if mode is not None:
+            headers[paths.MODE_HEADER] = f"{mode:04o}"
         response = self._data(
             name,
             "PUT",
@@ -1027,8 +1044,16 @@ class SandboxClient:
         )
         self._core.check(response, 200, 201, 204)
 
-    def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
-        """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
+    def _get(
+        self,
+        name: str,
+        remote: str,
+        local: str,
+        progress: Progress | None,
+        mode: int | None = None,
+    ) -> None:
+        """``remote`` into the file ``local`` via a temporary sibling, renamed when
+        verified; ``mode``: its permission bits (None: the temporary's 0600)."""
         directory = os.path.dirname(os.path.abspath(local))
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
         try:
@@ -1041,6 +1066,8 @@ class SandboxClient:
                     sink.write(data)
                     if progress is not None:
                         progress(len(data), len(data))
+            if mode is not None:
+                os.chmod(temp, mode)
             os.replace(temp, local)
         except BaseException:
             with contextlib.suppress(OSError):
