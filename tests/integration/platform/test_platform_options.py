@@ -257,6 +257,8 @@ def test_cli_create_list_ports_url(server: PlatformServer, token: str, name: str
     listed = _podbay(server, token, "sandbox", "list", "--label", "team=cli", "--json")
     rows = json.loads(listed.stdout)
     assert [(r["name"], r["labels"], r["cpus"]) for r in rows] == [(name, {"team": "cli"}, 0.5)]
+    shown = _podbay(server, token, "sandbox", "get", name).stdout.splitlines()
+    assert "labels: team=cli" in shown and "memory_mib: 320" in shown, shown
     none = _podbay(server, token, "sandbox", "list", "--label", "team=nobody", "--json")
     assert json.loads(none.stdout) == []
     again = _podbay(server, token, "sandbox", "create", name, "--cpus", "1")
