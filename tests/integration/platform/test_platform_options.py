@@ -337,7 +337,8 @@ def test_cli_completes_sandbox_names(
 
 def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A vm sandbox's options shape its guest: vCPUs, RAM, variables (it boots
-    cold: templates are kept for the server's own shape only)."""
+    cold: templates are kept for the server's own shape only); its listening
+    ports are found as in the other classes."""
     env = {"PODBAY_RUNTIME_CLASSES": "vm,container", "PODBAY_RUNTIME_MEMORY_BYTES": str(512 * MIB)}
     with PlatformServer.start(tmp_path_factory.mktemp("options-vm"), env=env) as s:
         _wait_for_classes(s, {"vm"})
@@ -351,4 +352,10 @@ def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPath
             # The guest's kernel keeps some of its RAM for itself.
             assert 256 * 1024 < int(mem_kib) <= 320 * 1024
             assert where == "guest"
+            # The guest's kernel lists its listening sockets as the others do.
+            client.spawn("guest", ["python3", "-m", "http.server", "8125"])
+            deadline = time.monotonic() + 120
+            while 8125 not in (found := client.listening_ports("guest")):
+                assert time.monotonic() < deadline, found
+                time.sleep(0.5)
             client.delete("guest")
