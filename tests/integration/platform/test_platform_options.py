@@ -359,3 +359,27 @@ def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPath
                 assert time.monotonic() < deadline, found
                 time.sleep(0.5)
             client.delete("guest")
+
+
+def test_bash_completes_a_sandbox_name_on_tab(
+    server: PlatformServer, token: str, client: SandboxClient, name: str, tmp_path: Path
+) -> None:
+    """In a real bash on a terminal (tmux), after `eval "$(podbay completion
+    bash)"`, Tab completes a sandbox's name."""
+    from test_platform_interactive import Tmux
+
+    client.attach(name, "container")
+    tmux = Tmux(tmp_path)
+    bin_dir = str(Path(PODBAY).parent)
+    tmux("new-session", "-d", "-s", "shell", "-x", "150", "-y", "30", "bash --norc --noprofile")
+    try:
+        setup = (
+            f"export PATH={bin_dir}:$PATH ASTRO_AUTHZ_TOKEN={token} PS1='$ '; "
+            'eval "$(podbay completion bash)"; echo ready'
+        )
+        tmux("send-keys", "-t", "shell", setup, "Enter")
+        tmux.wait_for("\nready")
+        tmux("send-keys", "-t", "shell", f"podbay sandbox get {name[:8]}", "Tab")
+        tmux.wait_for(f"podbay sandbox get {name} ")
+    finally:
+        subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)
