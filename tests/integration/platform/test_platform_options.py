@@ -343,7 +343,11 @@ def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPath
     with PlatformServer.start(tmp_path_factory.mktemp("options-vm"), env=env) as s:
         _wait_for_classes(s, {"vm"})
         token = s.create_deployment("options-vm")
-        with SandboxClient(identity_token=token, server_url=s.base_url) as client:
+        # A cold boot under TCG on a busy host can outlast the client's default
+        # request timeout: the attach answers once the guest's agent does.
+        with SandboxClient(
+            identity_token=token, server_url=s.base_url, timeout_seconds=600
+        ) as client:
             handle = client.attach("guest", "vm", cpus=2, memory_mib=320, env={"WHERE": "guest"})
             assert (handle.class_, handle.cpus, handle.memory_mib) == ("vm", 2, 320)
             script = 'nproc; grep MemTotal /proc/meminfo; echo "$WHERE"'
