@@ -187,7 +187,21 @@ def get(name: str, conn: Connection) -> None:
     """Show sandbox NAME."""
     with _session(conn) as (client, out):
         record = client.get(name)
-        out.value(record, "\n".join(f"{k}: {v}" for k, v in _row(record).items()))
+        shown = {**_row(record), **_options_shown(record)}
+        out.value(record, "\n".join(f"{k}: {v}" for k, v in shown.items()))
+
+
+def _options_shown(record: SandboxRecord) -> dict[str, Any]:
+    """The create-time options the record has, for ``get``'s text."""
+    shown: dict[str, Any] = {}
+    for key in ("labels", "env"):
+        pairs = getattr(record, key)
+        if pairs:
+            shown[key] = " ".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+    for key in ("cpus", "memory_mib", "idle_timeout_seconds"):
+        if getattr(record, key) is not None:
+            shown[key] = getattr(record, key)
+    return shown
 
 
 @command.command("list")
