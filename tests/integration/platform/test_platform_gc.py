@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from podbay.runtime.classes import GVISOR, class_settings
+from podbay.runtime.oci import storage
 from podbay.runtime.oci.cgroups import Cgroups
 from podbay.runtime.oci.driver import OciDriver
 from podbay.testing.fixtures import sandbox_settings
@@ -70,3 +71,5 @@ def test_gc_leaves_no_empty_slirp_cgroups(make_server):
     server.stop()
     removed = _gc(server, "--all")
     assert not any(cgroups.existing(parent) for parent in parents), removed
+    # The image's and the agent's read-only views (the sandboxes' bind sources) too.
+    assert not [m for m in storage.mountpoints() if m.startswith(server.run_dir)]

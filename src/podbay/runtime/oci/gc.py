@@ -74,6 +74,11 @@ async def collect(
             done.append(f"detached {device}")
     done += _old_images(driver, set(images_in_use))
     if everything:
+        storage.unmount_views(layout.neutral)
+        with contextlib.suppress(OSError):
+            (layout.neutral / storage.NEUTRAL_EMPTY).rmdir()
+        with contextlib.suppress(OSError):
+            layout.neutral.rmdir()
         driver.cgroups.remove(layout.cgroup_parent)
         if slirp_limits is not None:
             driver.cgroups.remove(slirp_limits.cgroup_parent)

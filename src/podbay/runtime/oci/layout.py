@@ -12,6 +12,9 @@ Volatile (a reboot ends every machine), under ``run_dir`` — by default
 
     runc/                         the OCI runtime's state (``--root``)
     agent/, gvisor-shim/          runsc only: copies its sandboxes can reach
+    neutral/image-<key>/, neutral/agent-<hash>/
+                                  read-only views of the image and the agent: the
+                                  sandboxes' bind sources (storage.neutral_view)
     <id>/config.json, rootfs/     the bundle; rootfs is the overlay mount
     <id>/disk/                    the ext4 mount: upper/, work/ and host/
     <id>/disk/host/               env.json, hosts, hostname, resolv.conf, console.log
@@ -41,7 +44,10 @@ RUN_MODE = 0o711
 RUNC_DIR = "runc"
 AGENT_COPY_DIR = "agent"
 SHIM_DIR = "gvisor-shim"
-SHARED_RUN_ENTRIES = frozenset({RUNC_DIR, AGENT_COPY_DIR, SHIM_DIR, *SANDBOX_CLASS_NAMES})
+NEUTRAL_DIR = "neutral"
+SHARED_RUN_ENTRIES = frozenset(
+    {RUNC_DIR, AGENT_COPY_DIR, SHIM_DIR, NEUTRAL_DIR, *SANDBOX_CLASS_NAMES}
+)
 
 
 def instance_id(data_dir: Path) -> str:
@@ -73,6 +79,11 @@ class Layout:
     @property
     def runc_root(self) -> Path:
         return self.run_dir / RUNC_DIR
+
+    @property
+    def neutral(self) -> Path:
+        """Read-only views of the image and the agent, the sandboxes' bind sources."""
+        return self.run_dir / NEUTRAL_DIR
 
     @property
     def cgroup_parent(self) -> str:
