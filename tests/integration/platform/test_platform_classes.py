@@ -178,3 +178,17 @@ def test_one_environment_layer_serves_both_classes(server):
     # Built once, in the container class (the builder of every OCI class's layers).
     layers = [p for p in (server.data_dir / "layers").iterdir() if not p.name.startswith(".")]
     assert len(layers) == 1, layers
+
+
+def test_mountinfo_names_no_host_path_of_podbay(server, token):
+    """A sandbox's /proc/self/mountinfo shows what its binds come from: their
+    sources' paths within their filesystems and overlayfs' options. Neither
+    may name the data directory, the image cache or the run directory."""
+    host_paths = [str(server.data_dir), server.env["PODBAY_RUNTIME_IMAGE_DIR"], server.run_dir]
+    for sandbox_class in ("gvisor", "container"):
+        r = server.attach(token, f"mounts-{sandbox_class}", json={"class": sandbox_class})
+        assert r.status_code == 200, r.text
+        mountinfo = server.exec(r.json(), "cat", "/proc/self/mountinfo").json()["stdout"]
+        assert " /.podbay/agent " in mountinfo or sandbox_class == "gvisor", mountinfo
+        for path in host_paths:
+            assert path not in mountinfo, (sandbox_class, path, mountinfo)

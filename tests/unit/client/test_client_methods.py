@@ -136,6 +136,27 @@ def test_401_twice_is_raised_not_retried_again(client: Any, fake: Fake) -> None:
     assert fake.count("POST", "/v1/exec") == 2
 
 
+def test_a_restarted_gateway_503_reattaches_and_repeats(client: Any, fake: Fake) -> None:
+    """A restarted server's gateway, still taking back its sandboxes, held the
+    call and answers 503 SANDBOXES_UNAVAILABLE with Retry-After: the call
+    re-attaches (attach waits out the restart) and is repeated once."""
+    import httpx
+
+    client.attach("t")
+    answer = fake.data
+    held = [
+        httpx.Response(
+            503,
+            json={"error": "taking back", "code": "SANDBOXES_UNAVAILABLE"},
+            headers={"Retry-After": "1"},
+        )
+    ]
+    fake.data = lambda request, path: held.pop() if held else answer(request, path)  # type: ignore[method-assign]
+    assert client.exec("t", ["echo", "back"]).stdout == "back\n"
+    assert fake.attaches == 2
+    assert fake.count("POST", "/v1/exec") == 2
+
+
 def test_transport_failure_after_send_is_not_retried(
     client: Any, fake: Fake, tmp_path: Any
 ) -> None:

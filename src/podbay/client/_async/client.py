@@ -206,7 +206,7 @@ class AsyncSandboxClient:
                 continue
             if attempt == 1 and response.status_code == 503:
                 await self._read(response)
-                if self._core.is_shutdown_refusal(response):
+                if self._core.is_restart_refusal(response):
                     handle = await self._handle(name, stale=handle)
                     continue
             if stream and response.status_code >= 300:

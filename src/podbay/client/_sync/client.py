@@ -207,7 +207,7 @@ class SandboxClient:
                 continue
             if attempt == 1 and response.status_code == 503:
                 self._read(response)
-                if self._core.is_shutdown_refusal(response):
+                if self._core.is_restart_refusal(response):
                     handle = self._handle(name, stale=handle)
                     continue
             if stream and response.status_code >= 300:
