@@ -33,6 +33,24 @@ BODY_TAKEOVER = "podbay.body_takeover"
 #: answer sent whole at once (its head and a small body): one write and one
 #: segment instead of one per ASGI message, so the client wakes up once.
 RESPONSE_GATHER = "podbay.response_gather"
+#: ``scope["extensions"][RESPONSE_ABORT]``, set by podbay's listener on every
+#: request: a callable that drops the client's connection at once, for an answer
+#: already started that cannot be finished (its source's body was cut short):
+#: ending it cleanly would hand the client a short body as if it were whole.
+RESPONSE_ABORT = "podbay.response_abort"
+
+
+class ResponseAborted(Exception):
+    """Raised out of the app, where the server offers no :data:`RESPONSE_ABORT`,
+    so that the server drops the connection rather than end the answer."""
+
+
+def abort_response(scope: Scope) -> None:
+    """Drop the client's connection mid-answer (see :data:`RESPONSE_ABORT`)."""
+    abort = (scope.get("extensions") or {}).get(RESPONSE_ABORT)
+    if abort is None:
+        raise ResponseAborted("the answer was cut short")
+    abort()
 
 
 @dataclass
@@ -59,6 +77,8 @@ async def send_refusal(
     """Answer with ``exc``'s status and the contract's JSON body, plus ``headers``.
     ``kind="websocket.http"``: the same, as a WebSocket's denial response."""
     body = json.dumps(exc.body()).encode()
+    if exc.retry_after is not None:
+        headers += ((b"retry-after", f"{exc.retry_after:g}".encode()),)
     await send(
         {
             "type": f"{kind}.response.start",
