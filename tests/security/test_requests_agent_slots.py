@@ -13,8 +13,11 @@ import json
 import os
 import signal
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from podbay.testing.platform import PlatformServer
 pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 
 HELD = 300
+CLASSES = ("container", "gvisor")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]
             "PODBAY_SERVER_SANDBOX_REQUESTS": "8",
             "PODBAY_SERVER_SANDBOX_QUEUE": "4",
             "PODBAY_SERVER_AGENT_ANSWER_SECONDS": "3",
+            "PODBAY_RUNTIME_CLASSES": ",".join(CLASSES),
         },
     ) as s:
         yield s
@@ -46,8 +51,14 @@ def token(server: PlatformServer) -> str:
     return server.create_deployment("agent-slots")
 
 
-def _handle(server: PlatformServer, token: str, name: str) -> dict[str, Any]:
-    r = server.attach(token, name)
+def _handle(
+    server: PlatformServer, token: str, name: str, klass: str = "container"
+) -> dict[str, Any]:
+    for _ in range(600):  # 503 while the server checks the class at start
+        r = server.attach(token, name, json={"class": klass})
+        if r.status_code != 503:
+            break
+        time.sleep(1)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -82,27 +93,57 @@ def _wait_until_held(server: PlatformServer, before: int) -> None:
             server.http.get("/healthz")  # an event-loop turn: the accepts come first
 
 
+@dataclass
+class Hold:
+    socks: list[socket.socket]
+    #: Seconds the trickle has gone on.
+    rounds: int = 0
+
+
 @contextlib.contextmanager
 def _holding(
     server: PlatformServer, handle: dict[str, Any], head: str, length: int
-) -> Iterator[list[socket.socket]]:
+) -> Iterator[Hold]:
+    """HELD half-sent requests, each sent a byte more every second (slowloris:
+    never idle long enough to be dropped), until the block ends."""
     before = _server_sockets(server)
     held = [_half_sent(server, handle, head, length) for _ in range(HELD)]
+    hold = Hold(held)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(1.0):
+            for sock in held:
+                with contextlib.suppress(OSError):
+                    sock.send(b" ")
+            hold.rounds += 1
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
     try:
         _wait_until_held(server, before)
-        yield held
+        yield hold
     finally:
+        stop.set()
+        trickler.join()
         for sock in held:
             sock.close()
 
 
-def test_held_exec_bodies_leave_the_sandbox_answering(server: PlatformServer, token: str) -> None:
-    busy, other = _handle(server, token, "held-execs"), _handle(server, token, "bystander")
-    with _holding(server, busy, "POST /v1/exec", 1000):
-        for handle in (busy, other):
-            r = server.exec(handle, "echo", "still here")
-            assert r.status_code == 200, r.text
-            assert r.json()["stdout"] == "still here\n"
+@pytest.mark.parametrize("klass", CLASSES)
+def test_held_exec_bodies_leave_the_sandbox_answering(
+    server: PlatformServer, token: str, klass: str
+) -> None:
+    busy = _handle(server, token, f"held-execs-{klass}", klass)
+    other = _handle(server, token, f"bystander-{klass}", klass)
+    with _holding(server, busy, "POST /v1/exec", 1000) as hold:
+        # Throughout the hold: the agent of the old relay took a few seconds to
+        # run out of threads for them (then 502 for every call).
+        while hold.rounds < 5:
+            for handle in (busy, other):
+                r = server.exec(handle, "echo", "still here")
+                assert r.status_code == 200, r.text
+                assert r.json()["stdout"] == "still here\n"
 
 
 def _answer(sock: socket.socket) -> bytes:
@@ -119,10 +160,10 @@ def test_held_uploads_take_half_the_slots_and_the_rest_are_refused_429(
     server: PlatformServer, token: str
 ) -> None:
     busy, other = _handle(server, token, "held-uploads"), _handle(server, token, "bystander")
-    with _holding(server, busy, "PUT /v1/files?path=up", 1_000_000) as held:
+    with _holding(server, busy, "PUT /v1/files?path=up", 1_000_000) as hold:
         # 4 hold the streaming half of the 8 slots, 4 wait: every other is refused.
         refused = []
-        for sock in held[8:]:
+        for sock in hold.socks[8:]:
             answer = _answer(sock)
             assert answer.startswith(b"HTTP/1.1 429 "), answer[:300]
             refused.append(answer)
