@@ -156,9 +156,6 @@ def test_streamable_http_needs_its_secret(server: PlatformServer, token: str, na
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         assert process.stderr is not None
-        # The secret is printed once, before the server listens.
-        line = process.stderr.readline().decode()
-        secret = line.split("Bearer ", 1)[1].split("'", 1)[0]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -168,6 +165,9 @@ def test_streamable_http_needs_its_secret(server: PlatformServer, token: str, na
                 assert process.poll() is None, process.stderr.read()
                 time.sleep(0.1)
         assert refused.status_code == 401 and refused.json()["code"] == "CREDENTIAL_INVALID"
+        # The secret was printed once, before the server listened.
+        line = process.stderr.readline().decode()
+        secret = line.split("Bearer ", 1)[1].split("'", 1)[0]
         wrong = httpx.post(url, json={}, headers={"Authorization": f"Bearer {secret}x"})
         assert wrong.status_code == 401
 
