@@ -40,15 +40,12 @@ RESPONSE_GATHER = "podbay.response_gather"
 RESPONSE_ABORT = "podbay.response_abort"
 
 
-class ResponseAborted(Exception):
-    """Raised out of the app, where the server offers no :data:`RESPONSE_ABORT`,
-    so that the server drops the connection rather than end the answer."""
-
-
 def abort_response(scope: Scope) -> None:
     """Drop the client's connection mid-answer (see :data:`RESPONSE_ABORT`)."""
     abort = (scope.get("extensions") or {}).get(RESPONSE_ABORT)
     if abort is None:
+        from podbay.errors import ResponseAborted  # here: this module loads none of podbay
+
         raise ResponseAborted("the answer was cut short")
     abort()
 
