@@ -78,6 +78,14 @@ CASES = {
         ),
         {},
     ),
+    # The same on the default class, gVisor, whose agent acts as a user another
+    # way (its thread's effective ids: gVisor has no setfsuid).
+    "user-gvisor": Case(
+        PodbaySandboxEnvironmentConfig(
+            user="user", environment={"FROM_CONFIG": "1"}, sandbox_class="gvisor"
+        ),
+        {},
+    ),
 }
 
 
