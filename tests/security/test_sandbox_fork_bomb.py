@@ -47,12 +47,15 @@ def gvisor_session(gvisor_settings: Settings) -> Iterator[DriverSession]:
 
 
 def others(agent: AgentClient) -> list[str]:
-    """The sandbox's processes but the agent and this probe's own."""
+    """The sandbox's processes but the agent, its launcher (gVisor's: started
+    again by the next command after a kill-all) and this probe's own."""
     listing = agent.exec(["ps", "-e", "-o", "pid=,args="], timeout_ms=10_000).stdout
     return [
         line.strip()
         for line in listing.splitlines()
-        if line.split()[0] != "1" and "ps -e -o" not in line
+        if line.split()[0] != "1"
+        and "ps -e -o" not in line
+        and line.split()[1] != "/.podbay/launcher"
     ]
 
 

@@ -427,11 +427,13 @@ HOST_PIDS_PER_GUEST = 100
 #: The same threads are what fills the sandbox's memory: each costs the host
 #: kernel memory (stack, task, page tables) charged to the sandbox's cgroup,
 #: about 2.1 MiB per guest process slot in that bomb (beyond ~60 MiB for the
-#: sentry and the agent). gVisor (2022) has no OOM killer: a guest that reaches
-#: the cgroup's limit ends the whole sandbox, so the guest's pids limit is also
-#: capped at what its memory holds at 1.5 times that cost (:func:`guest_pids_cap`).
+#: sentry and the agent), and more under heavier load (more sentry threads run
+#: each stub): at load ~34, 149 slots (3 MiB each) filled 512 MiB. gVisor (2022)
+#: has no OOM killer: a guest that reaches the cgroup's limit ends the whole
+#: sandbox, so the guest's pids limit is also capped at what its memory holds
+#: at 4 MiB a slot (:func:`guest_pids_cap`).
 HOST_BYTES_BASE = 64 << 20
-HOST_BYTES_PER_GUEST = 3 << 20
+HOST_BYTES_PER_GUEST = 4 << 20
 #: The cap never goes below this (a tiny sandbox still runs a shell and a pipe).
 GUEST_PIDS_FLOOR = 16
 
@@ -453,7 +455,7 @@ def guest_pids_cap(memory_bytes: int) -> int:
     its host-side cost inside that memory (see :data:`HOST_BYTES_PER_GUEST`).
 
     >>> guest_pids_cap(512 << 20), guest_pids_cap(1 << 30), guest_pids_cap(64 << 20)
-    (149, 320, 16)
+    (112, 240, 16)
     """
     return max(GUEST_PIDS_FLOOR, (memory_bytes - HOST_BYTES_BASE) // HOST_BYTES_PER_GUEST)
 
