@@ -25,6 +25,7 @@ Modules, by concept::
     ring         the newest-1-MiB output buffer with UTF-8-safe reads
     files        native files: streamed read and write with SHA-256, stat, list
     hibernate    an idle agent hands its socket to a bare waiter until the next connection
+    ttysignals   under gVisor, Ctrl-C, Ctrl-\\ and Ctrl-Z become signals (its kernel sends none)
 """
 
 #: The agent's version, reported at ``/v1/info``. Equal to ``podbay.__version__``

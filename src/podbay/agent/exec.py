@@ -39,7 +39,7 @@ from podbay.wire.codec import dumps
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import ExecEvent, ExecRequest, ExecResult
 
-from . import oom
+from . import guard, oom
 from .environment import check_env, command_env
 from .launch import Child, check_command, launch
 from .output import Capture
@@ -210,7 +210,11 @@ class Exec:
             # No events asked: only POLLHUP comes, which a unix socket reports once
             # its peer closed it whole (a client that merely half-closed after its
             # request, as HTTP/1.0 clients may, still waits for the answer).
-            poller.register(peer_fd, 0)
+            # gVisor reports neither POLLHUP nor POLLRDHUP for its host-backed
+            # socket's peer, only readability at the end of the stream: there a
+            # half-close reads as gone too (the gateway, its only client, never
+            # half-closes).
+            poller.register(peer_fd, select.POLLIN if guard.active() else 0)
         stop_at: float | None = None  # set once the command exited (or was killed)
         try:
             while True:

@@ -51,7 +51,7 @@ from podbay.wire.paths import DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
 from . import guard, users
 from .http import Aborted
-from .refusal import path_refusal
+from .refusal import path_refusal, read_refusal
 
 CHUNK = 256 * 1024
 #: A write's buffer: the socket fills it, the hash and the file read from it.
@@ -244,8 +244,8 @@ class Files:
         try:
             # O_NONBLOCK: opening a FIFO must not hang; it is refused below.
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            raise path_refusal(exc, shown) from None
+        except OSError as exc:  # gVisor's /dev/tty with no terminal behind it: EIO
+            raise read_refusal(exc, shown) from None
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
@@ -265,7 +265,7 @@ class Files:
                         kept = None  # too big to hold: a second pass will stream it
         except OSError as exc:
             os.close(fd)
-            raise path_refusal(exc, shown) from None
+            raise read_refusal(exc, shown) from None
         except BaseException:
             os.close(fd)
             raise

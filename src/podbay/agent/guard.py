@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,6 +112,79 @@ def enable(uid: int) -> None:
     _uid = uid
 
 
+#: The raw system calls :func:`acting_as` makes (``libc.syscall``), by machine:
+#: glibc's own ``setresuid``, ``setgroups``... change every thread of the
+#: process (it signals each one), and only the calling thread may change.
+_SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {"setgroups": 116, "setresuid": 117, "setresgid": 119},
+    "aarch64": {"setgroups": 159, "setresuid": 147, "setresgid": 149},
+}
+_acting = threading.local()
+
+
+def _ids_call(libc: Any, name: str, *args: Any) -> None:
+    import ctypes
+    import platform
+
+    number = _SYSCALLS.get(platform.machine(), {}).get(name)
+    if number is None:
+        raise OSError(f"{name} per thread is not known on {platform.machine()}")
+    check(libc.syscall(ctypes.c_long(number), *args), name)
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int, groups: tuple[int, ...]) -> Iterator[None]:
+    """Run the block with this thread's effective ids, groups and no effective
+    capability, as ``uid`` would: the kernel checks its permissions and new
+    files are its own. gVisor has no ``setfsuid``; its credentials are per
+    thread as Linux's are, so the thread's effective uid stands in (the real
+    and saved ids stay the agent's, and it takes its own back after).
+    Raises OSError when the kernel refuses (nothing is left changed then)."""
+    import ctypes
+
+    assert _uid is not None
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = capabilities(libc)
+    keep = [half.effective for half in data]
+    none = ctypes.c_int(-1)
+    given = (ctypes.c_uint * max(1, len(groups)))(*groups)
+    try:
+        _ids_call(libc, "setgroups", ctypes.c_size_t(len(groups)), given)
+        _ids_call(libc, "setresgid", none, ctypes.c_uint(gid), none)
+        _ids_call(libc, "setresuid", none, ctypes.c_uint(uid), none)
+        for half in data:  # from uid N to another non-zero uid: the kernel keeps them
+            half.effective = 0
+        set_capabilities(libc, header, data)
+        _acting.user = True
+    except BaseException:
+        _take_back(libc, header, data, keep)
+        raise
+    try:
+        yield
+    finally:
+        _acting.user = False
+        _take_back(libc, header, data, keep)
+
+
+def _take_back(libc: Any, header: Any, data: Any, effective: list[int]) -> None:
+    """The agent's own ids and capabilities back on this thread; they must come
+    back (a thread of the agent is never left acting as a user), so a refusal
+    here ends the agent rather than leaving it so."""
+    import ctypes
+
+    assert _uid is not None
+    try:
+        for half, caps in zip(data, effective, strict=True):
+            half.effective = caps
+        set_capabilities(libc, header, data)
+        ours = ctypes.c_uint(_uid)
+        _ids_call(libc, "setresuid", ctypes.c_int(-1), ours, ctypes.c_int(-1))
+        _ids_call(libc, "setresgid", ctypes.c_int(-1), ours, ctypes.c_int(-1))
+        _ids_call(libc, "setgroups", ctypes.c_size_t(0), None)
+    except OSError:
+        os._exit(70)
+
+
 def foreign_caps() -> int:
     """The capabilities the agent does not have, as a mask (bit N: capability
     N), for the launcher program to drop from its bounding set."""
@@ -120,8 +194,8 @@ def foreign_caps() -> int:
 def claim(path: str | int) -> None:
     """Hand what the agent just created (a path or an fd) to root, as if root
     had created it; nothing when the agent is root."""
-    if _uid is None:
-        return
+    if _uid is None or getattr(_acting, "user", False):
+        return  # a file made acting as a user is that user's already
     if isinstance(path, int):
         os.fchown(path, 0, 0)
     else:
@@ -133,7 +207,7 @@ def claiming_new_dirs(path: str) -> Iterator[None]:
     """Around creating ``path`` and its missing parents: :func:`claim` each
     directory that did not exist before."""
     missing: list[str] = []
-    if _uid is not None:
+    if _uid is not None and not getattr(_acting, "user", False):
         probe = os.path.abspath(path)
         while not os.path.lexists(probe):
             missing.append(probe)

@@ -34,7 +34,7 @@ from podbay.wire import paths, stream
 from podbay.wire.codes import ErrorCode
 from podbay.wire.data import PtyRequest
 
-from . import users
+from . import guard, ttysignals, users
 from .environment import check_env, command_env
 from .exec import resolve_cwd
 from .http import Response
@@ -194,6 +194,14 @@ class Session:
             del inbox[:end]
             if kind == stream.DATA:
                 if self.terminal_open:
+                    if guard.active():  # gVisor: its terminal raises no signal
+                        payload, echo, flush = ttysignals.raise_signals(
+                            self.leader, self.child.pid, payload
+                        )
+                        if flush:
+                            self.pending.clear()
+                        if echo:
+                            self.sock.sendall(stream.frame(stream.DATA, echo))
                     self.pending += payload
             elif kind == stream.RESIZE:
                 rows, cols = stream.parse_resize(payload)

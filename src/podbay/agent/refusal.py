@@ -30,7 +30,23 @@ _PATH_ERRNO: dict[int, ErrorCode] = {
     errno.EDQUOT: ErrorCode.NO_SPACE,
     errno.ENAMETOOLONG: ErrorCode.PATH_INVALID,
     errno.ELOOP: ErrorCode.PATH_INVALID,
+    # Not a file to open: a unix socket or a device with nothing behind it
+    # (``/dev/tty`` with no controlling terminal, ``/proc/self/fd/N`` of a socket).
+    errno.ENXIO: ErrorCode.PATH_INVALID,
+    errno.ENODEV: ErrorCode.PATH_INVALID,
+    errno.EOPNOTSUPP: ErrorCode.PATH_INVALID,
 }
+
+
+def read_refusal(exc: OSError, path: str) -> ApiError:
+    """Like :func:`path_refusal`, for an error met reading a file that opened:
+    one that looks regular but reads as no file does (``/proc/self/mem``,
+    EIO at offset 0; some ``/proc`` and ``/sys`` files, EINVAL or EPERM) is
+    the caller's to fix, 400 ``PATH_INVALID``."""
+    if exc.errno in _PATH_ERRNO:
+        return path_refusal(exc, path)
+    reason = exc.strerror or str(exc)
+    return ApiError(ErrorCode.PATH_INVALID, f"{path} cannot be read as a file: {reason}")
 
 
 def path_refusal(exc: OSError, path: str) -> ApiError:

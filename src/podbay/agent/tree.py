@@ -9,9 +9,10 @@ neither forks nor exits, so its children stay attached to it and lineage is
 not lost to re-parenting. Then every member gets ``SIGKILL``.
 
 As the sandbox's init (PID 1), :func:`kill_all_but_self` uses ``kill(-1,
-SIGKILL)``, which the kernel delivers to every other process of the pid
+SIGKILL)``, which Linux delivers to every other process of the pid
 namespace at once (a process forking concurrently either is killed or never
-forks). Outside a sandbox (tests, local debugging) it takes the trees of the
+forks); gVisor does not, so it is sent again until no other process is
+left. Outside a sandbox (tests, local debugging) it takes the trees of the
 agent's own descendants instead: ``kill(-1)`` there would reach the host.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 Table = dict[int, tuple[int, int, int]]
 
@@ -29,9 +30,9 @@ Table = dict[int, tuple[int, int, int]]
 MAX_ROUNDS = 50
 
 
-def _table() -> Table:
-    """Every live process: pid → (parent, process group, session). Zombies are left out."""
-    found: Table = {}
+def _stats() -> Iterator[tuple[int, list[bytes]]]:
+    """Every live process: its pid and the fields of its ``stat`` after its name
+    (state, parent, process group, session, ...). Zombies are left out."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -41,10 +42,26 @@ def _table() -> Table:
         except OSError:  # exited meanwhile
             continue
         fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] in (b"Z", b"X"):
-            continue
-        found[int(name)] = (int(fields[1]), int(fields[2]), int(fields[3]))
-    return found
+        if fields[0] not in (b"Z", b"X"):
+            yield int(name), fields
+
+
+def _table() -> Table:
+    """Every live process: pid → (parent, process group, session)."""
+    return {pid: (int(f[1]), int(f[2]), int(f[3])) for pid, f in _stats()}
+
+
+def _others() -> dict[int, bytes]:
+    """Every live process but the sandbox's init: pid → its state letter."""
+    return {pid: fields[0] for pid, fields in _stats() if pid != 1}
+
+
+def _all_stopped(others: dict[int, bytes]) -> bool:
+    return all(state in (b"T", b"t") for state in others.values())
+
+
+def _none_left(others: dict[int, bytes]) -> bool:
+    return not others
 
 
 def _descendants(roots: Iterable[int], table: Table) -> set[int]:
@@ -96,8 +113,17 @@ def kill_all_but_self() -> int:
     me = os.getpid()
     if me == 1:
         count = sum(1 for pid in _table() if pid != 1)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
+        # gVisor's kill(-1) walks its processes one by one: one forking meanwhile
+        # leaves a child it never reaches (a fork bomb at its limit refills each
+        # freed slot at once). So everyone is stopped first, again until no one
+        # runs (a stopped process cannot fork), then killed, again until none is
+        # left; under Linux each takes one round.
+        for signum, done in ((signal.SIGSTOP, _all_stopped), (signal.SIGKILL, _none_left)):
+            for _ in range(MAX_ROUNDS):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(-1, signum)
+                if done(_others()):
+                    break
         return count
 
     def members(table: Table) -> set[int]:

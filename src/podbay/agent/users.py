@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
+from . import guard
+
 
 @dataclass(frozen=True)
 class Account:
@@ -131,14 +133,25 @@ def _set_fs_ids(uid: int, gid: int) -> None:
     _libc.setfsgid(gid)
     _libc.setfsuid(uid)
     if _libc.setfsuid(-1) != uid or _libc.setfsgid(-1) != gid:
-        raise ApiError(ErrorCode.INTERNAL, f"cannot act as uid {uid} for this file call")
+        raise ApiError(ErrorCode.PATH_ACCESS_DENIED, f"cannot act as uid {uid} for this file call")
 
 
 @contextlib.contextmanager
 def acting_as(account: Account) -> Iterator[None]:
-    """Run the block with this thread's filesystem ids set to ``account``'s."""
+    """Run the block with this thread's filesystem ids set to ``account``'s
+    (under the guard, gVisor: its effective ids, :func:`guard.acting_as`)."""
     if account.is_root:
         yield
+        return
+    if guard.active():
+        with contextlib.ExitStack() as switched:
+            try:
+                switched.enter_context(guard.acting_as(account.uid, account.gid, account.groups))
+            except OSError as exc:
+                raise ApiError(
+                    ErrorCode.PATH_ACCESS_DENIED, f"cannot act as uid {account.uid} here: {exc}"
+                ) from None
+            yield
         return
     _set_fs_ids(account.uid, account.gid)
     try:

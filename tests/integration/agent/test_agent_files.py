@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,6 +212,19 @@ def test_fifo_is_refused_not_waited_on(agent: Agent, workspace: Path) -> None:
         400,
         "PATH_INVALID",
     )
+
+
+def test_special_files_are_refused_as_invalid(agent: Agent, workspace: Path) -> None:
+    """Files that open as no file does (a unix socket, a terminal with nothing
+    behind it, the agent's own memory) are 400 PATH_INVALID, not 500."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(workspace / "sock"))
+    try:
+        for path in (f"{workspace}/sock", "/dev/tty", "/proc/self/mem"):
+            answer = agent.client.get("/v1/files", params={"path": path})
+            assert _code(answer) == (400, "PATH_INVALID"), (path, answer.text)
+    finally:
+        listener.close()
 
 
 def test_list_and_stat(agent: Agent, workspace: Path) -> None:

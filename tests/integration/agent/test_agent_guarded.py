@@ -7,7 +7,10 @@ the agent."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +193,53 @@ def _pids_in(agent: Agent) -> set[int]:
         '[ "$state" != Z ] && echo $pid; done'
     )
     return {int(pid) for pid in _stdout(agent, script) if pid}
+
+
+def test_file_calls_as_a_user(guarded: Agent) -> None:
+    """gVisor has no setfsuid: a guarded agent acts as the user on the calling
+    thread's effective ids instead (here on the host's kernel: the same calls)."""
+    with tempfile.TemporaryDirectory(prefix="podbay-guarded-") as where:
+        os.chmod(where, 0o755)  # pytest's directories are root's alone: nobody cannot pass
+        _file_calls_as_nobody(guarded, Path(where))
+
+
+def _file_calls_as_nobody(guarded: Agent, base: Path) -> None:
+    (base / "theirs").mkdir()
+    os.chown(base / "theirs", 65534, 65534)
+    (base / "secret").write_bytes(b"root only")
+    os.chmod(base / "secret", 0o600)
+    as_nobody = {"user": "nobody"}
+    data = b"written as nobody"
+    put = guarded.client.put(
+        "/v1/files",
+        params={"path": f"{base}/theirs/new", **as_nobody},
+        content=data,
+        headers={"X-Podbay-Sha256": hashlib.sha256(data).hexdigest()},
+    )
+    assert put.status_code == 200, put.text
+    assert (os.stat(base / "theirs" / "new").st_uid, (base / "theirs" / "new").read_bytes()) == (
+        65534,
+        data,
+    )
+    made = guarded.client.post(
+        "/v1/files/mkdir", params=as_nobody, json={"path": f"{base}/theirs/a/b"}
+    )
+    assert made.status_code == 200, made.text
+    assert os.stat(base / "theirs" / "a").st_uid == 65534
+    for denied in (
+        guarded.client.get("/v1/files", params={"path": f"{base}/secret", **as_nobody}),
+        guarded.client.post("/v1/files/mkdir", params=as_nobody, json={"path": f"{base}/x"}),
+    ):
+        assert (denied.status_code, denied.json()["code"]) == (409, "PATH_ACCESS_DENIED")
+    # The thread took the agent's own ids back: root's calls are root's again.
+    assert guarded.client.get("/v1/files", params={"path": f"{base}/secret"}).content == (
+        b"root only"
+    )
+    root_put = guarded.client.put(
+        "/v1/files",
+        params={"path": f"{base}/mine"},
+        content=b"x",
+        headers={"X-Podbay-Sha256": hashlib.sha256(b"x").hexdigest()},
+    )
+    assert root_put.status_code == 200, root_put.text
+    assert os.stat(base / "mine").st_uid == 0

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -35,7 +36,15 @@ pytestmark = [pytest.mark.root, pytest.mark.anyio]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    with PlatformServer.start(tmp_path_factory.mktemp("serve-inspect")) as s:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("serve-inspect"),
+        env={"PODBAY_RUNTIME_CLASSES": "container,gvisor"},
+    ) as s:
+        # gVisor is proven in the background after the server is up: wait for it.
+        deadline = time.monotonic() + 600
+        while "gvisor" not in s.http.get("/healthz").json()["classes"]["available"]:
+            assert time.monotonic() < deadline, "gvisor never became available"
+            time.sleep(0.5)
         yield s
 
 
@@ -75,6 +84,14 @@ CASES = {
     "user": Case(
         PodbaySandboxEnvironmentConfig(
             user="user", environment={"FROM_CONFIG": "1"}, sandbox_class="container"
+        ),
+        {},
+    ),
+    # The same on the default class, gVisor, whose agent acts as a user another
+    # way (its thread's effective ids: gVisor has no setfsuid).
+    "user-gvisor": Case(
+        PodbaySandboxEnvironmentConfig(
+            user="user", environment={"FROM_CONFIG": "1"}, sandbox_class="gvisor"
         ),
         {},
     ),

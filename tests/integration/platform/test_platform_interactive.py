@@ -377,14 +377,12 @@ def test_cli_shell_in_tmux(
         tmux("resize-window", "-t", "shell", "-x", "120", "-y", "40")
         tmux("send-keys", "-t", "shell", "shutil.get_terminal_size()", "Enter")
         tmux.wait_for("columns=120, lines=40")
-        if handle["class"] != "gvisor":
-            # Ctrl-C reaches the program in the sandbox, not the local CLI. (Not
-            # under gVisor: its terminal, in runsc 2022-12, sends no SIGINT for
-            # Ctrl-C at all, also to a process of its own pty.fork.)
-            tmux("send-keys", "-t", "shell", "import time; time.sleep(3600)", "Enter")
-            time.sleep(1)
-            tmux("send-keys", "-t", "shell", "C-c")
-            tmux.wait_for("KeyboardInterrupt")
+        # Ctrl-C reaches the program in the sandbox, not the local CLI (under
+        # gVisor, whose terminal sends no signal, the agent raises it).
+        tmux("send-keys", "-t", "shell", "import time; time.sleep(3600)", "Enter")
+        tmux.wait_for("time.sleep(3600)")
+        tmux("send-keys", "-t", "shell", "C-c")
+        tmux.wait_for("KeyboardInterrupt")
         tmux("send-keys", "-t", "shell", "exit(9)", "Enter")
         deadline = time.monotonic() + 60
         while not (status.exists() and status.read_text().strip()):
@@ -409,3 +407,61 @@ def test_terminal_as_another_user(
         with pytest.raises(SandboxRequestError) as refused:
             sandbox.pty(["true"], user="nobody-here").wait()
         assert refused.value.code == "USER_UNKNOWN"
+
+
+def test_terminal_signals_reach_the_foreground_job(
+    server: PlatformServer, token: str, handle: dict[str, Any], tmp_path: Path
+) -> None:
+    """``podbay sandbox shell`` (bash -l, job control on) as a person uses it:
+    Ctrl-C ends the foreground ``sleep`` and the prompt comes back, Ctrl-Z stops
+    one (bash reports it), Ctrl-\\ quits one; the shell itself lives on."""
+    tmux = Tmux(tmp_path)
+    shell = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "podbay.cli.main",
+            "sandbox",
+            "shell",
+            handle["name"],
+            "--server",
+            server.base_url,
+        ]
+    )
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "shell",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        f"env ASTRO_AUTHZ_TOKEN={token} TERM=xterm {shell}; sleep 60",
+    )
+    try:
+        tmux.wait_for("/workspace# ")  # bash's own prompt: it reads what is typed now
+        tmux("send-keys", "-t", "shell", "PS1='ready> '", "Enter")
+        tmux.wait_for("ready> ")
+        for key, echo in (("C-c", "^C"), ("C-\\", "^\\"), ("C-z", "^Z")):
+            tmux("send-keys", "-t", "shell", "clear", "Enter")
+            tmux.wait_for("ready> ")
+            tmux("send-keys", "-t", "shell", "sleep 100", "Enter")
+            # The sleep runs once the shell waits for it: ps sees it in the sandbox.
+            deadline = time.monotonic() + 60
+            while "sleep 100" not in server.exec(handle, "ps", "-e", "-o", "args=").text:
+                assert time.monotonic() < deadline, tmux.screen()
+                time.sleep(0.1)
+            tmux("send-keys", "-t", "shell", key)
+            # The prompt comes back (not after the sleep's 100 s), after the echo.
+            deadline = time.monotonic() + 20
+            while tmux.screen().count("ready> ") < 2:
+                assert time.monotonic() < deadline, tmux.screen()
+                time.sleep(0.1)
+            assert echo in tmux.screen(), tmux.screen()
+        assert "Stopped" in tmux.screen()  # bash's word for the job Ctrl-Z stopped
+        tmux("send-keys", "-t", "shell", "kill %1; echo alive", "Enter")
+        tmux.wait_for("alive")
+    finally:
+        subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)

@@ -151,7 +151,7 @@ def pid_space(pids: int, pid_max: int | None = None) -> tuple[bool, str]:
     sandboxes may hold together (``cgroups.node_pids``).
 
     >>> ok, detail = pid_space(256, 32768)
-    >>> ok, "at most 28672 together" in detail, "16768 host threads (1 at once)" in detail
+    >>> ok, "at most 28672 together" in detail, "25984 host threads (1 at once)" in detail
     (True, True, True)
     >>> pid_space(256, 16384)[0]
     False

@@ -420,8 +420,23 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
 #: pooled after it exits: about 12 per ``sleep``, 22-57 per process slot in a
 #: fork bomb at the guest's limit (peaks 251, 842, 1266-1882, 3180 host
 #: threads at limits 8, 16, 32, 64; 12543 at 256 when its 512 MiB ended it).
+#: A sh fork bomb at 96 guest processes (load ~10, 2026-12): 6,312 host threads
+#: (66 per process slot) and 263 MiB of the sandbox's memory; at 160 it passed
+#: 64 per slot and gVisor, unable to make a stub thread, ended the sandbox.
 HOST_PIDS_IDLE = 384
-HOST_PIDS_PER_GUEST = 64
+HOST_PIDS_PER_GUEST = 100
+#: The same threads are what fills the sandbox's memory: each costs the host
+#: kernel memory (stack, task, page tables) charged to the sandbox's cgroup,
+#: about 2.1 MiB per guest process slot in that bomb (beyond ~60 MiB for the
+#: sentry and the agent), and more under heavier load (more sentry threads run
+#: each stub): at load ~34, 149 slots (3 MiB each) filled 512 MiB. gVisor (2022)
+#: has no OOM killer: a guest that reaches the cgroup's limit ends the whole
+#: sandbox, so the guest's pids limit is also capped at what its memory holds
+#: at 4 MiB a slot (:func:`guest_pids_cap`).
+HOST_BYTES_BASE = 64 << 20
+HOST_BYTES_PER_GUEST = 4 << 20
+#: The cap never goes below this (a tiny sandbox still runs a shell and a pipe).
+GUEST_PIDS_FLOOR = 16
 
 
 def host_pids(guest: int) -> int:
@@ -431,9 +446,19 @@ def host_pids(guest: int) -> int:
     sandbox ends): 1.3 times the worst measured.
 
     >>> host_pids(256)
-    16768
+    25984
     """
     return HOST_PIDS_IDLE + HOST_PIDS_PER_GUEST * guest
+
+
+def guest_pids_cap(memory_bytes: int) -> int:
+    """The most guest processes a gVisor sandbox of ``memory_bytes`` holds with
+    its host-side cost inside that memory (see :data:`HOST_BYTES_PER_GUEST`).
+
+    >>> guest_pids_cap(512 << 20), guest_pids_cap(1 << 30), guest_pids_cap(64 << 20)
+    (112, 240, 16)
+    """
+    return max(GUEST_PIDS_FLOOR, (memory_bytes - HOST_BYTES_BASE) // HOST_BYTES_PER_GUEST)
 
 
 def guest_pids(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -441,11 +466,15 @@ def guest_pids(cfg: dict[str, Any]) -> dict[str, Any]:
     guarded agent confines commands to a pids cgroup of gVisor's kernel holding
     that many (``--pids-max``, see :mod:`podbay.agent.guestpids`), granted
     ``CAP_SYS_ADMIN`` to make it (it drops it at once, before anything runs),
-    and the host's cgroup gets :func:`host_pids` of it."""
+    and the host's cgroup gets :func:`host_pids` of it. The limit is at most
+    :func:`guest_pids_cap` of the sandbox's memory, so a fork bomb at it cannot
+    end the sandbox."""
     process, resources = cfg["process"], cfg["linux"]["resources"]
     if "--guard-uid" not in process["args"] or "pids" not in resources:
         return cfg
     limit = int(resources["pids"]["limit"])
+    if "memory" in resources:
+        limit = min(limit, guest_pids_cap(int(resources["memory"]["limit"])))
     caps = {k: [*v, "CAP_SYS_ADMIN"] for k, v in process["capabilities"].items()}
     process = {
         **process,

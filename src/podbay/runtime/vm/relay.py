@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import secrets
+import select
 import threading
 import time
 from collections.abc import Coroutine
@@ -66,7 +67,13 @@ class _Stream:
                     await self.credit_changed.wait()
                 data = await self.reader.read(min(self.credit, f.MAX_PAYLOAD))
                 if not data:
-                    self.relay.send(f.frame(f.EOF, self.sid))
+                    if _hung_up(self.writer):
+                        # Gone whole, not half-closed: the guest closes its end to
+                        # the agent too, which then kills what this client ran
+                        # (an EOF would read as a client still waiting for its answer).
+                        self.abort()
+                    else:
+                        self.relay.send(f.frame(f.EOF, self.sid))
                     return
                 self.credit -= len(data)
                 self.relay.send(f.frame(f.DATA, self.sid, data))
@@ -102,6 +109,17 @@ class _Stream:
             self.closed = True
             self.relay.send(f.frame(f.CLOSE, self.sid))
             self.inbox.put_nowait(f.CLOSE)
+
+
+def _hung_up(writer: asyncio.StreamWriter) -> bool:
+    """True when the client closed its connection whole (a unix socket reports
+    POLLHUP then; a peer that only shut down its writing side does not)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), 0)
+    return any(event & select.POLLHUP for _, event in poller.poll(0))
 
 
 class Relay:

@@ -123,15 +123,29 @@ def test_a_guarded_agent_gets_the_pids_limit_and_the_host_a_budget(tmp_path: Pat
             "args": ["/py", "--socket", "/s", "--guard-uid", "65535"],
             "capabilities": {"bounding": ["CAP_KILL"], "permitted": ["CAP_KILL"]},
         },
-        "linux": {"resources": {"pids": {"limit": 32}, "memory": {"limit": 1}}},
+        "linux": {"resources": {"pids": {"limit": 32}, "memory": {"limit": 1 << 30}}},
     }
     adapted = runsc.guest_pids(cfg)
     assert adapted["process"]["args"][-2:] == ["--pids-max", "32"]
     assert adapted["process"]["capabilities"]["bounding"] == ["CAP_KILL", "CAP_SYS_ADMIN"]
     resources = adapted["linux"]["resources"]
-    assert resources == {"pids": {"limit": runsc.host_pids(32)}, "memory": {"limit": 1}}
-    assert runsc.host_pids(32) > 32 * 57 + 100  # the worst measured per guest process, idle
+    assert resources == {"pids": {"limit": runsc.host_pids(32)}, "memory": {"limit": 1 << 30}}
+    assert runsc.host_pids(32) > 32 * 66 + 100  # the worst measured per guest process, idle
     assert cfg["linux"]["resources"]["pids"] == {"limit": 32}  # pure
+
+
+def test_the_guests_pids_limit_is_what_its_memory_holds() -> None:
+    """gVisor's host threads per guest process fill the sandbox's memory: the
+    default 256 processes in 512 MiB ended the sandbox (no OOM killer there)."""
+    cfg = {
+        "process": {"args": ["/py", "--guard-uid", "65535"], "capabilities": {}},
+        "linux": {"resources": {"pids": {"limit": 256}, "memory": {"limit": 512 << 20}}},
+    }
+    adapted = runsc.guest_pids(cfg)
+    cap = runsc.guest_pids_cap(512 << 20)
+    assert cap < 256 and cap * runsc.HOST_BYTES_PER_GUEST + runsc.HOST_BYTES_BASE <= 512 << 20
+    assert adapted["process"]["args"][-2:] == ["--pids-max", str(cap)]
+    assert adapted["linux"]["resources"]["pids"] == {"limit": runsc.host_pids(cap)}
 
 
 def test_reachable(tmp_path: Path) -> None:

@@ -172,6 +172,11 @@ class Stream:
         self.inbox.put(f.CLOSE)
         self.mux.forget(self.sid, self)
         with contextlib.suppress(OSError):
+            # Shut down first: a bare close() while _to_host blocks in recv on it
+            # does not end the connection (the call holds it open), and the agent
+            # only kills what a client left behind once it sees the hang-up.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.sock.close()
 
 
