@@ -69,6 +69,8 @@ class E2BService:
         self.clock = clock
         self._secret: str | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: Called on close: the sandbox API's own state (its processes' timers).
+        self.closers: list[Callable[[], None]] = []
         #: The data plane is reached over HTTP, as any client reaches it: in a
         #: cluster the endpoint is the sandbox's node, never this process.
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -216,6 +218,8 @@ class E2BService:
             await self.kill(deployment, row.sandbox_id)
 
     async def close(self) -> None:
+        for closer in self.closers:
+            closer()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(BaseException):

@@ -146,3 +146,76 @@ def test_unsupported_calls_answer_e2b_errors(server: PlatformServer, key: str) -
         "/v2/sandboxes", headers={"X-API-Key": key}, json={"templateID": "nope"}
     )
     assert unknown.status_code == 404 and "nope" in unknown.json()["message"]
+
+
+def test_background_commands_outlive_their_stream(server: PlatformServer, key: str) -> None:
+    sandbox = e2b.Sandbox.create(envs={"GREETING": "hi"}, **_opts(server, key))
+    try:
+        handle = sandbox.commands.run(
+            "read line; echo $GREETING:$line; read rest; echo rest:$rest; sleep 600",
+            background=True,
+            stdin=True,
+            cwd="/tmp",
+        )
+        listed = {p.pid: p for p in sandbox.commands.list()}
+        assert handle.pid in listed and listed[handle.pid].cwd == "/tmp"
+        assert listed[handle.pid].cmd == "/bin/bash" and "sleep 600" in listed[handle.pid].args[-1]
+        sandbox.commands.send_stdin(handle.pid, "one\n")
+        # The first handle lets go; the command keeps running and is followed again.
+        handle.disconnect()
+        again = sandbox.commands.connect(handle.pid)
+        sandbox.commands.stream_input(handle.pid, ["two", "\n"])
+        sandbox.commands.close_stdin(handle.pid)
+        seen: list[str] = []
+        for stdout, _, _ in again:
+            if stdout:
+                seen.append(stdout)
+            if "rest:two\n" in "".join(seen):
+                break
+        assert sandbox.commands.kill(handle.pid) is True
+        with pytest.raises(e2b.CommandExitException) as killed:
+            again.wait()
+        assert killed.value.exit_code == 137
+        assert handle.pid not in [p.pid for p in sandbox.commands.list()]
+        assert sandbox.commands.kill(handle.pid) is False
+        with pytest.raises(e2b.NotFoundException):
+            sandbox.commands.send_stdin(handle.pid, "late")
+    finally:
+        sandbox.kill()
+
+
+def test_a_command_is_killed_at_its_timeout_without_a_follower(
+    server: PlatformServer, key: str
+) -> None:
+    sandbox = e2b.Sandbox.create(**_opts(server, key))
+    try:
+        handle = sandbox.commands.run("sleep 600", background=True, timeout=1)
+        handle.disconnect()
+        while handle.pid in [p.pid for p in sandbox.commands.list()]:
+            time.sleep(0.2)  # the server's timer kills it; pytest's timeout bounds this
+        # the output of a finished command stays readable until its end is delivered
+        done = sandbox.commands.run("echo done", background=True)
+        assert done.wait().stdout == "done\n"
+    finally:
+        sandbox.kill()
+
+
+def test_async_background_commands(server: PlatformServer, key: str) -> None:
+    async def main() -> None:
+        sandbox = await e2b.AsyncSandbox.create(**_opts(server, key))
+        try:
+            seen: list[str] = []
+            handle = await sandbox.commands.run(
+                "read x; echo got:$x", background=True, stdin=True, on_stdout=seen.append
+            )
+            assert handle.pid in [p.pid for p in await sandbox.commands.list()]
+            await sandbox.commands.send_stdin(handle.pid, "async\n")
+            result = await handle.wait()
+            assert (result.stdout, result.exit_code, seen) == ("got:async\n", 0, ["got:async\n"])
+            sleeper = await sandbox.commands.run("sleep 600", background=True)
+            assert await sandbox.commands.kill(sleeper.pid) is True
+            assert await sandbox.commands.kill(sleeper.pid) is False
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
