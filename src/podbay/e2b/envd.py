@@ -30,7 +30,7 @@ from podbay.wire.paths import (
     FILES,
 )
 
-from . import connect, processes
+from . import connect, filesystem, processes
 from .errors import E2BError, error_response
 from .relay import (
     ACCESS_TOKEN_HEADER,
@@ -161,6 +161,11 @@ routes = [
     Route("/process.Process/StreamInput", processes.stream_input, methods=["POST"]),
     Route("/process.Process/CloseStdin", processes.close_stdin, methods=["POST"]),
     Route("/process.Process/{method}", unimplemented_rpc, methods=["POST"]),
+    Route("/filesystem.Filesystem/Stat", filesystem.stat_rpc, methods=["POST"]),
+    Route("/filesystem.Filesystem/ListDir", filesystem.list_dir, methods=["POST"]),
+    Route("/filesystem.Filesystem/MakeDir", filesystem.make_dir, methods=["POST"]),
+    Route("/filesystem.Filesystem/Move", filesystem.move, methods=["POST"]),
+    Route("/filesystem.Filesystem/Remove", filesystem.remove, methods=["POST"]),
     Route("/filesystem.Filesystem/{method}", unimplemented_rpc, methods=["POST"]),
     Route("/files", download, methods=["GET"]),
     Route("/files", upload, methods=["POST"]),

@@ -32,7 +32,11 @@ CODES = {
     429: "resource_exhausted",
 }
 #: podbay's codes that mean something else than their status's Connect code.
-_BY_ERROR_CODE = {"PATH_EXISTS": "already_exists", "PROCESS_NOT_FOUND": "not_found"}
+_BY_ERROR_CODE = {
+    "PATH_EXISTS": "already_exists",
+    "PATH_ACCESS_DENIED": "permission_denied",
+    "PROCESS_NOT_FOUND": "not_found",
+}
 
 
 def service_of(request: Request) -> E2BService:

@@ -219,3 +219,68 @@ def test_async_background_commands(server: PlatformServer, key: str) -> None:
             await sandbox.kill()
 
     asyncio.run(main())
+
+
+def test_filesystem_calls(server: PlatformServer, key: str) -> None:
+    sandbox = e2b.Sandbox.create(**_opts(server, key))
+    files = sandbox.files
+    try:
+        assert files.make_dir("/tmp/fs/a/b") is True  # parents too, as envd makes them
+        assert files.make_dir("/tmp/fs/a/b") is False
+        files.write("/tmp/fs/a/b/deep.txt", "deep")
+        files.write("/tmp/fs/top.txt", "top!")
+        info = files.get_info("/tmp/fs/top.txt")
+        assert (info.name, info.type, info.size, info.path) == (
+            "top.txt",
+            e2b.FileType.FILE,
+            4,
+            "/tmp/fs/top.txt",
+        )
+        assert info.permissions == "-rw-r--r--" and info.owner == "root"
+        assert files.get_info("/tmp/fs/a").type == e2b.FileType.DIR
+        assert [e.name for e in files.list("/tmp/fs")] == ["a", "top.txt"]
+        deep = {e.path for e in files.list("/tmp/fs", depth=3)}
+        assert deep == {
+            "/tmp/fs/a",
+            "/tmp/fs/a/b",
+            "/tmp/fs/a/b/deep.txt",
+            "/tmp/fs/top.txt",
+        }
+        assert files.exists("/tmp/fs/top.txt") and not files.exists("/tmp/fs/nope")
+        moved = files.rename("/tmp/fs/top.txt", "/tmp/fs/a/moved.txt")
+        assert moved.path == "/tmp/fs/a/moved.txt" and files.read(moved.path) == "top!"
+        assert not files.exists("/tmp/fs/top.txt")
+        files.remove("/tmp/fs/a")  # a whole tree, as envd removes it
+        assert not files.exists("/tmp/fs/a")
+        with pytest.raises(e2b.FileNotFoundException):
+            files.get_info("/tmp/fs/a")
+        with pytest.raises(e2b.FileNotFoundException):
+            files.list("/tmp/fs/a")
+        with pytest.raises(e2b.FileNotFoundException):
+            files.remove("/tmp/fs/a")
+        with pytest.raises(e2b.FileNotFoundException):
+            files.rename("/tmp/fs/a", "/tmp/fs/b")
+        with pytest.raises(e2b.InvalidArgumentException):
+            files.list("/tmp/fs", depth=0)
+    finally:
+        sandbox.kill()
+
+
+def test_async_filesystem_calls(server: PlatformServer, key: str) -> None:
+    async def main() -> None:
+        sandbox = await e2b.AsyncSandbox.create(**_opts(server, key))
+        files = sandbox.files
+        try:
+            assert await files.make_dir("/tmp/afs/x") is True
+            await files.write("/tmp/afs/x/f.txt", "f")
+            listed = await files.list("/tmp/afs", depth=2)
+            assert [e.path for e in listed] == ["/tmp/afs/x", "/tmp/afs/x/f.txt"]
+            assert (await files.get_info("/tmp/afs/x/f.txt")).size == 1
+            await files.rename("/tmp/afs/x/f.txt", "/tmp/afs/g.txt")
+            assert await files.exists("/tmp/afs/g.txt")
+            await files.remove("/tmp/afs")
+            assert not await files.exists("/tmp/afs")
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
