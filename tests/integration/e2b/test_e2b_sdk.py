@@ -284,3 +284,31 @@ def test_async_filesystem_calls(server: PlatformServer, key: str) -> None:
             await sandbox.kill()
 
     asyncio.run(main())
+
+
+def test_envs_and_metadata_are_podbays_create_options(server: PlatformServer) -> None:
+    out = server.cli(
+        "deployment", "create", "e2b-opts", "--spec", "-", "--e2b-key", input=SANDBOX_SPEC
+    )
+    token, key = out.stdout.strip().splitlines()[-2:]
+    sandbox = e2b.Sandbox.create(
+        envs={"GREETING": "hello"}, metadata={"suite": "opts"}, **_opts(server, key)
+    )
+    try:
+        # podbay's own API: the same sandbox, with E2B's envs as its env and metadata as labels
+        record = server.api("GET", f"/api/v1/sandboxes/{sandbox.sandbox_id}", token).json()
+        assert record["labels"] == {"suite": "opts"}
+        handle = server.attach(token, sandbox.sandbox_id).json()
+        ran = server.exec(handle, "sh", "-c", "echo $GREETING").json()
+        assert ran["stdout"] == "hello\n"
+        free_form = e2b.Sandbox.create(metadata={"not a label key": "x"}, **_opts(server, key))
+        try:  # metadata that cannot be labels stays E2B's only
+            assert free_form.get_info().metadata == {"not a label key": "x"}
+            listed = server.api("GET", f"/api/v1/sandboxes/{free_form.sandbox_id}", token)
+            assert not listed.json().get("labels")
+        finally:
+            free_form.kill()
+        with pytest.raises(e2b.SandboxException, match="NOT-A-NAME"):  # a 400, not made
+            e2b.Sandbox.create(envs={"NOT-A-NAME": "x"}, **_opts(server, key))
+    finally:
+        sandbox.kill()
