@@ -59,6 +59,8 @@ async def send_refusal(
     """Answer with ``exc``'s status and the contract's JSON body, plus ``headers``.
     ``kind="websocket.http"``: the same, as a WebSocket's denial response."""
     body = json.dumps(exc.body()).encode()
+    if exc.retry_after is not None:
+        headers = (*headers, (b"retry-after", f"{exc.retry_after:g}".encode()))
     await send(
         {
             "type": f"{kind}.response.start",

@@ -34,6 +34,10 @@
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
     ├── BodyTooLarge                     a client's body passed the relay's limit
     │
+    │   E2B's surface (podbay.e2b)
+    ├── E2BError(status, code, message)  a refusal in E2B's REST error shape
+    ├── ConnectError(code, message)      a refusal in the Connect protocol's shape
+    │
     │   agent (inside the sandbox)
     ├── ProtocolError(status, message)   the peer broke HTTP/1.1
     ├── Aborted                          cut a response mid-body
@@ -100,6 +104,22 @@ class SandboxRequestError(PodbayError):
         self.status = status
         self.message = message
         self.code = code
+
+
+def shell_exit_code(exc: SandboxRequestError) -> int | None:
+    """The exit code a shell gives a command that could not start: 127 when it
+    (the program) does not exist, 126 when it may not be run or its cwd not
+    used; None for any other refusal. A ``COMMAND_START_FAILED``'s message
+    carries the OS's reason (``cannot start 'x': No such file or directory``).
+
+    >>> shell_exit_code(SandboxRequestError(400, "cannot start 'x': No such file or directory",
+    ...                                     "COMMAND_START_FAILED"))
+    127
+    """
+    if exc.code != "COMMAND_START_FAILED":
+        return None
+    missing = "No such file" in exc.message and not exc.message.startswith("cannot use cwd")
+    return 127 if missing else 126
 
 
 class SandboxNotEnabledError(SandboxRequestError):
@@ -212,6 +232,30 @@ class AgentAnswerInvalid(PodbayError):
 
 class BodyTooLarge(PodbayError):
     """The client's body passed the relay's limit while it streamed."""
+
+
+class E2BError(PodbayError):
+    """A refusal on E2B's REST surface: ``status`` and an UPPER_SNAKE ``code``,
+    answered as E2B's ``{"code": status, "message"}`` body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class ConnectError(PodbayError):
+    """A refusal on envd's Connect surface; ``code`` is one of Connect's
+    lower-case codes (``invalid_argument``, ``not_found``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
 
 
 class ProtocolError(PodbayError):

@@ -155,6 +155,52 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+#: PID 1's command line as ``ps`` in a sandbox shows it.
+TITLE = b"podbay-agent"
+
+
+def retitle(title: bytes = TITLE) -> None:
+    """Write ``title`` over this process's command line: the kernel's argv area,
+    which ``/proc/1/cmdline`` (and so ``ps``) reads. The sandbox's PID 1 is
+    started with the loader's options and the whole bootstrap code as argv,
+    which ``ps`` showed as its command; nothing reads that area after start-up
+    (``sys.argv`` and a hibernation's re-exec use Python's own copy).
+
+    The argv strings lie end to end (Linux and gVisor alike lay them out so):
+    the program's own start at glibc's ``program_invocation_name`` and run for
+    ``sys.orig_argv``; the loader's options, when it was started through the
+    loader, come before; ``/proc/self/cmdline`` is the whole area. The area is
+    only written when our memory there reads back exactly as that file.
+
+    A write to our own memory with ctypes: no capability (``PR_SET_MM`` would
+    want ``CAP_SYS_RESOURCE``) and no file (under runc the agent, non-dumpable,
+    may not open its own ``/proc/self/mem``, by design). ctypes is the guard's
+    already under gVisor; under runc this adds its import to the start.
+    """
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            line = f.read()
+    except OSError:
+        return
+    if len(line) <= len(title):
+        return
+    import ctypes
+
+    try:
+        program = ctypes.c_void_p.in_dll(ctypes.CDLL(None), "program_invocation_name").value
+    except (OSError, ValueError):
+        return
+    if not program or ctypes.string_at(program) != os.fsencode(sys.orig_argv[0]):
+        return  # not the program's argv[0]: nothing below it is known
+    end = program + sum(len(os.fsencode(arg)) + 1 for arg in sys.orig_argv)
+    start = end - len(line)
+    if ctypes.string_at(start, len(line)) != line:
+        return  # not laid out as expected: leave it
+    # NUL-filled to the end: the line ends at the title, and the area's last
+    # byte stays NUL (else the kernel reads on into the environment).
+    ctypes.memmove(start, title.ljust(len(line), b"\0"), len(line))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the agent until SIGTERM or SIGINT (SIGKILL as PID 1); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -222,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             from_fd=args.fd is not None,
             may_sleep=lambda: app.relayed and not app.processes.list() and no_children(),
         )
+        if os.getpid() == 1:
+            retitle()  # after configure, which reads the command line to execute on waking
         if hibernation is None:
             Server(listener, app, protocol_refusal).serve_forever()
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -302,8 +303,9 @@ def stage(parent: str | os.PathLike[str], *, python: Sequence[str] = (sys.execut
     target = Path(parent) / digest.hexdigest()[:16]
     if (target / "complete").exists():
         return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # Each stager its own: the drivers of a server's classes stage side by side
+    # in one process (a pid alone let one's rmtree pull another's tree away).
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     package = tmp / "podbay"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(STUB_INIT)

@@ -6,7 +6,9 @@ then the image's finishing steps; ``podbay.environment``: a layer's steps).
 :func:`build_progress` hangs a handler on those loggers that turns the
 records into a click progress bar on stderr, and stops them from also
 printing as lines (which would break the bar). On a pipe, a file, or with
-``--json`` it does nothing: the records print as before.
+``--json`` it does nothing: the records print as before. Beside the bar, the
+stage being done and the seconds since the build began (a build takes
+minutes, and a bar that does not move for one of them looks stuck).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
+
+if TYPE_CHECKING:
+    from podbay.wire.control import Preparing
 
 #: Base-image build stages, in order, by a text their log record contains.
 IMAGE_STAGES = (
@@ -48,6 +54,8 @@ class BuildProgress(logging.Handler):
         self._lock = threading.Lock()
         self._bar: Any = None
         self._stage = 0
+        self._started = 0.0
+        self._doing = ""
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
@@ -60,11 +68,24 @@ class BuildProgress(logging.Handler):
     def _open(self, length: int, label: str) -> None:
         self._close()
         self._bar = click.progressbar(
-            length=length, label=label, file=self.stream, show_eta=False, show_pos=True
+            length=length,
+            label=label,
+            file=self.stream,
+            show_eta=False,
+            show_pos=True,
+            item_show_func=lambda item: item,
         )
         self._bar.__enter__()
-        self._bar.update(0)
         self._stage = 0
+        self._started = time.monotonic()
+        self._doing = ""
+        self._tick()
+
+    def _tick(self) -> None:
+        """Redraw with the stage and the seconds so far (each record calls it)."""
+        if self._bar is not None:
+            elapsed = f"{time.monotonic() - self._started:.0f} s"
+            self._bar.update(0, f"{self._doing}, {elapsed}" if self._doing else elapsed)
 
     def _advance(self, to: int) -> None:
         if self._bar is not None and to > self._stage:
@@ -91,7 +112,9 @@ class BuildProgress(logging.Handler):
             return
         for index, stage in enumerate(IMAGE_STAGES):
             if stage in message:
+                self._doing = stage.removeprefix("I: ").removeprefix("base image: ")
                 self._advance(index)
+        self._tick()
 
     def _layer(self, message: str) -> None:
         if start := _LAYER_START.search(message):
@@ -101,8 +124,10 @@ class BuildProgress(logging.Handler):
             self._advance(self._bar.length if self._bar is not None else 0)
             self._close()
             return
-        if _LAYER_STEP.search(message):
+        if step := _LAYER_STEP.search(message):
+            self._doing = message[step.end() :].split(" | ", 1)[0][:40]
             self._advance(self._stage + 1)
+        self._tick()
 
 
 def follow_log(path: Path, offset: int, handler: BuildProgress) -> int:
@@ -152,3 +177,39 @@ def build_progress(enabled: bool = True, stream: TextIO | None = None) -> Iterat
             lg.removeHandler(handler)
             lg.propagate = propagate
             lg.setLevel(level)
+
+
+class PreparingLines:
+    """The SDK's ``on_preparing`` for the CLI: while an attach waits for the
+    declared environment, one line on stderr each time its build moves on
+    (step, what it does, seconds so far)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self._last: tuple[int, str] | None = None
+        self._waiting_said = False
+
+    def __call__(self, preparing: Preparing) -> None:
+        step = preparing.progress
+        if step is None:  # built elsewhere, or a server that does not say
+            if not self._waiting_said:
+                self._write(f"sandbox {preparing.name}: waiting for its environment to be built")
+                self._waiting_said = True
+            return
+        if (step.step, step.doing) == self._last:
+            return
+        self._last = (step.step, step.doing)
+        self._write(
+            f"sandbox {preparing.name}: building its environment: step {step.step}/{step.steps}"
+            f" {step.doing} ({step.elapsed_seconds:.0f} s)"
+        )
+
+    def _write(self, line: str) -> None:
+        self.stream.write(f"podbay: {line}\n")
+        self.stream.flush()
+
+
+def preparing_lines(as_json: bool, stream: TextIO | None = None) -> PreparingLines | None:
+    """A :class:`PreparingLines` for people (stderr a terminal, no ``--json``), else None."""
+    out = stream if stream is not None else sys.stderr
+    return PreparingLines(out) if not as_json and out.isatty() else None

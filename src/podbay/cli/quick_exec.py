@@ -21,7 +21,8 @@ attaches again, which is idempotent, and reports them), and an exec
 refused 401, 403 or 503 (answered before anything ran; the SDK
 re-attaches or waits and repeats). Once the exec request is sent, every
 outcome is reported here, as the full command would: output, notes, its
-exit code; a refusal as ``podbay: <status> <CODE>: <message>`` (exit 1);
+exit code; a refusal as ``podbay: <status> <CODE>: <message>`` (exit 1, or
+127/126 for a command that could not start);
 no answer as ``podbay: unavailable: ...`` (exit 2; never retried).
 
 A standard input that is not a terminal (nor ``/dev/null``) is passed to the
@@ -335,11 +336,15 @@ def _read_answer(sock: _socket.socket) -> tuple[int, str, bytes, bool]:
     return status, reason, reader.buf, False
 
 
-def _refusal(status: int, reason: str, raw: bytes) -> str:
-    """The same sentence the SDK's refusal gives (both are ``refusal_error``)."""
-    from podbay.errors import refusal_error  # here: only a refusal needs it
+def _refused(status: int, reason: str, raw: bytes) -> int:
+    """Report the exec's refusal in the SDK's sentence (both are
+    ``refusal_error``); the full command's exit code for it (127 or 126 for a
+    command that could not start, as in a shell; else 1)."""
+    from podbay.errors import refusal_error, shell_exit_code  # here: only a refusal needs it
 
-    return str(refusal_error(status, raw, reason))
+    error = refusal_error(status, raw, reason)
+    _fail(str(error))
+    return shell_exit_code(error) or 1
 
 
 def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | None:
@@ -412,8 +417,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
                     then=stdin,
                 )
                 if answered is not None and answered[0] in _REPEATABLE:
-                    _fail(_refusal(*answered))
-                    return 1
+                    return _refused(*answered)
         except (OSError, ValueError) as exc:
             kind = type(exc).__name__
             _fail(f"unavailable: POST {url.split('?', 1)[0]} failed: {kind}: {exc or kind}")
@@ -422,8 +426,7 @@ def run(args: Sequence[str], environ: dict[str, str] | None = None) -> int | Non
             return None
         status, reason, raw = answered
         if status != 200:
-            _fail(_refusal(status, reason, raw))
-            return 1
+            return _refused(status, reason, raw)
         try:
             result = loads(raw)
             code = int(result["exit_code"])

@@ -66,10 +66,13 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "podbay.client._models",
     "SandboxHandle": "podbay.client._models",
     "SandboxRecord": "podbay.client._models",
+    "Preparing": "podbay.client._models",
+    "BuildStep": "podbay.client._models",
 }
 
-# BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat)
-# resolve as attributes but stay out of the pinned star-import surface.
+# BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat),
+# Preparing and BuildStep (what on_preparing gets) resolve as attributes but
+# stay out of the pinned star-import surface.
 # ``podbay.__all__`` repeats most of this list on purpose (a deliberate twin):
 # ``import podbay`` must not load the client to learn its names;
 # tests/unit/test_public_api.py pins both.
@@ -119,6 +122,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._config import token_issuer
     from ._interpreter import CodeResult, Execution, ExecutionError
     from ._models import (
+        BuildStep as BuildStep,
+    )
+    from ._models import (
         BytesResult as BytesResult,
     )
     from ._models import (
@@ -139,6 +145,9 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from ._models import (
         FileInfo as FileInfo,
+    )
+    from ._models import (
+        Preparing as Preparing,
     )
     from ._sync.client import CodeInterpreter, Sandbox, SandboxClient, Terminal
 

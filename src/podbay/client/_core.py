@@ -31,6 +31,7 @@ from podbay.wire import codec, paths
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    Preparing,
     SandboxHandle,
     SandboxList,
     SandboxRecord,
@@ -424,15 +425,22 @@ class Core:
         return response.status_code in (401, 403)
 
     @staticmethod
-    def is_shutdown_refusal(response: httpx.Response) -> bool:
-        """503 ``SERVER_SHUTTING_DOWN`` (``response`` must be read): the server
-        stopped while the call ran; re-attach (riding over the restart) and repeat."""
+    def is_restart_refusal(response: httpx.Response) -> bool:
+        """A 503 of a server restart (``response`` must be read): re-attach
+        (riding over the restart) and repeat. ``SERVER_SHUTTING_DOWN``: the
+        server stopped while the call ran; ``SANDBOXES_UNAVAILABLE`` with
+        ``Retry-After``: a restarted server's gateway is still taking back its
+        sandboxes (it held the call a while first)."""
         if response.status_code != 503:
             return False
         try:
-            return bool(response.json().get("code") == ErrorCode.SERVER_SHUTTING_DOWN)
+            code = response.json().get("code")
         except (ValueError, AttributeError):
             return False
+        return bool(
+            code == ErrorCode.SERVER_SHUTTING_DOWN
+            or (code == ErrorCode.SANDBOXES_UNAVAILABLE and "Retry-After" in response.headers)
+        )
 
     @staticmethod
     def is_restarting(response: httpx.Response) -> bool:
@@ -488,6 +496,14 @@ class Core:
 
     def parse_record(self, response: httpx.Response) -> SandboxRecord:
         return self.expect(response, SandboxRecord, 200)
+
+    @staticmethod
+    def parse_preparing(name: str, response: httpx.Response) -> Preparing:
+        """A 202's body; a server that sends none (or another) still means "preparing"."""
+        try:
+            return codec.loads(Preparing, response.content, strict=False)
+        except codec.WireError:
+            return Preparing(name=name)
 
     def parse_records(self, response: httpx.Response) -> list[SandboxRecord]:
         return self.expect(response, SandboxList, 200).sandboxes

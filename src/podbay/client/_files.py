@@ -16,6 +16,7 @@ import binascii
 import hashlib
 import os
 import posixpath
+import stat
 import tarfile
 import uuid
 from collections.abc import Iterator, Mapping
@@ -225,6 +226,26 @@ def safe_extract(tar: tarfile.TarFile, destination: str) -> None:
     tar.extractall(root, members=members)  # noqa: S202 - every member checked above
 
 
+def upload_mode(st_mode: int) -> int:
+    """The permission bits a local file keeps in the sandbox (``docker cp``'s rule: all).
+
+    >>> oct(upload_mode(0o100755))
+    '0o755'
+    """
+    return stat.S_IMODE(st_mode)
+
+
+def download_mode(mode: int) -> int:
+    """The permission bits a sandbox file keeps here: the tar ``data`` filter's
+    rule (no set-id or sticky bit, no group or other write), so a file and a
+    directory's files come out alike.
+
+    >>> oct(download_mode(0o4777)), oct(download_mode(0o755))
+    ('0o755', '0o755')
+    """
+    return stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | 0o022)
+
+
 def is_dir_command(path: str) -> list[str]:
     return ["test", "-d", path]
 
@@ -233,7 +254,7 @@ def untar_command(archive: str, directory: str) -> list[str]:
     return [
         SH,
         "-c",
-        'mkdir -p -- "$2" && tar -xf "$1" -C "$2"; s=$?; rm -f -- "$1"; exit $s',
+        'mkdir -p -- "$2" && tar --no-same-owner -xf "$1" -C "$2"; s=$?; rm -f -- "$1"; exit $s',
         "sh",
         archive,
         directory,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.control import BuildStep, Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 
 
@@ -76,6 +76,7 @@ class Cancel(Protocol):
 
 
 __all__ = [
+    "BuildStep",
     "BytesResult",
     "Cancel",
     "CombinedResult",
@@ -84,6 +85,7 @@ __all__ = [
     "ExecResult",
     "FileInfo",
     "GrepMatch",
+    "Preparing",
     "ProcessOutput",
     "ProcessStatus",
     "Progress",

@@ -299,6 +299,7 @@ class Platform:
         await self.store.set_meta(PUBLIC_URL_KEY, self.base_url)
         self.sandboxes.ready = False
         if self.lifecycle is not None:
+            self.routes.hold()  # until the machines the last server left are taken back
             self._tasks.append(asyncio.create_task(self._start_runtime()))
         else:  # not one enabled class has a driver: say why on /healthz
             self.startup_error = "no sandbox class can run here: " + "; ".join(
@@ -321,7 +322,9 @@ class Platform:
             log.exception("the runtime could not start")
             self.startup_error = str(exc)
             self.sandboxes.not_ready_reason = f"the sandbox runtime could not start: {exc}"
+            self.routes.settle()
             return
+        self._tasks.append(asyncio.create_task(self._settle_routes()))
         default_pool = self.pools.get(self.classes.default or "")
         if default_pool is not None:
             default_pool.refill(Prepared(), delay=0.0)
@@ -332,6 +335,14 @@ class Platform:
             extra={"classes": list(self.classes.available), "default": self.classes.default},
         )
         self._tasks.append(asyncio.create_task(self.lifecycle.loop(self.keys.reload)))
+
+    async def _settle_routes(self) -> None:
+        """Routes are settled once the classes proved after start-up took up
+        their machines too (a vm sandbox's credentials are held meanwhile)."""
+        try:
+            await self.classes.proven()
+        finally:
+            self.routes.settle()
 
     async def _class_ready(self, name: str) -> None:
         """A class proved able to run after start-up: take up its machines."""

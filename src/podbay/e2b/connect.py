@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from podbay.errors import ConnectError
+
+__all__ = ["ConnectError"]
+
 STREAM_JSON = "application/connect+json"
 UNARY_JSON = "application/json"
 FLAG_COMPRESSED = 0x01
@@ -31,16 +35,6 @@ STATUS = {
     "unavailable": 503,
     "unauthenticated": 401,
 }
-
-
-class ConnectError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    def json(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
 
 
 def envelope(message: dict[str, Any], flags: int = 0) -> bytes:

@@ -9,15 +9,9 @@ import json
 from starlette.requests import Request
 from starlette.responses import Response
 
-from podbay.errors import ApiError
+from podbay.errors import ApiError, E2BError
 
-
-class E2BError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+__all__ = ["E2BError", "error_body", "error_response", "handlers", "not_implemented"]
 
 
 def error_body(status: int, code: str, message: str) -> bytes:

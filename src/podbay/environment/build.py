@@ -33,6 +33,7 @@ from podbay.errors import PrepareFailed as PrepareFailed  # re-exported: defined
 from podbay.errors import SetupFailed as SetupFailed
 from podbay.runtime.agent_client import AgentClient, AgentError
 from podbay.runtime.base import Driver, Limits, MachineSpec
+from podbay.wire.control import BuildStep
 
 from .plan import Step, plan
 from .spec import SandboxSection
@@ -136,6 +137,33 @@ class LayerBuilder:
         self.driver = driver
         self.cache = cache
         self.limits = limits
+        #: Builds under way: layer key -> (started, step number, steps, what it does).
+        self._at: dict[str, tuple[float, int, int, str]] = {}
+
+    def begin(self, key: str, section: SandboxSection) -> None:
+        """Mark the build of ``key`` as begun (step 1 of the plan's steps and two
+        more: starting the build machine, saving the layer), so that the 202
+        answered as it is started already shows it."""
+        self._at.setdefault(
+            key, (time.monotonic(), 1, len(plan(section)) + 2, "start the build machine")
+        )
+
+    def _step(self, key: str, number: int, doing: str) -> None:
+        started, _, steps, _ = self._at[key]
+        self._at[key] = (started, number, steps, doing)
+
+    def progress(self, key: str) -> BuildStep | None:
+        """Where the build of ``key`` stands, while this builder runs it."""
+        at = self._at.get(key)
+        if at is None:
+            return None
+        started, step, steps, doing = at
+        return BuildStep(
+            step=step,
+            steps=steps,
+            doing=doing,
+            elapsed_seconds=round(time.monotonic() - started, 1),
+        )
 
     def key(self, section: SandboxSection) -> str:
         """The cache key of ``section``'s layer: what it installs, over which base."""
@@ -143,6 +171,13 @@ class LayerBuilder:
 
     async def build(self, section: SandboxSection) -> Path:
         key = self.key(section)
+        self.begin(key, section)
+        try:
+            return await self._build(section, key)
+        finally:
+            self._at.pop(key, None)
+
+    async def _build(self, section: SandboxSection, key: str) -> Path:
         machine_id = f"build-{key[:12]}-{secrets.token_hex(3)}"
         spec = MachineSpec(
             machine_id=machine_id,
@@ -153,12 +188,15 @@ class LayerBuilder:
         started = time.monotonic()
         steps = plan(section)
         log.info("building environment layer %s (%d steps)", key[:12], len(steps))
+        self._step(key, 1, "start the build machine")
         await self.driver.create(spec)
         try:
             await self.driver.start(machine_id)
             socket = self.driver.agent_socket(machine_id)
-            for step in steps:
+            for number, step in enumerate(steps, 2):
+                self._step(key, number, step.name)
                 await self._run(socket, step, key)
+            self._step(key, len(steps) + 2, "save the layer")
             await self.driver.stop(machine_id)
             staged = self.cache.staging(key)
             try:
@@ -224,9 +262,12 @@ class Environments:
             del self._failed[key]
         task = self._building.get(key)
         if task is None:
+            self.builder.begin(key, section)
             task = asyncio.get_running_loop().create_task(self._build(key, section))
             self._building[key] = task
-        return Building(retry_after_seconds=RETRY_AFTER_S, done=task)
+        return Building(
+            retry_after_seconds=RETRY_AFTER_S, done=task, progress=self.builder.progress(key)
+        )
 
     async def wait(self, section: SandboxSection) -> Ready | Failed:
         """Build if needed and wait for the outcome (tests, ``dev up``, pre-warming)."""

@@ -8,6 +8,9 @@ agent::
     no / bad / expired credential            401 CREDENTIAL_INVALID
     credential for another sandbox           403 CREDENTIAL_WRONG_SANDBOX
     sandbox (that incarnation) not running   401 SANDBOX_NOT_RUNNING  → client re-attaches
+    server restarted, its sandboxes being    held until they are (at most
+      taken back                             ADOPTION_HOLD_SECONDS), else
+                                             503 SANDBOXES_UNAVAILABLE + Retry-After
 
 Pure ASGI rather than a framework route: this is the hot path.
 """
@@ -59,6 +62,10 @@ _STDIN_TAIL = b"/stdin"
 _EXEC_STDIN = EXEC_STDIN_CONTENT_TYPE.encode()
 #: Data-plane paths without the sandbox prefix (see ``__call__``).
 _BARE = b"/v1/"
+#: How long a request whose sandbox has no route yet waits while a restarted
+#: server takes back its machines, before 503 with ``Retry-After`` (seconds).
+ADOPTION_HOLD_SECONDS = 10.0
+ADOPTION_RETRY_SECONDS = 1.0
 
 
 async def _send_json(send: Send, document: object) -> None:
@@ -202,6 +209,17 @@ class Gateway:
         if self.before_route is not None:
             await self.before_route()
         route = self.routes.get(sandbox_id)
+        if route is None and not self.routes.settled:
+            # A restarted server is still taking back its machines: a credential
+            # issued before the restart keeps working (docs/platform.md) once its
+            # sandbox's route is back. Held a while, then a refusal to retry.
+            if not await self.routes.wait_settled(ADOPTION_HOLD_SECONDS):
+                raise ApiError(
+                    ErrorCode.SANDBOXES_UNAVAILABLE,
+                    "the server is taking back its sandboxes after a restart; retry",
+                    retry_after=ADOPTION_RETRY_SECONDS,
+                )
+            route = self.routes.get(sandbox_id)
         if route is None or (incarnation is not None and route.incarnation != incarnation):
             raise ApiError(ErrorCode.SANDBOX_NOT_RUNNING, gone)
         return route

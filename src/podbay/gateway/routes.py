@@ -35,6 +35,32 @@ class RouteTable:
     def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
         self._prewarming: set[asyncio.Task[None]] = set()
+        #: Clear while a restarted server takes back the machines the last one
+        #: left running (see :meth:`hold`); set otherwise.
+        self._settled = asyncio.Event()
+        self._settled.set()
+
+    # -- a restart's adoption -------------------------------------------------------
+    def hold(self) -> None:
+        """Routes are being re-added after a restart: until :meth:`settle`, a
+        sandbox without a route may be one not yet taken back, not one gone, so
+        the gateway holds its requests instead of refusing their credentials."""
+        self._settled.clear()
+
+    def settle(self) -> None:
+        """Every machine that outlived the last server was taken back (or failed to be)."""
+        self._settled.set()
+
+    @property
+    def settled(self) -> bool:
+        return self._settled.is_set()
+
+    async def wait_settled(self, within: float) -> bool:
+        """Wait at most ``within`` seconds for :meth:`settle`; whether it came."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self._settled.wait()
+        return self.settled
 
     def get(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)

@@ -2,7 +2,7 @@
 
     Task(dataset=..., solver=[use_tools(bash()), generate()], sandbox="podbay")  # the change
 
-``pip install 'podbay[inspect_ai]'`` registers it through inspect's extension
+``pip install 'podbay[inspect-ai]'`` registers it through inspect's extension
 entry point, so a task needs no import of ours. The server and token come
 from the environment as for :class:`~podbay.SandboxClient`
 (``ASTRO_AUTHZ_TOKEN``; the server is the token's issuer). Per task, optionally::
@@ -44,7 +44,7 @@ from inspect_ai.util._sandbox.lifecycle import sandbox_lifecycle_state
 from pydantic import BaseModel, Field
 
 from podbay.client import AsyncSandboxClient
-from podbay.errors import SandboxRequestError, SandboxUnavailableError
+from podbay.errors import SandboxRequestError, SandboxUnavailableError, shell_exit_code
 from podbay.wire import limits
 from podbay.wire.codes import ErrorCode
 
@@ -393,8 +393,7 @@ def _start_failure(exc: SandboxRequestError, cmd: list[str], user: str | None) -
         if "Permission denied" in exc.message:
             raise PermissionError(errno.EACCES, exc.message, cmd[0]) from exc
         # A shell's codes: 127 for a command not found, 126 for one (or a cwd) unusable.
-        missing = "No such file" in exc.message and not exc.message.startswith("cannot use cwd")
-        return ExecResult(False, 127 if missing else 126, "", exc.message + "\n")
+        return ExecResult(False, shell_exit_code(exc) or 126, "", exc.message + "\n")
     if exc.code == ErrorCode.USER_UNKNOWN:
         return ExecResult(False, 126, "", exc.message + "\n")
     if exc.status >= 500 or exc.code in (

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
-from podbay.client import AsyncSandboxClient, ProcessOutput
+from podbay.client import AsyncSandboxClient, Execution, ProcessOutput
+from podbay.errors import PodbayError, SandboxRequestError
 
 INSTRUCTIONS = (
     "Each tool runs in a podbay sandbox named by its `sandbox` argument: an isolated Linux "
@@ -30,6 +35,55 @@ INSTRUCTIONS = (
     "argv lists (use ['sh', '-c', '...'] for a shell line); relative paths are under "
     "/workspace."
 )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def reason(exc: Exception) -> str:
+    """What the MCP client reads when a tool fails: the server's status, code
+    and message (``404 PATH_NOT_FOUND: ...``), or the client's own refusal."""
+    if isinstance(exc, SandboxRequestError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _with_reasons(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The tool, its anticipated failures raised as ToolError: the MCP server
+    hands a ToolError's text to the client as an error result, where any other
+    exception reaches it as only "Error executing tool NAME" (the reason left in
+    the server's log)."""
+
+    @functools.wraps(fn)
+    async def tool(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except (PodbayError, ValueError) as exc:
+            raise ToolError(reason(exc)) from exc
+
+    return tool
+
+
+def code_result(execution: Execution) -> CallToolResult:
+    """run_code's answer: the summary as text (and structured), then each PNG
+    the cell displayed as MCP image content, which a host shows or hands to
+    its model."""
+    error = execution.error
+    pngs = [r.formats["image/png"] for r in execution.results if r.png is not None]
+    summary = {
+        "stdout": execution.stdout,
+        "stderr": execution.stderr,
+        "result": execution.text,
+        "error": None
+        if error is None
+        else {"name": error.name, "value": error.value, "traceback": error.traceback},
+        "images": len(pngs),
+        "restarted": execution.restarted,
+    }
+    content: list[ContentBlock] = [TextContent(text=json.dumps(summary, indent=2))]
+    content += [ImageContent(data=png, mime_type="image/png") for png in pngs]
+    return CallToolResult(content=content, structured_content=summary)
 
 
 def _status(status: Any) -> dict[str, Any]:
@@ -53,7 +107,10 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
 
     server: MCPServer = MCPServer("podbay", instructions=INSTRUCTIONS, lifespan=lifespan)
 
-    @server.tool()
+    def tool(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        return server.tool()(_with_reasons(fn))
+
+    @tool
     async def attach(sandbox: str) -> dict[str, Any]:
         """Create, resume or reuse the sandbox by name; returns its state and class."""
         handle = await client.attach(sandbox)
@@ -65,7 +122,7 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             "start": handle.start,
         }
 
-    @server.tool()
+    @tool
     async def list_sandboxes() -> list[dict[str, Any]]:
         """Every sandbox of this deployment with its state."""
         return [
@@ -73,7 +130,7 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             for r in await client.list()
         ]
 
-    @server.tool()
+    @tool
     async def exec(
         sandbox: str, command: list[str], cwd: str | None = None, timeout_ms: int | None = None
     ) -> dict[str, Any]:
@@ -87,7 +144,7 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             "truncated": result.truncated,
         }
 
-    @server.tool()
+    @tool
     async def run(
         sandbox: str,
         command: list[str],
@@ -133,23 +190,23 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             "killed": result.killed,
         }
 
-    @server.tool()
+    @tool
     async def read_file(sandbox: str, path: str) -> str:
         """A file's contents as text (undecodable bytes replaced)."""
         return await client.read_file(sandbox, path)
 
-    @server.tool()
+    @tool
     async def read_file_base64(sandbox: str, path: str) -> str:
         """A file's exact bytes, base64-encoded (for binary files)."""
         return base64.b64encode(await client.read_file_bytes(sandbox, path)).decode()
 
-    @server.tool()
+    @tool
     async def write_file(sandbox: str, path: str, content: str) -> str:
         """Write text to a file, replacing it whole."""
         await client.write_file(sandbox, path, content)
         return f"wrote {len(content.encode())} bytes to {path}"
 
-    @server.tool()
+    @tool
     async def list_dir(sandbox: str, path: str = ".") -> list[dict[str, Any]]:
         """A directory's entries."""
         return [
@@ -157,7 +214,7 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             for e in await client.list_dir(sandbox, path)
         ]
 
-    @server.tool()
+    @tool
     async def grep(sandbox: str, pattern: str, path: str = ".") -> list[dict[str, Any]]:
         """Lines matching a regular expression under a path (grep -rn)."""
         return [
@@ -165,17 +222,17 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             for m in await client.grep(sandbox, pattern, path)
         ]
 
-    @server.tool()
+    @tool
     async def spawn(sandbox: str, command: list[str], cwd: str | None = None) -> dict[str, Any]:
         """Start a command in the background; read its output with read_process."""
         return _status(await client.spawn(sandbox, command, cwd=cwd))
 
-    @server.tool()
+    @tool
     async def processes(sandbox: str) -> list[dict[str, Any]]:
         """The processes the sandbox tracks (running, or exited and not yet killed)."""
         return [_status(p) for p in await client.processes(sandbox)]
 
-    @server.tool()
+    @tool
     async def read_process(
         sandbox: str, process_id: str, stdout_from: int = 0, stderr_from: int = 0
     ) -> dict[str, Any]:
@@ -191,28 +248,18 @@ def build_server(client: AsyncSandboxClient) -> MCPServer:
             "stderr_next": out.stderr_next,
         }
 
-    @server.tool()
+    @tool
     async def kill_process(sandbox: str, process_id: str) -> str:
         """Stop a process if it still runs, then forget it."""
         await client.kill(sandbox, process_id)
         return f"killed {process_id}"
 
-    @server.tool()
-    async def run_code(sandbox: str, code: str, timeout_ms: int | None = None) -> dict[str, Any]:
+    @tool
+    async def run_code(sandbox: str, code: str, timeout_ms: int | None = None) -> CallToolResult:
         """Run Python in the sandbox's stateful interpreter (variables persist between calls);
-        returns stdout, stderr, the last expression's repr and any error."""
-        execution = await client.run_code(sandbox, code, timeout_ms=timeout_ms)
-        error = execution.error
-        return {
-            "stdout": execution.stdout,
-            "stderr": execution.stderr,
-            "result": execution.text,
-            "error": None
-            if error is None
-            else {"name": error.name, "value": error.value, "traceback": error.traceback},
-            "images": sum(1 for r in execution.results if r.png is not None),
-            "restarted": execution.restarted,
-        }
+        returns stdout, stderr, the last expression's repr, any error, and each figure the
+        code displayed (matplotlib) as a PNG image."""
+        return code_result(await client.run_code(sandbox, code, timeout_ms=timeout_ms))
 
     return server
 

@@ -14,7 +14,7 @@ session state (the same sandbox by name while it exists, else a fresh one
 hydrated from the state's snapshot), delete, exec (argv, timeout, the SDK's
 ``sudo -u`` user prefix as podbay's ``user``), files both ways through the
 native files API, and workspace save/restore as a tar archive of the
-manifest's root. ``pip install 'podbay[openai_agents]'``.
+manifest's root. ``pip install 'podbay[openai-agents]'``.
 """
 
 from __future__ import annotations

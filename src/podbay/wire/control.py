@@ -70,11 +70,25 @@ class SandboxHandle(SandboxRecord):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BuildStep:
+    """Where the build of a declared environment stands: step ``step`` of
+    ``steps`` (1-based) runs, doing ``doing``; ``elapsed_seconds`` since the
+    build began. (Beyond the contract; an old client ignores it.)"""
+
+    step: int
+    steps: int
+    doing: str
+    elapsed_seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Preparing:
-    """Attach's 202 body while the declared environment is being prepared."""
+    """Attach's 202 body while the declared environment is being prepared;
+    ``progress`` once a build of it has begun here."""
 
     name: str
     state: Literal["creating"] = "creating"
+    progress: BuildStep | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

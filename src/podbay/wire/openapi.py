@@ -138,6 +138,7 @@ _CREDENTIAL = [
     C.SANDBOX_NOT_RUNNING,
     C.CREDENTIAL_WRONG_SANDBOX,
     C.AGENT_UNREACHABLE,
+    C.SANDBOXES_UNAVAILABLE,  # a restarted server still taking back its sandboxes
     *_ANY,
 ]
 

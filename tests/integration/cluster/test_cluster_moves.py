@@ -95,9 +95,11 @@ def attach_on(
     node: str,
     *names: str,
     classes: dict[str, str] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Attach each of ``names`` new on ``node`` (of its class in ``classes``,
-    else the default): the other nodes are marked drained meanwhile."""
+    else the default; with attach's ``options``): the other nodes are marked
+    drained meanwhile."""
     others = [node_name(n) for n in cluster.nodes if node_name(n) != node]
     sql(cluster, "UPDATE nodes SET drained=1 WHERE name = ANY(%s)", others)
     handles = []
@@ -105,7 +107,8 @@ def attach_on(
         time.sleep(1.2)  # replicas re-read the nodes at most once a second
         for name in names:
             asked = (classes or {}).get(name)
-            r = cluster.attach(token, name, **({"json": {"class": asked}} if asked else {}))
+            body = {**({"class": asked} if asked else {}), **(options or {})}
+            r = cluster.attach(token, name, **({"json": body} if body else {}))
             assert r.status_code == 200, r.text
             handles.append(r.json())
     finally:
@@ -177,7 +180,10 @@ def test_carry_over_at_the_ceiling_moves_off_a_drained_node(
     cluster: LocalCluster, token: str
 ) -> None:
     source = node_name(cluster.nodes[0])
-    (h,) = attach_on(cluster, token, source, "ceiling")
+    # Its own variables and memory travel with it (the target's build of its
+    # environment gets the sandbox's variables over it).
+    options = {"env": {"MOVED": "with-it"}, "memory_mib": 320}
+    (h,) = attach_on(cluster, token, source, "ceiling", options=options)
     # The size is the point here: the control plane must carry none of it.
     before = fill(h, 100)
     machine = row(cluster, "ceiling")["machine"]
@@ -209,6 +215,9 @@ def test_carry_over_at_the_ceiling_moves_off_a_drained_node(
         assert again["start"] == "carried_over"
         assert cluster.node_for(again["endpoint"]).env["PODBAY_NODE_NAME"] == moved["node"]
         assert run(again, FINGERPRINT) == before
+        assert run(again, "echo $MOVED") == "with-it\n"
+        assert run(again, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes") == f"{320 * MIB}\n"
+        assert again["env"] == {"MOVED": "with-it"} and again["memory_mib"] == 320
     finally:
         cluster.cli("node", "undrain", source)
     assert api(cluster, token, "DELETE", "ceiling").status_code in (200, 204)

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from podbay.cli import serverpid
 from podbay.testing.platform import PlatformServer, free_port
 
 pytestmark = pytest.mark.root
@@ -50,7 +51,8 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
     project = tmp_path / "my-agent"
     project.mkdir()
     (project / "astropods.yml").write_text(
-        "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo one > v']\n"
+        "name: my-agent\nsandbox:\n  toolchain: never\n"
+        "  setup: ['echo one > v', 'echo one > /opt/declared']\n"
     )
     try:
         up = dev(project, env, "up", *listen)
@@ -58,20 +60,24 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
         line = up.stdout.strip().splitlines()[-1]
         assert line.startswith("export ASTRO_AUTHZ_TOKEN=")
         token = line.split("=", 1)[1]
-        assert len(servers_of(helper.data_dir)) == 1  # it started one
+        assert servers_of(helper.data_dir) == [serverpid.recorded(helper.data_dir)]  # one, kept
 
         api = httpx.Client(
             base_url=f"http://127.0.0.1:{port}",
             timeout=60,
             headers={"authorization": f"Bearer {token}"},
         )
-        handle = api.put("/api/v1/sandboxes/t1").json()
-        out = api.post(
-            handle["endpoint"] + "/v1/exec",
-            headers=handle["headers"],
-            json={"command": ["cat", "v"]},
-        ).json()
-        assert out["stdout"] == "one\n"
+
+        def run(sandbox: str, line: str) -> str:
+            handle = api.put(f"/api/v1/sandboxes/{sandbox}").json()
+            out = api.post(
+                handle["endpoint"] + "/v1/exec",
+                headers=handle["headers"],
+                json={"command": ["sh", "-c", line]},
+            ).json()
+            return str(out["stdout"])
+
+        assert run("t1", "cat v /opt/declared; echo mine > mine; ln -s mine link") == "one\none\n"
 
         # Unchanged: reused, nothing deleted, same server.
         again = dev(project, env, "up", *listen)
@@ -79,27 +85,36 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
         assert api.get("/api/v1/sandboxes/t1").status_code == 200
         assert len(servers_of(helper.data_dir)) == 1
 
-        # A changed file applies on the next up: old sandboxes go, new ones use it.
+        # A changed file applies on the next up as a carry-over would: each
+        # sandbox is made anew (the declared software installed anew) with its
+        # /workspace kept (where the new setup wrote a file it has, its own).
         (project / "astropods.yml").write_text(
-            "name: my-agent\nsandbox:\n  toolchain: never\n  setup: ['echo two > v']\n"
+            "name: my-agent\nsandbox:\n  toolchain: never\n"
+            "  setup: ['echo two > v', 'echo two > /opt/declared']\n"
         )
         changed = dev(project, env, "up", *listen)
         assert changed.returncode == 0 and "changed" in changed.stderr, changed.stderr
-        assert api.get("/api/v1/sandboxes/t1").status_code == 404
-        handle = api.put("/api/v1/sandboxes/t2").json()
-        out = api.post(
-            handle["endpoint"] + "/v1/exec",
-            headers=handle["headers"],
-            json={"command": ["cat", "v"]},
-        ).json()
-        assert out["stdout"] == "two\n"
+        assert "sandbox t1 made anew with the new declaration, /workspace kept" in changed.stderr
+        assert run("t1", "cat /opt/declared mine link v") == "two\nmine\nmine\none\n"
+        assert run("t2", "cat v /opt/declared") == "two\ntwo\n"
+        assert not list((helper.data_dir / "dev-workspaces").iterdir())
 
         down = dev(project, env, "down", *listen)
         assert down.returncode == 0, down.stderr
-        assert "deleted 1 sandbox" in down.stderr
+        assert "deleted 2 sandbox" in down.stderr
         assert api.get("/api/v1/sandboxes").json() == {"sandboxes": []}
+        assert len(servers_of(helper.data_dir)) == 1  # down alone leaves the server
 
-        # A bad section fails before anything starts, naming the field.
+        # --server stops the server up started, by its pid file.
+        stopped = dev(project, env, "down", "--server", *listen)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped podbay serve" in stopped.stderr
+        assert servers_of(helper.data_dir) == []
+        assert not serverpid.pid_file(helper.data_dir).exists()
+        again = dev(project, env, "down", "--server", *listen)
+        assert again.returncode == 1 and "no server started by `podbay dev up`" in again.stderr
+
+        # A bad section fails before anything starts (no server), naming the field.
         (project / "astropods.yml").write_text("name: my-agent\nsandbox:\n  toolchain: sure\n")
         bad = dev(project, env, "up", *listen)
         assert bad.returncode != 0 and "sandbox.toolchain" in bad.stderr

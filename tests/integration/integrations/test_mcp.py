@@ -3,6 +3,7 @@ streamable HTTP, against a real ``podbay serve`` and real sandboxes."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -72,6 +73,10 @@ async def exercise(client: Client, sandbox: str) -> None:
     assert {tool.name for tool in listed.tools} >= TOOLS
     exec_tool = next(t for t in listed.tools if t.name == "exec")
     assert {"sandbox", "command"} <= set(exec_tool.input_schema["required"])
+    # As the README says: every tool but list_sandboxes takes `sandbox`.
+    assert [
+        t.name for t in listed.tools if "sandbox" not in t.input_schema.get("required", [])
+    ] == ["list_sandboxes"]
 
     ran = payload(
         await client.call_tool(
@@ -96,6 +101,38 @@ async def exercise(client: Client, sandbox: str) -> None:
     assert [(m["line"], m["text"]) for m in matches] == [(2, "beta")]
     entries = payload(await client.call_tool("list_dir", {"sandbox": sandbox, "path": "notes"}))
     assert [e["name"] for e in entries] == ["a.txt"]
+
+
+#: A cell that displays a 1x1 PNG (any object with ``_repr_png_``, as a matplotlib
+#: figure is): the interpreter's image path without needing matplotlib installed.
+PNG_CELL = """
+import struct, zlib
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+header = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+class Dot:
+    def _repr_png_(self):
+        return (b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", header)
+                + chunk(b"IDAT", zlib.compress(b"\\x00\\x80")) + chunk(b"IEND", b""))
+Dot()
+"""
+
+
+async def failures_and_images(client: Client, sandbox: str) -> None:
+    # A refusal reaches the client as an error result with its code and message.
+    missing = await client.call_tool("read_file", {"sandbox": sandbox, "path": "no/such.txt"})
+    assert missing.is_error
+    text = missing.content[0].text
+    assert "PATH_NOT_FOUND" in text and "no/such.txt" in text, text
+    bad = await client.call_tool("exec", {"sandbox": "bad name!", "command": ["true"]})
+    assert bad.is_error and "400 SANDBOX_NAME_INVALID" in bad.content[0].text, bad.content
+    # A displayed image arrives as MCP image content, beside the summary.
+    drawn = await client.call_tool("run_code", {"sandbox": sandbox, "code": PNG_CELL})
+    assert not drawn.is_error, drawn.content
+    assert payload(drawn)["images"] == 1
+    images = [c for c in drawn.content if c.type == "image"]
+    assert [c.mime_type for c in images] == ["image/png"]
+    assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_stdio_lists_tools_and_runs_a_command(
@@ -127,6 +164,7 @@ def test_stdio_lists_tools_and_runs_a_command(
                 await client.call_tool("run_code", {"sandbox": name, "code": "x = 20\nx + 22"})
             )
             assert code["result"] == "42" and code["error"] is None
+            await failures_and_images(client, name)
 
     anyio.run(main)
     # Two chunks a second apart: the first was sent before the command ended.

@@ -92,6 +92,18 @@ def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):
     assert listed["g"] == "gvisor" and listed["c"] == "container"
 
 
+@pytest.mark.parametrize("sandbox_class", ["gvisor", "container"])
+def test_ps_shows_the_agent_as_pid_1_by_name(server, token, sandbox_class):
+    # Not the loader's options and the agent's bootstrap code (its argv at start).
+    handle = server.attach(token, f"ps-{sandbox_class}", json={"class": sandbox_class}).json()
+    cmdline = server.exec(handle, "cat", "/proc/1/cmdline").json()["stdout"]
+    assert cmdline.rstrip("\0") == "podbay-agent"
+    shown = server.exec(handle, "ps", "-o", "args=", "-p", "1").json()["stdout"]
+    assert shown.strip() == "podbay-agent"
+    # The agent answers as before (a hibernation's re-exec uses its own argv).
+    assert server.exec(handle, "true").json()["exit_code"] == 0
+
+
 def test_the_classes_refusals(server, token):
     r = server.attach(token, "v", json={"class": "vm"})
     assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
@@ -166,3 +178,17 @@ def test_one_environment_layer_serves_both_classes(server):
     # Built once, in the container class (the builder of every OCI class's layers).
     layers = [p for p in (server.data_dir / "layers").iterdir() if not p.name.startswith(".")]
     assert len(layers) == 1, layers
+
+
+def test_mountinfo_names_no_host_path_of_podbay(server, token):
+    """A sandbox's /proc/self/mountinfo shows what its binds come from: their
+    sources' paths within their filesystems and overlayfs' options. Neither
+    may name the data directory, the image cache or the run directory."""
+    host_paths = [str(server.data_dir), server.env["PODBAY_RUNTIME_IMAGE_DIR"], server.run_dir]
+    for sandbox_class in ("gvisor", "container"):
+        r = server.attach(token, f"mounts-{sandbox_class}", json={"class": sandbox_class})
+        assert r.status_code == 200, r.text
+        mountinfo = server.exec(r.json(), "cat", "/proc/self/mountinfo").json()["stdout"]
+        assert " /.podbay/agent " in mountinfo or sandbox_class == "gvisor", mountinfo
+        for path in host_paths:
+            assert path not in mountinfo, (sandbox_class, path, mountinfo)

@@ -39,7 +39,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]
         "PODBAY_LIFECYCLE_INTERVAL_SECONDS": "0.25",
     }
     with PlatformServer.start(tmp_path_factory.mktemp("options"), env=env) as s:
+        _wait_for_classes(s, {"container", "gvisor"})
         yield s
+
+
+def _wait_for_classes(server: PlatformServer, classes: set[str]) -> None:
+    """Until the server has proven ``classes`` (a class is checked by starting
+    its first machine; until then attach naming it is 503 without Retry-After)."""
+    deadline = time.monotonic() + 600
+    while not classes <= set(server.http.get("/healthz").json()["classes"]["available"]):
+        assert time.monotonic() < deadline, server.http.get("/healthz").text
+        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")
@@ -197,17 +207,11 @@ def test_own_idle_timeout_suspends_the_sandbox(client: SandboxClient, name: str)
 
 
 def test_options_survive_a_server_restart(
-    server: PlatformServer, token: str, client: SandboxClient, name: str
+    server: PlatformServer, client: SandboxClient, name: str
 ) -> None:
     client.attach(name, "container", env={"KEPT": "yes"}, labels={"k": "v"}, memory_mib=320)
     server.restart()
-    # Until the restarted server has checked the class again, attach is 503
-    # (without Retry-After, so the client does not wait for it by itself).
-    deadline = time.monotonic() + 120
-    while (r := server.attach(token, name)).status_code == 503:
-        assert time.monotonic() < deadline, r.text
-        time.sleep(0.25)
-    assert r.json()["start"] in ("reused", "resumed", "carried_over"), r.text
+    _wait_for_classes(server, {"container", "gvisor"})
     record = client.get(name)
     assert (record.labels, record.env, record.memory_mib) == ({"k": "v"}, {"KEPT": "yes"}, 320)
     assert client.exec(name, ["sh", "-c", "echo $KEPT"]).stdout == "yes\n"
@@ -253,6 +257,8 @@ def test_cli_create_list_ports_url(server: PlatformServer, token: str, name: str
     listed = _podbay(server, token, "sandbox", "list", "--label", "team=cli", "--json")
     rows = json.loads(listed.stdout)
     assert [(r["name"], r["labels"], r["cpus"]) for r in rows] == [(name, {"team": "cli"}, 0.5)]
+    shown = _podbay(server, token, "sandbox", "get", name).stdout.splitlines()
+    assert "labels: team=cli" in shown and "memory_mib: 320" in shown, shown
     none = _podbay(server, token, "sandbox", "list", "--label", "team=nobody", "--json")
     assert json.loads(none.stdout) == []
     again = _podbay(server, token, "sandbox", "create", name, "--cpus", "1")
@@ -331,15 +337,17 @@ def test_cli_completes_sandbox_names(
 
 def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A vm sandbox's options shape its guest: vCPUs, RAM, variables (it boots
-    cold: templates are kept for the server's own shape only)."""
+    cold: templates are kept for the server's own shape only); its listening
+    ports are found as in the other classes."""
     env = {"PODBAY_RUNTIME_CLASSES": "vm,container", "PODBAY_RUNTIME_MEMORY_BYTES": str(512 * MIB)}
     with PlatformServer.start(tmp_path_factory.mktemp("options-vm"), env=env) as s:
-        deadline = time.monotonic() + 600
-        while "vm" not in s.http.get("/healthz").json()["classes"]["available"]:
-            assert time.monotonic() < deadline, "the vm class never became available"
-            time.sleep(0.5)
+        _wait_for_classes(s, {"vm"})
         token = s.create_deployment("options-vm")
-        with SandboxClient(identity_token=token, server_url=s.base_url) as client:
+        # A cold boot under TCG on a busy host can outlast the client's default
+        # request timeout: the attach answers once the guest's agent does.
+        with SandboxClient(
+            identity_token=token, server_url=s.base_url, timeout_seconds=600
+        ) as client:
             handle = client.attach("guest", "vm", cpus=2, memory_mib=320, env={"WHERE": "guest"})
             assert (handle.class_, handle.cpus, handle.memory_mib) == ("vm", 2, 320)
             script = 'nproc; grep MemTotal /proc/meminfo; echo "$WHERE"'
@@ -348,4 +356,34 @@ def test_vm_guest_gets_its_cpus_memory_and_env(tmp_path_factory: pytest.TempPath
             # The guest's kernel keeps some of its RAM for itself.
             assert 256 * 1024 < int(mem_kib) <= 320 * 1024
             assert where == "guest"
+            # The guest's kernel lists its listening sockets as the others do.
+            client.spawn("guest", ["python3", "-m", "http.server", "8125"])
+            deadline = time.monotonic() + 120
+            while 8125 not in (found := client.listening_ports("guest")):
+                assert time.monotonic() < deadline, found
+                time.sleep(0.5)
             client.delete("guest")
+
+
+def test_bash_completes_a_sandbox_name_on_tab(
+    server: PlatformServer, token: str, client: SandboxClient, name: str, tmp_path: Path
+) -> None:
+    """In a real bash on a terminal (tmux), after `eval "$(podbay completion
+    bash)"`, Tab completes a sandbox's name."""
+    from test_platform_interactive import Tmux
+
+    client.attach(name, "container")
+    tmux = Tmux(tmp_path)
+    bin_dir = str(Path(PODBAY).parent)
+    tmux("new-session", "-d", "-s", "shell", "-x", "150", "-y", "30", "bash --norc --noprofile")
+    try:
+        setup = (
+            f"export PATH={bin_dir}:$PATH ASTRO_AUTHZ_TOKEN={token} PS1='$ '; "
+            'eval "$(podbay completion bash)"; echo ready'
+        )
+        tmux("send-keys", "-t", "shell", setup, "Enter")
+        tmux.wait_for("\nready")
+        tmux("send-keys", "-t", "shell", f"podbay sandbox get {name[:8]}", "Tab")
+        tmux.wait_for(f"podbay sandbox get {name} ")
+    finally:
+        subprocess.run(["tmux", "-S", tmux.socket, "kill-server"], capture_output=True)

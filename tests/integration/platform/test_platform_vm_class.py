@@ -63,3 +63,45 @@ def test_vm_sandboxes_run_their_own_kernel_beside_containers(server):
     assert len({p.name.lstrip(".").split(".")[0] for p in built}) == 1
     assert server.api("DELETE", "/api/v1/sandboxes/guest", token).status_code == 204
     assert not list((server.data_dir / "vm" / "machines").iterdir())
+
+
+def _clock_skew(server: PlatformServer, handle: dict[str, Any]) -> tuple[float, float]:
+    """How far the guest's wall clock is before and after the host's: the guest's
+    ``date`` against the host's clock just before the call and just after it."""
+    before = time.time()
+    r = server.exec(handle, "date", "+%s.%N")
+    after = time.time()
+    assert r.status_code == 200, r.text
+    guest = float(r.json()["stdout"])
+    return before - guest, guest - after
+
+
+def test_a_resumed_guest_takes_on_the_host_clock(server):
+    wait_for_class(server, "vm")
+    token = server.create_deployment("vm-clock")
+    handle = server.attach(token, "clock", json={"class": "vm"}).json()
+    # Booted or restored from a template saved earlier: the guest's clock is now.
+    behind, ahead = _clock_skew(server, handle)
+    assert behind < 1 and ahead < 1, (behind, ahead)
+    assert server.api("POST", "/api/v1/sandboxes/clock/stop", token).status_code == 204
+    assert server.api("GET", "/api/v1/sandboxes/clock", token).json()["state"] == "suspended"
+    suspended = time.time()
+    # The suspension's length is what is tested: its guest's clock stands still.
+    time.sleep(3)
+    back = server.attach(token, "clock").json()
+    assert back["start"] == "resumed" and time.time() - suspended >= 3
+    behind, ahead = _clock_skew(server, back)
+    assert behind < 1 and ahead < 1, (behind, ahead)
+    assert server.api("DELETE", "/api/v1/sandboxes/clock", token).status_code == 204
+
+
+def test_guest_mountinfo_names_no_host_path(server):
+    """The guest mounts its own disks: nothing of the host's paths reaches it."""
+    wait_for_class(server, "vm")
+    token = server.create_deployment("vm-mounts")
+    handle = server.attach(token, "mounts", json={"class": "vm"}).json()
+    mountinfo = server.exec(handle, "cat", "/proc/self/mountinfo").json()["stdout"]
+    assert " / / " in mountinfo  # its root, from its own disk
+    for path in (str(server.data_dir), server.env["PODBAY_RUNTIME_IMAGE_DIR"], server.run_dir):
+        assert path not in mountinfo, (path, mountinfo)
+    assert server.api("DELETE", "/api/v1/sandboxes/mounts", token).status_code == 204

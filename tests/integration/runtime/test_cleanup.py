@@ -24,7 +24,12 @@ def footprint(session: DriverSession) -> dict[str, object]:
     driver = session.driver
     layout = driver.layout  # type: ignore[attr-defined]
     roots = (str(layout.run_dir), str(layout.data_dir))
-    mounts = sorted(m for m in storage.mountpoints() if m.startswith(roots))
+    # The image's and the agent's read-only views serve every machine (gc --all
+    # unmounts them): the node's, not a machine's footprint.
+    views = str(layout.neutral)
+    mounts = sorted(
+        m for m in storage.mountpoints() if m.startswith(roots) and not m.startswith(views)
+    )
     cgroups = sorted(
         str(p)
         for d in driver.cgroups.existing(layout.cgroup_parent)  # type: ignore[attr-defined]
@@ -51,7 +56,7 @@ def footprint(session: DriverSession) -> dict[str, object]:
         "cgroups": cgroups,
         "processes": sorted(procs),
         "loops": storage.loop_devices_for(disks),
-        "run_dirs": sorted(p.name for p in layout.run_dir.iterdir())
+        "run_dirs": sorted(p.name for p in layout.run_dir.iterdir() if p != layout.neutral)
         if layout.run_dir.exists()
         else [],
         "machine_dirs": sorted(p.name for p in layout.machines.iterdir()),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 from podbay.cli.progress import build_progress
 
@@ -45,6 +46,9 @@ def test_a_terminal_gets_bars_and_no_log_lines(caplog) -> None:  # type: ignore[
     assert "building the sandbox base image (once)" in shown
     assert "8/8" in shown and "3/3" in shown
     assert "building environment layer abcdef012345" in shown
+    # Beside each bar: what it is doing and the seconds since the build began.
+    assert re.search(r"downloading packages, \d+ s", shown)
+    assert re.search(r"pip install six, \d+ s", shown)
     assert not caplog.records  # the lines did not print under the bars
 
 
@@ -79,3 +83,32 @@ def test_dev_up_follows_the_serve_log(tmp_path) -> None:  # type: ignore[no-unty
     bar.close_bar()
     assert "building the sandbox base image (once)" in term.getvalue()
     assert "2/8" in term.getvalue()
+
+
+def test_an_attach_waiting_for_a_build_prints_a_line_per_step() -> None:
+    from podbay.cli.progress import preparing_lines
+    from podbay.wire.control import BuildStep, Preparing
+
+    def step(number: int, doing: str, seconds: float) -> Preparing:
+        progress = BuildStep(step=number, steps=4, doing=doing, elapsed_seconds=seconds)
+        return Preparing(name="t", progress=progress)
+
+    term = Terminal()
+    lines = preparing_lines(False, stream=term)
+    assert lines is not None
+    for answer in (
+        Preparing(name="t"),
+        Preparing(name="t"),
+        step(2, "apt-get update", 2.2),
+        step(2, "apt-get update", 4.1),  # the same step again: no new line
+        step(3, "install system packages", 9.6),
+    ):
+        lines(answer)
+    assert term.getvalue().splitlines() == [
+        "podbay: sandbox t: waiting for its environment to be built",
+        "podbay: sandbox t: building its environment: step 2/4 apt-get update (2 s)",
+        "podbay: sandbox t: building its environment: step 3/4 install system packages (10 s)",
+    ]
+    # In a pipe, or with --json: no callback at all, so nothing is printed.
+    assert preparing_lines(False, stream=io.StringIO()) is None
+    assert preparing_lines(True, stream=Terminal()) is None

@@ -61,6 +61,7 @@ class Fake:
     features: list[str] = field(default_factory=lambda: ["files"])
     preparing: int = 0  # answer 202 this many times before a 200
     retry_after: str | None = "0.01"
+    preparing_extra: dict[str, Any] = field(default_factory=dict)  # more of the 202's body
     ttl: timedelta = timedelta(minutes=15)
     reject_credentials: int = 0  # answer 401 to this many data-plane calls
     fail_after_send: set[str] = field(default_factory=set)  # paths that "lose" the answer
@@ -132,9 +133,8 @@ class Fake:
             if self.preparing > 0:
                 self.preparing -= 1
                 headers = {"Retry-After": self.retry_after} if self.retry_after else {}
-                return httpx.Response(
-                    202, json={"name": name, "state": "creating"}, headers=headers
-                )
+                body = {"name": name, "state": "creating", **self.preparing_extra}
+                return httpx.Response(202, json=body, headers=headers)
             self.attaches += 1
             now = datetime.now(UTC)
             record = self.sandboxes.setdefault(

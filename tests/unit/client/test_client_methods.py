@@ -14,10 +14,12 @@ import pytest
 from fakeplatform import Fake
 
 from podbay.client import (
+    BuildStep,
     CombinedResult,
     DirEntry,
     ExecResult,
     GrepMatch,
+    Preparing,
     RunResult,
     SandboxHandle,
     SandboxNotEnabledError,
@@ -64,6 +66,32 @@ def test_202_then_200_waits_retry_after_and_puts_again(client: Any, fake: Fake) 
     assert fake.count("PUT", "/prep") == 3
 
 
+def test_each_202_goes_to_on_preparing_with_the_builds_step(make_client: Any, fake: Fake) -> None:
+    seen: list[Preparing] = []
+    fake.preparing = 2
+    fake.preparing_extra = {
+        "progress": {"step": 2, "steps": 4, "doing": "apt-get update", "elapsed_seconds": 3.5},
+        "later": "a field this client does not know",
+    }
+    client = make_client(on_preparing=seen.append)
+    assert client.attach("prep").state == "running"
+    assert (
+        seen
+        == [
+            Preparing(
+                name="prep",
+                progress=BuildStep(step=2, steps=4, doing="apt-get update", elapsed_seconds=3.5),
+            )
+        ]
+        * 2
+    )
+    # A server that says no more than the contract: progress is None.
+    seen.clear()
+    fake.preparing, fake.preparing_extra = 1, {}
+    client.attach("other")
+    assert seen == [Preparing(name="other")]
+
+
 def test_prepare_timeout_raises_preparing_error(make_client: Any, fake: Fake) -> None:
     fake.preparing = 100
     fake.retry_after = "7"
@@ -104,6 +132,27 @@ def test_401_twice_is_raised_not_retried_again(client: Any, fake: Fake) -> None:
     with pytest.raises(SandboxRequestError) as info:
         client.exec("t", ["true"])
     assert info.value.status == 401
+    assert fake.attaches == 2
+    assert fake.count("POST", "/v1/exec") == 2
+
+
+def test_a_restarted_gateway_503_reattaches_and_repeats(client: Any, fake: Fake) -> None:
+    """A restarted server's gateway, still taking back its sandboxes, held the
+    call and answers 503 SANDBOXES_UNAVAILABLE with Retry-After: the call
+    re-attaches (attach waits out the restart) and is repeated once."""
+    import httpx
+
+    client.attach("t")
+    answer = fake.data
+    held = [
+        httpx.Response(
+            503,
+            json={"error": "taking back", "code": "SANDBOXES_UNAVAILABLE"},
+            headers={"Retry-After": "1"},
+        )
+    ]
+    fake.data = lambda request, path: held.pop() if held else answer(request, path)  # type: ignore[method-assign]
+    assert client.exec("t", ["echo", "back"]).stdout == "back\n"
     assert fake.attaches == 2
     assert fake.count("POST", "/v1/exec") == 2
 

@@ -188,3 +188,11 @@ async def test_a_sandbox_with_its_own_machine_options_never_takes_a_pooled_one(t
         await h.attach(token, "plain")
         assert POOL_LABEL not in h.driver.machines[ready].labels  # taken by "plain"
         await pool.close()
+
+
+async def test_a_cpus_that_is_no_number_is_refused(h):
+    token = await h.deployment()
+    for raw in (b'{"cpus": NaN}', b'{"cpus": Infinity}', b'{"cpus": true}'):
+        r = await h.attach(token, "nan", content=raw)
+        assert (r.status_code, r.json()["code"]) == (400, "REQUEST_INVALID"), raw
+    assert h.driver.machines == {}

@@ -34,6 +34,12 @@ class FakeBuilder:
     def key(self, section: SandboxSection) -> str:
         return "base-" + section.layer_key()[:12]
 
+    def begin(self, key: str, section: SandboxSection) -> None:
+        pass
+
+    def progress(self, key: str) -> None:
+        return None
+
     async def build(self, section: SandboxSection) -> Path:
         self.builds += 1
         await asyncio.sleep(0.05)

@@ -7,9 +7,13 @@ line to paste::
     eval "$(podbay dev up)"      # export ASTRO_AUTHZ_TOKEN=...
 
 A changed astropods.yml applies on the next ``dev up``: the deployment is
-updated, and sandboxes made under the old declaration are deleted so the
-next attach builds them anew. ``podbay dev down`` deletes every sandbox of
-the project's deployment; the server keeps running for other projects.
+updated, and each sandbox made under the old declaration is made anew under
+the new one with its /workspace kept (as a carry-over keeps files; the
+declared software is installed anew, and where the new setup wrote a file
+the old /workspace also has, the old one is kept). ``podbay dev down``
+deletes every sandbox of the project's deployment; the server keeps running
+for other projects, unless ``--server``: then the server ``dev up`` started
+is stopped too (its pid is kept in ``dev-serve.pid`` in the data directory).
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ from typing import Any
 import click
 import httpx
 
-from podbay.cli import options
+from podbay.cli import options, serverpid
 from podbay.cli.output import Output, fail
 from podbay.wire import paths
 
 #: How long ``dev up`` waits for a new server to answer /healthz (the first
 #: start builds the base image).
 READY_TIMEOUT_S = 900.0
+#: How long ``dev down --server`` waits for the server to end after SIGTERM
+#: (it suspends its running sandboxes first).
+STOP_TIMEOUT_S = 120.0
 
 
 def _project_name(spec_text: str, explicit: str | None) -> str:
@@ -66,7 +73,7 @@ def _start_server(settings: Any, out: Output) -> None:
     from podbay.cli.commands.serve import serve_argv
 
     with open(log, "ab") as sink:
-        subprocess.Popen(
+        server = subprocess.Popen(
             serve_argv(settings.data_dir, f"{settings.server.host}:{settings.server.port}"),
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -74,6 +81,7 @@ def _start_server(settings: Any, out: Output) -> None:
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+    serverpid.record(settings.data_dir, server.pid)
 
 
 def _wait_ready(base_url: str, out: Output, timeout_s: float, log: Path | None = None) -> None:
@@ -115,6 +123,54 @@ def _sandbox_names(base_url: str, token: str) -> list[str]:
     if response.status_code != 200:
         fail(f"listing sandboxes failed: {response.status_code} {response.text.strip()}")
     return [row["name"] for row in response.json().get("sandboxes", [])]
+
+
+#: Unpacks a sandbox's saved /workspace (a tar, $1) as root (owners, modes and
+#: links as they were) over the new /workspace, so a file both have is the kept one.
+_UNPACK = 'tar -xpf "$1" -C /workspace; s=$?; rm -f -- "$1"; exit $s'
+
+
+def _renew(base_url: str, token: str, saves: Path, out: Output) -> tuple[int, int]:
+    """Each sandbox made anew under the changed declaration, its /workspace kept:
+    what the ceiling's carry-over does, with the declared software installed
+    anew. (renewed, left as they were): one whose /workspace cannot be
+    saved is left untouched under the old declaration, and said so. The
+    saved /workspace waits in ``saves`` until it is back in the sandbox (and
+    stays there, named, if that fails)."""
+    from podbay.client import SandboxClient, _files
+    from podbay.errors import PodbayError
+
+    renewed = kept = 0
+    saves.mkdir(parents=True, exist_ok=True)
+    with SandboxClient(
+        identity_token=token, server_url=base_url, prepare_timeout_seconds=READY_TIMEOUT_S
+    ) as client:
+        for record in client.list():
+            name, saved = record.name, saves / f"{record.name}.tar"
+            # In the sandbox's /tmp, outside what it packs; gone with the old sandbox.
+            remote = _files.remote_temp("dev-workspace")
+            try:
+                packed = client.exec(name, _files.tar_command("/workspace", remote))
+                if packed.exit_code != 0:
+                    raise PodbayError(packed.stderr.strip() or f"tar exited {packed.exit_code}")
+                client.download(name, remote, saved)
+            except PodbayError as exc:
+                out.info(f"podbay: sandbox {name} kept under the old declaration: {exc}")
+                kept += 1
+                continue
+            client.delete(name)
+            try:
+                client.attach(name, record.class_)
+                client.upload(name, saved, remote)
+                unpacked = client.exec(name, ["/bin/sh", "-c", _UNPACK, "sh", remote])
+                if unpacked.exit_code != 0:
+                    raise PodbayError(unpacked.stderr.strip() or f"tar exited {unpacked.exit_code}")
+            except PodbayError as exc:
+                fail(f"making sandbox {name} anew failed: {exc}; its /workspace is in {saved}")
+            saved.unlink()
+            out.info(f"podbay: sandbox {name} made anew with the new declaration, /workspace kept")
+            renewed += 1
+    return renewed, kept
 
 
 def _delete_all(base_url: str, token: str) -> int:
@@ -203,11 +259,12 @@ def up(
     if status is None:
         _start_server(settings, out)
     _wait_ready(base_url, out, READY_TIMEOUT_S, settings.data_dir / "dev-serve.log")
-    removed = _delete_all(base_url, token) if changed else 0
     if created:
         out.info(f"podbay: registered deployment {project}")
     elif changed:
-        out.info(f"podbay: {spec} changed: updated {project}, deleted {removed} old sandbox(es)")
+        out.info(f"podbay: {spec} changed: updated {project}")
+        renewed, kept = _renew(base_url, token, settings.data_dir / "dev-workspaces", out)
+        out.info(f"podbay: {renewed} sandbox(es) made anew, {kept} left as they were")
     else:
         out.info(f"podbay: reusing deployment {project}")
     out.value(
@@ -221,8 +278,16 @@ def up(
 @name_option
 @data_dir_option
 @listen_option
-def down(spec: str, name: str | None, data_dir: Path | None, listen: str | None) -> None:
-    """Delete every sandbox this project's deployment made."""
+@click.option(
+    "--server",
+    "stop_server",
+    is_flag=True,
+    help="Then stop the server `dev up` started (by its pid file in the data directory).",
+)
+def down(
+    spec: str, name: str | None, data_dir: Path | None, listen: str | None, stop_server: bool
+) -> None:
+    """Delete every sandbox this project's deployment made (and, with --server, stop the server)."""
     from podbay.cli.commands.deployment import with_service
 
     out = Output()
@@ -231,6 +296,22 @@ def down(spec: str, name: str | None, data_dir: Path | None, listen: str | None)
     base_url = settings.server.base_url()
     project = _project_name(text, name)
     token = with_service(settings.data_dir, lambda service: service.token(project))
-    if _health(base_url) is None:
+    if _health(base_url) is not None:
+        out.info(f"podbay: deleted {_delete_all(base_url, token)} sandbox(es) of {project}")
+    elif not stop_server:
         fail(f"no podbay serve answers at {base_url}; nothing to delete")
-    out.info(f"podbay: deleted {_delete_all(base_url, token)} sandbox(es) of {project}")
+    if stop_server:
+        _stop_server(settings.data_dir, out)
+
+
+def _stop_server(data_dir: Path, out: Output) -> None:
+    try:
+        pid = serverpid.stop(data_dir, STOP_TIMEOUT_S)
+    except TimeoutError as exc:
+        fail(str(exc))
+    if pid is None:
+        fail(
+            f"no server started by `podbay dev up` runs on {data_dir} "
+            f"(no live process in {serverpid.pid_file(data_dir)})"
+        )
+    out.info(f"podbay: stopped podbay serve (pid {pid})")

@@ -3,7 +3,10 @@
 Live machines are taken back (adopted), never touched; what belongs to no
 machine (half-created directories, mounts, cgroups, loop devices, runc
 containers) is removed. ``--all`` destroys every machine of the data
-directory first: for tests and uninstalling. Each OCI class (``container``,
+directory first, then every cache of the data directory (base images,
+layers, the agent bundle, logs: :mod:`podbay.cli.uninstall`), keeping and
+naming only the deployments and the signing keys: for tests and uninstalling
+(refused while a server runs on the directory). Each OCI class (``container``,
 and ``gvisor`` and ``vm`` where they have data) is collected in its own
 directories; the vm class also drops templates and packed layer disks that
 can never be used again.
@@ -36,6 +39,15 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
 
     out = Output(as_json=as_json)
     settings = Settings.load(data_dir=data_dir)
+    if everything:
+        from podbay.cli.uninstall import servers_on
+
+        running = servers_on(settings.data_dir)
+        if running:
+            fail(
+                f"podbay serve runs on {settings.data_dir} (pid {running[0]}): "
+                "stop it first (gc --all removes what it stands on)"
+            )
 
     async def main() -> list[str]:
         done: list[str] = []
@@ -73,8 +85,18 @@ def command(everything: bool, data_dir: Path | None, as_json: bool) -> None:
                 await driver.close()
         return done
 
+    kept: list[str] = []
     try:
         done = asyncio.run(main())
+        if everything:
+            from podbay.cli.uninstall import clear
+
+            cleared, kept = clear(settings.data_dir)
+            done += cleared
     except (DriverError, OSError) as e:
         fail(f"gc failed: {e}")
-    out.value({"removed": done}, "\n".join(done) if done else "nothing to remove")
+    text = "\n".join(done) if done else "nothing to remove"
+    if kept:
+        text += "\n" + "\n".join(kept)
+        text += f"\nto uninstall: rm -rf {settings.data_dir} (see README: Uninstall)"
+    out.value({"removed": done, "kept": kept} if everything else {"removed": done}, text)

@@ -8,8 +8,11 @@ The token comes from ``--token`` or ``ASTRO_AUTHZ_TOKEN``; the server from
 ``--server`` or the token's ``iss``. ``--json`` prints one JSON document for
 scripts. ``exec`` and ``run`` exit with the command's own exit code.
 Failures are one line on stderr: exit 1 when the server refused
-(``podbay: 404 SANDBOX_NOT_FOUND: ...``), 2 when it could not be reached or
-the invocation is wrong, 130 on Ctrl-C.
+(``podbay: 404 SANDBOX_NOT_FOUND: ...``), 127 or 126 when the command could
+not start (not found; not executable), as in a shell, 2 when the server could
+not be reached or the invocation is wrong, 130 on Ctrl-C. Only the verbs
+that use a sandbox (attach, exec, run, shell, cp into it) create one; the
+others answer 404 for a name that does not exist.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import click
 from podbay.cli.completion import completing_names
 from podbay.cli.output import Output, fail
 from podbay.cli.quick_exec import local_stdin, print_exec_result
+from podbay.client._config import TOKEN_ENV
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -86,23 +90,52 @@ def _options(func: Callable[..., None]) -> Callable[..., None]:
 @contextlib.contextmanager
 def _session(conn: Connection, **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
     """A client and an output; every expected failure becomes one line and an exit code."""
+    import httpx
+
+    from podbay.cli.progress import preparing_lines
     from podbay.client import SandboxClient
-    from podbay.errors import SandboxRequestError, SandboxUnavailableError
+    from podbay.errors import SandboxRequestError, SandboxUnavailableError, shell_exit_code
 
     out = Output(as_json=conn.as_json)
+    if not conn.token:
+        fail(f"no identity token: pass --token or set {TOKEN_ENV}", 2)
+    server = conn.server
+    # On a terminal, an attach waiting for the declared environment shows its build.
+    options.setdefault("on_preparing", preparing_lines(conn.as_json))
     try:
         with SandboxClient(identity_token=conn.token, server_url=conn.server, **options) as client:
+            server = client.server_url
             yield client, out
     except SandboxRequestError as exc:
-        fail(str(exc), 1)
+        # A command that could not start exits as in a shell (127 not found, 126 unusable).
+        fail(str(exc), shell_exit_code(exc) or 1)
     except SandboxUnavailableError as exc:
-        fail(f"unavailable: {exc.message}", 2)
-    except ValueError as exc:  # configuration: no token, bad URL
-        fail(str(exc), 2)
+        # A refused connection is the newcomer's usual case: nothing listens there.
+        hint = (
+            f" (is the server running at {server}? start it with `podbay serve` or `podbay dev up`)"
+            if isinstance(exc.cause, httpx.ConnectError)
+            else ""
+        )
+        fail(f"unavailable: {exc.message}{hint}", 2)
+    except ValueError as exc:  # configuration: bad token, bad URL
+        # The SDK names its own parameter; here the option is --server.
+        fail(str(exc).replace("pass server_url=", "pass --server URL"), 2)
     except OSError as exc:  # local files for cp
         fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+
+
+def _existing(client: SandboxClient, name: str) -> None:
+    """Refuse (404 ``SANDBOX_NOT_FOUND``, exit 1) a sandbox that does not exist.
+
+    The SDK attaches on first use, which creates the sandbox: right for the
+    verbs that mean "use this sandbox" (attach, exec, run, shell, cp into
+    it), wrong for those that only look or stop something (ls, ps, kill, cp
+    out of it), where a typo would otherwise make a sandbox of that name.
+    The record is read first; only then does the SDK attach.
+    """
+    client.get(name)
 
 
 def _handle_json(handle: SandboxHandle) -> dict[str, Any]:
@@ -154,7 +187,21 @@ def get(name: str, conn: Connection) -> None:
     """Show sandbox NAME."""
     with _session(conn) as (client, out):
         record = client.get(name)
-        out.value(record, "\n".join(f"{k}: {v}" for k, v in _row(record).items()))
+        shown = {**_row(record), **_options_shown(record)}
+        out.value(record, "\n".join(f"{k}: {v}" for k, v in shown.items()))
+
+
+def _options_shown(record: SandboxRecord) -> dict[str, Any]:
+    """The create-time options the record has, for ``get``'s text."""
+    shown: dict[str, Any] = {}
+    for key in ("labels", "env"):
+        pairs = getattr(record, key)
+        if pairs:
+            shown[key] = " ".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+    for key in ("cpus", "memory_mib", "idle_timeout_seconds"):
+        if getattr(record, key) is not None:
+            shown[key] = getattr(record, key)
+    return shown
 
 
 @command.command("list")
@@ -206,8 +253,12 @@ def _lifecycle(name: str, past: str, help: str, act: Callable[[SandboxClient, st
             out.value({"name": sandbox_name, past: True}, f"{past} {sandbox_name}")
 
 
+# "suspended": the state `get` and `list` then show.
 _lifecycle(
-    "stop", "stopped", "Suspend sandbox NAME now (the next use resumes it).", lambda c, n: c.stop(n)
+    "stop",
+    "suspended",
+    "Suspend sandbox NAME now (the next use resumes it).",
+    lambda c, n: c.stop(n),
 )
 _lifecycle("rm", "deleted", "Delete sandbox NAME and its files.", lambda c, n: c.delete(n))
 
@@ -340,11 +391,15 @@ def shell(
 
     Keys go through as typed (Ctrl-C reaches the program in the sandbox),
     the window's size follows the local one, and the exit code is the
-    command's.
+    command's. With standard input not a terminal (a pipe, a file) there is
+    no terminal in the sandbox either: the input is the command's, its
+    output comes back as written, without prompts or echo.
     """
     from podbay.cli.terminal import DEFAULT_SHELL, drive, local_size, raw_mode
 
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    if not os.isatty(stdin):
+        _shell_without_terminal(name, list(argv) or DEFAULT_SHELL, cwd, _env(env), user, conn)
     rows, cols = local_size(stdin)
     term = os.environ.get("TERM") or "xterm-256color"
     command_env = _env(env)
@@ -368,12 +423,48 @@ def shell(
     sys.exit(code)
 
 
+#: A piped ``shell`` runs until its input ends and its command exits, as
+#: ``ssh host < script`` does: the exec deadline is a day (the contract's longest).
+PIPED_SHELL_TIMEOUT_S = 86_400
+
+
+def _shell_without_terminal(
+    name: str,
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str] | None,
+    user: str | None,
+    conn: Connection,
+) -> None:
+    """``shell`` with standard input a pipe or a file: a terminal in the sandbox
+    would echo the input and draw prompts and bracketed-paste codes into the
+    output, so the command runs without one (a shell then reads its commands
+    from the input, as ``bash < script`` does); exits with its exit code."""
+    fd = local_stdin()
+    source = open(fd, "rb", buffering=0, closefd=False) if fd is not None else None  # noqa: SIM115
+    code = 1
+    with _session(conn, timeout_seconds=PIPED_SHELL_TIMEOUT_S) as (client, out):
+        for event in client.stream(name, argv, cwd=cwd, env=env, user=user, stdin=source):
+            result = event.result
+            for text, sink in (
+                (event.stdout or (result.stdout if result else ""), out.out),
+                (event.stderr or (result.stderr if result else ""), out.err),
+            ):
+                if text:
+                    sink.write(text)
+                    sink.flush()
+            if result is not None:
+                code = result.exit_code
+    sys.exit(code)
+
+
 @command.command()
 @click.argument("name")
 @_options
 def ps(name: str, conn: Connection) -> None:
     """List the processes of NAME."""
     with _session(conn) as (client, out):
+        _existing(client, name)
         processes = client.processes(name)
         rows = [
             [p.process_id, p.state, "" if p.exit_code is None else p.exit_code, " ".join(p.command)]
@@ -400,6 +491,7 @@ def kill(
 ) -> None:
     """Kill PROCESS_ID in NAME and forget it (or only --signal it)."""
     with _session(conn) as (client, out):
+        _existing(client, name)
         if signal_name:
             client.signal(name, process_id, signal_name.upper())
             out.value(
@@ -421,6 +513,7 @@ def kill(
 def ls(name: str, path: str, conn: Connection) -> None:
     """List PATH (default: the workspace) in NAME; directories end with '/'."""
     with _session(conn) as (client, out):
+        _existing(client, name)
         entries = client.list_dir(name, path)
         if out.as_json:
             out.value(entries)
@@ -488,6 +581,7 @@ def cp(source: str, destination: str, conn: Connection) -> None:
                 client.upload(remote_dst[0], source, remote_dst[1], progress=bar)
             else:
                 assert remote_src is not None
+                _existing(client, remote_src[0])
                 client.download(remote_src[0], remote_src[1], destination, progress=bar)
         finally:
             bar.close()
@@ -556,6 +650,7 @@ def create(
 def ports(name: str, conn: Connection) -> None:
     """List the TCP ports a server in NAME listens on."""
     with _session(conn) as (client, out):
+        _existing(client, name)
         found = client.listening_ports(name)
         if out.as_json:
             out.value({"ports": found})
@@ -580,6 +675,7 @@ def url(name: str, port: int, path: str, share_seconds: int | None, conn: Connec
     """The URL of PORT in NAME through the gateway (it needs the sandbox's
     credential; --share makes one that does not)."""
     with _session(conn) as (client, out):
+        _existing(client, name)
         if share_seconds is not None:
             link = client.share_url(name, port, expires_in_seconds=share_seconds)
         else:

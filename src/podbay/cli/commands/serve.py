@@ -64,7 +64,10 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # Close-on-exec (Python's default, kept on purpose): uvloop's subprocesses
+    # ignore close_fds and posix_spawn closes nothing, so an inheritable
+    # listening socket went into every QEMU, which then held the port after
+    # the server died and took its connections into a backlog nobody accepts.
     return sock
 
 

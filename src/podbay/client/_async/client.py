@@ -42,7 +42,7 @@ from podbay.wire import paths
 from podbay.wire.codec import dumps, loads
 from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.control import Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import (
     ChmodRequest,
     DirListing,
@@ -117,7 +117,11 @@ class AsyncSandboxClient:
         prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS,
         transport: httpx.AsyncBaseTransport | None = None,
         files: FilesMode = "auto",
+        on_preparing: Callable[[Preparing], None] | None = None,
     ) -> None:
+        #: Called with each 202's body while an attach waits for the declared
+        #: environment (``progress``: the build's step, where the server says).
+        self._on_preparing = on_preparing
         config = resolve_config(
             identity_token, server_url, timeout_seconds, prepare_timeout_seconds, files
         )
@@ -202,7 +206,7 @@ class AsyncSandboxClient:
                 continue
             if attempt == 1 and response.status_code == 503:
                 await self._read(response)
-                if self._core.is_shutdown_refusal(response):
+                if self._core.is_restart_refusal(response):
                     handle = await self._handle(name, stale=handle)
                     continue
             if stream and response.status_code >= 300:
@@ -247,7 +251,9 @@ class AsyncSandboxClient:
         first use. While the declared environment is being prepared the server
         answers 202; the client waits ``Retry-After`` (default 5 s) and asks
         again until ``prepare_timeout_seconds``, then raises
-        :class:`SandboxPreparingError`.
+        :class:`SandboxPreparingError`. Each 202 goes to the client's
+        ``on_preparing`` callback, if given: a :class:`Preparing` whose
+        ``progress`` (a :class:`BuildStep`, or None) is the build's current step.
 
         >>> handle = await client.attach("thread-42")  # doctest: +SKIP
         >>> handle.state, handle.start  # doctest: +SKIP
@@ -296,6 +302,8 @@ class AsyncSandboxClient:
                     continue
             if response.status_code == 202:
                 wait = self._core.retry_after(response)
+                if self._on_preparing is not None:
+                    self._on_preparing(self._core.parse_preparing(name, response))
                 if time.monotonic() + wait > deadline:
                     raise SandboxPreparingError(
                         f"sandbox {name!r} is still being prepared after "
@@ -919,13 +927,16 @@ class AsyncSandboxClient:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
+        Permission bits are kept, as ``docker cp`` keeps them; what is written
+        is owned by the account the sandbox runs commands as (root by default).
         Memory stays constant whatever the size.
         """
         local = os.fspath(local_path)
         # Local metadata and open() are microseconds; the bytes stream in chunks.
         if not os.path.isdir(local):  # noqa: ASYNC240
             with open(local, "rb") as source:  # noqa: ASYNC230
-                await self._put(name, remote_path, source, progress)
+                mode = _files.upload_mode(os.fstat(source.fileno()).st_mode)
+                await self._put(name, remote_path, source, progress, mode=mode)
             return
         with tempfile.TemporaryFile() as archive:
             await run_sync(_files.pack, local, archive)
@@ -946,14 +957,18 @@ class AsyncSandboxClient:
 
         A file is written to a temporary sibling and renamed into place once
         its digest checks out; into an existing local directory it keeps its
-        name. A directory's contents land in ``local_path``.
+        name. A directory's contents land in ``local_path``. Permission bits
+        are kept but for set-id, sticky and group/other write bits (dropped, as
+        Python's tar ``data`` filter does); what is written is owned by the
+        local user.
         """
         local = os.fspath(local_path)
         is_dir = (await self.exec(name, _files.is_dir_command(remote_path))).exit_code == 0
         if not is_dir:
             if os.path.isdir(local):  # noqa: ASYNC240
                 local = os.path.join(local, os.path.basename(remote_path.rstrip("/")))
-            await self._get(name, remote_path, local, progress)
+            mode = _files.download_mode((await self.stat(name, remote_path)).mode)
+            await self._get(name, remote_path, local, progress, mode)
             return
         remote_archive = _files.remote_temp("download")
         result = await self.exec(name, _files.tar_command(remote_path, remote_archive))
@@ -974,9 +989,13 @@ class AsyncSandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        *,
+        mode: int | None = None,
     ) -> None:
+        """``source`` into the file ``path``; ``mode``: its permission bits
+        (None: a new file's default, an existing file's own)."""
         if await self._native(name):
-            await self._upload(name, path, source, progress, user)
+            await self._upload(name, path, source, progress, user, mode)
             return
         _, total = await run_sync(_files.file_digest, source)
         done = 0
@@ -986,6 +1005,9 @@ class AsyncSandboxClient:
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
+            if mode is not None:
+                result = await self.exec(name, _files.chmod_command(path, mode), user=user)
+                _files.check_ok(result, f"chmod {path}")
         except BaseException:
             with shielded(10), contextlib.suppress(PodbayError):
                 await self.exec(name, _files.cleanup_command(path))
@@ -998,6 +1020,7 @@ class AsyncSandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        mode: int | None = None,
     ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
@@ -1022,6 +1045,8 @@ class AsyncSandboxClient:
             "Content-Length": str(length),
             "Content-Type": "application/octet-stream",
         }
+        if mode is not None:
+            headers[paths.MODE_HEADER] = f"{mode:04o}"
         response = await self._data(
             name,
             "PUT",
@@ -1032,8 +1057,16 @@ class AsyncSandboxClient:
         )
         self._core.check(response, 200, 201, 204)
 
-    async def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
-        """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
+    async def _get(
+        self,
+        name: str,
+        remote: str,
+        local: str,
+        progress: Progress | None,
+        mode: int | None = None,
+    ) -> None:
+        """``remote`` into the file ``local`` via a temporary sibling, renamed when
+        verified; ``mode``: its permission bits (None: the temporary's 0600)."""
         directory = os.path.dirname(os.path.abspath(local))  # noqa: ASYNC240
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
         try:
@@ -1046,6 +1079,8 @@ class AsyncSandboxClient:
                     sink.write(data)
                     if progress is not None:
                         progress(len(data), len(data))
+            if mode is not None:
+                os.chmod(temp, mode)
             os.replace(temp, local)
         except BaseException:
             with contextlib.suppress(OSError):

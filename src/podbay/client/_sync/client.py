@@ -43,7 +43,7 @@ from podbay.wire import paths
 from podbay.wire.codec import dumps, loads
 from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import SandboxHandle, SandboxRecord
+from podbay.wire.control import Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import (
     ChmodRequest,
     DirListing,
@@ -118,7 +118,11 @@ class SandboxClient:
         prepare_timeout_seconds: float = DEFAULT_PREPARE_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
         files: FilesMode = "auto",
+        on_preparing: Callable[[Preparing], None] | None = None,
     ) -> None:
+        #: Called with each 202's body while an attach waits for the declared
+        #: environment (``progress``: the build's step, where the server says).
+        self._on_preparing = on_preparing
         config = resolve_config(
             identity_token, server_url, timeout_seconds, prepare_timeout_seconds, files
         )
@@ -203,7 +207,7 @@ class SandboxClient:
                 continue
             if attempt == 1 and response.status_code == 503:
                 self._read(response)
-                if self._core.is_shutdown_refusal(response):
+                if self._core.is_restart_refusal(response):
                     handle = self._handle(name, stale=handle)
                     continue
             if stream and response.status_code >= 300:
@@ -248,7 +252,9 @@ class SandboxClient:
         first use. While the declared environment is being prepared the server
         answers 202; the client waits ``Retry-After`` (default 5 s) and asks
         again until ``prepare_timeout_seconds``, then raises
-        :class:`SandboxPreparingError`.
+        :class:`SandboxPreparingError`. Each 202 goes to the client's
+        ``on_preparing`` callback, if given: a :class:`Preparing` whose
+        ``progress`` (a :class:`BuildStep`, or None) is the build's current step.
 
         >>> handle = client.attach("thread-42")  # doctest: +SKIP
         >>> handle.state, handle.start  # doctest: +SKIP
@@ -295,6 +301,8 @@ class SandboxClient:
                     continue
             if response.status_code == 202:
                 wait = self._core.retry_after(response)
+                if self._on_preparing is not None:
+                    self._on_preparing(self._core.parse_preparing(name, response))
                 if time.monotonic() + wait > deadline:
                     raise SandboxPreparingError(
                         f"sandbox {name!r} is still being prepared after "
@@ -906,13 +914,16 @@ class SandboxClient:
         """Copy a local file, or a whole directory (as a tar stream), into the sandbox.
 
         A directory's contents land in ``remote_path`` (created if missing).
+        Permission bits are kept, as ``docker cp`` keeps them; what is written
+        is owned by the account the sandbox runs commands as (root by default).
         Memory stays constant whatever the size.
         """
         local = os.fspath(local_path)
         # Local metadata and open() are microseconds; the bytes stream in chunks.
         if not os.path.isdir(local):
             with open(local, "rb") as source:
-                self._put(name, remote_path, source, progress)
+                mode = _files.upload_mode(os.fstat(source.fileno()).st_mode)
+                self._put(name, remote_path, source, progress, mode=mode)
             return
         with tempfile.TemporaryFile() as archive:
             run_sync(_files.pack, local, archive)
@@ -933,14 +944,18 @@ class SandboxClient:
 
         A file is written to a temporary sibling and renamed into place once
         its digest checks out; into an existing local directory it keeps its
-        name. A directory's contents land in ``local_path``.
+        name. A directory's contents land in ``local_path``. Permission bits
+        are kept but for set-id, sticky and group/other write bits (dropped, as
+        Python's tar ``data`` filter does); what is written is owned by the
+        local user.
         """
         local = os.fspath(local_path)
         is_dir = (self.exec(name, _files.is_dir_command(remote_path))).exit_code == 0
         if not is_dir:
             if os.path.isdir(local):
                 local = os.path.join(local, os.path.basename(remote_path.rstrip("/")))
-            self._get(name, remote_path, local, progress)
+            mode = _files.download_mode((self.stat(name, remote_path)).mode)
+            self._get(name, remote_path, local, progress, mode)
             return
         remote_archive = _files.remote_temp("download")
         result = self.exec(name, _files.tar_command(remote_path, remote_archive))
@@ -961,9 +976,13 @@ class SandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        *,
+        mode: int | None = None,
     ) -> None:
+        """``source`` into the file ``path``; ``mode``: its permission bits
+        (None: a new file's default, an existing file's own)."""
         if self._native(name):
-            self._upload(name, path, source, progress, user)
+            self._upload(name, path, source, progress, user, mode)
             return
         _, total = run_sync(_files.file_digest, source)
         done = 0
@@ -973,6 +992,9 @@ class SandboxClient:
                 done = min(total, done + BASE64_WRITE_CHUNK)
                 if progress is not None:
                     progress(done, total)
+            if mode is not None:
+                result = self.exec(name, _files.chmod_command(path, mode), user=user)
+                _files.check_ok(result, f"chmod {path}")
         except BaseException:
             with shielded(10), contextlib.suppress(PodbayError):
                 self.exec(name, _files.cleanup_command(path))
@@ -985,6 +1007,7 @@ class SandboxClient:
         source: BinaryIO,
         progress: Progress | None,
         user: str | None = None,
+        mode: int | None = None,
     ) -> None:
         start = source.tell()
         if self._core.takes_trailing_digest(name):
@@ -1009,6 +1032,8 @@ class SandboxClient:
             "Content-Length": str(length),
             "Content-Type": "application/octet-stream",
         }
+        if mode is not None:
+            headers[paths.MODE_HEADER] = f"{mode:04o}"
         response = self._data(
             name,
             "PUT",
@@ -1019,8 +1044,16 @@ class SandboxClient:
         )
         self._core.check(response, 200, 201, 204)
 
-    def _get(self, name: str, remote: str, local: str, progress: Progress | None) -> None:
-        """``remote`` into the file ``local`` via a temporary sibling, renamed when verified."""
+    def _get(
+        self,
+        name: str,
+        remote: str,
+        local: str,
+        progress: Progress | None,
+        mode: int | None = None,
+    ) -> None:
+        """``remote`` into the file ``local`` via a temporary sibling, renamed when
+        verified; ``mode``: its permission bits (None: the temporary's 0600)."""
         directory = os.path.dirname(os.path.abspath(local))
         fd, temp = tempfile.mkstemp(prefix=".podbay-", suffix=".part", dir=directory)
         try:
@@ -1033,6 +1066,8 @@ class SandboxClient:
                     sink.write(data)
                     if progress is not None:
                         progress(len(data), len(data))
+            if mode is not None:
+                os.chmod(temp, mode)
             os.replace(temp, local)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 from .. import views
 from ..services.environment import Building
 from ..services.options import label_filter, options_of
+from ..services.sandboxes import check_name
 from ..tokens import bearer
 
 JSON = "application/json"
@@ -46,6 +47,7 @@ async def attach(request: Request) -> Response:
         body = loads(AttachRequest, raw) if raw.strip() else AttachRequest()
     except WireError as exc:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
+    check_name(request.path_params["name"])  # refused before its options, as documented
     options = options_of(body, platform.settings)
     result = await platform.sandboxes.attach(
         deployment, request.path_params["name"], body.class_, options
@@ -71,7 +73,7 @@ async def attach(request: Request) -> Response:
         )
     if isinstance(result, Building):
         return _json(
-            Preparing(name=request.path_params["name"]),
+            Preparing(name=request.path_params["name"], progress=result.progress),
             202,
             {"Retry-After": str(result.retry_after_seconds)},
         )

@@ -149,6 +149,12 @@ class ClassRuntimes:
                 self._prove_rest([n for n in rest if n in self._pending], prove, hosts, later)
             )
 
+    async def proven(self) -> None:
+        """Wait until the classes proved in the background are (each proved and
+        its machines taken up, or found unable to run)."""
+        if self._later is not None:
+            await asyncio.gather(asyncio.shield(self._later), return_exceptions=True)
+
     async def _host(self, name: str, check: ClassCheck | None) -> HostCheck:
         driver = self.drivers[name]
         try:

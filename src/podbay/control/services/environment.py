@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from podbay.domain import Deployment
 from podbay.runtime.base import Driver
+from podbay.wire.control import BuildStep
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Building:
     #: Completes when the build ends (either way), where there is one to wait
     #: for: attach holds the request on it for a while before answering 202.
     done: asyncio.Future[Any] | None = field(default=None, compare=False, repr=False)
+    #: The build's current step, where this process runs it (the 202 shows it).
+    progress: BuildStep | None = None
 
 
 class EnvironmentService(Protocol):

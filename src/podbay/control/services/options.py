@@ -36,18 +36,14 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MIB = 1024 * 1024
 
 
-def _refuse(code: ErrorCode, message: str) -> ApiError:
-    return ApiError(code, message)
-
-
 def check_label(key: str, value: str) -> None:
     if not _LABEL_KEY.fullmatch(key):
-        raise _refuse(
+        raise ApiError(
             ErrorCode.SANDBOX_LABELS_INVALID,
             f"label key {key[:80]!r} must match ^[A-Za-z0-9][A-Za-z0-9._/-]{{0,62}}$",
         )
     if len(value) > MAX_LABEL_VALUE or _CONTROL.search(value):
-        raise _refuse(
+        raise ApiError(
             ErrorCode.SANDBOX_LABELS_INVALID,
             f"label {key!r}: values are at most {MAX_LABEL_VALUE} characters, "
             "without control characters",
@@ -56,28 +52,28 @@ def check_label(key: str, value: str) -> None:
 
 def check_labels(labels: Mapping[str, str]) -> None:
     if len(labels) > MAX_LABELS:
-        raise _refuse(ErrorCode.SANDBOX_LABELS_INVALID, f"at most {MAX_LABELS} labels")
+        raise ApiError(ErrorCode.SANDBOX_LABELS_INVALID, f"at most {MAX_LABELS} labels")
     for key, value in labels.items():
         check_label(key, value)
 
 
 def check_env(env: Mapping[str, str]) -> None:
     if len(env) > MAX_ENV:
-        raise _refuse(ErrorCode.SANDBOX_ENV_INVALID, f"at most {MAX_ENV} variables")
+        raise ApiError(ErrorCode.SANDBOX_ENV_INVALID, f"at most {MAX_ENV} variables")
     size = 0
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name):
-            raise _refuse(
+            raise ApiError(
                 ErrorCode.SANDBOX_ENV_INVALID,
                 f"variable name {name[:80]!r} must match ^[A-Za-z_][A-Za-z0-9_]*$",
             )
         if "\x00" in value:
-            raise _refuse(
+            raise ApiError(
                 ErrorCode.SANDBOX_ENV_INVALID, f"variable {name!r} contains a NUL character"
             )
         size += len(name.encode()) + len(value.encode()) + 2
     if size > MAX_ENV_BYTES:
-        raise _refuse(
+        raise ApiError(
             ErrorCode.SANDBOX_ENV_INVALID,
             f"the variables are {size} bytes together; at most {MAX_ENV_BYTES}",
         )
@@ -87,9 +83,9 @@ def _bounded(
     value: float, low: float, high: float, what: str, unit: str, codes: tuple[ErrorCode, ErrorCode]
 ) -> None:
     if value < low:
-        raise _refuse(codes[0], f"{what} {value:g}{unit} is below this server's minimum {low:g}")
+        raise ApiError(codes[0], f"{what} {value:g}{unit} is below this server's minimum {low:g}")
     if value > high:
-        raise _refuse(codes[1], f"{what} {value:g}{unit} is above this server's maximum {high:g}")
+        raise ApiError(codes[1], f"{what} {value:g}{unit} is above this server's maximum {high:g}")
 
 
 def options_of(body: AttachRequest, settings: Settings) -> SandboxOptions:
@@ -101,7 +97,7 @@ def options_of(body: AttachRequest, settings: Settings) -> SandboxOptions:
     rt, life = settings.runtime, settings.lifecycle
     if body.cpus is not None:
         if not math.isfinite(body.cpus):
-            raise _refuse(ErrorCode.REQUEST_INVALID, "cpus must be a finite number")
+            raise ApiError(ErrorCode.REQUEST_INVALID, "cpus must be a finite number")
         _bounded(
             body.cpus,
             rt.min_cpus,
@@ -149,7 +145,7 @@ def check_same(row: Sandbox, asked: SandboxOptions) -> None:
         if (dict(current) if isinstance(current, Mapping) else current) != (
             dict(wanted) if isinstance(wanted, Mapping) else wanted
         ):
-            raise _refuse(
+            raise ApiError(
                 ErrorCode.SANDBOX_OPTIONS_CONFLICT,
                 f"sandbox {row.name!r} exists with other {field} than asked; options apply "
                 "when a sandbox is created: attach without them, or delete it first",
@@ -162,7 +158,7 @@ def label_filter(pairs: Iterable[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise _refuse(
+            raise ApiError(
                 ErrorCode.SANDBOX_LABELS_INVALID, f"label filter {pair[:80]!r} is not k=v"
             )
         check_label(key, value)

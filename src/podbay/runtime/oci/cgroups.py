@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..base import DriverError
@@ -162,6 +163,16 @@ class Cgroups:
             if top.exists():
                 stayed.append(top)
         return stayed
+
+    def remove_children(self, parent: str, keep: Callable[[str], bool]) -> list[str]:
+        """Remove each child cgroup of ``parent`` that ``keep`` (given its name)
+        refuses, where empty; one ``removed cgroup DIR`` line per directory gone."""
+        removed = []
+        for directory in self.existing(parent):
+            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
+                if not keep(child.name) and not self.remove(f"{parent}/{child.name}"):
+                    removed.append(f"removed cgroup {child}")
+        return removed
 
     def procs(self, path: str) -> list[int]:
         pids: set[int] = set()

@@ -146,8 +146,20 @@ class OciDriver(RecordKeepingDriver):
             if self._statx_shim is not None and (self._statx_shim / "runsc-enter").exists():
                 self.runc.enter = self._statx_shim / "runsc-enter"
         self._image, self._agent_dir = image, agent_dir
+        await asyncio.to_thread(self._views, image)
         self.network.watch_addresses()
         self._argv = self._agent_argv(image)
+
+    def _views(self, image: Image) -> tuple[Path, Path]:
+        """The image's directory and the agent's, as the sources of the sandbox's
+        binds: read-only views in the run directory, so its mountinfo names no
+        path of the host's (:func:`storage.neutral_view`). Made once each."""
+        assert self._agent_dir is not None
+        views = self.layout.neutral
+        return (
+            storage.neutral_view(image.root, views / f"image-{image.key}"),
+            storage.neutral_view(self._agent_dir, views / f"agent-{self._agent_dir.name}"),
+        )
 
     def _agent_argv(self, image: Image) -> list[str]:
         private = self.runc.shares_host_kernel
@@ -203,7 +215,6 @@ class OciDriver(RecordKeepingDriver):
         paths = self._paths(spec.machine_id)
         assert self._image is not None and self._agent_dir is not None and self._argv
         image, argv = self._image_for(record)
-        agent_dir = self._agent_dir
         if len(str(paths.socket)) > SOCKET_PATH_MAX:
             raise DriverError(
                 f"socket path {paths.socket} is too long; set a shorter runtime.run_dir"
@@ -231,12 +242,13 @@ class OciDriver(RecordKeepingDriver):
         def write_config() -> None:
             # Needs only paths (and the holder's namespace): written while the
             # disk mounts, so runc starts the moment the rootfs and the policy are.
+            image_view, agent_view = self._views(image)
             facts = bundle.BundleFacts(
                 machine_id=spec.machine_id,
                 hostname=uts_name(spec.hostname),
                 rootfs=paths.rootfs,
-                image_rootfs=image.rootfs,
-                agent_dir=agent_dir,
+                image_rootfs=image_view / image.rootfs.name,
+                agent_dir=agent_view,
                 files_dir=paths.files,
                 argv=argv,
                 uid_base=self.rt.uid_base,
@@ -248,7 +260,7 @@ class OciDriver(RecordKeepingDriver):
                 resolv_conf=True,
                 limit_swap=self.cgroups.swap_accounting(),
                 loader=(
-                    image.root / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
+                    image_view / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
                 ),
                 hibernate_seconds=self.rt.agent_hibernate_seconds,
                 userns=None if owned is None else owned.userns_path,

@@ -14,10 +14,10 @@ import shutil
 import time
 from collections.abc import Iterable
 
-from ...wire.limits import SANDBOX_CLASS_NAMES
 from ..machines import INCOMING_PREFIX, STALE_INCOMING_SECONDS, adopt_for_gc
 from . import records, storage
 from .driver import OciDriver
+from .layout import SHARED_RUN_ENTRIES
 
 
 async def collect(
@@ -45,9 +45,9 @@ async def collect(
     # Volatile directories of machines that no longer exist.
     with contextlib.suppress(FileNotFoundError):
         for run in sorted(layout.run_dir.iterdir()):
-            # Class names are never machine ids: another class's driver may keep
-            # its volatile state there (the vm driver does).
-            if run.name in ("runc", *SANDBOX_CLASS_NAMES) or not run.is_dir() or run.name in known:
+            # Not a machine's: the runtime's state, runsc's shared copies, another
+            # class's volatile state (the vm driver's).
+            if run.name in SHARED_RUN_ENTRIES or not run.is_dir() or run.name in known:
                 continue
             await driver.release(run.name)
             leftover = layout.machine(run.name)
@@ -61,6 +61,10 @@ async def collect(
                 continue
             if not driver.cgroups.remove(f"{layout.cgroup_parent}/{child.name}"):
                 done.append(f"removed cgroup {child}")
+    # The slirp4netns cgroups (``<parent>-net/<id>``) of machines that are gone.
+    slirp_limits = driver.network.slirps.limits
+    if slirp_limits is not None:
+        done += driver.cgroups.remove_children(slirp_limits.cgroup_parent, known.__contains__)
     # Loop devices still backed by a disk file of no machine.
     disks = {str(p) for p in layout.machines.glob("*/disk.ext4")}
     mounted = {line.split()[0] for line in _read("/proc/self/mounts").splitlines()}
@@ -70,7 +74,14 @@ async def collect(
             done.append(f"detached {device}")
     done += _old_images(driver, set(images_in_use))
     if everything:
+        storage.unmount_views(layout.neutral)
+        with contextlib.suppress(OSError):
+            (layout.neutral / storage.NEUTRAL_EMPTY).rmdir()
+        with contextlib.suppress(OSError):
+            layout.neutral.rmdir()
         driver.cgroups.remove(layout.cgroup_parent)
+        if slirp_limits is not None:
+            driver.cgroups.remove(slirp_limits.cgroup_parent)
         with contextlib.suppress(OSError):
             layout.runc_root.rmdir()
         with contextlib.suppress(OSError):

@@ -33,7 +33,8 @@ from ..base import DriverError
 log = logging.getLogger("podbay.runtime.image")
 
 #: Bump when the post-processing below changes what an image contains.
-RECIPE_VERSION = 4
+#: (5: ``user`` owns /workspace and is no longer in group sudo.)
+RECIPE_VERSION = 5
 
 PACKAGES: tuple[str, ...] = (
     "python3",
@@ -243,6 +244,10 @@ def _finish_rootfs(rootfs: Path) -> None:
                 entry.unlink()
     (rootfs / "etc/hostname").write_text("sandbox\n")
     _add_user(rootfs)
+    # ``user`` works in /workspace as in its home (E2B's convention: the
+    # unprivileged account owns where it works). Root still writes anywhere,
+    # and what root writes there (0644 files, 0755 directories) user can read.
+    os.chown(rootfs / "workspace", USER_UID, USER_UID)
     # An empty machine-id is what systemd-less containers expect.
     with contextlib.suppress(FileNotFoundError):
         (rootfs / "etc/machine-id").write_text("")
@@ -254,11 +259,16 @@ USER_UID = 1000
 
 
 def _add_user(rootfs: Path) -> None:
-    """``user`` (uid/gid 1000, home /home/user, bash) with passwordless sudo.
+    """``user`` (uid/gid 1000, home /home/user owned by it, bash), in no
+    privileged group.
 
-    (Inside a sandbox, ``noNewPrivileges`` keeps set-uid binaries such as sudo
-    from raising privileges: the sudoers entry is there for images and drivers
-    that allow it; run a command as root with ``user: "root"`` instead.)
+    Not in group sudo and no sudoers entry: every sandbox process runs with
+    ``no_new_privs`` (the runtime sets it; the isolation probes insist on it),
+    so a set-uid sudo cannot raise ``user`` to root in any class, and lifting
+    it for sandbox processes would let a set-uid binary written into the
+    sandbox run with privileges next to the agent. A command that needs root
+    runs as root (the default ``user``). The sudo binary stays for scripts
+    that prefix it while running as root.
     """
     import subprocess
 
@@ -273,8 +283,6 @@ def _add_user(rootfs: Path) -> None:
             "--user-group",
             "--shell",
             "/bin/bash",
-            "--groups",
-            "sudo",
             USER_NAME,
         ],
         capture_output=True,
@@ -286,9 +294,6 @@ def _add_user(rootfs: Path) -> None:
         raise DriverError(
             f"adding the account {USER_NAME!r} to the image failed: {done.stderr.strip()}"
         )
-    sudoers = rootfs / "etc/sudoers.d" / USER_NAME
-    sudoers.write_text(f"{USER_NAME} ALL=(ALL:ALL) NOPASSWD:ALL\n")
-    sudoers.chmod(0o440)
 
 
 def local_ca_certificates(directory: str) -> tuple[tuple[str, str], ...]:

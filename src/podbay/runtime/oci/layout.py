@@ -11,6 +11,10 @@ Volatile (a reboot ends every machine), under ``run_dir`` — by default
 ``/run/podbay/<hash of data_dir>``, short enough for unix socket paths::
 
     runc/                         the OCI runtime's state (``--root``)
+    agent/, gvisor-shim/          runsc only: copies its sandboxes can reach
+    neutral/image-<key>/, neutral/agent-<hash>/
+                                  read-only views of the image and the agent: the
+                                  sandboxes' bind sources (storage.neutral_view)
     <id>/config.json, rootfs/     the bundle; rootfs is the overlay mount
     <id>/disk/                    the ext4 mount: upper/, work/ and host/
     <id>/disk/host/               env.json, hosts, hostname, resolv.conf, console.log
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...settings import Settings
+from ...wire.limits import SANDBOX_CLASS_NAMES
 
 #: The cgroup over every data directory's sandboxes and helpers on this node
 #: (its pids limit leaves the host pids of its own, see ``Cgroups.cap_pids``).
@@ -32,6 +37,17 @@ NODE_CGROUP = "/podbay"
 
 #: A machine's run directory: others may pass through, not list it.
 RUN_MODE = 0o711
+
+#: Entries of a run directory that are no machine's: ``gc`` must never take
+#: them for a dead machine's leftovers (it removed a live server's gvisor shim,
+#: and every gVisor start failed after). Machine ids never take these names.
+RUNC_DIR = "runc"
+AGENT_COPY_DIR = "agent"
+SHIM_DIR = "gvisor-shim"
+NEUTRAL_DIR = "neutral"
+SHARED_RUN_ENTRIES = frozenset(
+    {RUNC_DIR, AGENT_COPY_DIR, SHIM_DIR, NEUTRAL_DIR, *SANDBOX_CLASS_NAMES}
+)
 
 
 def instance_id(data_dir: Path) -> str:
@@ -62,7 +78,12 @@ class Layout:
 
     @property
     def runc_root(self) -> Path:
-        return self.run_dir / "runc"
+        return self.run_dir / RUNC_DIR
+
+    @property
+    def neutral(self) -> Path:
+        """Read-only views of the image and the agent, the sandboxes' bind sources."""
+        return self.run_dir / NEUTRAL_DIR
 
     @property
     def cgroup_parent(self) -> str:

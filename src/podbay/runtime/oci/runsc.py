@@ -49,6 +49,7 @@ from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
 from ..tools import check_tool
 from .fdwait import close_watch, drain, wait_readable, watch_created
+from .layout import AGENT_COPY_DIR, SHIM_DIR
 from .readiness import wait_ready
 from .runc import ContainerState, Runc
 
@@ -254,7 +255,7 @@ def reachable_agent(agent_dir: Path, run_dir: Path) -> Path:
     runsc's sandbox could not reach it (a data directory private to root)."""
     if reachable(agent_dir):
         return agent_dir
-    target = run_dir / "agent" / agent_dir.name
+    target = run_dir / AGENT_COPY_DIR / agent_dir.name
     if (target / "complete").exists():
         return target
     target.parent.mkdir(mode=0o755, exist_ok=True)
@@ -301,7 +302,7 @@ def build_statx_shim(run_dir: Path, *, cache: Path = BUILD_CACHE) -> Path | None
     and then coreutils' ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
     sources = [SHIM_SOURCE.read_bytes(), LAUNCHER_SOURCE.read_bytes(), ENTER_SOURCE.read_bytes()]
     digest = hashlib.sha256(b"".join(sources)).hexdigest()[:16]
-    target = run_dir / "gvisor-shim" / digest
+    target = run_dir / SHIM_DIR / digest
     if (target / "complete").exists():
         return target
     built = cache / digest

@@ -24,8 +24,9 @@ import os
 import secrets
 import shutil
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from . import records
 GIB = 1024**3
 
 MS_RDONLY = 1
+#: Beside a machine's neutral views (:func:`neutral_view`): their empty second lower.
+NEUTRAL_EMPTY = ".empty"
 MS_NODEV = 4
 MS_NOSUID = 2
 MNT_DETACH = 2
@@ -327,16 +330,76 @@ def prepare_upper(disk_mount: Path, uid_base: int) -> tuple[Path, Path]:
     return upper, work
 
 
+@contextlib.contextmanager
+def _by_descriptor(paths: Sequence[Path]) -> Iterator[list[str]]:
+    """``paths`` as ``/proc/self/fd/N`` names, open meanwhile. overlayfs keeps
+    the names it is given and shows them in every ``/proc/*/mountinfo``, the
+    sandbox's own included: these name no directory of the host."""
+    fds: list[int] = []
+    try:
+        for path in paths:
+            try:
+                fds.append(os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            except OSError as exc:
+                raise DriverError(f"cannot mount {path}: {exc.strerror}") from exc
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def mount_overlay(target: Path, lowers: list[Path], upper: Path, work: Path) -> None:
     """The machine's root filesystem: ``lowers`` highest first (idempotent)."""
     if holds_own_mount(target):
         return
     target.mkdir(parents=True, exist_ok=True)
-    options = (
-        f"lowerdir={':'.join(str(p) for p in lowers)},upperdir={upper},workdir={work},"
-        "index=off,metacopy=off"
-    )
-    sys_mount("overlay", target, "overlay", MS_NODEV, options)
+    with _by_descriptor([*lowers, upper, work]) as names:
+        *lower_names, upper_name, work_name = names
+        options = (
+            f"lowerdir={':'.join(lower_names)},upperdir={upper_name},workdir={work_name},"
+            "index=off,metacopy=off"
+        )
+        sys_mount("overlay", target, "overlay", MS_NODEV, options)
+
+
+_NEUTRAL_LOCK = threading.Lock()
+
+
+def neutral_view(source: Path, target: Path) -> Path:
+    """``source``, read-only, at ``target``: an overlay of its own, made once and
+    kept (it serves every machine; ``podbay gc --all`` unmounts it).
+
+    A bind mount shows the sandbox its source's path within the source's
+    filesystem (mountinfo's root field: ``/var/lib/podbay/agent/...``); bound
+    from here, a path within this overlay, whose options name only
+    ``/proc/self/fd`` entries (see :func:`_by_descriptor`)."""
+    with _NEUTRAL_LOCK:
+        if holds_own_mount(target):
+            return target
+        target.mkdir(mode=0o755, parents=True, exist_ok=True)
+        empty = target.parent / NEUTRAL_EMPTY  # overlayfs wants two lowers without an upper
+        empty.mkdir(mode=0o755, exist_ok=True)
+        with _by_descriptor([source, empty]) as names:
+            flags = MS_RDONLY | MS_NODEV | MS_NOSUID
+            sys_mount("overlay", target, "overlay", flags, f"lowerdir={':'.join(names)}")
+    return target
+
+
+def unmount_views(directory: Path) -> list[str]:
+    """Unmount every :func:`neutral_view` under ``directory`` (lazily where busy)
+    and remove it; the names of those unmounted."""
+    gone = []
+    with contextlib.suppress(FileNotFoundError):
+        for view in sorted(directory.iterdir()):
+            if holds_own_mount(view):
+                try:
+                    sys_umount(view)
+                except DriverError:  # busy (a machine starting): gone once it is not
+                    sys_umount(view, lazy=True)
+                gone.append(view.name)
+            with contextlib.suppress(OSError):
+                view.rmdir()
+    return gone
 
 
 def loop_devices_for(paths: set[str]) -> list[str]:

@@ -636,6 +636,7 @@ class VmDriver(RecordKeepingDriver):
         self._relays[spec.machine_id] = relay
         await self._relay_loop.call(relay.start())
         await qmp.execute(paths.qmp, "cont")
+        await self._relay_loop.call(relay.set_clock())  # the template's is its build's
         config = {
             "hostname": uts_name(spec.hostname),
             "pids": spec.limits.pids,
@@ -728,6 +729,14 @@ class VmDriver(RecordKeepingDriver):
 
     async def _thaw(self, machine_id: str) -> None:
         await qmp.execute(self._paths(machine_id).qmp, "cont")
+        await self._set_clock(machine_id)
+
+    async def _set_clock(self, machine_id: str) -> None:
+        """The guest's wall clock stood still while QEMU was stopped: set it to
+        the host's (every start of a stopped guest: resume, a template's restore)."""
+        relay = self._relays.get(machine_id)
+        if relay is not None:
+            await self._relay_loop.call(relay.set_clock())
 
     async def stop(self, machine_id: str) -> None:
         async with self._lock(machine_id):

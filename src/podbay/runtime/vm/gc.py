@@ -77,12 +77,9 @@ def _empty_cgroups(driver: VmDriver, known: set[str], *, everything: bool) -> li
     limits = driver.network.slirps.limits
     parents = [driver.cgroup_parent] + ([limits.cgroup_parent] if limits else [])
     for parent in parents:
-        for directory in driver.cgroups.existing(parent):
-            for child in sorted(p for p in directory.iterdir() if p.is_dir()):
-                if child.name in known or child.name.startswith("tpl-"):
-                    continue
-                if not driver.cgroups.remove(f"{parent}/{child.name}"):
-                    removed.append(f"removed cgroup {child}")
+        removed += driver.cgroups.remove_children(
+            parent, lambda name: name in known or name.startswith("tpl-")
+        )
         if everything:
             driver.cgroups.remove(parent)
     return removed

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +125,9 @@ class Relay:
         self._syncs: dict[bytes, asyncio.Event] = {}
         #: Set when a template guest says it waits for its configuration.
         self.waiting = asyncio.Event()
+        #: The guest answered this connection's hello (see :meth:`set_clock`).
+        self._answered = False
+        self._clock_due = False
 
     async def start(self) -> None:
         self.listen_path.unlink(missing_ok=True)
@@ -176,6 +180,7 @@ class Relay:
                 log.debug("machine %s: agent channel: %s", self.name, e)
             finally:
                 self._writer = None
+                self._answered = False
                 self._linked.clear()
                 writer.close()
                 for stream in list(self.streams.values()):
@@ -207,6 +212,10 @@ class Relay:
                 if not answered:
                     answered = kind == f.HELLO_ACK and payload == nonce
                     self.fresh = self.fresh and not answered
+                    self._answered = answered
+                    if answered and self._clock_due:
+                        self._clock_due = False
+                        self.send(f.clock(time.time_ns()))
                     continue
                 if kind == f.WAITING:
                     self.waiting.set()
@@ -266,6 +275,18 @@ class Relay:
             await self._linked.wait()
         self.send(f.frame(f.CONFIG, 0, config))
         await self.drain()
+
+    async def set_clock(self) -> None:
+        """Set the guest's wall clock to the host's. It stands still while QEMU
+        is stopped, so every start of a stopped guest (a resume, a restore from a
+        template or a checkpoint) calls this. Sent at once to a guest that
+        answered this session's hello (it reads frames in order, before any
+        later request); else as soon as it answers, its time taken then."""
+        if self._answered:
+            self.send(f.clock(time.time_ns()))
+            await self.drain()
+        else:
+            self._clock_due = True
 
     async def set_hostname(self, name: str) -> None:
         self.send(f.frame(f.HOSTNAME, 0, name.encode()))

@@ -42,9 +42,24 @@ SYNC = 9  # host → guest: write every dirty page to the disks, then answer (pa
 SYNC_ACK = 10  # guest → host: the SYNC with this nonce is done
 CONFIG = 11  # host → guest: JSON {hostname, pids, env} for a guest restored from a template
 WAITING = 12  # guest → host: booted as a template, waiting for its CONFIG
+CLOCK = 13  # host → guest: payload u64, the host's wall clock (ns since the epoch)
 
 TYPES = frozenset(
-    {HELLO, HELLO_ACK, OPEN, DATA, EOF, CLOSE, ACK, HOSTNAME, SYNC, SYNC_ACK, CONFIG, WAITING}
+    {
+        HELLO,
+        HELLO_ACK,
+        OPEN,
+        DATA,
+        EOF,
+        CLOSE,
+        ACK,
+        HOSTNAME,
+        SYNC,
+        SYNC_ACK,
+        CONFIG,
+        WAITING,
+        CLOCK,
+    }
 )
 #: Largest payload in one frame; a bigger length means the stream is out of sync.
 MAX_PAYLOAD = 64 * 1024
@@ -53,6 +68,7 @@ WINDOW = 256 * 1024
 NONCE_BYTES = 16
 
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 
 
 def header(kind: int, stream: int, length: int) -> bytes:
@@ -69,6 +85,20 @@ def ack(stream: int, count: int) -> bytes:
 
 def ack_count(payload: bytes) -> int:
     value: int = _U32.unpack(payload)[0]
+    return value
+
+
+def clock(now_ns: int) -> bytes:
+    """A :data:`CLOCK` frame: the wall clock the guest takes on.
+
+    >>> clock_ns(clock(1_700_000_000_123_456_789)[HEADER.size :])
+    1700000000123456789
+    """
+    return frame(CLOCK, 0, _U64.pack(now_ns))
+
+
+def clock_ns(payload: bytes) -> int:
+    value: int = _U64.unpack(payload)[0]
     return value
 
 

@@ -4,7 +4,7 @@ Runs as PID 1 on the sandbox's root (the initramfs ``switch_root``-ed into it)
 and becomes the agent, so the agent is the guest's init, as it is a
 container's. Before that it:
 
-- sets the hostname;
+- sets the hostname (and later the clock, when the host says: see ``set_clock``);
 - puts itself (so every later process) in a cgroup with the machine's pids
   limit (memory and CPUs are the VM's own size);
 - makes the agent's listening socket (abstract, so nothing on disk);
@@ -62,6 +62,15 @@ def set_hostname(name: str) -> None:
     ):
         with contextlib.suppress(OSError):
             _write(path, text)
+
+
+def set_clock(now_ns: int) -> None:
+    """Take on the host's wall clock: the guest's stood still while QEMU was
+    stopped (a suspension, a template or checkpoint saved and restored)."""
+    try:
+        time.clock_settime_ns(time.CLOCK_REALTIME, now_ns)
+    except OSError as exc:
+        print(f"podbay-vm: clock not set: {exc}", file=sys.stderr, flush=True)
 
 
 def limit_pids(pids: int) -> None:
@@ -232,6 +241,9 @@ class Mux:
             return
         if kind == f.HOSTNAME:
             set_hostname(payload.decode(errors="replace"))
+            return
+        if kind == f.CLOCK:
+            set_clock(f.clock_ns(payload))
             return
         if kind == f.CONFIG:
             GIVEN.append(json.loads(payload))
