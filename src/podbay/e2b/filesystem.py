@@ -14,14 +14,13 @@ from __future__ import annotations
 import stat
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 
 from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import FILES, FILES_LIST, FILES_MKDIR, FILES_MOVE, FILES_STAT
 
 from . import connect
-from .relay import headers, refusal, service_of, unary, user_of
+from .relay import call, service_of, unary, user_of
 
 #: How deep ListDir goes at most (envd's depth is a uint32; each level is a call).
 MAX_DEPTH = 32
@@ -40,16 +39,7 @@ async def _call(request: Request, attached: Attached, method: str, path: str, **
     user = user_of(request)
     if user is not None:
         params["user"] = user
-    try:
-        answer = await service_of(request).http.request(
-            method, attached.endpoint + path, headers=headers(attached), params=params, **kw
-        )
-    except httpx.HTTPError as exc:
-        raise connect.ConnectError(
-            "unavailable", f"the sandbox's data plane failed: {exc}"
-        ) from None
-    if answer.status_code >= 300:
-        raise refusal(answer.status_code, answer.content)
+    answer = await call(service_of(request), attached, method, path, params=params, **kw)
     return answer.json() if answer.content else None
 
 

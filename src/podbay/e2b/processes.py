@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -33,7 +32,7 @@ from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import PROCESSES, process_path, process_signal_path, process_stdin_path
 
 from . import connect
-from .relay import headers, reach, refusal, service_of, stream_error, unary, user_of
+from .relay import SANDBOX_ID_HEADER, call, reach, service_of, stream_error, unary, user_of
 from .service import E2BService
 
 #: The longest one poll of a process waits for output (the agent's cap is 20 s).
@@ -89,30 +88,28 @@ def _registry(request: Request) -> Registry:
 
 
 def _sandbox_id(request: Request) -> str:
-    from .relay import SANDBOX_ID_HEADER
-
     return request.headers.get(SANDBOX_ID_HEADER, "")
 
 
 # -- talking to the agent ---------------------------------------------------------
-async def _call(
-    service: E2BService, attached: Attached, method: str, path: str, **kwargs: Any
-) -> httpx.Response:
-    try:
-        answer = await service.http.request(
-            method, attached.endpoint + path, headers=headers(attached), **kwargs
-        )
-    except httpx.HTTPError as exc:
-        raise connect.ConnectError(
-            "unavailable", f"the sandbox's data plane failed: {exc}"
-        ) from None
-    if answer.status_code >= 300:
-        raise refusal(answer.status_code, answer.content)
-    return answer
+async def _poll(
+    service: E2BService,
+    attached: Attached,
+    process_id: str,
+    offsets: tuple[int, int] = (_PAST_THE_END, _PAST_THE_END),
+) -> dict[str, Any]:
+    """The process's status and its output past ``offsets`` (base64), once
+    there is some, it exited, or ``POLL_WAIT_MS`` passed."""
+    params = {"stdout_from": offsets[0], "stderr_from": offsets[1], "wait_ms": POLL_WAIT_MS}
+    answer = await call(
+        service, attached, "GET", process_path(process_id), params={**params, "encoding": "base64"}
+    )
+    status: dict[str, Any] = answer.json()
+    return status
 
 
 async def _processes(service: E2BService, attached: Attached) -> list[dict[str, Any]]:
-    answer = await _call(service, attached, "GET", PROCESSES)
+    answer = await call(service, attached, "GET", PROCESSES)
     listed: list[dict[str, Any]] = answer.json()["processes"]
     return listed
 
@@ -158,19 +155,7 @@ async def _follow(
     try:
         yield _event({"start": {"pid": pid_of(process_id)}})
         while True:
-            answer = await _call(
-                service,
-                attached,
-                "GET",
-                process_path(process_id),
-                params={
-                    "stdout_from": stdout_from,
-                    "stderr_from": stderr_from,
-                    "wait_ms": POLL_WAIT_MS,
-                    "encoding": "base64",
-                },
-            )
-            status = answer.json()
+            status = await _poll(service, attached, process_id, (stdout_from, stderr_from))
             # proto3 JSON carries bytes as base64: the agent's base64 passes through.
             for stream in ("stdout", "stderr"):
                 if status.get(stream):
@@ -184,7 +169,7 @@ async def _follow(
                 break
         yield connect.end_of_stream()
         with contextlib.suppress(connect.ConnectError):
-            await _call(service, attached, "DELETE", process_path(process_id))
+            await call(service, attached, "DELETE", process_path(process_id))
         registry.forget(sandbox_id, process_id)
     except connect.ConnectError as exc:
         yield connect.end_of_stream(exc)
@@ -232,7 +217,7 @@ async def _kill_at(
     """envd kills a command at its timeout whether or not anyone follows it."""
     await asyncio.sleep(seconds)
     with contextlib.suppress(connect.ConnectError):
-        await _call(
+        await call(
             service, attached, "POST", process_signal_path(process_id), json={"signal": "KILL"}
         )
 
@@ -247,7 +232,7 @@ async def _prune(
         meta = registry.started.get(key)
         if status["state"] == "exited" and meta is not None and meta.followers == 0:
             with contextlib.suppress(connect.ConnectError):
-                await _call(service, attached, "DELETE", process_path(key[1]))
+                await call(service, attached, "DELETE", process_path(key[1]))
             registry.forget(*key)
 
 
@@ -262,7 +247,7 @@ async def start(request: Request) -> Response:
         )
         body, meta = _spawn_body(message, env_vars, request)
         await _prune(service, registry, sandbox_id, attached)
-        status = (await _call(service, attached, "POST", PROCESSES, json=body)).json()
+        status = (await call(service, attached, "POST", PROCESSES, json=body)).json()
     except connect.ConnectError as exc:
         return stream_error(exc)
     process_id = str(status["process_id"])
@@ -288,7 +273,7 @@ async def connect_rpc(request: Request) -> Response:
         )
         process_id = await _resolve(request, attached, message)
         now = (
-            await _call(
+            await call(
                 service,
                 attached,
                 "GET",
@@ -334,7 +319,7 @@ async def _send_signal(
     if signal is None:
         raise connect.ConnectError("invalid_argument", "signal must be SIGKILL or SIGTERM")
     process_id = await _resolve(request, attached, message)
-    await _call(
+    await call(
         service_of(request),
         attached,
         "POST",
@@ -351,22 +336,12 @@ async def _until_exited(service: E2BService, attached: Attached, process_id: str
     follows it, or ``list``, sees it ended (the agent reaps it at once)."""
     while True:
         try:
-            answer = await _call(
-                service,
-                attached,
-                "GET",
-                process_path(process_id),
-                params={
-                    "stdout_from": _PAST_THE_END,
-                    "stderr_from": _PAST_THE_END,
-                    "wait_ms": POLL_WAIT_MS,
-                },
-            )
+            status = await _poll(service, attached, process_id)
         except connect.ConnectError as exc:
             if exc.code == "not_found":  # its follower saw the end and forgot it
                 return
             raise
-        if answer.json()["state"] == "exited":
+        if status["state"] == "exited":
             return
 
 
@@ -384,7 +359,7 @@ def _stdin_bytes(value: Any) -> bytes:
 async def _write_stdin(
     request: Request, attached: Attached, process_id: str, data: bytes, *, close: bool = False
 ) -> None:
-    await _call(
+    await call(
         service_of(request),
         attached,
         "POST",

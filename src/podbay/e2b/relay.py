@@ -10,6 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -81,6 +82,23 @@ def refusal(status: int, raw: bytes) -> connect.ConnectError:
     except (ValueError, AttributeError):
         message, code = raw.decode(errors="replace")[:500], ""
     return connect.ConnectError(_BY_ERROR_CODE.get(code, CODES.get(status, "unavailable")), message)
+
+
+async def call(
+    service: E2BService, attached: Attached, method: str, path: str, **kwargs: Any
+) -> httpx.Response:
+    """One data-plane call; a transport failure or a refusal is a ``ConnectError``."""
+    try:
+        answer = await service.http.request(
+            method, attached.endpoint + path, headers=headers(attached), **kwargs
+        )
+    except httpx.HTTPError as exc:
+        raise connect.ConnectError(
+            "unavailable", f"the sandbox's data plane failed: {exc}"
+        ) from None
+    if answer.status_code >= 300:
+        raise refusal(answer.status_code, answer.content)
+    return answer
 
 
 def stream_error(exc: connect.ConnectError) -> Response:
