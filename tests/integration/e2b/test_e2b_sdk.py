@@ -6,12 +6,14 @@ module; the SDK reads the URLs per call, so they are passed explicitly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from podbay.e2b import connect
 from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
 
 e2b = pytest.importorskip("e2b")
@@ -310,5 +312,75 @@ def test_envs_and_metadata_are_podbays_create_options(server: PlatformServer) ->
             free_form.kill()
         with pytest.raises(e2b.SandboxException, match="NOT-A-NAME"):  # a 400, not made
             e2b.Sandbox.create(envs={"NOT-A-NAME": "x"}, **_opts(server, key))
+    finally:
+        sandbox.kill()
+
+
+def _frames(raw: bytes) -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    while raw:
+        length = int.from_bytes(raw[1:5], "big")
+        out.append((raw[0], json.loads(raw[5 : 5 + length])))
+        raw = raw[5 + length :]
+    return out
+
+
+def test_tags_and_bad_messages_over_raw_connect(server: PlatformServer, key: str) -> None:
+    """What the SDK's commands API does not expose (tags) and what it never
+    sends (bad messages), in Connect's JSON as envd takes it."""
+    sandbox = e2b.Sandbox.create(**_opts(server, key))
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-API-Key": key}
+    unary = {**headers, "Content-Type": "application/json"}
+    try:
+        start = {"process": {"cmd": "/bin/sleep", "args": ["600"]}, "tag": "napper"}
+        body = connect.envelope(start)
+        with server.http.stream(
+            "POST",
+            "/process.Process/Start",
+            headers={**headers, "Content-Type": connect.STREAM_JSON},
+            content=body,
+        ) as started:
+            chunks = started.iter_bytes()
+            first = next(chunks)
+            pid = _frames(first[: 5 + int.from_bytes(first[1:5], "big")])[0][1]["event"]["start"][
+                "pid"
+            ]
+            listed = server.http.post("/process.Process/List", headers=unary, content=b"{}").json()
+            mine = [p for p in listed["processes"] if p["pid"] == pid]
+            assert mine[0]["tag"] == "napper" and mine[0]["config"]["args"] == ["600"]
+            killed = server.http.post(
+                "/process.Process/SendSignal",
+                headers=unary,
+                json={"process": {"tag": "napper"}, "signal": "SIGNAL_SIGKILL"},
+            )
+            assert (killed.status_code, killed.json()) == (200, {})
+            rest = first[5 + int.from_bytes(first[1:5], "big") :] + b"".join(chunks)
+        frames = _frames(rest)
+        assert frames[-2][1]["event"]["end"]["exitCode"] == 137
+        assert frames[-1] == (connect.FLAG_END, {})
+        for path, content, code in [
+            ("/process.Process/List", b"not json", "invalid_argument"),
+            (
+                "/process.Process/SendSignal",
+                b'{"process": {"pid": "x"}, "signal": 9}',
+                "invalid_argument",
+            ),
+            (
+                "/process.Process/SendSignal",
+                b'{"process": {"pid": 1}, "signal": "SIGNAL_SIGHUP"}',
+                "invalid_argument",
+            ),
+            (
+                "/process.Process/SendInput",
+                b'{"process": {"tag": "nobody"}, "input": {"stdin": ""}}',
+                "not_found",
+            ),
+            ("/filesystem.Filesystem/Stat", b"{}", "invalid_argument"),
+            ("/filesystem.Filesystem/ListDir", b'{"path": "/", "depth": -1}', "invalid_argument"),
+            ("/filesystem.Filesystem/WatchDir", b"{}", "unimplemented"),
+        ]:
+            answer = server.http.post(path, headers=unary, content=content)
+            assert answer.json()["code"] == code, (path, answer.text)
+            assert answer.status_code == connect.STATUS[code]
     finally:
         sandbox.kill()
