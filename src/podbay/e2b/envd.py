@@ -3,11 +3,13 @@ daemon in an E2B sandbox, answered by relaying to the sandbox's agent through
 podbay's data plane (its gateway, over HTTP with a minted credential, as any
 podbay client reaches it).
 
-Served: ``GET /health``; ``process.Process/Start`` (a server stream: start,
-output as it is written, end with the exit code), on the agent's streamed
-exec; ``GET /files`` (download) and ``POST /files`` (multipart or
-octet-stream upload) on the agent's native files API. Every other RPC answers
-Connect's ``unimplemented`` with a message naming it.
+Served: ``GET /health``; the process service on the agent's spawned
+processes (``podbay.e2b.processes``: Start, Connect, List, SendInput,
+StreamInput, CloseStdin, SendSignal); the filesystem service's Stat,
+ListDir, MakeDir, Move and Remove (``podbay.e2b.filesystem``); ``GET /files``
+(download) and ``POST /files`` (multipart or octet-stream upload) on the
+agent's native files API. Every other RPC (PTY's Update, the watchers)
+answers Connect's ``unimplemented`` with a message naming it.
 """
 
 from __future__ import annotations
