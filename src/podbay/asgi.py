@@ -33,6 +33,21 @@ BODY_TAKEOVER = "podbay.body_takeover"
 #: answer sent whole at once (its head and a small body): one write and one
 #: segment instead of one per ASGI message, so the client wakes up once.
 RESPONSE_GATHER = "podbay.response_gather"
+#: ``scope["extensions"][RESPONSE_ABORT]``, set by podbay's listener on every
+#: request: a callable that drops the client's connection at once, for an answer
+#: already started that cannot be finished (its source's body was cut short):
+#: ending it cleanly would hand the client a short body as if it were whole.
+RESPONSE_ABORT = "podbay.response_abort"
+
+
+def abort_response(scope: Scope) -> None:
+    """Drop the client's connection mid-answer (see :data:`RESPONSE_ABORT`)."""
+    abort = (scope.get("extensions") or {}).get(RESPONSE_ABORT)
+    if abort is None:
+        from podbay.errors import ResponseAborted  # here: this module loads none of podbay
+
+        raise ResponseAborted("the answer was cut short")
+    abort()
 
 
 @dataclass

@@ -33,6 +33,7 @@
     │   gateway
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
     ├── BodyTooLarge                     a client's body passed the relay's limit
+    ├── ResponseAborted                  an answer cut short: the server drops the connection
     │
     │   E2B's surface (podbay.e2b)
     ├── E2BError(status, code, message)  a refusal in E2B's REST error shape
@@ -232,6 +233,12 @@ class AgentAnswerInvalid(PodbayError):
 
 class BodyTooLarge(PodbayError):
     """The client's body passed the relay's limit while it streamed."""
+
+
+class ResponseAborted(PodbayError):
+    """Raised out of the app, where the server offers no way to drop the
+    connection (``podbay.asgi.RESPONSE_ABORT``), so that the server drops it
+    rather than end the answer as if it were whole."""
 
 
 class E2BError(PodbayError):

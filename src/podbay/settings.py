@@ -50,6 +50,14 @@ class ServerSettings:
     #: long for the build to finish (then 200) before answering 202: under the
     #: 30 s timeout of the reference client, which predates 202.
     attach_hold_seconds: float = 20.0
+    #: Requests of one sandbox the gateway has at its agent at once; those whose
+    #: body streams from the client take at most half (see ``gateway.admission``).
+    sandbox_requests: int = 64
+    #: Requests of one sandbox that wait for one of those; one more: 429 SANDBOX_BUSY.
+    sandbox_queue: int = 256
+    #: Longest wait for an agent to start answering a call (after an exec's own
+    #: timeout, for an exec): then 504 AGENT_TIMEOUT and the machine is checked.
+    agent_answer_seconds: float = 30.0
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -110,7 +110,9 @@ class Platform:
         self._check = check
         self._prove = prove
         self.activity = ActivityTracker(clock)
-        self.routes = RouteTable()
+        self.routes = RouteTable(
+            requests=settings.server.sandbox_requests, queue=settings.server.sandbox_queue
+        )
         self.locks = NameLocks()
         self.environment = environment or PlainEnvironment()
         self.ready = False
@@ -198,6 +200,8 @@ class Platform:
             on_unreachable=self._suspect,
             before_route=self.deletions.check,
             default_user=settings.runtime.default_user or None,
+            answer_seconds=settings.server.agent_answer_seconds,
+            on_silent=functools.partial(self._suspect, silent=True),
         )
         self.control = Starlette(
             routes=[*health.routes, *openapi.routes, *sandboxes.routes],
@@ -221,16 +225,17 @@ class Platform:
     def _pool_changed(self, _: int) -> None:
         self.metrics.warm_pool.set(sum(len(pool) for pool in self.pools.values()))
 
-    async def _suspect(self, sandbox_id: str) -> None:
+    async def _suspect(self, sandbox_id: str, *, silent: bool = False) -> None:
         """Check, once at a time per sandbox, a machine whose agent went quiet
-        (awaited by the gateway before its 502; the check runs on its own)."""
+        (awaited by the gateway before its 502 or 504; the check runs on its
+        own). ``silent``: see :meth:`Lifecycle.check`."""
         if self.lifecycle is None or sandbox_id in self._checking:
             return
 
         async def check() -> None:
             try:
                 assert self.lifecycle is not None
-                await self.lifecycle.check(sandbox_id)
+                await self.lifecycle.check(sandbox_id, silent=silent)
             except Exception:
                 log.exception("checking sandbox %s failed", sandbox_id)
             finally:

@@ -279,9 +279,11 @@ class ControlPlane:
             raise ApiError(
                 ErrorCode.REQUEST_INVALID, f"sandboxes must be a list of at most {MAX_SUSPECTS}"
             )
+        listed = doc.get("silent")
+        silent = {s for s in listed if isinstance(s, str)} if isinstance(listed, list) else set()
         for sid in ids:
             if isinstance(sid, str):
-                await self.lifecycle.check(sid)
+                await self.lifecycle.check(sid, silent=sid in silent)
         return Response(status_code=204)
 
     async def _keys(self, request: Request) -> Response:

@@ -32,7 +32,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from podbay.asgi import BODY_TAKEOVER, RESPONSE_GATHER, TakenBody
+from podbay.asgi import BODY_TAKEOVER, RESPONSE_ABORT, RESPONSE_GATHER, TakenBody
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 
@@ -106,6 +106,7 @@ def guarded_protocol(
             if self.cycle is not None:
                 extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
                 extensions[RESPONSE_GATHER] = functools.partial(_gathered, self.cycle)
+                extensions[RESPONSE_ABORT] = functools.partial(self._abort, self.cycle)
             if self.cycle is not None and self.cycle.more_body:
                 self._arm_body()
                 self._offer_body()
@@ -140,10 +141,6 @@ def guarded_protocol(
             cycle.keep_alive = False
             head, cycle.body = bytes(cycle.body), bytearray()
 
-            def abort() -> None:
-                cycle.disconnected = True  # before the app returns: no 500 for a gone client
-                self.transport.abort()
-
             def finished() -> None:
                 cycle.more_body = False  # no body timeout from here on
 
@@ -152,9 +149,17 @@ def guarded_protocol(
                 left=self._body_length - self._body_seen,
                 fd=self.transport.get_extra_info("socket").fileno(),
                 idle_timeout=body_timeout,
-                abort=abort,
+                abort=functools.partial(self._abort, cycle),
                 finished=finished,
             )
+
+        def _abort(self, cycle: Any) -> None:
+            if cycle is not self.cycle:
+                return  # that request is over; the connection serves another
+            # Before the app returns: uvicorn then neither answers 500 nor logs
+            # an unfinished answer for what is, to it, a client gone.
+            cycle.disconnected = True
+            self.transport.abort()
 
         def on_message_complete(self) -> None:
             self._cancel()

@@ -49,11 +49,17 @@ class AgentPool:
         first request otherwise pays for (measured: up to a few ms under load)."""
         if self._idle or self.closed:
             return
+        await self.answers(PREWARM_SECONDS)
+
+    async def answers(self, seconds: float) -> bool:
+        """Whether the agent answers ``GET /v1/info`` on a new connection within
+        ``seconds`` (the connection is then kept)."""
         try:
-            conn = await asyncio.wait_for(self._answered(), PREWARM_SECONDS)
+            conn = await asyncio.wait_for(self._answered(), seconds)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-            return
+            return False
         self.release(conn)
+        return True
 
     async def _answered(self) -> Connection:
         """A new connection on which the agent has answered ``GET /v1/info``."""

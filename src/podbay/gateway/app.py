@@ -66,6 +66,8 @@ _BARE = b"/v1/"
 #: server takes back its machines, before 503 with ``Retry-After`` (seconds).
 ADOPTION_HOLD_SECONDS = 10.0
 ADOPTION_RETRY_SECONDS = 1.0
+#: Longest the gateway asks a late agent whether it answers at all.
+PROBE_SECONDS = 10.0
 
 
 async def _send_json(send: Send, document: object) -> None:
@@ -103,6 +105,8 @@ class Gateway:
         on_unreachable: Callable[[str], Awaitable[None]] | None = None,
         before_route: Callable[[], Awaitable[None]] | None = None,
         default_user: str | None = None,
+        answer_seconds: float | None = None,
+        on_silent: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
@@ -115,6 +119,13 @@ class Gateway:
         #: hears its 502: the control plane checks whether the machine died, so
         #: the next attach can bring it back.
         self.on_unreachable = on_unreachable
+        #: Longest wait for an agent to start answering (see :mod:`.deadline`).
+        self.answer_seconds = answer_seconds
+        #: (sandbox id) when its agent missed that deadline and then did not
+        #: answer a new connection either, awaited before the client hears its
+        #: 504: the control plane stops the machine, so the next attach starts
+        #: it again. When the agent does answer, ``on_unreachable`` is called.
+        self.on_silent = on_silent
         #: Awaited before the route is looked up: brings the route table up to
         #: date with deletions made by another process.
         self.before_route = before_route
@@ -166,10 +177,24 @@ class Gateway:
                     limit,
                     self.extra_headers,
                     None if hook is None else functools.partial(hook, sid),
+                    route.admission,
+                    self.answer_seconds,
+                    functools.partial(self._late, sid, route),
                 )
         finally:
             self.activity.end(sid)
         self._observe("exec" if tail == _EXEC else "other", status, started)
+
+    async def _late(self, sandbox_id: str, route: Route) -> None:
+        """The agent missed its deadline: ask it again on a new connection (bounded
+        by the same deadline, at most :data:`PROBE_SECONDS`); silent there too, the
+        machine is reported silent, else only checked as for a 502."""
+        seconds = min(self.answer_seconds or PROBE_SECONDS, PROBE_SECONDS)
+        hook = self.on_unreachable
+        if not await route.pool.answers(seconds) and self.on_silent is not None:
+            hook = self.on_silent
+        if hook is not None:
+            await hook(sandbox_id)
 
     async def _authorize(
         self, scope: Scope, sandbox_id: bytes | None, tail: bytes
@@ -249,9 +274,7 @@ class Gateway:
             return
         self.activity.begin(sid)
         try:
-            await ports.relay_http(
-                route.socket, port, path, prefix, scope, receive, send, request_id
-            )
+            await self._port_admitted(route, port, path, prefix, scope, receive, send, request_id)
         finally:
             self.activity.end(sid)
 
@@ -274,9 +297,38 @@ class Gateway:
             await send_error(send, exc, request_id)
             return exc.status
         port, path = target
-        return await ports.relay_http(
-            route.socket, port, path, prefix + f"{PORTS}/{port}", scope, receive, send, request_id
+        return await self._port_admitted(
+            route, port, path, prefix + f"{PORTS}/{port}", scope, receive, send, request_id
         )
+
+    async def _port_admitted(
+        self,
+        route: Route,
+        port: int,
+        path: bytes,
+        prefix: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        request_id: str,
+    ) -> int:
+        """:func:`ports.relay_http` in one of the sandbox's slots (its body, if
+        any, streams from the client: see :mod:`.admission`)."""
+        streams = any(
+            key == b"transfer-encoding" or (key == b"content-length" and value.strip() != b"0")
+            for key, value in scope["headers"]
+        )
+        try:
+            await route.admission.acquire(streams=streams)
+        except ApiError as exc:
+            await send_error(send, exc, request_id)
+            return exc.status
+        try:
+            return await ports.relay_http(
+                route.socket, port, path, prefix, scope, receive, send, request_id
+            )
+        finally:
+            route.admission.release(streams=streams)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Terminals and WebSocket ports: every check before the upgrade is accepted;

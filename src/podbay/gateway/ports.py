@@ -13,7 +13,10 @@ bounded in bytes and headers, hop-by-hop headers and ``Set-Cookie`` are
 dropped (the endpoint shares the platform's origin; cookies for one
 sandbox's app must not be set there), as are the client's credential,
 ``Authorization`` and cookies on the way in. WebSocket messages are bounded
-by :data:`MAX_MESSAGE` both ways.
+by :data:`MAX_MESSAGE` both ways. A ``Location`` is kept only where it
+stays in the same sandbox's port (see :func:`_location`), and an answer
+whose body ends short of its framing drops the client's connection rather
+than pass as whole.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import httptools
 from websockets.client import ClientProtocol
@@ -29,7 +33,7 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Response as WsResponse
 from websockets.uri import parse_uri
 
-from podbay.asgi import Receive, Scope, Send
+from podbay.asgi import Receive, Scope, Send, abort_response
 from podbay.errors import AgentAnswerInvalid, ApiError, BodyTooLarge
 from podbay.wire import paths
 from podbay.wire.codes import ErrorCode
@@ -52,6 +56,7 @@ _DROP_RESPONSE = frozenset(
         b"upgrade",
         b"set-cookie",
         b"content-length",
+        b"location",
     }
 )
 _DROP_PORT_REQUEST = _DROP_REQUEST | {
@@ -142,6 +147,8 @@ async def relay_http(
             if not data:
                 if not answer.headers_done:
                     raise ConnectionResetError("the server closed the connection")
+                if answer.framed():
+                    raise ConnectionResetError("the server closed before its body's end")
                 answer.done = True  # a body delimited by the connection's end
             else:
                 parser.feed_data(data)
@@ -154,6 +161,7 @@ async def relay_http(
                 if not 200 <= status <= 599:
                     raise AgentAnswerInvalid(f"status {status} is not a final answer")
                 headers = [(k, v) for k, v in answer.headers if k not in _DROP_RESPONSE]
+                headers += _redirect(answer.headers, port, path, prefix, scope)
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 started = True
             chunks, answer.body = answer.body, []
@@ -174,10 +182,69 @@ async def relay_http(
                 request_id,
             )
         else:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            abort_response(scope)  # a short body must not end like a whole one
         return 502
     finally:
         writer.close()
+
+
+def _redirect(
+    headers: list[tuple[bytes, bytes]], port: int, path: bytes, prefix: str, scope: Scope
+) -> list[tuple[bytes, bytes]]:
+    """The answer's ``Location``, made to point where the client reaches it, or
+    nothing when it leads off the sandbox's port (see :func:`_location`)."""
+    host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+    for name, value in headers:
+        if name == b"location":
+            where = _location(value.decode("latin-1"), port, path.decode("latin-1"), prefix, host)
+            return [] if where is None else [(b"location", where.encode("latin-1"))]
+    return []
+
+
+def _location(value: str, port: int, path: str, prefix: str, host: str) -> str | None:
+    """A redirect from the server on ``port`` (answering the request for
+    ``path``), as the client must follow it; None when it leads elsewhere.
+
+    The answer is served on the platform's origin, so a redirect the server
+    meant for its own root (``/login``) would land on the platform's, and
+    one to another site would seem the platform's own: paths are resolved
+    against the request and put under ``prefix``; a URL is kept only for the
+    server itself (``localhost:{port}``, what the gateway called it) or under
+    ``prefix`` on the client's host.
+
+    >>> _location("/login?next=a", 8080, "/app/x", "/sandbox/s/v1/ports/8080", "h")
+    '/sandbox/s/v1/ports/8080/login?next=a'
+    >>> _location("../../../../etc", 8080, "/a/b", "/p", "h")
+    '/p/etc'
+    >>> _location("http://localhost:8080/x", 8080, "/", "/p", "h")
+    '/p/x'
+    >>> _location("https://h/p/y", 8080, "/", "/p", "h")
+    'https://h/p/y'
+    >>> [_location(u, 8080, "/", "/p", "h") for u in ("//evil/x", "https://evil/", "https://h/x")]
+    [None, None, None]
+    """
+    # Browsers read a backslash in a URL as a slash ("/\\evil" is "//evil").
+    value = value.strip().replace("\\", "/")
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    if parts.scheme or parts.netloc:
+        if parts.scheme not in ("http", "https"):
+            return None
+        netloc = parts.netloc.lower()
+        if netloc in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            value = value[len(parts.scheme) + 3 + len(parts.netloc) :] or "/"
+        elif netloc == host.lower() and (
+            parts.path == prefix or parts.path.startswith(prefix + "/")
+        ):
+            return value
+        else:
+            return None
+    # Resolved against the request's path first: no "../" climbs above the port.
+    # (Joined on a dummy origin: urljoin resolves dot segments only there.)
+    base = "http://upstream"
+    return prefix + urljoin(base + (path.split("?", 1)[0] or "/"), value)[len(base) :]
 
 
 class _Answer:
@@ -198,6 +265,11 @@ class _Answer:
         self.headers_done = True
         if self.head_only:
             self.done = True
+
+    def framed(self) -> bool:
+        """Whether the body has its own end (a length or chunks): the
+        connection's end before it is then a cut, not the body's end."""
+        return any(name in (b"content-length", b"transfer-encoding") for name, _ in self.headers)
 
     def on_body(self, body: bytes) -> None:
         self.body.append(bytes(body))

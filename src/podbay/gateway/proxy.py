@@ -37,6 +37,7 @@ from podbay.asgi import (
     Scope,
     Send,
     TakenBody,
+    abort_response,
     send_refusal,
 )
 from podbay.errors import (
@@ -47,7 +48,9 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.paths import CREDENTIAL_HEADER, DEFAULT_USER_HEADER, REQUEST_ID_HEADER
 
 from . import splice
+from .admission import Admission
 from .agentpool import AgentPool, Connection
+from .deadline import answer_wait
 from .splice import Outcome, splice_in_thread
 
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
@@ -138,12 +141,17 @@ class _Response:
         self.done = True
 
 
-async def _first_chunk(receive: Receive) -> tuple[bytes, bool]:
-    """The client's first body message: its bytes and whether more follow."""
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ConnectionAbortedError("the client went away")
-    return message.get("body", b""), bool(message.get("more_body", False))
+async def _whole_body(receive: Receive) -> bytes:
+    """The client's whole body (a small one: see :data:`COALESCE_BODY`)."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionAbortedError("the client went away")
+        chunk = message.get("body", b"")
+        if not message.get("more_body", False):
+            return b"".join((*parts, chunk)) if parts else chunk
+        parts.append(chunk)
 
 
 async def _client_body(receive: Receive) -> AsyncIterator[bytes]:
@@ -191,6 +199,9 @@ async def relay(
     body_limit: int | None = None,
     extra_headers: Sequence[tuple[bytes, bytes]] = (),
     before_unreachable: Callable[[], Awaitable[None]] | None = None,
+    admission: Admission | None = None,
+    answer_seconds: float | None = None,
+    before_timeout: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
     """Forward one request; returns the status the client got.
 
@@ -200,6 +211,11 @@ async def relay(
     ``before_unreachable``: awaited when the agent does not answer, before
     the client hears its 502, so that what it starts (a check of the machine)
     is under way before the client can act on the 502 (attach again).
+    ``admission``: the sandbox's slots (429 ``SANDBOX_BUSY`` when none comes);
+    taken once a small body is read whole, so a client that stalls sending
+    one holds no agent connection. ``answer_seconds``: the operator's bound
+    on the agent's start of answer (see :mod:`.deadline`); past it the
+    client gets 504 ``AGENT_TIMEOUT``, after ``before_timeout`` is awaited.
     """
     head, framing = _request_head(scope, target, request_id, extra_headers)
     if (
@@ -209,17 +225,62 @@ async def relay(
     ):
         return await _too_large(send, request_id, body_limit)
     sent = 0
+    body: bytes | None = b"" if framing == "none" else None
     if framing == "length" and int(_header(scope, b"content-length")) <= COALESCE_BODY:
         # A small body (an exec's JSON) goes out with the head in one write: one
         # send here and one wake-up and read in the agent instead of two each.
         try:
-            first, more = await _first_chunk(receive)
+            body = await _whole_body(receive)
         except ConnectionAbortedError:
             return 499
-        head += first
-        sent = len(first)
-        if not more:
-            framing = "none"
+        head += body
+        sent = len(body)
+        framing = "none"
+    wait = None
+    if answer_seconds is not None:
+        wait = answer_wait(scope["method"].encode(), target, body, answer_seconds)
+    streams = framing != "none"
+    if admission is not None:
+        try:
+            await admission.acquire(streams=streams)
+        except ApiError as exc:
+            await send_error(send, exc, request_id)
+            return exc.status
+    try:
+        return await _relay_admitted(
+            pool,
+            scope,
+            receive,
+            send,
+            request_id,
+            body_limit,
+            before_unreachable,
+            head,
+            framing,
+            sent,
+            wait,
+            before_timeout,
+        )
+    finally:
+        if admission is not None:
+            admission.release(streams=streams)
+
+
+async def _relay_admitted(
+    pool: AgentPool,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    request_id: str,
+    body_limit: int | None,
+    before_unreachable: Callable[[], Awaitable[None]] | None,
+    head: bytes,
+    framing: str,
+    sent: int,
+    wait: float | None,
+    before_timeout: Callable[[], Awaitable[None]] | None,
+) -> int:
+    """:func:`relay`'s exchange with the agent, once the request holds its slot."""
     try:
         conn = await pool.acquire()
     except OSError:
@@ -227,6 +288,8 @@ async def relay(
     started = False
     gone = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
+    deadline: asyncio.TimerHandle | None = None
+    late = asyncio.Event()
     try:
         conn = await _send_head(pool, conn, head)
     except OSError:
@@ -239,6 +302,10 @@ async def relay(
         # An agent may take its time (a long exec) or never answer (a hijacked
         # one): a client that leaves meanwhile releases the agent connection.
         watcher = asyncio.create_task(_watch_client(receive, writer, gone))
+        if wait is not None:
+            # Ends the read below (the connection is dropped) when the agent
+            # has not started its answer in time.
+            deadline = asyncio.get_running_loop().call_later(wait, _expire, writer.transport, late)
 
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
@@ -258,6 +325,8 @@ async def relay(
                     if head_bytes > MAX_RESPONSE_HEAD:
                         raise AgentAnswerInvalid("answer head too large")
                 elif not started:
+                    if deadline is not None:
+                        deadline.cancel()
                     status = parser.get_status_code()
                     if not 200 <= status <= 599:
                         raise AgentAnswerInvalid(f"status {status} is not a final answer")
@@ -291,12 +360,14 @@ async def relay(
         writer.close()
         if gone.is_set():
             return 499
+        if late.is_set() and not started:
+            return await _timed_out(send, request_id, before_timeout, wait or 0.0)
         if not started:
             return await _unreachable(send, request_id, before_unreachable)
-        # Mid-body: the client gets a short body; nothing else can be said now.
+        # Mid-body: nothing can be said now but that the answer is not whole.
         if before_unreachable is not None:
             await before_unreachable()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        abort_response(scope)
         return 502
     except BaseException:
         writer.close()
@@ -304,6 +375,13 @@ async def relay(
     finally:
         if watcher is not None:
             watcher.cancel()
+        if deadline is not None:
+            deadline.cancel()
+
+
+def _expire(transport: asyncio.WriteTransport, late: asyncio.Event) -> None:
+    late.set()
+    transport.abort()  # the relay's read sees the end and answers 504
 
 
 async def _watch_client(
@@ -487,6 +565,18 @@ async def _too_large(send: Send, request_id: str, limit: int) -> int:
 
 def _passed_on(name: bytes) -> bool:
     return name in _KEEP_RESPONSE or name.startswith(_KEEP_RESPONSE_PREFIX)
+
+
+async def _timed_out(
+    send: Send, request_id: str, before: Callable[[], Awaitable[None]] | None, seconds: float
+) -> int:
+    if before is not None:
+        await before()
+    exc = ApiError(
+        ErrorCode.AGENT_TIMEOUT, f"the sandbox's agent did not answer within {seconds:g} s"
+    )
+    await send_error(send, exc, request_id)
+    return exc.status
 
 
 async def _unreachable(

@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .admission import DEFAULT_LIMIT, DEFAULT_QUEUE, Admission
 from .agentpool import AgentPool
 
 
@@ -26,13 +27,18 @@ class Route:
     pool: AgentPool = field(init=False, repr=False)
     #: The first connection being opened and warmed (see :meth:`RouteTable.ready`).
     warming: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    #: How many of the sandbox's requests are at its agent at once (:mod:`.admission`).
+    admission: Admission = field(default_factory=Admission, repr=False)
 
     def __post_init__(self) -> None:
         self.pool = AgentPool(self.socket)
 
 
 class RouteTable:
-    def __init__(self) -> None:
+    def __init__(self, *, requests: int = DEFAULT_LIMIT, queue: int = DEFAULT_QUEUE) -> None:
+        #: Each sandbox's slots at its agent and its queue (:class:`.Admission`).
+        self.requests = requests
+        self.queue = queue
         self._routes: dict[str, Route] = {}
         self._prewarming: set[asyncio.Task[None]] = set()
         #: Clear while a restarted server takes back the machines the last one
@@ -73,7 +79,9 @@ class RouteTable:
             socket,
         ):
             return
-        route = self._routes[sandbox_id] = Route(sandbox_id, machine_id, incarnation, socket)
+        route = self._routes[sandbox_id] = Route(
+            sandbox_id, machine_id, incarnation, socket, Admission(self.requests, self.queue)
+        )
         if old is not None:
             old.pool.close()
         self._prewarm(route)

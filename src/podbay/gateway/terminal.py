@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,8 +76,11 @@ async def session(
     try:
         done, _ = await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
         if outbound in done:
-            closed = outbound.result()
-            await send({"type": "websocket.close", "code": CLOSE_NORMAL if closed else CLOSE_ERROR})
+            end = outbound.result()
+            if end is not _End.CLIENT_GONE:
+                code = CLOSE_NORMAL if end is _End.EXITED else CLOSE_ERROR
+                with contextlib.suppress(*_CLIENT_GONE):  # it may leave meanwhile
+                    await send({"type": "websocket.close", "code": code})
         else:
             with contextlib.suppress(ApiError):
                 inbound.result()  # a client's bad message: its session ends
@@ -108,19 +112,36 @@ def _control(text: str) -> bytes:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid control message: {exc}") from None
 
 
-async def _agent_to_client(reader: asyncio.StreamReader, send: Send) -> bool:
-    """True once the command's exit was passed on; False when the agent broke off."""
-    try:
-        while True:
+class _End(enum.Enum):
+    """How the relay to the client ended."""
+
+    EXITED = "the command's exit was passed on"
+    AGENT_BROKE_OFF = "the agent broke off"
+    CLIENT_GONE = "the client went away (a disconnect, not an error)"
+
+
+#: What the server's ``send`` raises once the client is gone: uvicorn's
+#: ClientDisconnected (an OSError) mid-send, a RuntimeError after its close.
+_CLIENT_GONE = (OSError, RuntimeError)
+
+
+async def _agent_to_client(reader: asyncio.StreamReader, send: Send) -> _End:
+    while True:
+        try:
             kind, length = stream.parse_header(await reader.readexactly(stream.HEADER.size))
             payload = await reader.readexactly(length)
             if kind == stream.DATA:
-                await send({"type": "websocket.send", "bytes": payload})
+                message = {"type": "websocket.send", "bytes": payload}
             elif kind == stream.EXIT:
                 exit_message = PtyExit(exit_code=stream.parse_exit(payload))
-                await send({"type": "websocket.send", "text": dumps(exit_message).decode()})
-                return True
+                message = {"type": "websocket.send", "text": dumps(exit_message).decode()}
             else:
                 raise FrameError("the agent sent a resize frame")
-    except (OSError, asyncio.IncompleteReadError, FrameError):
-        return False
+        except (OSError, asyncio.IncompleteReadError, FrameError):
+            return _End.AGENT_BROKE_OFF
+        try:
+            await send(message)
+        except _CLIENT_GONE:
+            return _End.CLIENT_GONE
+        if kind == stream.EXIT:
+            return _End.EXITED

@@ -6,8 +6,11 @@
 Every tool names its sandbox (``sandbox``): it is created, resumed or reused
 by that name on first use, like every SDK call. The server holds ONE
 identity token (``ASTRO_AUTHZ_TOKEN`` or ``--token``), so whoever can talk to
-it can use that deployment's sandboxes: the HTTP transport listens on
-loopback unless told otherwise.
+it can use that deployment's sandboxes. The HTTP transport therefore listens
+on loopback unless told otherwise AND answers only requests that carry its
+secret, ``Authorization: Bearer <secret>`` (401 otherwise): any local user
+can reach a loopback port. The secret is ``$PODBAY_MCP_SECRET`` when set,
+else generated at start and printed once, to stderr.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import hmac
 import json
 import logging
+import os
+import secrets
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -26,8 +33,12 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent
 
+from podbay.asgi import ASGIApp, Receive, Scope, Send
 from podbay.client import AsyncSandboxClient, Execution, ProcessOutput
 from podbay.errors import PodbayError, SandboxRequestError
+
+#: Where the HTTP transport's secret comes from when set (else one is generated).
+SECRET_ENV = "PODBAY_MCP_SECRET"
 
 INSTRUCTIONS = (
     "Each tool runs in a podbay sandbox named by its `sandbox` argument: an isolated Linux "
@@ -278,5 +289,55 @@ async def serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if transport == "stdio":
         await server.run_stdio_async()
-    else:
-        await server.run_streamable_http_async(host=host, port=port, streamable_http_path=path)
+        return
+    import uvicorn
+
+    secret = os.environ.get(SECRET_ENV) or ""
+    if not secret:
+        secret = secrets.token_urlsafe(32)
+        print(
+            f"podbay mcp: send 'Authorization: Bearer {secret}' with every request"
+            f" to http://{host}:{port}{path} (shown once; set ${SECRET_ENV} to choose it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    app = BearerSecret(server.streamable_http_app(streamable_http_path=path, host=host), secret)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+    await uvicorn.Server(config).serve()
+
+
+class BearerSecret:
+    """Answer 401 to an HTTP request without ``Authorization: Bearer <secret>``
+    (compared in constant time); lifespan and the rest pass through."""
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not self._allowed(scope):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] == "http" and not self._allowed(scope):
+            body = json.dumps(
+                {"error": "send the server's secret: Authorization: Bearer <secret>",
+                 "code": "CREDENTIAL_INVALID"}
+            ).encode()  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b"Bearer"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        given = [v for k, v in scope["headers"] if k == b"authorization"]
+        return len(given) == 1 and hmac.compare_digest(bytes(given[0]), self.expected)

@@ -161,7 +161,9 @@ class NodeServer:
             for name, driver in self.classes.drivers.items()
             if rt.warm_pool > 0
         }
-        self.routes = RouteTable()
+        self.routes = RouteTable(
+            requests=settings.server.sandbox_requests, queue=settings.server.sandbox_queue
+        )
         self.activity = ActivityTracker()
         self.node = LocalNode(
             name=self.name,
@@ -195,6 +197,8 @@ class NodeServer:
             on_refusal=self.metrics.refused,
             on_unreachable=self._suspect,
             default_user=settings.runtime.default_user or None,
+            answer_seconds=settings.server.agent_answer_seconds,
+            on_silent=functools.partial(self._suspect, silent=True),
         )
         self.boot = secrets.token_hex(8)
         self.ready = False
@@ -326,16 +330,18 @@ class NodeServer:
         if isinstance(kids, list) and set(kids) != self.keys.kids():
             await self.keys.fetch(self.client)
 
-    async def _suspect(self, sandbox_id: str) -> None:
+    async def _suspect(self, sandbox_id: str, *, silent: bool = False) -> None:
         """The gateway could not reach a sandbox's agent: report it to the
         control plane at once, before the client hears its 502, so the attach
         that follows finds the machine checked (carried over if it died), not
         its route. Waits ``SUSPECT_WAIT`` at most; the heartbeat reports what
-        this did not."""
+        this did not. ``silent``: the agent did not answer a new connection
+        either (see :meth:`Lifecycle.check`)."""
         self._unreachable.add(sandbox_id)
         task = self._suspects.get(sandbox_id)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._report_suspect(sandbox_id))
+            report = self._report_suspect(sandbox_id, silent)
+            task = asyncio.get_running_loop().create_task(report)
             self._suspects[sandbox_id] = task
             task.add_done_callback(functools.partial(self._reported, sandbox_id))
         try:
@@ -343,10 +349,10 @@ class NodeServer:
         except Exception as exc:
             log.warning("sandbox %s: reporting its silent agent failed: %s", sandbox_id, exc)
 
-    async def _report_suspect(self, sandbox_id: str) -> None:
+    async def _report_suspect(self, sandbox_id: str, silent: bool) -> None:
         r = await self.client.post(
             self.control_url + internal.SUSPECTS,
-            json={"sandboxes": [sandbox_id]},
+            json={"sandboxes": [sandbox_id], "silent": [sandbox_id] if silent else []},
             headers={"Authorization": f"Bearer {self.credential}"},
         )
         r.raise_for_status()

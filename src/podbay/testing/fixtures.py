@@ -28,7 +28,7 @@ import shutil
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
 
@@ -64,8 +64,13 @@ def require_host() -> None:
     ``./run test`` (``PODBAY_TEST_REQUIRE_SANDBOXES=1``, as CI runs it) fail
     instead, because a suite that quietly skipped its real sandboxes proves nothing."""
     problem = host_problem()
-    if problem is None:
-        return
+    if problem is not None:
+        host_cannot(problem)
+
+
+def host_cannot(problem: str) -> NoReturn:
+    """Skip the test because this host lacks what it needs (``problem`` says
+    what); under ``PODBAY_TEST_REQUIRE_SANDBOXES=1`` fail it instead."""
     if os.environ.get("PODBAY_TEST_REQUIRE_SANDBOXES") == "1":
         pytest.fail(f"this host cannot run sandboxes: {problem}")
     pytest.skip(problem)
@@ -192,10 +197,7 @@ def settings_for(
     """
     require_host()
     if shutil.which(oci_runtime) is None:
-        message = f"needs {oci_runtime} (apt-get install {oci_runtime})"
-        if os.environ.get("PODBAY_TEST_REQUIRE_SANDBOXES") == "1":
-            pytest.fail(f"this host cannot run sandboxes: {message}")
-        pytest.skip(message)
+        host_cannot(f"needs {oci_runtime} (apt-get install {oci_runtime})")
     sweep_dead_sessions()
     settings = sandbox_settings(
         tmp_path_factory.mktemp(f"podbay-data-{oci_runtime}"), oci_runtime=oci_runtime, **runtime

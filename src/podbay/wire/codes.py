@@ -80,6 +80,14 @@ class ErrorCode(StrEnum):
     SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
     CREDENTIAL_WRONG_SANDBOX = "CREDENTIAL_WRONG_SANDBOX"
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
+    #: The agent did not start its answer in time (``server.agent_answer_seconds``,
+    #: after the exec's own timeout for an exec): the machine is checked, and
+    #: stopped when its agent stays silent, so the next attach restarts it.
+    AGENT_TIMEOUT = "AGENT_TIMEOUT"
+    #: The sandbox has as many requests under way and waiting as the gateway
+    #: holds for one sandbox (``server.sandbox_requests``, ``sandbox_queue``):
+    #: sent with ``Retry-After``.
+    SANDBOX_BUSY = "SANDBOX_BUSY"
     #: Nothing inside the sandbox accepts connections on the port asked for.
     PORT_UNREACHABLE = "PORT_UNREACHABLE"
 
@@ -150,6 +158,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_NOT_RUNNING: 401,
     ErrorCode.CREDENTIAL_WRONG_SANDBOX: 403,
     ErrorCode.AGENT_UNREACHABLE: 502,
+    ErrorCode.AGENT_TIMEOUT: 504,
+    ErrorCode.SANDBOX_BUSY: 429,
     ErrorCode.PORT_UNREACHABLE: 502,
     ErrorCode.COMMAND_START_FAILED: 400,
     ErrorCode.PROCESS_LIMIT_REACHED: 429,

@@ -139,6 +139,8 @@ _CREDENTIAL = [
     C.CREDENTIAL_WRONG_SANDBOX,
     C.AGENT_UNREACHABLE,
     C.SANDBOXES_UNAVAILABLE,  # a restarted server still taking back its sandboxes
+    C.AGENT_TIMEOUT,
+    C.SANDBOX_BUSY,
     *_ANY,
 ]
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from agent_harness import Agent
 
+from podbay.testing.fixtures import host_cannot
+
 
 def _mount(target: Path, options: str) -> bool:
     target.mkdir(parents=True, exist_ok=True)
@@ -27,7 +29,7 @@ def _mount(target: Path, options: str) -> bool:
 def small_fs(workspace: Path) -> Iterator[Path]:
     target = workspace / "small"
     if not _mount(target, "size=256k"):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+        host_cannot("cannot mount a tmpfs here (needs root)")
     yield target
     subprocess.run(["umount", "-l", str(target)], check=False)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from agent_harness import Agent, start_agent
 
+from podbay.testing.fixtures import host_cannot
+
 
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None:
@@ -22,11 +24,10 @@ def _can_unshare() -> bool:
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _can_unshare(), reason="needs unshare --pid (root)")
-
-
 @pytest.fixture
 def init_agent(tmp_path: Path, staged: Path) -> Iterator[Agent]:
+    if not _can_unshare():
+        host_cannot("needs unshare --pid (root)")
     wrapper = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM")
     running = start_agent(tmp_path, staged, wrapper)
     yield running

@@ -15,8 +15,10 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from podbay.client import SandboxClient
 from podbay.testing.platform import PlatformServer, free_port
@@ -171,8 +173,9 @@ def test_stdio_lists_tools_and_runs_a_command(
     assert live == ["first\n", "second\n"]
 
 
-def test_streamable_http(server: PlatformServer, token: str, name: str) -> None:
+def test_streamable_http_needs_its_secret(server: PlatformServer, token: str, name: str) -> None:
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PODBAY_MCP_SECRET"}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -184,22 +187,42 @@ def test_streamable_http(server: PlatformServer, token: str, name: str) -> None:
             "--port",
             str(port),
         ],
-        env={**os.environ, "ASTRO_AUTHZ_TOKEN": token},
+        env={**env, "ASTRO_AUTHZ_TOKEN": token},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    url = f"http://127.0.0.1:{port}/mcp"
     try:
+        assert process.stderr is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=2)
+                refused = httpx.post(url, json={}, timeout=2)
                 break
             except httpx.TransportError:
-                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert process.poll() is None, process.stderr.read()
                 time.sleep(0.1)
+        assert refused.status_code == 401 and refused.json()["code"] == "CREDENTIAL_INVALID"
+        # The secret was printed once, before the server listened.
+        line = process.stderr.readline().decode()
+        secret = line.split("Bearer ", 1)[1].split("'", 1)[0]
+        wrong = httpx.post(url, json={}, headers={"Authorization": f"Bearer {secret}x"})
+        assert wrong.status_code == 401
+
+        async def without() -> None:
+            async with Client(url) as client:
+                await client.list_tools()
+
+        with pytest.raises(Exception) as refusal:  # the mcp client's own error for a 401
+            anyio.run(without)
+        assert "Server returned an error response" in repr(refusal.value), refusal
 
         async def main() -> None:
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            headers = {"Authorization": f"Bearer {secret}"}
+            async with (
+                httpx2.AsyncClient(headers=headers) as http,
+                Client(streamable_http_client(url, http_client=http)) as client,
+            ):
                 await exercise(client, name)
 
         anyio.run(main)

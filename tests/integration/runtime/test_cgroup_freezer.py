@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from podbay.runtime.oci.cgroups import ROOT, Cgroups
+from podbay.testing.fixtures import host_cannot
 
 pytestmark = pytest.mark.root
 
@@ -35,10 +36,10 @@ def ticks(pid: int) -> int:
 @pytest.mark.parametrize("version", [1, 2])
 def test_freeze_and_thaw_a_busy_process(version: int) -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root")
+        host_cannot("needs root")
     root = v2_root() if version == 2 else (ROOT if (ROOT / "freezer").is_dir() else None)
     if root is None:
-        pytest.skip(f"no cgroup v{version} freezer on this host")
+        host_cannot(f"no cgroup v{version} freezer on this host")
     groups = Cgroups(root)
     assert groups.version == version
     path = f"/podbay-test-{uuid.uuid4().hex[:8]}"

@@ -100,5 +100,5 @@ def test_hostile_frames_from_the_agent_end_the_terminal(frames: bytes) -> None:
         return await terminal._agent_to_client(reader, send), sent  # type: ignore[arg-type]
 
     finished, sent = asyncio.run(main())
-    assert finished is False
+    assert finished is terminal._End.AGENT_BROKE_OFF
     assert all(m.get("text") is None for m in sent)  # no exit was made up

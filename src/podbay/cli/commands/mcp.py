@@ -3,6 +3,9 @@
     podbay mcp                                # stdio (what MCP hosts launch)
     podbay mcp --transport http --port 8765   # streamable HTTP, http://127.0.0.1:8765/mcp
 
+Over HTTP every request must carry ``Authorization: Bearer <secret>``: the
+secret is ``$PODBAY_MCP_SECRET``, or one generated and printed once to stderr.
+
 Needs the ``mcp`` extra: ``pip install 'podbay[mcp]'``.
 """
 
@@ -19,7 +22,7 @@ import click
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="HTTP only. Whoever reaches it uses your token's sandboxes.",
+    help="HTTP only. Whoever reaches it with its secret uses your token's sandboxes.",
 )
 @click.option("--port", type=int, default=8765, show_default=True, help="HTTP only.")
 @click.option("--path", default="/mcp", show_default=True, help="HTTP only.")

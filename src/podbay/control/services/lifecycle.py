@@ -202,11 +202,13 @@ class Lifecycle:
             await asyncio.gather(*self._moves.values(), return_exceptions=True)
 
     # -- a machine that stopped answering -------------------------------------------
-    async def check(self, sandbox_id: str) -> None:
+    async def check(self, sandbox_id: str, *, silent: bool = False) -> None:
         """Ask the driver about a running sandbox whose agent did not answer, and
         record what it sees: a dead machine becomes ``stopped`` (its files kept),
         so the next attach starts it again (``carried_over``) instead of handing
-        out a route to nothing."""
+        out a route to nothing. ``silent``: the gateway found the agent alive
+        but not answering (stopped or traced by guest root; a hung machine), so
+        a running machine is stopped all the same."""
         rows = [
             r for r in await self.store.list_sandboxes(states=[S.RUNNING]) if r.id == sandbox_id
         ]
@@ -217,7 +219,7 @@ class Lifecycle:
             if row is None or row.id != sandbox_id or row.state is not S.RUNNING:
                 return
             seen = await self.transitions.node(row).state(row.class_, row.machine_id)
-            if seen is M.RUNNING:
+            if seen is M.RUNNING and not silent:
                 return
             log.warning("sandbox %s: agent unreachable, machine %s", row.id, seen)
             if seen is M.ABSENT:
