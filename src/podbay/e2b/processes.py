@@ -168,9 +168,10 @@ async def _follow(
                 )
                 break
         yield connect.end_of_stream()
-        with contextlib.suppress(connect.ConnectError):
-            await call(service, attached, "DELETE", process_path(process_id))
-        registry.forget(sandbox_id, process_id)
+        if meta is None or meta.followers == 1:  # the last to follow it forgets it
+            with contextlib.suppress(connect.ConnectError):
+                await call(service, attached, "DELETE", process_path(process_id))
+            registry.forget(sandbox_id, process_id)
     except connect.ConnectError as exc:
         yield connect.end_of_stream(exc)
     finally:

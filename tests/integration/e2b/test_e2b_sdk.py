@@ -384,3 +384,16 @@ def test_tags_and_bad_messages_over_raw_connect(server: PlatformServer, key: str
             assert answer.status_code == connect.STATUS[code]
     finally:
         sandbox.kill()
+
+
+def test_two_followers_both_get_the_end(server: PlatformServer, key: str) -> None:
+    sandbox = e2b.Sandbox.create(**_opts(server, key))
+    try:
+        first = sandbox.commands.run("read x; echo got:$x", background=True, stdin=True)
+        second = sandbox.commands.connect(first.pid)
+        sandbox.commands.send_stdin(first.pid, "go\n")
+        assert first.wait().stdout == "got:go\n"
+        assert second.wait().exit_code == 0
+        assert first.pid not in [p.pid for p in sandbox.commands.list()]
+    finally:
+        sandbox.kill()
