@@ -11,13 +11,13 @@ from starlette.applications import Starlette
 
 from podbay.asgi import Receive, Scope, Send
 
-from . import control, envd
+from . import control, envd, relay
 from .service import E2BService
 
 if TYPE_CHECKING:
     from podbay.control.app import Platform
 
-_SANDBOX_HEADER = envd.SANDBOX_ID_HEADER.encode()
+_SANDBOX_HEADER = relay.SANDBOX_ID_HEADER.encode()
 
 
 class E2BApps:

@@ -26,6 +26,8 @@ STATUS = {
     "invalid_argument": 400,
     "deadline_exceeded": 504,
     "not_found": 404,
+    "already_exists": 409,
+    "failed_precondition": 400,
     "permission_denied": 403,
     "resource_exhausted": 429,
     "unimplemented": 501,

@@ -3,99 +3,54 @@ daemon in an E2B sandbox, answered by relaying to the sandbox's agent through
 podbay's data plane (its gateway, over HTTP with a minted credential, as any
 podbay client reaches it).
 
-Served: ``GET /health``; ``process.Process/Start`` (a server stream: start,
-output as it is written, end with the exit code), on the agent's streamed
-exec; ``GET /files`` (download) and ``POST /files`` (multipart or
-octet-stream upload) on the agent's native files API. Every other RPC answers
-Connect's ``unimplemented`` with a message naming it.
+Served: ``GET /health``; the process service on the agent's spawned
+processes (``podbay.e2b.processes``: Start, Connect, List, SendInput,
+StreamInput, CloseStdin, SendSignal); the filesystem service's Stat,
+ListDir, MakeDir, Move and Remove (``podbay.e2b.filesystem``); ``GET /files``
+(download) and ``POST /files`` (multipart or octet-stream upload) on the
+agent's native files API. Every other RPC (PTY's Update, the watchers)
+answers Connect's ``unimplemented`` with a message naming it.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import itertools
 import json
 import posixpath
-from collections.abc import AsyncIterator
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
-from podbay.control.services.sandboxes import Attached
 from podbay.errors import ApiError
 from podbay.wire.paths import (
-    CREDENTIAL_HEADER,
     DIGEST_HEADER,
-    EXEC,
-    EXEC_STREAM_CONTENT_TYPE,
     FILES,
 )
 
-from . import connect
+from . import connect, filesystem, processes
 from .errors import E2BError, error_response
+from .relay import (
+    ACCESS_TOKEN_HEADER,
+    SANDBOX_ID_HEADER,
+    headers,
+    reach,
+    service_of,
+    stream_error,
+)
 from .service import E2BService
 
-SANDBOX_ID_HEADER = "e2b-sandbox-id"
-ACCESS_TOKEN_HEADER = "x-access-token"
 #: Uploads are buffered whole here (multipart is parsed in memory).
 MAX_UPLOAD = 256 * 1024 * 1024
-#: A podbay refusal's HTTP status → Connect's code.
-_CODES = {
-    400: "invalid_argument",
-    401: "unauthenticated",
-    403: "permission_denied",
-    404: "not_found",
-    409: "failed_precondition",
-    429: "resource_exhausted",
-}
-_pids = itertools.count(1)
-
-
-def _service(request: Request) -> E2BService:
-    service: E2BService = request.app.state.e2b
-    return service
-
-
-async def _reach(request: Request) -> tuple[Attached, dict[str, str]]:
-    """The sandbox's data plane and the env vars it was created with."""
-    service = _service(request)
-    sandbox_id = request.headers.get(SANDBOX_ID_HEADER, "")
-    deployment, row = await service.authorize(
-        sandbox_id,
-        request.headers.get(ACCESS_TOKEN_HEADER),
-        request.headers.get("x-api-key"),
-    )
-    return await service.reach(deployment, sandbox_id), row.env_vars
-
-
-def _user(request: Request) -> str | None:
-    """envd's user: ``Authorization: Basic base64("<user>:")``; absent: the default."""
-    value = request.headers.get("authorization", "")
-    scheme, _, encoded = value.partition(" ")
-    if scheme.lower() != "basic" or not encoded:
-        return None
-    try:
-        name = base64.b64decode(encoded, validate=True).decode().partition(":")[0]
-    except (binascii.Error, UnicodeDecodeError):
-        raise E2BError(400, "REQUEST_INVALID", "the Authorization header is not Basic") from None
-    return name or None
-
-
-def _headers(attached: Attached) -> dict[str, str]:
-    return {CREDENTIAL_HEADER: attached.credential}
 
 
 async def health(request: Request) -> Response:
     """204 while the sandbox exists (killed or timed out: 502 "was not found")."""
-    await _service(request).authorize(
+    await service_of(request).authorize(
         request.headers.get(SANDBOX_ID_HEADER, ""),
         request.headers.get(ACCESS_TOKEN_HEADER),
         request.headers.get("x-api-key"),
@@ -103,118 +58,12 @@ async def health(request: Request) -> Response:
     return Response(status_code=204)
 
 
-# -- process.Process/Start ------------------------------------------------------------
-def _exec_body(
-    message: dict[str, Any], env_vars: dict[str, str], request: Request
-) -> dict[str, Any]:
-    process = message.get("process")
-    if not isinstance(process, dict) or not isinstance(process.get("cmd"), str):
-        raise connect.ConnectError("invalid_argument", "process.cmd is required")
-    args = process.get("args") or []
-    envs = process.get("envs") or {}
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise connect.ConnectError("invalid_argument", "process.args must be strings")
-    if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
-        raise connect.ConnectError("invalid_argument", "process.envs must be strings")
-    if message.get("pty"):
-        raise connect.ConnectError("unimplemented", "PTY commands are not implemented yet")
-    body: dict[str, Any] = {
-        "command": [process["cmd"], *args],
-        "env": {**env_vars, **envs},
-        "output_encoding": "base64",
-    }
-    if isinstance(process.get("cwd"), str) and process["cwd"]:
-        body["cwd"] = process["cwd"]
-    user = _user(request)
-    if user is not None:
-        body["user"] = user
-    deadline = connect.timeout_ms(request.headers.get("connect-timeout-ms"))
-    if deadline is not None:
-        body["timeout_ms"] = deadline
-    return body
-
-
-def _event(event: dict[str, Any]) -> bytes:
-    return connect.envelope({"event": event})
-
-
-async def _run(
-    service: E2BService, attached: Attached, body: dict[str, Any]
-) -> AsyncIterator[bytes]:
-    yield _event({"start": {"pid": next(_pids)}})
-    try:
-        async with service.http.stream(
-            "POST",
-            attached.endpoint + EXEC,
-            json=body,
-            headers={**_headers(attached), "Accept": EXEC_STREAM_CONTENT_TYPE},
-        ) as answer:
-            if answer.status_code != 200:
-                raise _refusal(answer.status_code, await answer.aread())
-            result: dict[str, Any] | None = None
-            async for line in answer.aiter_lines():
-                if not line.strip():
-                    continue
-                item = json.loads(line)
-                for stream in ("stdout", "stderr"):
-                    if item.get(stream):
-                        yield _event({"data": {stream: item[stream]}})
-                if isinstance(item.get("result"), dict):
-                    result = item["result"]
-            if result is None:
-                raise connect.ConnectError("unavailable", "the command's stream ended early")
-            for stream in ("stdout", "stderr"):
-                if result.get(stream):
-                    yield _event({"data": {stream: result[stream]}})
-            if result.get("timed_out"):
-                raise connect.ConnectError("deadline_exceeded", "the command ran past its timeout")
-            code = int(result["exit_code"])
-            yield _event(
-                {"end": {"exitCode": code, "exited": True, "status": f"exit status {code}"}}
-            )
-        yield connect.end_of_stream()
-    except connect.ConnectError as exc:
-        yield connect.end_of_stream(exc)
-    except httpx.HTTPError as exc:
-        yield connect.end_of_stream(
-            connect.ConnectError("unavailable", f"the sandbox's data plane failed: {exc}")
-        )
-
-
-def _refusal(status: int, raw: bytes) -> connect.ConnectError:
-    try:
-        message = str(json.loads(raw).get("error"))
-    except (ValueError, AttributeError):
-        message = raw.decode(errors="replace")[:500]
-    return connect.ConnectError(_CODES.get(status, "unavailable"), message)
-
-
-async def start(request: Request) -> Response:
-    # Refusals before the stream (credentials, no such sandbox) are plain HTTP
-    # answers, as E2B's proxy in front of envd gives them.
-    attached, env_vars = await _reach(request)
-    try:
-        message = connect.parse_request(
-            await request.body(), request.headers.get("content-type", "")
-        )
-        body = _exec_body(message, env_vars, request)
-    except connect.ConnectError as exc:
-        return _stream_error(exc)
-    return StreamingResponse(
-        _run(_service(request), attached, body), media_type=connect.STREAM_JSON
-    )
-
-
-def _stream_error(exc: connect.ConnectError) -> Response:
-    return Response(connect.end_of_stream(exc), 200, media_type=connect.STREAM_JSON)
-
-
 async def unimplemented_rpc(request: Request) -> Response:
     error = connect.ConnectError(
         "unimplemented", f"{request.url.path.strip('/')} is not implemented by podbay yet"
     )
     if request.headers.get("content-type", "").startswith(connect.STREAM_JSON):
-        return _stream_error(error)
+        return stream_error(error)
     return Response(
         json.dumps(error.json()), connect.STATUS[error.code], media_type=connect.UNARY_JSON
     )
@@ -233,17 +82,17 @@ async def download(request: Request) -> Response:
     path = request.query_params.get("path")
     if not path:
         raise E2BError(400, "REQUEST_INVALID", "path is required")
-    attached, _ = await _reach(request)
-    service = _service(request)
+    attached, _ = await reach(request)
+    service = service_of(request)
     answer = await service.http.get(
-        attached.endpoint + FILES, params=_file_params(request, path), headers=_headers(attached)
+        attached.endpoint + FILES, params=_file_params(request, path), headers=headers(attached)
     )
     if answer.status_code != 200:
-        return _files_refusal(answer)
+        return _filesrefusal(answer)
     return Response(answer.content, media_type="application/octet-stream")
 
 
-def _files_refusal(answer: httpx.Response) -> Response:
+def _filesrefusal(answer: httpx.Response) -> Response:
     try:
         body = answer.json()
         message, code = str(body.get("error")), str(body.get("code"))
@@ -282,18 +131,18 @@ async def upload(request: Request) -> Response:
     if len(raw) > MAX_UPLOAD:
         raise E2BError(413, "REQUEST_TOO_LARGE", f"uploads are at most {MAX_UPLOAD} bytes")
     files = _parts(request.headers.get("content-type", ""), raw, request.query_params.get("path"))
-    attached, _ = await _reach(request)
-    service = _service(request)
+    attached, _ = await reach(request)
+    service = service_of(request)
     written = []
     for path, data in files:
         answer = await service.http.put(
             attached.endpoint + FILES,
             params=_file_params(request, path),
             content=data,
-            headers={**_headers(attached), DIGEST_HEADER: hashlib.sha256(data).hexdigest()},
+            headers={**headers(attached), DIGEST_HEADER: hashlib.sha256(data).hexdigest()},
         )
         if answer.status_code != 200:
-            return _files_refusal(answer)
+            return _filesrefusal(answer)
         written.append({"name": posixpath.basename(path), "type": "file", "path": path})
     return Response(json.dumps(written), media_type="application/json")
 
@@ -306,8 +155,19 @@ async def not_served(request: Request) -> Response:
 
 routes = [
     Route("/health", health, methods=["GET"]),
-    Route("/process.Process/Start", start, methods=["POST"]),
+    Route("/process.Process/Start", processes.start, methods=["POST"]),
+    Route("/process.Process/Connect", processes.connect_rpc, methods=["POST"]),
+    Route("/process.Process/List", processes.list_rpc, methods=["POST"]),
+    Route("/process.Process/SendSignal", processes.send_signal, methods=["POST"]),
+    Route("/process.Process/SendInput", processes.send_input, methods=["POST"]),
+    Route("/process.Process/StreamInput", processes.stream_input, methods=["POST"]),
+    Route("/process.Process/CloseStdin", processes.close_stdin, methods=["POST"]),
     Route("/process.Process/{method}", unimplemented_rpc, methods=["POST"]),
+    Route("/filesystem.Filesystem/Stat", filesystem.stat_rpc, methods=["POST"]),
+    Route("/filesystem.Filesystem/ListDir", filesystem.list_dir, methods=["POST"]),
+    Route("/filesystem.Filesystem/MakeDir", filesystem.make_dir, methods=["POST"]),
+    Route("/filesystem.Filesystem/Move", filesystem.move, methods=["POST"]),
+    Route("/filesystem.Filesystem/Remove", filesystem.remove, methods=["POST"]),
     Route("/filesystem.Filesystem/{method}", unimplemented_rpc, methods=["POST"]),
     Route("/files", download, methods=["GET"]),
     Route("/files", upload, methods=["POST"]),
@@ -332,4 +192,6 @@ def build(service: E2BService) -> Starlette:
     handlers = {E2BError: on_e2b_error, ApiError: on_api_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.e2b = service
+    app.state.processes = registry = processes.Registry()
+    service.closers.append(registry.close)
     return app

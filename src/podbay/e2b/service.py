@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, cast
 import httpx
 
 from podbay.control.services.environment import Building
+from podbay.control.services.options import check_env, check_labels
 from podbay.control.services.sandboxes import Attached, SandboxService
-from podbay.domain import Deployment
+from podbay.domain import Deployment, SandboxOptions
+from podbay.domain.options import NO_OPTIONS
 from podbay.errors import ApiError
 from podbay.store.e2b import E2BSandbox, E2BStore
 from podbay.wire.codes import ErrorCode
@@ -69,6 +71,8 @@ class E2BService:
         self.clock = clock
         self._secret: str | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: Called on close: the sandbox API's own state (its processes' timers).
+        self.closers: list[Callable[[], None]] = []
         #: The data plane is reached over HTTP, as any client reaches it: in a
         #: cluster the endpoint is the sandbox's node, never this process.
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -150,20 +154,24 @@ class E2BService:
             started_at=now,
             end_at=now + timedelta(seconds=timeout_seconds),
         )
+        options = create_options(metadata, env_vars)  # refuses bad env names first
         await self.rows.add_e2b_sandbox(row)
         try:
-            await self.attach(deployment, sandbox_id)
+            await self.attach(deployment, sandbox_id, options)
         except BaseException:
             await self.rows.delete_e2b_sandbox(sandbox_id)
             raise
         self.start_sweeper()
         return row
 
-    async def attach(self, deployment: Deployment, sandbox_id: str) -> Attached:
+    async def attach(
+        self, deployment: Deployment, sandbox_id: str, options: SandboxOptions = NO_OPTIONS
+    ) -> Attached:
         """Create, resume or reuse the podbay sandbox, waiting out an environment
-        build (E2B's create answers once the sandbox runs)."""
+        build (E2B's create answers once the sandbox runs). Only the create
+        names ``options``: a later attach naming none reaches it as it is."""
         while True:
-            result = await self.sandboxes.attach(deployment, sandbox_id, "default")
+            result = await self.sandboxes.attach(deployment, sandbox_id, "default", options)
             if not isinstance(result, Building):
                 return result
             if result.done is not None:
@@ -216,11 +224,26 @@ class E2BService:
             await self.kill(deployment, row.sandbox_id)
 
     async def close(self) -> None:
+        for closer in self.closers:
+            closer()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(BaseException):
                 await self._sweeper
         await self.http.aclose()
+
+
+def create_options(metadata: dict[str, str], env_vars: dict[str, str]) -> SandboxOptions:
+    """E2B's ``envVars`` are podbay's create-time ``env`` (so podbay's own API
+    runs with them too); its ``metadata`` are the sandbox's labels when every
+    pair can be one (E2B's metadata is free-form; then it stays E2B's only)."""
+    check_env(env_vars)
+    try:
+        check_labels(metadata)
+        labels = metadata
+    except ApiError:
+        labels = {}
+    return SandboxOptions(labels=labels, env=env_vars)
 
 
 def sandbox_not_found(sandbox_id: str) -> E2BError:
