@@ -12,9 +12,10 @@ the random token the kernel wrote to ``TOKEN_FILE``, mode 0600, so another
 user's process in the sandbox cannot run code as the kernel's user):
 
 - ``GET /health`` -> ``{"protocol", "kernel_id", "pid", "execution_count"}``
-- ``POST /run`` ``{"code", "timeout_ms"}`` -> ``{"stdout", "stderr", "results",
+- ``POST /run`` ``{"code", "timeout_ms", "env"}`` -> ``{"stdout", "stderr", "results",
   "error", "execution_count", "kernel_id", "timed_out"}``; one cell at a time
-  (a second waits), run in the main thread so SIGINT can interrupt it.
+  (a second waits), run in the main thread so SIGINT can interrupt it;
+  ``env`` (optional) is set in ``os.environ`` for this cell only.
 - ``POST /interrupt`` -> ``{"interrupted": bool}``: KeyboardInterrupt in the
   running cell; the interpreter and its state stay.
 
@@ -178,7 +179,7 @@ class Kernel:
         while True:
             job = self.jobs.get()
             try:
-                job["result"] = self.execute(job["code"], job["timeout_ms"])
+                job["result"] = self.execute(job["code"], job["timeout_ms"], job.get("env"))
             except KeyboardInterrupt:  # landed after the cell ended: it is done anyway
                 job["result"] = job.get("result") or self.interrupted_late()
             job["done"].set()
@@ -194,8 +195,12 @@ class Kernel:
             "timed_out": self.timed_out,
         }
 
-    def execute(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
+    def execute(
+        self, code: str, timeout_ms: int | None, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         self.count += 1
+        saved_env = {key: os.environ.get(key) for key in env or {}}
+        os.environ.update(env or {})
         filename = f"<cell-{self.count}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         stdout, stderr = Capture(), Capture()
@@ -229,6 +234,11 @@ class Kernel:
             if timer is not None:
                 timer.cancel()
             sys.stdout, sys.stderr = saved
+            for key, old in saved_env.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
         results = []
         if value is not None:
             self.namespace["_"] = value
@@ -269,11 +279,14 @@ class Kernel:
             signal.pthread_kill(self.main, signal.SIGINT)
             return True
 
-    def run(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
+    def run(
+        self, code: str, timeout_ms: int | None, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         with self.one_at_a_time:
             job: dict[str, Any] = {
                 "code": code,
                 "timeout_ms": timeout_ms,
+                "env": env,
                 "done": threading.Event(),
             }
             self.jobs.put(job)
@@ -347,18 +360,25 @@ def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/run":
                 code, timeout_ms = payload.get("code"), payload.get("timeout_ms")
-                if not isinstance(code, str) or not (
-                    timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0)
+                env = payload.get("env")
+                env_ok = env is None or (
+                    isinstance(env, dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+                )
+                if (
+                    not isinstance(code, str)
+                    or not env_ok
+                    or not (timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0))
                 ):
                     self.answer(
                         400,
                         {
                             "code": "REQUEST_INVALID",
-                            "message": "code must be a string, timeout_ms > 0",
+                            "message": "code must be a string, timeout_ms > 0, env strings",
                         },
                     )
                     return
-                self.answer(200, kernel.run(code, timeout_ms))
+                self.answer(200, kernel.run(code, timeout_ms, env))
             elif self.path == "/interrupt":
                 self.answer(200, {"interrupted": kernel.interrupt()})
             else:

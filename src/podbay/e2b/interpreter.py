@@ -1,0 +1,442 @@
+"""The code interpreter's API: what ``e2b-code-interpreter`` asks of port 49999
+(``E2b-Sandbox-Port: 49999``), answered by podbay's own interpreter kernel
+(``podbay/client/_kernel.py``) running inside the sandbox.
+
+- ``POST /execute`` ``{"code", "context_id", "language", "env_vars"}``: a
+  stream of JSON lines (``stdout``, ``stderr``, ``result``, ``error``,
+  ``number_of_executions``, ``end_of_execution``).
+- ``POST /contexts`` ``{"cwd", "language"}``, ``GET /contexts``,
+  ``POST /contexts/{id}/restart``, ``DELETE /contexts/{id}``.
+
+A context is one kernel process. The default python context is the kernel
+that podbay's own ``run_code`` uses (port 49999, the same token file), so
+both APIs share its variables; every created context gets its own kernel on
+its own loopback port, started in its ``cwd``. The contexts live in a file
+inside the sandbox (``CONTEXTS_FILE``), so any server replica, and a server
+restarted, finds them. Python only: a cell's output arrives when it ends
+(the kernel answers a cell at once), each stream as one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from podbay.client import _interpreter
+from podbay.control.services.sandboxes import Attached
+from podbay.errors import ApiError
+from podbay.wire.paths import CREDENTIAL_HEADER, DIGEST_HEADER, EXEC, FILES, PORTS, PROCESSES
+
+from . import envd
+from .errors import E2BError
+from .service import E2BService
+
+#: The port ``e2b-code-interpreter`` sends to (``E2b-Sandbox-Port``).
+PORT = _interpreter.KERNEL_PORT
+PORT_HEADER = "e2b-sandbox-port"
+#: The SDK sends the access token on ``/execute`` only; the context calls carry
+#: this one, which the control API hands out as ``trafficAccessToken``.
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
+CONTEXTS_FILE = f"{_interpreter.KERNEL_DIR}/e2b-contexts.json"
+DEFAULT_ID = "python"
+#: Created contexts' kernels listen on loopback ports from here up.
+FIRST_CONTEXT_PORT = 50000
+MAX_CONTEXTS = 64
+MAX_CODE = 8 * 1024 * 1024
+LANGUAGES = ("python",)
+#: The kernel's MIME types → the fields of E2B's ``Result``.
+_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+class Plane:
+    """One sandbox's data plane, as the interpreter needs it."""
+
+    def __init__(self, http: httpx.AsyncClient, attached: Attached) -> None:
+        self.http = http
+        self.base = attached.endpoint.rstrip("/")
+        self.headers = {CREDENTIAL_HEADER: attached.credential}
+
+    async def exec(self, argv: list[str]) -> int:
+        answer = await self.http.post(
+            self.base + EXEC, json={"command": argv}, headers=self.headers
+        )
+        if answer.status_code != 200:
+            raise _refused(answer, f"{argv[0]} in the sandbox")
+        code: int = answer.json()["exit_code"]
+        return code
+
+    async def read(self, path: str) -> bytes | None:
+        answer = await self.http.get(self.base + FILES, params={"path": path}, headers=self.headers)
+        return answer.content if answer.status_code == 200 else None
+
+    async def write(self, path: str, data: bytes) -> None:
+        answer = await self.http.put(
+            self.base + FILES,
+            params={"path": path},
+            content=data,
+            headers={**self.headers, DIGEST_HEADER: hashlib.sha256(data).hexdigest()},
+        )
+        if answer.status_code != 200:
+            raise _unavailable(f"writing {path} in the sandbox failed: {answer.text[:500]}")
+
+    async def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str]) -> None:
+        body: dict[str, Any] = {"command": argv, "env": env}
+        if cwd:
+            body["cwd"] = cwd
+        answer = await self.http.post(self.base + PROCESSES, json=body, headers=self.headers)
+        if answer.status_code not in (200, 201):
+            raise _refused(answer, "starting the interpreter")
+
+    def port_url(self, port: int, path: str) -> str:
+        return f"{self.base}{PORTS}/{port}/{path.lstrip('/')}"
+
+
+def _unavailable(message: str) -> E2BError:
+    return E2BError(503, "INTERPRETER_UNAVAILABLE", message)
+
+
+def _refused(answer: httpx.Response, what: str) -> E2BError:
+    try:
+        body = answer.json()
+        message, code = str(body.get("error")), str(body.get("code"))
+    except (ValueError, AttributeError):
+        message, code = answer.text[:500], "INTERPRETER_UNAVAILABLE"
+    status = answer.status_code if 400 <= answer.status_code < 500 else 503
+    return E2BError(status, code, f"{what}: {message}")
+
+
+class Kernel:
+    """One context's kernel: found by its token file, started when none answers."""
+
+    def __init__(self, plane: Plane, context: dict[str, Any], env: dict[str, str]) -> None:
+        self.plane = plane
+        self.context = context
+        self.env = env
+        self.port = int(context["port"])
+        self.token_file = (
+            _interpreter.TOKEN_FILE
+            if context["id"] == DEFAULT_ID
+            else f"{_interpreter.KERNEL_DIR}/token-{context['id']}"
+        )
+
+    async def health(self) -> tuple[str, dict[str, Any]] | None:
+        raw = await self.plane.read(self.token_file)
+        token = raw.decode(errors="replace").strip() if raw else ""
+        if not token:
+            return None
+        try:
+            answer = await self.plane.http.get(
+                self.plane.port_url(self.port, "/health"),
+                headers={**self.plane.headers, _interpreter.TOKEN_HEADER: token},
+            )
+        except httpx.TransportError:
+            return None
+        return (token, answer.json()) if answer.status_code == 200 else None
+
+    async def token(self) -> str:
+        found = await self.health()
+        if found is not None:
+            return found[0]
+        source = _interpreter.kernel_source()
+        path = _interpreter.kernel_path(source)
+        if await self.plane.exec(["mkdir", "-p", "-m", "700", _interpreter.KERNEL_DIR]):
+            raise _unavailable(f"could not make {_interpreter.KERNEL_DIR} in the sandbox")
+        await self.plane.write(path, source)
+        argv = ["python3", "-u", path, str(self.port), self.token_file]
+        cwd = None if self.context["id"] == DEFAULT_ID else self.context["cwd"]
+        await self.plane.spawn(argv, cwd, self.env)
+        deadline = time.monotonic() + _interpreter.START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            found = await self.health()
+            if found is not None:
+                return found[0]
+            await asyncio.sleep(0.02)
+        raise _unavailable(
+            f"the interpreter did not start in {_interpreter.START_TIMEOUT_SECONDS:g} s"
+        )
+
+    async def kill(self) -> None:
+        found = await self.health()
+        if found is not None:
+            await self.plane.exec(["kill", "-KILL", str(int(found[1]["pid"]))])
+            await self.plane.exec(["rm", "-f", self.token_file])
+
+    async def run(self, token: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.plane.http.post(
+            self.plane.port_url(self.port, "/run"),
+            json=body,
+            headers={**self.plane.headers, _interpreter.TOKEN_HEADER: token},
+            timeout=None,
+        )
+
+
+# -- the sandbox and its contexts ------------------------------------------------------
+class Registry:
+    """The contexts of the sandboxes this process serves; the list itself lives in
+    the sandbox, a lock per sandbox keeps this process's changes in order."""
+
+    def __init__(self, service: E2BService) -> None:
+        self.service = service
+        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def reach(self, request: Request) -> tuple[str, Plane, dict[str, str]]:
+        sandbox_id = request.headers.get(envd.SANDBOX_ID_HEADER, "")
+        deployment, row = await self.service.authorize(
+            sandbox_id,
+            request.headers.get(envd.ACCESS_TOKEN_HEADER)
+            or request.headers.get(TRAFFIC_TOKEN_HEADER),
+            request.headers.get("x-api-key"),
+        )
+        attached = await self.service.reach(deployment, sandbox_id)
+        return sandbox_id, Plane(self.service.http, attached), row.env_vars
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"id": DEFAULT_ID, "language": "python", "cwd": "/workspace", "port": PORT}
+
+    async def contexts(self, plane: Plane) -> dict[str, dict[str, Any]]:
+        raw = await plane.read(CONTEXTS_FILE)
+        try:
+            stored = json.loads(raw) if raw else {}
+        except ValueError:
+            stored = {}
+        found = {DEFAULT_ID: self.default()}
+        if isinstance(stored, dict):
+            found.update({k: v for k, v in stored.items() if isinstance(v, dict)})
+        return found
+
+    async def save(self, plane: Plane, contexts: dict[str, dict[str, Any]]) -> None:
+        created = {k: v for k, v in contexts.items() if k != DEFAULT_ID}
+        await plane.write(CONTEXTS_FILE, json.dumps(created).encode())
+
+    async def context(self, plane: Plane, context_id: str) -> dict[str, Any]:
+        found = (await self.contexts(plane)).get(context_id)
+        if found is None:
+            raise E2BError(404, "CONTEXT_NOT_FOUND", f"context {context_id!r} was not found")
+        return found
+
+
+def _registry(request: Request) -> Registry:
+    registry: Registry = request.app.state.registry
+    return registry
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_CODE:
+        raise E2BError(413, "REQUEST_TOO_LARGE", f"a request is at most {MAX_CODE} bytes")
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise E2BError(400, "REQUEST_INVALID", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "REQUEST_INVALID", "the body must be a JSON object")
+    return body
+
+
+def _language(value: object) -> str:
+    if value is None:
+        return "python"
+    if not isinstance(value, str) or value.lower() not in LANGUAGES:
+        raise E2BError(
+            400,
+            "LANGUAGE_UNSUPPORTED",
+            f"language {value!r} is not supported by podbay yet: {', '.join(LANGUAGES)} only",
+        )
+    return value.lower()
+
+
+def _public(context: dict[str, Any]) -> dict[str, Any]:
+    return {"id": context["id"], "language": context["language"], "cwd": context["cwd"]}
+
+
+# -- /contexts ---------------------------------------------------------------------------
+async def create_context(request: Request) -> Response:
+    body = await _json_body(request)
+    language = _language(body.get("language"))
+    cwd = body.get("cwd") or "/home/user"
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
+        raise E2BError(400, "REQUEST_INVALID", "cwd must be an absolute path")
+    registry = _registry(request)
+    sandbox_id, plane, env = await registry.reach(request)
+    async with registry.locks[sandbox_id]:
+        contexts = await registry.contexts(plane)
+        if len(contexts) > MAX_CONTEXTS:
+            raise E2BError(429, "CONTEXT_LIMIT", f"at most {MAX_CONTEXTS} contexts per sandbox")
+        used = {int(c.get("port", 0)) for c in contexts.values()}
+        port = next(p for p in range(FIRST_CONTEXT_PORT, 65536) if p not in used)
+        context_id = secrets.token_hex(16)
+        context = {"id": context_id, "language": language, "cwd": cwd, "port": port}
+        # Started now, so a cwd that does not exist is refused here, not at the first cell.
+        if await plane.exec(["test", "-d", cwd]):
+            raise E2BError(400, "REQUEST_INVALID", f"cwd {cwd} is not a directory in the sandbox")
+        await Kernel(plane, context, env).token()
+        contexts[context_id] = context
+        await registry.save(plane, contexts)
+    return Response(json.dumps(_public(context)), media_type="application/json")
+
+
+async def list_contexts(request: Request) -> Response:
+    registry = _registry(request)
+    _, plane, _ = await registry.reach(request)
+    listed = [_public(c) for c in (await registry.contexts(plane)).values()]
+    return Response(json.dumps(listed), media_type="application/json")
+
+
+async def restart_context(request: Request) -> Response:
+    registry = _registry(request)
+    sandbox_id, plane, env = await registry.reach(request)
+    async with registry.locks[sandbox_id]:
+        kernel = Kernel(plane, await registry.context(plane, request.path_params["id"]), env)
+        await kernel.kill()
+        await kernel.token()
+    return Response(status_code=204)
+
+
+async def remove_context(request: Request) -> Response:
+    registry = _registry(request)
+    sandbox_id, plane, env = await registry.reach(request)
+    context_id = request.path_params["id"]
+    if context_id == DEFAULT_ID:
+        raise E2BError(400, "REQUEST_INVALID", "the default context cannot be removed")
+    async with registry.locks[sandbox_id]:
+        contexts = await registry.contexts(plane)
+        context = await registry.context(plane, context_id)
+        await Kernel(plane, context, env).kill()
+        del contexts[context_id]
+        await registry.save(plane, contexts)
+    return Response(status_code=204)
+
+
+# -- /execute ----------------------------------------------------------------------------
+def _line(kind: str, **fields: Any) -> bytes:
+    return json.dumps({"type": kind, **fields}).encode() + b"\n"
+
+
+def _result(raw: dict[str, Any]) -> bytes:
+    formats = raw.get("formats") or {}
+    fields = {_FIELDS[m]: v for m, v in formats.items() if m in _FIELDS}
+    extra = {m: v for m, v in formats.items() if m not in _FIELDS}
+    return _line("result", **fields, is_main_result=bool(raw.get("main")), extra=extra or None)
+
+
+def execution_lines(payload: dict[str, Any]) -> list[bytes]:
+    """The kernel's answer to one cell as E2B's stream of JSON lines."""
+    now = time.time_ns()
+    lines = [
+        _line(stream, text=payload[stream], timestamp=now)
+        for stream in ("stdout", "stderr")
+        if payload.get(stream)
+    ]
+    lines += [_result(r) for r in payload.get("results") or [] if isinstance(r, dict)]
+    error = payload.get("error")
+    if isinstance(error, dict):
+        lines.append(
+            _line(
+                "error",
+                name=str(error.get("name", "")),
+                value=str(error.get("value", "")),
+                traceback=str(error.get("traceback", "")),
+            )
+        )
+    lines.append(_line("number_of_executions", execution_count=payload.get("execution_count", 0)))
+    lines.append(_line("end_of_execution"))
+    return lines
+
+
+async def _cell(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    token = await kernel.token()
+    try:
+        answer = await kernel.run(token, body)
+        if answer.status_code in (401, 502):
+            # No kernel behind the token any more (killed, a resumed sandbox): nothing
+            # ran, so a new one runs the cell.
+            answer = await kernel.run(await kernel.token(), body)
+    except httpx.TransportError as exc:
+        payload: dict[str, Any] = {"error": _crashed(str(exc))}
+    else:
+        if answer.status_code != 200:
+            payload = {"error": _crashed(f"HTTP {answer.status_code}: {answer.text[:500]}")}
+        else:
+            payload = answer.json()
+    for line in execution_lines(payload):
+        yield line
+
+
+def _crashed(detail: str) -> dict[str, str]:
+    error = _interpreter.crashed(detail).error
+    assert error is not None
+    return {"name": error.name, "value": error.value, "traceback": error.traceback}
+
+
+async def execute(request: Request) -> Response:
+    body = await _json_body(request)
+    code = body.get("code")
+    if not isinstance(code, str):
+        raise E2BError(400, "REQUEST_INVALID", "code must be a string")
+    envs = body.get("env_vars") or {}
+    if not isinstance(envs, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in envs.items()
+    ):
+        raise E2BError(400, "REQUEST_INVALID", "env_vars must map strings to strings")
+    context_id = body.get("context_id")
+    if context_id is not None and not isinstance(context_id, str):
+        raise E2BError(400, "REQUEST_INVALID", "context_id must be a string")
+    _language(body.get("language"))
+    registry = _registry(request)
+    sandbox_id, plane, env = await registry.reach(request)
+    async with registry.locks[sandbox_id]:
+        context = (
+            registry.default() if context_id is None else await registry.context(plane, context_id)
+        )
+        kernel = Kernel(plane, context, env)
+        # Started (or found) before the answer begins: a failure is a plain refusal.
+        await kernel.token()
+    cell = {"code": code, "timeout_ms": None, "env": envs or None}
+    return StreamingResponse(_cell(kernel, cell), media_type="application/x-ndjson")
+
+
+routes = [
+    Route("/execute", execute, methods=["POST"]),
+    Route("/contexts", create_context, methods=["POST"]),
+    Route("/contexts", list_contexts, methods=["GET"]),
+    Route("/contexts/{id}/restart", restart_context, methods=["POST"]),
+    Route("/contexts/{id}", remove_context, methods=["DELETE"]),
+    Route("/{rest:path}", envd.not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+]
+
+
+def is_interpreter(scope_headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        key == PORT_HEADER.encode() and value == str(PORT).encode() for key, value in scope_headers
+    )
+
+
+def build(service: E2BService) -> Starlette:
+    handlers = {E2BError: envd.on_e2b_error, ApiError: envd.on_api_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.registry = Registry(service)
+    return app

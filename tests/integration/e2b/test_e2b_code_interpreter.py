@@ -1,0 +1,153 @@
+"""E2B's code interpreter SDK (``e2b-code-interpreter``, pinned in the dev
+extra) against a real ``podbay serve``, unchanged: ``run_code`` and the
+contexts, answered by podbay's own interpreter kernel inside the sandbox.
+One server per class for the module."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
+
+ci = pytest.importorskip("e2b_code_interpreter")
+e2b = pytest.importorskip("e2b")
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module", params=["gvisor", "container"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PlatformServer]:
+    with PlatformServer.start(
+        tmp_path_factory.mktemp("e2b-ci"), env={"PODBAY_RUNTIME_CLASSES": request.param}
+    ) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def opts(server: PlatformServer) -> dict[str, Any]:
+    out = server.cli(
+        "deployment", "create", "e2b-ci", "--spec", "-", "--e2b-key", input=SANDBOX_SPEC
+    )
+    key = out.stdout.strip().splitlines()[-1]
+    # code-interpreter-v1 (the SDK's default template) is not served yet: base is.
+    return {
+        "api_key": key,
+        "api_url": server.base_url,
+        "sandbox_url": server.base_url,
+        "template": "base",
+    }
+
+
+@pytest.fixture(scope="module")
+def sandbox(opts: dict[str, Any]) -> Iterator[Any]:
+    sandbox = ci.Sandbox.create(**opts)
+    yield sandbox
+    sandbox.kill()
+
+
+def test_state_output_results_and_errors(sandbox: Any) -> None:
+    first = sandbox.run_code("x = 1")
+    assert first.error is None and first.results == []
+    second = sandbox.run_code("x + 1")
+    assert second.text == "2" and second.execution_count == first.execution_count + 1
+
+    seen: list[Any] = []
+    printed = sandbox.run_code(
+        "import sys\nprint('hello')\nprint('oops', file=sys.stderr)",
+        on_stdout=seen.append,
+        on_stderr=seen.append,
+    )
+    assert printed.logs.stdout == ["hello\n"] and printed.logs.stderr == ["oops\n"]
+    assert [(m.line, m.error) for m in seen] == [("hello\n", False), ("oops\n", True)]
+    assert all(m.timestamp > 0 for m in seen)
+
+    errors: list[Any] = []
+    failed = sandbox.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)
+    assert failed.error is not None and errors == [failed.error]
+    assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
+    assert "return 1 / 0" in failed.error.traceback
+    assert sandbox.run_code("x").text == "1"  # the interpreter survived the exception
+
+    rich = sandbox.run_code(
+        "class T:\n"
+        "    def _repr_html_(self): return '<b>t</b>'\n"
+        "    def _repr_json_(self): return {'a': [1, 2]}\n"
+        "T()"
+    )
+    (result,) = rich.results
+    assert result.is_main_result and result.html == "<b>t</b>" and result.json == {"a": [1, 2]}
+
+    envs = sandbox.run_code("import os; os.environ['CELL_VAR']", envs={"CELL_VAR": "set"})
+    assert envs.text == "'set'"
+    assert sandbox.run_code("os.environ.get('CELL_VAR')").results == []  # for that cell only
+
+
+def test_contexts_have_their_own_cwd_and_state(sandbox: Any) -> None:
+    context = sandbox.create_code_context(cwd="/tmp", language="python")
+    assert (context.language, context.cwd) == ("python", "/tmp")
+    assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
+    sandbox.run_code("only_here = 5", context=context)
+    assert sandbox.run_code("'only_here' in dir()").text == "False"  # the default context
+    assert sandbox.run_code("only_here", context=context).text == "5"
+    assert context.id in [c.id for c in sandbox.list_code_contexts()]
+
+    sandbox.restart_code_context(context)
+    assert sandbox.run_code("'only_here' in dir()", context=context).text == "False"
+    assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
+
+    sandbox.remove_code_context(context)
+    assert context.id not in [c.id for c in sandbox.list_code_contexts()]
+    with pytest.raises(e2b.NotFoundException):
+        sandbox.run_code("1", context=context)
+
+
+def test_async_sdk(opts: dict[str, Any]) -> None:
+    async def main() -> None:
+        sandbox = await ci.AsyncSandbox.create(**opts)
+        try:
+            await sandbox.run_code("y = 41")
+            seen: list[str] = []
+            ran = await sandbox.run_code(
+                "print('async'); y + 1", on_stdout=lambda m: seen.append(m.line)
+            )
+            assert (ran.text, seen) == ("42", ["async\n"])
+            context = await sandbox.create_code_context(cwd="/")
+            assert (await sandbox.run_code("import os; os.getcwd()", context=context)).text == "'/'"
+            assert len(await sandbox.list_code_contexts()) == 2  # the default one and this
+            await sandbox.restart_code_context(context)
+            await sandbox.remove_code_context(context.id)
+            failed = await sandbox.run_code("raise ValueError('bad')")
+            assert failed.error is not None and failed.error.name == "ValueError"
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(main())
+
+
+def test_refusals(server: PlatformServer, sandbox: Any) -> None:
+    with pytest.raises(e2b.SandboxException, match="not supported"):
+        sandbox.run_code("echo hi", language="r")
+    with pytest.raises(e2b.SandboxException, match="absolute"):
+        sandbox.create_code_context(cwd="relative")
+    with pytest.raises(e2b.SandboxException, match="not a directory"):
+        sandbox.create_code_context(cwd="/no/such/dir")
+    with pytest.raises(e2b.NotFoundException):
+        sandbox.restart_code_context("nope")
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    # Neither the access token nor the traffic token: nothing runs.
+    answer = server.http.post("/execute", headers=headers, json={"code": "1"})
+    assert answer.status_code == 401 and answer.json()["error_code"] == "E2B_ACCESS_TOKEN_MISSING"
+    wrong = server.http.get("/contexts", headers={**headers, "E2B-Traffic-Access-Token": "x"})
+    assert wrong.status_code == 401
+    bad = server.http.post(
+        "/execute",
+        headers={**headers, "X-Access-Token": sandbox._envd_access_token},
+        content=b"[1]",
+    )
+    assert bad.status_code == 400 and bad.json()["error_code"] == "REQUEST_INVALID"
