@@ -20,6 +20,7 @@ restarted, finds them. Python only: a cell's output arrives when it ends
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
@@ -28,6 +29,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -129,12 +131,21 @@ def _refused(answer: httpx.Response, what: str) -> E2BError:
 
 
 class Kernel:
-    """One context's kernel: found by its token file, started when none answers."""
+    """One context's kernel: found by its token file, started when none answers.
 
-    def __init__(self, plane: Plane, context: dict[str, Any], env: dict[str, str]) -> None:
+    Its token is remembered in ``tokens`` (shared by the requests this process
+    serves), so a cell is one request to the kernel; a stale one (the kernel
+    restarted elsewhere, or gone) is refused before anything runs, and then
+    the token file is read again."""
+
+    def __init__(
+        self, plane: Plane, context: dict[str, Any], env: dict[str, str], tokens: dict[str, str]
+    ) -> None:
         self.plane = plane
         self.context = context
         self.env = env
+        self.tokens = tokens
+        self.key = f"{plane.base} {context['id']}"
         self.port = int(context["port"])
         self.token_file = (
             _interpreter.TOKEN_FILE
@@ -156,7 +167,16 @@ class Kernel:
             return None
         return (token, answer.json()) if answer.status_code == 200 else None
 
-    async def token(self) -> str:
+    async def token(self, *, fresh: bool = False) -> str:
+        cached = None if fresh else self.tokens.get(self.key)
+        if cached is not None:
+            return cached
+        self.tokens.pop(self.key, None)
+        token = await self._find_or_start()
+        self.tokens[self.key] = token
+        return token
+
+    async def _find_or_start(self) -> str:
         found = await self.health()
         if found is not None:
             return found[0]
@@ -179,6 +199,7 @@ class Kernel:
         )
 
     async def kill(self) -> None:
+        self.tokens.pop(self.key, None)
         found = await self.health()
         if found is not None:
             await self.plane.exec(["kill", "-KILL", str(int(found[1]["pid"]))])
@@ -192,6 +213,15 @@ class Kernel:
             timeout=None,
         )
 
+    async def interrupt(self) -> None:
+        token = self.tokens.get(self.key)
+        if token is not None:
+            await self.plane.http.post(
+                self.plane.port_url(self.port, "/interrupt"),
+                json={},
+                headers={**self.plane.headers, _interpreter.TOKEN_HEADER: token},
+            )
+
 
 # -- the sandbox and its contexts ------------------------------------------------------
 class Registry:
@@ -201,6 +231,11 @@ class Registry:
     def __init__(self, service: E2BService) -> None:
         self.service = service
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        #: Kernel tokens by data-plane endpoint and context (see :class:`Kernel`).
+        self.tokens: dict[str, str] = {}
+
+    def kernel(self, plane: Plane, context: dict[str, Any], env: dict[str, str]) -> Kernel:
+        return Kernel(plane, context, env, self.tokens)
 
     async def reach(self, request: Request) -> tuple[str, Plane, dict[str, str]]:
         sandbox_id = request.headers.get(envd.SANDBOX_ID_HEADER, "")
@@ -293,7 +328,7 @@ async def create_context(request: Request) -> Response:
         # Started now, so a cwd that does not exist is refused here, not at the first cell.
         if await plane.exec(["test", "-d", cwd]):
             raise E2BError(400, "REQUEST_INVALID", f"cwd {cwd} is not a directory in the sandbox")
-        await Kernel(plane, context, env).token()
+        await registry.kernel(plane, context, env).token()
         contexts[context_id] = context
         await registry.save(plane, contexts)
     return Response(json.dumps(_public(context)), media_type="application/json")
@@ -310,7 +345,9 @@ async def restart_context(request: Request) -> Response:
     registry = _registry(request)
     sandbox_id, plane, env = await registry.reach(request)
     async with registry.locks[sandbox_id]:
-        kernel = Kernel(plane, await registry.context(plane, request.path_params["id"]), env)
+        kernel = registry.kernel(
+            plane, await registry.context(plane, request.path_params["id"]), env
+        )
         await kernel.kill()
         await kernel.token()
     return Response(status_code=204)
@@ -325,7 +362,7 @@ async def remove_context(request: Request) -> Response:
     async with registry.locks[sandbox_id]:
         contexts = await registry.contexts(plane)
         context = await registry.context(plane, context_id)
-        await Kernel(plane, context, env).kill()
+        await registry.kernel(plane, context, env).kill()
         del contexts[context_id]
         await registry.save(plane, contexts)
     return Response(status_code=204)
@@ -368,15 +405,20 @@ def execution_lines(payload: dict[str, Any]) -> list[bytes]:
 
 
 async def _cell(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
-    token = await kernel.token()
     try:
-        answer = await kernel.run(token, body)
+        answer = await kernel.run(await kernel.token(), body)
         if answer.status_code in (401, 502):
-            # No kernel behind the token any more (killed, a resumed sandbox): nothing
-            # ran, so a new one runs the cell.
-            answer = await kernel.run(await kernel.token(), body)
+            # No kernel behind the token any more (restarted elsewhere, killed): nothing
+            # ran, so the kernel there now (or a new one) runs the cell.
+            answer = await kernel.run(await kernel.token(fresh=True), body)
     except httpx.TransportError as exc:
         payload: dict[str, Any] = {"error": _crashed(str(exc))}
+    except BaseException:
+        # The caller went away (the SDK's ``timeout`` passed, the task was
+        # cancelled): the cell stops too, so the next one does not wait for it.
+        with anyio.move_on_after(10, shield=True), contextlib.suppress(httpx.HTTPError):
+            await kernel.interrupt()
+        raise
     else:
         if answer.status_code != 200:
             payload = {"error": _crashed(f"HTTP {answer.status_code}: {answer.text[:500]}")}
@@ -412,7 +454,7 @@ async def execute(request: Request) -> Response:
         context = (
             registry.default() if context_id is None else await registry.context(plane, context_id)
         )
-        kernel = Kernel(plane, context, env)
+        kernel = registry.kernel(plane, context, env)
         # Started (or found) before the answer begins: a failure is a plain refusal.
         await kernel.token()
     cell = {"code": code, "timeout_ms": None, "env": envs or None}

@@ -88,6 +88,15 @@ def test_state_output_results_and_errors(sandbox: Any) -> None:
     assert sandbox.run_code("os.environ.get('CELL_VAR')").results == []  # for that cell only
 
 
+def test_timeout_interrupts_the_cell(sandbox: Any) -> None:
+    # The SDK's timeout closes the request; the cell must stop with it, not run
+    # on and hold up the next one: that one sees the interrupt's trace.
+    cell = "import time\ntry:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    stopped = True"
+    with pytest.raises(e2b.TimeoutException):
+        sandbox.run_code(cell, timeout=1)
+    assert sandbox.run_code("stopped").text == "True"
+
+
 def test_contexts_have_their_own_cwd_and_state(sandbox: Any) -> None:
     context = sandbox.create_code_context(cwd="/tmp", language="python")
     assert (context.language, context.cwd) == ("python", "/tmp")
