@@ -13,8 +13,8 @@ that podbay's own ``run_code`` uses (port 49999, the same token file), so
 both APIs share its variables; every created context gets its own kernel on
 its own loopback port, started in its ``cwd``. The contexts live in a file
 inside the sandbox (``CONTEXTS_FILE``), so any server replica, and a server
-restarted, finds them. Python only: a cell's output arrives when it ends
-(the kernel answers a cell at once), each stream as one message.
+restarted, finds them. Python only. A cell's stdout and stderr stream as
+the kernel writes them (its ``"stream": true`` answer), in whole lines.
 """
 
 from __future__ import annotations
@@ -205,10 +205,13 @@ class Kernel:
             await self.plane.exec(["kill", "-KILL", str(int(found[1]["pid"]))])
             await self.plane.exec(["rm", "-f", self.token_file])
 
-    async def run(self, token: str, body: dict[str, Any]) -> httpx.Response:
-        return await self.plane.http.post(
+    def run(
+        self, token: str, body: dict[str, Any]
+    ) -> contextlib.AbstractAsyncContextManager[httpx.Response]:
+        return self.plane.http.stream(
+            "POST",
             self.plane.port_url(self.port, "/run"),
-            json=body,
+            json={**body, "stream": True},
             headers={**self.plane.headers, _interpreter.TOKEN_HEADER: token},
             timeout=None,
         )
@@ -406,26 +409,54 @@ def execution_lines(payload: dict[str, Any]) -> list[bytes]:
 
 async def _cell(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
     try:
-        answer = await kernel.run(await kernel.token(), body)
-        if answer.status_code in (401, 502):
-            # No kernel behind the token any more (restarted elsewhere, killed): nothing
-            # ran, so the kernel there now (or a new one) runs the cell.
-            answer = await kernel.run(await kernel.token(fresh=True), body)
+        async for line in _streamed(kernel, body):
+            yield line
     except httpx.TransportError as exc:
-        payload: dict[str, Any] = {"error": _crashed(str(exc))}
+        for line in execution_lines({"error": _crashed(str(exc))}):
+            yield line
     except BaseException:
         # The caller went away (the SDK's ``timeout`` passed, the task was
         # cancelled): the cell stops too, so the next one does not wait for it.
         with anyio.move_on_after(10, shield=True), contextlib.suppress(httpx.HTTPError):
             await kernel.interrupt()
         raise
-    else:
-        if answer.status_code != 200:
-            payload = {"error": _crashed(f"HTTP {answer.status_code}: {answer.text[:500]}")}
-        else:
-            payload = answer.json()
-    for line in execution_lines(payload):
-        yield line
+
+
+async def _streamed(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The cell's output as the kernel streams it, then its results."""
+    for attempt in (1, 2):
+        token = await kernel.token(fresh=attempt == 2)
+        async with kernel.run(token, body) as answer:
+            if attempt == 1 and answer.status_code in (401, 502):
+                # No kernel behind the token any more (restarted elsewhere, killed):
+                # nothing ran, so the kernel there now (or a new one) runs the cell.
+                continue
+            if answer.status_code != 200:
+                detail = (await answer.aread())[:500].decode(errors="replace")
+                payload: dict[str, Any] = {
+                    "error": _crashed(f"HTTP {answer.status_code}: {detail}")
+                }
+            elif answer.headers.get("content-type", "").startswith("application/json"):
+                payload = json.loads(await answer.aread())  # a kernel that does not stream
+            else:
+                payload = {"error": _crashed("the interpreter's answer ended early")}
+                # Whole lines, as E2B sends them: print() writes its text and its
+                # newline separately; the rest of a line goes with the results.
+                pending = {"stdout": "", "stderr": ""}
+                async for raw in answer.aiter_lines():
+                    item = json.loads(raw) if raw.strip() else {}
+                    if isinstance(item.get("done"), dict):
+                        payload = {**item["done"], **pending}
+                    elif item.get("stream") in pending:
+                        name = item["stream"]
+                        text = pending[name] + str(item["text"])
+                        cut = text.rfind("\n") + 1
+                        pending[name] = text[cut:]
+                        if cut:
+                            yield _line(name, text=text[:cut], timestamp=time.time_ns())
+            for line in execution_lines(payload):
+                yield line
+            return
 
 
 def _crashed(detail: str) -> dict[str, str]:

@@ -88,6 +88,28 @@ def test_state_output_results_and_errors(sandbox: Any) -> None:
     assert sandbox.run_code("os.environ.get('CELL_VAR')").results == []  # for that cell only
 
 
+def test_stdout_streams_while_the_cell_runs(sandbox: Any) -> None:
+    # The cell waits (at most 60 s) for a file that the on_stdout callback
+    # writes when the first line arrives: only a streamed line can make it.
+    cell = (
+        "import os, time\n"
+        "print('first')\n"
+        "for _ in range(1200):\n"
+        "    if os.path.exists('/tmp/streamed'):\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "print('second' if os.path.exists('/tmp/streamed') else 'not streamed')\n"
+        "print('no newline', end='')"
+    )
+
+    def on_stdout(message: Any) -> None:
+        if message.line == "first\n":
+            sandbox.files.write("/tmp/streamed", "")
+
+    ran = sandbox.run_code(cell, on_stdout=on_stdout)
+    assert ran.logs.stdout == ["first\n", "second\n", "no newline"]
+
+
 def test_timeout_interrupts_the_cell(sandbox: Any) -> None:
     # The SDK's timeout closes the request; the cell must stop with it, not run
     # on and hold up the next one: that one sees the interrupt's trace.
