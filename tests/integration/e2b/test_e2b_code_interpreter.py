@@ -6,12 +6,14 @@ One server per class for the module."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
+from podbay.testing.fixtures import shared_layer_dir
+from podbay.testing.platform import PYDATA_SECTION, SANDBOX_SPEC, PlatformServer
 
 ci = pytest.importorskip("e2b_code_interpreter")
 e2b = pytest.importorskip("e2b")
@@ -24,16 +26,18 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PlatformServer]:
     with PlatformServer.start(
-        tmp_path_factory.mktemp("e2b-ci"), env={"PODBAY_RUNTIME_CLASSES": request.param}
+        tmp_path_factory.mktemp("e2b-ci"),
+        # matplotlib's layer (the PNG test) is built once per machine, not per run.
+        env={
+            "PODBAY_RUNTIME_CLASSES": request.param,
+            "PODBAY_RUNTIME_LAYER_DIR": shared_layer_dir(),
+        },
     ) as s:
         yield s
 
 
-@pytest.fixture(scope="module")
-def opts(server: PlatformServer) -> dict[str, Any]:
-    out = server.cli(
-        "deployment", "create", "e2b-ci", "--spec", "-", "--e2b-key", input=SANDBOX_SPEC
-    )
+def _opts(server: PlatformServer, name: str, spec: str) -> dict[str, Any]:
+    out = server.cli("deployment", "create", name, "--spec", "-", "--e2b-key", input=spec)
     key = out.stdout.strip().splitlines()[-1]
     # code-interpreter-v1 (the SDK's default template) is not served yet: base is.
     return {
@@ -42,6 +46,11 @@ def opts(server: PlatformServer) -> dict[str, Any]:
         "sandbox_url": server.base_url,
         "template": "base",
     }
+
+
+@pytest.fixture(scope="module")
+def opts(server: PlatformServer) -> dict[str, Any]:
+    return _opts(server, "e2b-ci", SANDBOX_SPEC)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +191,20 @@ def test_refusals(server: PlatformServer, sandbox: Any) -> None:
         content=b"[1]",
     )
     assert bad.status_code == 400 and bad.json()["error_code"] == "REQUEST_INVALID"
+
+
+def test_matplotlib_figure_is_a_png(server: PlatformServer) -> None:
+    # matplotlib comes from the deployment's declared layer (docs/interpreter.md);
+    # its first build on a machine may outlast the SDK's default request timeout.
+    opts = _opts(server, "e2b-ci-pydata", "name: e2b-ci-pydata\n" + PYDATA_SECTION)
+    sandbox = ci.Sandbox.create(**opts, request_timeout=900)
+    try:
+        plotted = sandbox.run_code(
+            "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()"
+        )
+        assert plotted.error is None
+        (figure,) = plotted.results
+        assert not figure.is_main_result and "Figure" in figure.text
+        assert base64.b64decode(figure.png).startswith(b"\x89PNG\r\n\x1a\n")
+    finally:
+        sandbox.kill()
