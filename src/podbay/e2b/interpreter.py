@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections import defaultdict
@@ -56,6 +57,7 @@ DEFAULT_ID = "python"
 #: Created contexts' kernels listen on loopback ports from here up.
 FIRST_CONTEXT_PORT = 50000
 MAX_CONTEXTS = 64
+CONTEXT_ID = re.compile(r"[0-9a-f]{32}")
 MAX_CODE = 8 * 1024 * 1024
 LANGUAGES = ("python",)
 #: The kernel's MIME types → the fields of E2B's ``Result``.
@@ -165,7 +167,10 @@ class Kernel:
             )
         except httpx.TransportError:
             return None
-        return (token, answer.json()) if answer.status_code == 200 else None
+        health = _json_object(answer.content) if answer.status_code == 200 else None
+        if health is None or not isinstance(health.get("pid"), int):
+            return None
+        return token, health
 
     async def token(self, *, fresh: bool = False) -> str:
         cached = None if fresh else self.tokens.get(self.key)
@@ -202,7 +207,7 @@ class Kernel:
         self.tokens.pop(self.key, None)
         found = await self.health()
         if found is not None:
-            await self.plane.exec(["kill", "-KILL", str(int(found[1]["pid"]))])
+            await self.plane.exec(["kill", "-KILL", str(found[1]["pid"])])
             await self.plane.exec(["rm", "-f", self.token_file])
 
     def run(
@@ -263,7 +268,8 @@ class Registry:
             stored = {}
         found = {DEFAULT_ID: self.default()}
         if isinstance(stored, dict):
-            found.update({k: v for k, v in stored.items() if isinstance(v, dict)})
+            # Written by this module, but inside the sandbox: only well-formed entries count.
+            found.update({k: v for k, v in stored.items() if _well_formed(k, v)})
         return found
 
     async def save(self, plane: Plane, contexts: dict[str, dict[str, Any]]) -> None:
@@ -307,6 +313,27 @@ def _language(value: object) -> str:
     return value.lower()
 
 
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object from the sandbox (hostile), or None."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _well_formed(context_id: str, context: object) -> bool:
+    return (
+        isinstance(context, dict)
+        and CONTEXT_ID.fullmatch(context_id) is not None
+        and context.get("id") == context_id
+        and context.get("language") in LANGUAGES
+        and isinstance(context.get("cwd"), str)
+        and isinstance(context.get("port"), int)
+        and FIRST_CONTEXT_PORT <= context["port"] < 65536
+    )
+
+
 def _public(context: dict[str, Any]) -> dict[str, Any]:
     return {"id": context["id"], "language": context["language"], "cwd": context["cwd"]}
 
@@ -324,7 +351,7 @@ async def create_context(request: Request) -> Response:
         contexts = await registry.contexts(plane)
         if len(contexts) > MAX_CONTEXTS:
             raise E2BError(429, "CONTEXT_LIMIT", f"at most {MAX_CONTEXTS} contexts per sandbox")
-        used = {int(c.get("port", 0)) for c in contexts.values()}
+        used = {c["port"] for c in contexts.values()}
         port = next(p for p in range(FIRST_CONTEXT_PORT, 65536) if p not in used)
         context_id = secrets.token_hex(16)
         context = {"id": context_id, "language": language, "cwd": cwd, "port": port}
@@ -377,7 +404,8 @@ def _line(kind: str, **fields: Any) -> bytes:
 
 
 def _result(raw: dict[str, Any]) -> bytes:
-    formats = raw.get("formats") or {}
+    formats = raw.get("formats")
+    formats = formats if isinstance(formats, dict) else {}
     fields = {_FIELDS[m]: v for m, v in formats.items() if m in _FIELDS}
     extra = {m: v for m, v in formats.items() if m not in _FIELDS}
     return _line("result", **fields, is_main_result=bool(raw.get("main")), extra=extra or None)
@@ -387,7 +415,7 @@ def execution_lines(payload: dict[str, Any]) -> list[bytes]:
     """The kernel's answer to one cell as E2B's stream of JSON lines."""
     now = time.time_ns()
     lines = [
-        _line(stream, text=payload[stream], timestamp=now)
+        _line(stream, text=str(payload[stream]), timestamp=now)
         for stream in ("stdout", "stderr")
         if payload.get(stream)
     ]
@@ -402,7 +430,8 @@ def execution_lines(payload: dict[str, Any]) -> list[bytes]:
                 traceback=str(error.get("traceback", "")),
             )
         )
-    lines.append(_line("number_of_executions", execution_count=payload.get("execution_count", 0)))
+    count = payload.get("execution_count")
+    lines.append(_line("number_of_executions", execution_count=count if type(count) is int else 0))
     lines.append(_line("end_of_execution"))
     return lines
 
@@ -437,14 +466,17 @@ async def _streamed(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes
                     "error": _crashed(f"HTTP {answer.status_code}: {detail}")
                 }
             elif answer.headers.get("content-type", "").startswith("application/json"):
-                payload = json.loads(await answer.aread())  # a kernel that does not stream
+                # A kernel that does not stream (started by an older podbay).
+                payload = _json_object(await answer.aread()) or {
+                    "error": _crashed("the interpreter's answer is not JSON")
+                }
             else:
                 payload = {"error": _crashed("the interpreter's answer ended early")}
                 # Whole lines, as E2B sends them: print() writes its text and its
                 # newline separately; the rest of a line goes with the results.
                 pending = {"stdout": "", "stderr": ""}
                 async for raw in answer.aiter_lines():
-                    item = json.loads(raw) if raw.strip() else {}
+                    item = _json_object(raw.encode()) or {}
                     if isinstance(item.get("done"), dict):
                         payload = {**item["done"], **pending}
                     elif item.get("stream") in pending:
