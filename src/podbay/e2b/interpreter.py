@@ -13,7 +13,8 @@ that podbay's own ``run_code`` uses (port 49999, the same token file), so
 both APIs share its variables; every created context gets its own kernel on
 its own loopback port, started in its ``cwd``. The contexts live in a file
 inside the sandbox (``CONTEXTS_FILE``), so any server replica, and a server
-restarted, finds them. Python only. A cell's stdout and stderr stream as
+restarted, finds them. Languages: python, and bash (a python kernel driving
+one shell per context, ``_bash_cell``). A cell's stdout and stderr stream as
 the kernel writes them (its ``"stream": true`` answer), in whole lines.
 """
 
@@ -28,6 +29,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,12 +56,20 @@ PORT_HEADER = "e2b-sandbox-port"
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 CONTEXTS_FILE = f"{_interpreter.KERNEL_DIR}/e2b-contexts.json"
 DEFAULT_ID = "python"
+#: Each language's default context (what ``run_code(language=...)`` runs in):
+#: python's is the kernel podbay's own ``run_code`` uses.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "python": {"id": DEFAULT_ID, "language": "python", "cwd": "/workspace", "port": PORT},
+    "bash": {"id": "bash", "language": "bash", "cwd": "/workspace", "port": PORT - 1},
+}
+#: A bash cell is this driver's source and a call: see its docstring.
+BASH_CELL = (Path(__file__).with_name("_bash_cell.py")).read_text()
 #: Created contexts' kernels listen on loopback ports from here up.
 FIRST_CONTEXT_PORT = 50000
 MAX_CONTEXTS = 64
 CONTEXT_ID = re.compile(r"[0-9a-f]{32}")
 MAX_CODE = 8 * 1024 * 1024
-LANGUAGES = ("python",)
+LANGUAGES = ("python", "bash")
 #: The kernel's MIME types → the fields of E2B's ``Result``.
 _FIELDS = {
     "text/plain": "text",
@@ -191,7 +201,7 @@ class Kernel:
             raise _unavailable(f"could not make {_interpreter.KERNEL_DIR} in the sandbox")
         await self.plane.write(path, source)
         argv = ["python3", "-u", path, str(self.port), self.token_file]
-        cwd = None if self.context["id"] == DEFAULT_ID else self.context["cwd"]
+        cwd = None if self.context["id"] in DEFAULTS else self.context["cwd"]
         await self.plane.spawn(argv, cwd, self.env)
         deadline = time.monotonic() + _interpreter.START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
@@ -257,8 +267,8 @@ class Registry:
         return sandbox_id, Plane(self.service.http, attached), row.env_vars
 
     @staticmethod
-    def default() -> dict[str, Any]:
-        return {"id": DEFAULT_ID, "language": "python", "cwd": "/workspace", "port": PORT}
+    def default(language: str = "python") -> dict[str, Any]:
+        return dict(DEFAULTS[language])
 
     async def contexts(self, plane: Plane) -> dict[str, dict[str, Any]]:
         raw = await plane.read(CONTEXTS_FILE)
@@ -266,14 +276,16 @@ class Registry:
             stored = json.loads(raw) if raw else {}
         except ValueError:
             stored = {}
-        found = {DEFAULT_ID: self.default()}
+        found = {c["id"]: dict(c) for c in DEFAULTS.values()}
         if isinstance(stored, dict):
             # Written by this module, but inside the sandbox: only well-formed entries count.
             found.update({k: v for k, v in stored.items() if _well_formed(k, v)})
         return found
 
     async def save(self, plane: Plane, contexts: dict[str, dict[str, Any]]) -> None:
-        created = {k: v for k, v in contexts.items() if k != DEFAULT_ID}
+        created = {
+            k: v for k, v in contexts.items() if k not in {c["id"] for c in DEFAULTS.values()}
+        }
         await plane.write(CONTEXTS_FILE, json.dumps(created).encode())
 
     async def context(self, plane: Plane, context_id: str) -> dict[str, Any]:
@@ -342,11 +354,14 @@ def _public(context: dict[str, Any]) -> dict[str, Any]:
 async def create_context(request: Request) -> Response:
     body = await _json_body(request)
     language = _language(body.get("language"))
-    cwd = body.get("cwd") or "/home/user"
-    if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
+    cwd = body.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd):
         raise E2BError(400, "REQUEST_INVALID", "cwd must be an absolute path")
     registry = _registry(request)
     sandbox_id, plane, env = await registry.reach(request)
+    if cwd is None:
+        # E2B's default is the user's home; podbay's image may not have one.
+        cwd = "/home/user" if await plane.exec(["test", "-d", "/home/user"]) == 0 else "/workspace"
     async with registry.locks[sandbox_id]:
         contexts = await registry.contexts(plane)
         if len(contexts) > MAX_CONTEXTS:
@@ -387,7 +402,7 @@ async def remove_context(request: Request) -> Response:
     registry = _registry(request)
     sandbox_id, plane, env = await registry.reach(request)
     context_id = request.path_params["id"]
-    if context_id == DEFAULT_ID:
+    if context_id in {c["id"] for c in DEFAULTS.values()}:
         raise E2BError(400, "REQUEST_INVALID", "the default context cannot be removed")
     async with registry.locks[sandbox_id]:
         contexts = await registry.contexts(plane)
@@ -510,16 +525,20 @@ async def execute(request: Request) -> Response:
     context_id = body.get("context_id")
     if context_id is not None and not isinstance(context_id, str):
         raise E2BError(400, "REQUEST_INVALID", "context_id must be a string")
-    _language(body.get("language"))
+    language = _language(body.get("language"))
     registry = _registry(request)
     sandbox_id, plane, env = await registry.reach(request)
     async with registry.locks[sandbox_id]:
         context = (
-            registry.default() if context_id is None else await registry.context(plane, context_id)
+            registry.default(language)
+            if context_id is None
+            else await registry.context(plane, context_id)
         )
         kernel = registry.kernel(plane, context, env)
         # Started (or found) before the answer begins: a failure is a plain refusal.
         await kernel.token()
+    if context["language"] == "bash":
+        code = f"{BASH_CELL}\nbash_cell({code!r})\n"
     cell = {"code": code, "timeout_ms": None, "env": envs or None}
     return StreamingResponse(_cell(kernel, cell), media_type="application/x-ndjson")
 

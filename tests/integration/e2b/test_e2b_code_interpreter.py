@@ -119,6 +119,27 @@ def test_stdout_streams_while_the_cell_runs(sandbox: Any) -> None:
     assert ran.logs.stdout == ["first\n", "second\n", "no newline"]
 
 
+def test_bash_keeps_its_shell_between_cells(sandbox: Any) -> None:
+    seen: list[str] = []
+    first = sandbox.run_code(
+        "X=7; cd /tmp; echo $X", language="bash", on_stdout=lambda m: seen.append(m.line)
+    )
+    assert first.error is None and first.logs.stdout == ["7\n"] and seen == ["7\n"]
+    assert sandbox.run_code("echo $X $(pwd)", language="bash").logs.stdout == ["7 /tmp\n"]
+    failed = sandbox.run_code("echo oops >&2; false", language="bash")
+    assert failed.logs.stderr == ["oops\n"] and failed.error is not None
+    assert (failed.error.name, failed.error.value) == ("BashExitError", "exit status 1")
+    # bash is its own context: python's variables are not its
+    assert sandbox.run_code("'X' in dir()").text == "False"
+
+    context = sandbox.create_code_context(cwd="/tmp", language="bash")
+    assert context.language == "bash"
+    assert sandbox.run_code("pwd; echo ${X:-unset}", context=context).logs.stdout == [
+        "/tmp\nunset\n"
+    ]
+    sandbox.remove_code_context(context)
+
+
 def test_timeout_interrupts_the_cell(sandbox: Any) -> None:
     # The SDK's timeout closes the request; the cell must stop with it, not run
     # on and hold up the next one: that one sees the interrupt's trace.
@@ -159,7 +180,8 @@ def test_async_sdk(opts: dict[str, Any]) -> None:
             assert (ran.text, seen) == ("42", ["async\n"])
             context = await sandbox.create_code_context(cwd="/")
             assert (await sandbox.run_code("import os; os.getcwd()", context=context)).text == "'/'"
-            assert len(await sandbox.list_code_contexts()) == 2  # the default one and this
+            # the default python and bash contexts and this one
+            assert len(await sandbox.list_code_contexts()) == 3
             await sandbox.restart_code_context(context)
             await sandbox.remove_code_context(context.id)
             failed = await sandbox.run_code("raise ValueError('bad')")
@@ -172,7 +194,7 @@ def test_async_sdk(opts: dict[str, Any]) -> None:
 
 def test_refusals(server: PlatformServer, sandbox: Any) -> None:
     with pytest.raises(e2b.SandboxException, match="not supported"):
-        sandbox.run_code("echo hi", language="r")
+        sandbox.run_code("cat('hi')", language="r")
     with pytest.raises(e2b.SandboxException, match="absolute"):
         sandbox.create_code_context(cwd="relative")
     with pytest.raises(e2b.SandboxException, match="not a directory"):

@@ -167,3 +167,30 @@ def test_the_kernel_sets_env_for_one_cell(kernel: tuple[int, str]) -> None:
     assert json.loads(data)["results"] == []
     _, refused = _run(port, token, {"code": "1", "env": {"K": 1}})
     assert json.loads(refused)["code"] == "REQUEST_INVALID"
+
+
+def _bash(port: int, token: str, code: str) -> dict[str, Any]:
+    _, data = _run(port, token, {"code": f"{interpreter.BASH_CELL}\nbash_cell({code!r})\n"})
+    answer: dict[str, Any] = json.loads(data)
+    return answer
+
+
+def test_bash_cells_keep_their_shell(kernel: tuple[int, str]) -> None:
+    port, token = kernel
+    first = _bash(port, token, "X=7; cd /; echo $X; echo to-stderr >&2; printf 'no newline'")
+    assert (first["stdout"], first["stderr"], first["error"]) == (
+        "7\nno newline",
+        "to-stderr\n",
+        None,
+    )
+    second = _bash(port, token, "echo $X $(pwd)")
+    assert second["stdout"] == "7 /\n"
+    failed = _bash(port, token, "echo before; false")
+    assert failed["stdout"] == "before\n"
+    assert (failed["error"]["name"], failed["error"]["value"]) == ("BashExitError", "exit status 1")
+    broken = _bash(port, token, "if then")  # a syntax error fails this cell only
+    assert broken["error"]["name"] == "BashExitError"
+    assert _bash(port, token, 'read line; echo "[$line] $X"')["stdout"] == "[] 7\n"
+    exited = _bash(port, token, "exit 3")  # the shell is gone: the next cell gets a new one
+    assert exited["error"]["name"] == "BashExitError"
+    assert _bash(port, token, 'echo "[$X]"')["stdout"] == "[]\n"
