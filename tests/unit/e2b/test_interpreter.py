@@ -93,6 +93,7 @@ class FakePlane:
         json.dumps({"a" * 32: {"id": "a" * 32, "language": "python", "cwd": "/", "port": 22}}),
         json.dumps({"a" * 32: {"id": "b" * 32, "language": "python", "cwd": "/", "port": 50000}}),
         json.dumps({"a" * 32: {"id": "a" * 32, "language": "cobol", "cwd": "/", "port": 50000}}),
+        json.dumps({"bash": {"id": "bash", "language": "bash", "cwd": "/", "port": 50000}}),
     ],
 )
 def test_only_well_formed_contexts_are_read(stored: bytes | str) -> None:
@@ -100,7 +101,7 @@ def test_only_well_formed_contexts_are_read(stored: bytes | str) -> None:
     plane: Any = FakePlane({interpreter.CONTEXTS_FILE: raw})
     registry = interpreter.Registry.__new__(interpreter.Registry)
     contexts = asyncio.run(registry.contexts(plane))
-    assert list(contexts) == [interpreter.DEFAULT_ID]
+    assert list(contexts) == ["python", "bash"]  # the defaults only
 
 
 def test_a_well_formed_context_is_read() -> None:
