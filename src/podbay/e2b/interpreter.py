@@ -28,7 +28,8 @@ import re
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,10 @@ _FIELDS = {
 class Plane:
     """One sandbox's data plane, as the interpreter needs it."""
 
-    def __init__(self, http: httpx.AsyncClient, attached: Attached) -> None:
+    def __init__(self, http: httpx.AsyncClient, attached: Attached, sandbox_id: str) -> None:
         self.http = http
+        self.sandbox_id = sandbox_id
+        self.attached = attached
         self.base = attached.endpoint.rstrip("/")
         self.headers = {CREDENTIAL_HEADER: attached.credential}
 
@@ -157,7 +160,9 @@ class Kernel:
         self.context = context
         self.env = env
         self.tokens = tokens
-        self.key = f"{plane.base} {context['id']}"
+        self.key = f"{plane.sandbox_id} {context['id']}"
+        #: A fresh data plane, when the one in hand was refused (see ``_streamed``).
+        self.refresh: Callable[[], Awaitable[Plane]] | None = None
         self.port = int(context["port"])
         self.token_file = (
             _interpreter.TOKEN_FILE
@@ -249,13 +254,21 @@ class Registry:
     def __init__(self, service: E2BService) -> None:
         self.service = service
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        #: Kernel tokens by data-plane endpoint and context (see :class:`Kernel`).
+        #: Kernel tokens by sandbox and context (see :class:`Kernel`).
         self.tokens: dict[str, str] = {}
+        #: The data plane last attached to, by sandbox (see :meth:`reach`).
+        self.attached: dict[str, Attached] = {}
 
     def kernel(self, plane: Plane, context: dict[str, Any], env: dict[str, str]) -> Kernel:
         return Kernel(plane, context, env, self.tokens)
 
-    async def reach(self, request: Request) -> tuple[str, Plane, dict[str, str]]:
+    async def reach(
+        self, request: Request, *, cached: bool = False
+    ) -> tuple[str, Plane, dict[str, str]]:
+        """The caller's sandbox (credentials checked on every call) and its data
+        plane: with ``cached``, the one this process attached to last, while its
+        credential has a minute left (cells skip the attach, as podbay's own
+        SDK does; a refused one is replaced, see ``_streamed``)."""
         sandbox_id = request.headers.get(envd.SANDBOX_ID_HEADER, "")
         deployment, row = await self.service.authorize(
             sandbox_id,
@@ -263,8 +276,11 @@ class Registry:
             or request.headers.get(TRAFFIC_TOKEN_HEADER),
             request.headers.get("x-api-key"),
         )
-        attached = await self.service.reach(deployment, sandbox_id)
-        return sandbox_id, Plane(self.service.http, attached), row.env_vars
+        attached = self.attached.get(sandbox_id) if cached else None
+        if attached is None or attached.expires_at < datetime.now(UTC) + timedelta(minutes=1):
+            attached = await self.service.reach(deployment, sandbox_id)
+            self.attached[sandbox_id] = attached
+        return sandbox_id, Plane(self.service.http, attached, sandbox_id), row.env_vars
 
     @staticmethod
     def default(language: str = "python") -> dict[str, Any]:
@@ -458,6 +474,13 @@ async def _cell(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
     except httpx.TransportError as exc:
         for line in execution_lines({"error": _crashed(str(exc))}):
             yield line
+    except (E2BError, ApiError) as exc:
+        # Refused once the answer had begun (reattaching, restarting the kernel):
+        # the SDK reads it as the cell's error, not as a broken stream.
+        message = exc.message
+        error = {"name": "InterpreterUnavailable", "value": message, "traceback": message}
+        for line in execution_lines({"error": error}):
+            yield line
     except BaseException:
         # The caller went away (the SDK's ``timeout`` passed, the task was
         # cancelled): the cell stops too, so the next one does not wait for it.
@@ -469,41 +492,52 @@ async def _cell(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
 async def _streamed(kernel: Kernel, body: dict[str, Any]) -> AsyncIterator[bytes]:
     """The cell's output as the kernel streams it, then its results."""
     for attempt in (1, 2):
+        if attempt == 2 and kernel.refresh is not None:
+            kernel.plane = await kernel.refresh()
         token = await kernel.token(fresh=attempt == 2)
-        async with kernel.run(token, body) as answer:
-            if attempt == 1 and answer.status_code in (401, 502):
-                # No kernel behind the token any more (restarted elsewhere, killed):
-                # nothing ran, so the kernel there now (or a new one) runs the cell.
-                continue
-            if answer.status_code != 200:
-                detail = (await answer.aread())[:500].decode(errors="replace")
-                payload: dict[str, Any] = {
-                    "error": _crashed(f"HTTP {answer.status_code}: {detail}")
-                }
-            elif answer.headers.get("content-type", "").startswith("application/json"):
-                # A kernel that does not stream (started by an older podbay).
-                payload = _json_object(await answer.aread()) or {
-                    "error": _crashed("the interpreter's answer is not JSON")
-                }
-            else:
-                payload = {"error": _crashed("the interpreter's answer ended early")}
-                # Whole lines, as E2B sends them: print() writes its text and its
-                # newline separately; the rest of a line goes with the results.
-                pending = {"stdout": "", "stderr": ""}
-                async for raw in answer.aiter_lines():
-                    item = _json_object(raw.encode()) or {}
-                    if isinstance(item.get("done"), dict):
-                        payload = {**item["done"], **pending}
-                    elif item.get("stream") in pending:
-                        name = item["stream"]
-                        text = pending[name] + str(item["text"])
-                        cut = text.rfind("\n") + 1
-                        pending[name] = text[cut:]
-                        if cut:
-                            yield _line(name, text=text[:cut], timestamp=time.time_ns())
-            for line in execution_lines(payload):
-                yield line
-            return
+        try:
+            async with kernel.run(token, body) as answer:
+                if attempt == 1 and answer.status_code != 200:
+                    # Nothing ran (the kernel answers 200 to every cell it runs): the
+                    # credential was refused (the sandbox was paused, moved) or no
+                    # kernel is behind the token any more. Attach again, find the
+                    # kernel, retry.
+                    continue
+                async for line in _answer_lines(answer):
+                    yield line
+                return
+        except httpx.ConnectError:
+            if attempt == 2:
+                raise  # a data plane that moved or went away: attach again (above)
+
+
+async def _answer_lines(answer: httpx.Response) -> AsyncIterator[bytes]:
+    if answer.status_code != 200:
+        detail = (await answer.aread())[:500].decode(errors="replace")
+        payload: dict[str, Any] = {"error": _crashed(f"HTTP {answer.status_code}: {detail}")}
+    elif answer.headers.get("content-type", "").startswith("application/json"):
+        # A kernel that does not stream (started by an older podbay).
+        payload = _json_object(await answer.aread()) or {
+            "error": _crashed("the interpreter's answer is not JSON")
+        }
+    else:
+        payload = {"error": _crashed("the interpreter's answer ended early")}
+        # Whole lines, as E2B sends them: print() writes its text and its
+        # newline separately; the rest of a line goes with the results.
+        pending = {"stdout": "", "stderr": ""}
+        async for raw in answer.aiter_lines():
+            item = _json_object(raw.encode()) or {}
+            if isinstance(item.get("done"), dict):
+                payload = {**item["done"], **pending}
+            elif item.get("stream") in pending:
+                name = item["stream"]
+                text = pending[name] + str(item["text"])
+                cut = text.rfind("\n") + 1
+                pending[name] = text[cut:]
+                if cut:
+                    yield _line(name, text=text[:cut], timestamp=time.time_ns())
+    for line in execution_lines(payload):
+        yield line
 
 
 def _crashed(detail: str) -> dict[str, str]:
@@ -527,7 +561,7 @@ async def execute(request: Request) -> Response:
         raise E2BError(400, "REQUEST_INVALID", "context_id must be a string")
     language = _language(body.get("language"))
     registry = _registry(request)
-    sandbox_id, plane, env = await registry.reach(request)
+    sandbox_id, plane, env = await registry.reach(request, cached=True)
     async with registry.locks[sandbox_id]:
         context = (
             registry.default(language)
@@ -535,12 +569,18 @@ async def execute(request: Request) -> Response:
             else await registry.context(plane, context_id)
         )
         kernel = registry.kernel(plane, context, env)
+        kernel.refresh = lambda: _fresh_plane(registry, request)
         # Started (or found) before the answer begins: a failure is a plain refusal.
         await kernel.token()
     if context["language"] == "bash":
         code = f"{BASH_CELL}\nbash_cell({code!r})\n"
     cell = {"code": code, "timeout_ms": None, "env": envs or None}
     return StreamingResponse(_cell(kernel, cell), media_type="application/x-ndjson")
+
+
+async def _fresh_plane(registry: Registry, request: Request) -> Plane:
+    _, plane, _ = await registry.reach(request)
+    return plane
 
 
 routes = [

@@ -140,6 +140,18 @@ def test_bash_keeps_its_shell_between_cells(sandbox: Any) -> None:
     sandbox.remove_code_context(context)
 
 
+def test_a_paused_sandbox_resumes_with_its_interpreter(opts: dict[str, Any]) -> None:
+    # Cells reuse the data plane they attached to; a pause makes the gateway
+    # refuse it, and the cell then attaches again (resuming) and runs.
+    sandbox = ci.Sandbox.create(**opts)
+    try:
+        sandbox.run_code("kept = 3")
+        sandbox.pause()
+        assert sandbox.run_code("kept").text == "3"  # suspend keeps the process's memory
+    finally:
+        sandbox.kill()
+
+
 def test_timeout_interrupts_the_cell(sandbox: Any) -> None:
     # The SDK's timeout closes the request; the cell must stop with it, not run
     # on and hold up the next one: that one sees the interrupt's trace.
