@@ -9,14 +9,16 @@ with a syntax error fails alone. What bash writes goes to
 the kernel's stdout and stderr as it comes (so it streams); a non-zero exit
 status is the cell's error. An interrupt (the SDK's timeout) kills the bash
 process group: the next cell starts a new bash in the same directory the
-context started in. Standard library only (any Python 3.8+).
+context started in. A cell's env vars last for that cell. Standard library only (any Python 3.8+).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -48,13 +50,16 @@ class BashSession:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def run(self, code: str) -> int:
+    def run(self, code: str, env: dict[str, str]) -> int:
         mark = "__podbay_" + secrets.token_hex(8)
+        # Assignments before ``.`` last for that command only and are exported
+        # to what it runs: the cell's own env vars.
+        assignments = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
         path = os.path.join(self.directory, f"cell-{mark}.sh")
         with open(path, "w") as out:
             out.write(code + "\n")
         script = (
-            f". {path} < /dev/null\n__podbay_status=$?\nrm -f {path}\n"
+            f"{assignments}. {path} < /dev/null\n__podbay_status=$?\nrm -f {path}\n"
             f"printf '\\n{mark}%d\\n' $__podbay_status\nprintf '\\n{mark}\\n' >&2\n"
         )
         assert self.process.stdin is not None
@@ -110,7 +115,10 @@ def relay(source: IO[bytes] | None, sink: Any, mark: str, status: list[int] | No
             pending = pending[cut:]
 
 
-def bash_cell(code: str) -> None:
+def bash_cell(code: str, env: dict[str, str] | None = None) -> None:
+    for key in env or {}:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{key!r} is not a shell variable name")
     session: BashSession | None = globals().get("_podbay_bash_session")
     if session is None or not session.alive():
         directory = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "bash-cells")
@@ -118,7 +126,7 @@ def bash_cell(code: str) -> None:
         session = BashSession(directory)
         globals()["_podbay_bash_session"] = session
     try:
-        status = session.run(code)
+        status = session.run(code, env or {})
     except BaseException:
         session.kill()
         raise

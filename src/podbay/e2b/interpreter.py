@@ -573,7 +573,7 @@ async def execute(request: Request) -> Response:
         # Started (or found) before the answer begins: a failure is a plain refusal.
         await kernel.token()
     if context["language"] == "bash":
-        code = f"{BASH_CELL}\nbash_cell({code!r})\n"
+        code, envs = f"{BASH_CELL}\nbash_cell({code!r}, {envs!r})\n", {}
     cell = {"code": code, "timeout_ms": None, "env": envs or None}
     return StreamingResponse(_cell(kernel, cell), media_type="application/x-ndjson")
 

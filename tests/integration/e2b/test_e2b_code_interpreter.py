@@ -126,6 +126,8 @@ def test_bash_keeps_its_shell_between_cells(sandbox: Any) -> None:
     )
     assert first.error is None and first.logs.stdout == ["7\n"] and seen == ["7\n"]
     assert sandbox.run_code("echo $X $(pwd)", language="bash").logs.stdout == ["7 /tmp\n"]
+    cell_env = sandbox.run_code("echo $X-$ONE", language="bash", envs={"ONE": "1"})
+    assert cell_env.logs.stdout == ["7-1\n"]
     failed = sandbox.run_code("echo oops >&2; false", language="bash")
     assert failed.logs.stderr == ["oops\n"] and failed.error is not None
     assert (failed.error.name, failed.error.value) == ("BashExitError", "exit status 1")

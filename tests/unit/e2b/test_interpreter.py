@@ -170,8 +170,9 @@ def test_the_kernel_sets_env_for_one_cell(kernel: tuple[int, str]) -> None:
     assert json.loads(refused)["code"] == "REQUEST_INVALID"
 
 
-def _bash(port: int, token: str, code: str) -> dict[str, Any]:
-    _, data = _run(port, token, {"code": f"{interpreter.BASH_CELL}\nbash_cell({code!r})\n"})
+def _bash(port: int, token: str, code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    cell = f"{interpreter.BASH_CELL}\nbash_cell({code!r}, {env!r})\n"
+    _, data = _run(port, token, {"code": cell})
     answer: dict[str, Any] = json.loads(data)
     return answer
 
@@ -195,3 +196,12 @@ def test_bash_cells_keep_their_shell(kernel: tuple[int, str]) -> None:
     exited = _bash(port, token, "exit 3")  # the shell is gone: the next cell gets a new one
     assert exited["error"]["name"] == "BashExitError"
     assert _bash(port, token, 'echo "[$X]"')["stdout"] == "[]\n"
+
+
+def test_bash_env_lasts_one_cell(kernel: tuple[int, str]) -> None:
+    port, token = kernel
+    ran = _bash(port, token, 'echo "$K"; sh -c \'echo "$K"\'', {"K": "a 'b'"})
+    assert ran["stdout"] == "a 'b'\na 'b'\n"
+    assert _bash(port, token, 'echo "[$K]"')["stdout"] == "[]\n"
+    refused = _bash(port, token, "true", {"A;rm": "x"})
+    assert refused["error"]["name"] == "ValueError"
