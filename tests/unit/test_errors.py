@@ -13,12 +13,17 @@ import podbay.errors
 #: Components may define a subclass next to the code that raises it, as long
 #: as it derives from the tree (and the tree's drawing names it).
 DEFINED_ELSEWHERE: set[str] = set()
+#: Sources podbay sends into a sandbox to run there, beside no podbay package:
+#: what they raise is the sandbox's, shown to its caller by name.
+RUN_IN_SANDBOXES = {"podbay.e2b._bash_cell"}
 
 
 def _podbay_exceptions() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(podbay.__path__, "podbay."):
         if info.name.endswith("__main__") and info.name != "podbay.agent.__main__":
+            continue
+        if info.name in RUN_IN_SANDBOXES:
             continue
         module = importlib.import_module(info.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):

@@ -12,9 +12,13 @@ the random token the kernel wrote to ``TOKEN_FILE``, mode 0600, so another
 user's process in the sandbox cannot run code as the kernel's user):
 
 - ``GET /health`` -> ``{"protocol", "kernel_id", "pid", "execution_count"}``
-- ``POST /run`` ``{"code", "timeout_ms"}`` -> ``{"stdout", "stderr", "results",
+- ``POST /run`` ``{"code", "timeout_ms", "env"}`` -> ``{"stdout", "stderr", "results",
   "error", "execution_count", "kernel_id", "timed_out"}``; one cell at a time
-  (a second waits), run in the main thread so SIGINT can interrupt it.
+  (a second waits), run in the main thread so SIGINT can interrupt it;
+  ``env`` (optional) is set in ``os.environ`` for this cell only. With
+  ``"stream": true`` the answer is chunked JSON lines instead: ``{"stream":
+  "stdout"|"stderr", "text"}`` as the cell writes, then ``{"done": <the
+  answer above>}``.
 - ``POST /interrupt`` -> ``{"interrupted": bool}``: KeyboardInterrupt in the
   running cell; the interpreter and its state stay.
 
@@ -63,10 +67,13 @@ REPR_METHODS = (
 class Capture(io.TextIOBase):
     """A cell's stdout or stderr, capped at :data:`OUTPUT_CAP` characters."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", events: queue.Queue[Any] | None = None) -> None:
         self.parts: list[str] = []
         self.size = 0
         self.dropped = 0
+        #: Where a streamed cell's writes also go, as ``(name, text)``.
+        self.name = name
+        self.events = events
 
     def writable(self) -> bool:
         return True
@@ -80,6 +87,8 @@ class Capture(io.TextIOBase):
             text = text[: max(room, 0)]
         self.parts.append(text)
         self.size += len(text)
+        if self.events is not None and text:
+            self.events.put((self.name, text))
         return len(text)
 
     def text(self) -> str:
@@ -178,10 +187,14 @@ class Kernel:
         while True:
             job = self.jobs.get()
             try:
-                job["result"] = self.execute(job["code"], job["timeout_ms"])
+                job["result"] = self.execute(
+                    job["code"], job["timeout_ms"], job.get("env"), job.get("events")
+                )
             except KeyboardInterrupt:  # landed after the cell ended: it is done anyway
                 job["result"] = job.get("result") or self.interrupted_late()
             job["done"].set()
+            if job.get("events") is not None:
+                job["events"].put(None)
 
     def interrupted_late(self) -> dict[str, Any]:
         return {
@@ -194,11 +207,19 @@ class Kernel:
             "timed_out": self.timed_out,
         }
 
-    def execute(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
+    def execute(
+        self,
+        code: str,
+        timeout_ms: int | None,
+        env: dict[str, str] | None = None,
+        events: queue.Queue[Any] | None = None,
+    ) -> dict[str, Any]:
         self.count += 1
+        saved_env = {key: os.environ.get(key) for key in env or {}}
+        os.environ.update(env or {})
         filename = f"<cell-{self.count}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        stdout, stderr = Capture(), Capture()
+        stdout, stderr = Capture("stdout", events), Capture("stderr", events)
         saved = sys.stdout, sys.stderr
         value: Any = None
         error: dict[str, str] | None = None
@@ -229,6 +250,11 @@ class Kernel:
             if timer is not None:
                 timer.cancel()
             sys.stdout, sys.stderr = saved
+            for key, old in saved_env.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
         results = []
         if value is not None:
             self.namespace["_"] = value
@@ -269,17 +295,48 @@ class Kernel:
             signal.pthread_kill(self.main, signal.SIGINT)
             return True
 
-    def run(self, code: str, timeout_ms: int | None) -> dict[str, Any]:
+    def run(
+        self, code: str, timeout_ms: int | None, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         with self.one_at_a_time:
             job: dict[str, Any] = {
                 "code": code,
                 "timeout_ms": timeout_ms,
+                "env": env,
                 "done": threading.Event(),
             }
             self.jobs.put(job)
             job["done"].wait()
             result: dict[str, Any] = job["result"]
             return result
+
+    def run_streamed(
+        self, code: str, timeout_ms: int | None, env: dict[str, str] | None, emit: Any
+    ) -> None:
+        """Like :meth:`run`, calling ``emit`` with each write of the cell (writes
+        that arrived together are joined) and then with the answer."""
+        with self.one_at_a_time:
+            events: queue.Queue[Any] = queue.Queue()
+            job: dict[str, Any] = {
+                "code": code,
+                "timeout_ms": timeout_ms,
+                "env": env,
+                "done": threading.Event(),
+                "events": events,
+            }
+            self.jobs.put(job)
+            finished = False
+            while not finished:
+                batch = [events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                for name in ("stdout", "stderr"):
+                    text = "".join(item[1] for item in batch if item and item[0] == name)
+                    if text:
+                        emit({"stream": name, "text": text})
+                finished = None in batch
+            job["done"].wait()
+            emit({"done": job["result"]})
 
     def health(self) -> dict[str, Any]:
         return {
@@ -305,6 +362,19 @@ def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def stream(self, produce: Any) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            produce()
+            self.wfile.write(b"0\r\n\r\n")
+
+        def chunk(self, item: dict[str, Any]) -> None:
+            data = json.dumps(item).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
 
         def allowed(self) -> bool:
             given = self.headers.get(TOKEN_HEADER, "")
@@ -347,18 +417,28 @@ def make_handler(kernel: Kernel, token: str) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/run":
                 code, timeout_ms = payload.get("code"), payload.get("timeout_ms")
-                if not isinstance(code, str) or not (
-                    timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0)
+                env = payload.get("env")
+                env_ok = env is None or (
+                    isinstance(env, dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+                )
+                if (
+                    not isinstance(code, str)
+                    or not env_ok
+                    or not (timeout_ms is None or (isinstance(timeout_ms, int) and timeout_ms > 0))
                 ):
                     self.answer(
                         400,
                         {
                             "code": "REQUEST_INVALID",
-                            "message": "code must be a string, timeout_ms > 0",
+                            "message": "code must be a string, timeout_ms > 0, env strings",
                         },
                     )
                     return
-                self.answer(200, kernel.run(code, timeout_ms))
+                if payload.get("stream") is True:
+                    self.stream(lambda: kernel.run_streamed(code, timeout_ms, env, self.chunk))
+                else:
+                    self.answer(200, kernel.run(code, timeout_ms, env))
             elif self.path == "/interrupt":
                 self.answer(200, {"interrupted": kernel.interrupt()})
             else:

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 
 from podbay.asgi import Receive, Scope, Send
 
-from . import control, envd, relay
+from . import control, envd, interpreter, relay
 from .service import E2BService
 
 if TYPE_CHECKING:
@@ -25,12 +25,13 @@ class E2BApps:
         self.service = E2BService(platform.store, platform.sandboxes)
         self.control = control.build(self.service, platform.limits)
         self.envd = envd.build(self.service)
+        self.interpreter = interpreter.build(self.service)
 
     def route(self, scope: Scope) -> Starlette | None:
         if scope["type"] != "http":
             return None
         if any(key == _SANDBOX_HEADER for key, _ in scope["headers"]):
-            return self.envd
+            return self.interpreter if interpreter.is_interpreter(scope["headers"]) else self.envd
         path: str = scope["path"]
         if any(path == p or path.startswith(p + "/") for p in control.PREFIXES):
             return self.control

@@ -110,6 +110,9 @@ async def _sandbox_json(service: E2BService, row: E2BSandbox) -> dict[str, Any]:
         # Always sent (E2B sends it for secure sandboxes only): the SDK then
         # sends it on every sandbox call, and podbay lets nobody in without it.
         "envdAccessToken": await service.access_token(row.sandbox_id),
+        # e2b-code-interpreter sends this one, not the access token, on its
+        # context calls: the same credential, so nothing gets in without it.
+        "trafficAccessToken": await service.access_token(row.sandbox_id),
         "domain": None,
     }
 
