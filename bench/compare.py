@@ -3,7 +3,7 @@
     .venv/bin/python bench/docker_setup.py start              # Docker, for B and C
     .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
     .venv/bin/python bench/docker_setup.py stop [--purge]
-    .venv/bin/python bench/compare.py --against OLD/src      # before/after
+    .venv/bin/python bench/compare.py --against OLD/src      # before/after (and Docker)
     .venv/bin/python bench/compare.py --no-docker            # podbay and floors only
 
 Column A is this checkout: a real ``podbay serve`` (``podbay.testing.platform``:
@@ -22,7 +22,8 @@ them all alike; ``A/B`` is the median of the pairwise ratios. They are:
   archive OLD src | tar -x -C /tmp/old``), in a child process of this script
   with ``PYTHONPATH=SRC``: its server, agent, SDK, and its CLI as
   ``--against-cli`` (default ``python -m podbay.cli.main``);
-* otherwise Docker Engine, where it answers on ``/var/run/docker.sock`` and
+* and Docker Engine (unless ``--no-docker``), where it answers on
+  ``/var/run/docker.sock`` and
   has ``--docker-image`` locally: one column per ``--docker-runtimes`` the
   daemon has (default: the class's runtime). ``bench/docker_setup.py``
   starts such a daemon (Debian's docker.io, 20.10) with podbay's base image
@@ -1102,7 +1103,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
                 WorkerSide(args.against, args.against_cli, source, digest, size, args.klass)
             )
             labels.append(f"podbay from {args.against}, class {args.klass}")
-        elif not args.no_docker and runtimes:
+        if not args.no_docker and runtimes:
             known = Docker.runtimes(args.docker_image)
             for runtime in runtimes.split(",") if known else []:
                 if runtime not in known:
