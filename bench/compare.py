@@ -1036,7 +1036,10 @@ class WorkerSide:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(key + "\n")
         self.proc.stdin.flush()
-        return dict(json.loads(self.proc.stdout.readline()))
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the worker ended (exit {self.proc.wait(30)}) at {key}")
+        return dict(json.loads(answer))
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -1158,6 +1161,11 @@ DOCKER_RUNTIME = {"container": "runc", "gvisor": "runsc", "vm": ""}
 RUNSC_NOTE = "(ptrace platform)"
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    print(f"compare.py (pid {os.getpid()}): SIGTERM, stopping", file=sys.stderr)
+    sys.exit(143)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1221,7 +1229,7 @@ def main() -> int:
     # where it is ignored), it still removes its servers' sandboxes and Docker's
     # containers: both end in the ``finally`` of ``run``.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     if args.cli:
         PODBAY[:] = args.cli.split()
     if args.worker:

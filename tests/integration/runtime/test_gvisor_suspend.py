@@ -92,3 +92,22 @@ def test_a_hostname_given_while_suspended_holds_after_resume(
     oci_session.run(driver.assign(m.id, hostname="while-frozen", labels={}))
     oci_session.run(driver.resume(m.id))
     assert m.sh("hostname").stdout == "while-frozen\n"
+
+
+def test_a_new_driver_adopts_a_suspended_machine_and_resumes_it(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
+    # A restarted server: what it learns of a frozen sandbox never asks runsc
+    # (whose commands would wait on the frozen sentry for ever).
+    from podbay.runtime.oci.driver import OciDriver
+
+    m = oci_machines.up()
+    oci_session.run(oci_session.driver.suspend(m.id))
+    fresh = OciDriver(oci_session.settings)
+    try:
+        adopted = {o.machine_id: o.state for o in oci_session.run(fresh.adopt())}
+        assert adopted[m.id] is MachineState.SUSPENDED
+        oci_session.run(fresh.resume(m.id))
+    finally:
+        oci_session.run(fresh.close())
+    assert m.sh("echo awake").stdout == "awake\n"
