@@ -334,15 +334,23 @@ class DigestCheck:
         #: The last bytes received, which may yet be the trailing digest.
         self._held = b""
 
-    def update(self, chunk: bytes) -> bytes:
-        """Take ``chunk``; the content to pass on (less what may be the digest)."""
+    def update(self, chunk: bytes) -> list[bytes | memoryview]:
+        """Take ``chunk``; the content to pass on (less what may be the digest),
+        in pieces, without copying ``chunk``."""
+        pieces: list[bytes | memoryview] = [chunk]
         if self.trailing:
-            chunk = self._held + chunk
-            self._held = chunk[-DIGEST_HEX_LENGTH:]
-            chunk = chunk[:-DIGEST_HEX_LENGTH]
-        self._digest.update(chunk)
-        self.size += len(chunk)
-        return chunk
+            if len(chunk) >= DIGEST_HEX_LENGTH:
+                pieces = [self._held, memoryview(chunk)[:-DIGEST_HEX_LENGTH]]
+                self._held = chunk[-DIGEST_HEX_LENGTH:]
+            else:
+                joined = self._held + chunk
+                pieces = [joined[:-DIGEST_HEX_LENGTH]]
+                self._held = joined[-DIGEST_HEX_LENGTH:]
+        out: list[bytes | memoryview] = [p for p in pieces if len(p)]
+        for piece in out:
+            self._digest.update(piece)
+            self.size += len(piece)
+        return out
 
     def verify(self) -> None:
         if self.trailing:

@@ -276,8 +276,13 @@ def test_digest_check_takes_a_trailing_digest_off_the_content() -> None:
     body = data + hashlib.sha256(data).hexdigest().encode()
     headers = {"X-Podbay-Sha256": "trailing", "Content-Length": str(len(body))}
     check = _files.DigestCheck(headers, "p")
-    # Split anywhere, the digest across two chunks included.
-    passed = b"".join(check.update(body[i : i + 50]) for i in range(0, len(body), 50))
+    # Split anywhere: chunks shorter and longer than a digest, one across it.
+    chunks, i, sizes = [], 0, [50, 700, 10, 64, 3]
+    while i < len(body):
+        size = sizes[len(chunks) % len(sizes)]
+        chunks.append(body[i : i + size])
+        i += size
+    passed = b"".join(bytes(piece) for chunk in chunks for piece in check.update(chunk))
     assert passed == data and check.total == len(data) == check.size
     check.verify()
     bad = _files.DigestCheck(headers, "p")

@@ -1019,7 +1019,7 @@ class AsyncSandboxClient:
         self,
         name: str,
         path: str,
-        sink: Callable[[bytes], object],
+        sink: Callable[[bytes | memoryview], object],
         progress: Progress | None,
         user: str | None = None,
     ) -> None:
@@ -1036,7 +1036,7 @@ class AsyncSandboxClient:
         check = _files.DigestCheck(response.headers, path)
         try:
             async for chunk in response.aiter_bytes():
-                if content := check.update(chunk):
+                for content in check.update(chunk):
                     sink(content)
                 if progress is not None:
                     progress(check.size, check.total)

@@ -1008,7 +1008,7 @@ class SandboxClient:
         self,
         name: str,
         path: str,
-        sink: Callable[[bytes], object],
+        sink: Callable[[bytes | memoryview], object],
         progress: Progress | None,
         user: str | None = None,
     ) -> None:
@@ -1025,7 +1025,7 @@ class SandboxClient:
         check = _files.DigestCheck(response.headers, path)
         try:
             for chunk in response.iter_bytes():
-                if content := check.update(chunk):
+                for content in check.update(chunk):
                     sink(content)
                 if progress is not None:
                     progress(check.size, check.total)
