@@ -1057,10 +1057,16 @@ class WorkerSide:
 
 def worker(args: argparse.Namespace) -> int:
     """Serve sample requests (one row key per line) for a parent's interleaved run."""
+    # The parent's requests come on a descriptor of the worker's own: nothing
+    # it starts (servers, their sandboxes) inherits the request pipe as stdin.
+    requests = os.fdopen(os.dup(0), "r")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     side = PodbaySide(Path(args.source), args.digest, args.size, args.klass)
     try:
         print("ready", flush=True)
-        for line in sys.stdin:
+        for line in requests:
             print(json.dumps(side.sample(line.strip())), flush=True)
     finally:
         side.close()
