@@ -3,12 +3,17 @@
     .venv/bin/python bench/docker_setup.py start              # Docker, for B and C
     .venv/bin/python bench/compare.py [--runs 15] [--mib 100] [--json]
     .venv/bin/python bench/docker_setup.py stop [--purge]
-    .venv/bin/python bench/compare.py --against OLD/src      # before/after
+    .venv/bin/python bench/compare.py --against OLD/src      # before/after (and Docker)
     .venv/bin/python bench/compare.py --no-docker            # podbay and floors only
 
 Column A is this checkout: a real ``podbay serve`` (``podbay.testing.platform``:
-real sandboxes, needs root and the base image), started twice, with the
-default warm pool of 2 and with none, and the SDK and CLI of this checkout.
+real sandboxes, needs root and the base image) with one class enabled,
+``--class`` (default ``gvisor``, podbay's default class), started twice, with
+the default warm pool of 2 and with none, and the SDK and CLI of this
+checkout. Docker's column is the runtime that matches the class: ``runc``
+for ``container``, ``runsc`` for ``gvisor``; ``vm`` has no Docker
+counterpart and runs alone. (Before, both servers were ``container`` whatever
+Docker column they stood beside.)
 The other columns, when there are any, run in the same loop, sample for
 sample (A B C A B C ...), so that a machine shared with other work slows
 them all alike; ``A/B`` is the median of the pairwise ratios. They are:
@@ -17,9 +22,10 @@ them all alike; ``A/B`` is the median of the pairwise ratios. They are:
   archive OLD src | tar -x -C /tmp/old``), in a child process of this script
   with ``PYTHONPATH=SRC``: its server, agent, SDK, and its CLI as
   ``--against-cli`` (default ``python -m podbay.cli.main``);
-* otherwise Docker Engine, where it answers on ``/var/run/docker.sock`` and
+* and Docker Engine (unless ``--no-docker``), where it answers on
+  ``/var/run/docker.sock`` and
   has ``--docker-image`` locally: one column per ``--docker-runtimes`` the
-  daemon has (default ``runc,runsc``: B and C). ``bench/docker_setup.py``
+  daemon has (default: the class's runtime). ``bench/docker_setup.py``
   starts such a daemon (Debian's docker.io, 20.10) with podbay's base image
   imported as ``podbay-base``, without a bridge: Docker's containers have no
   network (``NetworkMode: none``) where podbay's have one, and runsc runs on
@@ -50,6 +56,10 @@ Rows (medians of ``--runs`` samples unless said):
   Docker: pause / unpause; podbay's samples of these, of the new pooled
   sandbox and of the pooled first exec also give the CPU ms the server's
   threads spent meanwhile (``suspend serve cpu ms`` ..., after the table);
+* read 100 MiB (``--runs``/3): SDK ``download`` of the file written at set-up,
+  and a GET straight from the agent's socket; Docker: ``docker cp`` out and
+  the API's ``GET /containers/ID/archive``; with the CPU ms each cost, as
+  the writes';
 * write 100 MiB (``--runs``/3): SDK ``upload`` of a page-cached file (its
   digest included), and a PUT straight to the agent's socket with the digest
   computed beforehand (the agent's write path alone); Docker: ``docker cp``
@@ -68,7 +78,9 @@ Rows (medians of ``--runs`` samples unless said):
 * first exec after idling past the agent's hibernation delay (podbay's
   servers here hibernate an idle agent after ``HIBERNATE_SECONDS``; the
   default is 300 s), beside its second;
-* host memory per idle sandbox: agent PSS + slirp4netns PSS, median of 10
+* host memory per idle sandbox: the PSS of the sandbox's host processes (those
+  in its machine's cgroups: runc's agent; gVisor's sentry, gofer and ptrace
+  stubs, each also apart; a vm's QEMU) + its slirp4netns's, median of 10
   idle sandboxes, ``--runs``/5 times, once past the hibernation delay (an
   awake agent's PSS, right after an exec, beside it); Docker: the PSS of
   the container's containerd shim and every process below it (runc: the
@@ -111,6 +123,8 @@ PODBAY = [str(Path(sys.executable).with_name("podbay"))]
 DOCKER_SOCKET = SOCKET
 #: podbay's servers here hibernate an idle agent after this many seconds.
 HIBERNATE_SECONDS = 3.0
+#: The 100 MiB file in the sandbox the read rows read (written at set-up).
+WARM = "/workspace/warm.bin"
 #: Execs that bring a sandbox woken from hibernation back to "in use" before an
 #: exec on it is timed as a running sandbox's: a pooled machine's warm-up count
 #: (``WARM_UP_EXECS``; not imported, so that the worker runs older checkouts).
@@ -182,6 +196,36 @@ def threads_cpu_ms(pid: int) -> float:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             total += int((task / "schedstat").read_text().split()[0])
     return total / 1e6
+
+
+def machine_pids(machine_id: str) -> list[int]:
+    """Processes in a cgroup of machine ``machine_id`` (a path segment of that
+    name: runc's and runsc's container cgroup, a vm's QEMU cgroup)."""
+    out = []
+    for e in os.scandir("/proc"):
+        if not e.name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{e.name}/cgroup").read_text()
+        except OSError:
+            continue
+        if any(machine_id in line.rpartition(":")[2].split("/") for line in text.splitlines()):
+            out.append(int(e.name))
+    return out
+
+
+def process_kind(pid: int) -> str:
+    """What a sandbox's host process is: its program's name (``stub`` for
+    gVisor's ptrace stubs, which show as ``[exe]`` or an empty command line)."""
+    argv = cmdline(pid)
+    name = os.path.basename(argv[0]) if argv else ""
+    if not name or name.startswith("["):
+        return "stub"
+    if name.startswith("qemu"):
+        return "qemu"
+    if name.startswith("runsc"):
+        return name.split()[0]
+    return "agent"
 
 
 def cmdline(pid: int) -> list[str]:
@@ -305,9 +349,12 @@ def python_start(flags: list[str]) -> Sample:
 class Podbay:
     """One ``podbay serve`` and an SDK client on it."""
 
-    def __init__(self, warm_pool: int) -> None:
+    def __init__(self, warm_pool: int, klass: str) -> None:
         root = self.root = Path(tempfile.mkdtemp(prefix="podbay-compare-"))
+        self.klass = klass
         env = {
+            # The one class measured: attach without a class gets it.
+            "PODBAY_RUNTIME_CLASSES": klass,
             "PODBAY_RUNTIME_WARM_POOL": str(warm_pool),
             "PODBAY_CAPS_PER_DEPLOYMENT": "100",
             "PODBAY_CAPS_PER_ACCOUNT": "100",
@@ -345,14 +392,16 @@ class Podbay:
         return str(machine_id)
 
     def driver(self) -> Any:
-        from podbay.runtime.oci.driver import OciDriver
+        from podbay.runtime.classes import build_driver
         from podbay.settings import Settings
 
         settings = Settings.load(environ={**self.server.env}, data_dir=self.server.data_dir)
-        return OciDriver(settings)
+        return build_driver(settings, self.klass)  # with the class's own settings
 
-    def agent_pid(self, name: str) -> int:
-        return int(self.driver().runc.state(self.machine_id(name)).pid)
+    def sandbox_pids(self, name: str) -> list[int]:
+        """The host processes of sandbox ``name`` (its machine's cgroups): runc's
+        agent; gVisor's sentry, gofer and ptrace stubs; a vm's QEMU."""
+        return machine_pids(self.machine_id(name))
 
     def agent_socket(self, name: str) -> str:
         return str(self.driver().agent_socket(self.machine_id(name)))
@@ -434,35 +483,42 @@ class Podbay:
         second = timed(lambda: self.client.exec(name, ["true"]))
         return first, second
 
-    def idle_memory_kib(self, names: list[str], settle: float) -> tuple[float, float]:
-        """(agent PSS, slirp4netns PSS) median per sandbox, KiB, ``settle`` s after
-        an exec in each."""
-        driver = self.driver()
+    def idle_memory_kib(self, names: list[str], settle: float) -> dict[str, float]:
+        """Median PSS per sandbox, KiB, ``settle`` s after an exec in each: its
+        host processes (``sandbox``) and its slirp4netns (``slirp``), and each
+        kind of host process apart (``pss <kind>``: ``agent`` under runc,
+        ``runsc-sandbox`` (the sentry, which holds the agent), ``runsc-gofer``
+        and ``stub`` (ptrace's) under gVisor, ``qemu`` for a vm)."""
         for n in names:
             self.client.exec(n, ["true"])
         time.sleep(settle)
-        agents, slirps = [], []
+        parts: dict[str, list[float]] = {}
         for n in names:
             machine_id = self.machine_id(n)
-            agents.append(pss_kib(driver.runc.state(machine_id).pid))
+            kinds: dict[str, float] = {}
+            for pid in machine_pids(machine_id):
+                kind = process_kind(pid)
+                kinds[kind] = kinds.get(kind, 0) + pss_kib(pid)
+            kinds["sandbox"] = sum(kinds.values())
             found = pids_matching(
                 lambda argv, m=machine_id: (
                     bool(argv) and argv[0].endswith("slirp4netns") and any(m in a for a in argv)
                 )
             )
-            slirps.append(sum(pss_kib(p) for p in found))
-        return median(agents), median(slirps)
+            kinds["slirp"] = sum(pss_kib(p) for p in found)
+            for kind, kib in kinds.items():
+                parts.setdefault(kind, []).append(kib)
+        return {kind: median(values) for kind, values in parts.items()}
 
     def awake_agent_kib(self, names: list[str]) -> float:
-        """Median agent PSS, KiB, each measured right after an exec (before it
-        could hibernate)."""
-        driver = self.driver()
-        pids = {n: driver.runc.state(self.machine_id(n)).pid for n in names}
-        agents = []
+        """Median PSS of a sandbox's host processes, KiB, each measured right after
+        an exec (before its agent could hibernate)."""
+        pids = {n: self.sandbox_pids(n) for n in names}
+        totals = []
         for n in names:
             self.client.exec(n, ["true"])
-            agents.append(pss_kib(pids[n]))
-        return median(agents)
+            totals.append(sum(pss_kib(p) for p in pids[n]))
+        return median(totals)
 
     def cli_exec(self, name: str) -> float:
         env = {
@@ -503,6 +559,21 @@ def write_to_agent(sock: str, source: Path, digest: str, size: int) -> float:
     took = time.perf_counter() - started
     conn.close()
     assert response.status == 200, body
+    return took
+
+
+def read_from_agent(sock: str, path: str, size: int) -> float:
+    """GET the file straight from the agent's socket, read to the end."""
+    conn = UnixHTTPConnection(sock)
+    started = time.perf_counter()
+    conn.request("GET", f"/v1/files?path={path}")
+    response = conn.getresponse()
+    got = 0
+    while chunk := response.read(MIB):
+        got += len(chunk)
+    took = time.perf_counter() - started
+    conn.close()
+    assert response.status == 200 and got == size, (response.status, got)
     return took
 
 
@@ -618,6 +689,15 @@ class Docker:
         took = time.perf_counter() - started
         ok(r)
         return took
+
+    def get_archive(self, cid: str, path: str) -> float:
+        """GET /containers/ID/archive of one file (a tar stream), read to the end."""
+        started = time.perf_counter()
+        with self.api.stream("GET", f"/containers/{cid}/archive", params={"path": path}) as r:
+            ok(r)
+            for _ in r.iter_bytes(MIB):
+                pass
+        return time.perf_counter() - started
 
     def remove(self, cid: str) -> None:
         self.api.delete(f"/containers/{cid}", params={"force": "true"})
@@ -738,6 +818,8 @@ ROWS: list[tuple[str, str, str, float, float, bool]] = [
     ("resume", "resume (attach / unpause)", "ms", 1000, 0, False),
     ("write_sdk", "write {mib} MiB, SDK upload (docker cp)", "ms", 1000, 1 / 3, False),
     ("write_agent", "write {mib} MiB, to the agent (API PUT archive)", "ms", 1000, 1 / 3, False),
+    ("read_sdk", "read {mib} MiB, SDK download (docker cp)", "ms", 1000, 1 / 3, False),
+    ("read_agent", "read {mib} MiB, from the agent (API GET archive)", "ms", 1000, 1 / 3, False),
     ("cli", "`podbay sandbox exec NAME -- true` (docker exec)", "ms", 1000, 1, False),
     ("throughput", "exec throughput, 20 sandboxes, 8 clients", "/s", 1, 1 / 3, True),
     ("wake", "first exec after idling past hibernation", "ms", 1000, 1 / 3, False),
@@ -749,31 +831,43 @@ ROWS: list[tuple[str, str, str, float, float, bool]] = [
 class PodbaySide:
     """podbay's rows: two servers (warm pool 2, none), an SDK client, sandboxes."""
 
-    def __init__(self, source: Path, digest: str, size: int) -> None:
+    def __init__(self, source: Path, digest: str, size: int, klass: str) -> None:
         self.source, self.digest, self.size = source, digest, size
-        self.pooled = Podbay(warm_pool=2)
-        self.cold = Podbay(warm_pool=0)
+        self.pooled = Podbay(warm_pool=2, klass=klass)
+        self.cold = Podbay(warm_pool=0, klass=klass)
         self.client = self.pooled.client
         self.client.attach("hot")
         for _ in range(30):
             self.client.exec("hot", ["true"])
-        self.client.upload("hot", source, "warm.bin")  # page cache, first-write costs
+        self.client.upload("hot", source, WARM)  # page cache, first-write costs; read rows
         self.sock = self.pooled.agent_socket("hot")
-        #: Whose CPU a write costs (load inflates it far less than time).
-        self.cpu_of = {
+        hot = self.pooled.sandbox_pids("hot")
+        #: Whose CPU a write costs (load inflates it far less than time); the
+        #: agent's is its sandbox's host processes' (gVisor's sentry and gofer).
+        self.cpu_of: dict[str, Callable[[], float]] = {
             "sdk": lambda: process_seconds("self"),
             "server": lambda: process_seconds(str(self.pooled.server.pid())),
-            "agent": lambda: process_seconds(str(self.pooled.agent_pid("hot"))),
+            "agent": lambda: sum(process_seconds(str(p)) for p in hot),
         }
-        self.many = [f"tp-{i}" for i in range(20)]
-        for n in self.many:
-            self.client.attach(n)
+        self.scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-read-"))
+        #: The throughput and memory rows' sandboxes, started for the first of
+        #: them (20 vm machines are not started for a run without those rows).
+        self._many = [f"tp-{i}" for i in range(20)]
         self.client.attach("sleeper")
         time.sleep(1.0)  # the pool fills
+
+    @property
+    def many(self) -> list[str]:
+        if self._many and not getattr(self, "_many_started", False):
+            for n in self._many:
+                self.client.attach(n)
+            self._many_started = True
+        return self._many
 
     def close(self) -> None:
         self.pooled.close()
         self.cold.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def with_cpu(self, key: str, sample: Sample) -> dict[str, float]:
         """``sample``'s time, and the CPU ms it cost the SDK's process, the server
@@ -825,6 +919,14 @@ class PodbaySide:
             return self.with_cpu(
                 key, lambda: write_to_agent(self.sock, self.source, self.digest, self.size)
             )
+        if key == "read_sdk":
+            target = self.scratch / "read.bin"
+            took = self.with_cpu(key, lambda: timed(lambda: c.download("hot", WARM, target)))
+            assert target.stat().st_size == self.size
+            target.unlink()
+            return took
+        if key == "read_agent":
+            return self.with_cpu(key, lambda: read_from_agent(self.sock, WARM, self.size))
         if key == "cli":
             return {key: self.pooled.cli_exec("hot")}
         if key == "throughput":
@@ -842,14 +944,11 @@ class PodbaySide:
             return {"wake": first, "wake_second": second}
         if key == "memory":
             awake = self.pooled.awake_agent_kib(self.many[:10])
-            agent, slirp = self.pooled.idle_memory_kib(
-                self.many[:10], settle=HIBERNATE_SECONDS + 2.0
-            )
+            parts = self.pooled.idle_memory_kib(self.many[:10], settle=HIBERNATE_SECONDS + 2.0)
             return {
-                key: (agent + slirp) / 1024,
-                "agent_pss": agent / 1024,
-                "slirp_pss": slirp / 1024,
-                "agent_pss_awake": awake / 1024,
+                key: (parts["sandbox"] + parts["slirp"]) / 1024,
+                **{f"{kind}_pss": kib / 1024 for kind, kib in parts.items()},
+                "sandbox_pss_awake": awake / 1024,
             }
         raise KeyError(key)
 
@@ -864,7 +963,8 @@ class DockerSide:
             self.hot = docker.create_started()
             for _ in range(30):
                 docker.exec(self.hot, ["true"])
-            docker.put_archive(self.hot, source, "warm.bin")  # first-write costs, as podbay's
+            docker.put_archive(self.hot, source, "warm.bin")  # first-write costs; read rows
+            self.scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-docker-read-"))
             self.many = [docker.create_started() for _ in range(20)]
         except BaseException:
             docker.close()
@@ -872,6 +972,7 @@ class DockerSide:
 
     def close(self) -> None:
         self.docker.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def sample(self, key: str) -> dict[str, float]:
         d = self.docker
@@ -890,6 +991,13 @@ class DockerSide:
             return {key: d.timed_cli("cp", str(self.source), f"{self.hot}:/workspace/bench.bin")}
         if key == "write_agent":
             return {key: d.put_archive(self.hot, self.source, "direct.bin")}
+        if key == "read_sdk":
+            target = self.scratch / "read.bin"
+            took = d.timed_cli("cp", f"{self.hot}:{WARM}", str(target))
+            target.unlink()
+            return {key: took}
+        if key == "read_agent":
+            return {key: d.get_archive(self.hot, WARM)}
         if key == "cli":
             return {key: d.timed_cli("exec", self.hot, "true")}
         if key == "throughput":
@@ -902,7 +1010,9 @@ class DockerSide:
 class WorkerSide:
     """podbay's rows from another checkout, in a child process (``--worker``)."""
 
-    def __init__(self, src: str, cli: str, source: Path, digest: str, size: int) -> None:
+    def __init__(
+        self, src: str, cli: str, source: Path, digest: str, size: int, klass: str
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": src}
         self.proc = subprocess.Popen(
             [
@@ -917,6 +1027,8 @@ class WorkerSide:
                 digest,
                 "--size",
                 str(size),
+                "--class",
+                klass,
             ],
             env=env,
             stdin=subprocess.PIPE,
@@ -932,7 +1044,10 @@ class WorkerSide:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(key + "\n")
         self.proc.stdin.flush()
-        return dict(json.loads(self.proc.stdout.readline()))
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the worker ended (exit {self.proc.wait(30)}) at {key}")
+        return dict(json.loads(answer))
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -942,10 +1057,16 @@ class WorkerSide:
 
 def worker(args: argparse.Namespace) -> int:
     """Serve sample requests (one row key per line) for a parent's interleaved run."""
-    side = PodbaySide(Path(args.source), args.digest, args.size)
+    # The parent's requests come on a descriptor of the worker's own: nothing
+    # it starts (servers, their sandboxes) inherits the request pipe as stdin.
+    requests = os.fdopen(os.dup(0), "r")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    side = PodbaySide(Path(args.source), args.digest, args.size, args.klass)
     try:
         print("ready", flush=True)
-        for line in sys.stdin:
+        for line in requests:
             print(json.dumps(side.sample(line.strip())), flush=True)
     finally:
         side.close()
@@ -988,15 +1109,20 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     scratch = Path(tempfile.mkdtemp(prefix="podbay-compare-files-"))
     source, digest, size = make_source(scratch, args.mib)
     sides: list[Any] = []
-    labels = ["podbay (this checkout)"]
+    labels = [f"podbay (this checkout), class {args.klass}"]
+    runtimes = (
+        args.docker_runtimes if args.docker_runtimes is not None else DOCKER_RUNTIME[args.klass]
+    )
     try:
-        sides.append(PodbaySide(source, digest, size))
+        sides.append(PodbaySide(source, digest, size, args.klass))
         if args.against:
-            sides.append(WorkerSide(args.against, args.against_cli, source, digest, size))
-            labels.append(f"podbay from {args.against}")
-        elif not args.no_docker:
+            sides.append(
+                WorkerSide(args.against, args.against_cli, source, digest, size, args.klass)
+            )
+            labels.append(f"podbay from {args.against}, class {args.klass}")
+        if not args.no_docker and runtimes:
             known = Docker.runtimes(args.docker_image)
-            for runtime in args.docker_runtimes.split(",") if known else []:
+            for runtime in runtimes.split(",") if known else []:
                 if runtime not in known:
                     print(f"docker: no runtime {runtime} (has {', '.join(known)})", file=sys.stderr)
                     continue
@@ -1041,12 +1167,29 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     return list(rows.values()), machine, extra
 
 
+#: Docker's runtime that matches each class: the same OCI runtime (runc, or
+#: gVisor's runsc) under Docker; a vm has none (Docker runs no VMs here).
+DOCKER_RUNTIME = {"container": "runc", "gvisor": "runsc", "vm": ""}
+
 #: How runsc runs under bench/docker_setup.py's daemon.
 RUNSC_NOTE = "(ptrace platform)"
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    print(f"compare.py (pid {os.getpid()}): SIGTERM, stopping", file=sys.stderr)
+    sys.exit(143)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--class",
+        dest="klass",
+        choices=sorted(DOCKER_RUNTIME),
+        default="gvisor",
+        help="podbay's sandbox class to measure (default: gvisor, the default class), "
+        "against Docker on the matching runtime (container: runc, gvisor: runsc, vm: none)",
+    )
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument(
@@ -1057,9 +1200,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--docker-runtimes",
-        default="runc,runsc",
+        default=None,
         metavar="NAME,NAME",
-        help="Docker's runtimes to measure, one column each (default: runc,runsc)",
+        help="Docker's runtimes to measure, one column each (default: the class's: "
+        "runc for container, runsc for gvisor, none for vm)",
     )
     parser.add_argument(
         "--docker-cli",
@@ -1099,7 +1243,7 @@ def main() -> int:
     # where it is ignored), it still removes its servers' sandboxes and Docker's
     # containers: both end in the ``finally`` of ``run``.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     if args.cli:
         PODBAY[:] = args.cli.split()
     if args.worker:

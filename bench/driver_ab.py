@@ -7,6 +7,9 @@ Run as root with the base image cached (bench/runtime.py builds it)::
     .venv/bin/python bench/driver_ab.py new=src old=/tmp/old/src \\
         [--rounds 30] [--ops create:1,exec:10,flip:5,agent:30]
 
+``PODBAY_RUNTIME_OCI_RUNTIME=runsc`` in the environment measures the gVisor
+driver instead (the settings are read from it).
+
 Each ``NAME=SRC`` runs in a child process of this script with ``PYTHONPATH=SRC``
 and its own throwaway data directory (removed at the end unless something is
 left mounted in it), building that checkout's OCI driver (runc) as the oldest

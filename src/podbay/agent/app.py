@@ -304,14 +304,16 @@ class App:
         return acting_as(resolve(req.query.get("user"), req.headers.get(_DEFAULT_USER)))
 
     def read_file(self, req: Request) -> Response:
+        # A reader that takes the digest after the bytes asks so as a writer sends it.
+        trailing = req.headers.get(paths.DIGEST_HEADER.lower()) == paths.DIGEST_TRAILING
         with self._as(req):
-            stream = self.files.open_read(req.query.get("path"))
+            stream = self.files.open_read(req.query.get("path"), trailing=trailing)
         body: bytes | FileStream = stream.data if stream.data is not None else stream
         return Response(
             200,
             body,
             headers=[(paths.DIGEST_HEADER, stream.digest)],
-            length=stream.length,
+            length=stream.body_length,
             content_type="application/octet-stream",
         )
 

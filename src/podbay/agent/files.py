@@ -9,6 +9,14 @@ connection is cut rather than finishing a body that does not match its
 digest. Files up to 1 MiB are kept from the first pass instead (one read, and
 ``/proc`` files that change on every read still match their digest).
 
+A reader that asks with ``X-Podbay-Sha256: trailing`` (as a writer may send
+it) gets a larger file in one pass instead: the bytes as they are read and
+hashed, then their hex digest as the body's last 64 bytes, answered with
+``X-Podbay-Sha256: trailing``. A file that changes meanwhile (its size, its
+modification or change time) has its connection cut, as between two passes.
+Old readers, which do not ask, get the two passes; an old agent ignores the
+request and answers with the digest first, which readers still take.
+
 A write streams the body into a temporary file beside the target, checks
 the writer's digest, and only then renames it into place: readers see the
 old content or the new, never a mix, and a mismatch leaves the old content
@@ -130,6 +138,9 @@ class FileStream:
         if self.data is not None:
             yield self.data
             return
+        if self.digest == DIGEST_TRAILING:
+            yield from self._one_pass()
+            return
         try:
             os.lseek(self.fd, 0, os.SEEK_SET)
             hasher = hashlib.sha256()
@@ -151,11 +162,40 @@ class FileStream:
         finally:
             self.close()
 
+    def _one_pass(self) -> Iterator[bytes]:
+        """The bytes as read and hashed, then their hex digest (``trailing``)."""
+        try:
+            before = _version(os.fstat(self.fd))
+            hasher = _sha256()
+            left = self.length
+            while left:
+                chunk = os.read(self.fd, min(CHUNK, left))
+                if not chunk:
+                    raise Aborted("the file shrank while it was being sent")
+                hasher.update(chunk)
+                left -= len(chunk)
+                yield chunk
+            if _version(os.fstat(self.fd)) != before:
+                raise Aborted("the file changed while it was being sent")
+            yield hasher.hexdigest().encode("ascii")
+        finally:
+            self.close()
+
+    @property
+    def body_length(self) -> int:
+        """The answer's length: the file's, and the trailing digest's."""
+        return self.length + (DIGEST_HEX_LENGTH if self.digest == DIGEST_TRAILING else 0)
+
     def close(self) -> None:
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
+
+
+def _version(st: os.stat_result) -> tuple[int, int, int]:
+    """What a write to the file changes: its size, modification and change time."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 class Files:
@@ -238,8 +278,10 @@ class Files:
         entries.sort(key=lambda e: e.name)
         return DirListing(path=shown, entries=entries)
 
-    def open_read(self, raw: str | None) -> FileStream:
-        """Hash the file (first pass) and return the stream for the second."""
+    def open_read(self, raw: str | None, *, trailing: bool = False) -> FileStream:
+        """Hash the file (first pass) and return the stream for the second;
+        ``trailing``: a file larger than :data:`SMALL_FILE` is not read here,
+        its stream hashes as it sends and ends with the digest."""
         path, shown = self.resolve(raw)
         try:
             # O_NONBLOCK: opening a FIFO must not hang; it is refused below.
@@ -253,6 +295,8 @@ class Files:
             if not stat.S_ISREG(st.st_mode):
                 raise ApiError(ErrorCode.PATH_INVALID, f"{shown} is not a regular file")
             os.set_blocking(fd, True)
+            if trailing and st.st_size > SMALL_FILE:
+                return FileStream(fd, st.st_size, DIGEST_TRAILING)
             hasher = _sha256()
             length = 0
             kept: list[bytes] | None = []

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from podbay.errors import SandboxRequestError, SandboxUnavailableError
 from podbay.wire.data import ExecResult, FileInfo, FileType
 from podbay.wire.limits import BASE64_WRITE_CHUNK, EXEC_OUTPUT_CAP
-from podbay.wire.paths import DIGEST_HEADER
+from podbay.wire.paths import DIGEST_HEADER, DIGEST_HEX_LENGTH, DIGEST_TRAILING
 
 from ._models import CombinedResult, DirEntry, GrepMatch
 
@@ -328,28 +328,55 @@ def file_digest(source: BinaryIO) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+#: Request headers of a native read: the digest may come after the bytes (one
+#: pass over the file in the agent; older agents ignore it and send it first).
+READ_HEADERS = {DIGEST_HEADER: DIGEST_TRAILING}
+
+
 class DigestCheck:
     """Hashes a native read as it streams; :meth:`verify` refuses a mismatch.
 
     The agent sends the file's SHA-256 in ``X-Podbay-Sha256`` before the
-    bytes; a read whose bytes do not hash to it (or that has no digest, or
-    ends short of ``Content-Length``) raises instead of returning.
+    bytes, or (``trailing``) as the body's last 64 bytes, which :meth:`update`
+    holds back; a read whose bytes do not hash to it (or that has no digest,
+    or ends short of ``Content-Length``) raises instead of returning.
     """
 
     def __init__(self, headers: Mapping[str, str], path: str) -> None:
         self.path = path
         self.expected = (headers.get(DIGEST_HEADER) or "").strip().lower()
+        self.trailing = self.expected == DIGEST_TRAILING
         length = headers.get("Content-Length")
         self.total = int(length) if length and length.isdigit() else None
+        if self.trailing and self.total is not None:
+            self.total -= DIGEST_HEX_LENGTH
         self.size = 0
         self._digest = hashlib.sha256()
+        #: The last bytes received, which may yet be the trailing digest.
+        self._held = b""
 
-    def update(self, chunk: bytes) -> None:
-        self._digest.update(chunk)
-        self.size += len(chunk)
+    def update(self, chunk: bytes) -> list[bytes | memoryview]:
+        """Take ``chunk``; the content to pass on (less what may be the digest),
+        in pieces, without copying ``chunk``."""
+        pieces: list[bytes | memoryview] = [chunk]
+        if self.trailing:
+            if len(chunk) >= DIGEST_HEX_LENGTH:
+                pieces = [self._held, memoryview(chunk)[:-DIGEST_HEX_LENGTH]]
+                self._held = chunk[-DIGEST_HEX_LENGTH:]
+            else:
+                joined = self._held + chunk
+                pieces = [joined[:-DIGEST_HEX_LENGTH]]
+                self._held = joined[-DIGEST_HEX_LENGTH:]
+        out: list[bytes | memoryview] = [p for p in pieces if len(p)]
+        for piece in out:
+            self._digest.update(piece)
+            self.size += len(piece)
+        return out
 
     def verify(self) -> None:
-        if not self.expected:
+        if self.trailing:
+            self.expected = self._held.decode("ascii", errors="replace").lower()
+        if not self.expected or (self.trailing and len(self._held) < DIGEST_HEX_LENGTH):
             raise SandboxUnavailableError(
                 f"reading {self.path}: the agent sent no {DIGEST_HEADER} digest"
             )

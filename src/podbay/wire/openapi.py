@@ -425,7 +425,9 @@ def data_plane(endpoint: str) -> dict[str, Any]:
                     "Read a file",
                     {
                         "200": {
-                            "description": "its bytes (X-Podbay-Sha256: their digest)",
+                            "description": "its bytes (X-Podbay-Sha256: their digest; "
+                            "asked with X-Podbay-Sha256: trailing, a file above 1 MiB is "
+                            "answered 'trailing' with its digest as the body's last 64 bytes)",
                             "content": {"application/octet-stream": {"schema": {}}},
                         }
                     },

@@ -54,6 +54,31 @@ def test_binary_round_trip(agent: Agent, workspace: Path) -> None:
     assert (workspace / "bin" / "blob.dat").read_bytes() == data
 
 
+def test_a_reader_asking_for_a_trailing_digest_gets_it_after_the_bytes(
+    agent: Agent, workspace: Path
+) -> None:
+    # One pass over a large file in the agent: the digest follows the content.
+    data = os.urandom(3 * MIB)
+    (workspace / "big.bin").write_bytes(data)
+    got = agent.client.get(
+        "/v1/files",
+        params={"path": str(workspace / "big.bin")},
+        headers={"X-Podbay-Sha256": "trailing"},
+    )
+    assert got.status_code == 200
+    assert got.headers["X-Podbay-Sha256"] == "trailing"
+    assert got.headers["Content-Length"] == str(len(data) + 64)
+    assert got.content == data + _sha(data).encode()
+    # A small file keeps its digest first, whoever asks.
+    (workspace / "small").write_bytes(b"tiny")
+    small = agent.client.get(
+        "/v1/files",
+        params={"path": str(workspace / "small")},
+        headers={"X-Podbay-Sha256": "trailing"},
+    )
+    assert (small.content, small.headers["X-Podbay-Sha256"]) == (b"tiny", _sha(b"tiny"))
+
+
 def test_relative_paths_resolve_against_the_workspace(agent: Agent, workspace: Path) -> None:
     assert _put(agent, f"{workspace.name}/rel.txt", b"hi").status_code == 200
     assert (workspace / "rel.txt").read_bytes() == b"hi"

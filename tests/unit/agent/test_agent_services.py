@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -80,6 +81,52 @@ def test_large_file_streams_whole_when_unchanged(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"xyz" * 1_000_000)
     stream = Files(str(tmp_path)).open_read("f")
     assert b"".join(stream) == b"xyz" * 1_000_000 and stream.length == 3_000_000
+
+
+def test_trailing_read_is_one_pass_ending_in_the_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = b"xyz" * 1_000_000
+    (tmp_path / "f").write_bytes(data)
+    reads = []
+    real_read = os.read
+
+    def counting(fd: int, n: int) -> bytes:
+        chunk = real_read(fd, n)
+        reads.append(len(chunk))
+        return chunk
+
+    monkeypatch.setattr(os, "read", counting)
+    stream = Files(str(tmp_path)).open_read("f", trailing=True)
+    body = b"".join(stream)
+    assert body == data + hashlib.sha256(data).hexdigest().encode()
+    assert stream.body_length == len(body) and sum(reads) == len(data)  # read once
+    assert stream.fd == -1
+
+
+def test_trailing_read_of_a_file_written_meanwhile_is_cut(tmp_path: Path) -> None:
+    size = 3 * 1024 * 1024
+    target = tmp_path / "f"
+    target.write_bytes(b"a" * size)
+    stream = Files(str(tmp_path)).open_read("f", trailing=True)
+    sent = []
+    with pytest.raises(Aborted):
+        for chunk in stream:
+            sent.append(chunk)
+            if len(sent) == 1:
+                with open(target, "r+b") as f:  # same size, other bytes
+                    f.seek(size - 1)
+                    f.write(b"b")
+    assert sum(map(len, sent)) == size  # the digest never went out
+    assert stream.fd == -1
+
+
+def test_trailing_read_of_a_small_file_keeps_the_digest_first(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"small")
+    stream = Files(str(tmp_path)).open_read("f", trailing=True)
+    assert stream.data == b"small" and stream.digest == hashlib.sha256(b"small").hexdigest()
+    proc = Files("/").open_read("/proc/self/status", trailing=True)  # size 0 to fstat
+    assert proc.data is not None and proc.length == len(proc.data) > 0
 
 
 def test_small_file_is_served_from_the_first_read(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,15 @@ LOOKS_LIKE_SERVE = "import sys, time; time.sleep(600)"
 
 
 def spawn(*argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", LOOKS_LIKE_SERVE, *argv])
+    """The process, once its command line is ``argv``'s (``dev up`` records a
+    server that already answers; right after a fork it may still read as ours)."""
+    process = subprocess.Popen([sys.executable, "-c", LOOKS_LIKE_SERVE, *argv])
+    want = os.fsencode(LOOKS_LIKE_SERVE)
+    for _ in range(1000):
+        if want in Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0"):
+            return process
+        time.sleep(0.01)
+    raise AssertionError("the spawned process never showed its command line")
 
 
 def test_the_recorded_server_is_stopped_and_its_file_removed(tmp_path: Path) -> None:

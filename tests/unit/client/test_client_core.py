@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import io
 import json
@@ -268,6 +269,30 @@ def test_digest_check() -> None:
     missing = _files.DigestCheck({}, "p")
     with pytest.raises(Exception, match="no X-Podbay-Sha256"):
         missing.verify()
+
+
+def test_digest_check_takes_a_trailing_digest_off_the_content() -> None:
+    data = bytes(range(256)) * 300
+    body = data + hashlib.sha256(data).hexdigest().encode()
+    headers = {"X-Podbay-Sha256": "trailing", "Content-Length": str(len(body))}
+    check = _files.DigestCheck(headers, "p")
+    # Split anywhere: chunks shorter and longer than a digest, one across it.
+    chunks, i, sizes = [], 0, [50, 700, 10, 64, 3]
+    while i < len(body):
+        size = sizes[len(chunks) % len(sizes)]
+        chunks.append(body[i : i + size])
+        i += size
+    passed = b"".join(bytes(piece) for chunk in chunks for piece in check.update(chunk))
+    assert passed == data and check.total == len(data) == check.size
+    check.verify()
+    bad = _files.DigestCheck(headers, "p")
+    bad.update(body[:-1] + b"0")
+    with pytest.raises(Exception, match="mismatch"):
+        bad.verify()
+    short = _files.DigestCheck(headers, "p")
+    short.update(body[:30])
+    with pytest.raises(Exception, match="no X-Podbay-Sha256"):
+        short.verify()
 
 
 # -- the generated sync client ----------------------------------------------------------

@@ -1078,20 +1078,25 @@ class SandboxClient:
         self,
         name: str,
         path: str,
-        sink: Callable[[bytes], object],
+        sink: Callable[[bytes | memoryview], object],
         progress: Progress | None,
         user: str | None = None,
     ) -> None:
         response = self._data(
-            name, "GET", paths.FILES, params={"path": path, **_as_user(user)}, stream=True
+            name,
+            "GET",
+            paths.FILES,
+            params={"path": path, **_as_user(user)},
+            headers=_files.READ_HEADERS,
+            stream=True,
         )
         if response.status_code != 200:
             raise self._core.read_refusal(response)
         check = _files.DigestCheck(response.headers, path)
         try:
             for chunk in response.iter_bytes():
-                check.update(chunk)
-                sink(chunk)
+                for content in check.update(chunk):
+                    sink(content)
                 if progress is not None:
                     progress(check.size, check.total)
         except httpx.TransportError as exc:

@@ -81,6 +81,13 @@ class Cgroups:
     def thaw(self, path: str) -> None:
         self._write(self.freezer_file(path), "0" if self.version == 2 else "THAWED")
 
+    def thaw_if_frozen(self, path: str) -> bool:
+        """Thaw the cgroup when it is frozen; whether it was."""
+        if not self.frozen(path):
+            return False
+        self.thaw(path)
+        return True
+
     @staticmethod
     def _write(file: Path, value: str) -> None:
         try:

@@ -3,7 +3,7 @@
 create  = sparse ext4 file for the writable layer, record written → stopped
 start   = loop-mount + overlay, bundle, host-made agent socket, ``runc run -d``,
           ``GET /v1/info`` answers → running
-suspend = cgroup freezer (memory and files intact); resume = thaw
+suspend = cgroup freezer (memory and files intact; runsc's too); resume = thaw
 stop    = ``runc delete --force``, unmount; the ext4 file stays → stopped
 destroy = all of stop, then the machine's directories → absent
 
@@ -417,7 +417,10 @@ class OciDriver(RecordKeepingDriver):
         uses it too."""
         paths = self._paths(machine_id)
         if isinstance(self.runc, runsc.Runsc):
-            # Whatever its state (see Runsc.delete).
+            # Thawed first: every runsc command waits for the sentry, which a
+            # frozen cgroup never lets answer. Then whatever its state (see
+            # Runsc.delete).
+            self.cgroups.thaw_if_frozen(paths.cgroup)
             await self.runc.delete(machine_id, discard=discard)
         elif (state := await self.runc.query(machine_id)) is not None:
             frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
@@ -461,17 +464,27 @@ class OciDriver(RecordKeepingDriver):
         if frozen:
             await self._thaw(machine_id)
 
+    @property
+    def _freezes_cgroup(self) -> bool:
+        """Suspend is the cgroup freezer (runc, and runsc: gVisor's sentry, gofer
+        and stubs are host processes of that cgroup; see :mod:`.runsc`);
+        other runtimes are asked to pause."""
+        return self.runc.is_runc or isinstance(self.runc, runsc.Runsc)
+
     async def _freeze(self, machine_id: str) -> None:
-        if self.runc.is_runc:
+        if self._freezes_cgroup:
             await self.cgroups.freeze(self._paths(machine_id).cgroup)
         else:
             await self.runc.call("pause", machine_id)
 
     async def _thaw(self, machine_id: str) -> None:
+        cgroup = self._paths(machine_id).cgroup
         if self.runc.is_runc:
-            self.cgroups.thaw(self._paths(machine_id).cgroup)
+            self.cgroups.thaw(cgroup)
             return
-        await self.runc.call("resume", machine_id, check=False)
+        if not (self._freezes_cgroup and self.cgroups.thaw_if_frozen(cgroup)):
+            # Paused by the runtime (crun, or runsc under an older podbay).
+            await self.runc.call("resume", machine_id, check=False)
         hostname = self._hostname_on_resume.pop(machine_id, None)
         if hostname is not None and isinstance(self.runc, runsc.Runsc):
             with contextlib.suppress(DriverError):  # e.g. thawed only to be killed
@@ -502,11 +515,12 @@ class OciDriver(RecordKeepingDriver):
             state = await self.runc.query(machine_id)
             if state is not None and state.status in ("running", "paused"):
                 paths = self._paths(machine_id)
+                suspended = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
                 name = uts_name(hostname)
                 for file, text in (("hostname", name + "\n"), ("hosts", hosts_file(name))):
                     _rewrite_in_place(paths.files / file, text)
                 if isinstance(self.runc, runsc.Runsc):
-                    if state.status == "paused":  # nothing runs in it: set on resume
+                    if suspended:  # nothing runs in it: set on resume
                         self._hostname_on_resume[machine_id] = name
                     else:
                         await self.runc.set_hostname(machine_id, name)
@@ -534,6 +548,9 @@ class OciDriver(RecordKeepingDriver):
         known = {machine.machine_id for machine in found}
         for orphan in set(self.runc.container_ids()) - known:
             log.warning("removing container %s, which has no machine record", orphan)
+            if self._freezes_cgroup:  # a frozen sentry would never answer runsc's delete
+                with contextlib.suppress(ValueError, DriverError):
+                    self.cgroups.thaw_if_frozen(self._paths(orphan).cgroup)
             await self.runc.delete(orphan)
         return found
 
