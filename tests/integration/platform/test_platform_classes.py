@@ -113,7 +113,9 @@ def test_the_classes_refusals(server, token):
     r = server.attach(token, "keeps", json={"class": "gvisor"})
     assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_CONFLICT"
     again = server.attach(token, "keeps")
-    assert again.json()["class"] == "container" and again.json()["start"] == "reused"
+    # Without a class the handle says "default", the caller's word; it runs in its own.
+    assert again.json()["class"] == "default" and again.json()["start"] == "reused"
+    assert again.json()["runtime_class"] == "container"
 
 
 def test_suspend_resume_and_restart_adopt_each_class(server, token):
@@ -126,7 +128,7 @@ def test_suspend_resume_and_restart_adopt_each_class(server, token):
         stop = server.api("POST", f"/api/v1/sandboxes/life-{name}/stop", token)
         assert stop.status_code == 204
         back = server.attach(token, f"life-{name}").json()
-        assert back["start"] == "resumed" and back["class"] == name
+        assert back["start"] == "resumed" and back["runtime_class"] == name
         handles[name] = back
     server.kill9()
     server.spawn()
