@@ -79,7 +79,7 @@ def test_memory_hogs_lose_to_the_oom_killer_not_the_agent(server: PlatformServer
     token = server.create_deployment("oom")
     handle = server.attach(token, "hog").json()
     r = server.exec(handle, "sh", "-c", SMALL_HOGS, timeout_ms=60_000)
-    if handle["class"] == "gvisor":
+    if handle["runtime_class"] == "gvisor":
         # gVisor's kernel has no OOM killer: the host's ends the whole sandbox.
         assert (r.status_code, r.json()["code"]) == (502, "AGENT_UNREACHABLE"), r.text
         handle = server.attach(token, "hog").json()
