@@ -27,6 +27,7 @@ import functools
 import json
 import logging
 import resource
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,8 +106,15 @@ def guarded_protocol(
             super().on_headers_complete()
             if self.cycle is not None:
                 extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
-                extensions[RESPONSE_GATHER] = functools.partial(_gathered, self.cycle)
-                extensions[RESPONSE_ABORT] = functools.partial(self._abort, self.cycle)
+                # Weakly: the scope is the cycle's own, and a strong reference from
+                # it to the cycle (or to this protocol, which holds the cycle) made
+                # every request a reference cycle that only the garbage collector
+                # freed, twice its collections per exec (docs/performance.md).
+                cycle = weakref.ref(self.cycle)
+                extensions[RESPONSE_GATHER] = functools.partial(_gathered, cycle)
+                extensions[RESPONSE_ABORT] = functools.partial(
+                    _abort_weakly, weakref.ref(self), cycle
+                )
             if self.cycle is not None and self.cycle.more_body:
                 self._arm_body()
                 self._offer_body()
@@ -239,11 +247,23 @@ class _Gathering:
         return getattr(self._transport, name)
 
 
+def _abort_weakly(protocol: weakref.ref[Any], cycle: weakref.ref[Any]) -> None:
+    """The protocol's ``_abort`` of the cycle, both held weakly (see
+    ``on_headers_complete``); nothing when either is gone."""
+    live_protocol, live_cycle = protocol(), cycle()
+    if live_protocol is not None and live_cycle is not None:
+        live_protocol._abort(live_cycle)
+
+
 @contextlib.contextmanager
-def _gathered(cycle: Any) -> Iterator[None]:
+def _gathered(ref: weakref.ref[Any]) -> Iterator[None]:
     """See :data:`podbay.asgi.RESPONSE_GATHER`: the cycle writes to a gathering
     transport meanwhile (uvicorn writes an answer's head and each body message
-    on their own)."""
+    on their own). Nothing is gathered for a cycle already gone."""
+    cycle = ref()
+    if cycle is None:
+        yield
+        return
     real = cycle.transport
     gathering = _Gathering(real)
     cycle.transport = gathering

@@ -139,6 +139,9 @@ class _Response:
         assert self.parser is not None
         self.keep_alive = self.parser.should_keep_alive()
         self.done = True
+        # The parser holds this object's callbacks: dropped now, the pair is freed
+        # at once after the relay instead of by the garbage collector.
+        self.parser = None
 
 
 async def _whole_body(receive: Receive) -> bytes:

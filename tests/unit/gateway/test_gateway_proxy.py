@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import Iterator
 
@@ -377,3 +378,24 @@ async def test_an_answer_in_hand_is_sent_gathered_into_one_write(tmp_path):
     status = await relay(AgentPool(tmp_path / "b.sock"), scope, _receive([]), sink, b"/x", "r")
     assert status == 200 and sink.body == b"{}" and gather.spans == []
     slow.close()
+
+
+async def test_a_relayed_answer_leaves_no_garbage_cycle(tmp_path):
+    """The answer's parser and the object collecting its callbacks part once the
+    answer is whole: they held each other, a reference cycle per relayed answer
+    that only the garbage collector freed."""
+    from podbay.gateway import proxy
+
+    seen: list = []
+    server = await _agent(tmp_path / "a.sock", [OK], seen)
+    gc.collect()
+    gc.disable()
+    try:
+        status = await relay(
+            AgentPool(tmp_path / "a.sock"), _scope(), _receive([]), _Sink(), b"/x", "r"
+        )
+        assert status == 200
+        assert not [o for o in gc.get_objects() if isinstance(o, proxy._Response)]
+    finally:
+        gc.enable()
+        server.close()
