@@ -170,8 +170,10 @@ def main() -> None:
         # No hibernation in the middle of the counted execs.
         "PODBAY_RUNTIME_AGENT_HIBERNATE_SECONDS": "600",
     }
-    server = CountedServer.start(root, env=env)
+    # Not waited for by start: a server that fails its start is stopped too.
+    server = CountedServer.start(root, env=env, wait=False)
     try:
+        server.wait_ready()
         token = server.create_deployment("calls")
         handles = []
         for i in range(args.sandboxes):
