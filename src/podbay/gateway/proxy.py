@@ -313,7 +313,9 @@ async def _relay_admitted(
         response = _Response()
         parser = response.parser = httptools.HttpResponseParser(response)
         head_bytes = 0
-        with contextlib.ExitStack() as whole:
+        # The listener's gathering, once an answer is whole in hand (see _gather).
+        gathered: contextlib.AbstractContextManager[None] | None = None
+        try:
             while not response.done:
                 if reading is not None:
                     data, reading = await reading, None
@@ -336,7 +338,7 @@ async def _relay_admitted(
                     headers = [(k, v) for k, v in response.headers if _passed_on(k)]
                     headers.append((_REQUEST_ID, request_id.encode()))
                     if response.done:  # the whole answer is in hand (an exec's)
-                        _gather(scope, whole)
+                        gathered = _gather(scope)
                     await send(
                         {"type": "http.response.start", "status": status, "headers": headers}
                     )
@@ -347,6 +349,9 @@ async def _relay_admitted(
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             watcher.cancel()  # the answer's end reads as a disconnect: stop watching first
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if gathered is not None:
+                gathered.__exit__(None, None, None)
         if response.keep_alive and not gone.is_set() and delivered:
             pool.release(conn)
         else:
@@ -545,12 +550,17 @@ async def _send_body(
     await writer.drain()
 
 
-def _gather(scope: Scope, stack: contextlib.ExitStack) -> None:
-    """Have the listener write what is sent until ``stack`` closes as one write,
-    where it offers that (:data:`podbay.asgi.RESPONSE_GATHER`)."""
+def _gather(scope: Scope) -> contextlib.AbstractContextManager[None] | None:
+    """Have the listener write what is sent until the context manager returned
+    (entered) exits as one write, where it offers that
+    (:data:`podbay.asgi.RESPONSE_GATHER`). Entered and left by hand, not through
+    an ExitStack: this is every exec's path, and the stack cost seven calls."""
     gather = (scope.get("extensions") or {}).get(RESPONSE_GATHER)
-    if gather is not None:
-        stack.enter_context(gather())
+    if gather is None:
+        return None
+    gathered: contextlib.AbstractContextManager[None] = gather()
+    gathered.__enter__()
+    return gathered
 
 
 def _header(scope: Scope, name: bytes) -> bytes:
