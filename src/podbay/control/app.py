@@ -211,7 +211,7 @@ class Platform:
         self.control.state.platform = self
         self._control = RequestIdMiddleware(BodyLimit(self.control, MAX_CONTROL_BODY))
         # E2B's SDKs (docs/e2b.md): its REST paths and requests naming an E2B sandbox.
-        self.e2b = E2BApps(self)
+        self.e2b = E2BApps(self.store, self.sandboxes, self.limits)
 
     def _mint(self, sandbox_id: str, incarnation: int, ttl: float) -> tuple[str, datetime]:
         """A data-plane credential, already known to this process's gateway: the

@@ -15,15 +15,20 @@ from . import control, envd, interpreter, relay
 from .service import E2BService
 
 if TYPE_CHECKING:
-    from podbay.control.app import Platform
+    from podbay.control.services.sandboxes import SandboxService
+    from podbay.runtime.base import Limits
+    from podbay.store.base import Store
 
 _SANDBOX_HEADER = relay.SANDBOX_ID_HEADER.encode()
 
 
 class E2BApps:
-    def __init__(self, platform: Platform) -> None:
-        self.service = E2BService(platform.store, platform.sandboxes)
-        self.control = control.build(self.service, platform.limits)
+    """E2B's fronts over the platform's own store and sandbox service (the
+    pieces they use, not the platform: the platform builds them)."""
+
+    def __init__(self, store: Store, sandboxes: SandboxService, limits: Limits) -> None:
+        self.service = E2BService(store, sandboxes)
+        self.control = control.build(self.service, limits)
         self.envd = envd.build(self.service)
         self.interpreter = interpreter.build(self.service)
 
