@@ -262,7 +262,18 @@ class SandboxService:
     async def _reuse(self, row: Sandbox, transitions: Transitions) -> Attached:
         node = self.nodes.of(row)
         if not node.routed(row):
-            await transitions.add_route(row)
+            try:
+                await transitions.add_route(row)
+            except ApiError as exc:
+                # The row carries a route mark, so its node took the route; this
+                # replica's view of the node may predate the node's last start,
+                # and a node that stopped answering is not lost until its
+                # heartbeats time out. Until then attach answers from the store,
+                # as the unlocked path does: the caller's calls then fail to
+                # connect, which is safe to repeat.
+                if row.routed_on is None or exc.code is not ErrorCode.SANDBOX_START_FAILED:
+                    raise
+                log.warning("sandbox %s: its node did not take the route again: %s", row.id, exc)
         return self._touched(row, node)
 
     def _touched(self, row: Sandbox, node: Node) -> Attached:
