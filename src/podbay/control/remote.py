@@ -278,7 +278,14 @@ class ClusterNodes:
         self.keys = keys
         self.lost_after = lost_after
         self.clock = clock
-        self.client = httpx.AsyncClient(timeout=CALL_TIMEOUT)
+        # No kept connections: after a node restarts, a pooled connection to its
+        # old process fails on its next use ("did not answer", an empty read
+        # error), which made attach fail right after a node restart. Control
+        # calls a node per lifecycle step, never per command, so a new loopback
+        # or LAN connection per call costs nothing that shows.
+        self.client = httpx.AsyncClient(
+            timeout=CALL_TIMEOUT, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._nodes: dict[str, RemoteNode] = {}
         self._read_at = 0.0
 
