@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from podbay.agent.staging import AGENT_ENV, agent_argv, stage
+from podbay.runtime.staging import AGENT_ENV, agent_argv, stage
 
 
 class RawClient:
@@ -149,7 +149,8 @@ def main() -> int:
             t2 = time.perf_counter()
             posix_spawn_true()
             t3 = time.perf_counter()
-            assert status == 200 and json.loads(raw)["exit_code"] == 0, raw
+            assert status == 200, raw
+            assert json.loads(raw)["exit_code"] == 0, raw
             agent_ms.append((t1 - t0) * 1000)
             run_ms.append((t2 - t1) * 1000)
             spawn_ms.append((t3 - t2) * 1000)

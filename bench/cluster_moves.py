@@ -1,6 +1,6 @@
 """Moving a stopped sandbox's disk between nodes: how long, and that the
 control plane carries none of it. PostgreSQL + two ``podbay control``
-behind haproxy + two ``podbay node`` (``podbay.testing.cluster.LocalCluster``).
+behind haproxy + two ``podbay node`` (``podbay.testing.local_cluster.LocalCluster``).
 
     .venv/bin/python bench/cluster_moves.py [--mib 100] [--moves 6] [--json]
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from podbay.testing.cluster import LocalCluster, process_io
+from podbay.testing.local_cluster import LocalCluster, process_io
 
 LONG = {
     "PODBAY_LIFECYCLE_IDLE_SECONDS": "3600",

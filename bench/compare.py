@@ -21,7 +21,9 @@ them all alike; ``A/B`` is the median of the pairwise ratios. They are:
 * ``--against SRC``: podbay from another checkout's ``src`` (e.g. ``git
   archive OLD src | tar -x -C /tmp/old``), in a child process of this script
   with ``PYTHONPATH=SRC``: its server, agent, SDK, and its CLI as
-  ``--against-cli`` (default ``python -m podbay.cli.main``);
+  ``--against-cli`` (default ``python -m podbay.cli.main``), on
+  ``--against-class`` (default ``--class``: ``--against src
+  --against-class container`` sets two classes of this checkout side by side);
 * and Docker Engine (unless ``--no-docker``), where it answers on
   ``/var/run/docker.sock`` and
   has ``--docker-image`` locally: one column per ``--docker-runtimes`` the
@@ -369,7 +371,10 @@ class Podbay:
         self.pause = 1.0 if warm_pool else 0.1
 
     def close(self) -> None:
-        from podbay.runtime.oci.storage import remove_tree
+        try:
+            from podbay.host.storage import remove_tree
+        except ImportError:  # a --against tree from before podbay.host
+            from podbay.runtime.oci.storage import remove_tree  # type: ignore[no-redef,import-not-found]
 
         self.client.close()
         self.server.close()
@@ -573,7 +578,8 @@ def read_from_agent(sock: str, path: str, size: int) -> float:
         got += len(chunk)
     took = time.perf_counter() - started
     conn.close()
-    assert response.status == 200 and got == size, (response.status, got)
+    assert response.status == 200, (response.status, got)
+    assert got == size, (response.status, got)
     return took
 
 
@@ -1041,7 +1047,8 @@ class WorkerSide:
             raise RuntimeError(f"the worker for {src} did not start: {ready!r}")
 
     def sample(self, key: str) -> dict[str, float]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.write(key + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()
@@ -1116,10 +1123,11 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Row], dict[str, Any]]
     try:
         sides.append(PodbaySide(source, digest, size, args.klass))
         if args.against:
+            against_class = args.against_class or args.klass
             sides.append(
-                WorkerSide(args.against, args.against_cli, source, digest, size, args.klass)
+                WorkerSide(args.against, args.against_cli, source, digest, size, against_class)
             )
-            labels.append(f"podbay from {args.against}, class {args.klass}")
+            labels.append(f"podbay from {args.against}, class {against_class}")
         if not args.no_docker and runtimes:
             known = Docker.runtimes(args.docker_image)
             for runtime in runtimes.split(",") if known else []:
@@ -1230,6 +1238,13 @@ def main() -> int:
         default=f"{sys.executable} -m podbay.cli.main",
         metavar="COMMAND",
         help="how to run that checkout's CLI",
+    )
+    parser.add_argument(
+        "--against-class",
+        choices=sorted(DOCKER_RUNTIME),
+        default=None,
+        help="the class of --against's server (default: --class), e.g. "
+        "`--against src --against-class container` sets gvisor beside container",
     )
     parser.add_argument(
         "--rows", metavar="KEY,KEY", help="only these rows: " + ", ".join(k for k, *_ in ROWS)

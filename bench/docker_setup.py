@@ -187,8 +187,8 @@ def tail(path: Path, lines: int = 20) -> str:
 def podbay_rootfs() -> tuple[Path, int]:
     """podbay's base image (the one ``podbay.testing`` servers share), built if
     missing, and the uid its ownership is shifted by."""
+    from podbay.host.image import ImageCache
     from podbay.runtime.oci.driver import OciDriver
-    from podbay.runtime.oci.image import ImageCache
     from podbay.settings import Settings
     from podbay.testing.fixtures import DEFAULT_IMAGE_DIR
 

@@ -100,7 +100,7 @@ def exchange(sock: socket.socket, request: bytes) -> bytes:
 
 def host_agent(tmp: Path) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """The checkout's agent staged and started as the runtime starts it."""
-    from podbay.agent import staging
+    from podbay.runtime import staging
 
     new_style = "python" in inspect.signature(staging.stage).parameters  # since 2a74deb
     staged = (
@@ -212,7 +212,8 @@ async def child(ops: set[str]) -> None:
                     t0 = time.perf_counter()
                     answer = exchange(sock, request)
                     out.setdefault("agent exec ms", []).append((time.perf_counter() - t0) * 1000)
-                    assert b" 200 " in answer and b'"exit_code":0' in answer, answer
+                    assert b" 200 " in answer, answer
+                    assert b'"exit_code":0' in answer, answer
                 out["agent exec cpu: agent"] = [(cpu_of(agent.pid) - before) / n]
             print(json.dumps(out), flush=True)
     finally:
@@ -247,7 +248,8 @@ def main() -> None:
             env=env,
         )
     for proc in children.values():
-        assert proc.stdout is not None and proc.stdout.readline() == "{}\n", "a child failed"
+        assert proc.stdout is not None, "a child failed"
+        assert proc.stdout.readline() == "{}\n", "a child failed"
     figures: dict[str, dict[str, list[float]]] = {name: {} for name in children}
     names, loads, started = list(children), [], time.perf_counter()
     try:
@@ -257,7 +259,8 @@ def main() -> None:
             for op in ops:
                 for name in order:
                     proc = children[name]
-                    assert proc.stdin is not None and proc.stdout is not None
+                    assert proc.stdin is not None
+                    assert proc.stdout is not None
                     proc.stdin.write(json.dumps(op) + "\n")
                     proc.stdin.flush()
                     for key, values in json.loads(proc.stdout.readline()).items():

@@ -9,7 +9,7 @@ Run as root with the base image cached::
 
 One ``gvisor`` driver of this checkout runs both columns; what differs is the
 agent: its staged code (``--against SRC``: the ``podbay`` package under SRC)
-and its start-up program (:func:`podbay.agent.staging.launch_code` of either
+and its start-up program (:func:`podbay.runtime.staging.launch_code` of either
 tree), and the runsc flags each column adds (``--a-flags``, ``--b-flags``);
 ``--a-chain`` starts A's runsc as a host without ``runsc-enter`` would.
 Samples alternate A B A B ... (starts A B, B A, ...), so that a machine shared
@@ -41,8 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from podbay.agent import staging
-from podbay.runtime import classes
+from podbay.runtime import classes, staging
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import Limits, MachineSpec
 from podbay.runtime.oci import gc, runsc
@@ -109,8 +108,9 @@ async def bench(args: argparse.Namespace) -> None:
     driver = classes.build_driver(settings, "gvisor")
     assert isinstance(driver, OciDriver)
     await driver.prepare()
-    assert driver._image is not None and driver._agent_dir is not None
-    from podbay.runtime.oci.agent_bundle import image_python
+    assert driver._image is not None
+    assert driver._agent_dir is not None
+    from podbay.runtime.agent_bundle import image_python
 
     agents = {"B": driver._agent_dir, "A": driver._agent_dir}
     argvs = {"B": driver._argv, "A": driver._argv}
@@ -124,8 +124,13 @@ async def bench(args: argparse.Namespace) -> None:
             staging.source_root = ours  # type: ignore[assignment]
         agents["A"] = runsc.reachable_agent(staged, driver.layout.run_dir)
         # The start-up program is built on the driver's side: take A's from its tree.
-        loaded = importlib.util.spec_from_file_location("a_staging", package / "agent/staging.py")
-        assert loaded is not None and loaded.loader is not None
+        # (runtime/staging.py; agent/staging.py in trees older than podbay.host)
+        theirs_path = package / "runtime/staging.py"
+        if not theirs_path.exists():
+            theirs_path = package / "agent/staging.py"
+        loaded = importlib.util.spec_from_file_location("a_staging", theirs_path)
+        assert loaded is not None
+        assert loaded.loader is not None
         theirs: Any = importlib.util.module_from_spec(loaded)
         loaded.loader.exec_module(theirs)
         kept = staging._USE_BUNDLE, staging.START_AGENT

@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from podbay.errors import AgentError, AgentUnreachable
 from podbay.runtime import agent_client, classes
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import Driver, Limits, MachineSpec
@@ -216,7 +217,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.to_thread(agent.exec, ["true"])
             execs.append(time.perf_counter() - t0)
         out["exec_true_ms"] = {"p50": pct(execs, 0.5) * 1000, "p99": pct(execs, 0.99) * 1000}
-        # The gateway keeps its connections to an agent (gateway/agentpool.py);
+        # The gateway keeps its connections to an agent (dataplane/agentpool.py);
         # AgentClient opens one per call (under gVisor its host socket is
         # served by the sandbox's kernel, each connection a few system calls more).
         kept = []
@@ -268,7 +269,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await driver.create(s)
                 await driver.start(s.machine_id)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - recorded as why the density run stopped
                 stop_reason = f"start failed: {e}"
                 break
             started.append(s.machine_id)
@@ -305,7 +306,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await asyncio.to_thread(AgentClient(driver.agent_socket(machine_id)).info)
                 alive += 1
-            except Exception:
+            except (AgentError, AgentUnreachable):  # counted as not answering
                 pass
         out["density"]["answering"] = alive
     finally:

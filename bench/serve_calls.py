@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from podbay.runtime.oci.storage import remove_tree
+from podbay.host.storage import remove_tree
 from podbay.testing.platform import PlatformServer
 
 #: Started in the server's interpreter before podbay: the counting hook, set in

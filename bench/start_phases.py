@@ -28,8 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from podbay.host import storage, userns
 from podbay.runtime.network import manager, netns, nft, slirp
-from podbay.runtime.oci import bundle, driver, runc, storage, userns
+from podbay.runtime.oci import bundle, driver, runc
 from podbay.settings import Settings
 from runtime import destroy_all, make_driver, spec
 

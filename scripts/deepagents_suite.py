@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -52,9 +51,9 @@ def host_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class TestLocalShellReferenceStandard(SandboxIntegrationTests):
     @pytest.fixture(scope="class")
     @classmethod
-    def sandbox(cls, host_root: Path) -> Iterator[SandboxBackendProtocol]:
+    def sandbox(cls, host_root: Path) -> SandboxBackendProtocol:
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        yield LocalShellBackend(
+        return LocalShellBackend(
             root_dir=host_root, virtual_mode=False, env={**os.environ, "PATH": path}
         )
 

@@ -162,7 +162,8 @@ def run(db: TemporaryCluster, work: Path) -> None:
         assert handle.endpoint.startswith(f"http://127.0.0.1:{node_port}")
         done = client.exec("smoke-1", ["sh", "-c", "uname -r; id -u; echo hi"])
         step(f"exec: exit {done.exit_code}, {done.stdout.split()}")
-        assert done.exit_code == 0 and done.stdout.split()[-1] == "hi"
+        assert done.exit_code == 0
+        assert done.stdout.split()[-1] == "hi"
         payload = secrets.token_bytes(4 << 20)
         client.write_file_bytes("smoke-1", "/tmp/payload", payload)
         back = client.read_file_bytes("smoke-1", "/tmp/payload")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from podbay.wire._lazy import lazy_getattr
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 
 __version__ = "0.1.0"
 
@@ -47,7 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover - what type checkers see of the lazy names
     from podbay.client import *
 
 
-__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "podbay.client"))
+if not TYPE_CHECKING:
+    # Hidden from type checkers: a module __getattr__ would let them accept
+    # `from podbay import anything` (a removed module's name included).
+    __getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "podbay.client"))
 
 
 def __dir__() -> list[str]:

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import json
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 
 if TYPE_CHECKING:
     from .wire.codes import ErrorCode
@@ -243,13 +243,17 @@ class ResponseAborted(PodbayError):
 
 class E2BError(PodbayError):
     """A refusal on E2B's REST surface: ``status`` and an UPPER_SNAKE ``code``,
-    answered as E2B's ``{"code": status, "message"}`` body."""
+    answered as E2B's ``{"code": status, "message"}`` body; with
+    ``retry_after`` (seconds), one the SDK asks again for by itself."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
 
 class ConnectError(PodbayError):

@@ -58,6 +58,10 @@ class ServerSettings:
     #: Longest wait for an agent to start answering a call (after an exec's own
     #: timeout, for an exec): then 504 AGENT_TIMEOUT and the machine is checked.
     agent_answer_seconds: float = 30.0
+    #: E2B's ``get_host(port)`` is ``{port}-{sandboxID}.{e2b_domain}`` (a name
+    #: whose subdomains reach this server, or in a cluster the nodes). Empty:
+    #: the address each create was sent to (a loopback one as ``localhost:PORT``).
+    e2b_domain: str = ""
 
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
@@ -65,7 +69,6 @@ class ServerSettings:
 
 @dataclass
 class RuntimeSettings:
-    driver: str = "oci"
     #: Sandbox classes this server runs, in order of preference: any of ``vm``,
     #: ``gvisor``, ``container`` (see docs/runtime.md). ``vm`` only when listed.
     classes: str = "gvisor,container"

@@ -22,7 +22,7 @@ class TestOciConformance(DriverConformance):
             oci_session.driver,
             oci_session.run,
             oci_session.settings,
-            factory="podbay.runtime.registry:build",
+            factory="podbay.runtime.oci.driver:OciDriver",
         )
 
 
@@ -53,5 +53,5 @@ class TestGenericOciRuntime(DriverConformance):
             generic_session.driver,
             generic_session.run,
             generic_session.settings,
-            factory="podbay.runtime.registry:build",
+            factory="podbay.runtime.oci.driver:OciDriver",
         )

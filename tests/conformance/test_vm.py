@@ -53,7 +53,7 @@ class TestVmConformance(DriverConformance):
 
 
 @pytest.fixture(scope="module")
-def pair(vm_session: VmSession) -> Iterator[tuple[AgentClient, AgentClient]]:
+def pair(vm_session: VmSession) -> tuple[AgentClient, AgentClient]:
     """Two small guests for the isolation probes, kept for the module. They boot
     side by side (each TCG boot keeps one core busy) and cold: a template of
     their shape would be one more boot, in the background of the probes, that
@@ -77,13 +77,14 @@ def pair(vm_session: VmSession) -> Iterator[tuple[AgentClient, AgentClient]]:
     finally:
         driver.templates_enabled = True
     a, b = (AgentClient(driver.agent_socket(spec.machine_id)) for spec in specs)
-    yield a, b
+    return a, b
 
 
 def test_guest_runs_its_own_kernel_as_real_root(pair: tuple[AgentClient, AgentClient]) -> None:
     a, _ = pair
     guest = a.sh("uname -r").stdout.strip()
-    assert guest and guest != os.uname().release
+    assert guest
+    assert guest != os.uname().release
     assert probes.own_kernel(a) is None
     assert a.sh("id -u").stdout.strip() == "0"
     # No host process in sight: besides the guest kernel's own threads (children
@@ -97,7 +98,9 @@ def test_no_platform_credentials_inside(pair: tuple[AgentClient, AgentClient]) -
     a, _ = pair
     assert probes.no_host_environment(a) is None
     env = a.sh("env").stdout
-    assert "PODBAY_PROBE=1" in env and "ASTRO" not in env and "TOKEN" not in env
+    assert "PODBAY_PROBE=1" in env
+    assert "ASTRO" not in env
+    assert "TOKEN" not in env
 
 
 def test_neighbours_see_nothing_of_each_other(pair: tuple[AgentClient, AgentClient]) -> None:
@@ -170,7 +173,8 @@ def test_files_cross_the_channel_intact_beside_other_requests(
     inside = a.sh("sha256sum /workspace/blob").stdout.split()[0]
     assert inside == hashlib.sha256(blob).hexdigest()
     status, back = _request(a.socket_path, "GET", path)
-    assert status == 200 and back == blob
+    assert status == 200
+    assert back == blob
 
 
 def test_gc_beside_running_machines_leaves_their_networks(
@@ -189,7 +193,8 @@ def test_gc_beside_running_machines_leaves_their_networks(
         for machine_id in driver.machine_ids()
         if netns.is_mounted(network.netns_path(machine_id))
     }
-    assert len(running) >= 2 and None not in running.values(), running
+    assert len(running) >= 2, running
+    assert None not in running.values(), running
     removed = vm_session.run(gc.collect(driver))
     assert not any(machine_id in line for line in removed for machine_id in running), removed
     for machine_id, slirp_pid in running.items():

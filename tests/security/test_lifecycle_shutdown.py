@@ -38,7 +38,7 @@ def in_thread(work: Any) -> tuple[threading.Thread, list[Any]]:
     def run() -> None:
         try:
             out.append(work())
-        except Exception as exc:  # handed to the test
+        except Exception as exc:  # noqa: BLE001 - handed to the test
             out.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -64,7 +64,8 @@ def test_exec_past_the_grace_gets_json_503_and_its_command_is_killed(
     thread.join(60)
     (r,) = out
     assert isinstance(r, httpx.Response), r
-    assert r.status_code == 503 and r.headers["content-type"] == "application/json", r.text
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"] == "application/json", r.text
     assert r.json()["code"] == "SERVER_SHUTTING_DOWN"
     server.spawn()
     server.wait_ready()

@@ -99,4 +99,5 @@ def test_store_migration_gives_old_suspended_rows_a_suspension_time(tmp_path: Pa
 
     got = asyncio.run(rows())
     assert got["sb-2"] is None
-    assert got["sb-1"] is not None and got["sb-1"].timestamp() == 200  # type: ignore[attr-defined]
+    assert got["sb-1"] is not None
+    assert got["sb-1"].timestamp() == 200

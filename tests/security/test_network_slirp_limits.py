@@ -85,12 +85,15 @@ def test_host(tmp_path: Path) -> Iterator[Upstream]:
             ["nsenter", f"--net={netns}", "--", sys.executable, "-c", HOLDING_SERVER, str(PORT)],
             stdout=subprocess.PIPE,
         )
-        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        assert server.stdout is not None
+        assert server.stdout.readline() == b"ready\n"
         yield Upstream(netns, server)
     finally:
         if server is not None:
             server.kill()
             server.wait()
+            if server.stdout is not None:
+                server.stdout.close()
         subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
         subprocess.run(["umount", str(netns)], capture_output=True, check=False)
 
@@ -116,7 +119,8 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
     done = flood(flooder.agent, TEST_HOST, PORT, attempts, [slirp])
     # The helper never held more sockets than its budget: the rest failed.
     assert done.most[slirp] <= BUDGET.max_fds, done
-    assert done.failed > 0 and done.held < attempts
+    assert done.failed > 0
+    assert done.held < attempts
     # Its memory stayed within the budget (at the limit the kernel ends it: the
     # flooding sandbox then has lost its own network, nobody else's).
     peak_file = memory / (
@@ -132,4 +136,5 @@ def test_a_flood_of_connections_stays_within_the_helpers_budget(
     reached = neighbour.agent.exec(
         ["python3", "-c", PROBE, TEST_HOST, str(PORT)], timeout_ms=30_000
     )
-    assert reached.ok and reached.stdout.strip() == "reached", reached
+    assert reached.ok, reached
+    assert reached.stdout.strip() == "reached", reached

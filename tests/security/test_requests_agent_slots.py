@@ -167,7 +167,8 @@ def test_held_uploads_take_half_the_slots_and_the_rest_are_refused_429(
             answer = _answer(sock)
             assert answer.startswith(b"HTTP/1.1 429 "), answer[:300]
             refused.append(answer)
-        assert b"SANDBOX_BUSY" in refused[0] and b"retry-after: 5" in refused[0].lower()
+        assert b"SANDBOX_BUSY" in refused[0]
+        assert b"retry-after: 5" in refused[0].lower()
         for handle in (busy, other):
             r = server.exec(handle, "echo", "still here")
             assert r.status_code == 200, r.text
@@ -224,7 +225,8 @@ def test_a_stopped_agent_answers_504_and_the_next_attach_restarts_it(
     assert again.status_code == 200, again.text
     assert again.json()["start"] == "carried_over", again.text
     r = server.exec(again.json(), "echo", "back")
-    assert r.status_code == 200 and r.json()["stdout"] == "back\n", r.text
+    assert r.status_code == 200, r.text
+    assert r.json()["stdout"] == "back\n", r.text
 
 
 def test_a_stopped_agent_answers_504_to_other_calls_after_the_bound(
@@ -241,4 +243,5 @@ def test_a_stopped_agent_answers_504_to_other_calls_after_the_bound(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     again = server.attach(token, "stopped-agent-info")
-    assert again.status_code == 200 and again.json()["start"] == "carried_over", again.text
+    assert again.status_code == 200, again.text
+    assert again.json()["start"] == "carried_over", again.text

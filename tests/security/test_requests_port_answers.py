@@ -81,7 +81,8 @@ def handle(server: PlatformServer) -> dict[str, Any]:
 
 def test_a_short_body_drops_the_connection(server: PlatformServer, handle: dict[str, Any]) -> None:
     whole = server.data(handle, "GET", f"/v1/ports/{PORT}/whole")
-    assert whole.status_code == 200 and whole.text == "whole"
+    assert whole.status_code == 200
+    assert whole.text == "whole"
     with pytest.raises(httpx.RemoteProtocolError):
         server.data(handle, "GET", f"/v1/ports/{PORT}/short")
     # The server goes on serving others.

@@ -8,14 +8,33 @@ with anything; here a hostile server on a unix socket plays that part.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from podbay.gateway.agentpool import AgentPool
+from podbay.dataplane.agentpool import AgentPool
 from podbay.gateway.proxy import relay
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+# The agent pools the tests made, closed after each test: a kept agent connection
+# left open is a leaked socket (and a warning, an error here).
+_pools: list[AgentPool] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_pools() -> AsyncIterator[None]:
+    yield
+    while _pools:
+        _pools.pop().close()
+    await asyncio.sleep(0)  # the transports' own closing, on this loop
+
+
+def _pool(path: Path) -> AgentPool:
+    pool = AgentPool(path)
+    _pools.append(pool)
+    return pool
 
 
 @pytest.fixture
@@ -99,30 +118,29 @@ async def test_endless_answer_head_is_cut_off_and_answered_502(tmp_path: Path) -
     written: list[int] = []
     server = await hostile_agent(tmp_path / "a.sock", chunks(), heads, written)
     sink = Sink()
-    status = await relay(
-        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
-    )
+    status = await relay(_pool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid")
     for _ in range(1000):  # the hostile side notices the gateway hung up
         if written:
             break
         await asyncio.sleep(0.01)
     server.close()
-    assert status == 502 and sink.status == 502
+    assert status == 502
+    assert sink.status == 502
     assert b"AGENT_UNREACHABLE" in sink.body
     # What the agent got rid of: the gateway's reads plus socket buffers, far
     # below what it tried to send.
-    assert written and written[0] < 17 * 1024 * 1024 < total
+    assert written
+    assert written[0] < 17 * 1024 * 1024 < total
 
 
 async def test_too_many_answer_headers_is_502(tmp_path: Path) -> None:
     answer = b"HTTP/1.1 200 OK\r\n" + b"a: b\r\n" * 10_000 + b"content-length: 2\r\n\r\n{}"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(
-        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
-    )
+    status = await relay(_pool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid")
     server.close()
-    assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
+    assert status == 502
+    assert b"AGENT_UNREACHABLE" in sink.body
     assert len(sink.headers) < 10
 
 
@@ -133,11 +151,10 @@ async def test_non_final_status_is_502(tmp_path: Path, status_line: bytes) -> No
     answer = status_line + b"\r\ncontent-length: 0\r\n\r\n"
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(
-        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
-    )
+    status = await relay(_pool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid")
     server.close()
-    assert status == 502 and sink.status == 502
+    assert status == 502
+    assert sink.status == 502
 
 
 async def test_answer_headers_that_act_on_the_client_are_dropped(tmp_path: Path) -> None:
@@ -148,13 +165,13 @@ async def test_answer_headers_that_act_on_the_client_are_dropped(tmp_path: Path)
     )
     server = await hostile_agent(tmp_path / "a.sock", [answer], [], [])
     sink = Sink()
-    status = await relay(
-        AgentPool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid"
-    )
+    status = await relay(_pool(tmp_path / "a.sock"), scope(), no_body(), sink, b"/v1/info", "rid")
     server.close()
     names = {k for k, _ in sink.headers}
-    assert status == 200 and sink.body == b"{}"
-    assert b"set-cookie" not in names and b"location" not in names
+    assert status == 200
+    assert sink.body == b"{}"
+    assert b"set-cookie" not in names
+    assert b"location" not in names
     assert {b"content-type", b"x-podbay-sha256", b"x-request-id"} <= names
 
 
@@ -164,7 +181,7 @@ async def test_client_authorization_and_cookies_never_reach_the_agent(tmp_path: 
     server = await hostile_agent(tmp_path / "a.sock", [answer], heads, [])
     sink = Sink()
     await relay(
-        AgentPool(tmp_path / "a.sock"),
+        _pool(tmp_path / "a.sock"),
         scope(
             headers=[
                 (b"authorization", b"Bearer identity-token-secret"),
@@ -211,7 +228,7 @@ async def test_agent_that_never_answers_is_let_go_when_the_client_leaves(tmp_pat
 
     sink = Sink()
     relaying = asyncio.create_task(
-        relay(AgentPool(tmp_path / "a.sock"), scope(), receive, sink, b"/v1/exec", "rid")
+        relay(_pool(tmp_path / "a.sock"), scope(), receive, sink, b"/v1/exec", "rid")
     )
     await asyncio.wait_for(asked.wait(), 30)
     leave.set()

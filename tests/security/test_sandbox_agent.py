@@ -115,7 +115,8 @@ def test_the_agent_finds_accounts_without_the_sandboxs_nss_modules(oci_machines:
     m = oci_machines.up()
     assert m.agent.sh("printf 'passwd: podbaynone\\ngroup: podbaynone\\n' > /etc/nsswitch.conf").ok
     found = m.agent.exec(["id", "-u"], user="user")
-    assert found.ok and found.stdout.strip() == "1000", found
+    assert found.ok, found
+    assert found.stdout.strip() == "1000", found
     assert m.agent.exec(["id", "-un"]).exit_code != 0  # the C library's lookup now fails
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from podbay.errors import AgentError, AgentUnreachable
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import MachineState
 from podbay.settings import Settings
@@ -65,7 +66,7 @@ def recovers(agent: AgentClient, within: float = 20.0) -> bool:
         try:
             if agent.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
                 return True
-        except Exception:  # no thread or no pid to be had for the request yet
+        except (AgentError, AgentUnreachable):  # no thread or no pid for the request yet
             pass
         time.sleep(0.3)
     return False

@@ -43,4 +43,5 @@ def test_sandbox_names_follow_the_contract(task: str) -> None:
     names = {sandbox_name(task) for _ in range(3)}
     assert len(names) == 3  # one per sample
     for name in names:
-        assert name.startswith(NAME_PREFIX) and is_valid_sandbox_name(name), name
+        assert name.startswith(NAME_PREFIX), name
+        assert is_valid_sandbox_name(name), name

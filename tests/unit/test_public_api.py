@@ -47,6 +47,7 @@ CLIENT = [
     "SandboxNotEnabledError",
     "SandboxPreparingError",
     "SandboxRecord",
+    "NetworkPolicy",  # set_network / network (docs/network.md)
     "SandboxRequestError",
     "SandboxUnavailableError",
     "token_issuer",

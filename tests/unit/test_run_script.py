@@ -65,13 +65,15 @@ def test_a_step_counts_seconds_on_a_terminal(tmp_path: Path) -> None:
     text = drawn.decode()
     assert text.startswith("[run] building a thing\r\n"), text
     assert "\r[run]   1 s" in text
-    assert "\r\x1b[K[run]   done in " in text and text.endswith(" s\r\n")
+    assert "\r\x1b[K[run]   done in " in text
+    assert text.endswith(" s\r\n")
 
 
 def test_a_failing_step_says_so_and_keeps_its_status() -> None:
     status, drawn = on_pty("step 'breaking a thing' sh -c 'exit 3'")
     assert status == 3
-    assert "[run]   failed after " in drawn.decode() and "(exit 3)" in drawn.decode()
+    assert "[run]   failed after " in drawn.decode()
+    assert "(exit 3)" in drawn.decode()
 
 
 def test_a_pipe_gets_the_step_line_only() -> None:

@@ -29,6 +29,7 @@ from podbay.wire.data import (
 from podbay.wire.limits import MAX_JSON_BODY, POLL_WAIT_MAX_MS
 
 from . import VERSION
+from .commands import CommandLog
 from .exec import Exec, ReadBody
 from .exec import run as run_exec
 from .exec import stream as stream_exec
@@ -37,6 +38,7 @@ from .http import ProtocolError, Request, Response
 from .processes import ProcessTable
 from .pty import start as start_pty
 from .reaper import Reaper
+from .stats import read_stats
 from .tree import kill_all_but_self
 from .tunnel import open_tunnel
 from .users import acting_as, resolve
@@ -150,6 +152,7 @@ class App:
         self.declared_env = dict(declared_env)
         self.processes = ProcessTable(reaper, workspace, self.declared_env)
         self.files = Files(workspace)
+        self.commands = CommandLog()
         #: Whether a request relayed by the gateway (which names its request id)
         #: came in: the sandbox is in use, not waiting in a warm pool.
         self.relayed = False
@@ -172,11 +175,14 @@ class App:
             paths.FILES_CHMOD: {"POST": self.chmod},
             paths.FILES_MOVE: {"POST": self.move},
         }
-        #: The gateway's own leg of terminals and ports (HTTP/1.1 upgrades): not
-        #: client routes, so not in the data plane's OpenAPI document.
+        #: The gateway's own leg of terminals and ports (HTTP/1.1 upgrades) and
+        #: the host's guest figures (``vm`` metrics): not client routes, so not
+        #: in the data plane's OpenAPI document.
         self.upgrades: dict[str, dict[str, Route]] = {
             paths.PTY: {"POST": self.pty},
             paths.TUNNEL: {"GET": self.tunnel},
+            paths.STATS: {"GET": self.stats},
+            paths.COMMANDS: {"GET": self.command_log},
         }
 
     def __call__(self, req: Request) -> Response:
@@ -238,10 +244,17 @@ class App:
             default_user=req.headers.get(_DEFAULT_USER),
             peer=req.peer,
         )
+        self.commands.add("exec", body.command, started.user, started.child, started.started)
         if paths.EXEC_STREAM_CONTENT_TYPE in req.headers.get("accept", ""):
             lines = stream_exec(started)
             return Response(200, lines, content_type=paths.EXEC_STREAM_CONTENT_TYPE)
         return json_response(run_exec(started))
+
+    def stats(self, req: Request) -> Response:
+        return json_response(read_stats())
+
+    def command_log(self, req: Request) -> Response:
+        return json_response(self.commands.listing())
 
     # -- terminals and ports ------------------------------------------------
     def pty(self, req: Request) -> Response:
@@ -260,9 +273,12 @@ class App:
 
     # -- processes -----------------------------------------------------------
     def spawn(self, req: Request) -> Response:
-        return json_response(
-            self.processes.spawn(_body(req, SpawnRequest), req.headers.get(_DEFAULT_USER))
-        )
+        body = _body(req, SpawnRequest)
+        status = self.processes.spawn(body, req.headers.get(_DEFAULT_USER))
+        proc = self.processes.get(status.process_id)
+        if proc.child is not None:
+            self.commands.add("spawn", body.command, proc.user, proc.child, proc.started_mono)
+        return json_response(status)
 
     def write_stdin(self, req: Request) -> Response:
         proc = self.processes.get(req.params["process_id"])

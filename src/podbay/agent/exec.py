@@ -130,6 +130,8 @@ class Exec:
         #: Whether the answer may carry fields the reference contract lacks.
         self.extended = req.asks_beyond_reference() or stdin is not None
         account = resolve(req.user, default_user)
+        #: Who it runs as, for the command log.
+        self.user = account.name
         timeout = deadline_ms(req.timeout_ms) / 1000
         cwd = resolve_cwd(workspace, req.cwd)
         self.started = time.monotonic()

@@ -425,8 +425,7 @@ def _reserve(fd: int, size: int) -> None:
     not allocated late: ext4 (the sandbox's disk) starts writing back a file
     whose blocks are still delayed-allocated when it is renamed over another
     (``auto_da_alloc``, its guard for programs that skip ``fsync``), and that
-    put 100-200 ms of submitted I/O into the answer of every 100 MiB rewrite
-    (measured in a sandbox; 0.1 ms for a new name). The write promises
+    put the write-back of a whole rewritten file into its answer. The write promises
     atomicity, not durability (no ``fsync``), so the kernel's writeback in due
     course is enough. Where the filesystem cannot allocate ahead, nothing is
     lost but the early refusal.
@@ -525,7 +524,8 @@ def _receive(
 
 
 def _sha256() -> Any:
-    # Imported on first use: hashlib loads OpenSSL (~3 ms and ~1.5 MB at start-up).
+    # Imported on first use: hashlib loads OpenSSL, which the agent's start
+    # need not pay for.
     import hashlib
 
     return hashlib.sha256()

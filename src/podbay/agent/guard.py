@@ -34,9 +34,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-#: The agent's uid under gVisor: the last id of the sandbox's range (65536
-#: ids from 0), so the files it creates map to the host before :func:`claim`.
-DEFAULT_UID = 65535
+from .protocol import DEFAULT_UID as DEFAULT_UID
 
 _CLONE_NEWUSER = 0x10000000
 _PR_SET_KEEPCAPS = 8
@@ -235,7 +233,8 @@ def enter_own_namespace(unshared: int, mapped: int) -> None:
     ``[0]``. Tells the agent its pid on the pipe
     ``unshared`` and waits on ``mapped`` while the agent calls :func:`map_ids`.
     Raises OSError when something is refused: then nothing may run."""
-    assert _unshare is not None and _prctl is not None
+    assert _unshare is not None
+    assert _prctl is not None
     if _unshare(_CLONE_NEWUSER) != 0:
         raise OSError("cannot make the commands' user namespace")
     for cap in _not_ours:  # a cap past the kernel's last one is EINVAL: fine

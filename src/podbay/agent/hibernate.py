@@ -1,8 +1,8 @@
 """An idle agent steps aside for a tiny waiter until its next connection.
 
-An awake agent holds ~8 MiB of private memory (the interpreter, its modules,
-its threads); an interpreter that has imported nothing and only waits holds
-~2.3 MiB. So once the agent has had nothing to do for
+An awake agent holds several times the private memory (the interpreter, its
+modules, its threads) of an interpreter that has imported nothing and only
+waits (figures: docs/performance.md). So once the agent has had nothing to do for
 ``PODBAY_AGENT_HIBERNATE_SECONDS`` (the runtime sets it; unset or 0: never)
 it *hibernates*: it closes its idle connections and executes :data:`WAITER`
 with the same loader and interpreter, keeping only the listening socket. The
@@ -37,9 +37,10 @@ from collections.abc import Callable
 
 from . import oom
 from .http import Connections
+from .protocol import HIBERNATE_ENV
 
 #: The environment variable with the idle seconds before hibernating.
-ENV = "PODBAY_AGENT_HIBERNATE_SECONDS"
+ENV = HIBERNATE_ENV
 
 #: The waiter: ``python -c WAITER FD ARGV...`` waits until the listening socket
 #: FD has a connection queued, then executes ARGV (the agent's command line).

@@ -2,14 +2,14 @@
 
 Why hand-written: the agent runs on the sandbox image's bare interpreter
 with no packages at all, so uvicorn, h11 and friends are out. Of the
-standard library, ``asyncio`` costs ~50 ms and ~19 MB to import and ~4 ms
-per child process, and ``http.server`` ~50 ms and ~17 MB, against a budget
-of tens of milliseconds from start to first answer, a 3 ms exec round trip
-and 20 MiB of idle RSS. What the agent needs of HTTP is small: one request
-at a time per connection (no pipelining beyond reading the next request
-after the last answer), keep-alive, ``Content-Length`` and chunked request
-bodies, and ``Content-Length`` or chunked responses, streamed. That is this
-module: a thread per connection, blocking ``recv`` and ``sendall``.
+standard library, ``asyncio`` and ``http.server`` each take about as long to
+import as the agent's whole budget from start to first answer, and about as
+much memory as its whole idle footprint (figures: docs/performance.md). What
+the agent needs of HTTP is small: one request at a time per connection (no
+pipelining beyond reading the next request after the last answer),
+keep-alive, ``Content-Length`` and chunked request bodies, and
+``Content-Length`` or chunked responses, streamed. That is this module: a
+thread per connection, blocking ``recv`` and ``sendall``.
 
 Hostile input never takes the server down: the head is capped in size and
 header count, chunk sizes and lengths are checked, and any protocol fault
@@ -303,7 +303,7 @@ def _read_head(conn: _Connection) -> bytes | None:
 def parse_query(raw_query: str) -> dict[str, str]:
     """The fields of a request's query string (a 400 when malformed)."""
     # Imported with the first query string rather than at start-up: urllib.parse
-    # brings ipaddress, ~3.5 ms of a gVisor agent's start before its first answer.
+    # brings ipaddress, a noticeable part of a gVisor agent's start.
     from urllib.parse import parse_qsl
 
     try:
@@ -542,7 +542,8 @@ def serve_connection(
             except ProtocolError as exc:
                 write_response(sock, refuse(exc.status, exc.message), keep_alive=False)
                 return
-            except Exception:
+            # A handler's bug answers 500 (traceback logged), the agent serves on.
+            except Exception:  # noqa: BLE001
                 import traceback  # only for bugs: keeps start-up lean
 
                 traceback.print_exc(file=sys.stderr)
@@ -629,8 +630,7 @@ class _Spare:
 
 #: Connection threads kept, once their connection closed, for the next ones: a
 #: thread start costs a clone and, under gVisor's ptrace platform, a new host
-#: thread (measured there: 6.7 -> 4.8 ms of the sandbox's CPU per
-#: ``GET /v1/info`` on a new connection).
+#: thread, the larger part of a request on a new connection there.
 IDLE_THREADS = 4
 
 

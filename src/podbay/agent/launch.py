@@ -26,13 +26,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from podbay.errors import ApiError, LaunchFailed
 from podbay.wire.codes import ErrorCode
 
 from . import guard, launcher, oom
+from .popen import popen_command
 from .reaper import Reaper
 from .tree import kill_tree
 from .users import ROOT, Account, command_identity
@@ -180,7 +181,7 @@ def _start(
     """Start ``argv`` as ``account`` leading a new session with ``streams`` as
     its stdin, stdout and stderr; registered with ``reaper`` before it can exit.
     ``before`` gets the account's uid first (to hand it what it must own);
-    ``terminal``: stdin becomes its controlling terminal (:func:`take_terminal`,
+    ``terminal``: stdin becomes its controlling terminal (:func:`.popen.take_terminal`,
     run after ``setsid`` in the child only)."""
     env = dict(env)
     uid, gid, groups = command_identity(account, env)
@@ -255,48 +256,6 @@ def _start_launched(
         for fd in theirs:
             os.close(fd)
     return child
-
-
-def popen_command(
-    argv: list[str],
-    streams: Sequence[int],
-    cwd: str,
-    env: Mapping[str, str],
-    uid: int | None,
-    gid: int | None,
-    groups: list[int] | None,
-    terminal: bool,
-    close_fds: bool = True,
-) -> subprocess.Popen[bytes]:
-    """How every command is started, by the agent or by its launcher: leading a
-    new session, with ``streams`` as its standard streams, as
-    ``uid``/``gid``/``groups`` (None: the starter's own). A vfork unless ids or
-    a ``terminal`` (:func:`take_terminal`) need code in the child.
-    ``close_fds=False`` only where every other descriptor is close-on-exec."""
-    return subprocess.Popen(
-        argv,
-        stdin=streams[0],
-        stdout=streams[1],
-        stderr=streams[2],
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        close_fds=close_fds,
-        bufsize=0,
-        user=uid,
-        group=gid,
-        extra_groups=groups,
-        preexec_fn=take_terminal if terminal else None,
-    )
-
-
-def take_terminal() -> None:
-    """Make standard input (the pty) the new session's controlling terminal, so
-    that Ctrl-C typed on it reaches the foreground process group as SIGINT."""
-    import fcntl
-    import termios
-
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def _start_failed(exc: OSError, argv: list[str], cwd: str) -> ApiError:

@@ -1,8 +1,8 @@
 /* The launcher of commands under the guard (gVisor), as a small static program.
  *
  * podbay/agent/launcher.py forks the launcher from the agent and execs this
- * program (when podbay built it: runtime/oci/runsc.py, with the host's C
- * compiler, statically), which makes the commands' user namespace.
+ * program (when podbay built it: podbay.runtime.native_build, at install,
+ * statically), which makes the commands' user namespace.
  * It speaks the same protocol as the Python loop it replaces (launcher.py's
  * _serve): requests on fd argv[1] (a length, then the body encode_request
  * makes, with the command's three streams as SCM_RIGHTS), a fixed-size
@@ -39,11 +39,9 @@
 #include <termios.h>
 #include <unistd.h>
 
-/* What failed, in an answer (launcher.py's _STARTED ... _INVALID). */
-enum { STARTED = 0, NO_PROGRAM = 1, NO_CWD = 2, REFUSED = 3, INVALID = 4 };
-#define MAX_BODY (8u << 20)
-#define MAX_GROUPS 65536u
-#define MAX_STRINGS 262144u
+/* What failed in an answer, the limits of a request, its flags: shared with
+ * launcher.py, generated from podbay/agent/protocol.py. */
+#include "launcher_protocol.h"
 
 static int requests = -1, exits = -1, devnull = -1;
 
@@ -215,7 +213,7 @@ static void child(const struct request *r, const int streams[3])
         if (r->uid >= 0 && syscall(SYS_setresuid, r->uid, r->uid, r->uid) < 0)
             goto failed;
     }
-    if ((r->flags & 1) && ioctl(0, TIOCSCTTY, 0) < 0) {
+    if ((r->flags & FLAG_TERMINAL) && ioctl(0, TIOCSCTTY, 0) < 0) {
         child_errno = errno;
         child_failed = REFUSED;
         _exit(127);
@@ -284,7 +282,7 @@ static void serve_one(void)
     parse(body, size, &r);
     int streams[3], given = 0;
     for (int n = 0; n < 3; n++)
-        streams[n] = (r.flags >> (1 + n) & 1) && given < nfds ? fds[given++] : devnull;
+        streams[n] = (r.flags >> (FLAG_STREAM_SHIFT + n) & 1) && given < nfds ? fds[given++] : devnull;
     if (given != nfds) {
         answer(0, 0, INVALID, "the request came with other streams than it named");
     } else {

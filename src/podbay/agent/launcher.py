@@ -4,7 +4,7 @@
 a user namespace without the agent's id. Making a namespace per command
 meant a full fork of the agent for each (a ``preexec_fn`` rules out vfork)
 plus an ``unshare``, and fork is what gVisor's ptrace platform does worst:
-exec ``true`` went from 14.8 to 31.8 ms. So the namespace is made once, by
+it more than doubled the time of an exec ``true``. So the namespace is made once, by
 the *launcher*: a process forked from the agent (at its first command, and
 again whenever it is gone) that enters it, becomes root there, and starts
 each command on the agent's request as an unguarded agent does (``Popen``
@@ -59,6 +59,17 @@ from typing import Any, NoReturn
 from podbay.errors import LauncherGone, LaunchFailed
 
 from . import guard, guestpids, oom
+from .popen import popen_command
+from .protocol import (
+    FLAG_STREAM_SHIFT,
+    FLAG_TERMINAL,
+    INVALID,
+    MAX_REQUEST,
+    NO_CWD,
+    NO_PROGRAM,
+    REFUSED,
+    STARTED,
+)
 from .reaper import Reaper
 
 #: How long the agent waits for the launcher to come up or to answer.
@@ -67,10 +78,6 @@ ANSWER_SECONDS = 10.0
 LOST_CODE = 128 + signal.SIGKILL
 #: The longest reason for a failed start the agent reads.
 MAX_REASON = 1024
-#: The largest request the launcher program reads (``MAX_BODY`` in launcher.c):
-#: argv and env past it fail execve anyway (E2BIG: Linux takes at most a
-#: quarter of the stack limit), so the agent refuses so without sending.
-MAX_REQUEST = 8 << 20
 
 _LENGTH = struct.Struct("!I")  # a request's length; its descriptors ride on it
 #: A request's fixed part: flags, uid, gid (-1: the launcher's own), then how
@@ -79,8 +86,6 @@ _BODY = struct.Struct("!IiiIIII")
 _ANSWER = struct.Struct("!iiiH")  # pid, errno, what failed, reason length
 _EXIT = struct.Struct("!ii")  # pid, exit code
 
-# What failed, in an answer.
-_STARTED, _NO_PROGRAM, _NO_CWD, _REFUSED, _INVALID = 0, 1, 2, 3, 4
 
 _current: Launcher | None = None
 
@@ -178,7 +183,8 @@ class Launcher:
                     _exec_program(their_requests, their_exits, unshared_w, mapped_r)
                 guard.enter_own_namespace(unshared_w, mapped_r)
                 _serve(their_requests, their_exits)
-            except BaseException as exc:
+            # A forked child never returns into the parent's code: it logs and exits.
+            except BaseException as exc:  # noqa: BLE001
                 with contextlib.suppress(OSError):
                     os.write(2, f"podbay-agent: the launcher stopped: {exc!r}\n".encode())
             os._exit(1)
@@ -252,12 +258,12 @@ class Launcher:
                 ) from None
             self.kill()
             raise LaunchFailed(f"the launcher of commands did not answer: {exc}") from None
-        if failed != _STARTED:
+        if failed != STARTED:
             text = reason.decode("utf-8", "replace")
-            if failed in (_NO_PROGRAM, _NO_CWD):
-                where = request["cwd"] if failed == _NO_CWD else request["argv"][0]
+            if failed in (NO_PROGRAM, NO_CWD):
+                where = request["cwd"] if failed == NO_CWD else request["argv"][0]
                 raise LaunchFailed(text, OSError(code, os.strerror(code), where))
-            raise LaunchFailed(text or "cannot start", invalid=failed == _INVALID)
+            raise LaunchFailed(text or "cannot start", invalid=failed == INVALID)
         if not self._may_be_ours(pid):
             self.kill()
             raise LaunchFailed(f"the launcher of commands answered pid {pid}, not its own")
@@ -361,7 +367,9 @@ def encode_request(request: dict[str, Any]) -> bytes:
         raise ValueError("embedded null byte")
     uid, gid, groups = request["ids"] or (-1, -1, [])
     given = request["given"]
-    flags = bool(request["terminal"]) | given[0] << 1 | given[1] << 2 | given[2] << 3
+    flags = FLAG_TERMINAL if request["terminal"] else 0
+    for n, there in enumerate(given):
+        flags |= there << (FLAG_STREAM_SHIFT + n)
     head = _BODY.pack(flags, uid, gid, len(groups), len(paths), len(argv), len(env))
     return b"".join([head, *(struct.pack("!I", g) for g in groups), b"\0".join(strings), b"\0"])
 
@@ -385,8 +393,8 @@ def decode_request(body: bytes) -> dict[str, Any]:
         "cwd": strings[0],
         "env": env,
         "ids": None if uid < 0 else (uid, gid, groups),
-        "terminal": bool(flags & 1),
-        "given": [bool(flags >> n & 1) for n in (1, 2, 3)],
+        "terminal": bool(flags & FLAG_TERMINAL),
+        "given": [bool(flags >> (FLAG_STREAM_SHIFT + n) & 1) for n in range(3)],
     }
 
 
@@ -498,7 +506,6 @@ def _start(
     """Start one command with the streams ``fds`` (``devnull`` for those not
     given); hold ``reaper.lock``. The answer to send."""
     argv, cwd, ids, terminal = request["argv"], request["cwd"], request["ids"], request["terminal"]
-    from .launch import popen_command  # imported by the agent already (launch imports us)
 
     try:
         given = iter(fds)
@@ -507,24 +514,24 @@ def _start(
             raise ValueError("the request came with other streams than it named")
         uid, gid, groups = (None, None, None) if ids is None else ids
         # Every descriptor here is close-on-exec (see _serve): no closing pass
-        # in the child, a dozen system calls fewer (~5 ms of CPU under ptrace).
+        # in the child, a dozen system calls fewer (each one dear under ptrace).
         popen = popen_command(
             argv, streams, cwd, request["env"], uid, gid, groups, terminal, close_fds=False
         )
     except OSError as exc:
-        failed = _NO_CWD if exc.filename == cwd and argv[0] != cwd else _NO_PROGRAM
+        failed = NO_CWD if exc.filename == cwd and argv[0] != cwd else NO_PROGRAM
         return _answer(0, exc.errno or errno.EINVAL, failed, exc.strerror or str(exc))
     except ValueError as exc:  # e.g. an environment the OS cannot take
-        return _answer(0, 0, _INVALID, f"cannot start {argv[0]!r}: {exc}")
+        return _answer(0, 0, INVALID, f"cannot start {argv[0]!r}: {exc}")
     except subprocess.SubprocessError as exc:  # take_terminal failed: nothing ran
-        return _answer(0, 0, _REFUSED, f"cannot start {argv[0]!r}: {exc}")
+        return _answer(0, 0, REFUSED, f"cannot start {argv[0]!r}: {exc}")
 
     def exited(code: int) -> None:
         popen.returncode = code  # so that nothing in subprocess ever waits for it
         exits.sendall(_EXIT.pack(popen.pid, code))
 
     reaper.register(popen.pid, exited)
-    return _answer(popen.pid, 0, _STARTED, "")
+    return _answer(popen.pid, 0, STARTED, "")
 
 
 def _answer(pid: int, code: int, failed: int, reason: str) -> bytes:

@@ -17,8 +17,8 @@ So every process of the sandbox outscores the agent, but for the instants
 of a command's start, when the agent ties with the commands just started
 and size decides. Raising each command in its child before exec (a
 ``preexec_fn``) would close that gap, but forces a fork of the agent instead
-of a vfork, and the copy-on-write faults that follow cost ~3 ms per exec
-(measured with bench/agent_exec.py, 1.7 vs 5.5 ms under load).
+of a vfork, and the copy-on-write faults that follow triple the agent's
+cost of an exec (bench/agent_exec.py; docs/performance.md).
 
 Under runc the agent is non-dumpable: its ``/proc/self`` files belong to
 host root and it cannot open its own score. The runtime starts it through a

@@ -67,6 +67,8 @@ class Process:
         self.forgotten = False
         self.child: Child | None = None
         self.stdin_lock = threading.Lock()
+        #: Who it runs as, for the command log.
+        self.user = "root"
 
     def _settle(self) -> bool:
         """True when the process counts as exited. Waits (briefly) for its
@@ -242,6 +244,7 @@ class ProcessTable:
                     "kill (forget) one first",
                 )
             proc = Process(_new_id(self._procs), list(req.command))
+            proc.user = account.name
             proc.child = launch(
                 self._reaper,
                 req.command,

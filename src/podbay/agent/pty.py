@@ -51,8 +51,8 @@ MAX_TERM_LENGTH = 64
 
 
 def set_size(fd: int, rows: int, cols: int) -> None:
-    # Imported with the first terminal, not at start-up: an extension module,
-    # ~6 ms of a gVisor agent's start (looked up, opened and mapped in the sandbox).
+    # Imported with the first terminal, not at start-up: an extension module is
+    # looked up, opened and mapped in the sandbox, dear at a gVisor agent's start.
     import termios
 
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))

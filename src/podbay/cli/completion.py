@@ -31,7 +31,7 @@ def sandbox_names(ctx: click.Context, param: click.Parameter, incomplete: str) -
             timeout_seconds=COMPLETION_TIMEOUT_SECONDS,
         ) as client:
             names = [r.name for r in client.list()]
-    except Exception:
+    except Exception:  # noqa: BLE001 - completion must never print into the shell (module doc)
         return []
     return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]
 

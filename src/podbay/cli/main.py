@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("podbay.cli.commands.agent", "Run the sandbox agent (inside a sandbox)."),
     "serve": ("podbay.cli.commands.serve", "Run the whole platform on this machine."),
     "deployment": ("podbay.cli.commands.deployment", "Register deployments, issue tokens."),
+    "admin": ("podbay.cli.commands.admin", "Operator tokens for the web console and admin API."),
     "control": ("podbay.cli.commands.control", "Run the control plane alone (a cluster replica)."),
     "node": (
         "podbay.cli.commands.node",
@@ -29,7 +30,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 #: Subcommands that need the ``server`` extra (``pip install podbay`` is the SDK
 #: and the client-side commands only).
-SERVER_COMMANDS = frozenset({"serve", "control", "node", "deployment", "doctor", "gc", "dev"})
+SERVER_COMMANDS = frozenset(
+    {"serve", "control", "node", "deployment", "admin", "doctor", "gc", "dev"}
+)
 
 
 class LazyGroup(click.Group):

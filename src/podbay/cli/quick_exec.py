@@ -2,14 +2,14 @@
 [--no-stdin] -- ARGV``, the quick way: the standard library only, no click, no httpx, no SDK.
 
 A shell user or script runs this command more than any other, and almost
-all of its time went to Python start-up and imports (~100 ms for httpx and
-the SDK, ~15 ms for click, ~10 ms more for ``http.client`` and the email
-package it loads), not to the two requests it makes. This path makes those
+all of its time went to Python start-up and imports (httpx and the SDK
+most, then click, then ``http.client`` and the email package it loads; see
+docs/performance.md), not to the two requests it makes. This path makes those
 two requests (attach, exec) with a socket and the little HTTP/1.1 two JSON
 requests need, and prints what the full command prints. It loads neither
 ``json`` nor ``socket`` (:mod:`podbay.wire.quickjson`, :func:`connect`):
 between them they load ``re``, ``enum``, ``functools``, ``collections`` and
-``selectors``, ~20 ms of CPU a start on a loaded 2-core machine.
+``selectors``, a noticeable share of a start on a loaded machine.
 
 It hands over to the full command (by answering ``None``) whenever the
 full command would do something it does not, always before the command
@@ -47,7 +47,7 @@ from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 from podbay.wire.paths import EXEC, EXEC_STDIN_CONTENT_TYPE, SANDBOXES
 from podbay.wire.quickjson import dumps, loads
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, TextIO

@@ -62,7 +62,7 @@ def drive(terminal: Terminal, stdin: int, stdout: int) -> int:
         try:
             while data := terminal.recv():
                 os.write(stdout, data)
-        except BaseException as exc:  # shown after the terminal is restored
+        except BaseException as exc:  # noqa: BLE001 - raised after the terminal is restored
             failure.append(exc)
         finally:
             done.set()

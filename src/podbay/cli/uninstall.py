@@ -5,7 +5,7 @@ keys, which it names with their sizes so an uninstall can finish by hand.
 
 Nothing is removed while a ``podbay serve`` runs on the data directory (it
 stands on these files), and nothing mounted is descended into
-(:func:`podbay.runtime.oci.storage.remove_tree` refuses).
+(:func:`podbay.host.storage.remove_tree` refuses).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def human(size: int) -> str:
 
 def clear(data_dir: Path) -> tuple[list[str], list[str]]:
     """Remove every entry of ``data_dir`` but :data:`KEPT`; (removed, kept) lines."""
+    from podbay.host import storage
     from podbay.runtime.base import DriverError
-    from podbay.runtime.oci import storage
 
     removed: list[str] = []
     kept: list[str] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from podbay.wire._lazy import lazy_getattr
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 
 # Loaded on first use: the synchronous client alone does not pay for the
 # asynchronous one (anyio), and the CLI's quick exec path can import
@@ -66,12 +66,20 @@ _EXPORTS: dict[str, str] = {
     "RunResult": "podbay.client._models",
     "SandboxHandle": "podbay.client._models",
     "SandboxRecord": "podbay.client._models",
+    "NetworkPolicy": "podbay.client._models",
     "Preparing": "podbay.client._models",
     "BuildStep": "podbay.client._models",
+    "Metrics": "podbay.client._models",
+    "MetricSample": "podbay.client._models",
+    "EventList": "podbay.client._models",
+    "SandboxEvent": "podbay.client._models",
+    "CommandList": "podbay.client._models",
+    "CommandEntry": "podbay.client._models",
 }
 
 # BytesResult, ExecEvent and FileInfo (results of exec_bytes, stream and stat),
-# Preparing and BuildStep (what on_preparing gets) resolve as attributes but
+# Preparing and BuildStep (what on_preparing gets), the observability answers
+# (metrics, events, commands) resolve as attributes but
 # stay out of the pinned star-import surface.
 # ``podbay.__all__`` repeats most of this list on purpose (a deliberate twin):
 # ``import podbay`` must not load the client to learn its names;
@@ -91,6 +99,7 @@ __all__ = [
     "ExecutionError",
     "GrepMatch",
     "InterpreterError",
+    "NetworkPolicy",
     "PodbayError",
     "ProcessOutput",
     "ProcessStatus",
@@ -133,6 +142,7 @@ if TYPE_CHECKING:  # pragma: no cover
         DirEntry,
         ExecResult,
         GrepMatch,
+        NetworkPolicy,
         ProcessOutput,
         ProcessStatus,
         Progress,

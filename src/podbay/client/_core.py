@@ -31,6 +31,7 @@ from podbay.wire import codec, paths
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    NetworkPolicy,
     Preparing,
     SandboxHandle,
     SandboxList,
@@ -51,6 +52,7 @@ from podbay.wire.data import (
     SpawnRequest,
 )
 from podbay.wire.limits import DEFAULT_RETRY_AFTER_SECONDS, DEFAULT_SANDBOX_CLASS
+from podbay.wire.observe import CommandList, EventList, Metrics
 
 from ._config import DEFAULT_TIMEOUT_SECONDS as DEFAULT_TIMEOUT_SECONDS
 from ._config import TOKEN_ENV as TOKEN_ENV
@@ -198,6 +200,7 @@ class Core:
                 cpus=o.cpus,
                 memory_mib=o.memory_mib,
                 idle_timeout_seconds=o.idle_timeout_seconds,
+                network=o.network,
             )
         )
         request = self._control("PUT", paths.sandbox_path(name), json=body)
@@ -219,6 +222,17 @@ class Core:
 
     def delete_request(self, name: str) -> httpx.Request:
         return self._control("DELETE", paths.sandbox_path(name))
+
+    def observe_request(self, name: str, what: str, since: datetime | None) -> httpx.Request:
+        """``metrics``, ``events`` or ``commands`` of the sandbox (after ``since``)."""
+        query = "" if since is None else "?" + urlencode({"since": codec.format_time(since)})
+        return self._control("GET", f"{paths.sandbox_path(name)}/{what}{query}")
+
+    def network_request(self, name: str, policy: NetworkPolicy | None = None) -> httpx.Request:
+        """``GET`` the sandbox's egress policy, or ``PUT`` ``policy``."""
+        if policy is None:
+            return self._control("GET", paths.sandbox_network_path(name))
+        return self._control("PUT", paths.sandbox_network_path(name), json=codec.encode(policy))
 
     # Its parameters are the face's _data's on purpose: _data (each face, I/O)
     # re-attaches and retries, this builds the one request it sends.
@@ -497,6 +511,15 @@ class Core:
     def parse_record(self, response: httpx.Response) -> SandboxRecord:
         return self.expect(response, SandboxRecord, 200)
 
+    def parse_metrics(self, response: httpx.Response) -> Metrics:
+        return self.expect(response, Metrics, 200)
+
+    def parse_events(self, response: httpx.Response) -> EventList:
+        return self.expect(response, EventList, 200)
+
+    def parse_commands(self, response: httpx.Response) -> CommandList:
+        return self.expect(response, CommandList, 200)
+
     @staticmethod
     def parse_preparing(name: str, response: httpx.Response) -> Preparing:
         """A 202's body; a server that sends none (or another) still means "preparing"."""
@@ -504,6 +527,9 @@ class Core:
             return codec.loads(Preparing, response.content, strict=False)
         except codec.WireError:
             return Preparing(name=name)
+
+    def parse_network(self, response: httpx.Response) -> NetworkPolicy:
+        return self.expect(response, NetworkPolicy, 200)
 
     def parse_records(self, response: httpx.Response) -> list[SandboxRecord]:
         return self.expect(response, SandboxList, 200).sandboxes

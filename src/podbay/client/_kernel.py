@@ -114,7 +114,7 @@ def formats(obj: object) -> dict[str, Any]:
     data: dict[str, Any] = {}
     try:
         data["text/plain"] = repr(obj)
-    except Exception as exc:  # a broken __repr__ must not lose the cell
+    except Exception as exc:  # noqa: BLE001 - a broken __repr__ must not lose the cell
         data["text/plain"] = f"<repr failed: {type(exc).__name__}: {exc}>"
     if _is_figure(obj):
         data["image/png"] = _png(obj)
@@ -126,7 +126,8 @@ def formats(obj: object) -> dict[str, Any]:
             continue
         try:
             value = func()
-        except Exception:  # noqa: S112 - an optional representation that fails is left out
+        # User code: an optional representation that fails is left out, the text one stays.
+        except Exception:  # noqa: BLE001, S112
             continue
         if isinstance(value, tuple):  # (data, metadata)
             value = value[0]
@@ -242,7 +243,8 @@ class Kernel:
             exec(compile(tree, filename, "exec"), self.namespace)  # noqa: S102 - the product
             if last is not None:
                 value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt included
+        # User code: SystemExit and KeyboardInterrupt included, all reported as the cell's error.
+        except BaseException as exc:  # noqa: BLE001
             error = self.describe(exc)
         finally:
             with self.state:
@@ -261,7 +263,7 @@ class Kernel:
             results.append({"main": True, "formats": formats(value)})
         try:
             results.extend(open_figures(value))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - user code's figure: reported as the cell's error
             if error is None:
                 error = self.describe(exc)
         return {

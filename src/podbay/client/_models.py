@@ -11,8 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from podbay.wire.control import BuildStep, Preparing, SandboxHandle, SandboxRecord
+from podbay.wire.control import BuildStep, NetworkPolicy, Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
+from podbay.wire.observe import (
+    CommandEntry,
+    CommandList,
+    EventList,
+    Metrics,
+    MetricSample,
+    SandboxEvent,
+)
 
 
 # Every model below is a frozen keyword-only dataclass of a few fields, one per
@@ -80,16 +88,23 @@ __all__ = [
     "BytesResult",
     "Cancel",
     "CombinedResult",
+    "CommandEntry",
+    "CommandList",
     "DirEntry",
+    "EventList",
     "ExecEvent",
     "ExecResult",
     "FileInfo",
     "GrepMatch",
+    "MetricSample",
+    "Metrics",
+    "NetworkPolicy",
     "Preparing",
     "ProcessOutput",
     "ProcessStatus",
     "Progress",
     "RunResult",
+    "SandboxEvent",
     "SandboxHandle",
     "SandboxRecord",
 ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from podbay.wire.control import NetworkPolicy
+
 #: Read inside the sandbox by ``listening_ports``: the kernel's TCP sockets
 #: (gVisor's and a vm guest's kernels keep the same files as the host's).
 LISTENING_COMMAND = ("cat", "/proc/net/tcp", "/proc/net/tcp6")
@@ -24,6 +26,7 @@ class AttachOptions:
     cpus: float | None = None
     memory_mib: int | None = None
     idle_timeout_seconds: int | None = None
+    network: NetworkPolicy | None = None
 
 
 def parse_listening(text: str) -> list[int]:

@@ -2,9 +2,8 @@
 
 Why not httpx's own (httpcore and h11): an SDK ``exec`` is a small JSON
 request and answer, and the client's CPU per call is a large part of its
-round trip. Measured on the 2-core machine, same process, same call
-interleaved (``bench/sdk.py``): ~1.3 ms of client CPU per exec through
-``httpx.HTTPTransport`` against ~0.6 ms through ``http.client``. This
+round trip, and ``httpx.HTTPTransport`` spends about twice the client CPU
+per exec that ``http.client`` does (``bench/sdk.py``; docs/performance.md). This
 transport keeps httpx's face (requests and responses, timeouts, its
 exception classes, streaming both ways) and moves the bytes with
 ``http.client``: the head and a small body leave in one ``send``, and the

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from podbay.dataplane.metrics import Metrics
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import SandboxStays
 from podbay.settings import Settings
 from podbay.store.postgres import PostgresStore
 
-from .cluster import LeaseLocks
 from .keys import StoreKeyRing
-from .metrics import Metrics
+from .plane import LeaseLocks
 from .remote import ClusterNodes
 from .services.transitions import Transitions
 
@@ -120,7 +120,7 @@ async def _move_off(row: Sandbox, nodes: ClusterNodes, transitions: Transitions)
     if row.state is not S.STOPPED:
         try:
             stopped = await transitions.stop(row, "drain --evict")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported per sandbox: the drain moves the others
             raise SandboxStays(f"could not stop it: {exc}") from None
         if stopped is None:
             raise SandboxStays("it changed meanwhile; drain again")
@@ -131,7 +131,7 @@ async def _move_off(row: Sandbox, nodes: ClusterNodes, transitions: Transitions)
     started = time.monotonic()
     try:
         result = await transitions.relocate(row, "drain", found[0])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported per sandbox: the drain moves the others
         raise SandboxStays(f"the move failed: {exc}") from None
     if result is None:
         raise SandboxStays("it changed meanwhile; drain again")

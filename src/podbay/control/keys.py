@@ -35,7 +35,7 @@ from podbay.errors import KeyRingError as KeyRingError  # re-exported: defined i
 if TYPE_CHECKING:
     from podbay.settings import Settings
     from podbay.store.base import Store
-    from podbay.store.cluster import ClusterQueries
+    from podbay.store.cluster_queries import ClusterQueries
 
 
 def new_kid(existing: Iterable[str]) -> str:
@@ -264,7 +264,7 @@ def keys_in_store(settings: Settings) -> bool:
 async def open_keys(settings: Settings, store: Store) -> KeyRing | StoreKeyRing:
     """The key ring ``settings`` name: the shared store's, or the data directory's."""
     if keys_in_store(settings):
-        from podbay.store.cluster import ClusterQueries
+        from podbay.store.cluster_queries import ClusterQueries
 
         if not isinstance(store, ClusterQueries):
             raise KeyRingError("this store keeps no signing keys")

@@ -11,63 +11,28 @@ where a new one goes, and what the classes mean across them.
 
 Two implementations: :class:`podbay.node.local.LocalNode` in process (``podbay
 serve``: the calls are plain method calls, nothing is serialized) and
-:class:`podbay.node.remote.RemoteNode` over the node's internal HTTP API
+:class:`podbay.control.remote.RemoteNode` over the node's internal HTTP API
 (``podbay control`` with ``podbay node``). The control plane imports neither
-the gateway nor a driver: the wiring above both (``podbay.control.app`` for
-serve, ``podbay.cluster`` for the split roles) picks the implementation.
+the node, the gateway nor a driver: the composition root above them
+(:mod:`podbay.serve`) picks the implementation. What a node is ordered to
+make (:class:`~podbay.dataplane.orders.Launch`,
+:class:`~podbay.dataplane.orders.Transfer`) lies below both planes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from podbay.dataplane.classes import ClassRuntimes
+from podbay.dataplane.environment_seam import Building, Prepared
+from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Deployment, Sandbox
-from podbay.runtime.base import Limits, MachineState, ObservedMachine
+from podbay.domain.egress import EgressPolicy
+from podbay.runtime.base import MachineState, ObservedMachine
 from podbay.runtime.transfer import Received
-
-from .services.classes import ClassRuntimes
-from .services.environment import Building, Prepared
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A new sandbox's machine, as the control plane orders it."""
-
-    class_: str
-    machine_id: str
-    hostname: str
-    labels: Mapping[str, str]
-    #: Whether ``machine_id`` came ready from the node's warm pool.
-    pooled: bool
-    #: The sandbox's own variables (over the environment's) and limits (None:
-    #: the node's); a pooled machine has none of them.
-    env: Mapping[str, str] = field(default_factory=dict)
-    cpus: float | None = None
-    memory_bytes: int | None = None
-
-    def limits(self, default: Limits) -> Limits:
-        """The machine's limits: the node's ``default`` with the sandbox's own."""
-        return replace(
-            default,
-            cpus=default.cpus if self.cpus is None else self.cpus,
-            memory_bytes=default.memory_bytes if self.memory_bytes is None else self.memory_bytes,
-        )
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """A stopped machine's disk to fetch from the node holding it: that node's
-    URL and a disk pass the control plane signed for this one fetch."""
-
-    class_: str
-    machine_id: str
-    source_url: str
-    token: str
-    #: The sandbox's own variables, over the target's build of its environment.
-    env: Mapping[str, str] = field(default_factory=dict)
+from podbay.wire.observe import CommandEntry, MetricSample
 
 
 class Node(Protocol):
@@ -125,6 +90,11 @@ class Node(Protocol):
 
     async def state(self, class_: str, machine_id: str) -> MachineState: ...
 
+    async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
+        """Change where the machine may send packets: recorded for its later
+        starts and, while it runs, in force when this returns."""
+        ...
+
     async def adopt(self) -> dict[str, list[ObservedMachine]]:
         """Every machine of every running class, as it is now."""
         ...
@@ -150,6 +120,25 @@ class Node(Protocol):
     def routed(self, sandbox: Sandbox) -> bool:
         """Whether this incarnation's route is published (best knowledge; False
         when unsure: publishing again is idempotent)."""
+        ...
+
+    # -- observation ---------------------------------------------------------------------
+    async def metrics(self, sandbox_id: str, since: datetime | None) -> list[MetricSample]:
+        """The sandbox's metrics samples this node keeps, oldest first (after ``since``)."""
+        ...
+
+    async def latest_metrics(self) -> dict[str, MetricSample]:
+        """The newest sample of each sandbox this node samples now, by sandbox
+        id: one call per node for a whole list, never one per sandbox."""
+        ...
+
+    async def new_oom_kills(self) -> dict[str, tuple[datetime, int]]:
+        """OOM kills in this node's sandboxes since the last call: sandbox id →
+        (when the last was seen, how many)."""
+        ...
+
+    async def commands(self, sandbox: Sandbox) -> list[CommandEntry]:
+        """The sandbox's command log (its machine's current boot), oldest first."""
         ...
 
     # -- activity ------------------------------------------------------------------------

@@ -19,26 +19,32 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
-from podbay import internal
+from podbay.dataplane import nodeapi
+from podbay.dataplane.activity import keep_newest
+from podbay.dataplane.classes import refuse_unknown_class
+from podbay.dataplane.environment_seam import Building, Prepared
+from podbay.dataplane.oom import OomTally
+from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Deployment, Sandbox
+from podbay.domain.egress import EgressPolicy
 from podbay.domain.node import NodeRecord
 from podbay.errors import ApiError
-from podbay.gateway.activity import keep_newest
 from podbay.runtime.base import MachineState, ObservedMachine
 from podbay.runtime.classes import CLASSES
 from podbay.runtime.transfer import Received
 from podbay.signing import SigningKeys
 from podbay.store.postgres import PostgresStore
+from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS
+from podbay.wire.observe import CommandEntry, MetricSample
 from podbay.wire.paths import SHARE_PREFIX
 
-from .nodes import Launch, Node, Transfer
-from .services.classes import refuse_unknown_class
-from .services.environment import Building, Prepared
+from .nodes import Node
 
 log = logging.getLogger("podbay.cluster")
 SANDBOX_PATH = "/sandbox/"
@@ -52,7 +58,7 @@ def _raise_for(r: httpx.Response) -> None:
         doc = r.json()
         code = ErrorCode(doc["code"])
         message = str(doc["error"])
-    except Exception:
+    except (ValueError, KeyError, TypeError):  # not JSON, not an object, or an unknown code
         code, message = ErrorCode.INTERNAL, f"the node answered {r.status_code}"
     if code is ErrorCode.NODE_CREDENTIAL_INVALID:
         # The node does not take our calls: that is ours to fix, not the caller's.
@@ -77,16 +83,17 @@ class RemoteNode:
         self._token: tuple[str, float, str] | None = None
         #: Attaches seen here, flushed with the lifecycle pass.
         self._touched: dict[str, datetime] = {}
+        self._oom_tally = OomTally()
 
     def _auth(self) -> dict[str, str]:
         now = time.monotonic()
         enrollment = self.record.credential_hash
         if (
             self._token is None
-            or now - self._token[1] > internal.NODE_CALL_SECONDS / 2
+            or now - self._token[1] > nodeapi.NODE_CALL_SECONDS / 2
             or self._token[2] != enrollment
         ):
-            token = internal.mint_node_call(self.keys, self.name, enrollment)
+            token = nodeapi.mint_node_call(self.keys, self.name, enrollment)
             self._token = (token, now, enrollment)
         return {"Authorization": f"Bearer {self._token[0]}"}
 
@@ -96,15 +103,22 @@ class RemoteNode:
         try:
             r = await self.client.request(
                 method,
-                f"{self.url}{internal.PREFIX}{path}",
+                f"{self.url}{nodeapi.PREFIX}{path}",
                 json=body,
                 headers=self._auth(),
                 timeout=limit,
             )
         except httpx.TransportError as exc:
+            if method != "GET":
+                raise ApiError(
+                    ErrorCode.SANDBOX_START_FAILED, f"node {self.name} did not answer: {exc}"
+                ) from None
+            # A look at a node that is restarting or being lost is worth asking again
+            # shortly; it is not a fault of ours to report as a 500.
             raise ApiError(
-                ErrorCode.SANDBOX_START_FAILED if method != "GET" else ErrorCode.INTERNAL,
+                ErrorCode.SANDBOXES_UNAVAILABLE,
                 f"node {self.name} did not answer: {exc}",
+                retry_after=1.0,
             ) from None
         _raise_for(r)
         return r.json() if r.content else None
@@ -125,7 +139,7 @@ class RemoteNode:
     # -- machines ------------------------------------------------------------------------
     async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         doc = await self._call(
-            "POST", "/prepare", {"deployment": internal.deployment_doc(deployment), "class": class_}
+            "POST", "/prepare", {"deployment": nodeapi.deployment_doc(deployment), "class": class_}
         )
         if "building" in doc:
             return Building(int(doc["building"]))
@@ -156,8 +170,9 @@ class RemoteNode:
                 "env": dict(order.env),
                 "cpus": order.cpus,
                 "memory_bytes": order.memory_bytes,
+                "egress": order.egress.to_doc(),
                 "key": prepared.key,
-                "deployment": internal.deployment_doc(deployment),
+                "deployment": nodeapi.deployment_doc(deployment),
             },
         )
 
@@ -178,6 +193,9 @@ class RemoteNode:
 
     async def destroy(self, class_: str, machine_id: str) -> None:
         await self._act("destroy", class_, machine_id)
+
+    async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
+        await self._call("PUT", f"/machines/{class_}/{machine_id}/egress", egress.to_doc())
 
     async def state(self, class_: str, machine_id: str) -> MachineState:
         doc = await self._call("GET", f"/machines/{class_}/{machine_id}")
@@ -240,6 +258,42 @@ class RemoteNode:
         # published again; a withdrawal clears routed_on first.
         boot = self.record.report.get("boot")
         return sandbox.routed_on is not None and sandbox.routed_on == boot
+
+    # -- observation ---------------------------------------------------------------------
+    async def metrics(self, sandbox_id: str, since: datetime | None) -> list[MetricSample]:
+        query = "" if since is None else "?" + urlencode({"since": codec.format_time(since)})
+        doc = await self._call("GET", f"/metrics/{sandbox_id}{query}")
+        return [codec.decode(MetricSample, d, strict=False) for d in doc or []]
+
+    async def latest_metrics(self) -> dict[str, MetricSample]:
+        doc = await self._call("GET", "/metrics")
+        if not isinstance(doc, dict):
+            return {}
+        return {
+            str(sandbox_id): codec.decode(MetricSample, sample, strict=False)
+            for sandbox_id, sample in doc.items()
+        }
+
+    async def new_oom_kills(self) -> dict[str, tuple[datetime, int]]:
+        # The node's running totals arrive with its heartbeats.
+        totals: dict[str, tuple[datetime, int]] = {}
+        for sandbox_id, seen in dict(self.record.report.get("oom", {})).items():
+            try:
+                totals[str(sandbox_id)] = (codec.parse_time(seen[0]), int(seen[1]))
+            except (ValueError, TypeError, IndexError, OverflowError):
+                continue  # a node of another version: nothing to say
+        return self._oom_tally.new(totals)
+
+    async def commands(self, sandbox: Sandbox) -> list[CommandEntry]:
+        query = urlencode(
+            {
+                "class": sandbox.class_,
+                "machine": sandbox.machine_id,
+                "incarnation": sandbox.incarnation,
+            }
+        )
+        doc = await self._call("GET", f"/commands/{sandbox.id}?{query}")
+        return [codec.decode(CommandEntry, d, strict=False) for d in doc or []]
 
     # -- activity (data-plane activity arrives with the node's heartbeats) ----------------
     def touch(self, sandbox_id: str) -> None:
@@ -390,7 +444,7 @@ class ClusterNodes:
 
     def transfer(self, source: Node, target: Node, class_: str, machine_id: str) -> Transfer:
         assert isinstance(source, RemoteNode)
-        token = internal.mint_disk_pass(self.keys, source.name, class_, machine_id, target.name)
+        token = nodeapi.mint_disk_pass(self.keys, source.name, class_, machine_id, target.name)
         return Transfer(class_, machine_id, source.url, token)
 
     def _classes(self, *, drained: bool = False) -> list[str]:
@@ -444,7 +498,7 @@ def node_keys_doc(keys: Any) -> dict[str, Any]:
     """The public half of every signing key, for nodes."""
     return {
         "keys": [
-            {"kid": kid, "public": internal.public_key_text(keys.public_key(kid))}
+            {"kid": kid, "public": nodeapi.public_key_text(keys.public_key(kid))}
             for kid in keys.kids()
             if keys.public_key(kid) is not None
         ]

@@ -59,9 +59,9 @@ class IdentityTokens:
     """:func:`verify_identity_token` for one issuer, remembering the tokens it
     has verified (at most ``cache_size``, least recently used dropped).
 
-    A full check costs ~0.5 ms of CPU on this project's 2-core machine, most of
-    it PyJWT validating the base64 of every segment character by character in
-    Python (twice: header, then token), more than the Ed25519 signature; every
+    A full check is dear in CPU, most of it PyJWT validating the base64 of
+    every segment character by character in Python (twice: header, then
+    token), more than the Ed25519 signature; every
     control-plane call paid it for the same few tokens. A remembered token is
     checked again for what can change: its key still in the ring (a removed key
     refuses what it signed, as at once as before) and its ``exp``. Its digest

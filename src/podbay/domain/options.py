@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .egress import EgressPolicy
+
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxOptions:
@@ -25,12 +27,17 @@ class SandboxOptions:
     cpus: float | None = None
     memory_mib: int | None = None
     idle_timeout_seconds: int | None = None
+    #: Where the sandbox may send packets. In an attach: what it asked for (None:
+    #: not named). In a record: the policy in force (the deployment's default
+    #: copied at creation, or what attach or ``PUT .../network`` set).
+    network: EgressPolicy | None = None
 
     @property
     def machine(self) -> bool:
         """Whether the machine itself differs from the server's default one
-        (so a ready machine of the warm pool cannot serve)."""
-        return bool(self.env) or self.cpus is not None or self.memory_mib is not None
+        (so a ready machine of the warm pool cannot serve: its rules are open)."""
+        closed = self.network is not None and not self.network.open
+        return bool(self.env) or self.cpus is not None or self.memory_mib is not None or closed
 
     def to_json(self) -> str | None:
         """The stored form; None when nothing is set (the column stays NULL)."""
@@ -43,6 +50,8 @@ class SandboxOptions:
             value = getattr(self, key)
             if value is not None:
                 doc[key] = value
+        if self.network is not None:
+            doc["network"] = self.network.to_doc()
         return json.dumps(doc, sort_keys=True) if doc else None
 
     @classmethod
@@ -56,6 +65,7 @@ class SandboxOptions:
             cpus=doc.get("cpus"),
             memory_mib=doc.get("memory_mib"),
             idle_timeout_seconds=doc.get("idle_timeout_seconds"),
+            network=None if doc.get("network") is None else EgressPolicy.parse(doc["network"]),
         )
 
     def matches(self, wanted: Mapping[str, str]) -> bool:

@@ -1,7 +1,8 @@
 """E2B's REST API (``E2B_API_URL``), the calls ``e2b``'s ``Sandbox`` makes:
-create, connect, get info, list (v1 and v2), kill, set timeout, pause and
-resume. Authenticated by ``X-API-Key``; a key reaches its deployment's
-sandboxes only. Anything else under E2B's paths answers 501 in E2B's shape.
+create, connect, get info, list (v1 and v2), kill, set timeout, pause,
+resume and a sandbox's metrics (:mod:`.metrics`). Authenticated by
+``X-API-Key``; a key reaches its deployment's sandboxes only. Anything else
+under E2B's paths answers 501 in E2B's shape.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from starlette.routing import Route
 from podbay.domain import Deployment, Sandbox, SandboxState
 from podbay.store.e2b import E2BSandbox
 
-from .errors import E2BError, handlers, not_implemented
-from .service import E2BService
+from . import hosts
+from .error_responses import E2BError, handlers, not_implemented
+from .metrics import metric, unix_param
+from .service import DEFAULT_TIMEOUT, MAX_TIMEOUT, E2BService, adopted
 
 #: Paths of E2B's API (none is podbay's own: that lives under /api/v1).
 PREFIXES = (
@@ -29,6 +32,7 @@ PREFIXES = (
     "/templates",
     "/v2/templates",
     "/v3/templates",
+    "/default-templates",
     "/snapshots",
     "/volumes",
     "/secrets",
@@ -39,10 +43,6 @@ PREFIXES = (
 #: The envd version podbay's sandbox API behaves as: 0.5.x's features (default
 #: user, stdin flag, octet-stream uploads) without the later ones.
 ENVD_VERSION = "0.5.7"
-TEMPLATES = ("base",)
-DEFAULT_TIMEOUT = 300
-#: E2B's ceiling on a sandbox's timeout (its Pro tier's 24 h).
-MAX_TIMEOUT = 24 * 3600
 CLIENT_ID = "podbay"
 JSON = "application/json"
 
@@ -53,6 +53,12 @@ def _json(value: object, status: int = 200, headers: dict[str, str] | None = Non
 
 def _time(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
+
+
+def _domain(request: Request) -> str:
+    """``get_host``'s domain: the setting, else the address this request reached."""
+    configured: str = request.app.state.domain
+    return configured or hosts.domain_for(request)
 
 
 def _service(request: Request) -> E2BService:
@@ -100,7 +106,7 @@ def _state(sandbox: Sandbox) -> str:
     return "running" if running else "paused"
 
 
-async def _sandbox_json(service: E2BService, row: E2BSandbox) -> dict[str, Any]:
+async def _sandbox_json(service: E2BService, row: E2BSandbox, request: Request) -> dict[str, Any]:
     """E2B's ``Sandbox``: what create and connect answer."""
     return {
         "templateID": row.template,
@@ -113,7 +119,9 @@ async def _sandbox_json(service: E2BService, row: E2BSandbox) -> dict[str, Any]:
         # e2b-code-interpreter sends this one, not the access token, on its
         # context calls: the same credential, so nothing gets in without it.
         "trafficAccessToken": await service.access_token(row.sandbox_id),
-        "domain": None,
+        # get_host(port) is "{port}-{sandboxID}.{domain}" (docs/e2b.md): this
+        # server's own address, which routes such a Host to the sandbox's port.
+        "domain": _domain(request),
     }
 
 
@@ -141,16 +149,7 @@ async def create(request: Request) -> Response:
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise E2BError(400, "REQUEST_INVALID", "templateID is required")
-    if template not in TEMPLATES:
-        raise E2BError(
-            404,
-            "E2B_TEMPLATE_NOT_FOUND",
-            f"template {template!r} was not found: podbay serves {', '.join(TEMPLATES)} "
-            "(the deployment's declared environment)",
-        )
-    if body.get("autoPause"):
-        raise not_implemented("autoPause (pausing at the timeout)")
-    for field in ("volumeMounts", "mcp"):
+    for field in ("volumeMounts", "mcp", "network", "iam"):
         if body.get(field):
             raise not_implemented(field)
     row = await service.create(
@@ -159,8 +158,22 @@ async def create(request: Request) -> Response:
         timeout_seconds=_timeout(body),
         metadata=_strings(body, "metadata"),
         env_vars=_strings(body, "envVars"),
+        on_timeout=_on_timeout(body),
     )
-    return _json(await _sandbox_json(service, row), 201)
+    return _json(await _sandbox_json(service, row, request), 201)
+
+
+def _on_timeout(body: dict[str, Any]) -> str:
+    """``autoPause``: pause at the timeout instead of killing. ``autoResume``
+    is accepted either way: podbay's sandbox API always resumes a paused
+    sandbox it is asked to reach."""
+    auto_pause = body.get("autoPause", False)
+    if not isinstance(auto_pause, bool):
+        raise E2BError(400, "REQUEST_INVALID", "autoPause must be true or false")
+    resume = body.get("autoResume")
+    if resume is not None and not (isinstance(resume, dict) and "enabled" in resume):
+        raise E2BError(400, "REQUEST_INVALID", 'autoResume must be {"enabled": true|false}')
+    return "pause" if auto_pause else "kill"
 
 
 async def connect(request: Request) -> Response:
@@ -169,11 +182,12 @@ async def connect(request: Request) -> Response:
     sandbox_id = request.path_params["sandbox_id"]
     row = await service.row(deployment, sandbox_id)
     timeout = _timeout(await _body(request))
-    await service.reach(deployment, sandbox_id)  # resumes a paused one
-    # connect only ever extends the timeout (E2B's rule).
-    if row.end_at < service.clock() + timedelta(seconds=timeout):
+    # Resumes a paused one, which then runs `timeout` from now.
+    await service.reach(deployment, sandbox_id, row, timeout_seconds=timeout)
+    # A running one's timeout is only ever extended (E2B's rule).
+    if row.paused_at is None and row.end_at < service.clock() + timedelta(seconds=timeout):
         await service.set_timeout(deployment, sandbox_id, timeout)
-    return _json(await _sandbox_json(service, row), 201)
+    return _json(await _sandbox_json(service, row, request), 201)
 
 
 async def get_info(request: Request) -> Response:
@@ -184,6 +198,8 @@ async def get_info(request: Request) -> Response:
     sandbox = await _podbay_sandbox(service, deployment, sandbox_id)
     detail = _listed(row, sandbox, request)
     detail["envdAccessToken"] = await service.access_token(sandbox_id)
+    detail["domain"] = _domain(request)
+    detail["lifecycle"] = {"onTimeout": row.on_timeout, "autoResume": True}
     return _json(detail)
 
 
@@ -214,11 +230,16 @@ async def _matching(request: Request, states: set[str]) -> list[dict[str, Any]]:
     deployment = await _deployment(request)
     wanted = _metadata_filter(request.query_params.get("metadata"))
     podbay = {s.name: s for s in await service.sandboxes.list(deployment)}
+    rows = {
+        r.sandbox_id: r for r in await service.rows.list_e2b_sandboxes(deployment_id=deployment.id)
+    }
+    now = service.clock()
+    # Made through podbay's own API: listed as its E2B row would be (made
+    # when E2B's API first names it); one deleted there is gone here too.
+    made = [rows.get(s.name) or adopted(s, now) for s in podbay.values()]
     out = []
-    for row in await service.rows.list_e2b_sandboxes(deployment_id=deployment.id):
-        sandbox = podbay.get(row.sandbox_id)
-        if sandbox is None:
-            continue  # deleted through podbay's own API
+    for row in sorted(made, key=lambda r: (r.started_at, r.sandbox_id)):
+        sandbox = podbay[row.sandbox_id]
         if any(row.metadata.get(k) != v for k, v in wanted.items()):
             continue
         listed = _listed(row, sandbox, request)
@@ -267,13 +288,26 @@ async def set_timeout(request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def pause(request: Request) -> Response:
-    """podbay's suspend: memory and files kept; the next connect resumes it."""
+async def refresh(request: Request) -> Response:
+    """E2B's keep-alive: the sandbox lives at least ``duration`` more seconds
+    (its timeout is only ever extended here)."""
     service = _service(request)
     deployment = await _deployment(request)
     sandbox_id = request.path_params["sandbox_id"]
-    await service.row(deployment, sandbox_id)
-    await service.sandboxes.stop(deployment, sandbox_id)
+    body = await _body(request)
+    duration = body.get("duration", DEFAULT_TIMEOUT)
+    if isinstance(duration, bool) or not isinstance(duration, int) or not 0 <= duration <= 3600:
+        raise E2BError(400, "REQUEST_INVALID", "duration must be whole seconds, 0 to 3600")
+    row = await service.row(deployment, sandbox_id)
+    if row.end_at < service.clock() + timedelta(seconds=duration):
+        await service.set_timeout(deployment, sandbox_id, duration)
+    return Response(status_code=204)
+
+
+async def pause(request: Request) -> Response:
+    """podbay's suspend: memory and files kept; the next connect resumes it."""
+    service = _service(request)
+    await service.pause(await _deployment(request), request.path_params["sandbox_id"])
     return Response(status_code=204)
 
 
@@ -287,6 +321,25 @@ async def unsupported(request: Request) -> Response:
 
 
 _ID = "/{sandbox_id}"
+
+
+async def sandbox_metrics(request: Request) -> Response:
+    service = _service(request)
+    deployment = await _deployment(request)
+    sandbox = await _podbay_sandbox(service, deployment, request.path_params["sandbox_id"])
+    start, end = unix_param(request, "start"), unix_param(request, "end")
+    samples = await service.sandboxes.nodes.of(sandbox).metrics(sandbox.id, None)
+    limits = request.app.state.limits
+    cpus = sandbox.options.cpus or limits.cpus
+    return _json(
+        [
+            metric(s, cpus, limits.disk_bytes)
+            for s in samples
+            if (start is None or s.at >= start) and (end is None or s.at <= end)
+        ]
+    )
+
+
 routes = [
     Route("/sandboxes", create, methods=["POST"]),
     Route("/v2/sandboxes", create, methods=["POST"]),
@@ -298,13 +351,16 @@ routes = [
     Route("/sandboxes" + _ID + "/connect", connect, methods=["POST"]),
     Route("/v2/sandboxes" + _ID + "/connect", connect, methods=["POST"]),
     Route("/sandboxes" + _ID + "/pause", pause, methods=["POST"]),
+    Route("/sandboxes" + _ID + "/refreshes", refresh, methods=["POST"]),
     Route("/sandboxes" + _ID + "/resume", resume, methods=["POST"]),
+    Route("/sandboxes" + _ID + "/metrics", sandbox_metrics, methods=["GET"]),
     Route("/{rest:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ]
 
 
-def build(service: E2BService, limits: object) -> Starlette:
+def build(service: E2BService, limits: object, domain: str = "") -> Starlette:
     app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.e2b = service
     app.state.limits = limits
+    app.state.domain = domain
     return app

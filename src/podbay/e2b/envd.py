@@ -5,47 +5,34 @@ podbay client reaches it).
 
 Served: ``GET /health``; the process service on the agent's spawned
 processes (``podbay.e2b.processes``: Start, Connect, List, SendInput,
-StreamInput, CloseStdin, SendSignal); the filesystem service's Stat,
-ListDir, MakeDir, Move and Remove (``podbay.e2b.filesystem``); ``GET /files``
-(download) and ``POST /files`` (multipart or octet-stream upload) on the
-agent's native files API. Every other RPC (PTY's Update, the watchers)
-answers Connect's ``unimplemented`` with a message naming it.
+StreamInput, CloseStdin, SendSignal, and Update for terminals:
+``podbay.e2b.pty``); the filesystem service's Stat, ListDir, MakeDir, Move
+and Remove (``podbay.e2b.filesystem``); ``GET /files`` (download) and
+``POST /files`` (upload: ``podbay.e2b.files``); the watchers (WatchDir,
+CreateWatcher, GetWatcherEvents, RemoveWatcher: ``podbay.e2b.watchers``).
+Any other RPC answers Connect's ``unimplemented`` with a message naming it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import posixpath
-from email.parser import BytesParser
-from email.policy import HTTP
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from podbay.errors import ApiError
-from podbay.wire.paths import (
-    DIGEST_HEADER,
-    FILES,
-)
 
-from . import connect, filesystem, processes
-from .errors import E2BError, error_response
+from . import connect, files, filesystem, processes, pty, watchers
+from .error_responses import E2BError, error_response
 from .relay import (
     ACCESS_TOKEN_HEADER,
     SANDBOX_ID_HEADER,
-    headers,
-    reach,
     service_of,
     stream_error,
 )
 from .service import E2BService
-
-#: Uploads are buffered whole here (multipart is parsed in memory).
-MAX_UPLOAD = 256 * 1024 * 1024
 
 
 async def health(request: Request) -> Response:
@@ -69,84 +56,6 @@ async def unimplemented_rpc(request: Request) -> Response:
     )
 
 
-# -- /files ------------------------------------------------------------------------------
-def _file_params(request: Request, path: str) -> dict[str, str]:
-    params = {"path": path}
-    user = request.query_params.get("username")
-    if user:
-        params["user"] = user
-    return params
-
-
-async def download(request: Request) -> Response:
-    path = request.query_params.get("path")
-    if not path:
-        raise E2BError(400, "REQUEST_INVALID", "path is required")
-    attached, _ = await reach(request)
-    service = service_of(request)
-    answer = await service.http.get(
-        attached.endpoint + FILES, params=_file_params(request, path), headers=headers(attached)
-    )
-    if answer.status_code != 200:
-        return _filesrefusal(answer)
-    return Response(answer.content, media_type="application/octet-stream")
-
-
-def _filesrefusal(answer: httpx.Response) -> Response:
-    try:
-        body = answer.json()
-        message, code = str(body.get("error")), str(body.get("code"))
-    except (ValueError, AttributeError):
-        message, code = answer.text[:500], "SANDBOX_ERROR"
-    return error_response(answer.status_code, code, message)
-
-
-def _parts(content_type: str, raw: bytes, path: str | None) -> list[tuple[str, bytes]]:
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media == "application/octet-stream":
-        if not path:
-            raise E2BError(400, "REQUEST_INVALID", "path is required")
-        return [(path, raw)]
-    if media != "multipart/form-data":
-        raise E2BError(400, "REQUEST_INVALID", f"content type {media!r} is not an upload")
-    message = BytesParser(policy=HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw
-    )
-    files: list[tuple[str, bytes]] = []
-    for part in message.iter_parts():
-        name = part.get_filename() or path
-        if not name:
-            raise E2BError(400, "REQUEST_INVALID", "a file part names no path")
-        data = part.get_payload(decode=True)
-        files.append((name, data if isinstance(data, bytes) else b""))
-    if len(files) > 1 and path:
-        raise E2BError(400, "REQUEST_INVALID", "path names one file; several were sent")
-    return files
-
-
-async def upload(request: Request) -> Response:
-    if request.headers.get("content-encoding"):
-        raise E2BError(501, "E2B_NOT_IMPLEMENTED", "compressed uploads are not implemented yet")
-    raw = await request.body()
-    if len(raw) > MAX_UPLOAD:
-        raise E2BError(413, "REQUEST_TOO_LARGE", f"uploads are at most {MAX_UPLOAD} bytes")
-    files = _parts(request.headers.get("content-type", ""), raw, request.query_params.get("path"))
-    attached, _ = await reach(request)
-    service = service_of(request)
-    written = []
-    for path, data in files:
-        answer = await service.http.put(
-            attached.endpoint + FILES,
-            params=_file_params(request, path),
-            content=data,
-            headers={**headers(attached), DIGEST_HEADER: hashlib.sha256(data).hexdigest()},
-        )
-        if answer.status_code != 200:
-            return _filesrefusal(answer)
-        written.append({"name": posixpath.basename(path), "type": "file", "path": path})
-    return Response(json.dumps(written), media_type="application/json")
-
-
 async def not_served(request: Request) -> Response:
     raise E2BError(
         501, "E2B_NOT_IMPLEMENTED", f"{request.method} {request.url.path} is not implemented yet"
@@ -162,15 +71,20 @@ routes = [
     Route("/process.Process/SendInput", processes.send_input, methods=["POST"]),
     Route("/process.Process/StreamInput", processes.stream_input, methods=["POST"]),
     Route("/process.Process/CloseStdin", processes.close_stdin, methods=["POST"]),
+    Route("/process.Process/Update", processes.update, methods=["POST"]),
     Route("/process.Process/{method}", unimplemented_rpc, methods=["POST"]),
     Route("/filesystem.Filesystem/Stat", filesystem.stat_rpc, methods=["POST"]),
     Route("/filesystem.Filesystem/ListDir", filesystem.list_dir, methods=["POST"]),
     Route("/filesystem.Filesystem/MakeDir", filesystem.make_dir, methods=["POST"]),
     Route("/filesystem.Filesystem/Move", filesystem.move, methods=["POST"]),
     Route("/filesystem.Filesystem/Remove", filesystem.remove, methods=["POST"]),
+    Route("/filesystem.Filesystem/WatchDir", watchers.watch_dir, methods=["POST"]),
+    Route("/filesystem.Filesystem/CreateWatcher", watchers.create_watcher, methods=["POST"]),
+    Route("/filesystem.Filesystem/GetWatcherEvents", watchers.get_watcher_events, methods=["POST"]),
+    Route("/filesystem.Filesystem/RemoveWatcher", watchers.remove_watcher, methods=["POST"]),
     Route("/filesystem.Filesystem/{method}", unimplemented_rpc, methods=["POST"]),
-    Route("/files", download, methods=["GET"]),
-    Route("/files", upload, methods=["POST"]),
+    Route("/files", files.download, methods=["GET"]),
+    Route("/files", files.upload, methods=["POST"]),
     Route("/{rest:path}", not_served, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ]
 
@@ -194,4 +108,8 @@ def build(service: E2BService) -> Starlette:
     app.state.e2b = service
     app.state.processes = registry = processes.Registry()
     service.closers.append(registry.close)
+    app.state.terminals = terminals = pty.Terminals()
+    service.closers.append(terminals.close)
+    app.state.watchers = watching = watchers.Watchers()
+    service.closers.append(watching.close)
     return app

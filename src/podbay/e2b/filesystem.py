@@ -20,7 +20,7 @@ from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import FILES, FILES_LIST, FILES_MKDIR, FILES_MOVE, FILES_STAT
 
 from . import connect
-from .relay import call, service_of, unary, user_of
+from .relay import call, in_home, service_of, unary, user_of
 
 #: How deep ListDir goes at most (envd's depth is a uint32; each level is a call).
 MAX_DEPTH = 32
@@ -36,18 +36,16 @@ _MODE_BITS = {"file": stat.S_IFREG, "directory": stat.S_IFDIR, "symlink": stat.S
 
 async def _call(request: Request, attached: Attached, method: str, path: str, **kw: Any) -> Any:
     params: dict[str, str] = kw.pop("params", {})
-    user = user_of(request)
-    if user is not None:
-        params["user"] = user
+    params["user"] = user_of(request)
     answer = await call(service_of(request), attached, method, path, params=params, **kw)
     return answer.json() if answer.content else None
 
 
-def _path(message: dict[str, Any], name: str = "path") -> str:
+def _path(request: Request, message: dict[str, Any], name: str = "path") -> str:
     value = message.get(name)
     if not isinstance(value, str) or not value:
         raise connect.ConnectError("invalid_argument", f"{name} is required")
-    return value
+    return in_home(user_of(request), value)
 
 
 def entry(info: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +69,7 @@ def entry(info: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _stat(request: Request, attached: Attached, message: dict[str, Any]) -> dict[str, Any]:
-    params = {"path": _path(message), "owner": "true"}
+    params = {"path": _path(request, message), "owner": "true"}
     return {"entry": entry(await _call(request, attached, "GET", FILES_STAT, params=params))}
 
 
@@ -83,7 +81,7 @@ async def _list_dir(
         raise connect.ConnectError("invalid_argument", "depth must be at least 1")
     depth = min(depth, MAX_DEPTH)
     entries: list[dict[str, Any]] = []
-    level = [_path(message)]
+    level = [_path(request, message)]
     for _ in range(depth):
         below: list[str] = []
         for directory in level:
@@ -105,7 +103,7 @@ async def _make_dir(
 ) -> dict[str, Any]:
     """envd creates the parents too, and answers ``already_exists`` for an
     existing path (the SDK's ``make_dir`` then returns False)."""
-    path = _path(message)
+    path = _path(request, message)
     try:
         made = await _call(
             request, attached, "POST", FILES_MKDIR, json={"path": path, "parents": False}
@@ -121,15 +119,15 @@ async def _make_dir(
 
 async def _move(request: Request, attached: Attached, message: dict[str, Any]) -> dict[str, Any]:
     body = {
-        "source": _path(message, "source"),
-        "destination": _path(message, "destination"),
+        "source": _path(request, message, "source"),
+        "destination": _path(request, message, "destination"),
         "overwrite": True,  # envd renames as rename(2) does: a file there is replaced
     }
     return {"entry": entry(await _call(request, attached, "POST", FILES_MOVE, json=body))}
 
 
 async def _remove(request: Request, attached: Attached, message: dict[str, Any]) -> dict[str, Any]:
-    params = {"path": _path(message), "recursive": "true"}
+    params = {"path": _path(request, message), "recursive": "true"}
     await _call(request, attached, "DELETE", FILES, params=params)
     return {}
 

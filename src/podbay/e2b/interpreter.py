@@ -46,7 +46,7 @@ from podbay.errors import ApiError
 from podbay.wire.paths import CREDENTIAL_HEADER, DIGEST_HEADER, EXEC, FILES, PORTS, PROCESSES
 
 from . import envd, relay
-from .errors import E2BError
+from .error_responses import E2BError
 from .service import E2BService
 
 #: The port ``e2b-code-interpreter`` sends to (``E2b-Sandbox-Port``).
@@ -278,7 +278,7 @@ class Registry:
         )
         attached = self.attached.get(sandbox_id) if cached else None
         if attached is None or attached.expires_at < datetime.now(UTC) + timedelta(minutes=1):
-            attached = await self.service.reach(deployment, sandbox_id)
+            attached = await self.service.reach(deployment, sandbox_id, row)
             self.attached[sandbox_id] = attached
         return sandbox_id, Plane(self.service.http, attached, sandbox_id), row.env_vars
 

@@ -9,6 +9,7 @@ control replica derives the same token and nothing per sandbox is stored.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -38,3 +39,16 @@ def access_token(secret: str, sandbox_id: str) -> str:
 
 def token_matches(secret: str, sandbox_id: str, offered: str | None) -> bool:
     return offered is not None and hmac.compare_digest(access_token(secret, sandbox_id), offered)
+
+
+def file_signature(
+    path: str, operation: str, username: str, token: str, expiration: int | None
+) -> str:
+    """The SDK's v1 signature of a file URL (``e2b.sandbox.signature``):
+    ``"v1_" + base64(sha256("<path>:<operation>:<username>:<token>[:<expiration>]"))``,
+    unpadded."""
+    raw = f"{path}:{operation}:{username}:{token}"
+    if expiration is not None:
+        raw += f":{expiration}"
+    digest = hashlib.sha256(raw.encode()).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode("ascii")

@@ -31,8 +31,17 @@ from starlette.responses import Response, StreamingResponse
 from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import PROCESSES, process_path, process_signal_path, process_stdin_path
 
-from . import connect
-from .relay import SANDBOX_ID_HEADER, call, reach, service_of, stream_error, unary, user_of
+from . import connect, pty, watchers
+from .relay import (
+    SANDBOX_ID_HEADER,
+    call,
+    home_of,
+    reach,
+    service_of,
+    stream_error,
+    unary,
+    user_of,
+)
 from .service import E2BService
 
 #: The longest one poll of a process waits for output (the agent's cap is 20 s).
@@ -65,6 +74,23 @@ class Registry:
 
     def __init__(self) -> None:
         self.started: dict[tuple[str, str], Started] = {}
+        #: Agent-side forgets still under way (kept so they are not collected).
+        self.cleanups: set[asyncio.Task[None]] = set()
+
+    def unfollowed(self, sandbox_id: str) -> bool:
+        """Whether a process of this sandbox started here has nobody following it
+        (so a finished one may be left in the agent's slots)."""
+        return any(
+            sid == sandbox_id and meta.followers == 0 for (sid, _), meta in self.started.items()
+        )
+
+    def forget_later(self, service: E2BService, attached: Attached, key: tuple[str, str]) -> None:
+        """Forget the process here now and in the agent after the caller's answer
+        is complete: the DELETE is not on the command's round trips."""
+        self.forget(*key)
+        task = asyncio.get_running_loop().create_task(_forget_in_agent(service, attached, key[1]))
+        self.cleanups.add(task)
+        task.add_done_callback(self.cleanups.discard)
 
     def find_tag(self, sandbox_id: str, tag: str) -> str | None:
         for (sid, process_id), meta in self.started.items():
@@ -89,6 +115,11 @@ def _registry(request: Request) -> Registry:
 
 def _sandbox_id(request: Request) -> str:
     return request.headers.get(SANDBOX_ID_HEADER, "")
+
+
+def _terminal(request: Request, message: dict[str, Any]) -> pty.Terminal | None:
+    """The terminal (``sandbox.pty``) a message's selector names, if any."""
+    return pty.terminals_of(request).get(_sandbox_id(request), message.get("process"))
 
 
 # -- talking to the agent ---------------------------------------------------------
@@ -167,11 +198,9 @@ async def _follow(
                     {"end": {"exitCode": code, "exited": True, "status": f"exit status {code}"}}
                 )
                 break
-        yield connect.end_of_stream()
         if meta is None or meta.followers == 1:  # the last to follow it forgets it
-            with contextlib.suppress(connect.ConnectError):
-                await call(service, attached, "DELETE", process_path(process_id))
-            registry.forget(sandbox_id, process_id)
+            registry.forget_later(service, attached, (sandbox_id, process_id))
+        yield connect.end_of_stream()
     except connect.ConnectError as exc:
         yield connect.end_of_stream(exc)
     finally:
@@ -197,18 +226,15 @@ def _spawn_body(
         raise connect.ConnectError("invalid_argument", "process.cwd must be a string")
     if tag is not None and not isinstance(tag, str):
         raise connect.ConnectError("invalid_argument", "tag must be a string")
-    if message.get("pty"):
-        raise connect.ConnectError("unimplemented", "PTY commands are not implemented yet")
     body: dict[str, Any] = {
         "command": [process["cmd"], *args],
         "env": {**env_vars, **envs},
         "stdin": bool(message.get("stdin")),
     }
-    if cwd:
-        body["cwd"] = cwd
     user = user_of(request)
-    if user is not None:
-        body["user"] = user
+    body["user"] = user
+    if cwd or home_of(user):
+        body["cwd"] = cwd or home_of(user)
     return body, Started(tag=tag, cmd=process["cmd"], args=args, envs=envs, cwd=cwd)
 
 
@@ -221,6 +247,11 @@ async def _kill_at(
         await call(
             service, attached, "POST", process_signal_path(process_id), json={"signal": "KILL"}
         )
+
+
+async def _forget_in_agent(service: E2BService, attached: Attached, process_id: str) -> None:
+    with contextlib.suppress(connect.ConnectError):
+        await call(service, attached, "DELETE", process_path(process_id))
 
 
 async def _prune(
@@ -247,7 +278,10 @@ async def start(request: Request) -> Response:
             await request.body(), request.headers.get("content-type", "")
         )
         body, meta = _spawn_body(message, env_vars, request)
-        await _prune(service, registry, sandbox_id, attached)
+        if message.get("pty"):
+            return await pty.start(request, attached, env_vars, message)
+        if registry.unfollowed(sandbox_id):  # else there is nothing to prune: no listing
+            await _prune(service, registry, sandbox_id, attached)
         status = (await call(service, attached, "POST", PROCESSES, json=body)).json()
     except connect.ConnectError as exc:
         return stream_error(exc)
@@ -272,6 +306,9 @@ async def connect_rpc(request: Request) -> Response:
         message = connect.parse_request(
             await request.body(), request.headers.get("content-type", "")
         )
+        terminal = _terminal(request, message)
+        if terminal is not None:
+            return pty.connect_rpc(request, terminal)
         process_id = await _resolve(request, attached, message)
         now = (
             await call(
@@ -296,7 +333,7 @@ async def _list(request: Request, attached: Attached, _: dict[str, Any]) -> dict
     registry, sandbox_id = _registry(request), _sandbox_id(request)
     out = []
     for status in await _processes(service_of(request), attached):
-        if status["state"] != "running":
+        if status["state"] != "running" or watchers.is_watcher(status["command"]):
             continue
         meta = registry.started.get((sandbox_id, str(status["process_id"])))
         command = [str(c) for c in status["command"]]
@@ -310,6 +347,7 @@ async def _list(request: Request, attached: Attached, _: dict[str, Any]) -> dict
             if meta.tag is not None:
                 info["tag"] = meta.tag
         out.append(info)
+    out.extend(pty.listed(t) for t in pty.terminals_of(request).of(sandbox_id))
     return {"processes": out}
 
 
@@ -319,6 +357,10 @@ async def _send_signal(
     signal = _SIGNALS.get(message.get("signal"))
     if signal is None:
         raise connect.ConnectError("invalid_argument", "signal must be SIGKILL or SIGTERM")
+    terminal = _terminal(request, message)
+    if terminal is not None:  # a terminal is hung up: its command is killed
+        await terminal.hang_up()
+        return {}
     process_id = await _resolve(request, attached, message)
     await call(
         service_of(request),
@@ -350,7 +392,7 @@ def _stdin_bytes(value: Any) -> bytes:
     if not isinstance(value, dict):
         raise connect.ConnectError("invalid_argument", "input is required")
     if "pty" in value:
-        raise connect.ConnectError("unimplemented", "PTY input is not implemented yet")
+        raise connect.ConnectError("invalid_argument", "input.pty is for a PTY's input")
     try:
         return base64.b64decode(value.get("stdin") or "", validate=True)
     except (binascii.Error, TypeError):
@@ -373,6 +415,10 @@ async def _write_stdin(
 async def _send_input(
     request: Request, attached: Attached, message: dict[str, Any]
 ) -> dict[str, Any]:
+    terminal = _terminal(request, message)
+    if terminal is not None:
+        await pty.write(terminal, message.get("input"))
+        return {}
     data = _stdin_bytes(message.get("input"))
     await _write_stdin(request, attached, await _resolve(request, attached, message), data)
     return {}
@@ -381,8 +427,20 @@ async def _send_input(
 async def _close_stdin(
     request: Request, attached: Attached, message: dict[str, Any]
 ) -> dict[str, Any]:
+    if _terminal(request, message) is not None:
+        raise connect.ConnectError("failed_precondition", "a PTY has no stdin to close")
     process_id = await _resolve(request, attached, message)
     await _write_stdin(request, attached, process_id, b"", close=True)
+    return {}
+
+
+async def _update(request: Request, attached: Attached, message: dict[str, Any]) -> dict[str, Any]:
+    """``Update``: a PTY's new size (``pty.size``)."""
+    terminal = _terminal(request, message)
+    if terminal is None:
+        await _resolve(request, attached, message)  # not_found, or a command without a PTY
+        raise connect.ConnectError("failed_precondition", "the process has no PTY to resize")
+    await pty.resize(terminal, message)
     return {}
 
 
@@ -410,14 +468,20 @@ async def stream_input(request: Request) -> Response:
         return stream_error(connect.ConnectError("unimplemented", "only JSON is served"))
     try:
         process_id: str | None = None
+        terminal: pty.Terminal | None = None
         async for message in _messages(request):
             if "start" in message:
-                process_id = await _resolve(request, attached, message["start"] or {})
+                terminal = _terminal(request, message["start"] or {})
+                if terminal is None:
+                    process_id = await _resolve(request, attached, message["start"] or {})
             elif "data" in message:
+                value = (message["data"] or {}).get("input")
+                if terminal is not None:
+                    await pty.write(terminal, value)
+                    continue
                 if process_id is None:
                     raise connect.ConnectError("failed_precondition", "start must come first")
-                data = _stdin_bytes((message["data"] or {}).get("input"))
-                await _write_stdin(request, attached, process_id, data)
+                await _write_stdin(request, attached, process_id, _stdin_bytes(value))
     except connect.ConnectError as exc:
         return stream_error(exc)
     return Response(connect.envelope({}) + connect.end_of_stream(), media_type=connect.STREAM_JSON)
@@ -427,3 +491,4 @@ list_rpc = unary(_list)
 send_signal = unary(_send_signal)
 send_input = unary(_send_input)
 close_stdin = unary(_close_stdin)
+update = unary(_update)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import posixpath
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 from . import connect
-from .errors import E2BError
+from .error_responses import E2BError
 from .service import E2BService
 
 SANDBOX_ID_HEADER = "e2b-sandbox-id"
@@ -54,20 +55,37 @@ async def reach(request: Request) -> tuple[Attached, dict[str, str]]:
         request.headers.get(ACCESS_TOKEN_HEADER),
         request.headers.get("x-api-key"),
     )
-    return await service.reach(deployment, sandbox_id), row.env_vars
+    return await service.reach(deployment, sandbox_id, row), row.env_vars
 
 
-def user_of(request: Request) -> str | None:
-    """envd's user: ``Authorization: Basic base64("<user>:")``; absent: the default."""
+#: envd's default account: the SDK (envd 0.4.0 and later) sends no user unless
+#: the caller names one, and E2B's sandboxes then run as ``user``, whose home
+#: is its default directory. Every podbay image has it (uid 1000).
+DEFAULT_USER = "user"
+
+
+def user_of(request: Request) -> str:
+    """envd's user: ``Authorization: Basic base64("<user>:")``; absent: ``user``."""
     value = request.headers.get("authorization", "")
     scheme, _, encoded = value.partition(" ")
     if scheme.lower() != "basic" or not encoded:
-        return None
+        return DEFAULT_USER
     try:
         name = base64.b64decode(encoded, validate=True).decode().partition(":")[0]
     except (binascii.Error, UnicodeDecodeError):
         raise E2BError(400, "REQUEST_INVALID", "the Authorization header is not Basic") from None
-    return name or None
+    return name or DEFAULT_USER
+
+
+def home_of(user: str) -> str | None:
+    """The default directory of E2B's two accounts (envd's: the user's home)."""
+    return {"root": "/root", DEFAULT_USER: "/home/" + DEFAULT_USER}.get(user)
+
+
+def in_home(user: str, path: str) -> str:
+    """envd resolves a relative path against the user's home."""
+    home = home_of(user)
+    return path if path.startswith("/") or home is None else posixpath.join(home, path)
 
 
 def headers(attached: Attached) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import secrets
 import string
@@ -20,16 +21,17 @@ from typing import TYPE_CHECKING, cast
 
 import httpx
 
-from podbay.control.services.environment import Building
 from podbay.control.services.options import check_env, check_labels
 from podbay.control.services.sandboxes import Attached, SandboxService
-from podbay.domain import Deployment, SandboxOptions
+from podbay.dataplane.environment_seam import Building
+from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState
 from podbay.domain.options import NO_OPTIONS
 from podbay.errors import ApiError
 from podbay.store.e2b import E2BSandbox, E2BStore
 from podbay.wire.codes import ErrorCode
 
-from .errors import E2BError
+from . import templates
+from .error_responses import E2BError
 from .keys import KEY_PATTERN, SECRET_META_KEY, key_hash, new_api_key, new_secret, token_matches
 
 if TYPE_CHECKING:
@@ -40,6 +42,19 @@ log = logging.getLogger("podbay.e2b")
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 #: How often expired sandboxes (past their E2B timeout) are looked for.
 SWEEP_SECONDS = 1.0
+#: E2B's default timeout, seconds; also a paused sandbox's once traffic resumes it.
+DEFAULT_TIMEOUT = 300
+#: E2B's ceiling on a sandbox's timeout (its Pro tier's 24 h).
+MAX_TIMEOUT = 24 * 3600
+ON_TIMEOUT = ("kill", "pause")
+#: Longest a create waits for its environment's build before asking the SDK to
+#: retry: its retrying transport then asks again while its request timeout
+#: (60 s by default) lasts, so two holds and a retry fit in it.
+BUILD_HOLD_SECONDS = 25.0
+BUILD_RETRY_SECONDS = 1
+#: A remembered attach is reused while its credential has this much left.
+CREDENTIAL_MARGIN = timedelta(minutes=1)
+MAX_REMEMBERED = 10_000
 
 
 def new_sandbox_id() -> str:
@@ -71,6 +86,9 @@ class E2BService:
         self.clock = clock
         self._secret: str | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: The last attach of each sandbox, reused while its record says that
+        #: incarnation still runs (see :meth:`reach`).
+        self._attached: dict[str, Attached] = {}
         #: Called on close: the sandbox API's own state (its processes' timers).
         self.closers: list[Callable[[], None]] = []
         #: The data plane is reached over HTTP, as any client reaches it: in a
@@ -107,6 +125,30 @@ class E2BService:
 
         return access_token(await self.secret(), sandbox_id)
 
+    async def signer(
+        self, sandbox_id: str | None, offered: str, signed: tuple[str, str, str, int | None]
+    ) -> tuple[str, str] | None:
+        """The sandbox whose token made the file URL signature ``offered`` of
+        ``signed`` (path, operation, username, expiration), and that token:
+        ``sandbox_id``'s, or with none named (a URL built on E2B_SANDBOX_URL),
+        any E2B sandbox's, each tried in turn (their tokens differ)."""
+        from .keys import access_token, file_signature
+
+        secret = await self.secret()
+        candidates = (
+            [sandbox_id]
+            if sandbox_id is not None
+            else [row.sandbox_id for row in await self.rows.list_e2b_sandboxes()]
+        )
+        path, operation, username, expiration = signed
+        for candidate in candidates:
+            token = access_token(secret, candidate)
+            expected = file_signature(path, operation, username, token, expiration)
+            # bytes: the offered signature is the caller's, any text at all
+            if hmac.compare_digest(expected.encode(), offered.encode()):
+                return candidate, token
+        return None
+
     async def authorize(
         self, sandbox_id: str, access: str | None, api_key: str | None
     ) -> tuple[Deployment, E2BSandbox]:
@@ -129,10 +171,26 @@ class E2BService:
 
     # -- rows --------------------------------------------------------------------------
     async def row(self, deployment: Deployment, sandbox_id: str) -> E2BSandbox:
+        """The E2B row of the deployment's sandbox; a sandbox made through
+        podbay's own API gets one the first time E2B's API names it."""
         row = await self.rows.get_e2b_sandbox(sandbox_id)
-        if row is None or row.deployment_id != deployment.id:
+        if row is None:
+            row = await self._adopt(deployment, sandbox_id)
+        if row.deployment_id != deployment.id:
             raise sandbox_not_found(sandbox_id)
         return row
+
+    async def _adopt(self, deployment: Deployment, sandbox_id: str) -> E2BSandbox:
+        try:
+            sandbox = await self.sandboxes.get(deployment, sandbox_id)
+        except ApiError as exc:
+            if exc.code is ErrorCode.SANDBOX_NOT_FOUND:
+                raise sandbox_not_found(sandbox_id) from None
+            raise
+        row = adopted(sandbox, self.clock())
+        await self.rows.add_e2b_sandbox(row)  # a replica racing here: its row stands
+        found = await self.rows.get_e2b_sandbox(sandbox_id)
+        return row if found is None else found
 
     async def create(
         self,
@@ -142,6 +200,7 @@ class E2BService:
         timeout_seconds: int,
         metadata: dict[str, str],
         env_vars: dict[str, str],
+        on_timeout: str = "kill",
     ) -> E2BSandbox:
         sandbox_id = new_sandbox_id()
         now = self.clock()
@@ -153,14 +212,17 @@ class E2BService:
             env_vars=env_vars,
             started_at=now,
             end_at=now + timedelta(seconds=timeout_seconds),
+            on_timeout=on_timeout,
         )
+        seen = await self.template_view(deployment, template)
         options = create_options(metadata, env_vars)  # refuses bad env names first
         await self.rows.add_e2b_sandbox(row)
         try:
-            await self.attach(deployment, sandbox_id, options)
+            attached = await self.attach(seen, sandbox_id, options)
         except BaseException:
             await self.rows.delete_e2b_sandbox(sandbox_id)
             raise
+        self._remember(sandbox_id, attached)  # the SDK's first command follows at once
         self.start_sweeper()
         return row
 
@@ -168,31 +230,102 @@ class E2BService:
         self, deployment: Deployment, sandbox_id: str, options: SandboxOptions = NO_OPTIONS
     ) -> Attached:
         """Create, resume or reuse the podbay sandbox, waiting out an environment
-        build (E2B's create answers once the sandbox runs). Only the create
-        names ``options``: a later attach naming none reaches it as it is."""
+        build (E2B's create answers once the sandbox runs) for at most
+        :data:`BUILD_HOLD_SECONDS`, then a refusal the SDK retries (the build
+        goes on). Only the create names ``options``: a later attach naming
+        none reaches it as it is."""
+        deadline = asyncio.get_running_loop().time() + BUILD_HOLD_SECONDS
         while True:
             result = await self.sandboxes.attach(deployment, sandbox_id, "default", options)
             if not isinstance(result, Building):
                 return result
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                now = result.progress
+                step = "" if now is None else f" (step {now.step} of {now.steps}: {now.doing})"
+                raise E2BError(
+                    503,
+                    "E2B_TEMPLATE_BUILDING",
+                    f"the sandbox's environment is still being built{step}; "
+                    "it goes on: ask again (the SDK does, within its request_timeout)",
+                    BUILD_RETRY_SECONDS,
+                )
+            wait = min(result.retry_after_seconds, left)
             if result.done is not None:
-                await asyncio.wait({result.done}, timeout=result.retry_after_seconds)
+                await asyncio.wait({result.done}, timeout=wait)
             else:
-                await asyncio.sleep(result.retry_after_seconds)
+                await asyncio.sleep(wait)
 
-    async def reach(self, deployment: Deployment, sandbox_id: str) -> Attached:
+    async def template_view(self, deployment: Deployment, template: str) -> Deployment:
+        return await templates.resolve(self.store, deployment, template)
+
+    async def reach(
+        self,
+        deployment: Deployment,
+        sandbox_id: str,
+        row: E2BSandbox | None = None,
+        *,
+        timeout_seconds: int = DEFAULT_TIMEOUT,
+    ) -> Attached:
         """The data plane of an existing sandbox (resumed if it was suspended);
-        one deleted through podbay's own API is gone here too."""
+        one deleted through podbay's own API is gone here too. A sandbox that
+        was paused runs ``timeout_seconds`` from now (E2B's connect; traffic
+        that resumes it gives the default)."""
         try:
-            await self.sandboxes.get(deployment, sandbox_id)
+            sandbox = await self.sandboxes.get(deployment, sandbox_id)
         except ApiError as exc:
             if exc.code is ErrorCode.SANDBOX_NOT_FOUND:
                 await self.rows.delete_e2b_sandbox(sandbox_id)
                 raise sandbox_not_found(sandbox_id) from None
             raise
-        return await self.attach(deployment, sandbox_id)
+        if row is None:
+            row = await self.row(deployment, sandbox_id)
+        cached = self._attached.get(sandbox_id)
+        if (
+            cached is not None
+            and row.paused_at is None
+            and sandbox.state is SandboxState.RUNNING
+            and (cached.sandbox.incarnation, cached.sandbox.node)
+            == (sandbox.incarnation, sandbox.node)
+            and cached.expires_at > self.clock() + CREDENTIAL_MARGIN
+        ):
+            # The record says the machine this credential names still runs:
+            # the attach (a lease, a write, a signature) would change nothing.
+            return cached
+        try:
+            seen = await self.template_view(deployment, row.template)
+        except E2BError:
+            seen = deployment  # its template's deployment is gone: a resume needs none
+        attached = await self.attach(seen, sandbox_id)
+        self._remember(sandbox_id, attached)
+        if row.paused_at is not None:
+            end = self.clock() + timedelta(seconds=timeout_seconds)
+            await self.rows.set_e2b_paused(sandbox_id, None, end)
+            self.start_sweeper()
+        return attached
+
+    def _remember(self, sandbox_id: str, attached: Attached) -> None:
+        if len(self._attached) >= MAX_REMEMBERED:
+            self._attached.clear()
+        self._attached[sandbox_id] = attached
+
+    async def pause(self, deployment: Deployment, sandbox_id: str) -> None:
+        """podbay's stop (suspend: memory and files kept); no timeout applies
+        until a connect, or a call of the sandbox API, resumes it."""
+        await self.row(deployment, sandbox_id)
+        self._attached.pop(sandbox_id, None)
+        try:
+            await self.sandboxes.stop(deployment, sandbox_id)
+        except ApiError as exc:
+            if exc.code is ErrorCode.SANDBOX_NOT_FOUND:
+                await self.rows.delete_e2b_sandbox(sandbox_id)
+                raise sandbox_not_found(sandbox_id) from None
+            raise
+        await self.rows.set_e2b_paused(sandbox_id, self.clock())
 
     async def kill(self, deployment: Deployment, sandbox_id: str) -> None:
         await self.row(deployment, sandbox_id)
+        self._attached.pop(sandbox_id, None)
         with contextlib.suppress(ApiError):  # already gone through podbay's API
             await self.sandboxes.delete(deployment, sandbox_id)
         await self.rows.delete_e2b_sandbox(sandbox_id)
@@ -216,12 +349,22 @@ class E2BService:
                 log.exception("killing expired E2B sandboxes failed")
 
     async def sweep(self) -> None:
+        """Kill, or pause (``on_timeout``), every sandbox past its end; one that
+        fails is logged and tried again at the next sweep, the others go on."""
         for row in await self.rows.list_e2b_sandboxes(ended_by=self.clock()):
             deployment = await self.store.get_deployment(row.deployment_id)
-            if deployment is None:
-                await self.rows.delete_e2b_sandbox(row.sandbox_id)
-                continue
-            await self.kill(deployment, row.sandbox_id)
+            try:
+                if deployment is None:
+                    await self.rows.delete_e2b_sandbox(row.sandbox_id)
+                elif row.on_timeout == "pause":
+                    await self.pause(deployment, row.sandbox_id)
+                else:
+                    await self.kill(deployment, row.sandbox_id)
+            except E2BError as exc:
+                if exc.code != "SANDBOX_NOT_FOUND":
+                    log.warning("E2B timeout of %s: %s", row.sandbox_id, exc.message)
+            except Exception:
+                log.exception("the E2B timeout of sandbox %s failed", row.sandbox_id)
 
     async def close(self) -> None:
         for closer in self.closers:
@@ -244,6 +387,22 @@ def create_options(metadata: dict[str, str], env_vars: dict[str, str]) -> Sandbo
     except ApiError:
         labels = {}
     return SandboxOptions(labels=labels, env=env_vars)
+
+
+def adopted(sandbox: Sandbox, now: datetime) -> E2BSandbox:
+    """The E2B row of a sandbox made through podbay's own API: template
+    ``base``, its labels as metadata, and E2B's longest timeout with ``pause``
+    at its end (podbay's own API never deletes a sandbox on a timer)."""
+    return E2BSandbox(
+        sandbox_id=sandbox.name,
+        deployment_id=sandbox.deployment_id,
+        template=templates.BASE,
+        metadata=dict(sandbox.options.labels),
+        env_vars=dict(sandbox.options.env),
+        started_at=sandbox.created_at,
+        end_at=now + timedelta(seconds=MAX_TIMEOUT),
+        on_timeout="pause",
+    )
 
 
 def sandbox_not_found(sandbox_id: str) -> E2BError:

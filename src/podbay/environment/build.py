@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from podbay.control.services.environment import Building
+from podbay.dataplane.environment_seam import Building
 from podbay.errors import PrepareFailed as PrepareFailed  # re-exported: defined in the one tree
 from podbay.errors import SetupFailed as SetupFailed
 from podbay.runtime.agent_client import AgentClient, AgentError

@@ -90,7 +90,8 @@ def plan(section: SandboxSection) -> list[Step]:
 
     pip: tuple[str, ...] = ("python3", "-m", "pip", "install", "--break-system-packages")
     if other_python:
-        assert python is not None and python.version is not None
+        assert python is not None
+        assert python.version is not None
         steps.append(Step("install uv", (*pip, "uv"), PIP_ENV))
         steps.append(
             Step(

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from podbay.control.services.environment import Building, Prepared
+from podbay.dataplane.environment_seam import Building, Prepared
 from podbay.domain import Deployment
 from podbay.errors import ApiError
 from podbay.runtime.base import Driver

@@ -23,12 +23,24 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from podbay.domain.egress import OPEN, EgressPolicy
+from podbay.errors import ApiError
 from podbay.errors import SpecError as SpecError  # re-exported: defined in the one tree
 
 Toolchain = Literal["auto", "always", "never"]
 TOOLCHAINS: tuple[Toolchain, ...] = ("auto", "always", "never")
 RESERVED_KEYS = frozenset({"files", "classes", "size", "tools"})
-KNOWN_KEYS = ("toolchain", "packages", "python", "node", "env", "setup", "browser")
+KNOWN_KEYS = (
+    "toolchain",
+    "packages",
+    "python",
+    "node",
+    "env",
+    "setup",
+    "browser",
+    "command_log",
+    "network",
+)
 BROWSERS = ("chromium",)
 #: Bumped whenever the way a layer is built changes, so old layers are not reused.
 RECIPE_VERSION = 1
@@ -66,18 +78,26 @@ class SandboxSection:
     env: Mapping[str, str] = field(default_factory=dict)
     setup: tuple[str, ...] = ()
     browser: str | None = None
+    #: Whether the platform collects each exec and spawn's argv, user, exit
+    #: code and duration (docs/observability.md). Set per deployment.
+    command_log: bool = True
+    #: The deployment's default egress policy (docs/network.md): each new
+    #: sandbox gets it unless its attach names its own.
+    network: EgressPolicy = OPEN
 
     def canonical(self) -> dict[str, Any]:
         """A plain, key-sorted form: equal declarations give equal dicts."""
         data = asdict(self)
         data["env"] = dict(sorted(self.env.items()))
+        data["network"] = self.network.to_doc()
         return data
 
     def layer_key(self) -> str:
-        """Hash of what gets *installed*. ``env`` and ``setup`` are left out:
-        they apply to each sandbox, so changing them never rebuilds a layer."""
+        """Hash of what gets *installed*. ``env``, ``setup``, ``command_log`` and
+        ``network`` are left out: they apply to each sandbox, so changing them
+        never rebuilds a layer."""
         data = self.canonical()
-        del data["env"], data["setup"]
+        del data["env"], data["setup"], data["command_log"], data["network"]
         return _digest({"recipe": RECIPE_VERSION, **data})
 
     @property
@@ -242,6 +262,16 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
             else:
                 browser = raw_browser["name"]
 
+    command_log = data.get("command_log", True)
+    if not isinstance(command_log, bool):
+        check.fail(f"{where}.command_log", "must be true or false")
+    network = OPEN
+    if data.get("network") is not None:
+        try:
+            network = EgressPolicy.parse(data["network"])
+        except ApiError as exc:
+            check.fail(f"{where}.network", exc.message)
+
     if check.problems or toolchain is None:
         raise SpecError(check.problems)
     return SandboxSection(
@@ -252,4 +282,6 @@ def parse_section(data: Any, where: str = "sandbox") -> SandboxSection:
         env=env,
         setup=setup,
         browser=browser,
+        command_log=command_log is not False,
+        network=network,
     )

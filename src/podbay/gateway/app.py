@@ -25,6 +25,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 
 from podbay.asgi import Receive, Scope, Send, send_refusal
+from podbay.dataplane.activity import ActivityTracker
+from podbay.dataplane.credentials import CredentialVerifier, verify_share
+from podbay.dataplane.routes import Route, RouteTable
 from podbay.errors import ApiError
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import MAX_JSON_BODY
@@ -39,16 +42,14 @@ from podbay.wire.paths import (
     PROCESSES,
     PTY,
     REQUEST_ID_HEADER,
+    SANDBOX_PREFIX,
     SHARE_PREFIX,
 )
 
 from . import ports, terminal
-from .activity import ActivityTracker
-from .credentials import CredentialVerifier, verify_share
 from .proxy import relay, send_error
-from .routes import Route, RouteTable
 
-PREFIX = "/sandbox/"
+PREFIX = SANDBOX_PREFIX
 _CREDENTIAL = CREDENTIAL_HEADER.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
 _EXEC = EXEC.encode()
@@ -85,15 +86,11 @@ async def _send_json(send: Send, document: object) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def endpoint_for(base_url: str, sandbox_id: str) -> str:
-    return f"{base_url.rstrip('/')}{PREFIX}{sandbox_id}"
-
-
 class Gateway:
     """ASGI app for every path under :data:`PREFIX` (and bare ``/v1/...``)."""
 
-    # Takes its collaborators in and keeps them by name, as every service and
-    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
+    # Collaborators come in built (the composition root wires them), so a test
+    # hands in fakes and no service builds another behind the caller's back.
     def __init__(
         self,
         verifier: CredentialVerifier,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -40,6 +41,8 @@ from podbay.wire.codes import ErrorCode
 
 from .proxy import _DROP_REQUEST, _send_request, send_error
 from .upgrade import READ_LIMIT, upgrade
+
+log = logging.getLogger("podbay.gateway")
 
 MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 100
@@ -335,8 +338,10 @@ async def relay_websocket(
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(outbound), 5)
         if not inbound.done():
-            with contextlib.suppress(Exception):
+            try:
                 await send({"type": "websocket.close", "code": 1000})
+            except Exception as exc:  # noqa: BLE001 - logged; the client may be gone already
+                log.debug("port websocket: closing the client side failed: %r", exc)
     finally:
         inbound.cancel()
         outbound.cancel()

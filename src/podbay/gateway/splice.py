@@ -3,10 +3,9 @@
 Through uvicorn and asyncio streams, every byte of an upload is copied four
 times in the gateway (socket to uvicorn's buffer, to the parser's bytes, to
 the request's bytearray, to the body message) and handed over in 64 KiB
-steps: ~120 ms of the server's CPU per 100 MiB, as much as the agent's
-SHA-256. ``splice(2)`` through a pipe moves the same bytes by reference
-(TCP to pipe, pipe to the agent's unix socket): ~12 ms per 100 MiB
-(measured on the same machine, relay thread CPU).
+steps, costing the server as much CPU as the agent's SHA-256 of the same
+bytes. ``splice(2)`` through a pipe moves them by reference (TCP to pipe,
+pipe to the agent's unix socket) for a tenth of that (docs/performance.md).
 
 The loop runs in a thread of its own (both sockets stay non-blocking and are
 polled), so the event loop never waits on it, and the relay waits for the
@@ -158,7 +157,7 @@ async def splice_in_thread(
     def run() -> None:
         try:
             outcome = splice_body(src, dst, left, idle_timeout, stop_r, head)
-        except BaseException as exc:  # handed to the waiting relay
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting relay, which raises it
             loop.call_soon_threadsafe(settle, None, exc)
         else:
             loop.call_soon_threadsafe(settle, outcome, None)

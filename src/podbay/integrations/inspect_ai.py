@@ -435,7 +435,7 @@ async def _delete(client: AsyncSandboxClient, name: str) -> bool:
             return True
         logger.warning("could not delete podbay sandbox %r: %s", name, exc)
         return False
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - logged; clean-up must not fail inspect's own
         logger.warning("could not delete podbay sandbox %r: %s", name, exc)
         return False
     return True

@@ -7,21 +7,26 @@ the all-in-one server is exactly as fast as before the interface existed.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 
 import httpx
 
-from podbay import internal
-from podbay.control.nodes import Launch, Transfer
-from podbay.control.services.classes import ClassRuntimes
-from podbay.control.services.environment import Building, EnvironmentService, Prepared
-from podbay.control.services.pool import WarmPool
+from podbay.dataplane import nodeapi
+from podbay.dataplane.activity import ActivityTracker
+from podbay.dataplane.classes import ClassRuntimes
+from podbay.dataplane.environment_seam import Building, EnvironmentService, Prepared
+from podbay.dataplane.oom import OomTally
+from podbay.dataplane.orders import Launch, Transfer
+from podbay.dataplane.routes import RouteTable
 from podbay.domain import Deployment, Sandbox
-from podbay.errors import ApiError, DriverError
-from podbay.gateway.activity import ActivityTracker
-from podbay.gateway.app import endpoint_for
-from podbay.gateway.routes import RouteTable
+from podbay.domain.egress import EgressPolicy
+from podbay.errors import ApiError, DriverError, PodbayError
+from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import (
     Driver,
     Limits,
@@ -30,9 +35,20 @@ from podbay.runtime.base import (
     MovableDriver,
     ObservedMachine,
 )
+from podbay.runtime.hostdisk import reserve_shortfall
 from podbay.runtime.transfer import Received
+from podbay.runtime.usage import MeasuredDriver, Usage
+from podbay.settings import Settings
 from podbay.wire.codes import ErrorCode
-from podbay.wire.paths import SHARE_PREFIX
+from podbay.wire.observe import MAX_COMMANDS, CommandEntry, MetricSample, bounded_argv
+from podbay.wire.paths import SHARE_PREFIX, sandbox_endpoint
+
+from .observe import Sampler
+from .pool import WarmPool
+
+log = logging.getLogger("podbay.node")
+#: How long a command log read waits for the agent.
+COMMANDS_SECONDS = 5.0
 
 
 class LocalNode:
@@ -66,12 +82,17 @@ class LocalNode:
         self._launched: set[str] = set()
         #: Why a disk of so many bytes may not move here (its disk reserve), or None.
         self._room = room
+        #: The running sandboxes' metrics (what this node routes).
+        self.sampler = Sampler(self._usage)
+        self._oom_tally = OomTally()
+        #: Each sandbox's command log as last read from its agent.
+        self._commands: dict[str, list[CommandEntry]] = {}
 
     def driver(self, class_: str) -> Driver:
         return self.classes.driver(self.classes.require(class_))
 
     def endpoint(self, sandbox_id: str) -> str:
-        return endpoint_for(self.base_url, sandbox_id)
+        return sandbox_endpoint(self.base_url, sandbox_id)
 
     def share_base(self) -> str:
         return f"{self.base_url}{SHARE_PREFIX}"
@@ -109,6 +130,7 @@ class LocalNode:
                     env={**prepared.env, **order.env},
                     layers=prepared.layers,
                     labels=order.labels,
+                    egress=order.egress,
                 )
             )
             await driver.start(order.machine_id)
@@ -129,10 +151,15 @@ class LocalNode:
 
     async def destroy(self, class_: str, machine_id: str) -> None:
         self._launched.discard(machine_id)
+        for sandbox_id in self.sampler.forget_machine(machine_id):
+            self._commands.pop(sandbox_id, None)
         await self.driver(class_).destroy(machine_id)
 
     async def state(self, class_: str, machine_id: str) -> MachineState:
         return await self.driver(class_).state(machine_id)
+
+    async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
+        await self.driver(class_).set_egress(machine_id, egress)
 
     async def adopt(self) -> dict[str, list[ObservedMachine]]:
         return {name: await driver.adopt() for name, driver in self.classes.running().items()}
@@ -152,7 +179,7 @@ class LocalNode:
         if short is not None:
             raise ApiError(ErrorCode.HOST_DISK_FULL, short)
         url = (
-            f"{transfer.source_url.rstrip('/')}{internal.DISKS}/"
+            f"{transfer.source_url.rstrip('/')}{nodeapi.DISKS}/"
             f"{transfer.class_}/{transfer.machine_id}"
         )
         headers = {"Authorization": f"Bearer {transfer.token}"}
@@ -195,13 +222,54 @@ class LocalNode:
             sandbox.incarnation,
             self.driver(sandbox.class_).agent_socket(sandbox.machine_id),
         )
+        self.sampler.watch(sandbox.id, sandbox.class_, sandbox.machine_id)
 
     async def withdraw(self, sandbox_id: str) -> None:
         self.routes.remove(sandbox_id)
+        self.sampler.unwatch(sandbox_id)
 
     def routed(self, sandbox: Sandbox) -> bool:
         route = self.routes.get(sandbox.id)
         return route is not None and route.incarnation == sandbox.incarnation
+
+    # -- observation ----------------------------------------------------------------
+    async def _usage(self, class_: str, machine_id: str) -> Usage | None:
+        driver = self.classes.driver(class_)
+        return await driver.usage(machine_id) if isinstance(driver, MeasuredDriver) else None
+
+    async def metrics(self, sandbox_id: str, since: datetime | None) -> list[MetricSample]:
+        return self.sampler.samples(sandbox_id, since)
+
+    async def latest_metrics(self) -> dict[str, MetricSample]:
+        return self.sampler.latest()
+
+    async def new_oom_kills(self) -> dict[str, tuple[datetime, int]]:
+        return self._oom_tally.new(self.sampler.oom_kills())
+
+    async def commands(self, sandbox: Sandbox) -> list[CommandEntry]:
+        return await self.commands_of(
+            sandbox.id, sandbox.class_, sandbox.machine_id, sandbox.incarnation
+        )
+
+    async def commands_of(
+        self, sandbox_id: str, class_: str, machine_id: str, incarnation: int
+    ) -> list[CommandEntry]:
+        """The machine's command log from its agent while it runs (kept here
+        too, so a suspended sandbox's, whose agent is frozen, is still read)."""
+        route = self.routes.get(sandbox_id)
+        if route is not None and route.incarnation == incarnation:
+            socket = self.driver(class_).agent_socket(machine_id)
+            client = AgentClient(socket, timeout=COMMANDS_SECONDS)
+            try:
+                listing = await asyncio.to_thread(client.commands)
+            except (PodbayError, OSError) as exc:
+                log.warning("sandbox %s: no command log from its agent: %s", sandbox_id, exc)
+            else:
+                # The agent's answer is the sandbox's to shape: held to the log's bounds.
+                self._commands[sandbox_id] = [
+                    replace(c, argv=bounded_argv(c.argv)) for c in listing.commands[-MAX_COMMANDS:]
+                ]
+        return self._commands.get(sandbox_id, [])
 
     # -- activity -------------------------------------------------------------------
     def touch(self, sandbox_id: str) -> None:
@@ -218,3 +286,45 @@ class LocalNode:
 
     def restore_activity(self, seen: Mapping[str, datetime]) -> None:
         self.activity.restore(dict(seen))
+
+
+def host_node(
+    settings: Settings,
+    drivers: Mapping[str, Driver],
+    *,
+    name: str,
+    base_url: str,
+    environment: EnvironmentService,
+    missing: Mapping[str, str] | None = None,
+    activity: ActivityTracker | None = None,
+    on_pool_change: Callable[[int], None] | None = None,
+) -> LocalNode:
+    """This host's node, as ``podbay serve`` and ``podbay node`` both hold it:
+    the enabled classes' ``drivers`` (``missing``: why a class has none), a
+    warm pool of each (``runtime.warm_pool``), the route table and activity the
+    gateway shares, the machines' default limits and the disk reserve."""
+    classes = ClassRuntimes.from_settings(settings, drivers, missing)
+    rt = settings.runtime
+    limits = Limits.of(rt)
+    shortfall = functools.partial(reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes)
+    pools = {
+        class_: WarmPool(
+            driver, limits, rt.warm_pool, on_change=on_pool_change, shortfall=shortfall
+        )
+        for class_, driver in classes.drivers.items()
+        if rt.warm_pool > 0
+    }
+    return LocalNode(
+        name=name,
+        base_url=base_url,
+        classes=classes,
+        environment=environment,
+        pools=pools,
+        routes=RouteTable(
+            requests=settings.server.sandbox_requests, queue=settings.server.sandbox_queue
+        ),
+        activity=activity or ActivityTracker(),
+        limits=limits,
+        shortfall=shortfall,
+        room=shortfall,
+    )

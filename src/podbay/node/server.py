@@ -2,7 +2,7 @@
 
 One ASGI app on one port: the public data plane (the gateway, ``/sandbox/<id>/...``
 and share links, exactly as ``serve``'s) and the internal API the control
-plane drives it through (``/internal/v1/...``, :mod:`podbay.node.internal`).
+plane drives it through (``/internal/v1/...``, :mod:`podbay.node.control_calls`).
 At start it proves its classes (like ``serve``), fills the default class's
 warm pool, enrolls with the control plane (``cluster.enrollment_token`` →
 a node credential kept in ``<data_dir>/node-credential``, 0600) and then
@@ -25,9 +25,9 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -36,26 +36,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from podbay import internal
-from podbay.asgi import Receive, Scope, Send
-from podbay.control import errors
-from podbay.control.hosting import release_machines, stop_tasks
-from podbay.control.metrics import CONTENT_TYPE, Metrics
-from podbay.control.services.classes import ClassCheck, ClassProof, ClassRuntimes
-from podbay.control.services.environment import EnvironmentService, PlainEnvironment, Prepared
-from podbay.control.services.pool import POOL_LABEL, WarmPool
-from podbay.gateway.activity import ActivityTracker
-from podbay.gateway.app import Gateway
-from podbay.gateway.credentials import CredentialVerifier
-from podbay.gateway.routes import RouteTable
-from podbay.runtime.base import Driver, Limits
-from podbay.runtime.hostdisk import reserve_shortfall
+from podbay.asgi import ASGIApp, Receive, Scope, Send
+from podbay.dataplane import http_errors, nodeapi
+from podbay.dataplane.activity import ActivityTracker
+from podbay.dataplane.classes import ClassCheck, ClassProof
+from podbay.dataplane.credentials import CredentialVerifier
+from podbay.dataplane.environment_seam import EnvironmentService, PlainEnvironment, Prepared
+from podbay.dataplane.metrics import CONTENT_TYPE, Metrics
+from podbay.dataplane.nodeapi import POOL_LABEL
+from podbay.dataplane.routes import RouteTable
+from podbay.runtime.base import Driver
 from podbay.settings import Settings
+from podbay.wire.codec import format_time
 
-from .internal import routes as internal_routes
-from .local import LocalNode
+from .control_calls import routes as internal_routes
+from .local import host_node
+from .shutdown import release_machines, stop_tasks
 
 log = logging.getLogger("podbay.node")
+
+#: What a call to the control plane meets when it is out of reach or refuses
+#: (its refusals are RuntimeErrors; a timeout is an OSError): a warning, no trace.
+REACH_ERRORS = (httpx.HTTPError, RuntimeError, ValueError, OSError)
 CREDENTIAL_FILE = "node-credential"
 #: How long a start waits for the control plane to hear of it before serving.
 ANNOUNCE_WAIT = 15.0
@@ -64,6 +66,39 @@ ANNOUNCE_WAIT = 15.0
 SUSPECT_WAIT = 10.0
 #: Paths the node answers itself; everything else outside /internal is the gateway's.
 _OWN = ("/healthz", "/metrics")
+
+
+class GatewayFactory(Protocol):
+    """Builds the data plane this node serves (:class:`podbay.gateway.app.Gateway`,
+    handed in by :mod:`podbay.serve`: the node and the gateway are peers)."""
+
+    def __call__(
+        self,
+        verifier: CredentialVerifier,
+        routes: RouteTable,
+        activity: ActivityTracker,
+        *,
+        observe: Callable[[str, int, float], None] | None = None,
+        on_refusal: Callable[[str], None] | None = None,
+        on_unreachable: Callable[[str], Awaitable[None]] | None = None,
+        default_user: str | None = None,
+        answer_seconds: float | None = None,
+        on_silent: Callable[[str], Awaitable[None]] | None = None,
+    ) -> ASGIApp: ...
+
+
+class Surface(Protocol):
+    """Another API this node serves before its gateway (E2B's sandbox API,
+    handed in by :mod:`podbay.serve`)."""
+
+    def route(self, scope: Scope) -> ASGIApp | None: ...
+
+    async def close(self) -> None: ...
+
+
+#: Builds a node's surfaces once the node exists (they call its control plane
+#: with its credential).
+SurfaceFactory = Callable[["NodeServer"], Surface]
 
 
 class ControlKeys:
@@ -75,7 +110,7 @@ class ControlKeys:
     REFETCH_INTERVAL = 1.0
 
     def __init__(self, control_url: str, credential: str) -> None:
-        self.url = control_url.rstrip("/") + internal.KEYS
+        self.url = control_url.rstrip("/") + nodeapi.KEYS
         self.credential = credential
         self._keys: dict[str, Ed25519PublicKey] = {}
         self._fetched_at = 0.0
@@ -84,8 +119,15 @@ class ControlKeys:
         key = self._keys.get(kid)
         stale = time.monotonic() - self._fetched_at >= self.REFETCH_INTERVAL
         if key is None and (stale or not self._keys):
-            with contextlib.suppress(Exception):
+            # A key that cannot be fetched is an unknown key: the credential is
+            # refused, never a failure of the gateway that asked. The answer is
+            # input (any JSON): a malformed one is a LookupError, TypeError…
+            try:
                 self._apply(self._get_sync())
+            except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
+                log.warning("fetching the control plane's keys failed: %r", exc)
+            except Exception:  # broad, as said above: logged with its trace
+                log.exception("fetching the control plane's keys failed")
             key = self._keys.get(kid)
         return key
 
@@ -110,7 +152,7 @@ class ControlKeys:
     def _apply(self, doc: Any) -> None:
         keys = {}
         for entry in doc.get("keys", []):
-            keys[str(entry["kid"])] = internal.public_key_from_text(str(entry["public"]))
+            keys[str(entry["kid"])] = nodeapi.public_key_from_text(str(entry["public"]))
         self._keys = keys
 
 
@@ -134,6 +176,8 @@ class NodeServer:
         settings: Settings,
         drivers: Mapping[str, Driver],
         *,
+        gateway: GatewayFactory,
+        surfaces: Sequence[SurfaceFactory] = (),
         environment: EnvironmentService | None = None,
         check: ClassCheck | None = None,
         prove: ClassProof | None = None,
@@ -148,35 +192,20 @@ class NodeServer:
             raise ValueError("node.control_url (PODBAY_NODE_CONTROL_URL) is required")
         self.control_url = settings.node.control_url.rstrip("/")
         self.metrics = Metrics()
-        self.classes = ClassRuntimes.from_settings(settings, drivers, missing)
         self._check = check
         self._prove = prove
-        rt = settings.runtime
-        limits = Limits(
-            memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
-        )
-        shortfall = functools.partial(reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes)
-        self.pools: dict[str, WarmPool] = {
-            name: WarmPool(driver, limits, rt.warm_pool, shortfall=shortfall)
-            for name, driver in self.classes.drivers.items()
-            if rt.warm_pool > 0
-        }
-        self.routes = RouteTable(
-            requests=settings.server.sandbox_requests, queue=settings.server.sandbox_queue
-        )
-        self.activity = ActivityTracker()
-        self.node = LocalNode(
+        self.node = host_node(
+            settings,
+            drivers,
             name=self.name,
             base_url=self.url,
-            classes=self.classes,
             environment=environment or PlainEnvironment(),
-            pools=self.pools,
-            routes=self.routes,
-            activity=self.activity,
-            limits=limits,
-            shortfall=shortfall,
-            room=functools.partial(reserve_shortfall, settings.data_dir, rt.disk_reserve_bytes),
+            missing=missing,
         )
+        self.classes = self.node.classes
+        self.pools = self.node.pools
+        self.routes = self.node.routes
+        self.activity = self.node.activity
         #: Environments this node prepared, by key: the control plane names them by key.
         self.prepared: dict[str, Prepared] = {"": Prepared()}
         self.credential = self._read_credential()
@@ -187,9 +216,9 @@ class NodeServer:
         self._unreachable: set[str] = set()
         #: Reports under way, by sandbox: concurrent 502s of one sandbox share one.
         self._suspects: dict[str, asyncio.Task[None]] = {}
-        # Wired as control/app.py's Platform wires it, on purpose: the same
+        # Wired as serve/platform.py's Platform wires it, on purpose: the same
         # gateway with each process's own hooks (metrics, unreachable agents).
-        self.gateway = Gateway(
+        self.gateway = gateway(
             self.verifier,
             self.routes,
             self.activity,
@@ -213,10 +242,11 @@ class NodeServer:
                 Route("/metrics", self._metrics, methods=["GET"]),
                 *internal_routes,
             ],
-            exception_handlers=errors.handlers,
+            exception_handlers=http_errors.handlers,
             lifespan=self._lifespan,
         )
         self.internal.state.node = self
+        self.surfaces = [make(self) for make in surfaces]
 
     # -- credential --------------------------------------------------------------------
     @property
@@ -241,9 +271,14 @@ class NodeServer:
     # -- ASGI ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if scope["type"] == "lifespan" or path.startswith(internal.PREFIX) or path in _OWN:
+        if scope["type"] == "lifespan" or path.startswith(nodeapi.PREFIX) or path in _OWN:
             await self.internal(scope, receive, send)
             return
+        for surface in self.surfaces:
+            app = surface.route(scope)
+            if app is not None:
+                await app(scope, receive, send)
+                return
         await self.gateway(scope, receive, send)
 
     async def _healthz(self, request: Request) -> Response:
@@ -279,6 +314,10 @@ class NodeServer:
             ],
             "busy": sorted(self.activity.busy_ids()),
             "boot": self.boot,
+            # OOM kills per sandbox (running totals): the control plane's events.
+            "oom": {
+                sid: [format_time(at), n] for sid, (at, n) in self.node.sampler.oom_kills().items()
+            },
         }
 
     async def enroll(self) -> None:
@@ -288,7 +327,7 @@ class NodeServer:
             "token": self.settings.cluster.enrollment_token,
             "report": self.report(),
         }
-        r = await self.client.post(self.control_url + internal.ENROLL, json=body)
+        r = await self.client.post(self.control_url + nodeapi.ENROLL, json=body)
         if r.status_code != 200:
             raise RuntimeError(f"enrollment refused ({r.status_code}): {r.text[:300]}")
         credential = str(r.json()["credential"])
@@ -307,7 +346,7 @@ class NodeServer:
         }
         try:
             r = await self.client.post(
-                self.control_url + internal.HEARTBEAT,
+                self.control_url + nodeapi.HEARTBEAT,
                 content=json.dumps(body),
                 headers={
                     "Authorization": f"Bearer {self.credential}",
@@ -346,12 +385,14 @@ class NodeServer:
             task.add_done_callback(functools.partial(self._reported, sandbox_id))
         try:
             await asyncio.wait_for(asyncio.shield(task), SUSPECT_WAIT)
-        except Exception as exc:
+        except REACH_ERRORS as exc:
             log.warning("sandbox %s: reporting its silent agent failed: %s", sandbox_id, exc)
+        except Exception:  # broad: the gateway's 502 or 504 goes out whatever the report met
+            log.exception("sandbox %s: reporting its silent agent failed", sandbox_id)
 
     async def _report_suspect(self, sandbox_id: str, silent: bool) -> None:
         r = await self.client.post(
-            self.control_url + internal.SUSPECTS,
+            self.control_url + nodeapi.SUSPECTS,
             json={"sandboxes": [sandbox_id], "silent": [sandbox_id] if silent else []},
             headers={"Authorization": f"Bearer {self.credential}"},
         )
@@ -380,8 +421,12 @@ class NodeServer:
                 await self.heartbeat()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except REACH_ERRORS as exc:
                 log.warning("control plane unreachable: %s", exc)
+            # Broad: the heartbeat loop outlives any one failure (the node is
+            # reported lost if it stops); the next beat tries again.
+            except Exception:
+                log.exception("heartbeat failed")
             # A beat every interval, or at once when woken (the node became ready).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.cluster.heartbeat_seconds)
@@ -399,6 +444,8 @@ class NodeServer:
             yield
         finally:
             await self.shutdown()
+            for surface in self.surfaces:
+                await surface.close()
 
     async def _announce(self) -> None:
         """Report this process's boot before serving anything. The routes an
@@ -410,8 +457,12 @@ class NodeServer:
         loop keeps trying)."""
         try:
             await asyncio.wait_for(self._join(), ANNOUNCE_WAIT)
-        except Exception as exc:
+        except REACH_ERRORS as exc:
             log.warning("could not report this start to the control plane yet: %r", exc)
+        # Broad: the node starts serving whatever the control plane answered;
+        # the heartbeat loop reports the start again.
+        except Exception:
+            log.exception("could not report this start to the control plane yet")
 
     async def _start(self) -> None:
         try:
@@ -435,10 +486,15 @@ class NodeServer:
         for name, seen in (await self.node.adopt()).items():
             for machine in seen:
                 if POOL_LABEL in machine.labels:
-                    with contextlib.suppress(Exception):
+                    # Broad: one machine that cannot be destroyed does not keep
+                    # the node from filling its pools; `podbay gc` finds it later.
+                    try:
                         await self.classes.driver(name).destroy(machine.machine_id)
+                    except Exception:
+                        log.exception("could not destroy old pool machine %s", machine.machine_id)
 
     async def shutdown(self) -> None:
         await stop_tasks(self.classes, self._tasks)
+        await self.node.sampler.close()
         await release_machines(self.classes, self.pools, self.routes, self.node.environment)
         await self.client.aclose()

@@ -5,9 +5,8 @@ isolation suites, the benchmark), environment builds and the warm pool's
 warm-up, not for serving users: the gateway relays those. The standard
 library's ``http.client`` over the unix socket :meth:`Driver.agent_socket`
 returns, bodies through :mod:`podbay.wire.codec`. Not httpx: a client and
-transport built per call (an SSL context among them) cost ~1.5 ms of CPU per
-exec and took a driver-level exec ``true`` from ~3 to ~5-6 ms (interleaved
-A/B, bench/runtime.py); ``http.client`` costs ~0.4 ms.
+transport built per call (an SSL context among them) cost several times the
+CPU of ``http.client`` per exec (figures: docs/performance.md).
 
 >>> AgentClient(Path("/nonexistent.sock")).socket_path.name
 'nonexistent.sock'
@@ -24,8 +23,9 @@ from podbay.errors import AgentError as AgentError  # re-exported: defined in th
 from podbay.errors import AgentUnreachable, WireError
 from podbay.wire import codec
 from podbay.wire.control import ErrorBody
-from podbay.wire.data import AgentInfo, ExecRequest, ExecResult
-from podbay.wire.paths import EXEC, INFO
+from podbay.wire.data import AgentInfo, AgentStats, ExecRequest, ExecResult
+from podbay.wire.observe import CommandList
+from podbay.wire.paths import COMMANDS, EXEC, INFO, STATS
 
 T = TypeVar("T")
 #: Largest answer read from an agent: an exec result (1 MiB per stream, JSON
@@ -44,6 +44,12 @@ class AgentClient:
 
     def info(self) -> AgentInfo:
         return self._call("GET", INFO, None, AgentInfo, timeout=10)
+
+    def commands(self) -> CommandList:
+        return self._call("GET", COMMANDS, None, CommandList, timeout=self.timeout)
+
+    def stats(self) -> AgentStats:
+        return self._call("GET", STATS, None, AgentStats, timeout=self.timeout)
 
     def exec(
         self,

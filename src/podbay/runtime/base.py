@@ -16,63 +16,22 @@ Every call is idempotent: repeating one that already took effect succeeds.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from podbay.domain.egress import EgressPolicy
 from podbay.errors import DriverError as DriverError  # re-exported: defined in the one tree
 from podbay.errors import MachineNotFound as MachineNotFound
+from podbay.host.machine import MACHINE_ID_PATTERN as MACHINE_ID_PATTERN
+from podbay.host.machine import Limits as Limits
+from podbay.host.machine import MachineSpec as MachineSpec
+from podbay.host.machine import MachineState as MachineState
+from podbay.host.machine import check_machine_id as check_machine_id
 
 if TYPE_CHECKING:
     from .transfer import Received
-
-#: Machine ids are host path and cgroup components: keep them dull.
-MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-_MACHINE_ID = re.compile(MACHINE_ID_PATTERN)
-
-
-def check_machine_id(machine_id: str) -> str:
-    if not _MACHINE_ID.fullmatch(machine_id):
-        raise ValueError(f"invalid machine id {machine_id!r}")
-    return machine_id
-
-
-class MachineState(StrEnum):
-    ABSENT = "absent"  # nothing of it exists
-    STOPPED = "stopped"  # files kept, nothing runs
-    RUNNING = "running"  # the agent answers
-    SUSPENDED = "suspended"  # every process frozen, memory and files intact
-
-
-@dataclass(frozen=True, kw_only=True)
-class Limits:
-    memory_bytes: int
-    cpus: float
-    pids: int
-    disk_bytes: int
-
-
-# Alike in shape to domain.node's NodeRecord (a frozen record of typed fields
-# with their comments) by coincidence only: nothing is shared between them.
-@dataclass(frozen=True, kw_only=True)
-class MachineSpec:
-    """What to build. Stored by the driver with the machine, so a restart can adopt it."""
-
-    machine_id: str
-    hostname: str
-    limits: Limits
-    #: Set for every command the agent runs (the sandbox section's ``env``).
-    env: Mapping[str, str] = field(default_factory=dict)
-    #: Read-only layers above the base image, lowest first (prepared environments).
-    layers: tuple[Path, ...] = ()
-    #: Opaque to the driver; returned by :meth:`Driver.adopt`.
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check_machine_id(self.machine_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +89,10 @@ class Driver(Protocol):
         hostname and labels, without restarting it."""
 
     async def state(self, machine_id: str) -> MachineState: ...
+
+    async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
+        """Change where the machine may send packets: kept for every later start
+        and, while it runs, in force when this returns."""
 
     async def export_layer(self, machine_id: str, dest: Path) -> None:
         """Copy a stopped machine's own changes (its writable layer, deletions

@@ -45,10 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from podbay.host.tools import run_tool
+
 from ..settings import Settings
 from ..wire.limits import DEFAULT_SANDBOX_CLASS, SANDBOX_CLASS_NAMES
 from .base import Driver, Limits, MachineSpec
-from .tools import run_tool
 
 VM, GVISOR, CONTAINER = "vm", "gvisor", "container"
 assert (VM, GVISOR, CONTAINER) == SANDBOX_CLASS_NAMES  # strongest first
@@ -179,7 +180,8 @@ async def host_check(settings: Settings, name: str) -> HostCheck:
         return await asyncio.wait_for(_host_check(settings, name), CHECK_TIMEOUT_S)
     except TimeoutError:
         return HostCheck(False, False, f"the {name} host check took over {CHECK_TIMEOUT_S:.0f} s")
-    except Exception as exc:  # a check that breaks says so; it never takes serve down
+    # A check that breaks says so; it never takes serve down.
+    except Exception as exc:  # noqa: BLE001
         return HostCheck(False, False, f"the {name} host check failed: {type(exc).__name__}: {exc}")
 
 
@@ -277,15 +279,12 @@ async def check_class(settings: Settings, name: str, driver: Driver) -> HostChec
 async def prove_class(settings: Settings, name: str, driver: Driver) -> str:
     """A throwaway machine of ``name`` answers; raises with the driver's reason
     when none does. Returns what it took, for the class's detail."""
-    rt = settings.runtime
     # The sandboxes' own limits (gVisor's kernel needs threads a tiny pids limit
     # would starve) and disk: what the machine prepares then serves the first
     # sandboxes (the disk size's mkfs; the vm class's template of that shape,
     # which warm pools build anyway), not a shape no sandbox has (a smaller disk
     # made the vm class boot one more template guest for the probe alone).
-    limits = Limits(
-        memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
-    )
+    limits = Limits.of(settings.runtime)
     took = await asyncio.wait_for(smoke(driver, limits), PROOF_TIMEOUT_S)
     return f"a sandbox answered in {took * 1000:.0f} ms"
 

@@ -23,11 +23,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from podbay.domain.egress import EgressPolicy
+from podbay.host import records, storage
+from podbay.host.image import Recipe
+from podbay.host.layout import Layout, MachineDirs
+
 from .base import DriverError, MachineNotFound, MachineSpec, MachineState, ObservedMachine
 from .network import NetworkManager
-from .oci import records, storage
-from .oci.image import Recipe
-from .oci.layout import Layout, MachineDirs
 from .transfer import Received, receive, send
 
 
@@ -188,6 +190,17 @@ class RecordKeepingDriver(ABC):
             self.log.info(
                 "machine %s started in %.0f ms", machine_id, (time.perf_counter() - started) * 1000
             )
+
+    async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
+        """Change the machine's egress policy: recorded first (every later start
+        loads it), then, while its network exists, swapped into its rules at once
+        (in force when this returns)."""
+        async with self._lock(machine_id):
+            record = self._record(machine_id)
+            spec = dataclasses.replace(record.spec, egress=egress)
+            await asyncio.to_thread(self._save, dataclasses.replace(record, spec=spec))
+            if self.network.active(machine_id):
+                await self.network.set_egress(machine_id, egress)
 
     async def suspend(self, machine_id: str) -> None:
         await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED)

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from podbay.agent.hibernate import ENV as HIBERNATE_ENV
-from podbay.agent.staging import AGENT_ENV
+from podbay.agent.protocol import HIBERNATE_ENV
+from podbay.errors import AgentError, AgentUnreachable
+from podbay.runtime.staging import AGENT_ENV
 
 from .agent_client import AgentClient
 
@@ -33,7 +34,7 @@ def run_probe(name: str, check: Callable[[], str | None]) -> Probe:
     """``check`` returns ``None`` when fine, else what is wrong; exceptions fail too."""
     try:
         problem = check()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a probe that breaks is a failed probe, with its words
         return Probe(name, False, f"{type(e).__name__}: {e}")
     return Probe(name, problem is None, problem or "")
 
@@ -240,7 +241,8 @@ def fork_bomb(bomb: AgentClient, other: AgentClient) -> str | None:
     done = threading.Event()
 
     def explode() -> None:
-        with contextlib.suppress(Exception):
+        # The bomb's agent may fail to answer while its pids are exhausted.
+        with contextlib.suppress(AgentError, AgentUnreachable):
             bomb.sh("f(){ f | f & }; f; sleep 5", timeout_ms=3000)
         done.set()
 
@@ -253,7 +255,7 @@ def fork_bomb(bomb: AgentClient, other: AgentClient) -> str | None:
     done.wait(30)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(AgentError, AgentUnreachable):  # not yet back
             if bomb.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
                 return None
         time.sleep(0.5)
@@ -280,11 +282,12 @@ def kernel_contains(
     """For a sandbox with a kernel of its own (gVisor): an attack that exhausts it
     (fork bomb, memory hog) may end the whole sandbox, as it would a VM, but
     ``other`` keeps answering and the victim answers again, restarted if it ended."""
-    with contextlib.suppress(Exception):
+    # The attack may end the whole sandbox, and its exec with it.
+    with contextlib.suppress(AgentError, AgentUnreachable):
         attack()
     if other.sh("echo alive", timeout_ms=10_000).stdout.strip() != "alive":
         return "another sandbox stopped answering"
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(AgentError, AgentUnreachable):  # ended: restarted below
         if victim.sh("echo back", timeout_ms=5000).stdout.strip() == "back":
             return None
     restart()
@@ -354,7 +357,7 @@ def unreachable(agent: AgentClient, targets: list[tuple[str, int]]) -> str | Non
 
     The attempts run side by side, each for at most 3 s: a class that drops
     such packets (gVisor's netstack) makes each one wait its whole timeout,
-    which one after another took doctor 12 s."""
+    which one after another would add up."""
     attempts = [
         f"(timeout 3 bash -c {shlex.quote(f'exec 3<>/dev/tcp/{host}/{port}')} 2>/dev/null"
         f" && echo {shlex.quote(f'reached {host}:{port}')}) &"

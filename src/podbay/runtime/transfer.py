@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import DriverError
-from .oci.storage import data_extents
+from podbay.errors import DriverError
+from podbay.host.storage import data_extents
 
 MAGIC = b"podbay-disk/1\n"
 CHUNK = 1 << 20

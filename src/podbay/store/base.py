@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.wire.observe import SandboxEvent
 
 
 class InsertOutcome(StrEnum):
@@ -78,6 +79,15 @@ class Store(Protocol):
         """``sandbox id → last seen``; only ever moves ``last_active_at`` forward."""
 
     # -- settings the CLI and the server share -----------------------------------
+    # -- lifecycle events (:mod:`.observe`) ----------------------------------
+    async def add_event(
+        self, deployment_id: str, name: str, sandbox_id: str, event: SandboxEvent
+    ) -> None: ...
+
+    async def list_events(
+        self, deployment_id: str, name: str, since: datetime | None = None
+    ) -> list[SandboxEvent]: ...
+
     async def get_meta(self, key: str) -> str | None: ...
 
     async def set_meta(self, key: str, value: str) -> None: ...

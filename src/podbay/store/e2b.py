@@ -2,7 +2,7 @@
 (hashed) and E2B's per-sandbox fields.
 
 A mixin of :class:`~podbay.store.sql.SqlStore`, like
-:class:`~podbay.store.cluster.ClusterQueries`: the same SQL for SQLite and
+:class:`~podbay.store.cluster_queries.ClusterQueries`: the same SQL for SQLite and
 PostgreSQL.
 """
 
@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from .rows import at, ts
 
 T = TypeVar("T")
-E2B_COLUMNS = "sandbox_id, deployment_id, template, metadata, env_vars, started_at, end_at"
+E2B_COLUMNS = (
+    "sandbox_id, deployment_id, template, metadata, env_vars, started_at, end_at,"
+    " on_timeout, paused_at"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +36,10 @@ class E2BSandbox:
     env_vars: dict[str, str]
     started_at: datetime
     end_at: datetime
+    #: E2B's ``onTimeout``: ``kill`` or ``pause`` at ``end_at``.
+    on_timeout: str = "kill"
+    #: Set while paused (by the timeout or E2B's pause): no timeout applies then.
+    paused_at: datetime | None = None
 
 
 def _row(row: Sequence[Any]) -> E2BSandbox:
@@ -44,6 +51,8 @@ def _row(row: Sequence[Any]) -> E2BSandbox:
         env_vars=json.loads(row[4]),
         started_at=at(row[5]),
         end_at=at(row[6]),
+        on_timeout=row[7],
+        paused_at=None if row[8] is None else at(row[8]),
     )
 
 
@@ -65,6 +74,10 @@ class E2BStore(Protocol):
     ) -> list[E2BSandbox]: ...
 
     async def set_e2b_end(self, sandbox_id: str, end_at: datetime) -> bool: ...
+
+    async def set_e2b_paused(
+        self, sandbox_id: str, paused_at: datetime | None, end_at: datetime | None = None
+    ) -> bool: ...
 
     async def delete_e2b_sandbox(self, sandbox_id: str) -> None: ...
 
@@ -100,7 +113,7 @@ class E2BQueries:
 
     # -- sandboxes -----------------------------------------------------------------
     async def add_e2b_sandbox(self, sandbox: E2BSandbox) -> None:
-        sql = f"INSERT INTO e2b_sandboxes ({E2B_COLUMNS}) VALUES (?,?,?,?,?,?,?)"
+        sql = f"INSERT INTO e2b_sandboxes ({E2B_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
         values = (
             sandbox.sandbox_id,
             sandbox.deployment_id,
@@ -109,6 +122,8 @@ class E2BQueries:
             json.dumps(sandbox.env_vars),
             ts(sandbox.started_at),
             ts(sandbox.end_at),
+            sandbox.on_timeout,
+            None if sandbox.paused_at is None else ts(sandbox.paused_at),
         )
         await self._run(lambda conn: self._count(conn, sql, *values))
 
@@ -126,7 +141,7 @@ class E2BQueries:
             where.append("deployment_id=?")
             params.append(deployment_id)
         if ended_by is not None:
-            where.append("end_at<=?")
+            where.append("end_at<=? AND paused_at IS NULL")
             params.append(ts(ended_by))
         sql = f"SELECT {E2B_COLUMNS} FROM e2b_sandboxes WHERE {' AND '.join(where)}"
         sql += " ORDER BY started_at, sandbox_id"
@@ -136,6 +151,19 @@ class E2BQueries:
     async def set_e2b_end(self, sandbox_id: str, end_at: datetime) -> bool:
         sql = "UPDATE e2b_sandboxes SET end_at=? WHERE sandbox_id=?"
         return await self._run(lambda conn: self._count(conn, sql, ts(end_at), sandbox_id)) == 1
+
+    async def set_e2b_paused(
+        self, sandbox_id: str, paused_at: datetime | None, end_at: datetime | None = None
+    ) -> bool:
+        """Mark paused (``paused_at``) or running again (None, with its new end)."""
+        paused = None if paused_at is None else ts(paused_at)
+        if end_at is None:
+            sql = "UPDATE e2b_sandboxes SET paused_at=? WHERE sandbox_id=?"
+            params: tuple[object, ...] = (paused, sandbox_id)
+        else:
+            sql = "UPDATE e2b_sandboxes SET paused_at=?, end_at=? WHERE sandbox_id=?"
+            params = (paused, ts(end_at), sandbox_id)
+        return await self._run(lambda conn: self._count(conn, sql, *params)) == 1
 
     async def delete_e2b_sandbox(self, sandbox_id: str) -> None:
         sql = "DELETE FROM e2b_sandboxes WHERE sandbox_id=?"

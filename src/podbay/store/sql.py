@@ -29,8 +29,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from podbay.domain import Deployment, Sandbox, SandboxState
 
 from .base import InsertOutcome
-from .cluster import ClusterQueries
+from .cluster_queries import ClusterQueries
 from .e2b import E2BQueries
+from .observe import EventQueries
 from .rows import DEPLOYMENT_COLUMNS, SANDBOX_COLUMNS, Row, deployment, sandbox, sandbox_values, ts
 
 T = TypeVar("T")
@@ -87,7 +88,7 @@ def _section(d: Deployment) -> str | None:
     return None if d.sandbox_section is None else json.dumps(d.sandbox_section)
 
 
-class SqlStore(ClusterQueries, E2BQueries, ABC, Generic[C]):
+class SqlStore(ClusterQueries, E2BQueries, EventQueries, ABC, Generic[C]):
     """:class:`~podbay.store.base.Store`'s queries over a :class:`Connection`."""
 
     #: The driver's parameter marker; queries are written with ``?``.
@@ -166,6 +167,7 @@ class SqlStore(ClusterQueries, E2BQueries, ABC, Generic[C]):
     async def remove_deployment(self, deployment_id: str) -> bool:
         def run(conn: C) -> bool:
             gone = self._count(conn, "DELETE FROM deployments WHERE id=?", deployment_id) == 1
+            self._count(conn, "DELETE FROM sandbox_events WHERE deployment_id=?", deployment_id)
             self._count(
                 conn,
                 "UPDATE sandboxes SET state='deleting', version=version+1"

@@ -7,7 +7,7 @@ Subclass :class:`DriverConformance` in a test module and provide a
         @pytest.fixture
         def conformance(self, oci_session):
             return Harness(oci_session.driver, oci_session.run, oci_session.settings,
-                           factory="podbay.runtime.registry:build")
+                           factory="podbay.runtime.oci.driver:OciDriver")
 
 It checks, against real machines: every lifecycle transition and its
 idempotent repeat; files surviving suspend/resume and stop/start; a process
@@ -15,6 +15,12 @@ running before suspend running after resume, its counter advancing only while
 thawed; a stopped machine's disk exported and imported again (a driver that
 moves machines between nodes); ``assign``; and ``adopt`` after the node process was killed with
 SIGKILL (the driver runs in a child process for that).
+
+:class:`DriverContract` is the part of it about the interface alone (what
+holds without a real sandbox: capabilities, lifecycle, unknown machines,
+``assign``'s labels, concurrent starts); :class:`DriverConformance` extends it,
+so the real drivers run every test of both, and the unit tests' fake driver
+runs the contract (``tests/unit/testing/test_fake_driver_conformance.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from podbay.domain.egress import EgressPolicy
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import Driver, DriverError, MachineSpec, MachineState, MovableDriver
 from podbay.settings import Settings
@@ -68,6 +75,9 @@ class Harness:
     #: The driver's background work to wait for before a machine starts again,
     #: so that what it prepares is used (the vm driver's templates).
     settle: Callable[[], Coroutine[Any, Any, Any]] | None = None
+    #: Whether a machine's agent answers; the agent's ``/info`` unless given
+    #: (a fake driver's machines answer HTTP but are no agent).
+    probe: Callable[[str], bool] | None = None
 
     def spec(self, **kw: Any) -> MachineSpec:
         spec = small_spec(**kw)
@@ -76,6 +86,11 @@ class Harness:
 
     def agent(self, machine_id: str) -> AgentClient:
         return AgentClient(self.driver.agent_socket(machine_id))
+
+    def answers(self, machine_id: str) -> bool:
+        if self.probe is not None:
+            return self.probe(machine_id)
+        return bool(self.agent(machine_id).info())
 
     def state(self, machine_id: str) -> MachineState:
         return MachineState(self.run(self.driver.state(machine_id)))
@@ -118,19 +133,25 @@ class Harness:
             self.run(self.driver.destroy(machine_id))
 
 
-class DriverConformance:
-    """Inherit, and provide a ``conformance`` fixture returning a :class:`Harness`."""
+class DriverContract:
+    """The Driver interface's contract, without a real sandbox. Inherit, and
+    provide a ``conformance`` fixture returning a :class:`Harness`."""
 
     @pytest.fixture
     def h(self, conformance: Harness) -> Any:
         yield conformance
         conformance.cleanup()
 
+    def check_hostname(self, h: Harness, machine_id: str, hostname: str) -> None:
+        """Inside the machine, which a driver without a sandbox has not: nothing here."""
+
     def test_capabilities_are_declared(self, h: Harness) -> None:
         assert isinstance(h.driver, Driver)
         caps = h.driver.capabilities
-        assert isinstance(caps.suspend, bool) and isinstance(caps.stop_keeps_files, bool)
-        assert isinstance(h.driver.name, str) and h.driver.name
+        assert isinstance(caps.suspend, bool)
+        assert isinstance(caps.stop_keeps_files, bool)
+        assert isinstance(h.driver.name, str)
+        assert h.driver.name
 
     def test_lifecycle_with_idempotent_repeats(self, h: Harness) -> None:
         spec = h.spec()
@@ -138,14 +159,14 @@ class DriverConformance:
         assert h.state(mid) is MachineState.ABSENT
         h.twice(lambda: h.driver.create(spec), mid, MachineState.STOPPED)
         h.twice(lambda: h.driver.start(mid), mid, MachineState.RUNNING)
-        assert h.agent(mid).info()
+        assert h.answers(mid)
         if h.driver.capabilities.suspend:
             h.twice(lambda: h.driver.suspend(mid), mid, MachineState.SUSPENDED)
             h.twice(lambda: h.driver.resume(mid), mid, MachineState.RUNNING)
-            assert h.agent(mid).info()
+            assert h.answers(mid)
         h.twice(lambda: h.driver.stop(mid), mid, MachineState.STOPPED)
         h.run(h.driver.start(mid))
-        assert h.agent(mid).info()
+        assert h.answers(mid)
         h.twice(lambda: h.driver.destroy(mid), mid, MachineState.ABSENT)
 
     def test_unknown_machine(self, h: Harness) -> None:
@@ -154,6 +175,69 @@ class DriverConformance:
         with pytest.raises(DriverError):
             h.run(h.driver.start(mid))
         h.run(h.driver.destroy(mid))  # destroying what is gone succeeds
+
+    def test_unknown_machine_refuses_every_change(self, h: Harness) -> None:
+        mid = f"missing-{uuid.uuid4().hex[:8]}"
+        changes: list[Callable[[], Coroutine[Any, Any, Any]]] = [
+            lambda: h.driver.stop(mid),
+            lambda: h.driver.assign(mid, hostname="x", labels={}),
+            lambda: h.driver.set_egress(mid, EgressPolicy()),
+        ]
+        if h.driver.capabilities.suspend:
+            changes += [lambda: h.driver.suspend(mid), lambda: h.driver.resume(mid)]
+        for change in changes:
+            with pytest.raises(DriverError):
+                h.run(change())
+        assert h.state(mid) is MachineState.ABSENT
+
+    def test_suspend_and_resume_only_from_their_source(self, h: Harness) -> None:
+        spec = h.spec()
+        h.run(h.driver.create(spec))
+        # A stopped machine has nothing to freeze or thaw: refused, still stopped.
+        changes = (h.driver.suspend, h.driver.resume) if h.driver.capabilities.suspend else ()
+        for change in changes:
+            with pytest.raises(DriverError):
+                h.run(change(spec.machine_id))
+            assert h.state(spec.machine_id) is MachineState.STOPPED
+        assert h.state(spec.machine_id) is MachineState.STOPPED
+
+    def test_assign_while_stopped_or_suspended(self, h: Harness) -> None:
+        spec = h.spec(hostname="pool-machine")
+        h.run(h.driver.create(spec))
+        h.run(h.driver.assign(spec.machine_id, hostname="early", labels={"k": "1"}))
+        h.run(h.driver.start(spec.machine_id))
+        self.check_hostname(h, spec.machine_id, "early")
+        if h.driver.capabilities.suspend:
+            h.run(h.driver.suspend(spec.machine_id))
+            h.run(h.driver.assign(spec.machine_id, hostname="late", labels={"k": "2"}))
+            h.run(h.driver.resume(spec.machine_id))
+            self.check_hostname(h, spec.machine_id, "late")
+        labels = {m.machine_id: m.labels for m in h.run(h.driver.adopt())}
+        assert labels[spec.machine_id] == {"k": "2" if h.driver.capabilities.suspend else "1"}
+
+    def test_concurrent_starts(self, h: Harness) -> None:
+        import asyncio
+
+        specs = [h.spec() for _ in range(3)]
+
+        async def boot(spec: MachineSpec) -> None:
+            await h.driver.create(spec)
+            await h.driver.start(spec.machine_id)
+
+        async def all_of() -> None:
+            await asyncio.gather(*(boot(s) for s in specs))
+
+        h.run(all_of())
+        for spec in specs:
+            assert h.answers(spec.machine_id)
+
+
+class DriverConformance(DriverContract):
+    """Inherit, and provide a ``conformance`` fixture returning a :class:`Harness`:
+    the contract's tests, and those that need a real sandbox."""
+
+    def check_hostname(self, h: Harness, machine_id: str, hostname: str) -> None:
+        assert h.sh(machine_id, "hostname").strip() == hostname
 
     def test_suspend_keeps_files_and_processes(self, h: Harness) -> None:
         if not h.driver.capabilities.suspend:
@@ -229,20 +313,6 @@ class DriverConformance:
         assert observed[mid].labels == {"sandbox": "thread-42"}
         assert observed[mid].state is MachineState.RUNNING
 
-    def test_assign_while_stopped_or_suspended(self, h: Harness) -> None:
-        spec = h.spec(hostname="pool-machine")
-        h.run(h.driver.create(spec))
-        h.run(h.driver.assign(spec.machine_id, hostname="early", labels={"k": "1"}))
-        h.run(h.driver.start(spec.machine_id))
-        assert h.sh(spec.machine_id, "hostname").strip() == "early"
-        if h.driver.capabilities.suspend:
-            h.run(h.driver.suspend(spec.machine_id))
-            h.run(h.driver.assign(spec.machine_id, hostname="late", labels={"k": "2"}))
-            h.run(h.driver.resume(spec.machine_id))
-            assert h.sh(spec.machine_id, "hostname").strip() == "late"
-        labels = {m.machine_id: m.labels for m in h.run(h.driver.adopt())}
-        assert labels[spec.machine_id] == {"k": "2" if h.driver.capabilities.suspend else "1"}
-
     def test_export_layer_serves_other_machines(self, h: Harness, tmp_path: Any) -> None:
         mid = h.up()
         h.sh(
@@ -270,44 +340,30 @@ class DriverConformance:
         h.sh(user.machine_id, "echo v2 > /opt/tool/version")
         assert (layer / "opt/tool/version").read_text() == "v1\n"
 
-    def test_concurrent_starts(self, h: Harness) -> None:
-        import asyncio
-
-        specs = [h.spec() for _ in range(3)]
-
-        async def boot(spec: MachineSpec) -> None:
-            await h.driver.create(spec)
-            await h.driver.start(spec.machine_id)
-
-        async def all_of() -> None:
-            await asyncio.gather(*(boot(s) for s in specs))
-
-        h.run(all_of())
-        for spec in specs:
-            assert h.agent(spec.machine_id).info()
-
     def test_adopt_after_sigkill(self, h: Harness) -> None:
         specs = {"running": h.spec(), "suspended": h.spec(), "stopped": h.spec()}
         if not h.driver.capabilities.suspend:
             del specs["suspended"]
         payload = pickle.dumps((h.factory, h.settings, specs))
-        child = subprocess.Popen(
+        # The with closes the child's pipes, which outlive its kill otherwise.
+        with subprocess.Popen(
             [sys.executable, "-m", "podbay.testing.adopt_child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-        )
-        assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(payload)
-        child.stdin.close()
-        line = child.stdout.readline()
-        if not line:
+        ) as child:
+            assert child.stdin is not None
+            assert child.stdout is not None
+            child.stdin.write(payload)
+            child.stdin.close()
+            line = child.stdout.readline()
+            if not line:
+                child.wait(10)
+                assert child.stderr is not None
+                raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
+            assert json.loads(line) == {"ready": True}
+            os.kill(child.pid, signal.SIGKILL)
             child.wait(10)
-            assert child.stderr is not None
-            raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
-        assert json.loads(line) == {"ready": True}
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
 
         observed = {m.machine_id: m.state for m in h.run(h.driver.adopt())}
         for want, spec in specs.items():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -37,9 +38,11 @@ from podbay.settings import GIB, Settings
 
 if TYPE_CHECKING:
     from podbay.runtime.oci.driver import OciDriver
+    from podbay.runtime.vm.driver import VmDriver
     from podbay.wire.data import ExecResult
 
 T = TypeVar("T")
+log = logging.getLogger("podbay.testing")
 
 DEFAULT_IMAGE_DIR = "/var/tmp/podbay-test-images"
 #: Environment layers shared by test sessions (see :func:`shared_layer_dir`).
@@ -105,6 +108,7 @@ def small_spec(
     env: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     layers: tuple[Path, ...] = (),
+    named_later: bool = False,
 ) -> MachineSpec:
     return MachineSpec(
         machine_id=machine_id or f"t-{uuid.uuid4().hex[:12]}",
@@ -113,6 +117,7 @@ def small_spec(
         env=env or {},
         labels=labels or {},
         layers=layers,
+        named_later=named_later,
     )
 
 
@@ -150,14 +155,14 @@ def cleanup(settings: Settings) -> None:
     if (settings.data_dir / VM / "machines").is_dir():
         try:
             _destroy_vms(settings)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - raised below with the others' as a group
             failures.append(exc)
     for name in (CONTAINER, GVISOR):
         derived = class_settings(settings, name)
         if name == CONTAINER or derived.data_dir.exists():
             try:
                 DriverSession(derived).close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - raised below with the others' as a group
                 failures.append(exc)
     if failures:
         raise ExceptionGroup(f"cleaning up {settings.data_dir}", failures)
@@ -175,6 +180,40 @@ def _destroy_vms(settings: Settings) -> None:
             await driver.close()
 
     asyncio.run(destroy_all())
+
+
+async def end_vm_driver(driver: VmDriver) -> None:
+    """Destroy every machine ``driver`` knows, close it, and remove its
+    session's cgroups (empty once all are gone)."""
+    for machine_id in driver.machine_ids():
+        await driver.destroy(machine_id)
+    await driver.close()
+    limits = driver.network.slirps.limits
+    for parent in [driver.cgroup_parent] + ([limits.cgroup_parent] if limits else []):
+        driver.cgroups.remove(parent)
+
+
+def forget_run_dir(settings: Settings) -> None:
+    """Remove a test session's run directory and its owner mark."""
+    run_dir = Path(settings.runtime.run_dir)
+    (run_dir / "test-session.json").unlink(missing_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def destroy_vm_machines(settings: Settings) -> None:
+    """Every ``vm`` machine of a data directory (a killed test session's): their
+    QEMUs, networks and files."""
+    from podbay.runtime.vm.driver import VmDriver
+
+    async def adopt_and_end() -> None:
+        driver = VmDriver(settings)
+        await driver.adopt()
+        try:
+            await end_vm_driver(driver)
+        finally:
+            forget_run_dir(settings)
+
+    asyncio.run(adopt_and_end())
 
 
 #: The OCI runtimes a suite can run its sandboxes under (see :func:`settings_for`).
@@ -248,11 +287,11 @@ def sweep_dead_sessions() -> None:
         settings = Settings.load(environ={}, data_dir=Path(info["data_dir"]))
         settings.runtime.image_dir = info["image_dir"]
         settings.runtime.run_dir = str(owner.parent)
-        with contextlib.suppress(Exception):
+        try:
             cleanup(settings)
+        except Exception as exc:  # noqa: BLE001 - said; the other dead sessions are still swept
+            log.warning("sweeping %s left by a killed session failed: %r", info["data_dir"], exc)
         if (owner.parent / "vm").is_dir():
-            from .vm import destroy_vm_machines
-
             with contextlib.suppress(Exception):
                 destroy_vm_machines(settings)
         owner.unlink(missing_ok=True)

@@ -83,7 +83,7 @@ def flood(
                 ["python3", "-c", FLOOD, host, str(port), str(count), "2", str(connect_timeout)],
                 timeout_ms=300_000,
             )
-        except Exception as e:  # reported in the caller's thread
+        except Exception as e:  # noqa: BLE001 - reported in the caller's thread
             failure.append(e)
             return
         if not done.ok:

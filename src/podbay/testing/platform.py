@@ -1,6 +1,6 @@
 """A real ``podbay serve`` in a subprocess, for end-to-end tests and benchmarks
 (``role="control"`` or ``"node"`` runs that role instead: see
-:mod:`podbay.testing.cluster`).
+:mod:`podbay.testing.local_cluster`).
 
 Reusable by any suite (the SDK's included)::
 
@@ -120,7 +120,14 @@ class PlatformServer:
         server = cls(root, env or {}, port or free_port(), role, data_dir)
         server.spawn()
         if wait:
-            server.wait_ready()
+            try:
+                server.wait_ready()
+            except BaseException:
+                # Not handed to a ``with``: a server that did not come up (a vm
+                # class that timed out on a loaded host) is stopped here, or it
+                # outlives the test run.
+                server.close()
+                raise
         return server
 
     def spawn(self) -> None:
@@ -262,3 +269,15 @@ class PlatformServer:
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+
+def e2b_key(server: PlatformServer, deployment: str) -> str:
+    """A new deployment of ``server`` and the E2B key ``--e2b-key`` printed for it
+    (its last line)."""
+    out = server.cli(
+        "deployment", "create", deployment, "--spec", "-", "--e2b-key", input=SANDBOX_SPEC
+    )
+    key = out.stdout.strip().splitlines()[-1]
+    assert key.startswith("e2b_")
+    assert len(key) == 44
+    return key

@@ -17,7 +17,14 @@ import pytest
 from podbay.runtime.base import MachineSpec
 from podbay.settings import Settings
 
-from .fixtures import mark_owner, require_host, sandbox_settings, sweep_dead_sessions
+from .fixtures import (
+    end_vm_driver,
+    forget_run_dir,
+    mark_owner,
+    require_host,
+    sandbox_settings,
+    sweep_dead_sessions,
+)
 
 T = TypeVar("T")
 
@@ -31,14 +38,6 @@ def vm_host_problem() -> str | None:
     if not Path("/usr/bin/busybox").exists() and not Path("/bin/busybox").exists():
         return "needs busybox-static"
     return None
-
-
-def destroy_vm_machines(settings: Settings) -> None:
-    """Every ``vm`` machine of a data directory (a killed test session's): their
-    QEMUs, networks and files."""
-    session = VmSession(settings)
-    session.run(session.driver.adopt())
-    session.close()
 
 
 class VmSession:
@@ -75,14 +74,7 @@ class VmSession:
 
     def close(self) -> None:
         try:
-            for machine_id in self.driver.machine_ids():
-                self.run(self.driver.destroy(machine_id))
-            self.run(self.driver.close())
-            limits = self.driver.network.slirps.limits
-            for parent in [self.driver.cgroup_parent] + ([limits.cgroup_parent] if limits else []):
-                self.driver.cgroups.remove(parent)  # the session's, empty once all are gone
+            self.run(end_vm_driver(self.driver))
         finally:
             self.runner.close()
-            run_dir = Path(self.settings.runtime.run_dir)
-            (run_dir / "test-session.json").unlink(missing_ok=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            forget_run_dir(self.settings)

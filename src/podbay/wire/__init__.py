@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ._lazy import lazy_getattr
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 
 # A name → module table like podbay.client's, on purpose: each package loads
 # its own names lazily (one shared table would make either import the other).

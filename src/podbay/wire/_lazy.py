@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Mapping
     from typing import Any

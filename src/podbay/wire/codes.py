@@ -45,6 +45,16 @@ class ErrorCode(StrEnum):
     SANDBOX_IDLE_TIMEOUT_BELOW_MIN = "SANDBOX_IDLE_TIMEOUT_BELOW_MIN"
     SANDBOX_IDLE_TIMEOUT_ABOVE_MAX = "SANDBOX_IDLE_TIMEOUT_ABOVE_MAX"
     SANDBOX_OPTIONS_CONFLICT = "SANDBOX_OPTIONS_CONFLICT"
+    #: An egress policy (``network``) that is not one: its shape (unknown keys,
+    #: wrong types, ``internet: false`` with lists), an entry that is neither a
+    #: CIDR nor a domain name (the message names it), or over the bounds.
+    SANDBOX_NETWORK_INVALID = "SANDBOX_NETWORK_INVALID"
+    SANDBOX_NETWORK_ENTRY_INVALID = "SANDBOX_NETWORK_ENTRY_INVALID"
+    SANDBOX_NETWORK_TOO_LARGE = "SANDBOX_NETWORK_TOO_LARGE"
+    #: ``PUT .../network`` could not be put in force now (the sandbox changed
+    #: meanwhile, or its machine did not take the rules): sent with
+    #: ``Retry-After``; repeat the call.
+    SANDBOX_NETWORK_NOT_APPLIED = "SANDBOX_NETWORK_NOT_APPLIED"
     SANDBOX_PREPARE_FAILED = "SANDBOX_PREPARE_FAILED"
     SANDBOX_APPLY_FAILED = "SANDBOX_APPLY_FAILED"
     SANDBOX_START_FAILED = "SANDBOX_START_FAILED"
@@ -63,6 +73,27 @@ class ErrorCode(StrEnum):
     #: ``Retry-After``; nothing the request asked for was done, or it is
     #: unknown only when the connection died during the commit itself.
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+
+    # -- console and admin API (docs/console.md) -----------------------------
+    #: A sign-in or admin call's token is neither a valid operator token nor
+    #: (for sign-in) a deployment's identity token.
+    TOKEN_INVALID = "TOKEN_INVALID"
+    #: No console session cookie, or an expired, forged or revoked one.
+    SESSION_INVALID = "SESSION_INVALID"
+    #: A state-changing call made with the session cookie lacks the session's
+    #: CSRF token, or a call with the cookie came from another site.
+    CSRF_INVALID = "CSRF_INVALID"
+    #: An operator-only call made with a deployment's token or session.
+    OPERATOR_REQUIRED = "OPERATOR_REQUIRED"
+    #: An operator session's sandbox call names no deployment (X-Podbay-Deployment).
+    DEPLOYMENT_REQUIRED = "DEPLOYMENT_REQUIRED"
+    DEPLOYMENT_NOT_FOUND = "DEPLOYMENT_NOT_FOUND"
+    #: A deployment session named another deployment.
+    DEPLOYMENT_FORBIDDEN = "DEPLOYMENT_FORBIDDEN"
+    DEPLOYMENT_EXISTS = "DEPLOYMENT_EXISTS"
+    NODE_NOT_FOUND = "NODE_NOT_FOUND"
+    #: A cluster-only call (drain) made to ``podbay serve``.
+    NOT_A_CLUSTER = "NOT_A_CLUSTER"
 
     # -- internal API (control plane and nodes) ------------------------------
     #: Missing, unknown or wrong kind of node credential (a data-plane
@@ -137,6 +168,10 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_CLASS_CONFLICT: 409,
     ErrorCode.SANDBOX_LABELS_INVALID: 400,
     ErrorCode.SANDBOX_ENV_INVALID: 400,
+    ErrorCode.SANDBOX_NETWORK_INVALID: 400,
+    ErrorCode.SANDBOX_NETWORK_ENTRY_INVALID: 400,
+    ErrorCode.SANDBOX_NETWORK_TOO_LARGE: 400,
+    ErrorCode.SANDBOX_NETWORK_NOT_APPLIED: 503,
     ErrorCode.SANDBOX_CPUS_BELOW_MIN: 400,
     ErrorCode.SANDBOX_CPUS_ABOVE_MAX: 400,
     ErrorCode.SANDBOX_MEMORY_BELOW_MIN: 400,
@@ -149,6 +184,16 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_START_FAILED: 502,
     ErrorCode.SANDBOXES_UNAVAILABLE: 503,
     ErrorCode.SANDBOX_NODE_LOST: 409,
+    ErrorCode.TOKEN_INVALID: 401,
+    ErrorCode.SESSION_INVALID: 401,
+    ErrorCode.CSRF_INVALID: 403,
+    ErrorCode.OPERATOR_REQUIRED: 403,
+    ErrorCode.DEPLOYMENT_REQUIRED: 400,
+    ErrorCode.DEPLOYMENT_NOT_FOUND: 404,
+    ErrorCode.DEPLOYMENT_FORBIDDEN: 403,
+    ErrorCode.DEPLOYMENT_EXISTS: 409,
+    ErrorCode.NODE_NOT_FOUND: 404,
+    ErrorCode.NOT_A_CLUSTER: 409,
     ErrorCode.NODE_CREDENTIAL_INVALID: 401,
     ErrorCode.NODE_NAME_TAKEN: 409,
     ErrorCode.HOST_DISK_FULL: 507,

@@ -19,6 +19,19 @@ StartKind = Literal["created", "resumed", "reused", "carried_over"]
 # message: alike in shape to each other (and to the other model modules) on
 # purpose, since each declares its own message of the contract.
 @dataclass(frozen=True, kw_only=True)
+class NetworkPolicy:
+    """A sandbox's egress policy: attach's ``network``, the body and answer of
+    ``GET``/``PUT /api/v1/sandboxes/{name}/network`` (docs/network.md).
+    ``{}`` is open; ``{"internet": false}`` no egress at all; ``allow`` and
+    ``deny`` list CIDRs, domain names and ``*.`` wildcards (deny wins; an
+    allow list refuses everything it does not name)."""
+
+    internet: bool = True
+    allow: list[str] | None = None
+    deny: list[str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttachRequest:
     """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""
 
@@ -33,6 +46,8 @@ class AttachRequest:
     memory_mib: int | None = None
     #: Suspend after this long without a call, instead of the server's threshold.
     idle_timeout_seconds: int | None = None
+    #: Its egress policy, instead of the sandbox section's ``network`` (then open).
+    network: NetworkPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -134,6 +134,20 @@ class AgentInfo:
     features: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AgentStats:
+    """``GET /v1/stats`` (the host's call, not a client's): the guest's own
+    memory in use, disk in use on ``/`` and network bytes."""
+
+    memory_bytes: int
+    memory_total_bytes: int
+    disk_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    #: The guest kernel's OOM kills since it booted.
+    oom_kills: int = 0
+
+
 # -- native files (feature "files") -----------------------------------------
 
 

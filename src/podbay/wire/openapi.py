@@ -9,7 +9,7 @@ clients use. The control plane serves :func:`control_plane` at
 
 >>> doc = control_plane("http://127.0.0.1:8700")
 >>> doc["openapi"], sorted(doc["paths"])[0]
-('3.1.0', '/api/v1/sandboxes')
+('3.1.0', '/api/v1/deployments')
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Literal, Union, get_args, get_origin
 
-from . import control, data, paths
+from . import control, data, observe, paths
 from .codec import _fields
 from .codes import STATUS, ErrorCode
 from .limits import (
@@ -145,6 +145,14 @@ _CREDENTIAL = [
 ]
 
 
+#: A ``network`` object that is not a policy (docs/network.md).
+_NETWORK_INVALID = [
+    C.SANDBOX_NETWORK_INVALID,
+    C.SANDBOX_NETWORK_ENTRY_INVALID,
+    C.SANDBOX_NETWORK_TOO_LARGE,
+]
+
+
 def _name_param() -> dict[str, Any]:
     return {
         "name": "name",
@@ -156,7 +164,7 @@ def _name_param() -> dict[str, Any]:
 
 def control_plane(server_url: str) -> dict[str, Any]:
     """The control plane's document (``/api/v1/sandboxes``)."""
-    s = _Schemas(closed={control.AttachRequest, control.ShareRequest})
+    s = _Schemas(closed={control.AttachRequest, control.ShareRequest, control.NetworkPolicy})
     handle = {
         "200": {
             "description": "the sandbox, running, and how to reach it",
@@ -174,7 +182,18 @@ def control_plane(server_url: str) -> dict[str, Any]:
         }
     }
     done = {"204": {"description": "done"}}
+    policy = {"200": {"description": "the policy in force", **_json(s.ref(control.NetworkPolicy))}}
     name = [_name_param()]
+    since = [
+        *name,
+        {
+            "name": "since",
+            "in": "query",
+            "required": False,
+            "description": "RFC 3339: only what came after it",
+            "schema": {"type": "string", "format": "date-time"},
+        },
+    ]
     one = f"{paths.SANDBOXES}/{{name}}"
     doc: dict[str, Any] = {
         "openapi": VERSION,
@@ -223,6 +242,7 @@ def control_plane(server_url: str) -> dict[str, Any]:
                         C.SANDBOX_MEMORY_ABOVE_MAX,
                         C.SANDBOX_IDLE_TIMEOUT_BELOW_MIN,
                         C.SANDBOX_IDLE_TIMEOUT_ABOVE_MAX,
+                        *_NETWORK_INVALID,
                         C.SANDBOX_OPTIONS_CONFLICT,
                         C.SANDBOX_PREPARE_FAILED,
                         C.SANDBOX_APPLY_FAILED,
@@ -243,12 +263,57 @@ def control_plane(server_url: str) -> dict[str, Any]:
                     params=name,
                 ),
             },
+            f"{one}/network": {
+                "get": _op(
+                    "Its egress policy in force",
+                    policy,
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND],
+                    params=name,
+                ),
+                "put": _op(
+                    "Change its egress policy, in force when answered (docs/network.md)",
+                    policy,
+                    [
+                        *_IDENTITY,
+                        C.SANDBOX_NOT_FOUND,
+                        *_NETWORK_INVALID,
+                        C.SANDBOX_NETWORK_NOT_APPLIED,
+                        C.SANDBOX_NODE_LOST,
+                    ],
+                    body=_json(s.ref(control.NetworkPolicy)),
+                    params=name,
+                ),
+            },
             f"{one}/stop": {
                 "post": _op(
                     "Suspend its compute early",
                     done,
                     [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
                     params=name,
+                )
+            },
+            f"{one}/metrics": {
+                "get": _op(
+                    "The sandbox's resource samples (every 2 s, the last 10 min), oldest first",
+                    {"200": {"description": "the samples", **_json(s.ref(observe.Metrics))}},
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
+                    params=since,
+                )
+            },
+            f"{one}/events": {
+                "get": _op(
+                    "What happened to the sandbox (kept after it is removed), oldest first",
+                    {"200": {"description": "the events", **_json(s.ref(observe.EventList))}},
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND],
+                    params=since,
+                )
+            },
+            f"{one}/commands": {
+                "get": _op(
+                    "Each exec and spawn's argv, user, exit code and duration, oldest first",
+                    {"200": {"description": "the log", **_json(s.ref(observe.CommandList))}},
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOXES_UNAVAILABLE],
+                    params=since,
                 )
             },
             f"{one}/ports/{{port}}/share": {
@@ -281,9 +346,67 @@ def control_plane(server_url: str) -> dict[str, Any]:
             }
         },
     }
+    doc["paths"].update(_operator_paths())
+    doc["components"]["securitySchemes"]["operatorToken"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "podbay admin token (or an operator's console session)",
+    }
     s.ref(control.ErrorBody)
     doc["components"]["schemas"] = s.components
     return doc
+
+
+def _operator_paths() -> dict[str, Any]:
+    """The operator's API (docs/console.md): deployments and nodes."""
+    operator: list[dict[str, list[str]]] = [{"operatorToken": []}]
+    refused = [C.TOKEN_INVALID, C.OPERATOR_REQUIRED, *_ANY]
+    obj = {"type": "object"}
+    doc = {"200": {"description": "the document", **_json(obj)}}
+    name = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    one = f"{paths.DEPLOYMENTS}/{{name}}"
+    ops: dict[str, Any] = {
+        paths.DEPLOYMENTS: {
+            "get": _op("Every deployment, with its count of sandboxes", doc, refused),
+            "post": _op(
+                "Register a deployment ({name, spec?}); its identity token",
+                {"201": {"description": "name, token, created_at", **_json(obj)}},
+                [*refused, C.DEPLOYMENT_EXISTS],
+                body=_json(obj),
+            ),
+        },
+        one: {
+            "delete": _op(
+                "Delete the deployment: its tokens stop working, its sandboxes go",
+                {"204": {"description": "done"}},
+                [*refused, C.DEPLOYMENT_NOT_FOUND],
+                params=name,
+            )
+        },
+        f"{one}/token": {
+            "post": _op(
+                'A new identity token, or ({"kind": "e2b"}) a new E2B API key',
+                doc,
+                [*refused, C.DEPLOYMENT_NOT_FOUND],
+                body=_json(obj),
+                body_required=False,
+                params=name,
+            )
+        },
+        paths.NODES: {"get": _op("The nodes: state, classes, load", doc, refused)},
+        f"{paths.NODES}/{{name}}/drain": {
+            "post": _op(
+                "Drain a cluster node: no new sandboxes go there",
+                {"202": {"description": "name, state", **_json(obj)}},
+                [*refused, C.NODE_NOT_FOUND, C.NOT_A_CLUSTER],
+                params=name,
+            )
+        },
+    }
+    for methods in ops.values():
+        for op in methods.values():
+            op["security"] = operator
+    return ops
 
 
 def data_plane(endpoint: str) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~5 ms of every CLI start; mypy reads this name
+TYPE_CHECKING = False  # importing typing slows every CLI start; mypy reads this name
 if TYPE_CHECKING:
     from typing import Final
 
 # -- control plane (base URL = the identity token's ``iss``) -----------------
 API_PREFIX: Final = "/api/v1"
 SANDBOXES: Final = f"{API_PREFIX}/sandboxes"
+#: The operator's API (docs/console.md): an operator token, never an identity token.
+DEPLOYMENTS: Final = f"{API_PREFIX}/deployments"
+NODES: Final = f"{API_PREFIX}/nodes"
 
 
 def sandbox_path(name: str) -> str:
@@ -22,8 +25,16 @@ def sandbox_stop_path(name: str) -> str:
     return f"{sandbox_path(name)}/stop"
 
 
+def sandbox_network_path(name: str) -> str:
+    return f"{sandbox_path(name)}/network"
+
+
 # -- data plane (base URL = the handle's ``endpoint``) ------------------------
 INFO: Final = "/v1/info"
+#: The host's own call (``vm`` figures the host cannot read): not a client route.
+STATS: Final = "/v1/stats"
+#: The host's own call: the command log (docs/observability.md).
+COMMANDS: Final = "/v1/commands"
 EXEC: Final = "/v1/exec"
 PROCESSES: Final = "/v1/processes"
 FILES: Final = "/v1/files"  # GET read, PUT write, DELETE remove; ?path=
@@ -117,6 +128,13 @@ UPGRADE_TUNNEL: Final = "podbay-tunnel"
 #: Share URLs: ``<public URL>/share/<token>/<path>``, signed, scoped to one
 #: sandbox and port, expiring; no credential header needed.
 SHARE_PREFIX: Final = "/share/"
+#: A sandbox's data plane: ``<gateway URL>/sandbox/<id>/...``.
+SANDBOX_PREFIX: Final = "/sandbox/"
+
+
+def sandbox_endpoint(base_url: str, sandbox_id: str) -> str:
+    """A sandbox's absolute data-plane base URL behind the gateway at ``base_url``."""
+    return f"{base_url.rstrip('/')}{SANDBOX_PREFIX}{sandbox_id}"
 
 
 def port_share_path(name: str, port: int) -> str:

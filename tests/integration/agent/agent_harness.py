@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from podbay.agent.staging import AGENT_ENV, agent_argv
+from podbay.runtime.staging import AGENT_ENV, agent_argv
 from podbay.wire import paths, stream
 
 #: A variable in the agent's own environment that commands must never see.
@@ -112,13 +112,11 @@ GUARD_ARGS = ("--guard-uid", "65535")
 
 
 def launcher_program(where: Path) -> Path:
-    """The launcher program (podbay/agent/launcher.c) built under ``where`` as
-    the gvisor class builds it (with the statx shim, by the host's C compiler)."""
-    from podbay.runtime.oci.runsc import build_statx_shim
+    """The launcher program (podbay/agent/launcher.c) staged under ``where`` as
+    the gvisor class stages it (with the statx shim, from podbay's build)."""
+    from podbay.runtime.oci.runsc import stage_statx_shim
 
-    built = build_statx_shim(where)
-    assert built is not None and (built / "launcher").exists(), "no C compiler to build it"
-    return built / "launcher"
+    return stage_statx_shim(where) / "launcher"
 
 
 def start_agent(
@@ -158,11 +156,17 @@ def start_agent(
     return agent
 
 
+#: Every socket :func:`upgrade` opened, closed after each test (conftest's
+#: ``close_upgraded``): tests that only read the answer's head leave theirs.
+UPGRADED: list[socket.socket] = []
+
+
 def upgrade(
     agent: Agent, method: str, target: str, token: str, body: bytes = b""
 ) -> tuple[socket.socket, bytes, bytes]:
     """Send an upgrade request; the socket, the answer's head and what followed it."""
     sock = socket.socket(socket.AF_UNIX)
+    UPGRADED.append(sock)
     sock.settimeout(30)
     sock.connect(agent.sock_path)
     sock.sendall(

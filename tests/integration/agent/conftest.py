@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_harness import Agent, start_agent
+from agent_harness import UPGRADED, Agent, start_agent
 
-from podbay.agent.staging import stage
+from podbay.runtime.staging import stage
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +38,10 @@ def workspace(agent: Agent, tmp_path: Path) -> Path:
     path = agent.workspace / tmp_path.name
     path.mkdir()
     return path
+
+
+@pytest.fixture(autouse=True)
+def close_upgraded() -> Iterator[None]:
+    yield
+    while UPGRADED:
+        UPGRADED.pop().close()

@@ -25,6 +25,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.kill()
         proc.wait(5)
         raise AssertionError("the agent did not exit within 30 s of SIGTERM") from None
+    finally:
+        if proc.stderr is not None:
+            proc.stderr.close()
     assert code == 0
 
 
@@ -79,4 +82,5 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
         text=True,
         check=False,
     )
-    assert done.returncode == 2 and "env file" in done.stderr
+    assert done.returncode == 2
+    assert "env file" in done.stderr

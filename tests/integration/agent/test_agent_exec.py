@@ -20,7 +20,8 @@ def test_runs_argv_and_reports_output_code_and_time(agent: Agent) -> None:
     assert body["exit_code"] == 3
     assert body["stdout"] == f"out\n{agent.workspace}\n"
     assert body["stderr"] == "err\n"
-    assert body["timed_out"] is False and body["truncated"] is False
+    assert body["timed_out"] is False
+    assert body["truncated"] is False
     assert 0 <= body["duration_ms"] < 5000
 
 
@@ -39,9 +40,11 @@ def test_three_mib_of_output_keeps_exactly_one_mib(agent: Agent) -> None:
     resp = agent.exec(["python3", "-c", script])
     body = resp.json()  # valid JSON however large the output was
     assert body["exit_code"] == 7
-    assert len(body["stdout"]) == MIB and set(body["stdout"]) == {"x"}
+    assert len(body["stdout"]) == MIB
+    assert set(body["stdout"]) == {"x"}
     assert body["stderr"] == "eeeee"
-    assert body["truncated"] is True and body["timed_out"] is False
+    assert body["truncated"] is True
+    assert body["timed_out"] is False
 
 
 def test_cap_never_ends_in_half_a_character(agent: Agent) -> None:
@@ -49,7 +52,8 @@ def test_cap_never_ends_in_half_a_character(agent: Agent) -> None:
     script = "import sys; sys.stdout.write('x' + '\u00e9' * 2**20)"
     body = agent.exec(["python3", "-c", script]).json()
     assert body["truncated"] is True
-    assert body["stdout"].endswith("\u00e9") and "\ufffd" not in body["stdout"]
+    assert body["stdout"].endswith("\u00e9")
+    assert "\ufffd" not in body["stdout"]
     assert len(body["stdout"].encode()) == MIB - 1
 
 
@@ -67,7 +71,8 @@ def test_deadline_kills_the_whole_group_and_answers_at_once(agent: Agent) -> Non
     assert body["exit_code"] == 128 + 9
     assert 0.7 <= elapsed < 30, elapsed  # at its deadline, not after sleep 60
     grandchild, shell = (int(line) for line in body["stdout"].split())
-    assert gone(shell) and gone(grandchild)
+    assert gone(shell)
+    assert gone(grandchild)
 
 
 def test_background_grandchild_holding_pipes_does_not_delay_the_answer(agent: Agent) -> None:
@@ -76,7 +81,8 @@ def test_background_grandchild_holding_pipes_does_not_delay_the_answer(agent: Ag
     elapsed = time.monotonic() - started
     pid = int(body["stdout"].split()[0])
     try:
-        assert body["exit_code"] == 0 and body["timed_out"] is False
+        assert body["exit_code"] == 0
+        assert body["timed_out"] is False
         assert body["stdout"].endswith("started\n")
         assert elapsed < 15, elapsed  # not held until the 20 s timeout or sleep 30
         os.kill(pid, 0)  # left running
@@ -137,7 +143,8 @@ def test_malformed_requests_are_refused(agent: Agent, payload: dict[str, object]
 
 def test_body_that_is_not_json_is_refused(agent: Agent) -> None:
     resp = agent.client.post("/v1/exec", content=b"{not json")
-    assert resp.status_code == 400 and resp.json()["code"] == "REQUEST_INVALID"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "REQUEST_INVALID"
 
 
 def test_environment_is_clean_base_then_env_file_then_request(agent: Agent) -> None:
@@ -178,4 +185,5 @@ def test_fifty_concurrent_execs(agent: Agent) -> None:
     agent.exec(["rm", "-rf", barrier])
     for i, body in results:
         assert body["timed_out"] is False
-        assert body["exit_code"] == 0 and body["stdout"] == f"{i}\n"
+        assert body["exit_code"] == 0
+        assert body["stdout"] == f"{i}\n"

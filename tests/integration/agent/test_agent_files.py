@@ -197,7 +197,8 @@ def test_symlink_to_a_directory_is_not_a_file(agent: Agent, workspace: Path) -> 
         "PATH_IS_DIRECTORY",
     )
     assert _code(_put(agent, f"{workspace}/link", b"x")) == (400, "PATH_IS_DIRECTORY")
-    assert (workspace / "link").is_symlink() and (workspace / "dir" / "inner").exists()
+    assert (workspace / "link").is_symlink()
+    assert (workspace / "dir" / "inner").exists()
     stat = agent.client.get("/v1/files/stat", params={"path": f"{workspace}/link"}).json()
     assert stat["type"] == "symlink"
     listing = agent.client.get("/v1/files/list", params={"path": f"{workspace}/link"}).json()
@@ -281,7 +282,8 @@ def test_delete(agent: Agent, workspace: Path) -> None:
         "DIRECTORY_NOT_EMPTY",
     )
     resp = delete("/v1/files", params={"path": f"{workspace}/tree", "recursive": "true"})
-    assert resp.status_code == 204 and not (workspace / "tree").exists()
+    assert resp.status_code == 204
+    assert not (workspace / "tree").exists()
 
 
 def test_mkdir(agent: Agent, workspace: Path) -> None:
@@ -318,7 +320,8 @@ def test_large_file_streams_in_constant_memory(fresh_agent: Agent) -> None:
         content=body(),
         headers={"X-Podbay-Sha256": data_digest.hexdigest()},
     )
-    assert resp.status_code == 200 and resp.json()["size"] == size
+    assert resp.status_code == 200
+    assert resp.json()["size"] == size
     received = hashlib.sha256()
     total = 0
     with fresh_agent.client.stream("GET", "/v1/files", params={"path": "big"}) as got:
@@ -326,7 +329,8 @@ def test_large_file_streams_in_constant_memory(fresh_agent: Agent) -> None:
         for chunk in got.iter_raw():
             received.update(chunk)
             total += len(chunk)
-    assert total == size and received.hexdigest() == data_digest.hexdigest()
+    assert total == size
+    assert received.hexdigest() == data_digest.hexdigest()
     peak = fresh_agent.rss_kib("VmHWM")
     assert peak - before < 16 * 1024, (before, peak)
 

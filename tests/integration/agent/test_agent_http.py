@@ -61,7 +61,8 @@ def test_hostile_requests_are_refused_and_the_agent_lives_on(
 ) -> None:
     raw = _raw(agent, request_bytes)
     status, code = _status_and_code(raw)
-    assert status == 400 and code == "REQUEST_INVALID", raw[:200]
+    assert status == 400, raw[:200]
+    assert code == "REQUEST_INVALID", raw[:200]
     assert agent.client.get("/v1/info").status_code == 200
 
 

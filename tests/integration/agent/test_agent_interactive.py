@@ -58,7 +58,8 @@ def test_exec_stdin_body_needs_its_request_line(agent: Agent) -> None:
         headers={"Content-Type": EXEC_STDIN_CONTENT_TYPE},
         content=b'{"command": ["cat"]}',
     )
-    assert resp.status_code == 400 and resp.json()["code"] == "REQUEST_INVALID"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "REQUEST_INVALID"
 
 
 def test_spawned_process_stdin_written_many_times_then_closed(agent: Agent) -> None:
@@ -70,16 +71,19 @@ def test_spawned_process_stdin_written_many_times_then_closed(agent: Agent) -> N
     assert resp.status_code == 204
     agent.wait_exited(pid)
     out = agent.client.get(f"/v1/processes/{pid}").json()
-    assert out["stdout"] == "one two three!" and out["exit_code"] == 0
+    assert out["stdout"] == "one two three!"
+    assert out["exit_code"] == 0
     again = agent.client.post(f"/v1/processes/{pid}/stdin", content=b"late")
-    assert again.status_code == 409 and again.json()["code"] == "PROCESS_STDIN_CLOSED"
+    assert again.status_code == 409
+    assert again.json()["code"] == "PROCESS_STDIN_CLOSED"
     agent.client.delete(f"/v1/processes/{pid}")
 
 
 def test_spawn_without_stdin_has_none(agent: Agent) -> None:
     pid = agent.spawn(["cat"]).json()["process_id"]
     resp = agent.client.post(f"/v1/processes/{pid}/stdin", content=b"x")
-    assert resp.status_code == 409 and resp.json()["code"] == "PROCESS_STDIN_CLOSED"
+    assert resp.status_code == 409
+    assert resp.json()["code"] == "PROCESS_STDIN_CLOSED"
     agent.wait_exited(pid)  # /dev/null: cat ends at once
     agent.client.delete(f"/v1/processes/{pid}")
 
@@ -100,7 +104,8 @@ def test_tail_kept_10_mib_output(agent: Agent) -> None:
     resp = agent.exec(["python3", "-c", script], keep="tail")
     body = resp.json()
     assert body["truncated"] is True
-    assert len(body["stdout"]) == MIB and body["stdout"].endswith("aEND")
+    assert len(body["stdout"]) == MIB
+    assert body["stdout"].endswith("aEND")
     assert body["stdout_dropped"] == 10 * MIB - MIB
 
 
@@ -112,7 +117,8 @@ def test_head_tail_with_marker_and_own_cap(agent: Agent) -> None:
     )
     body = resp.json()
     assert body["stdout"] == "x" * 10 + "\n[... 180 bytes dropped ...]\n" + "y" * 10
-    assert body["stdout_dropped"] == 180 and body["truncated"] is True
+    assert body["stdout_dropped"] == 180
+    assert body["truncated"] is True
 
 
 def test_bytes_output_is_base64_and_exact(agent: Agent) -> None:
@@ -125,7 +131,8 @@ def test_bytes_output_is_base64_and_exact(agent: Agent) -> None:
 
 def test_cap_over_the_server_maximum_is_refused(agent: Agent) -> None:
     resp = agent.exec(["true"], max_output_bytes=1 << 40)
-    assert resp.status_code == 400 and resp.json()["code"] == "REQUEST_INVALID"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "REQUEST_INVALID"
 
 
 def test_poll_waits_for_output(agent: Agent) -> None:
@@ -140,7 +147,8 @@ def test_poll_waits_for_output(agent: Agent) -> None:
 def test_poll_wait_ends_at_exit(agent: Agent) -> None:
     pid = agent.spawn(["sleep", "0.2"]).json()["process_id"]
     out = agent.client.get(f"/v1/processes/{pid}", params={"wait_ms": 10_000}).json()
-    assert out["state"] == "exited" and out["exit_code"] == 0
+    assert out["state"] == "exited"
+    assert out["exit_code"] == 0
     agent.client.delete(f"/v1/processes/{pid}")
 
 
@@ -148,7 +156,8 @@ def test_poll_bytes(agent: Agent) -> None:
     pid = agent.spawn(["printf", "\\377\\000a"]).json()["process_id"]
     agent.wait_exited(pid)
     out = agent.client.get(f"/v1/processes/{pid}", params={"encoding": "base64"}).json()
-    assert base64.b64decode(out["stdout"]) == b"\xff\x00a" and out["stdout_next"] == 3
+    assert base64.b64decode(out["stdout"]) == b"\xff\x00a"
+    assert out["stdout_next"] == 3
     agent.client.delete(f"/v1/processes/{pid}")
 
 
@@ -188,28 +197,33 @@ def test_chmod_move_and_owner(agent: Agent, workspace: Path) -> None:
     rel = workspace.name
     (workspace / "a.txt").write_text("hi")
     resp = agent.client.post("/v1/files/chmod", json={"path": f"{rel}/a.txt", "mode": 0o600})
-    assert resp.status_code == 200 and resp.json()["mode"] == 0o600
+    assert resp.status_code == 200
+    assert resp.json()["mode"] == 0o600
     resp = agent.client.post(
         "/v1/files/move", json={"source": f"{rel}/a.txt", "destination": f"{rel}/d/b.txt"}
     )
     assert resp.status_code == 200, resp.text
-    assert (workspace / "d/b.txt").read_text() == "hi" and not (workspace / "a.txt").exists()
+    assert (workspace / "d/b.txt").read_text() == "hi"
+    assert not (workspace / "a.txt").exists()
     (workspace / "c.txt").write_text("c")
     resp = agent.client.post(
         "/v1/files/move", json={"source": f"{rel}/c.txt", "destination": f"{rel}/d/b.txt"}
     )
-    assert resp.status_code == 409 and resp.json()["code"] == "PATH_EXISTS"
+    assert resp.status_code == 409
+    assert resp.json()["code"] == "PATH_EXISTS"
     stat = agent.client.get(
         "/v1/files/stat", params={"path": f"{rel}/d/b.txt", "owner": "true"}
     ).json()
     assert (stat["uid"], stat["owner"], stat["size"]) == (0, "root", 2)
     plain = agent.client.get("/v1/files/stat", params={"path": f"{rel}/d/b.txt"}).json()
-    assert "owner" not in plain and "uid" not in plain
+    assert "owner" not in plain
+    assert "uid" not in plain
 
 
 def test_unknown_user_is_refused(agent: Agent) -> None:
     resp = agent.exec(["true"], user="no-such-user-here")
-    assert resp.status_code == 400 and resp.json()["code"] == "USER_UNKNOWN"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "USER_UNKNOWN"
 
 
 def test_default_user_header_and_explicit_user(agent: Agent) -> None:

@@ -83,7 +83,8 @@ def test_sigkill_from_the_host_ends_the_whole_sandbox(init_agent: Agent) -> None
         for task in Path(f"/proc/{init_agent.pid}/task").iterdir()
         for p in (task / "children").read_text().split()
     ]
-    assert sleepers and inner > 1
+    assert sleepers
+    assert inner > 1
     init_agent.stop()
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in sleepers):

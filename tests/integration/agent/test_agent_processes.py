@@ -29,7 +29,8 @@ def test_spawn_poll_and_exit(agent: Agent) -> None:
     pid = status["process_id"]
     agent.wait_exited(pid)
     out = _poll(agent, pid)
-    assert out["state"] == "exited" and out["exit_code"] == 4
+    assert out["state"] == "exited"
+    assert out["exit_code"] == 4
     assert (out["stdout"], out["stderr"]) == ("a\n", "b\n")
     assert (out["stdout_next"], out["stderr_next"]) == (2, 2)
     assert out["exited_at"] >= out["started_at"]
@@ -57,7 +58,8 @@ def test_five_mib_polled_after_exit_drops_exactly_four(agent: Agent) -> None:
     assert (again["stdout"], again["stdout_next"], again["stdout_dropped"]) == ("", 5 * MIB, 0)
     # Asking from the middle of the lost part: dropped counts from there.
     mid = _poll(agent, pid, 3 * MIB)
-    assert mid["stdout_dropped"] == MIB and mid["stdout"].encode() == expected
+    assert mid["stdout_dropped"] == MIB
+    assert mid["stdout"].encode() == expected
     agent.client.delete(f"/v1/processes/{pid}")
 
 
@@ -117,7 +119,8 @@ def test_unknown_signal_is_refused(agent: Agent) -> None:
     pid = agent.spawn(["sleep", "30"]).json()["process_id"]
     for bad in ("BOGUS", "SIGTERM", "term", "9", ""):
         resp = agent.client.post(f"/v1/processes/{pid}/signal", json={"signal": bad})
-        assert resp.status_code == 400 and resp.json()["code"] == "SIGNAL_INVALID", bad
+        assert resp.status_code == 400, bad
+        assert resp.json()["code"] == "SIGNAL_INVALID", bad
     assert _poll(agent, pid)["state"] == "running"
     agent.client.delete(f"/v1/processes/{pid}")
 
@@ -154,20 +157,23 @@ def test_unknown_process_is_not_found(agent: Agent) -> None:
         agent.client.delete("/v1/processes/nope"),
         agent.client.post("/v1/processes/nope/signal", json={"signal": "TERM"}),
     ):
-        assert resp.status_code == 404 and resp.json()["code"] == "PROCESS_NOT_FOUND"
+        assert resp.status_code == 404
+        assert resp.json()["code"] == "PROCESS_NOT_FOUND"
 
 
 def test_spawn_that_cannot_start_is_refused_and_takes_no_slot(agent: Agent) -> None:
     before = len(agent.client.get("/v1/processes").json()["processes"])
     resp = agent.spawn(["/no/such/program"])
-    assert resp.status_code == 400 and resp.json()["code"] == "COMMAND_START_FAILED"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "COMMAND_START_FAILED"
     assert len(agent.client.get("/v1/processes").json()["processes"]) == before
 
 
 def test_bad_offsets_are_refused(agent: Agent) -> None:
     pid = agent.spawn(["true"]).json()["process_id"]
     resp = agent.client.get(f"/v1/processes/{pid}", params={"stdout_from": "-1"})
-    assert resp.status_code == 400 and resp.json()["code"] == "REQUEST_INVALID"
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "REQUEST_INVALID"
     agent.client.delete(f"/v1/processes/{pid}")
 
 
@@ -177,7 +183,8 @@ def test_a_process_that_is_never_read_never_blocks(agent: Agent) -> None:
     status = agent.wait_exited(pid, timeout=20)
     assert status["exit_code"] == 0
     out = _poll(agent, pid)
-    assert out["stdout_dropped"] == 20 * MIB - MIB and out["stdout_next"] == 20 * MIB
+    assert out["stdout_dropped"] == 20 * MIB - MIB
+    assert out["stdout_next"] == 20 * MIB
     agent.client.delete(f"/v1/processes/{pid}")
 
 

@@ -71,12 +71,14 @@ def test_run_streams_and_exits_with_the_code(cli: Any, name: str) -> None:
 
 def test_lifecycle_and_json(cli: Any, name: str) -> None:
     attached = json.loads(cli("attach", name, "--json", check=True).stdout)
-    assert attached["name"] == name and "headers" not in attached
+    assert attached["name"] == name
+    assert "headers" not in attached
     # `class` is the caller's word ("default": none given) on podbay and the
     # reference stub alike; podbay adds the class that runs (runtime_class).
     assert attached["class"] == "default"
     got = json.loads(cli("get", name, "--json", check=True).stdout)
-    assert got["class"] == "default" and got.get("runtime_class") == attached.get("runtime_class")
+    assert got["class"] == "default"
+    assert got.get("runtime_class") == attached.get("runtime_class")
     rows = json.loads(cli("list", "--json", check=True).stdout)
     assert name in [r["name"] for r in rows]
     assert name in cli("list", check=True).stdout
@@ -87,7 +89,8 @@ def test_lifecycle_and_json(cli: Any, name: str) -> None:
     missing = cli("get", name)
     assert missing.returncode == 1
     assert missing.stderr.startswith("podbay: 404 SANDBOX_NOT_FOUND:")
-    assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in missing.stderr
 
 
 def test_ps_and_kill(cli: Any, name: str, platform: Any) -> None:
@@ -101,7 +104,8 @@ def test_ps_and_kill(cli: Any, name: str, platform: Any) -> None:
     cli("kill", name, proc.process_id, check=True)
     assert json.loads(cli("ps", name, "--json", check=True).stdout) == []
     gone = cli("kill", name, proc.process_id)
-    assert gone.returncode == 1 and "404" in gone.stderr
+    assert gone.returncode == 1
+    assert "404" in gone.stderr
 
 
 def test_cp_and_ls(cli: Any, name: str, tmp_path: Path) -> None:
@@ -112,7 +116,8 @@ def test_cp_and_ls(cli: Any, name: str, tmp_path: Path) -> None:
     cli("cp", str(tmp_path / "f.bin"), f"{name}:f.bin", check=True)
     cli("cp", str(tmp_path / "dir"), f"{name}:tree", check=True)
     listing = cli("ls", name, check=True).stdout.split()
-    assert "f.bin" in listing and "tree/" in listing
+    assert "f.bin" in listing
+    assert "tree/" in listing
     entries = json.loads(cli("ls", name, "tree", "--json", check=True).stdout)
     assert entries == [{"name": "sub", "is_directory": True}]
     cli("cp", f"{name}:f.bin", str(tmp_path / "back.bin"), check=True)
@@ -120,14 +125,17 @@ def test_cp_and_ls(cli: Any, name: str, tmp_path: Path) -> None:
     cli("cp", f"{name}:tree", str(tmp_path / "tree-back"), check=True)
     assert (tmp_path / "tree-back" / "sub" / "x.txt").read_text() == "x"
     bad = cli("cp", str(tmp_path / "f.bin"), str(tmp_path / "g.bin"))
-    assert bad.returncode == 2 and bad.stderr.startswith("podbay: ")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("podbay: ")
     missing = cli("cp", f"{name}:nope.bin", str(tmp_path / "n"))
-    assert missing.returncode == 1 and "404" in missing.stderr
+    assert missing.returncode == 1
+    assert "404" in missing.stderr
 
 
 def test_unreachable_and_no_token(cli: Any) -> None:
     down = cli("list", token=unsigned_token("http://127.0.0.1:9"))
-    assert down.returncode == 2 and down.stderr.startswith("podbay: unavailable:")
+    assert down.returncode == 2
+    assert down.stderr.startswith("podbay: unavailable:")
     assert "Traceback" not in down.stderr
     env = {k: v for k, v in os.environ.items() if k != "ASTRO_AUTHZ_TOKEN"}
     none = subprocess.run(
@@ -136,7 +144,8 @@ def test_unreachable_and_no_token(cli: Any) -> None:
         text=True,
         env=env,
     )
-    assert none.returncode == 2 and "ASTRO_AUTHZ_TOKEN" in none.stderr
+    assert none.returncode == 2
+    assert "ASTRO_AUTHZ_TOKEN" in none.stderr
 
 
 #: The full command's modules, then what the quick path does without while
@@ -209,4 +218,5 @@ def test_quick_exec_answers_as_the_full_command(platform: Any, name: str, tmp_pa
     env["ASTRO_AUTHZ_TOKEN"] = unsigned_token("http://127.0.0.1:9")
     quick, full, _ = both(name, "--", "true")
     assert quick.returncode == full.returncode == 2
-    assert quick.stderr == full.stderr and quick.stderr.startswith("podbay: unavailable:")
+    assert quick.stderr == full.stderr
+    assert quick.stderr.startswith("podbay: unavailable:")

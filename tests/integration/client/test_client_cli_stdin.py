@@ -34,9 +34,8 @@ def _podbay(platform: Any, path: str, *args: str, stdin: Any) -> subprocess.Comp
 def test_piped_stdin_user_and_exit_code(
     platform: Any, name: str, path: str, tmp_path: Path
 ) -> None:
-    echo = subprocess.Popen(["echo", "hi"], stdout=subprocess.PIPE)
-    done = _podbay(platform, path, name, "--", "cat", stdin=echo.stdout)
-    echo.wait()
+    with subprocess.Popen(["echo", "hi"], stdout=subprocess.PIPE) as echo:
+        done = _podbay(platform, path, name, "--", "cat", stdin=echo.stdout)
     assert (done.stdout, done.returncode) == (b"hi\n", 0), done.stderr
     data = os.urandom(3 * 1024 * 1024)
     source = tmp_path / "data"

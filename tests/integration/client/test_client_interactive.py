@@ -70,7 +70,8 @@ def test_users(client: Any, name: str) -> None:
     assert who.stdout == "1000\nuser\n/home/user\n"
     client.exec(name, ["sh", "-c", "echo secret > /root.txt; chmod 600 /root.txt"])
     denied = client.exec(name, ["cat", "/root.txt"], user="user")
-    assert denied.exit_code != 0 and "Permission denied" in denied.stderr
+    assert denied.exit_code != 0
+    assert "Permission denied" in denied.stderr
     with pytest.raises(SandboxRequestError) as info:
         client.read_file(name, "/root.txt", user="user")
     assert info.value.code == "PATH_ACCESS_DENIED"  # (a failed read is 404, as the reference)
@@ -95,8 +96,10 @@ def test_users(client: Any, name: str) -> None:
 def test_output_tail_10_mib_bytes_and_head_tail(client: Any, name: str) -> None:
     script = "import sys; sys.stdout.write('a' * (10 * 2**20 - 4) + 'TAIL')"
     result = client.exec(name, ["python3", "-c", script], keep="tail")
-    assert result.truncated and result.stdout_dropped == 9 * MIB
-    assert len(result.stdout) == MIB and result.stdout.endswith("aTAIL")
+    assert result.truncated
+    assert result.stdout_dropped == 9 * MIB
+    assert len(result.stdout) == MIB
+    assert result.stdout.endswith("aTAIL")
     both = client.exec(
         name,
         ["python3", "-c", "print('x' * 50 + 'y' * 50, end='')"],
@@ -105,7 +108,8 @@ def test_output_tail_10_mib_bytes_and_head_tail(client: Any, name: str) -> None:
     )
     assert both.stdout == "xxxxx\n[... 90 bytes dropped ...]\nyyyyy"
     raw = client.exec_bytes(name, ["printf", "\\377\\000\\001"])
-    assert raw.stdout == b"\xff\x00\x01" and raw.stdout_dropped == 0
+    assert raw.stdout == b"\xff\x00\x01"
+    assert raw.stdout_dropped == 0
     plain = client.exec(name, ["true"])
     assert plain.stdout_dropped is None  # no option asked: the reference's answer
 
@@ -134,7 +138,8 @@ def test_stream_is_live_and_run_returns(client: Any, name: str) -> None:
         ["sh", "-c", "echo a; sleep 0.2; echo b"],
         on_output=lambda chunk: seen.append(chunk.stdout),
     )
-    assert (run.stdout, run.exit_code) == ("a\nb\n", 0) and "".join(seen) == "a\nb\n"
+    assert (run.stdout, run.exit_code) == ("a\nb\n", 0)
+    assert "".join(seen) == "a\nb\n"
 
 
 def test_files_operations(client: Any, name: str) -> None:
@@ -145,7 +150,8 @@ def test_files_operations(client: Any, name: str) -> None:
     info = client.stat(name, "d/e/f/x.sh")
     assert (info.type, info.size, info.mode, info.owner) == ("file", 8, 0o750, "root")
     client.move(name, "d/e/f/x.sh", "g/y.sh")
-    assert not client.exists(name, "d/e/f/x.sh") and client.exists(name, "g/y.sh")
+    assert not client.exists(name, "d/e/f/x.sh")
+    assert client.exists(name, "g/y.sh")
     client.write_file(name, "g/z", "z")
     with pytest.raises(SandboxRequestError) as err:
         client.move(name, "g/z", "g/y.sh")

@@ -32,7 +32,8 @@ BINARY = b"\x00\xff" * 1000 + bytes(range(256)) + b"\xff\x00\n\r\x00"
 
 def test_commands(client: Any, name: str) -> None:
     handle = client.attach(name)
-    assert handle.state == "running" and handle.name == name
+    assert handle.state == "running"
+    assert handle.name == name
     result = client.exec(
         name, ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], env={"GREETING": "hi"}
     )
@@ -42,7 +43,8 @@ def test_commands(client: Any, name: str) -> None:
         == "hi\n"
     )
     timed = client.exec(name, ["sleep", "10"], timeout_ms=300)
-    assert timed.timed_out and timed.exit_code == 137
+    assert timed.timed_out
+    assert timed.exit_code == 137
     combined = client.exec_combined(name, "echo 1; echo 2 >&2; echo 3")
     assert (combined.output, combined.exit_code) == ("1\n2\n3\n", 0)
     with pytest.raises(SandboxRequestError) as info:
@@ -59,12 +61,14 @@ def test_processes(client: Any, name: str) -> None:
     while not chunk.stdout and time.monotonic() < deadline:
         time.sleep(0.05)
         chunk = client.poll(name, proc.process_id)
-    assert chunk.stdout == "ready\n" and chunk.stdout_next == 6
+    assert chunk.stdout == "ready\n"
+    assert chunk.stdout_next == 6
     client.signal(name, proc.process_id, "TERM")
     while chunk.state != "exited" and time.monotonic() < deadline:
         time.sleep(0.05)
         chunk = client.poll(name, proc.process_id, stdout_from=6)
-    assert chunk.exit_code == 143 and chunk.stdout == ""
+    assert chunk.exit_code == 143
+    assert chunk.stdout == ""
     client.kill(name, proc.process_id)
     assert proc.process_id not in [p.process_id for p in client.processes(name)]
 
@@ -78,15 +82,19 @@ def test_run(client: Any, name: str) -> None:
         on_output=lambda c: chunks.append(c.stdout),
     )
     assert (result.exit_code, result.stdout, result.stderr) == (5, "1\n2\n3\n", "bad\n")
-    assert not result.killed and "".join(chunks) == "1\n2\n3\n"
+    assert not result.killed
+    assert "".join(chunks) == "1\n2\n3\n"
     timed = client.run(
         name, ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=50, timeout_ms=500
     )
-    assert timed.killed and timed.timed_out and timed.stdout == "begin\n"
+    assert timed.killed
+    assert timed.timed_out
+    assert timed.stdout == "begin\n"
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
     cancelled = client.run(name, ["sleep", "30"], interval_ms=50, cancel=cancel)
-    assert cancelled.killed and not cancelled.timed_out
+    assert cancelled.killed
+    assert not cancelled.timed_out
     assert client.processes(name) == []  # run reaps what it spawned
 
 
@@ -155,7 +163,8 @@ def test_control_plane(client: Any, name: str) -> None:
     # The caller's word ("default": none given) on podbay and the reference stub
     # alike; podbay adds the class that runs (runtime_class; the stub has none).
     assert handle.class_ == record.class_ == "default"
-    assert record.name == name and record.runtime_class == handle.runtime_class
+    assert record.name == name
+    assert record.runtime_class == handle.runtime_class
     assert name in [r.name for r in client.list()]
     client.stop(name)
     assert client.exec(name, ["true"]).exit_code == 0  # the next call resumes it

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from podbay.testing.cluster import LocalCluster
+from podbay.testing.local_cluster import LocalCluster
 from podbay.testing.postgres import TemporaryCluster
 
 #: The move tests' settings (test_cluster.py needs none): a lifecycle pass

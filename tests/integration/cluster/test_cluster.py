@@ -1,6 +1,6 @@
 """The multi-node shape on one machine, through the public API only:
 PostgreSQL, two ``podbay control`` behind haproxy, three ``podbay node``
-(``podbay.testing.cluster.LocalCluster``), real sandboxes.
+(``podbay.testing.local_cluster.LocalCluster``), real sandboxes.
 
 The package's cluster (conftest.py), left with no sandbox for the next
 module. Losing a node is tested in
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import http.client
 import json
 import os
 import subprocess
@@ -19,12 +20,13 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from podbay.client import SandboxClient
-from podbay.testing.cluster import LocalCluster, PortCounters, process_io
+from podbay.client import NetworkPolicy, SandboxClient
+from podbay.testing.local_cluster import LocalCluster, PortCounters, process_io
 
 pytestmark = pytest.mark.root
 
@@ -65,10 +67,12 @@ def test_the_sdk_works_through_the_load_balancer_with_data_on_the_node(
     node = cluster.node_for(raw["endpoint"])
     assert not raw["endpoint"].startswith(cluster.url)
     result = client.exec(name, ["/bin/sh", "-c", "echo hi; hostname"])
-    assert result.exit_code == 0 and result.stdout.startswith("hi\n")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("hi\n")
     client.write_file(name, "/tmp/x.txt", "through the node")
     assert client.read_file(name, "/tmp/x.txt") == "through the node"
-    assert node.process is not None and node.process.poll() is None
+    assert node.process is not None
+    assert node.process.poll() is None
     client.delete(name)
 
 
@@ -88,7 +92,8 @@ def test_enrolling_as_an_enrolled_node_is_refused_and_the_node_keeps_its_calls(
             "report": {"ready": True, "classes": ["container"], "default": "container"},
         },
     )
-    assert r.status_code == 409 and r.json()["code"] == "NODE_NAME_TAKEN", r.text
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "NODE_NAME_TAKEN", r.text
     assert "credential" not in r.json()
     listed = {n["name"]: n for n in json.loads(cluster.cli("node", "list", "--json").stdout)}
     assert listed[victim]["url"] == cluster.nodes[0].url
@@ -144,7 +149,8 @@ def test_the_client_contract_suite_passes_against_the_cluster(
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout
+    assert " passed" in result.stdout
+    assert "skipped" not in result.stdout
 
 
 def test_concurrent_first_attaches_through_both_replicas_make_one_sandbox(
@@ -208,3 +214,122 @@ def test_a_100_mib_upload_goes_through_the_node_and_never_the_control_plane(
     assert sum(carried.values()) < MIB, carried
     assert all(m < 4 * MIB for m in moved.values()), moved
     client.delete(name)
+
+
+def test_the_operator_api_lists_and_drains_nodes(cluster: LocalCluster) -> None:
+    """``/api/v1/nodes`` on a control replica: the cluster's nodes from its
+    store, and a drain through the API marks the node as ``podbay node drain``
+    starts by doing (undone after: the module's other tests place sandboxes)."""
+    operator = cluster.cli("admin", "token").stdout.strip().splitlines()[-1]
+    bearer = {"Authorization": f"Bearer {operator}"}
+    names = sorted(node.env["PODBAY_NODE_NAME"] for node in cluster.nodes)
+    listed = httpx.get(cluster.url + "/api/v1/nodes", headers=bearer, timeout=30).json()["nodes"]
+    assert sorted(n["name"] for n in listed) == names
+    assert {n["state"] for n in listed} == {"ready"}
+    r = httpx.post(cluster.url + f"/api/v1/nodes/{names[0]}/drain", headers=bearer, timeout=30)
+    try:
+        assert (r.status_code, r.json()) == (202, {"name": names[0], "state": "draining"})
+        listed = httpx.get(cluster.url + "/api/v1/nodes", headers=bearer, timeout=30).json()
+        states = {n["name"]: n["state"] for n in listed["nodes"]}
+        assert states[names[0]] == "draining"
+    finally:
+        cluster.cli("node", "undrain", names[0])
+    r = httpx.post(cluster.url + "/api/v1/nodes/no-such-node/drain", headers=bearer, timeout=30)
+    assert (r.status_code, r.json()["code"]) == (404, "NODE_NOT_FOUND")
+    # The console's page is served by a control replica too.
+    page = httpx.get(cluster.url + "/", timeout=30)
+    assert page.status_code == 200
+    assert "content-security-policy" in page.headers
+
+
+def test_the_console_reaches_a_sandbox_on_its_node_through_a_replica(
+    cluster: LocalCluster, token: str
+) -> None:
+    """The console's data plane on a control replica: files, exec and the
+    terminal relayed to the node that holds the sandbox (a replica has no
+    gateway), with the session's checks first."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    assert cluster.attach(token, "console-relay").status_code == 200
+    browser = httpx.Client(base_url=cluster.url, timeout=120, headers={"Origin": cluster.url})
+    doc = browser.post("/console/session", json={"token": token}).json()
+    csrf = {"X-CSRF-Token": doc["csrf"]}
+    base = f"/console/sandboxes/{doc['deployment']}/console-relay"
+    payload = os.urandom(3 * MIB)
+    digest = {"X-Podbay-Sha256": hashlib.sha256(payload).hexdigest()}
+    r = browser.put(
+        f"{base}/v1/files?path=/workspace/blob", content=payload, headers={**csrf, **digest}
+    )
+    assert r.status_code in (200, 201, 204), r.text
+    r = browser.get(f"{base}/v1/files?path=/workspace/blob")
+    assert r.status_code == 200
+    assert hashlib.sha256(r.content).digest() == hashlib.sha256(payload).digest()
+    assert r.headers["content-disposition"] == "attachment"
+    r = browser.post(f"{base}/v1/exec", json={"command": ["hostname"]}, headers=csrf)
+    assert r.status_code == 200
+    assert r.json()["exit_code"] == 0
+    r = browser.get(f"{base}/v1/files?path=/no/such")
+    assert (r.status_code, r.json()["code"]) == (404, "PATH_NOT_FOUND")
+    # Dot segments, sent raw: the relay's URL library would resolve them into a
+    # port's relay (a sandbox's page in the console's origin).
+    parts = urlsplit(cluster.url)
+    for sneaky in ("/v1/files/../ports/8080/", "/v1/files/%2e%2e/ports/8080/"):
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+        conn.request(
+            "GET",
+            base + sneaky,
+            headers={"Cookie": f"podbay_session={browser.cookies['podbay_session']}"},
+        )
+        answer = conn.getresponse()
+        refusal = (answer.status, json.loads(answer.read())["code"])
+        conn.close()
+        assert refusal == (404, "ROUTE_NOT_FOUND"), sneaky
+    ws_url = cluster.url.replace("http://", "ws://") + f"{base}/v1/pty"
+    cookie = {"Cookie": f"podbay_session={browser.cookies['podbay_session']}"}
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url, additional_headers=cookie, origin="http://evil.example")  # type: ignore[arg-type]
+    assert refused.value.response.status_code == 403
+    with connect(ws_url, additional_headers=cookie, origin=cluster.url) as ws:  # type: ignore[arg-type]
+        ws.send(json.dumps({"command": ["sh"], "rows": 24, "cols": 80}))
+        ws.send(b"echo h''i\n")
+        seen = b""
+        while b"hi\r\n" not in seen:
+            message = ws.recv(timeout=60)
+            assert isinstance(message, bytes)
+            seen += message
+        ws.send(b"exit 3\n")
+        while isinstance(message := ws.recv(timeout=60), bytes):
+            pass
+        assert json.loads(message) == {"type": "exit", "exit_code": 3}
+    with pytest.raises(InvalidStatus) as refused:  # no session
+        connect(ws_url, origin=cluster.url)  # type: ignore[arg-type]
+    assert refused.value.response.status_code == 401
+    httpx.delete(
+        f"{cluster.url}/api/v1/sandboxes/console-relay",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=120,
+    )
+
+
+def test_an_egress_policy_travels_to_the_node_and_changes_there(
+    cluster: LocalCluster, client: SandboxClient
+) -> None:
+    """attach's ``network`` rides the launch order to the node, ``PUT .../network``
+    the node call: both hold in the sandbox's rules there. Only documentation
+    addresses are tried, each refused inside the sandbox's namespace."""
+    name = f"c-net-{uuid.uuid4().hex[:8]}"
+    connect = "import socket, sys; socket.create_connection((sys.argv[1], 80), timeout=5)"
+    client.attach(name, network=NetworkPolicy(deny=["192.0.2.0/24"]))
+    try:
+        assert client.network(name).deny == ["192.0.2.0/24"]
+        denied = client.exec(name, ["python3", "-c", connect, "192.0.2.1"])
+        assert denied.exit_code != 0
+        assert "refused" in denied.stderr or "timed out" in denied.stderr, denied.stderr
+        assert client.set_network(name, internet=False).internet is False
+        assert client.network(name).internet is False
+        cut = client.exec(name, ["python3", "-c", connect, "198.51.100.1"])
+        assert cut.exit_code != 0
+        assert "refused" in cut.stderr or "timed out" in cut.stderr, cut.stderr
+    finally:
+        client.delete(name)

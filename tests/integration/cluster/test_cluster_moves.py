@@ -29,7 +29,7 @@ import httpx
 import psycopg
 import pytest
 
-from podbay.testing.cluster import LocalCluster, process_io
+from podbay.testing.local_cluster import LocalCluster, process_io
 
 pytestmark = pytest.mark.root
 
@@ -158,7 +158,8 @@ def run(handle: dict[str, Any], script: str) -> str:
 def fill(handle: dict[str, Any], mib: int) -> str:
     run(handle, MAKE.format(mib=mib))
     print_ = run(handle, FINGERPRINT)
-    assert "installed-tool-ok" in print_ and "issue-gone" in print_
+    assert "installed-tool-ok" in print_
+    assert "issue-gone" in print_
     return print_
 
 
@@ -207,7 +208,8 @@ def test_carry_over_at_the_ceiling_moves_off_a_drained_node(
             after = process_io(pid)
             carried = sum(after[k] - before_io[k] for k in ("rchar", "wchar"))
             assert carried < 8 * MIB, (pid, carried)
-        assert moved["state"] == "stopped" and moved["machine"] == machine
+        assert moved["state"] == "stopped"
+        assert moved["machine"] == machine
         assert holds(cluster, moved["node"], machine)
         # The source's copy goes right after the row names the target.
         wait_for("the old copy destroyed", lambda: not holds(cluster, source, machine), 30)
@@ -217,7 +219,13 @@ def test_carry_over_at_the_ceiling_moves_off_a_drained_node(
         assert run(again, FINGERPRINT) == before
         assert run(again, "echo $MOVED") == "with-it\n"
         assert run(again, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes") == f"{320 * MIB}\n"
-        assert again["env"] == {"MOVED": "with-it"} and again["memory_mib"] == 320
+        assert again["env"] == {"MOVED": "with-it"}
+        assert again["memory_mib"] == 320
+        # Its events tell the story (docs/observability.md).
+        events = api(cluster, token, "GET", "ceiling/events").json()["events"]
+        kinds = [e["kind"] for e in events]
+        assert kinds[-3:] == ["stopped", "moved", "carried_over"], kinds
+        assert f"from node {source} to {moved['node']}" in events[-2]["reason"]
     finally:
         cluster.cli("node", "undrain", source)
     assert api(cluster, token, "DELETE", "ceiling").status_code in (200, 204)
@@ -264,7 +272,8 @@ def test_drain_moves_stopped_sandboxes_and_evict_moves_the_rest(
         assert code == 0, report
         assert [m["name"] for m in report["moved"]] == ["stopped-one"]
         (moved,) = report["moved"]
-        assert moved["bytes"] > 8 * MIB and len(moved["sha256"]) == 64
+        assert moved["bytes"] > 8 * MIB
+        assert len(moved["sha256"]) == 64
         kept = ["gvisor-one", "running-one", "suspended-one"]
         assert sorted(k["name"] for k in report["kept"]) == kept
         target = row(cluster, "stopped-one")["node"]

@@ -1,5 +1,5 @@
 """The nodes' routes as the control plane keeps them, through the public API
-(``podbay.testing.cluster.LocalCluster``: PostgreSQL, two ``podbay control``
+(``podbay.testing.local_cluster.LocalCluster``: PostgreSQL, two ``podbay control``
 behind haproxy, two ``podbay node``, real sandboxes):
 
 * attaching a running sandbox asks its node nothing (the node keeps the
@@ -27,7 +27,7 @@ import httpx
 import psycopg
 import pytest
 
-from podbay.testing.cluster import LocalCluster
+from podbay.testing.local_cluster import LocalCluster
 from podbay.testing.postgres import TemporaryCluster
 
 pytestmark = pytest.mark.root
@@ -89,7 +89,8 @@ def test_attaching_a_running_sandbox_asks_its_node_nothing(cluster, token):
             )
             assert r.status_code == 200, r.text
             again = r.json()
-            assert again["start"] == "reused" and again["endpoint"] == handle["endpoint"]
+            assert again["start"] == "reused"
+            assert again["endpoint"] == handle["endpoint"]
     finally:
         os.kill(node.pid(), signal.SIGCONT)
     assert _exec(again, "true").status_code == 200
@@ -197,4 +198,23 @@ def test_a_deleted_sandbox_is_refused_at_once(cluster, token):
     assert _exec(handle, "true").status_code == 200
     deleted = cluster.controls[1].api("DELETE", "/api/v1/sandboxes/short-lived", token)
     assert deleted.status_code == 204, deleted.text
+    assert _refused(_exec(handle, "true")) == (401, "SANDBOX_NOT_RUNNING")
+
+
+def test_a_deployment_deleted_through_the_operator_api_is_refused_at_once(cluster):
+    """``DELETE /api/v1/deployments/{name}`` on a replica withdraws the routes
+    on the nodes as ``podbay deployment delete`` does: no lifecycle pass awaited."""
+    operator = cluster.cli("admin", "token").stdout.strip().splitlines()[-1]
+    bearer = {"Authorization": f"Bearer {operator}"}
+    made = httpx.post(
+        cluster.url + "/api/v1/deployments",
+        json={"name": "doomed-by-api"},
+        headers=bearer,
+        timeout=60,
+    )
+    assert made.status_code == 201, made.text
+    handle = _attached(cluster, made.json()["token"], "d")
+    assert _exec(handle, "true").status_code == 200
+    r = httpx.delete(cluster.url + "/api/v1/deployments/doomed-by-api", headers=bearer, timeout=60)
+    assert r.status_code == 204, r.text
     assert _refused(_exec(handle, "true")) == (401, "SANDBOX_NOT_RUNNING")

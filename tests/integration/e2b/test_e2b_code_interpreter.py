@@ -62,9 +62,11 @@ def sandbox(opts: dict[str, Any]) -> Iterator[Any]:
 
 def test_state_output_results_and_errors(sandbox: Any) -> None:
     first = sandbox.run_code("x = 1")
-    assert first.error is None and first.results == []
+    assert first.error is None
+    assert first.results == []
     second = sandbox.run_code("x + 1")
-    assert second.text == "2" and second.execution_count == first.execution_count + 1
+    assert second.text == "2"
+    assert second.execution_count == first.execution_count + 1
 
     seen: list[Any] = []
     printed = sandbox.run_code(
@@ -72,13 +74,15 @@ def test_state_output_results_and_errors(sandbox: Any) -> None:
         on_stdout=seen.append,
         on_stderr=seen.append,
     )
-    assert printed.logs.stdout == ["hello\n"] and printed.logs.stderr == ["oops\n"]
+    assert printed.logs.stdout == ["hello\n"]
+    assert printed.logs.stderr == ["oops\n"]
     assert [(m.line, m.error) for m in seen] == [("hello\n", False), ("oops\n", True)]
     assert all(m.timestamp > 0 for m in seen)
 
     errors: list[Any] = []
     failed = sandbox.run_code("def f():\n    return 1 / 0\nf()", on_error=errors.append)
-    assert failed.error is not None and errors == [failed.error]
+    assert failed.error is not None
+    assert errors == [failed.error]
     assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
     assert "return 1 / 0" in failed.error.traceback
     assert sandbox.run_code("x").text == "1"  # the interpreter survived the exception
@@ -90,7 +94,9 @@ def test_state_output_results_and_errors(sandbox: Any) -> None:
         "T()"
     )
     (result,) = rich.results
-    assert result.is_main_result and result.html == "<b>t</b>" and result.json == {"a": [1, 2]}
+    assert result.is_main_result
+    assert result.html == "<b>t</b>"
+    assert result.json == {"a": [1, 2]}
 
     envs = sandbox.run_code("import os; os.environ['CELL_VAR']", envs={"CELL_VAR": "set"})
     assert envs.text == "'set'"
@@ -124,12 +130,15 @@ def test_bash_keeps_its_shell_between_cells(sandbox: Any) -> None:
     first = sandbox.run_code(
         "X=7; cd /tmp; echo $X", language="bash", on_stdout=lambda m: seen.append(m.line)
     )
-    assert first.error is None and first.logs.stdout == ["7\n"] and seen == ["7\n"]
+    assert first.error is None
+    assert first.logs.stdout == ["7\n"]
+    assert seen == ["7\n"]
     assert sandbox.run_code("echo $X $(pwd)", language="bash").logs.stdout == ["7 /tmp\n"]
     cell_env = sandbox.run_code("echo $X-$ONE", language="bash", envs={"ONE": "1"})
     assert cell_env.logs.stdout == ["7-1\n"]
     failed = sandbox.run_code("echo oops >&2; false", language="bash")
-    assert failed.logs.stderr == ["oops\n"] and failed.error is not None
+    assert failed.logs.stderr == ["oops\n"]
+    assert failed.error is not None
     assert (failed.error.name, failed.error.value) == ("BashExitError", "exit status 1")
     # bash is its own context: python's variables are not its
     assert sandbox.run_code("'X' in dir()").text == "False"
@@ -199,7 +208,8 @@ def test_async_sdk(opts: dict[str, Any]) -> None:
             await sandbox.restart_code_context(context)
             await sandbox.remove_code_context(context.id)
             failed = await sandbox.run_code("raise ValueError('bad')")
-            assert failed.error is not None and failed.error.name == "ValueError"
+            assert failed.error is not None
+            assert failed.error.name == "ValueError"
         finally:
             await sandbox.kill()
 
@@ -218,7 +228,8 @@ def test_refusals(server: PlatformServer, sandbox: Any) -> None:
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49999"}
     # Neither the access token nor the traffic token: nothing runs.
     answer = server.http.post("/execute", headers=headers, json={"code": "1"})
-    assert answer.status_code == 401 and answer.json()["error_code"] == "E2B_ACCESS_TOKEN_MISSING"
+    assert answer.status_code == 401
+    assert answer.json()["error_code"] == "E2B_ACCESS_TOKEN_MISSING"
     wrong = server.http.get("/contexts", headers={**headers, "E2B-Traffic-Access-Token": "x"})
     assert wrong.status_code == 401
     bad = server.http.post(
@@ -226,7 +237,8 @@ def test_refusals(server: PlatformServer, sandbox: Any) -> None:
         headers={**headers, "X-Access-Token": sandbox._envd_access_token},
         content=b"[1]",
     )
-    assert bad.status_code == 400 and bad.json()["error_code"] == "REQUEST_INVALID"
+    assert bad.status_code == 400
+    assert bad.json()["error_code"] == "REQUEST_INVALID"
 
 
 def test_matplotlib_figure_is_a_png(server: PlatformServer) -> None:
@@ -240,7 +252,8 @@ def test_matplotlib_figure_is_a_png(server: PlatformServer) -> None:
         )
         assert plotted.error is None
         (figure,) = plotted.results
-        assert not figure.is_main_result and "Figure" in figure.text
+        assert not figure.is_main_result
+        assert "Figure" in figure.text
         assert base64.b64decode(figure.png).startswith(b"\x89PNG\r\n\x1a\n")
     finally:
         sandbox.kill()

@@ -8,34 +8,25 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from podbay.e2b import connect
-from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
+from podbay.testing.platform import SANDBOX_SPEC, PlatformServer, e2b_key
 
 e2b = pytest.importorskip("e2b")
 
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="module", params=["gvisor", "container"])
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PlatformServer]:
-    with PlatformServer.start(
-        tmp_path_factory.mktemp("e2b"), env={"PODBAY_RUNTIME_CLASSES": request.param}
-    ) as s:
-        yield s
+@pytest.fixture(scope="module")
+def server(e2b_server: PlatformServer) -> PlatformServer:
+    """One ``podbay serve`` per class (``conftest.py``)."""
+    return e2b_server
 
 
-def _key(server: PlatformServer, name: str) -> str:
-    out = server.cli("deployment", "create", name, "--spec", "-", "--e2b-key", input=SANDBOX_SPEC)
-    key = out.stdout.strip().splitlines()[-1]
-    assert key.startswith("e2b_") and len(key) == 44
-    return key
+_key = e2b_key
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,8 @@ def test_create_run_files_list_kill(server: PlatformServer, key: str) -> None:
         ran = sandbox.commands.run(
             "cd /tmp && pwd; id -un", cwd="/", user="root", on_stdout=seen.append
         )
-        assert ran.stdout == "/tmp\nroot\n" and "".join(seen) == ran.stdout
+        assert ran.stdout == "/tmp\nroot\n"
+        assert "".join(seen) == ran.stdout
         with pytest.raises(e2b.CommandExitException) as failed:
             sandbox.commands.run("echo oops >&2; exit 3")
         assert (failed.value.exit_code, failed.value.stderr) == (3, "oops\n")
@@ -118,7 +110,8 @@ def test_a_key_reaches_only_its_deployment(server: PlatformServer, key: str) -> 
             },
             content=b"{}",
         )
-        assert answer.status_code == 502 and "was not found" in answer.json()["message"]
+        assert answer.status_code == 502
+        assert "was not found" in answer.json()["message"]
         assert sandbox.commands.run("echo still mine").stdout == "still mine\n"
     finally:
         sandbox.kill()
@@ -143,11 +136,13 @@ def test_revoked_key_is_refused(server: PlatformServer) -> None:
 def test_unsupported_calls_answer_e2b_errors(server: PlatformServer, key: str) -> None:
     answer = server.http.post("/templates", headers={"X-API-Key": key}, json={"alias": "x"})
     assert answer.status_code == 501
-    assert answer.json()["code"] == 501 and "not implemented" in answer.json()["message"]
+    assert answer.json()["code"] == 501
+    assert "not implemented" in answer.json()["message"]
     unknown = server.http.post(
         "/v2/sandboxes", headers={"X-API-Key": key}, json={"templateID": "nope"}
     )
-    assert unknown.status_code == 404 and "nope" in unknown.json()["message"]
+    assert unknown.status_code == 404
+    assert "nope" in unknown.json()["message"]
 
 
 def test_background_commands_outlive_their_stream(server: PlatformServer, key: str) -> None:
@@ -160,8 +155,10 @@ def test_background_commands_outlive_their_stream(server: PlatformServer, key: s
             cwd="/tmp",
         )
         listed = {p.pid: p for p in sandbox.commands.list()}
-        assert handle.pid in listed and listed[handle.pid].cwd == "/tmp"
-        assert listed[handle.pid].cmd == "/bin/bash" and "sleep 600" in listed[handle.pid].args[-1]
+        assert handle.pid in listed
+        assert listed[handle.pid].cwd == "/tmp"
+        assert listed[handle.pid].cmd == "/bin/bash"
+        assert "sleep 600" in listed[handle.pid].args[-1]
         sandbox.commands.send_stdin(handle.pid, "one\n")
         # The first handle lets go; the command keeps running and is followed again.
         handle.disconnect()
@@ -238,7 +235,8 @@ def test_filesystem_calls(server: PlatformServer, key: str) -> None:
             4,
             "/tmp/fs/top.txt",
         )
-        assert info.permissions == "-rw-r--r--" and info.owner == "root"
+        assert info.permissions == "-rw-r--r--"
+        assert info.owner == "user"  # E2B's default account
         assert files.get_info("/tmp/fs/a").type == e2b.FileType.DIR
         assert [e.name for e in files.list("/tmp/fs")] == ["a", "top.txt"]
         deep = {e.path for e in files.list("/tmp/fs", depth=3)}
@@ -248,9 +246,11 @@ def test_filesystem_calls(server: PlatformServer, key: str) -> None:
             "/tmp/fs/a/b/deep.txt",
             "/tmp/fs/top.txt",
         }
-        assert files.exists("/tmp/fs/top.txt") and not files.exists("/tmp/fs/nope")
+        assert files.exists("/tmp/fs/top.txt")
+        assert not files.exists("/tmp/fs/nope")
         moved = files.rename("/tmp/fs/top.txt", "/tmp/fs/a/moved.txt")
-        assert moved.path == "/tmp/fs/a/moved.txt" and files.read(moved.path) == "top!"
+        assert moved.path == "/tmp/fs/a/moved.txt"
+        assert files.read(moved.path) == "top!"
         assert not files.exists("/tmp/fs/top.txt")
         files.remove("/tmp/fs/a")  # a whole tree, as envd removes it
         assert not files.exists("/tmp/fs/a")
@@ -347,7 +347,8 @@ def test_tags_and_bad_messages_over_raw_connect(server: PlatformServer, key: str
             ]
             listed = server.http.post("/process.Process/List", headers=unary, content=b"{}").json()
             mine = [p for p in listed["processes"] if p["pid"] == pid]
-            assert mine[0]["tag"] == "napper" and mine[0]["config"]["args"] == ["600"]
+            assert mine[0]["tag"] == "napper"
+            assert mine[0]["config"]["args"] == ["600"]
             killed = server.http.post(
                 "/process.Process/SendSignal",
                 headers=unary,
@@ -377,7 +378,7 @@ def test_tags_and_bad_messages_over_raw_connect(server: PlatformServer, key: str
             ),
             ("/filesystem.Filesystem/Stat", b"{}", "invalid_argument"),
             ("/filesystem.Filesystem/ListDir", b'{"path": "/", "depth": -1}', "invalid_argument"),
-            ("/filesystem.Filesystem/WatchDir", b"{}", "unimplemented"),
+            ("/filesystem.Filesystem/Frobnicate", b"{}", "unimplemented"),
         ]:
             answer = server.http.post(path, headers=unary, content=content)
             assert answer.json()["code"] == code, (path, answer.text)

@@ -81,7 +81,8 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
 
         # Unchanged: reused, nothing deleted, same server.
         again = dev(project, env, "up", *listen)
-        assert again.returncode == 0 and "reusing" in again.stderr
+        assert again.returncode == 0
+        assert "reusing" in again.stderr
         assert api.get("/api/v1/sandboxes/t1").status_code == 200
         assert len(servers_of(helper.data_dir)) == 1
 
@@ -93,7 +94,8 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
             "  setup: ['echo two > v', 'echo two > /opt/declared']\n"
         )
         changed = dev(project, env, "up", *listen)
-        assert changed.returncode == 0 and "changed" in changed.stderr, changed.stderr
+        assert changed.returncode == 0, changed.stderr
+        assert "changed" in changed.stderr, changed.stderr
         assert "sandbox t1 made anew with the new declaration, /workspace kept" in changed.stderr
         assert run("t1", "cat /opt/declared mine link v") == "two\nmine\nmine\none\n"
         assert run("t2", "cat v /opt/declared") == "two\ntwo\n"
@@ -103,6 +105,7 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
         assert down.returncode == 0, down.stderr
         assert "deleted 2 sandbox" in down.stderr
         assert api.get("/api/v1/sandboxes").json() == {"sandboxes": []}
+        api.close()
         assert len(servers_of(helper.data_dir)) == 1  # down alone leaves the server
 
         # --server stops the server up started, by its pid file.
@@ -112,12 +115,14 @@ def test_dev_up_registers_the_project_and_down_deletes_its_sandboxes(tmp_path: P
         assert servers_of(helper.data_dir) == []
         assert not serverpid.pid_file(helper.data_dir).exists()
         again = dev(project, env, "down", "--server", *listen)
-        assert again.returncode == 1 and "no server started by `podbay dev up`" in again.stderr
+        assert again.returncode == 1
+        assert "no server started by `podbay dev up`" in again.stderr
 
         # A bad section fails before anything starts (no server), naming the field.
         (project / "astropods.yml").write_text("name: my-agent\nsandbox:\n  toolchain: sure\n")
         bad = dev(project, env, "up", *listen)
-        assert bad.returncode != 0 and "sandbox.toolchain" in bad.stderr
+        assert bad.returncode != 0
+        assert "sandbox.toolchain" in bad.stderr
         assert "Traceback" not in bad.stderr
     finally:
         for pid in servers_of(helper.data_dir):

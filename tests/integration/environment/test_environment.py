@@ -91,7 +91,8 @@ def test_packages_env_and_setup_are_installed_once_and_reused(server: PlatformSe
     other = server.create_deployment("env-agent-2", SPEC)
     for tok, name in ((token, "second"), (other, "third")):
         response, waits = attach_until_ready(server, tok, name)
-        assert response.status_code == 200 and not waits, response.text
+        assert response.status_code == 200, response.text
+        assert not waits, response.text
         h = response.json()
         assert run(server, h, "cat", "/workspace/setup.txt")["stdout"] == "hello from setup\n"
         assert run(server, h, "python3", "-c", "import six")["exit_code"] == 0
@@ -102,7 +103,8 @@ def test_packages_env_and_setup_are_installed_once_and_reused(server: PlatformSe
     run(server, handle, "touch", "/workspace/left-behind")
     assert server.api("DELETE", "/api/v1/sandboxes/first", token).status_code == 204
     again, waits = attach_until_ready(server, token, "first")
-    assert again.status_code == 200 and not waits
+    assert again.status_code == 200
+    assert not waits
     listing = run(server, again.json(), "ls", "/workspace")["stdout"].split()
     assert listing == ["setup.txt", "src"]
 
@@ -137,7 +139,8 @@ def test_a_failing_setup_command_is_named_with_its_output(server: PlatformServer
     assert response.status_code == 409, response.text
     body = response.json()
     assert body["code"] == "SANDBOX_APPLY_FAILED"
-    assert "setup[1]" in body["error"] and "exit 3" in body["error"]
+    assert "setup[1]" in body["error"]
+    assert "exit 3" in body["error"]
     assert "the reason" in body["error"]
     # Nothing half-made stays behind.
     assert server.api("GET", "/api/v1/sandboxes/s1", token).status_code == 404
@@ -174,7 +177,8 @@ def test_the_sdk_waits_through_202_and_gives_up_at_its_prepare_timeout(
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         started = time.monotonic()
         handle = client.attach("w1")  # 202s until the layer is built, then 200
-        assert handle.state == "running" and time.monotonic() - started > 0.2
+        assert handle.state == "running"
+        assert time.monotonic() - started > 0.2
         assert client.exec("w1", ["sh", "-c", "echo 6*7 | bc"]).stdout == "42\n"
 
 

@@ -62,7 +62,8 @@ def on_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         drawn += chunk
     os.close(master)
     assert proc.stdout is not None
-    out = proc.stdout.read()
+    with proc.stdout:
+        out = proc.stdout.read()
     return proc.wait(60), out, drawn.decode()
 
 
@@ -74,9 +75,11 @@ def test_attach_shows_the_build_on_a_terminal_only(server: PlatformServer) -> No
     first = server.attach(token, "sdk", headers={"Prefer": "respond-async"})
     assert first.status_code == 202, first.text
     body = first.json()
-    assert body["name"] == "sdk" and body["state"] == "creating"
+    assert body["name"] == "sdk"
+    assert body["state"] == "creating"
     steps = body["progress"]["steps"]  # the plan's (apt-get update, install, ...) and two
-    assert body["progress"]["step"] == 1 and steps >= 4
+    assert body["progress"]["step"] == 1
+    assert steps >= 4
     assert body["progress"]["doing"] == "start the build machine"
 
     seen: list[Preparing] = []
@@ -116,7 +119,8 @@ def test_attach_shows_the_build_on_a_terminal_only(server: PlatformServer) -> No
     assert all(step.fullmatch(line) for line in building), building
 
     assert results["sdk"].state == "running"
-    assert seen and all(p.name == "sdk" and p.progress is not None for p in seen)
+    assert seen
+    assert all(p.name == "sdk" and p.progress is not None for p in seen)
     assert {p.progress.steps for p in seen if p.progress} == {steps}
     numbers = [p.progress.step for p in seen if p.progress]
     assert numbers == sorted(numbers)

@@ -75,7 +75,8 @@ def test_a_deep_agent_uses_the_sandbox(client: SandboxClient) -> None:
         hostname = client.read_file(name, "/etc/hostname").strip()
         # The command ran in the podbay sandbox, and the agent read its file back.
         assert client.read_file(name, "/workspace/h.txt").strip() == hostname
-        assert "exit code 0" in str(tools[0]) and hostname in str(tools[1]), tools
+        assert "exit code 0" in str(tools[0]), tools
+        assert hostname in str(tools[1]), tools
         assert out["messages"][-1].content == "done"
     finally:
         backend.delete_sandbox()

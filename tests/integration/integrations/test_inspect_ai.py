@@ -104,7 +104,7 @@ class CaseAndEnv(NamedTuple):
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-async def _case_and_env(request: pytest.FixtureRequest, token: str) -> AsyncIterator[CaseAndEnv]:
+async def case_and_env(request: pytest.FixtureRequest, token: str) -> AsyncIterator[CaseAndEnv]:
     # One sandbox per configuration, shared by the checks (they clean up after
     # themselves), set up and torn down as inspect does for a sample.
     case = CASES[request.param]
@@ -123,11 +123,11 @@ async def _case_and_env(request: pytest.FixtureRequest, token: str) -> AsyncIter
 
 
 @pytest.fixture
-def sandbox_env(request: pytest.FixtureRequest, _case_and_env: CaseAndEnv) -> SandboxEnvironment:
-    reason = _case_and_env.case.xfails.get(request.node.originalname)
+def sandbox_env(request: pytest.FixtureRequest, case_and_env: CaseAndEnv) -> SandboxEnvironment:
+    reason = case_and_env.case.xfails.get(request.node.originalname)
     if reason is not None:
         request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
-    return _case_and_env.env
+    return case_and_env.env
 
 
 # -- what inspect's checks leave out ------------------------------------------------------
@@ -151,9 +151,9 @@ async def test_exec_timeout_carries_the_output_so_far(sandbox_env: SandboxEnviro
 
 
 async def test_env_user_and_working_dir(
-    sandbox_env: SandboxEnvironment, _case_and_env: CaseAndEnv
+    sandbox_env: SandboxEnvironment, case_and_env: CaseAndEnv
 ) -> None:
-    config = _case_and_env.case.config or PodbaySandboxEnvironmentConfig()
+    config = case_and_env.case.config or PodbaySandboxEnvironmentConfig()
     probe = "echo $(id -un) $PWD ${FROM_CONFIG:-none} $MINE"
     result = await sandbox_env.exec(["sh", "-c", probe], env={"MINE": "x"})
     assert result.stdout.split() == [
@@ -164,7 +164,8 @@ async def test_env_user_and_working_dir(
     ]
     # A command's own env wins over the config's, its own user over the default.
     result = await sandbox_env.exec(["sh", "-c", probe], env={"FROM_CONFIG": "2"}, user="root")
-    assert result.stdout.split()[0] == "root" and result.stdout.split()[2] == "2"
+    assert result.stdout.split()[0] == "root"
+    assert result.stdout.split()[2] == "2"
     # Files the sample writes belong to the account it runs as.
     await sandbox_env.write_file("owned.txt", "mine")
     owner = await sandbox_env.exec(["stat", "-c", "%U", "owned.txt"])
@@ -175,10 +176,12 @@ async def test_env_user_and_working_dir(
 async def test_what_cannot_start_is_a_failed_result(sandbox_env: SandboxEnvironment) -> None:
     # As a shell reports it: 127 for a command not found, 126 for a cwd it cannot use.
     result = await sandbox_env.exec(["no-such-command-here"])
-    assert not result.success and result.returncode == 127
+    assert not result.success
+    assert result.returncode == 127
     assert "no-such-command-here" in result.stderr
     result = await sandbox_env.exec(["true"], cwd="/no/such/dir")
-    assert result.returncode == 126 and "/no/such/dir" in result.stderr
+    assert result.returncode == 126
+    assert "/no/such/dir" in result.stderr
 
 
 async def test_a_file_on_the_path_is_not_a_directory(sandbox_env: SandboxEnvironment) -> None:
@@ -191,7 +194,8 @@ async def test_a_file_on_the_path_is_not_a_directory(sandbox_env: SandboxEnviron
 async def test_connection_names_the_sandbox(sandbox_env: SandboxEnvironment) -> None:
     assert isinstance(sandbox_env, PodbaySandboxEnvironment)
     connection = await sandbox_env.connection()
-    assert connection.type == "podbay" and connection.container == sandbox_env.name
+    assert connection.type == "podbay"
+    assert connection.container == sandbox_env.name
     assert connection.command.startswith(f"podbay sandbox shell {sandbox_env.name} ")
 
 
@@ -269,8 +273,10 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
     [path] = logs.glob("*.json")
     log = read_eval_log(str(path))
     assert log.status == "success", log.error
-    assert log.eval.sandbox is not None and log.eval.sandbox.type == "podbay"
-    assert log.samples is not None and len(log.samples) == 2
+    assert log.eval.sandbox is not None
+    assert log.eval.sandbox.type == "podbay"
+    assert log.samples is not None
+    assert len(log.samples) == 2
     hostnames = set()
     for sample in log.samples:
         secret = str(sample.id)
@@ -279,18 +285,22 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
         events = [json.loads(e.model_dump_json()) for e in sample.events]
         # The tool calls and the sandbox commands they ran, all in the log.
         tool, editor = [e for e in events if e["event"] == "tool"]
-        assert tool["function"] == "bash" and tool["result"].startswith(secret + "\n")
-        assert editor["function"] == "text_editor" and editor["error"] is None, editor
+        assert tool["function"] == "bash"
+        assert tool["result"].startswith(secret + "\n")
+        assert editor["function"] == "text_editor", editor
+        assert editor["error"] is None, editor
         assert editor["result"] == "File created successfully at: /workspace/answer.txt"
         execs = [e for e in events if e["event"] == "sandbox" and e["action"] == "exec"]
         bash_runs = [e for e in execs if e["cmd"].startswith("bash --login -c")]
-        assert len(bash_runs) == 1 and bash_runs[0]["result"] == 0
+        assert len(bash_runs) == 1
+        assert bash_runs[0]["result"] == 0
         assert bash_runs[0]["output"].startswith(secret)
         # The sample's files went in through write_file.
         writes = [e for e in events if e["event"] == "sandbox" and e["action"] == "write_file"]
         assert [w["file"] for w in writes] == ["secret.txt"]
         hostname, user = tool["result"].split()[1:3]
-        assert user == "root" and hostname.startswith(NAME_PREFIX + "secrets-")
+        assert user == "root"
+        assert hostname.startswith(NAME_PREFIX + "secrets-")
         hostnames.add(hostname)
     assert len(hostnames) == 2  # one sandbox per sample
     with SandboxClient() as client:

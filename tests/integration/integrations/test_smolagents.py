@@ -50,12 +50,14 @@ def test_the_executor_interface(executor: PodbayExecutor) -> None:
     executor.send_tools({"final_answer": FinalAnswerTool()})
     executor.send_variables({"x": 3, "names": ["a", "b"]})
     step = executor("import socket\ny = x * 2\nprint('host', socket.gethostname())\ny")
-    assert step.output == "6" and not step.is_final_answer
+    assert step.output == "6"
+    assert not step.is_final_answer
     assert step.logs.startswith("host ")
     # State persists between steps, as the agent's code relies on.
     assert executor("names + [str(y)]").output == "['a', 'b', '6']"
     final = executor("final_answer({'answer': y + 1})")
-    assert final.is_final_answer and final.output == {"answer": 7}
+    assert final.is_final_answer
+    assert final.output == {"answer": 7}
     with pytest.raises(AgentError, match="ZeroDivisionError"):
         executor("1 / 0")
 

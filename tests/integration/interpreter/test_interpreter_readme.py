@@ -36,7 +36,8 @@ def test_the_base_image_has_no_matplotlib(server: PlatformServer) -> None:
     token = server.create_deployment("plain", "name: plain\nsandbox:\n  toolchain: never\n")
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         missing = client.run_code("bare", "import matplotlib")
-        assert missing.error is not None and missing.error.name == "ModuleNotFoundError"
+        assert missing.error is not None
+        assert missing.error.name == "ModuleNotFoundError"
 
 
 def test_the_readme_declaration_gives_a_png(server: PlatformServer) -> None:
@@ -49,9 +50,12 @@ def test_the_readme_declaration_gives_a_png(server: PlatformServer) -> None:
         )
         assert plot.error is None, plot.error
         pngs = [r.png for r in plot.results if r.png is not None]
-        assert len(pngs) == 1 and pngs[0].startswith(b"\x89PNG\r\n\x1a\n")
+        assert len(pngs) == 1
+        assert pngs[0].startswith(b"\x89PNG\r\n\x1a\n")
         frame = client.run_code(
             "plots", "import pandas as pd, numpy as np\npd.DataFrame(np.eye(2))"
         )
         html = frame.result.html if frame.result is not None else None
-        assert frame.error is None and html is not None and "<table" in html
+        assert frame.error is None
+        assert html is not None
+        assert "<table" in html

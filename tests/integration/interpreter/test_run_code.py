@@ -54,9 +54,11 @@ def name(client: SandboxClient) -> Iterator[str]:
 def test_state_output_and_errors(client: SandboxClient, name: str) -> None:
     sb = client.sandbox(name)
     first = sb.run_code("x = 1")
-    assert first.error is None and first.result is None
+    assert first.error is None
+    assert first.result is None
     second = sb.run_code("x + 1")
-    assert second.text == "2" and second.error is None
+    assert second.text == "2"
+    assert second.error is None
     assert second.kernel_id == first.kernel_id
     assert second.execution_count == first.execution_count + 1
 
@@ -66,14 +68,15 @@ def test_state_output_and_errors(client: SandboxClient, name: str) -> None:
     failed = sb.run_code("def f():\n    return 1 / 0\nf()")
     assert failed.error is not None
     assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
-    assert 'File "<cell-' in failed.error.traceback and "return 1 / 0" in failed.error.traceback
+    assert 'File "<cell-' in failed.error.traceback
+    assert "return 1 / 0" in failed.error.traceback
     syntax = sb.run_code("x = = 2")
-    assert syntax.error is not None and syntax.error.name == "SyntaxError"
+    assert syntax.error is not None
+    assert syntax.error.name == "SyntaxError"
     # The interpreter itself runs in the sandbox, not here.
     where = sb.run_code("import socket, os; socket.gethostname(), os.getpid()")
-    assert where.text is not None and where.text != repr(
-        (__import__("socket").gethostname(), __import__("os").getpid())
-    )
+    assert where.text is not None
+    assert where.text != repr((__import__("socket").gethostname(), __import__("os").getpid()))
     assert sb.run_code("x").text == "1"
 
 
@@ -86,11 +89,14 @@ def test_rich_outputs(client: SandboxClient, name: str) -> None:
     figures = [r for r in plot.results if not r.is_main_result]
     assert len(figures) == 1
     png = figures[0].png
-    assert png is not None and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    assert png is not None
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) > 1000
     assert plot.text == "Text(0.5, 1.0, 'squares')"
 
     returned = sb.run_code("fig, ax = plt.subplots()\nax.bar([1, 2], [3, 4])\nfig")
-    assert returned.result is not None and returned.result.png is not None
+    assert returned.result is not None
+    assert returned.result.png is not None
     assert len(returned.results) == 1  # shown once, not again as an open figure
 
     rich = sb.run_code(
@@ -113,11 +119,14 @@ def test_an_infinite_loop_is_interrupted_and_the_state_kept(
     sb.run_code("kept = 'still here'")
     looped = sb.run_code("n = 0\nwhile True:\n    n += 1", timeout_ms=1000)
     assert looped.timed_out
-    assert looped.error is not None and looped.error.name == "KeyboardInterrupt"
+    assert looped.error is not None
+    assert looped.error.name == "KeyboardInterrupt"
     slept = sb.run_code("import time\ntime.sleep(600)", timeout_ms=500)
-    assert slept.timed_out and slept.error is not None
+    assert slept.timed_out
+    assert slept.error is not None
     after = sb.run_code("kept, n > 0")
-    assert after.text == "('still here', True)" and not after.restarted
+    assert after.text == "('still here', True)"
+    assert not after.restarted
     assert after.kernel_id == looped.kernel_id
 
 
@@ -125,11 +134,14 @@ def test_a_crash_restarts_cleanly_and_says_so(client: SandboxClient, name: str) 
     sb = client.sandbox(name)
     before = sb.run_code("doomed = 1")
     crashed = sb.run_code("import os\nos._exit(3)")
-    assert crashed.error is not None and crashed.error.name == "InterpreterCrashed"
+    assert crashed.error is not None
+    assert crashed.error.name == "InterpreterCrashed"
     assert "state is lost" in crashed.error.value
     fresh = sb.run_code("doomed")
-    assert fresh.restarted and fresh.kernel_id != before.kernel_id
-    assert fresh.error is not None and fresh.error.name == "NameError"
+    assert fresh.restarted
+    assert fresh.kernel_id != before.kernel_id
+    assert fresh.error is not None
+    assert fresh.error.name == "NameError"
     assert sb.run_code("1 + 1").text == "2"
 
 
@@ -138,7 +150,8 @@ def test_suspend_and_resume_keep_the_state(client: SandboxClient, name: str) -> 
     before = sb.run_code("y = 5")
     sb.stop()  # suspend: the sandbox's processes are frozen with their memory
     resumed = sb.run_code("y * 2")
-    assert resumed.text == "10" and not resumed.restarted
+    assert resumed.text == "10"
+    assert not resumed.restarted
     assert resumed.kernel_id == before.kernel_id
 
 
@@ -149,11 +162,14 @@ def test_an_interpreter_gone_between_cells_is_replaced(client: SandboxClient, na
     assert sb.exec(["kill", "-KILL", pid]).exit_code == 0
     # Nothing listens now: the cell runs in a new interpreter, flagged restarted.
     replaced = sb.run_code("'z' in globals(), 3 * 3")
-    assert replaced.text == "(False, 9)" and replaced.restarted and replaced.error is None
+    assert replaced.text == "(False, 9)"
+    assert replaced.restarted
+    assert replaced.error is None
     # And on purpose: restart() kills it, the next cell says so.
     sb.code_interpreter.restart()
     again = sb.run_code("1")
-    assert again.restarted and again.kernel_id != replaced.kernel_id
+    assert again.restarted
+    assert again.kernel_id != replaced.kernel_id
 
 
 def test_async_face_shares_the_sandbox_interpreter(

@@ -25,7 +25,7 @@ PROBE_UID = 1_000_000
 #: The system interpreter: the same one a Debian sandbox has, readable by PROBE_UID.
 PROBE_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
 
-NEEDED_TOOLS = ("slirp4netns", "ip", "nsenter", "unshare", "setpriv", "ss", "nft")
+NEEDED_TOOLS = ("slirp4netns", "ip", "nsenter", "unshare", "setpriv", "ss", "nft", "dnsmasq")
 
 
 def sh(*argv: str, check: bool = True, input: bytes | None = None) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +115,35 @@ def testnet() -> Iterator[NetLab]:
             net.udp.close()
         sh("ip", "link", "del", net.host_link, check=False)
         remove_workdir(workdir)
+
+
+@pytest.fixture(scope="session")
+def dnsmasq(testnet: NetLab) -> Iterator[str]:
+    """Debian's dnsmasq on the test host, standing in for the internet's DNS:
+    allowed.test and sub.wild.test are the test host, other.test another address."""
+    other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
+    proc = subprocess.Popen(
+        ["nsenter", f"--net={testnet.testhost_netns}", "--", "dnsmasq", "--keep-in-foreground",
+         "--conf-file=/dev/null", "--no-resolv", "--no-hosts", "--bind-interfaces",
+         f"--listen-address={testnet.testhost_address}", "--port=53", "--pid-file=",
+         f"--address=/allowed.test/{testnet.testhost_address}",
+         f"--address=/wild.test/{testnet.testhost_address}",
+         f"--address=/other.test/{other}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_udp(testnet.testhost_netns, testnet.testhost_address)
+        yield testnet.testhost_address
+    finally:
+        stop(proc)
+
+
+def wait_udp(netns: Path, address: str) -> None:
+    deadline = time.monotonic() + 10
+    while f"{address}:53" not in sh("nsenter", f"--net={netns}", "--", "ss", "-lnu"):
+        assert time.monotonic() < deadline, "dnsmasq did not start"
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- managers

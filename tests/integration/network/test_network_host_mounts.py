@@ -62,4 +62,5 @@ def test_a_sandbox_network_leaves_shared_host_mounts_mounted(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["slirp"], seen
-    assert seen["before"] and seen["after"], "the sandbox's network start unmounted a host mount"
+    assert seen["before"], "the sandbox's network start unmounted a host mount"
+    assert seen["after"], "the sandbox's network start unmounted a host mount"

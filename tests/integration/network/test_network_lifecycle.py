@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from _nethelpers import NetLab, probe, sh
 
+from podbay.host.cgroups import Cgroups
 from podbay.runtime.network import NetworkError, NetworkManager
 from podbay.runtime.network.policy import DISABLED_RESOLV_CONF, RESOLV_CONF
 from podbay.runtime.network.slirp import SlirpLimits
-from podbay.runtime.oci.cgroups import Cgroups
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -51,7 +51,8 @@ def test_setup_builds_the_namespace(
     handle = runner.run(manager.setup("m1"))
     assert handle.netns_path == manager.netns_path("m1") == manager.run_dir / "m1" / "netns"
     assert handle.netns_path in [Path(p) for p in mounts_under(manager.run_dir)]
-    assert handle.enabled and handle.resolv_conf == RESOLV_CONF
+    assert handle.enabled
+    assert handle.resolv_conf == RESOLV_CONF
     assert "nameserver 10.0.2.3" in RESOLV_CONF
     links = {
         link["ifname"]: link
@@ -67,8 +68,10 @@ def test_setup_builds_the_namespace(
     # slirp4netns: that process, for that namespace, leader of its own session.
     assert handle.slirp_pid is not None
     argv = Path(f"/proc/{handle.slirp_pid}/cmdline").read_bytes().split(b"\0")
-    assert argv[0].endswith(b"slirp4netns") and str(handle.netns_path).encode() in argv
-    assert b"--disable-host-loopback" in argv and not any(b"api-socket" in a for a in argv)
+    assert argv[0].endswith(b"slirp4netns")
+    assert str(handle.netns_path).encode() in argv
+    assert b"--disable-host-loopback" in argv
+    assert not any(b"api-socket" in a for a in argv)
     assert os.getsid(handle.slirp_pid) == handle.slirp_pid
     assert reaches_testhost(handle.netns_path, testnet)
 
@@ -91,7 +94,8 @@ def test_filtered_is_set_once_the_policy_is_loaded(
         return rules, again.is_set()
 
     rules, adopted_sets_it = runner.run(setup_and_look())
-    assert "table inet podbay" in rules and "@blocked_v4" in rules
+    assert "table inet podbay" in rules
+    assert "@blocked_v4" in rules
     assert adopted_sets_it
 
 
@@ -135,7 +139,8 @@ def test_tapped_is_set_once_tap0_has_its_rules_before_the_helpers_budget(
         runner.run(manager.teardown("m1"))
         Cgroups().remove(limits.cgroup_parent)  # teardown removes only the machine's
     assert not returned_early
-    assert "table inet podbay" in rules and "table netdev" in rules
+    assert "table inet podbay" in rules
+    assert "table netdev" in rules
     tap = next(line for line in links.splitlines() if ": tap0:" in line)
     assert "UP" in tap
     assert f"{limits.cgroup_parent}/m1" in cgroup, cgroup
@@ -262,6 +267,8 @@ def test_adopt_after_the_node_is_killed(
     finally:
         node.send_signal(signal.SIGKILL)
         node.wait()
+        if node.stdout is not None:
+            node.stdout.close()
     # slirp4netns outlived its parent and still serves the sandbox.
     time.sleep(0.1)
     assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"slirp4netns")
@@ -269,7 +276,8 @@ def test_adopt_after_the_node_is_killed(
     assert reaches_testhost(netns, testnet)
     # A new node process takes it back, same slirp.
     adopted = runner.run(manager.adopt("crash"))
-    assert adopted is not None and adopted.slirp_pid == pid
+    assert adopted is not None
+    assert adopted.slirp_pid == pid
     assert manager.machines() == ["crash"]
     # slirp dies meanwhile: adopt starts a new one; the sandbox is online again.
     os.kill(pid, signal.SIGKILL)
@@ -279,7 +287,8 @@ def test_adopt_after_the_node_is_killed(
         time.sleep(0.01)
     assert not reaches_testhost(netns, testnet)
     again = runner.run(manager.adopt("crash"))
-    assert again is not None and again.slirp_pid not in (None, pid)
+    assert again is not None
+    assert again.slirp_pid not in (None, pid)
     assert reaches_testhost(netns, testnet)
     runner.run(manager.teardown("crash"))
     assert not Path(f"/proc/{again.slirp_pid}").exists()
@@ -297,7 +306,10 @@ def test_teardown_of_an_orphaned_slirp(manager: NetworkManager, runner: asyncio.
     finally:
         node.send_signal(signal.SIGKILL)
         node.wait()
-    assert os.getppid() != pid and Path(f"/proc/{pid}").exists()
+        if node.stdout is not None:
+            node.stdout.close()
+    assert os.getppid() != pid
+    assert Path(f"/proc/{pid}").exists()
     runner.run(manager.teardown("crash"))
     deadline = time.monotonic() + 5
     while Path(f"/proc/{pid}").exists():  # reaped by init / the subreaper
@@ -322,13 +334,15 @@ def test_disabled_network_is_loopback_only(
         assert handle.slirp_pid is None
         assert handle.resolv_conf == DISABLED_RESOLV_CONF
         links = sh("nsenter", f"--net={handle.netns_path}", "ip", "-br", "link").split()
-        assert links[0] == "lo" and "tap0" not in links
+        assert links[0] == "lo"
+        assert "tap0" not in links
         [(result, _)] = probe(
             handle.netns_path, [("tcp", testnet.testhost_address, testnet.testhost_port, "")]
         )
         assert result == "ENETUNREACH"
         adopted = runner.run(manager.adopt("off"))
-        assert adopted is not None and adopted.slirp_pid is None
+        assert adopted is not None
+        assert adopted.slirp_pid is None
     finally:
         runner.run(manager.teardown("off"))
     assert mounts_under(run_dir) == []

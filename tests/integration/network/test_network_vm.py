@@ -11,6 +11,7 @@ from the guest exhaust the budget.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +20,11 @@ from pathlib import Path
 import pytest
 from _nethelpers import PROBE_PYTHON, NetLab, stop
 
+from podbay.domain.egress import EgressPolicy
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.network.policy import SLIRP_GATEWAY
-from podbay.runtime.vm.driver import GUEST_GATEWAY, QEMU_OVERHEAD_MIB, QEMU_OWN_FDS
+from podbay.runtime.vm.budget import QEMU_OVERHEAD_MIB, QEMU_OWN_FDS
+from podbay.runtime.vm.qemu import GUEST_GATEWAY
 from podbay.testing.fixtures import small_spec
 from podbay.testing.flood import HOLDING_SERVER, flood
 from podbay.testing.vm import VmSession
@@ -90,6 +93,58 @@ def test_guest_reaches_no_host_address(guest: AgentClient, testnet: NetLab) -> N
     assert {a: s.accepted for a, s in testnet.servers.items()} == before
 
 
+def test_the_guest_obeys_its_egress_policy_live(booted: Booted, testnet: NetLab) -> None:
+    """QEMU's user networking sends from the namespace's kernel stack: the
+    sandbox's policy in ``inet podbay`` holds the guest, changed while it runs."""
+    guest = AgentClient(booted.session.driver.agent_socket(booted.machine_id))
+    driver = booted.session.driver
+    deny = EgressPolicy.parse({"deny": [testnet.testhost_address]})
+    try:
+        booted.session.run(driver.set_egress(booted.machine_id, deny))
+        assert connect(guest, testnet.testhost_address, testnet.testhost_port).startswith("failed")
+        allow = EgressPolicy.parse({"allow": [testnet.testhost_address]})
+        booted.session.run(driver.set_egress(booted.machine_id, allow))
+        assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+        booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy(internet=False)))
+        assert connect(guest, testnet.testhost_address, testnet.testhost_port).startswith("failed")
+    finally:
+        booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+    assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+
+
+def test_the_guest_resolves_only_allowed_names(
+    booted: Booted, testnet: NetLab, dnsmasq: str
+) -> None:
+    """QEMU forwards the guest's lookups to 10.0.2.3 from the namespace's kernel:
+    they reach podbay's resolver on its lo, which answers allowed names only."""
+    guest = AgentClient(booted.session.driver.agent_socket(booted.machine_id))
+    driver = booted.session.driver
+    driver.network.dns_upstream = dnsmasq
+    session = booted.session
+
+    def resolve(name: str) -> str:
+        # In a thread while the session's loop runs: that loop serves the resolver.
+        done = session.run(
+            asyncio.to_thread(
+                guest.exec, ["sh", "-c", f"getent ahostsv4 {name} | head -n1"], timeout_ms=30_000
+            )
+        )
+        return done.stdout.split()[0] if done.stdout.strip() else ""
+
+    try:
+        policy = EgressPolicy.parse({"allow": ["allowed.test"]})
+        session.run(driver.set_egress(booted.machine_id, policy))
+        assert resolve("other.test") == ""
+        assert connect(guest, testnet.testhost_address, testnet.testhost_port).startswith("failed")
+        assert resolve("allowed.test") == testnet.testhost_address
+        reached = session.run(
+            asyncio.to_thread(connect, guest, testnet.testhost_address, testnet.testhost_port)
+        )
+        assert reached == "testhost"
+    finally:
+        session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+
+
 def cgroups_of(pid: int) -> dict[str, str]:
     """Each controller's cgroup path of a process (``""``: the unified hierarchy)."""
     paths = {}
@@ -126,11 +181,13 @@ def test_qemu_and_its_slirp4netns_have_host_budgets(booted: Booted) -> None:
     assert qemu["cgroup"] == driver.cgroup(booted.machine_id).strip("/"), qemu
     # The guest's RAM and QEMU's own share; its CPUs; its threads.
     assert int(qemu["memory"]) == (GUEST_MIB + QEMU_OVERHEAD_MIB) << 20, qemu
-    assert qemu["cpu"] == "100000" and 0 < int(qemu["pids"]) < 1000, qemu
+    assert qemu["cpu"] == "100000", qemu
+    assert 0 < int(qemu["pids"]) < 1000, qemu
     assert max_open_files(booted.qemu) == QEMU_OWN_FDS + MAX_FDS
     slirp = limits(booted.slirp)
     assert slirp["cgroup"].endswith(f"-vm-net/{booted.machine_id}"), slirp
-    assert int(slirp["memory"]) < 1 << 30 and slirp["pids"] != "max", slirp
+    assert int(slirp["memory"]) < 1 << 30, slirp
+    assert slirp["pids"] != "max", slirp
     assert max_open_files(booted.slirp) == MAX_FDS
 
 
@@ -143,10 +200,13 @@ def holding(testnet: NetLab) -> Iterator[subprocess.Popen[bytes]]:
         stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
-        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        assert server.stdout is not None
+        assert server.stdout.readline() == b"ready\n"
         yield server
     finally:
         stop(server)
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 def test_a_connection_flood_from_the_guest_stops_at_the_cap(
@@ -161,13 +221,16 @@ def test_a_connection_flood_from_the_guest_stops_at_the_cap(
         guest, testnet.testhost_address, HOLDING_PORT, attempts, [qemu, slirp], connect_timeout=0.5
     )
     # Neither host process held more sockets than its cap: the rest failed.
-    assert done.most[slirp] <= MAX_FDS and done.most[qemu] <= QEMU_OWN_FDS + MAX_FDS, done
-    assert done.failed > 0 and done.held < attempts, done
+    assert done.most[slirp] <= MAX_FDS, done
+    assert done.most[qemu] <= QEMU_OWN_FDS + MAX_FDS, done
+    assert done.failed > 0, done
+    assert done.held < attempts, done
     # Both live on, and once the far end lets the connections go (they stay
     # half-closed in the helpers until it does), the guest's network works.
     stop(holding)
     assert booted.session.driver.qemu_pid(booted.machine_id) == qemu
-    assert booted.slirp == slirp and Path(f"/proc/{slirp}").exists()
+    assert booted.slirp == slirp
+    assert Path(f"/proc/{slirp}").exists()
     assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
 
 

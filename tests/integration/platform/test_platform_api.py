@@ -15,15 +15,18 @@ def test_attach_exec_reuse(server, token):
     first = server.attach(token, "e2e-1")
     assert first.status_code == 200, first.text
     h = first.json()
-    assert h["start"] == "created" and h["state"] == "running"
+    assert h["start"] == "created"
+    assert h["state"] == "running"
     assert (h["class"], h["runtime_class"]) == ("default", "container")
     assert h["endpoint"].startswith(server.base_url + "/sandbox/")
     r = server.exec(h, "sh", "-c", "echo hi; echo err >&2; exit 3")
     assert r.status_code == 200, r.text
-    assert r.json()["stdout"] == "hi\n" and r.json()["stderr"] == "err\n"
+    assert r.json()["stdout"] == "hi\n"
+    assert r.json()["stderr"] == "err\n"
     assert r.json()["exit_code"] == 3
     again = server.attach(token, "e2e-1").json()
-    assert again["start"] == "reused" and again["endpoint"] == h["endpoint"]
+    assert again["start"] == "reused"
+    assert again["endpoint"] == h["endpoint"]
     assert server.api("DELETE", "/api/v1/sandboxes/e2e-1", token).status_code == 204
 
 
@@ -31,22 +34,26 @@ def test_get_list_stop_resume_delete(server, token):
     h = server.attach(token, "e2e-life").json()
     assert server.exec(h, "sh", "-c", "echo kept > /workspace/f").json()["exit_code"] == 0
     record = server.api("GET", "/api/v1/sandboxes/e2e-life", token).json()
-    assert record["state"] == "running" and "ceiling_at" in record
-    assert "headers" not in record and "endpoint" not in record
+    assert record["state"] == "running"
+    assert "ceiling_at" in record
+    assert "headers" not in record
+    assert "endpoint" not in record
     names = [s["name"] for s in server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]]
     assert "e2e-life" in names
 
     assert server.api("POST", "/api/v1/sandboxes/e2e-life/stop", token).status_code == 204
     assert server.api("GET", "/api/v1/sandboxes/e2e-life", token).json()["state"] == "suspended"
     refused = server.exec(h, "true")
-    assert refused.status_code == 401 and refused.json()["code"] == "SANDBOX_NOT_RUNNING"
+    assert refused.status_code == 401
+    assert refused.json()["code"] == "SANDBOX_NOT_RUNNING"
     resumed = server.attach(token, "e2e-life").json()
     assert resumed["start"] == "resumed"
     assert server.exec(resumed, "cat", "/workspace/f").json()["stdout"] == "kept\n"
 
     assert server.api("DELETE", "/api/v1/sandboxes/e2e-life", token).status_code == 204
     gone = server.api("GET", "/api/v1/sandboxes/e2e-life", token)
-    assert gone.status_code == 404 and gone.json()["code"] == "SANDBOX_NOT_FOUND"
+    assert gone.status_code == 404
+    assert gone.json()["code"] == "SANDBOX_NOT_FOUND"
     fresh = server.attach(token, "e2e-life").json()
     assert fresh["start"] == "created"
     assert server.exec(fresh, "ls", "-A", "/workspace").json()["stdout"] == ""
@@ -101,7 +108,8 @@ def test_caps(server):
     assert server.attach(b, "d0").status_code == 200
     assert server.attach(b, "d1").status_code == 200
     account_over = server.attach(b, "d2")
-    assert account_over.status_code == 402 and "account" in account_over.json()["error"]
+    assert account_over.status_code == 402
+    assert "account" in account_over.json()["error"]
     for t, names in ((a, ["c0", "c1", "c2"]), (b, ["d0", "d1"])):
         for n in names:
             assert server.api("DELETE", f"/api/v1/sandboxes/{n}", t).status_code == 204
@@ -115,7 +123,8 @@ def test_fifty_concurrent_attaches_one_sandbox(server):
         results = list(pool.map(lambda _: server.attach(token, "race"), range(50)))
     assert [r.status_code for r in results] == [200] * 50
     starts = [r.json()["start"] for r in results]
-    assert starts.count("created") == 1 and starts.count("reused") == 49
+    assert starts.count("created") == 1
+    assert starts.count("reused") == 49
     assert len({r.json()["endpoint"] for r in results}) == 1
     listed = server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]
     assert [s["name"] for s in listed] == ["race"]
@@ -146,7 +155,8 @@ def test_deployment_cli(server):
     again = server.cli("deployment", "token", "cli-agent").stdout.strip()
     assert server.api("GET", "/api/v1/sandboxes", again).status_code == 200
     dup = server.cli("deployment", "create", "cli-agent", check=False)
-    assert dup.returncode != 0 and "exists" in dup.stderr
+    assert dup.returncode != 0
+    assert "exists" in dup.stderr
     server.cli("deployment", "update", "cli-agent", "--spec", "-", input="name: x\n")
     r = server.attach(token, "x")
     assert r.json()["code"] == "SANDBOX_NOT_DECLARED"

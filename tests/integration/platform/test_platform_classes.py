@@ -64,7 +64,8 @@ def test_default_is_gvisor_here_and_the_handle_says_so(server, token):
     r = server.attach(token, "by-default")
     assert r.status_code == 200, r.text
     handle = r.json()
-    assert handle["runtime_class"] == "gvisor" and handle["start"] == "created"
+    assert handle["runtime_class"] == "gvisor"
+    assert handle["start"] == "created"
     # gVisor's own kernel answers, not the host's.
     assert kernel(server, handle) != HOST_RELEASE
     record = server.api("GET", "/api/v1/sandboxes/by-default", token).json()
@@ -80,7 +81,8 @@ def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):
     # Same workspace contract in both; neither sees the other's files.
     for handle in (g, c):
         wrote = server.exec(handle, "sh", "-c", f"echo {handle['class']} > /workspace/who")
-        assert wrote.status_code == 200 and wrote.json()["exit_code"] == 0
+        assert wrote.status_code == 200
+        assert wrote.json()["exit_code"] == 0
     for handle in (g, c):
         assert (
             server.exec(handle, "cat", "/workspace/who").json()["stdout"] == handle["class"] + "\n"
@@ -89,7 +91,8 @@ def test_each_class_runs_on_its_own_kernel_side_by_side(server, token):
         s["name"]: s["class"]
         for s in server.api("GET", "/api/v1/sandboxes", token).json()["sandboxes"]
     }
-    assert listed["g"] == "gvisor" and listed["c"] == "container"
+    assert listed["g"] == "gvisor"
+    assert listed["c"] == "container"
 
 
 @pytest.mark.parametrize("sandbox_class", ["gvisor", "container"])
@@ -106,15 +109,18 @@ def test_ps_shows_the_agent_as_pid_1_by_name(server, token, sandbox_class):
 
 def test_the_classes_refusals(server, token):
     r = server.attach(token, "v", json={"class": "vm"})
-    assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
+    assert r.status_code == 409
+    assert r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
     assert r.json()["error"].endswith("it can run: gvisor, container")
     assert server.api("GET", "/api/v1/sandboxes/v", token).status_code == 404
     server.attach(token, "keeps", json={"class": "container"})
     r = server.attach(token, "keeps", json={"class": "gvisor"})
-    assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_CONFLICT"
+    assert r.status_code == 409
+    assert r.json()["code"] == "SANDBOX_CLASS_CONFLICT"
     again = server.attach(token, "keeps")
     # Without a class the handle says "default", the caller's word; it runs in its own.
-    assert again.json()["class"] == "default" and again.json()["start"] == "reused"
+    assert again.json()["class"] == "default"
+    assert again.json()["start"] == "reused"
     assert again.json()["runtime_class"] == "container"
 
 
@@ -128,7 +134,8 @@ def test_suspend_resume_and_restart_adopt_each_class(server, token):
         stop = server.api("POST", f"/api/v1/sandboxes/life-{name}/stop", token)
         assert stop.status_code == 204
         back = server.attach(token, f"life-{name}").json()
-        assert back["start"] == "resumed" and back["runtime_class"] == name
+        assert back["start"] == "resumed"
+        assert back["runtime_class"] == name
         handles[name] = back
     server.kill9()
     server.spawn()
@@ -136,7 +143,8 @@ def test_suspend_resume_and_restart_adopt_each_class(server, token):
     all_proven(server)
     for name, handle in handles.items():
         r = server.exec(handle, "cat", "/workspace/kept")  # the old credential still works
-        assert r.status_code == 200 and r.json()["stdout"] == f"{name}\n", (name, r.text)
+        assert r.status_code == 200, (name, r.text)
+        assert r.json()["stdout"] == f"{name}\n", (name, r.text)
 
 
 def test_delete_leaves_nothing_in_either_class(server, token):
@@ -154,7 +162,8 @@ def test_delete_leaves_nothing_in_either_class(server, token):
         gone = before[name] - {p.name for p in homes[name].iterdir()}
         assert len(gone) == 1, (name, before[name])
         machine_id = gone.pop()
-        assert not (run_dir / machine_id).exists() and not (homes[name] / machine_id).exists()
+        assert not (run_dir / machine_id).exists()
+        assert not (homes[name] / machine_id).exists()
     for handle in (g, c):
         assert server.exec(handle, "true").status_code == 401
 
@@ -176,7 +185,8 @@ def test_one_environment_layer_serves_both_classes(server):
         handles[name] = r.json()
         assert handles[name]["class"] == name
         ran = server.exec(handles[name], "tree", "--version")
-        assert ran.status_code == 200 and ran.json()["exit_code"] == 0, ran.text
+        assert ran.status_code == 200, ran.text
+        assert ran.json()["exit_code"] == 0, ran.text
     # Built once, in the container class (the builder of every OCI class's layers).
     layers = [p for p in (server.data_dir / "layers").iterdir() if not p.name.startswith(".")]
     assert len(layers) == 1, layers

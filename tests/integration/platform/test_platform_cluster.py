@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from podbay.client import SandboxClient, SandboxUnavailableError
-from podbay.testing.cluster import LocalCluster
+from podbay.testing.local_cluster import LocalCluster
 from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
@@ -84,10 +84,12 @@ def test_sandboxes_are_placed_on_nodes_and_served_there(cluster, token):
         assert answer.status_code == 200, answer.text
         assert answer.json()["stdout"].strip() == f"spread-{i}"
     metrics = httpx.get(cluster.node_for(handles[0]["endpoint"]).base_url + "/metrics")
-    assert metrics.status_code == 200 and "podbay_gateway_request_seconds" in metrics.text
+    assert metrics.status_code == 200
+    assert "podbay_gateway_request_seconds" in metrics.text
     # Either replica answers for any sandbox, and it stays where it was made.
     again = _attach(cluster, token, "spread-0", 1).json()
-    assert again["start"] == "reused" and again["endpoint"] == handles[0]["endpoint"]
+    assert again["start"] == "reused"
+    assert again["endpoint"] == handles[0]["endpoint"]
 
 
 def test_replicas_racing_on_one_new_name_make_one_sandbox(cluster, token):
@@ -112,7 +114,8 @@ def test_a_suspended_sandbox_resumes_on_its_node(cluster, token):
     record = httpx.get(cluster.url + "/api/v1/sandboxes/sleeper", headers=auth).json()
     assert record["state"] == "suspended"
     resumed = _attach(cluster, token, "sleeper").json()
-    assert resumed["start"] == "resumed" and resumed["endpoint"] == first["endpoint"]
+    assert resumed["start"] == "resumed"
+    assert resumed["endpoint"] == first["endpoint"]
     assert _exec(resumed, "cat", "/tmp/mark").json()["stdout"] == "kept\n"
 
 
@@ -191,7 +194,8 @@ def test_a_restarted_node_keeps_its_sandboxes(cluster, token):
     node = cluster.node_for(handle["endpoint"])
     node.restart()  # SIGTERM: sandboxes keep running; the next start adopts them
     again = _attach(cluster, token, "survivor").json()
-    assert again["endpoint"] == handle["endpoint"] and again["start"] == "reused"
+    assert again["endpoint"] == handle["endpoint"]
+    assert again["start"] == "reused"
     assert _exec(again, "cat", "/tmp/here").json()["stdout"] == "still\n"
 
 
@@ -208,7 +212,8 @@ def test_a_killed_node_is_lost_until_drained(cluster, token):
             break
     doomed = [n for n, h in handles.items() if _node_of(cluster, h) == _name(victim)]
     kept = [n for n, h in handles.items() if _node_of(cluster, h) != _name(victim)]
-    assert doomed and kept
+    assert doomed
+    assert kept
     victim.kill9()
     # Until it is lost, attach answers its route from the store (inherent to
     # a timeout); calls to it do not connect: nothing was sent, and the SDK's
@@ -228,7 +233,8 @@ def test_a_killed_node_is_lost_until_drained(cluster, token):
         assert time.monotonic() < deadline, "the sandbox was never reported lost"
         time.sleep(0.5)
     refused = _attach(cluster, token, doomed[0], 1)
-    assert refused.status_code == 409 and refused.json()["code"] == "SANDBOX_NODE_LOST"
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "SANDBOX_NODE_LOST"
     assert "drain" in refused.json()["error"]
     # The other node's sandboxes are untouched.
     assert _exec(_attach(cluster, token, kept[0]).json(), "true").status_code == 200
@@ -237,4 +243,5 @@ def test_a_killed_node_is_lost_until_drained(cluster, token):
     cluster.cli("node", "drain", _name(victim))
     fresh = _attach(cluster, token, doomed[0])
     assert fresh.status_code == 200, fresh.text
-    assert fresh.json()["start"] == "created" and _node_of(cluster, fresh.json()) == "node-0"
+    assert fresh.json()["start"] == "created"
+    assert _node_of(cluster, fresh.json()) == "node-0"

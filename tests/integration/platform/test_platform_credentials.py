@@ -52,7 +52,8 @@ def test_expiry_mid_session_then_reattach(make_server):
     assert server.exec(h, "sh", "-c", "echo 1 > /workspace/n").status_code == 200
     time.sleep(2.5)
     r = server.exec(h, "cat", "/workspace/n")
-    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    assert r.status_code == 401
+    assert r.json()["code"] == "CREDENTIAL_INVALID"
     assert "expired" in r.json()["error"]
     again = server.attach(token, "s").json()
     assert again["start"] == "reused"
@@ -88,7 +89,8 @@ def test_identity_token_with_expiry_and_key_rotation(make_server):
         {**server.env, "PODBAY_CREDENTIALS_IDENTITY_TTL_SECONDS": "2"},
     ).stdout.strip()
     claims = _claims(short)
-    assert claims["exp"] - claims["iat"] == 2 and _claims(new_token)["exp"] > claims["exp"]
+    assert claims["exp"] - claims["iat"] == 2
+    assert _claims(new_token)["exp"] > claims["exp"]
     time.sleep(max(0.0, claims["exp"] - time.time()) + 1.1)
     expired = server.api("GET", "/api/v1/sandboxes", short)
     assert (expired.status_code, expired.json()["code"]) == (401, "IDENTITY_TOKEN_INVALID")

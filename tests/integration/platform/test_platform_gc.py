@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
+from podbay.host import storage
+from podbay.host.cgroups import Cgroups
 from podbay.runtime.classes import GVISOR, class_settings
-from podbay.runtime.oci import storage
-from podbay.runtime.oci.cgroups import Cgroups
 from podbay.runtime.oci.driver import OciDriver
 from podbay.testing.fixtures import sandbox_settings
 from podbay.testing.platform import PlatformServer
@@ -61,9 +61,10 @@ def test_gc_leaves_no_empty_slirp_cgroups(make_server):
         cgroups.limit(path, memory_bytes=1 << 30, pids=8, cpus=0.5)
     removed = _gc(server)
     assert not any(cgroups.existing(path) for path in gone), removed
-    assert removed and all(
-        line.startswith(("removed cgroup", "gvisor: removed cgroup")) for line in removed
-    ), removed
+    assert removed, removed
+    assert all(line.startswith(("removed cgroup", "gvisor: removed cgroup")) for line in removed), (
+        removed
+    )
     # The live sandboxes' own are kept.
     for name in ("g", "c"):
         handle = server.attach(token, name).json()

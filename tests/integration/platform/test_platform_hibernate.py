@@ -56,7 +56,8 @@ def test_an_idle_sandbox_hibernates_and_wakes_on_its_next_exec(make_server):
     # either way the request wakes the agent and is answered.
     for _ in range(2):
         answer = server.exec(handle, "cat", "/workspace/f")
-        assert answer.status_code == 200 and answer.json()["stdout"] == "kept\n"
+        assert answer.status_code == 200
+        assert answer.json()["stdout"] == "kept\n"
     assert not _hibernating(pid)
     # The machine that refilled the pool has only seen the runtime's own calls.
     machines = subprocess.run(

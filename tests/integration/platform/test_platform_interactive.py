@@ -193,12 +193,14 @@ def test_http_through_ports(
     server: PlatformServer, handle: dict[str, Any], servers: dict[str, int]
 ) -> None:
     r = server.data(handle, "GET", f"/v1/ports/{servers['http']}/index.html")
-    assert r.status_code == 200 and r.text == "hello from inside\n", r.text
+    assert r.status_code == 200, r.text
+    assert r.text == "hello from inside\n", r.text
     assert server.data(handle, "GET", f"/v1/ports/{servers['http']}/nope").status_code == 404
     unauthenticated = server.http.get(handle["endpoint"] + f"/v1/ports/{servers['http']}/")
     assert unauthenticated.status_code == 401
     closed = server.data(handle, "GET", "/v1/ports/8999/")
-    assert closed.status_code == 502 and closed.json()["code"] == "PORT_UNREACHABLE"
+    assert closed.status_code == 502
+    assert closed.json()["code"] == "PORT_UNREACHABLE"
     assert server.data(handle, "GET", "/v1/ports/70000/").status_code == 404
 
 
@@ -235,7 +237,8 @@ def test_share_urls(
     assert shared.status_code == 200, shared.text
     url = shared.json()["url"]
     page = httpx.get(url + "index.html")
-    assert page.status_code == 200 and page.text == "hello from inside\n"
+    assert page.status_code == 200
+    assert page.text == "hello from inside\n"
     # Forged: another signature, or another port's claims, is refused.
     _, claims, signature = url.split("/share/")[1].rstrip("/").split(".")
     forged = url.replace(signature, signature[::-1])
@@ -250,7 +253,8 @@ def test_share_urls(
     short = server.api("POST", path, token, json={"expires_in_seconds": 1}).json()["url"]
     time.sleep(2.5)
     expired = httpx.get(short + "index.html")
-    assert expired.status_code == 401 and "expired" in expired.json()["error"]
+    assert expired.status_code == 401
+    assert "expired" in expired.json()["error"]
     # A share URL is no credential, and a credential no share URL.
     share_token = url.split("/share/")[1].rstrip("/")
     as_credential = server.data(
@@ -276,7 +280,8 @@ def test_sdk_sync_terminal_url_transport_and_share(
             seen = b""
             while chunk := tty.recv():
                 seen += chunk
-            assert b"42" in seen and b"columns=99, lines=25" in seen
+            assert b"42" in seen
+            assert b"columns=99, lines=25" in seen
             assert tty.exit_code == 5
         url = sandbox.url(servers["http"], "index.html")
         assert url == f"{handle['endpoint']}/v1/ports/{servers['http']}/index.html"
@@ -303,7 +308,8 @@ def test_sdk_async_terminal(
             return seen, code, page
 
     seen, code, page = asyncio.run(main())
-    assert b"got hello" in seen and code == 4
+    assert b"got hello" in seen
+    assert code == 4
     assert "index.html" in page or "hello" in page
 
 

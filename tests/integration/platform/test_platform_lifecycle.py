@@ -56,7 +56,8 @@ def test_idle_suspends_then_reclaims(fast):
     assert fast.exec(resumed, "cat", "/workspace/f").json()["stdout"] == "kept\n"
     # memory intact: the process spawned before the suspension still runs
     polled = fast.data(resumed, "GET", f"/v1/processes/{spawned['process_id']}").json()
-    assert polled["state"] == "running" and polled["stdout"] == "tick\n"
+    assert polled["state"] == "running"
+    assert polled["stdout"] == "tick\n"
 
     _wait_state(fast, token, "idle", "suspended")
     _wait_state(fast, token, "idle", 404)  # untouched past the ttl: reclaimed
@@ -88,6 +89,7 @@ def test_long_exec_is_not_suspended_under_it(fast):
     token = fast.create_deployment("slow-agent")
     h = fast.attach(token, "slow").json()
     r = fast.exec(h, "sh", "-c", "sleep 3.5; echo done")  # idle threshold is 2 s
-    assert r.status_code == 200 and r.json()["stdout"] == "done\n"
+    assert r.status_code == 200
+    assert r.json()["stdout"] == "done\n"
     assert _state(fast, token, "slow") == "running"
     fast.api("DELETE", "/api/v1/sandboxes/slow", token)

@@ -258,7 +258,8 @@ def test_cli_create_list_ports_url(server: PlatformServer, token: str, name: str
     rows = json.loads(listed.stdout)
     assert [(r["name"], r["labels"], r["cpus"]) for r in rows] == [(name, {"team": "cli"}, 0.5)]
     shown = _podbay(server, token, "sandbox", "get", name).stdout.splitlines()
-    assert "labels: team=cli" in shown and "memory_mib: 320" in shown, shown
+    assert "labels: team=cli" in shown, shown
+    assert "memory_mib: 320" in shown, shown
     none = _podbay(server, token, "sandbox", "list", "--label", "team=nobody", "--json")
     assert json.loads(none.stdout) == []
     again = _podbay(server, token, "sandbox", "create", name, "--cpus", "1")
@@ -291,7 +292,8 @@ def test_cli_create_list_ports_url(server: PlatformServer, token: str, name: str
         assert time.monotonic() < deadline, ports.stdout
         time.sleep(0.2)
     url = _podbay(server, token, "sandbox", "url", name, "8123", "/index.html").stdout.strip()
-    assert url.startswith(server.base_url) and url.endswith("/v1/ports/8123/index.html")
+    assert url.startswith(server.base_url)
+    assert url.endswith("/v1/ports/8123/index.html")
     with SandboxClient(identity_token=token, server_url=server.base_url) as client:
         http = httpx.Client(transport=client.port_transport(name))
         assert http.get(url).text == "served\n"
@@ -305,7 +307,8 @@ def test_cli_completes_sandbox_names(
     client.attach(name, "container")
     # What bash's completion function runs (the script `podbay completion bash` prints).
     script = _podbay(server, token, "completion", "bash")
-    assert script.returncode == 0 and "_PODBAY_COMPLETE=bash_complete" in script.stdout
+    assert script.returncode == 0
+    assert "_PODBAY_COMPLETE=bash_complete" in script.stdout
     for words, cword in (
         (f"podbay sandbox exec {name[:6]}", "3"),
         (f"podbay sandbox get {name[:-2]}", "3"),

@@ -9,8 +9,10 @@ import pytest
 pytestmark = pytest.mark.root
 
 
-def test_attach_takes_a_pooled_machine_and_the_pool_refills(make_server):
-    server = make_server({"PODBAY_RUNTIME_WARM_POOL": "1"})
+@pytest.mark.parametrize("class_", ["container", "gvisor"])
+def test_attach_takes_a_pooled_machine_and_the_pool_refills(make_server, class_):
+    # gvisor: the hostname comes through the process waiting in the pooled machine.
+    server = make_server({"PODBAY_RUNTIME_WARM_POOL": "1", "PODBAY_RUNTIME_CLASSES": class_})
     token = server.create_deployment("pooled")
     for name in ("Thread_One", "thread.two"):
         started = time.perf_counter()

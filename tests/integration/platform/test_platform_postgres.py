@@ -29,7 +29,8 @@ def test_serve_on_postgres_attaches_and_keeps_state_there(make_server, cluster):
     handle = attached.json()
     assert handle["start"] in {"created", "warm"}
     ran = server.exec(handle, "sh", "-c", "echo hi from $(hostname)")
-    assert ran.status_code == 200 and ran.json()["stdout"].startswith("hi from")
+    assert ran.status_code == 200
+    assert ran.json()["stdout"].startswith("hi from")
     assert server.attach(token, "t1").json()["start"] == "reused"
 
     with psycopg.connect(url) as conn:

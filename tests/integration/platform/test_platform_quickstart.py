@@ -53,7 +53,8 @@ def test_quickstart_runs_as_printed(tmp_path):
         out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
         result = json.loads(out.strip().splitlines()[-1])
-        assert result["exit_code"] == 0 and result["stdout"] == "4\n"
+        assert result["exit_code"] == 0
+        assert result["stdout"] == "4\n"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)  # the background `podbay serve`

@@ -103,7 +103,7 @@ def test_no_runtime_is_503(make_server):
         try:
             health = server.http.get("/healthz")
             break
-        except Exception:
+        except httpx.TransportError:  # not listening yet
             assert time.monotonic() < deadline
             time.sleep(0.1)
     assert health.status_code == 503

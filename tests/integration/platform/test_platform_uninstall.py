@@ -48,7 +48,8 @@ def test_gc_all_removes_all_but_the_deployments_and_keys(tmp_path: Path) -> None
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
         left = sorted(p.name for p in server.data_dir.iterdir() if p.name in KEPT)
-        assert "keys" in left and "podbay.db" in left
+        assert "keys" in left
+        assert "podbay.db" in left
         # Besides them, only the layout's empty directories.
         others = [p for p in server.data_dir.iterdir() if p.name not in KEPT]
         assert [f for p in others for f in p.rglob("*") if not f.is_dir()] == [], others

@@ -79,6 +79,7 @@ def test_user_works_in_workspace_and_home(
     groups = run(server, handle, "id -nG", user="user")
     assert groups["stdout"].split() == ["user"]
     sudo = run(server, handle, "sudo -n true", user="user")
-    assert sudo["exit_code"] != 0 and "sudo" in sudo["stderr"], sudo
+    assert sudo["exit_code"] != 0, sudo
+    assert "sudo" in sudo["stderr"], sudo
     # A script that prefixes sudo while running as root still works.
     assert run(server, handle, "sudo -n id -un")["stdout"] == "root\n"

@@ -71,6 +71,8 @@ def test_a_traced_vm_agent_answers_504_and_the_next_attach_restarts_it(
     # Stopping waits (up to 30 s) for the guest to flush its disk, through the
     # stopped agent's process, then boots it again under TCG: a long attach.
     again = server.attach(token, "traced", json={"class": "vm"}, timeout=600)
-    assert again.status_code == 200 and again.json()["start"] == "carried_over", again.text
+    assert again.status_code == 200, again.text
+    assert again.json()["start"] == "carried_over", again.text
     r = server.exec(again.json(), "cat", "/workspace/stop.py")
-    assert r.status_code == 200 and r.json()["stdout"] == STOP_AGENT, r.text
+    assert r.status_code == 200, r.text
+    assert r.json()["stdout"] == STOP_AGENT, r.text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from podbay.runtime.oci.cgroups import ROOT, Cgroups
+from podbay.host.cgroups import ROOT, Cgroups
 from podbay.testing.fixtures import host_cannot
 
 pytestmark = pytest.mark.root

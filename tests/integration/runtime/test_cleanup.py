@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from podbay.host import storage
 from podbay.runtime.base import DriverError, MachineState
 from podbay.runtime.machines import INCOMING_PREFIX, STALE_INCOMING_SECONDS
-from podbay.runtime.oci import storage
 from podbay.testing.fixtures import DriverSession, small_spec
 
 pytestmark = pytest.mark.root
@@ -175,7 +175,8 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     assert done.returncode == 0, done.stderr
     assert broken.machine_id in done.stdout
     assert f"removed partial import {stale.name}" in done.stdout
-    assert not stale.exists() and fresh.exists()
+    assert not stale.exists()
+    assert fresh.exists()
     assert run(driver.state(kept.machine_id)) is MachineState.RUNNING
     done = subprocess.run([*argv, "--all"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -183,8 +184,10 @@ def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     assert not fresh.exists()
     # gc --all also removes runc's state directory: the run directories differ.
     after = settled(oci_session, before, ("mounts", "processes", "loops", "machine_dirs"))
-    assert after["mounts"] == before["mounts"] and after["processes"] == before["processes"]
-    assert after["loops"] == [] and after["machine_dirs"] == before["machine_dirs"]
+    assert after["mounts"] == before["mounts"]
+    assert after["processes"] == before["processes"]
+    assert after["loops"] == []
+    assert after["machine_dirs"] == before["machine_dirs"]
 
 
 def test_failed_start_leaves_nothing(oci_session: DriverSession, tmp_path: Path) -> None:
@@ -198,7 +201,9 @@ def test_failed_start_leaves_nothing(oci_session: DriverSession, tmp_path: Path)
         run(driver.start(spec.machine_id))
     assert run(driver.state(spec.machine_id)) is MachineState.STOPPED
     now = footprint(oci_session)
-    assert now["mounts"] == before["mounts"] and now["processes"] == before["processes"]
-    assert now["loops"] == [] and now["cgroups"] == before["cgroups"]
+    assert now["mounts"] == before["mounts"]
+    assert now["processes"] == before["processes"]
+    assert now["loops"] == []
+    assert now["cgroups"] == before["cgroups"]
     run(driver.destroy(spec.machine_id))
     assert settled(oci_session, before) == before

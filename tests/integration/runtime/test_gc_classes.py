@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from podbay.host import records
+from podbay.host.cgroups import Cgroups
+from podbay.host.layout import Layout
 from podbay.runtime.base import MachineState
 from podbay.runtime.network import NetworkHandle
-from podbay.runtime.oci import records
-from podbay.runtime.oci.cgroups import Cgroups
-from podbay.runtime.oci.layout import Layout
 from podbay.testing.fixtures import cleanup, require_host, sandbox_settings, small_spec
 
 pytestmark = pytest.mark.root
@@ -137,15 +137,20 @@ def test_vm_leftovers_that_can_never_be_used_again_are_removed(tmp_path: Path) -
         removed = gc(data_dir, settings.runtime.run_dir)
         assert not any(cgroups.existing(path) for path in left), removed
         assert sum("vm: removed cgroup" in line for line in removed) == 2, removed
-        assert usable.is_dir() and building.is_dir() and packed.exists(), removed
-        assert not orphaned.exists() and not old_format.exists() and not unused.exists()
+        assert usable.is_dir(), removed
+        assert building.is_dir(), removed
+        assert packed.exists(), removed
+        assert not orphaned.exists()
+        assert not old_format.exists()
+        assert not unused.exists()
         assert not abandoned.exists()
         assert "vm: removed stale vm template orphaned" in removed
         assert "vm: removed stale vm template old-format" in removed
         assert f"vm: removed unused vm layer disk {unused.name}" in removed
         assert "vm: removed unfinished machine m-vm-half-made" in removed
         assert not unfinished.exists()
-        assert old.is_dir() and home.is_dir(), removed  # the vm machine stands on it
+        assert old.is_dir(), removed
+        assert home.is_dir(), removed  # the vm machine stands on it
     finally:
         for path in left:
             cgroups.remove(path.rsplit("/", 1)[0])

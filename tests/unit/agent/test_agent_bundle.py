@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from podbay.agent.staging import BUNDLE, START_AGENT, launch_code, stage
+from podbay.runtime.staging import BUNDLE, START_AGENT, launch_code, stage
 
 # Replaces the start of the agent in the start-up program: report instead.
 REPORT = (
@@ -49,7 +49,9 @@ def test_the_agent_imports_from_its_bundle(staged: Path) -> None:
     count, own, stdlib, app_file, package_dir = report(staged)
     # Its own modules and the standard library's pure-Python ones, with the
     # paths they have on disk (so modules imported later are found beside them).
-    assert int(count) > 40 and own == "True" and stdlib == "True"
+    assert int(count) > 40
+    assert own == "True"
+    assert stdlib == "True"
     assert app_file == str(staged / "podbay" / "agent" / "app.py")
     assert package_dir == str(staged / "podbay" / "agent")
 
@@ -102,7 +104,8 @@ def test_dataclass_methods_run_kept_code(staged: Path) -> None:
     """dataclasses compiles each generated method (a third of the agent's start-up
     CPU); the bundle keeps their code, and the classes behave as compiled ones."""
     installed, served, equal, frozen, still_installed, finder = report(staged, KEPT)
-    assert installed == "True" and int(served) > 50
+    assert installed == "True"
+    assert int(served) > 50
     assert (equal, frozen) == ("True", "True")
     assert (still_installed, finder) == ("False", "False")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,9 +18,20 @@ from podbay.agent.http import (
     write_response,
 )
 
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_connections() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
 
 def _conn(data: bytes) -> _Connection:
+    """A connection that reads ``data``, closed after the test."""
     a, b = socket.socketpair()
+    _opened.append(b)
 
     def feed() -> None:
         with a:
@@ -37,8 +49,10 @@ def test_parses_head_query_and_content_length_body() -> None:
     req = parse_request(conn, lambda: None)
     assert req is not None
     assert (req.method, req.path, req.query) == ("POST", "/v1/x", {"path": "a b", "n": "1"})
-    assert req.headers["x-a"] == "1, 2" and req.keep_alive
-    assert req.body.read_all(100) == b"hello" and req.body.finished
+    assert req.headers["x-a"] == "1, 2"
+    assert req.keep_alive
+    assert req.body.read_all(100) == b"hello"
+    assert req.body.finished
     assert parse_request(conn, lambda: None) is None  # clean end of stream
 
 
@@ -72,7 +86,8 @@ def test_streamed_response_with_and_without_length() -> None:
     assert write_response(a, Response(200, iter([b"ab", b"c"]), length=3), True)
     assert not write_response(a, Response(200, iter([b"ab", b"", b"c"])), False)
     a.close()
-    raw = b"".join(iter(lambda: b.recv(65536), b""))
+    with b:
+        raw = b"".join(iter(lambda: b.recv(65536), b""))
     assert b"Content-Length: 3\r\n\r\nabc" in raw
     assert b"Transfer-Encoding: chunked\r\n" in raw
     assert raw.endswith(b"2\r\nab\r\n1\r\nc\r\n0\r\n\r\n")

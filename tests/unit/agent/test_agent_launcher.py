@@ -62,6 +62,7 @@ def played() -> Iterator[Played]:
     )
     process.kill()
     process.wait()
+    process.stdout.close()
     subprocess.run(["kill", str(child)], check=False)
     for sock in (requests, exits, their_requests, their_exits):
         sock.close()
@@ -70,7 +71,8 @@ def played() -> Iterator[Played]:
 def test_an_honest_answer_is_the_pid(played: Played) -> None:
     played.answer(played.child)
     assert played.agent_side.spawn(dict(REQUEST), []) == played.child
-    assert played.agent_side.alive and played.child in played.agent_side.running
+    assert played.agent_side.alive
+    assert played.child in played.agent_side.running
 
 
 @pytest.mark.parametrize("who", ["agent", "group", "init", "launcher", "stranger"])
@@ -107,7 +109,8 @@ def test_a_failed_start_names_what_was_missing(played: Played) -> None:
     played.answer(0, errno.ENOENT, 2, "No such file or directory")
     with pytest.raises(LaunchFailed) as failed:
         played.agent_side.spawn(dict(REQUEST), [])
-    assert failed.value.error is not None and failed.value.error.filename == "/w"
+    assert failed.value.error is not None
+    assert failed.value.error.filename == "/w"
     assert played.agent_side.alive  # a refusal is no lie
 
 
@@ -190,4 +193,5 @@ def test_a_request_past_what_execve_takes_is_refused_as_too_long() -> None:
     argv = ["echo", "x" * launcher.MAX_REQUEST]
     with pytest.raises(LaunchFailed) as failed:
         launcher.spawn(Reaper(), argv, "/", {}, (None, None, None), None)
-    assert failed.value.error is not None and failed.value.error.errno == errno.E2BIG
+    assert failed.value.error is not None
+    assert failed.value.error.errno == errno.E2BIG

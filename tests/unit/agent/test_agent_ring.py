@@ -15,9 +15,12 @@ def test_keeps_the_newest_bytes_whatever_the_write_sizes(step: int) -> None:
     data = bytes(range(256)) * 3
     ring = Ring(10)
     _write_all(ring, data, step)
-    assert ring.total == len(data) and ring.start == len(data) - 10
+    assert ring.total == len(data)
+    assert ring.start == len(data) - 10
     out, nxt, dropped = ring.read_from(0, closed=True)
-    assert out == data[-10:] and nxt == len(data) and dropped == len(data) - 10
+    assert out == data[-10:]
+    assert nxt == len(data)
+    assert dropped == len(data) - 10
 
 
 def test_reads_every_window_position() -> None:
@@ -65,7 +68,9 @@ def test_window_starting_mid_character_counts_the_rest_as_dropped() -> None:
     ring = Ring(5)
     ring.write(b"x" + e_acute * 3)  # 7 bytes: window keeps the last 5, starting mid-char
     out, nxt, dropped = ring.read_from(0, closed=True)
-    assert out == e_acute * 2 and nxt == 7 and dropped == 3
+    assert out == e_acute * 2
+    assert nxt == 7
+    assert dropped == 3
     assert out.decode() == "\u00e9\u00e9"
 
 

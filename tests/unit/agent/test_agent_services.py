@@ -20,7 +20,7 @@ from podbay.agent.files import Files
 from podbay.agent.http import Aborted
 from podbay.agent.reaper import exit_code
 from podbay.agent.refusal import path_refusal
-from podbay.agent.staging import agent_argv, stage
+from podbay.runtime.staging import agent_argv, stage
 from podbay.wire.codes import ErrorCode
 
 
@@ -33,7 +33,9 @@ def test_env_layers_and_env_file(tmp_path: Path) -> None:
     good.write_text(json.dumps({"A": "1", "PATH": "/x"}))
     declared = load_env_file(str(good))
     env = command_env(declared, {"A": "2"})
-    assert env["A"] == "2" and env["PATH"] == "/x" and env["HOME"] == "/root"
+    assert env["A"] == "2"
+    assert env["PATH"] == "/x"
+    assert env["HOME"] == "/root"
     for bad in ("[1]", '{"A": 1}', '{"A=B": "x"}', "{nope"):
         (tmp_path / "bad.json").write_text(bad)
         with pytest.raises(EnvFileError):
@@ -55,11 +57,14 @@ def test_os_errors_map_to_path_codes() -> None:
     }
     for number, code in cases.items():
         refusal = path_refusal(OSError(number, os.strerror(number)), "/p")
-        assert refusal.code == code and refusal.message.startswith("/p: ")
+        assert refusal.code == code
+        assert refusal.message.startswith("/p: ")
 
 
 def test_exit_codes() -> None:
-    assert exit_code(0) == 0 and exit_code(3 << 8) == 3 and exit_code(15) == 143
+    assert exit_code(0) == 0
+    assert exit_code(3 << 8) == 3
+    assert exit_code(15) == 143
 
 
 def test_file_changed_between_passes_is_cut_not_sent(tmp_path: Path) -> None:
@@ -69,10 +74,14 @@ def test_file_changed_between_passes_is_cut_not_sent(tmp_path: Path) -> None:
     stream = Files(str(tmp_path)).open_read("f")
     assert stream.data is None
     target.write_bytes(b"b" * size)  # same size, other bytes
-    sent = []
-    with pytest.raises(Aborted):
+    sent: list[bytes] = []
+
+    def drain() -> None:
         for chunk in stream:
             sent.append(chunk)
+
+    with pytest.raises(Aborted):
+        drain()
     assert sum(map(len, sent)) < size  # the last chunk was held back
     assert stream.fd == -1
 
@@ -80,7 +89,8 @@ def test_file_changed_between_passes_is_cut_not_sent(tmp_path: Path) -> None:
 def test_large_file_streams_whole_when_unchanged(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"xyz" * 1_000_000)
     stream = Files(str(tmp_path)).open_read("f")
-    assert b"".join(stream) == b"xyz" * 1_000_000 and stream.length == 3_000_000
+    assert b"".join(stream) == b"xyz" * 1_000_000
+    assert stream.length == 3_000_000
 
 
 def test_trailing_read_is_one_pass_ending_in_the_digest(
@@ -100,7 +110,8 @@ def test_trailing_read_is_one_pass_ending_in_the_digest(
     stream = Files(str(tmp_path)).open_read("f", trailing=True)
     body = b"".join(stream)
     assert body == data + hashlib.sha256(data).hexdigest().encode()
-    assert stream.body_length == len(body) and sum(reads) == len(data)  # read once
+    assert stream.body_length == len(body)
+    assert sum(reads) == len(data)
     assert stream.fd == -1
 
 
@@ -109,14 +120,18 @@ def test_trailing_read_of_a_file_written_meanwhile_is_cut(tmp_path: Path) -> Non
     target = tmp_path / "f"
     target.write_bytes(b"a" * size)
     stream = Files(str(tmp_path)).open_read("f", trailing=True)
-    sent = []
-    with pytest.raises(Aborted):
+    sent: list[bytes] = []
+
+    def drain_changing_the_file_after_the_first_chunk() -> None:
         for chunk in stream:
             sent.append(chunk)
             if len(sent) == 1:
                 with open(target, "r+b") as f:  # same size, other bytes
                     f.seek(size - 1)
                     f.write(b"b")
+
+    with pytest.raises(Aborted):
+        drain_changing_the_file_after_the_first_chunk()
     assert sum(map(len, sent)) == size  # the digest never went out
     assert stream.fd == -1
 
@@ -124,19 +139,23 @@ def test_trailing_read_of_a_file_written_meanwhile_is_cut(tmp_path: Path) -> Non
 def test_trailing_read_of_a_small_file_keeps_the_digest_first(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"small")
     stream = Files(str(tmp_path)).open_read("f", trailing=True)
-    assert stream.data == b"small" and stream.digest == hashlib.sha256(b"small").hexdigest()
+    assert stream.data == b"small"
+    assert stream.digest == hashlib.sha256(b"small").hexdigest()
     proc = Files("/").open_read("/proc/self/status", trailing=True)  # size 0 to fstat
-    assert proc.data is not None and proc.length == len(proc.data) > 0
+    assert proc.data is not None
+    assert proc.length == len(proc.data) > 0
 
 
 def test_small_file_is_served_from_the_first_read(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"before")
     stream = Files(str(tmp_path)).open_read("f")
     (tmp_path / "f").write_bytes(b"after!")
-    assert stream.data == b"before" and b"".join(stream) == b"before"
+    assert stream.data == b"before"
+    assert b"".join(stream) == b"before"
     assert stream.fd == -1
     proc = Files("/").open_read("/proc/self/status")  # changes on every read
-    assert proc.data is not None and proc.length == len(proc.data)
+    assert proc.data is not None
+    assert proc.length == len(proc.data)
 
 
 def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> None:
@@ -181,7 +200,8 @@ def test_staged_agent_imports_with_the_bare_interpreter_only(tmp_path: Path) -> 
         env={},
         check=False,
     )
-    assert help_run.returncode == 0 and "--fd" in help_run.stdout
+    assert help_run.returncode == 0
+    assert "--fd" in help_run.stdout
 
 
 def test_cli_forwards_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,8 +225,9 @@ def test_docstring_examples() -> None:
     import doctest
     import importlib
 
-    for name in ("__main__", "environment", "files", "reaper", "refusal", "ring", "staging"):
-        module = importlib.import_module(f"podbay.agent.{name}")
+    agent = ("__main__", "environment", "files", "reaper", "refusal", "ring")
+    for name in [f"podbay.agent.{name}" for name in agent] + ["podbay.runtime.staging"]:
+        module = importlib.import_module(name)
         result = doctest.testmod(module)
         assert result.failed == 0, name
 

@@ -44,7 +44,8 @@ def test_a_terminal_gets_bars_and_no_log_lines(caplog) -> None:  # type: ignore[
         _layer_build()
     shown = term.getvalue()
     assert "building the sandbox base image (once)" in shown
-    assert "8/8" in shown and "3/3" in shown
+    assert "8/8" in shown
+    assert "3/3" in shown
     assert "building environment layer abcdef012345" in shown
     # Beside each bar: what it is doing and the seconds since the build began.
     assert re.search(r"downloading packages, \d+ s", shown)

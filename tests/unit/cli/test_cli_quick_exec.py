@@ -186,7 +186,8 @@ def test_connect_is_create_connection() -> None:
         port = listener.getsockname()[1]
         sock = connect("127.0.0.1", port, 5)
         try:
-            assert sock.getpeername() == ("127.0.0.1", port) and sock.gettimeout() == 5
+            assert sock.getpeername() == ("127.0.0.1", port)
+            assert sock.gettimeout() == 5
         finally:
             sock.close()
     # Nothing listens now: the same error as the socket module's, for every address.

@@ -43,6 +43,19 @@ def refusal(status: int, code: str, message: str = "refused") -> httpx.Response:
     return httpx.Response(status, json={"error": message, "code": code})
 
 
+def file_info(path: str, local: Path) -> dict[str, Any]:
+    """A ``FileInfo`` (wire/data.py) of the file at ``path`` in the sandbox."""
+    stat = local.stat()
+    return {
+        "name": path.rsplit("/", 1)[-1],
+        "path": path,
+        "size": stat.st_size,
+        "mode": stat.st_mode & 0o7777,
+        "type": "directory" if local.is_dir() else "file",
+        "mtime": datetime.fromtimestamp(stat.st_mtime, UTC).isoformat(),
+    }
+
+
 @dataclass
 class Proc:
     popen: subprocess.Popen[bytes]
@@ -73,6 +86,9 @@ class Fake:
     checking: int = 0
     checking_retry_after: str | None = "2"
     requests: list[httpx.Request] = field(default_factory=list)
+    #: Every answer given, with its request (test_fakeplatform_wire.py checks
+    #: their shapes against the wire contract).
+    exchanges: list[tuple[httpx.Request, httpx.Response]] = field(default_factory=list)
     attaches: int = 0
     sandboxes: dict[str, dict[str, Any]] = field(default_factory=dict)
     credentials: dict[str, str] = field(default_factory=dict)
@@ -89,8 +105,12 @@ class Fake:
             if self.refuse_control > 0:
                 self.refuse_control -= 1
                 raise httpx.ConnectError("connection refused", request=request)
-            return self.control(request, path)
-        return self.data(request, path)
+            response = self.control(request, path)
+        else:
+            response = self.data(request, path)
+        with self.lock:
+            self.exchanges.append((request, response))
+        return response
 
     def count(self, method: str, suffix: str) -> int:
         return sum(1 for r in self.requests if r.method == method and r.url.path.endswith(suffix))
@@ -310,18 +330,9 @@ class Fake:
         if route == "/v1/files/list":
             if not target.is_dir():
                 return refusal(404, "PATH_NOT_FOUND")
-            entries = [
-                {
-                    "name": p.name,
-                    "path": str(p),
-                    "size": 0,
-                    "mode": 0o644,
-                    "type": "directory" if p.is_dir() else "file",
-                    "mtime": datetime.now(UTC).isoformat(),
-                }
-                for p in sorted(target.iterdir())
-            ]
-            return httpx.Response(200, json={"path": str(target), "entries": entries})
+            where = request.url.params["path"].rstrip("/")
+            entries = [file_info(f"{where}/{p.name}", p) for p in sorted(target.iterdir())]
+            return httpx.Response(200, json={"path": where, "entries": entries})
         if request.method == "GET":
             if not target.is_file():
                 return refusal(404, "PATH_NOT_FOUND", f"no file {target}")
@@ -335,5 +346,6 @@ class Fake:
             if hashlib.sha256(data).hexdigest() != request.headers.get("X-Podbay-Sha256"):
                 return refusal(422, "DIGEST_MISMATCH")
             target.write_bytes(data)
-            return httpx.Response(204)
+            # As the agent answers: what was written, at its path in the sandbox.
+            return httpx.Response(200, json=file_info(request.url.params["path"], target))
         return refusal(405, "METHOD_NOT_ALLOWED")

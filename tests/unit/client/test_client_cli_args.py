@@ -24,4 +24,5 @@ def test_no_token_is_one_line_exit_2() -> None:
 
 def test_cp_needs_exactly_one_remote_side(tmp_path: object) -> None:
     result = CliRunner().invoke(command, ["cp", "a", "b", "--token", "x.e30.y"])
-    assert result.exit_code == 2 and "exactly one" in result.output
+    assert result.exit_code == 2
+    assert "exactly one" in result.output

@@ -47,16 +47,19 @@ def test_token_issuer_reads_iss_without_a_key() -> None:
 
 
 @pytest.mark.parametrize(
-    "token",
+    ("token", "why"),
     [
-        "nodots",
-        "a.!!!.c",
-        "a." + base64.urlsafe_b64encode(json.dumps({"sub": "x"}).encode()).decode() + ".c",
-        "a.W10.c",
+        ("nodots", "not a JWT"),
+        ("a.!!!.c", "not base64url JSON"),
+        (
+            "a." + base64.urlsafe_b64encode(json.dumps({"sub": "x"}).encode()).decode() + ".c",
+            "no 'iss' claim",
+        ),
+        ("a.W10.c", "no 'iss' claim"),
     ],
 )
-def test_token_issuer_refuses_bad_tokens(token: str) -> None:
-    with pytest.raises(ValueError):
+def test_token_issuer_refuses_bad_tokens(token: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         token_issuer(token)
 
 
@@ -80,17 +83,17 @@ def test_client_construction_reads_the_environment(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "why"),
     [
-        {"timeout_seconds": 1},
-        {"files": "ftp"},
-        {"server_url": "cp:80"},
-        {"prepare_timeout_seconds": -1},
+        ({"timeout_seconds": 1}, "timeout_seconds must be above 1"),
+        ({"files": "ftp"}, "files must be one of"),
+        ({"server_url": "cp:80"}, "server_url must start with http"),
+        ({"prepare_timeout_seconds": -1}, "prepare_timeout_seconds must not be negative"),
     ],
 )
-def test_config_is_checked(kwargs: dict[str, object]) -> None:
+def test_config_is_checked(kwargs: dict[str, object], why: str) -> None:
     base: dict[str, object] = {"identity_token": "t", "server_url": "http://cp"}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=why):
         Config(**{**base, **kwargs})  # type: ignore[arg-type]
 
 
@@ -111,7 +114,8 @@ def test_exec_deadline_is_one_second_under_the_request_timeout() -> None:
 
 def test_control_requests_carry_the_identity_token_and_escape_names() -> None:
     request = core().attach_request("a:b.c")
-    assert request.method == "PUT" and request.url.path == "/api/v1/sandboxes/a:b.c"
+    assert request.method == "PUT"
+    assert request.url.path == "/api/v1/sandboxes/a:b.c"
     assert request.headers["Authorization"] == "Bearer tok"
     assert json.loads(request.content) == {"class": "default"}
     assert core().get_request("x/y").url.raw_path == b"/api/v1/sandboxes/x%2Fy"
@@ -130,7 +134,8 @@ def test_data_requests_merge_the_opaque_headers() -> None:
     )
     request = core().data_request(handle, "GET", "/v1/info")
     assert str(request.url) == "http://node:9/sbx/n/v1/info"
-    assert request.headers["X-Cred"] == "c" and "Authorization" not in request.headers
+    assert request.headers["X-Cred"] == "c"
+    assert "Authorization" not in request.headers
 
 
 def test_handle_cache_renews_within_a_minute_of_expiry() -> None:
@@ -226,7 +231,8 @@ def test_grep_parsing() -> None:
 
 def test_grep_command_always_names_the_file() -> None:
     command = _files.grep_command("-v", "file")
-    assert command[:2] == ["grep", "-rnHIZ"] and command[2:4] == ["-e", "-v"]
+    assert command[:2] == ["grep", "-rnHIZ"]
+    assert command[2:4] == ["-e", "-v"]
 
 
 def test_write_commands_chunk_at_48_kib() -> None:
@@ -236,7 +242,8 @@ def test_write_commands_chunk_at_48_kib() -> None:
     assert [c[2].split()[-2] for c in commands[:3]] == [">", ">>", ">>"]
     assert b"".join(base64.b64decode(c[4]) for c in commands[:3]) == data
     assert all(len(c[4].encode()) < 128 * 1024 for c in commands[:3])  # per-argument limit
-    assert commands[-1][-1] == "dir/f.bin" and commands[-1][-2] == commands[0][-1]
+    assert commands[-1][-1] == "dir/f.bin"
+    assert commands[-1][-2] == commands[0][-1]
     assert len(list(_files.write_commands("e", io.BytesIO(b"")))) == 2
     exact = list(_files.write_commands("e", io.BytesIO(b"x" * BASE64_WRITE_CHUNK)))
     assert len(exact) == 2
@@ -283,7 +290,8 @@ def test_digest_check_takes_a_trailing_digest_off_the_content() -> None:
         chunks.append(body[i : i + size])
         i += size
     passed = b"".join(bytes(piece) for chunk in chunks for piece in check.update(chunk))
-    assert passed == data and check.total == len(data) == check.size
+    assert passed == data
+    assert check.total == len(data) == check.size
     check.verify()
     bad = _files.DigestCheck(headers, "p")
     bad.update(body[:-1] + b"0")
@@ -311,7 +319,8 @@ def test_unasync_fails_on_a_rule_that_matches_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = importlib.util.spec_from_file_location("unasync", ROOT / "scripts" / "unasync.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     unasync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(unasync)
     assert unasync.main(["--check"]) == 0

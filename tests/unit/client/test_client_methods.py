@@ -106,7 +106,8 @@ def test_prepare_timeout_raises_preparing_error(make_client: Any, fake: Fake) ->
 def test_unknown_class_is_a_409_request_error(client: Any) -> None:
     with pytest.raises(SandboxRequestError) as info:
         client.attach("x", "huge")
-    assert info.value.status == 409 and info.value.code == "SANDBOX_CLASS_UNKNOWN"
+    assert info.value.status == 409
+    assert info.value.code == "SANDBOX_CLASS_UNKNOWN"
     assert not isinstance(info.value, SandboxNotEnabledError)
 
 
@@ -114,7 +115,8 @@ def test_not_declared_is_not_enabled(client: Any, fake: Fake) -> None:
     fake.not_enabled = True
     with pytest.raises(SandboxNotEnabledError) as info:
         client.exec("x", ["true"])
-    assert info.value.status == 409 and info.value.code == "SANDBOX_NOT_DECLARED"
+    assert info.value.status == 409
+    assert info.value.code == "SANDBOX_NOT_DECLARED"
 
 
 def test_401_reattaches_once_and_repeats(client: Any, fake: Fake) -> None:
@@ -200,7 +202,8 @@ def test_exec_result_and_deadline(client: Any, fake: Fake) -> None:
     )
     assert isinstance(result, ExecResult)
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
-    assert not result.timed_out and not result.truncated
+    assert not result.timed_out
+    assert not result.truncated
     bodies = [json.loads(r.content) for r in fake.requests if r.url.path.endswith("/v1/exec")]
     assert bodies[-1]["timeout_ms"] == 29_000  # one second under 30 s
     assert bodies[-1]["env"] == {"X": "1"}
@@ -212,7 +215,8 @@ def test_exec_result_and_deadline(client: Any, fake: Fake) -> None:
 
 def test_exec_timeout_is_a_result(client: Any) -> None:
     result = client.exec("t", ["sleep", "5"], timeout_ms=200)
-    assert result.timed_out and result.exit_code == 137
+    assert result.timed_out
+    assert result.exit_code == 137
 
 
 def test_exec_refuses_a_shell_line(client: Any) -> None:
@@ -223,7 +227,8 @@ def test_exec_refuses_a_shell_line(client: Any) -> None:
 def test_command_start_failure_is_a_400(client: Any) -> None:
     with pytest.raises(SandboxRequestError) as info:
         client.exec("t", ["/no/such/binary"])
-    assert info.value.status == 400 and info.value.code == "COMMAND_START_FAILED"
+    assert info.value.status == 400
+    assert info.value.code == "COMMAND_START_FAILED"
 
 
 def test_exec_combined_interleaves(client: Any) -> None:
@@ -233,14 +238,16 @@ def test_exec_combined_interleaves(client: Any) -> None:
 
 def test_spawn_poll_processes_signal_kill(client: Any) -> None:
     proc = client.spawn("t", ["/bin/sh", "-c", "echo started; exec sleep 30"])
-    assert proc.state == "running" and proc.exit_code is None
+    assert proc.state == "running"
+    assert proc.exit_code is None
     assert [p.process_id for p in client.processes("t")] == [proc.process_id]
     deadline = time.monotonic() + 10
     chunk = client.poll("t", proc.process_id)
     while not chunk.stdout and time.monotonic() < deadline:
         time.sleep(0.01)
         chunk = client.poll("t", proc.process_id)
-    assert chunk.stdout == "started\n" and chunk.stdout_next == 8
+    assert chunk.stdout == "started\n"
+    assert chunk.stdout_next == 8
     again = client.poll("t", proc.process_id, stdout_from=8)
     assert again.stdout == ""
     client.signal("t", proc.process_id, "TERM")
@@ -265,7 +272,9 @@ def test_run_collects_whole_output_and_reaps(client: Any) -> None:
     )
     assert isinstance(result, RunResult)
     assert (result.stdout, result.stderr, result.exit_code) == ("1\n2\n3\n", "e\n", 2)
-    assert not result.killed and not result.timed_out and result.state == "exited"
+    assert not result.killed
+    assert not result.timed_out
+    assert result.state == "exited"
     assert "".join(seen) == "1\n2\n3\n"
     assert client.processes("t") == []
 
@@ -274,7 +283,8 @@ def test_run_timeout_kills(client: Any) -> None:
     result = client.run(
         "t", ["/bin/sh", "-c", "echo begin; exec sleep 30"], interval_ms=20, timeout_ms=500
     )
-    assert result.killed and result.timed_out
+    assert result.killed
+    assert result.timed_out
     assert result.stdout == "begin\n"
     assert result.exit_code == 137
     assert client.processes("t") == []
@@ -284,7 +294,8 @@ def test_run_cancel_event_kills(client: Any) -> None:
     cancel = threading.Event()
     cancel.set()
     result = client.run("t", ["sleep", "30"], interval_ms=20, cancel=cancel)
-    assert result.killed and not result.timed_out
+    assert result.killed
+    assert not result.timed_out
     assert client.processes("t") == []
 
 
@@ -319,7 +330,8 @@ def test_native_path_is_used_when_advertised(make_client: Any, fake: Fake) -> No
     client = make_client()
     client.write_file_bytes("t", "a", b"x")
     client.read_file_bytes("t", "a")
-    assert fake.count("PUT", "/v1/files") == 1 and fake.count("GET", "/v1/files") == 1
+    assert fake.count("PUT", "/v1/files") == 1
+    assert fake.count("GET", "/v1/files") == 1
     assert fake.count("POST", "/v1/exec") == 0
     assert fake.count("GET", "/v1/info") == 1  # cached per handle
     put = next(r for r in fake.requests if r.method == "PUT" and r.url.path.endswith("files"))
@@ -448,7 +460,8 @@ def test_get_list_stop_delete(client: Any, fake: Fake) -> None:
     client.attach("one")
     client.attach("two")
     record = client.get("one")
-    assert isinstance(record, SandboxRecord) and record.class_ == "default"
+    assert isinstance(record, SandboxRecord)
+    assert record.class_ == "default"
     assert {r.name for r in client.list()} == {"one", "two"}
     client.stop("one")
     assert client.get("one").state == "suspended"
@@ -469,7 +482,8 @@ def test_handle_object(client: Any, fake: Fake, face: str) -> None:
             assert s.exec(["cat", "hi.txt"]).stdout == "hi"
             assert s.list_dir() == [DirEntry(name="hi.txt", is_directory=False)]
     else:
-        assert type(sb).__name__ == "AsyncSandbox" and sb.name == "thread-42"
+        assert type(sb).__name__ == "AsyncSandbox"
+        assert sb.name == "thread-42"
 
 
 def test_directory_tar_is_safe(make_client: Any, fake: Fake, tmp_path: Any) -> None:

@@ -107,7 +107,8 @@ def test_a_class_still_being_checked_is_waited_for_as_retry_after_says(
     on the client's first contact."""
     fake.checking = 20  # 40 s of "Retry-After: 2"
     handle = attach("t")
-    assert handle.state == "running" and fake.checking == 0
+    assert handle.state == "running"
+    assert fake.checking == 0
     assert attach.clock.slept == 40.0 > RESTART_WAIT_SECONDS
 
 
@@ -115,4 +116,5 @@ def test_a_503_without_retry_after_is_an_error_at_once(attach: Attacher, fake: F
     fake.checking, fake.checking_retry_after = 1, None
     with pytest.raises(SandboxRequestError) as refused:
         attach("t")
-    assert refused.value.code == "SANDBOXES_UNAVAILABLE" and attach.clock.slept == 0
+    assert refused.value.code == "SANDBOXES_UNAVAILABLE"
+    assert attach.clock.slept == 0

@@ -106,7 +106,8 @@ def test_keeps_the_connection_alive_and_sends_head_and_body_in_one_write(
     server = RawServer(ok())
     for _ in range(20):
         r = http.post(server.url + "/v1/exec?x=1", json={"command": ["true"]})
-        assert r.status_code == 200 and r.json() == {"ok": True}
+        assert r.status_code == 200
+        assert r.json() == {"ok": True}
     assert server.connections == 1
     # Each request arrived in one read: head and JSON body left in one write (two
     # writes reach a server waiting in recv as two reads, most times in 20).

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from platform_fakes import Clock, FakeDriver
 
-from podbay.control.app import Platform, create_app
-from podbay.control.services.classes import ClassCheck, ClassProof
+from podbay.dataplane.classes import ClassCheck, ClassProof
+from podbay.serve.platform import Platform, create_app
 from podbay.settings import Settings
 from podbay.store.sqlite import SqliteStore
+from podbay.testing.fake_driver import Clock, FakeDriver
 
 
 @dataclass

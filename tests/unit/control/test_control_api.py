@@ -24,7 +24,8 @@ async def test_attach_creates_then_reuses(harness):
     assert body["runtime_class"] == "container"  # the class actually used
     assert body["endpoint"].startswith("http://podbay.test/sandbox/sb-")
     assert set(body["headers"]) == {CREDENTIAL_HEADER}
-    assert "ceiling_at" in body and "expires_at" in body
+    assert "ceiling_at" in body
+    assert "expires_at" in body
     again = await harness.attach(token, "thread-1")
     assert again.json()["start"] == "reused"
     assert again.json()["endpoint"] == body["endpoint"]
@@ -151,7 +152,8 @@ async def test_fifty_concurrent_attaches_make_one_sandbox(harness):
     results = await asyncio.gather(*(harness.attach(token, "race") for _ in range(50)))
     assert all(r.status_code == 200 for r in results)
     starts = sorted(r.json()["start"] for r in results)
-    assert starts.count("created") == 1 and starts.count("reused") == 49
+    assert starts.count("created") == 1
+    assert starts.count("reused") == 49
     assert len({r.json()["endpoint"] for r in results}) == 1
     assert len(harness.driver.machines) == 1
 
@@ -208,9 +210,11 @@ async def test_start_failure_leaves_nothing(harness):
 async def test_unknown_route_and_method(harness):
     token = await harness.deployment()
     r = await harness.call("GET", "/api/v1/nothing", token)
-    assert r.status_code == 404 and r.json()["code"] == "ROUTE_NOT_FOUND"
+    assert r.status_code == 404
+    assert r.json()["code"] == "ROUTE_NOT_FOUND"
     r = await harness.call("PATCH", "/api/v1/sandboxes/x", token)
-    assert r.status_code == 405 and r.json()["code"] == "METHOD_NOT_ALLOWED"
+    assert r.status_code == 405
+    assert r.json()["code"] == "METHOD_NOT_ALLOWED"
 
 
 async def test_healthz_and_metrics(harness):
@@ -245,7 +249,9 @@ async def test_a_store_gone_under_a_resume_is_503_with_retry_after(harness, monk
     monkeypatch.setattr(harness.store, "replace_sandbox", away)
     r = await harness.attach(token, "s")
     assert r.status_code == 503, r.text
-    assert r.json()["code"] == "STORE_UNAVAILABLE" and r.headers["Retry-After"] == "2"
+    assert r.json()["code"] == "STORE_UNAVAILABLE"
+    assert r.headers["Retry-After"] == "2"
     monkeypatch.setattr(harness.store, "replace_sandbox", real)
     again = await harness.attach(token, "s")
-    assert again.status_code == 200 and again.json()["start"] == "resumed"
+    assert again.status_code == 200
+    assert again.json()["start"] == "resumed"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from podbay.control.services.classes import ClassRuntimes
+from podbay.dataplane.classes import ClassRuntimes
 from podbay.runtime.base import Driver
 from podbay.runtime.classes import HostCheck
 

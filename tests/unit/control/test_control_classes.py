@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from platform_fakes import FakeDriver
 from platform_harness import Harness, build_harness, make_settings
 
-from podbay.control.services.classes import CHECKING_RETRY_SECONDS
+from podbay.dataplane.classes import CHECKING_RETRY_SECONDS
 from podbay.runtime.base import Driver
 from podbay.runtime.classes import HostCheck
+from podbay.testing.fake_driver import FakeDriver
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,8 @@ async def test_default_is_the_first_enabled_class_that_runs_and_the_record_says_
     token = await h.deployment()
     handle = (await h.attach(token, "a")).json()
     assert handle["runtime_class"] == "gvisor"
-    assert list(drivers["gvisor"].machines) and not drivers["container"].machines
+    assert list(drivers["gvisor"].machines)
+    assert not drivers["container"].machines
     record = (await h.call("GET", "/api/v1/sandboxes/a", token)).json()
     assert record["runtime_class"] == "gvisor"
     listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
@@ -88,10 +89,13 @@ async def test_a_named_class_runs_on_its_own_driver_and_the_gateway_reaches_it(b
     r = await h.attach(token, "c", json={"class": "container"})
     assert r.status_code == 200, r.text
     handle = r.json()
-    assert handle["runtime_class"] == "container" and handle["start"] == "created"
-    assert list(drivers["container"].machines) and not drivers["gvisor"].machines
+    assert handle["runtime_class"] == "container"
+    assert handle["start"] == "created"
+    assert list(drivers["container"].machines)
+    assert not drivers["gvisor"].machines
     echoed = await h.client.get(handle["endpoint"] + "/v1/info", headers=handle["headers"])
-    assert echoed.status_code == 200 and echoed.json()["path"] == "/v1/info"
+    assert echoed.status_code == 200
+    assert echoed.json()["path"] == "/v1/info"
 
 
 async def test_a_known_class_this_server_does_not_run_is_409_naming_what_it_runs(both):
@@ -101,9 +105,11 @@ async def test_a_known_class_this_server_does_not_run_is_409_naming_what_it_runs
     assert r.status_code == 409
     body = r.json()
     assert body["code"] == "SANDBOX_CLASS_UNAVAILABLE"
-    assert "'vm'" in body["error"] and "not enabled" in body["error"]
+    assert "'vm'" in body["error"]
+    assert "not enabled" in body["error"]
     assert body["error"].endswith("it can run: gvisor, container")
-    assert not drivers["gvisor"].machines and not drivers["container"].machines
+    assert not drivers["gvisor"].machines
+    assert not drivers["container"].machines
     missing = await h.call("GET", "/api/v1/sandboxes/v", token)
     assert missing.status_code == 404  # nothing half-made
 
@@ -112,7 +118,8 @@ async def test_an_unknown_class_stays_unknown(both):
     h, _ = both
     token = await h.deployment()
     r = await h.attach(token, "x", json={"class": "gpu"})
-    assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNKNOWN"
+    assert r.status_code == 409
+    assert r.json()["code"] == "SANDBOX_CLASS_UNKNOWN"
     assert "default, vm, gvisor, container" in r.json()["error"]
 
 
@@ -122,7 +129,8 @@ async def test_an_existing_sandbox_keeps_its_class(both):
     assert (await h.attach(token, "s")).json()["runtime_class"] == "gvisor"
     for asked in ("default", "gvisor"):
         again = await h.attach(token, "s", json={"class": asked})
-        assert again.status_code == 200 and again.json()["start"] == "reused"
+        assert again.status_code == 200
+        assert again.json()["start"] == "reused"
         assert again.json()["runtime_class"] == "gvisor"
     other = await h.attach(token, "s", json={"class": "container"})
     assert other.status_code == 409
@@ -132,7 +140,8 @@ async def test_an_existing_sandbox_keeps_its_class(both):
     # Deleting it frees the name for another class.
     assert (await h.call("DELETE", "/api/v1/sandboxes/s", token)).status_code == 204
     moved = await h.attach(token, "s", json={"class": "container"})
-    assert moved.status_code == 200 and moved.json()["runtime_class"] == "container"
+    assert moved.status_code == 200
+    assert moved.json()["runtime_class"] == "container"
 
 
 async def test_suspend_resume_and_carry_over_stay_in_the_class(both):
@@ -141,9 +150,11 @@ async def test_suspend_resume_and_carry_over_stay_in_the_class(both):
     await h.attach(token, "life", json={"class": "container"})
     assert (await h.call("POST", "/api/v1/sandboxes/life/stop", token)).status_code == 204
     calls = [c for c, _ in drivers["container"].calls]
-    assert "suspend" in calls and not drivers["gvisor"].calls
+    assert "suspend" in calls
+    assert not drivers["gvisor"].calls
     back = await h.attach(token, "life")
-    assert back.json()["start"] == "resumed" and back.json()["runtime_class"] == "container"
+    assert back.json()["start"] == "resumed"
+    assert back.json()["runtime_class"] == "container"
     assert [c for c, _ in drivers["container"].calls][-1] == "resume"
 
 
@@ -154,7 +165,8 @@ async def test_a_class_that_fails_its_check_is_unavailable_with_the_reason(tmp_p
         token = await h.deployment()
         assert (await h.attach(token, "a")).json()["runtime_class"] == "container"
         r = await h.attach(token, "b", json={"class": "gvisor"})
-        assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
+        assert r.status_code == 409
+        assert r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
         assert "runsc not found" in r.json()["error"]
         assert r.json()["error"].endswith("it can run: container")
     for d in drivers.values():
@@ -169,7 +181,8 @@ async def test_a_slow_class_is_never_what_default_means_but_runs_when_named(tmp_
         token = await h.deployment()
         assert (await h.attach(token, "d")).json()["runtime_class"] == "gvisor"
         named = await h.attach(token, "v", json={"class": "vm"})
-        assert named.status_code == 200 and named.json()["runtime_class"] == "vm"
+        assert named.status_code == 200
+        assert named.json()["runtime_class"] == "vm"
         assert list(drivers["vm"].machines)
     for d in drivers.values():
         await d.close_all()
@@ -190,7 +203,8 @@ async def test_a_pinned_default_that_cannot_run_refuses_new_sandboxes_only(tmp_p
     async for h in run(tmp_path, drivers, classes="gvisor,container", pin="gvisor", results=down):
         token = await h.deployment()
         r = await h.attach(token, "p")
-        assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
+        assert r.status_code == 409
+        assert r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
         assert "'default' (pinned to 'gvisor')" in r.json()["error"]
         assert (await h.attach(token, "c", json={"class": "container"})).status_code == 200
         # An existing sandbox is reused with "default": the pin decides new ones only.
@@ -209,17 +223,20 @@ async def test_restart_adopts_each_class_from_its_own_driver(tmp_path):
         for handle in (g, c):
             r = await h.client.get(handle["endpoint"] + "/v1/info", headers=handle["headers"])
             assert r.status_code == 200, (handle["runtime_class"], r.text)
-        assert len(drivers["gvisor"].machines) == 1 and len(drivers["container"].machines) == 1
+        assert len(drivers["gvisor"].machines) == 1
+        assert len(drivers["container"].machines) == 1
     # A restart without gvisor leaves its sandbox alone (row and machine) ...
     async for h in run(tmp_path, drivers, classes="container"):
         r = await h.client.get(g["endpoint"] + "/v1/info", headers=g["headers"])
-        assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+        assert r.status_code == 401
+        assert r.json()["code"] == "SANDBOX_NOT_RUNNING"
         await h.platform.lifecycle.run_pass()
         assert len(drivers["gvisor"].machines) == 1
         listed = (await h.call("GET", "/api/v1/sandboxes", token)).json()["sandboxes"]
         assert sorted(s["runtime_class"] for s in listed) == ["container", "gvisor"]
         r = await h.attach(token, "g")
-        assert r.status_code == 409 and r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
+        assert r.status_code == 409
+        assert r.json()["code"] == "SANDBOX_CLASS_UNAVAILABLE"
     for d in drivers.values():
         await d.close_all()
 
@@ -227,7 +244,7 @@ async def test_restart_adopts_each_class_from_its_own_driver(tmp_path):
 async def test_no_driver_at_all_says_why_on_healthz(tmp_path):
     import httpx
 
-    from podbay.control.app import create_app
+    from podbay.serve.platform import create_app
     from podbay.store.sqlite import SqliteStore
 
     settings = make_settings(tmp_path)
@@ -259,17 +276,20 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
 
     tcg = {"vm": HostCheck(True, False, "TCG only")}
     async for h in run(tmp_path, drivers, classes="vm,gvisor,container", results=tcg, prove=prove):
-        assert h.platform.ready and h.platform.classes.default == "gvisor"
+        assert h.platform.ready
+        assert h.platform.classes.default == "gvisor"
         token = await h.deployment()
         early = await h.attach(token, "v", json={"class": "vm"})
-        assert early.status_code == 503 and early.json()["code"] == "SANDBOXES_UNAVAILABLE"
+        assert early.status_code == 503
+        assert early.json()["code"] == "SANDBOXES_UNAVAILABLE"
         assert "still being checked" in early.json()["error"]
         # Temporary, and said so: clients wait Retry-After and ask again; /healthz
         # says the same (checking, not available; container too: the background
         # proves one class after another).
         assert early.headers["Retry-After"] == str(CHECKING_RETRY_SECONDS)
         health = (await h.client.get("/healthz")).json()["classes"]
-        assert health["checking"] == ["vm", "container"] and "vm" not in health["available"]
+        assert health["checking"] == ["vm", "container"]
+        assert "vm" not in health["available"]
         assert (await h.attach(token, "d")).json()["runtime_class"] == "gvisor"
         booted.set()
         for _ in range(100):
@@ -277,9 +297,11 @@ async def test_a_slow_class_is_proven_in_the_background_while_the_server_serves(
                 break
             await asyncio.sleep(0.01)
         late = await h.attach(token, "v", json={"class": "vm"})
-        assert late.status_code == 200 and late.json()["runtime_class"] == "vm"
+        assert late.status_code == 200
+        assert late.json()["runtime_class"] == "vm"
         status = {s.name: s for s in h.platform.classes.statuses()}
-        assert status["vm"].available and "a vm machine answered" in status["vm"].detail
+        assert status["vm"].available
+        assert "a vm machine answered" in status["vm"].detail
     for d in drivers.values():
         await d.close_all()
 
@@ -296,7 +318,8 @@ async def test_when_the_default_candidate_cannot_run_a_machine_the_next_one_is_d
         assert h.platform.classes.default == "container"
         token = await h.deployment()
         r = await h.attach(token, "g", json={"class": "gvisor"})
-        assert r.status_code == 409 and "flag provided but not defined" in r.json()["error"]
+        assert r.status_code == 409
+        assert "flag provided but not defined" in r.json()["error"]
     for d in drivers.values():
         await d.close_all()
 

@@ -14,14 +14,14 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from podbay import internal
 from podbay.cli.main import cli
-from podbay.control.cluster import ControlPlane, LeaseLocks
 from podbay.control.keys import KeyRing, StoreKeyRing
+from podbay.control.plane import ControlPlane, LeaseLocks
 from podbay.control.remote import ClusterNodes
+from podbay.dataplane import nodeapi
+from podbay.dataplane.credentials import CredentialVerifier, mint_credential
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
-from podbay.gateway.credentials import CredentialVerifier, mint_credential
 from podbay.settings import Settings
 from podbay.store.postgres import PostgresStore
 from podbay.testing.postgres import TemporaryCluster
@@ -91,7 +91,8 @@ async def test_placement_prefers_warm_then_the_least_loaded(store):
         await store.drain_node("b")
         await nodes.refresh(force=True)
         assert (await nodes.place("container")).name == "a"
-        assert nodes.works("gvisor") and nodes.reachable(_sandbox("x", "b"))
+        assert nodes.works("gvisor")
+        assert nodes.reachable(_sandbox("x", "b"))
     finally:
         await nodes.close()
 
@@ -108,7 +109,8 @@ async def test_a_silent_node_is_lost_and_its_sandboxes_refused(store):
         assert not nodes.reachable(row)
         with pytest.raises(ApiError) as lost:
             nodes.of(row)
-        assert lost.value.code is ErrorCode.SANDBOX_NODE_LOST and "'a'" in lost.value.message
+        assert lost.value.code is ErrorCode.SANDBOX_NODE_LOST
+        assert "'a'" in lost.value.message
         with pytest.raises(ApiError):
             await nodes.place("container")  # no node to place on
         await store.heartbeat_node("a", _report(["container"], 4), now[0])
@@ -160,11 +162,11 @@ async def test_one_replica_at_a_time_holds_a_sandbox(url):
 
 def test_node_calls_and_data_plane_credentials_never_pass_for_each_other():
     keys = _keys()
-    call = internal.mint_node_call(keys, "node-a", internal.credential_hash("pbn_a"))
-    internal.verify_node_call(keys, call, "node-a", "pbn_a")
+    call = nodeapi.mint_node_call(keys, "node-a", nodeapi.credential_hash("pbn_a"))
+    nodeapi.verify_node_call(keys, call, "node-a", "pbn_a")
     for wrong, node in ((call, "node-b"), (_credential(keys), "node-a")):
         with pytest.raises(ApiError) as refused:
-            internal.verify_node_call(keys, wrong, node, "pbn_a")
+            nodeapi.verify_node_call(keys, wrong, node, "pbn_a")
         assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
     with pytest.raises(ApiError) as refused:
         CredentialVerifier(keys).verify(call)
@@ -182,7 +184,8 @@ def test_control_refuses_to_start_on_sqlite(tmp_path):
         ["control", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path)],
         env={"PODBAY_STORE_URL": "", "PODBAY_CLUSTER_ENROLLMENT_TOKEN": "x"},
     )
-    assert result.exit_code == 2 and "PostgreSQL" in result.output
+    assert result.exit_code == 2
+    assert "PostgreSQL" in result.output
 
 
 async def test_shared_keys_start_from_the_data_directorys(store, tmp_path):
@@ -194,7 +197,8 @@ async def test_shared_keys_start_from_the_data_directorys(store, tmp_path):
     assert CredentialVerifier(shared).verify(token).sandbox_id == "sb-1"
     rotated = await shared.rotate()
     again = await StoreKeyRing.open(store, adopt=tmp_path / "other")
-    assert again.kids() == sorted([*local.kids(), rotated]) and again.active().kid == rotated
+    assert again.kids() == sorted([*local.kids(), rotated])
+    assert again.active().kid == rotated
 
 
 async def test_a_stopped_sandbox_moves_only_off_a_drained_or_full_node(store):
@@ -212,34 +216,39 @@ async def test_a_stopped_sandbox_moves_only_off_a_drained_or_full_node(store):
         await store.insert_sandbox(_sandbox("r2", "a"), deployment_cap=9, account_cap=9)
         # a is full; c has more room but takes no moves: b.
         found = await nodes.relocation(stopped)
-        assert found is not None and found[0].name == "b" and "full" in found[1]
+        assert found is not None
+        assert found[0].name == "b"
+        assert "full" in found[1]
         await store.drain_node("b")
         await nodes.refresh(force=True)
         assert await nodes.relocation(stopped) is None  # nowhere to go: it stays
         await store.drain_node("b", drained=False)
         await store.drain_node("a")
         r1 = await store.get_sandbox("dep_d", "r1")
-        assert r1 is not None and await store.delete_sandbox(r1)
+        assert r1 is not None
+        assert await store.delete_sandbox(r1)
         await nodes.refresh(force=True)
         found = await nodes.relocation(stopped)
-        assert found is not None and found[0].name == "b" and "drained" in found[1]
+        assert found is not None
+        assert found[0].name == "b"
+        assert "drained" in found[1]
     finally:
         await nodes.close()
 
 
 def test_a_disk_pass_opens_one_machine_on_one_node_and_nothing_else():
     keys = _keys()
-    token = internal.mint_disk_pass(keys, "node-a", "container", "m-1", "node-b")
-    assert internal.verify_disk_pass(keys, token, "node-a", "container", "m-1") == "node-b"
+    token = nodeapi.mint_disk_pass(keys, "node-a", "container", "m-1", "node-b")
+    assert nodeapi.verify_disk_pass(keys, token, "node-a", "container", "m-1") == "node-b"
     for holder, machine in (("node-b", "m-1"), ("node-a", "m-2")):
         with pytest.raises(ApiError) as refused:
-            internal.verify_disk_pass(keys, token, holder, "container", machine)
+            nodeapi.verify_disk_pass(keys, token, holder, "container", machine)
         assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
-    call = internal.mint_node_call(keys, "node-a", internal.credential_hash("pbn_a"))
+    call = nodeapi.mint_node_call(keys, "node-a", nodeapi.credential_hash("pbn_a"))
     with pytest.raises(ApiError):
-        internal.verify_disk_pass(keys, call, "node-a", "container", "m-1")
+        nodeapi.verify_disk_pass(keys, call, "node-a", "container", "m-1")
     with pytest.raises(ApiError):
-        internal.verify_node_call(keys, token, "node-a", "pbn_a")
+        nodeapi.verify_node_call(keys, token, "node-a", "pbn_a")
     with pytest.raises(ApiError):
         CredentialVerifier(keys).verify(token)
 
@@ -265,7 +274,7 @@ ENROLLMENT = "enroll-me"
 
 async def _enroll(client: httpx.AsyncClient, name: str, url: str) -> httpx.Response:
     body = {"name": name, "url": url, "token": ENROLLMENT, "report": {"ready": False}}
-    return await client.post(internal.ENROLL, json=body)
+    return await client.post(nodeapi.ENROLL, json=body)
 
 
 async def test_enrolling_under_an_enrolled_nodes_name_is_refused_until_it_is_forgotten(control):
@@ -277,16 +286,18 @@ async def test_enrolling_under_an_enrolled_nodes_name_is_refused_until_it_is_for
     real = first.json()["credential"]
     thief = await _enroll(client, "node-a", "http://10.6.6.6:8701")
     assert thief.status_code == 409
-    assert thief.json()["code"] == "NODE_NAME_TAKEN" and "forget" in thief.json()["error"]
+    assert thief.json()["code"] == "NODE_NAME_TAKEN"
+    assert "forget" in thief.json()["error"]
     (record,) = await plane.store.list_nodes()
     assert record.url == "http://10.0.0.1:8701"
-    assert record.credential_hash == internal.credential_hash(real)
+    assert record.credential_hash == nodeapi.credential_hash(real)
     # Control calls go to the enrolled URL, and the real node takes them.
     await plane.nodes.refresh(force=True)
     node = plane.nodes.get("node-a")
-    assert node is not None and node.url == "http://10.0.0.1:8701"
-    call = internal.bearer(node._auth()["Authorization"])
-    internal.verify_node_call(plane.keys, call, "node-a", real)
+    assert node is not None
+    assert node.url == "http://10.0.0.1:8701"
+    call = nodeapi.bearer(node._auth()["Authorization"])
+    nodeapi.verify_node_call(plane.keys, call, "node-a", real)
     # The operator forgets it: the name is free, and whoever enrolls next gets
     # control calls the forgotten node refuses (they name the new enrollment).
     assert await plane.store.forget_node("node-a")
@@ -294,14 +305,15 @@ async def test_enrolling_under_an_enrolled_nodes_name_is_refused_until_it_is_for
     assert again.status_code == 200, again.text
     await plane.nodes.refresh(force=True)
     moved = plane.nodes.get("node-a")
-    assert moved is not None and moved.url == "http://10.6.6.6:8701"
-    call = internal.bearer(moved._auth()["Authorization"])
-    internal.verify_node_call(plane.keys, call, "node-a", again.json()["credential"])
+    assert moved is not None
+    assert moved.url == "http://10.6.6.6:8701"
+    call = nodeapi.bearer(moved._auth()["Authorization"])
+    nodeapi.verify_node_call(plane.keys, call, "node-a", again.json()["credential"])
     with pytest.raises(ApiError) as refused:
-        internal.verify_node_call(plane.keys, call, "node-a", real)
+        nodeapi.verify_node_call(plane.keys, call, "node-a", real)
     assert refused.value.code is ErrorCode.NODE_CREDENTIAL_INVALID
     with pytest.raises(ApiError):  # a node not enrolled takes no call at all
-        internal.verify_node_call(plane.keys, call, "node-a", None)
+        nodeapi.verify_node_call(plane.keys, call, "node-a", None)
 
 
 async def test_the_cluster_endpoints_refuse_deep_json_with_400(control):
@@ -309,17 +321,18 @@ async def test_the_cluster_endpoints_refuse_deep_json_with_400(control):
     _, client = control
     credential = (await _enroll(client, "node-d", "http://10.0.0.4:8701")).json()["credential"]
     deep = b"[" * 100_000 + b"]" * 100_000
-    for path in (internal.ENROLL, internal.HEARTBEAT, internal.SUSPECTS):
+    for path in (nodeapi.ENROLL, nodeapi.HEARTBEAT, nodeapi.SUSPECTS):
         r = await client.post(path, content=deep, headers={"Authorization": f"Bearer {credential}"})
         assert r.status_code == 400, r.text
-        assert r.json()["code"] == "REQUEST_INVALID" and "deeply" in r.json()["error"]
+        assert r.json()["code"] == "REQUEST_INVALID"
+        assert "deeply" in r.json()["error"]
 
 
 async def test_a_nodes_internal_bodies_refuse_deep_json_with_400():
     """The node's side of the internal API reads its bodies the same way."""
     from starlette.requests import Request
 
-    from podbay.node.internal import _body
+    from podbay.node.control_calls import _body
 
     deep = b"[" * 100_000 + b"]" * 100_000
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from platform_fakes import Clock, FakeDriver
 from platform_harness import make_settings
 
-from podbay.control.app import create_app
-from podbay.control.services.environment import Building, Prepared
+from podbay.dataplane.environment_seam import Building, Prepared
 from podbay.errors import ApiError
+from podbay.serve.platform import create_app
 from podbay.store.sqlite import SqliteStore
+from podbay.testing.fake_driver import Clock, FakeDriver
 from podbay.wire.codes import ErrorCode
 
 pytestmark = pytest.mark.anyio
@@ -67,7 +67,8 @@ async def test_202_then_200(seam):
         assert r.json() == {"name": "s", "state": "creating"}
         assert driver.machines == {}
     r = await client.put("/api/v1/sandboxes/s", headers=auth)
-    assert r.status_code == 200 and r.json()["start"] == "created"
+    assert r.status_code == 200
+    assert r.json()["start"] == "created"
     (machine,) = driver.machines.values()
     assert dict(machine.spec.env) == {"A": "1"}
     assert env.applied == [machine.spec.machine_id]
@@ -87,9 +88,11 @@ async def test_prepare_failed(seam):
         )
     ]
     r = await client.put("/api/v1/sandboxes/s", headers={"Authorization": f"Bearer {token}"})
-    assert r.status_code == 409 and r.json()["code"] == "SANDBOX_PREPARE_FAILED"
+    assert r.status_code == 409
+    assert r.json()["code"] == "SANDBOX_PREPARE_FAILED"
     assert "apt-get" in r.json()["error"]
-    assert driver.machines == {} and await store.list_sandboxes() == []
+    assert driver.machines == {}
+    assert await store.list_sandboxes() == []
 
 
 async def test_apply_failed_leaves_nothing(seam):
@@ -97,8 +100,10 @@ async def test_apply_failed_leaves_nothing(seam):
     env.fail_apply = True
     auth = {"Authorization": f"Bearer {token}"}
     r = await client.put("/api/v1/sandboxes/s", headers=auth)
-    assert r.status_code == 409 and r.json()["code"] == "SANDBOX_APPLY_FAILED"
+    assert r.status_code == 409
+    assert r.json()["code"] == "SANDBOX_APPLY_FAILED"
     assert "setup[0]" in r.json()["error"]
-    assert driver.machines == {} and await store.list_sandboxes() == []
+    assert driver.machines == {}
+    assert await store.list_sandboxes() == []
     env.fail_apply = False
     assert (await client.put("/api/v1/sandboxes/s", headers=auth)).status_code == 200

@@ -9,7 +9,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from podbay.gateway.credentials import AUDIENCE, mint_credential
+from podbay.dataplane.credentials import AUDIENCE, mint_credential
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -46,7 +46,8 @@ async def test_relays_with_credential(harness):
 async def test_missing_forged_expired(harness):
     h = await _handle(harness)
     missing = await harness.client.post(_path(h, "/v1/exec"), json={})
-    assert missing.status_code == 401 and missing.json()["code"] == "CREDENTIAL_INVALID"
+    assert missing.status_code == 401
+    assert missing.json()["code"] == "CREDENTIAL_INVALID"
     forged_key = Ed25519PrivateKey.generate()
     kid = harness.platform.keys.active().kid
     forged = jwt.encode(
@@ -61,7 +62,8 @@ async def test_missing_forged_expired(harness):
         headers={"kid": kid},
     )
     r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: forged})
-    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    assert r.status_code == 401
+    assert r.json()["code"] == "CREDENTIAL_INVALID"
     expired, _ = mint_credential(
         harness.platform.keys,
         sandbox_id=h["endpoint"].rsplit("/", 1)[1],
@@ -69,7 +71,8 @@ async def test_missing_forged_expired(harness):
         ttl_seconds=-5,
     )
     r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: expired})
-    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    assert r.status_code == 401
+    assert r.json()["code"] == "CREDENTIAL_INVALID"
     assert "expired" in r.json()["error"]
     # an identity token is not a credential
     r = await harness.client.post(_path(h, "/v1/exec"), headers={CREDENTIAL_HEADER: harness._tok})
@@ -88,7 +91,8 @@ async def test_not_running_then_reattach(harness):
     h = await _handle(harness)
     await harness.call("POST", "/api/v1/sandboxes/g/stop", harness._tok)
     r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
-    assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+    assert r.status_code == 401
+    assert r.json()["code"] == "SANDBOX_NOT_RUNNING"
     again = (await harness.attach(harness._tok, "g")).json()
     assert again["start"] == "resumed"
     r = await harness.client.post(_path(again, "/v1/exec"), headers=again["headers"], json={})
@@ -102,7 +106,8 @@ async def test_deleted_sandbox_credential(harness):
     h = await _handle(harness)
     await harness.call("DELETE", "/api/v1/sandboxes/g", harness._tok)
     r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
-    assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+    assert r.status_code == 401
+    assert r.json()["code"] == "SANDBOX_NOT_RUNNING"
 
 
 async def test_activity_recorded_in_memory_then_flushed(harness):
@@ -137,9 +142,11 @@ async def test_bare_paths_route_by_credential(harness):
     the prefix; the credential alone still names the sandbox."""
     h = await _handle(harness)
     r = await harness.client.post("/v1/exec", headers=h["headers"], json={})
-    assert r.status_code == 200 and r.json()["path"] == "/v1/exec"
+    assert r.status_code == 200
+    assert r.json()["path"] == "/v1/exec"
     r = await harness.client.post("/v1/exec", json={})
-    assert r.status_code == 401 and r.json()["code"] == "CREDENTIAL_INVALID"
+    assert r.status_code == 401
+    assert r.json()["code"] == "CREDENTIAL_INVALID"
 
 
 async def test_gateway_refusals_counted(harness):
@@ -157,7 +164,8 @@ async def test_dead_machine_is_noticed_and_carried_over(harness):
     await harness.driver._close(machine)  # the machine dies under us
     machine.state = MachineState.STOPPED
     r = await harness.client.post(_path(h, "/v1/exec"), headers=h["headers"], json={})
-    assert r.status_code == 502 and r.json()["code"] == "AGENT_UNREACHABLE"
+    assert r.status_code == 502
+    assert r.json()["code"] == "AGENT_UNREACHABLE"
     for _ in range(100):
         got = await harness.call("GET", "/api/v1/sandboxes/g", harness._tok)
         if got.json()["state"] == "stopped":

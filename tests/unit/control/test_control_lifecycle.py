@@ -4,11 +4,11 @@ and reconcile after a crash — with a hand-moved clock."""
 from __future__ import annotations
 
 import pytest
-from platform_fakes import FakeDriver
 from platform_harness import build_harness, make_settings
 
 from podbay.domain import SandboxState
 from podbay.runtime.base import MachineState
+from podbay.testing.fake_driver import FakeDriver
 
 pytestmark = pytest.mark.anyio
 
@@ -78,7 +78,8 @@ async def test_ceiling_stops_and_attach_carries_over(life):
     machine = next(iter(life.driver.machines.values()))
     assert machine.state is MachineState.STOPPED
     r = await life.client.post(path, headers=first["headers"], json={})
-    assert r.status_code == 401 and r.json()["code"] == "SANDBOX_NOT_RUNNING"
+    assert r.status_code == 401
+    assert r.json()["code"] == "SANDBOX_NOT_RUNNING"
     again = (await life.attach(token, "s")).json()
     assert again["start"] == "carried_over"
     assert again["endpoint"] == first["endpoint"]  # same sandbox, same files
@@ -132,13 +133,17 @@ async def test_half_done_pass_is_finished_by_the_next(life):
 
 async def test_driver_without_suspend_stops_instead(tmp_path):
     settings = make_settings(tmp_path, idle=10)
-    async with build_harness(tmp_path, settings, FakeDriver(tmp_path, suspend=False)) as h:
-        token = await h.deployment()
-        await h.attach(token, "s")
-        h.clock.advance(11)
-        await h.platform.lifecycle.run_pass()
-        assert await _state(h, token, "s") == "stopped"
-        assert (await h.attach(token, "s")).json()["start"] == "carried_over"
+    driver = FakeDriver(tmp_path, suspend=False)
+    try:
+        async with build_harness(tmp_path, settings, driver) as h:
+            token = await h.deployment()
+            await h.attach(token, "s")
+            h.clock.advance(11)
+            await h.platform.lifecycle.run_pass()
+            assert await _state(h, token, "s") == "stopped"
+            assert (await h.attach(token, "s")).json()["start"] == "carried_over"
+    finally:
+        await driver.close_all()  # a passed-in driver outlives the harness
 
 
 async def test_restart_reconciles_with_driver(tmp_path):
@@ -175,6 +180,7 @@ async def test_restart_reconciles_with_driver(tmp_path):
         assert r.status_code == 200  # routes restored, old credential still valid
         assert (await h2.attach(token, "run")).json()["start"] == "reused"
         assert (await h2.attach(token, "gone")).json()["start"] == "created"
+    await driver.close_all()  # a passed-in driver outlives the harness
 
 
 async def test_request_in_flight_is_never_idle(life):

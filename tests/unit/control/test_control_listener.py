@@ -57,7 +57,8 @@ def test_writes_while_gathered_leave_as_one() -> None:
     with _gathered(weakref.ref(cycle)):
         cycle.transport.write(b"last")
         cycle.transport.close()
-    assert real.writes == [b"last"] and real.closed
+    assert real.writes == [b"last"]
+    assert real.closed
 
 
 class _Marker:

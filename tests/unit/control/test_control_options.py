@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from platform_harness import build_harness, make_settings
 
-from podbay.control.services.pool import POOL_LABEL
+from podbay.dataplane.nodeapi import POOL_LABEL
 from podbay.runtime.base import MachineState
 from podbay.store.sqlite import SqliteStore
 

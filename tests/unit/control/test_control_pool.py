@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from platform_fakes import FakeDriver
 
-from podbay.control.services.environment import Prepared
-from podbay.control.services.pool import POOL_LABEL, WARM_UP_EXECS, WarmPool
+from podbay.dataplane.environment_seam import Prepared
+from podbay.dataplane.nodeapi import POOL_LABEL
+from podbay.node.pool import WARM_UP_EXECS, WarmPool
 from podbay.runtime.base import Limits
+from podbay.testing.fake_driver import FakeDriver
 
 pytestmark = pytest.mark.anyio
 LIMITS = Limits(memory_bytes=1, cpus=1, pids=1, disk_bytes=1)
@@ -27,12 +28,14 @@ async def test_fill_take_refill(driver):
     plain = Prepared()
     pool.refill(plain)
     await pool.wait_filled()
-    assert len(pool) == 2 and len(driver.running()) == 2
+    assert len(pool) == 2
+    assert len(driver.running()) == 2
     assert all(m.labels[POOL_LABEL] == "plain" for m in driver.machines.values())
     taken = pool.take(plain)
     assert taken in driver.machines
     await pool.wait_filled()
-    assert len(pool) == 2 and len(driver.machines) == 3
+    assert len(pool) == 2
+    assert len(driver.machines) == 3
     await pool.close()
     assert list(driver.machines) == [taken]  # ready ones destroyed, the taken one kept
 
@@ -43,7 +46,8 @@ async def test_first_take_of_an_environment_misses_then_fills(driver):
     assert pool.take(env) is None
     await pool.wait_filled()
     (machine,) = driver.machines.values()
-    assert dict(machine.spec.env) == {"X": "1"} and machine.labels[POOL_LABEL] == "abc"
+    assert dict(machine.spec.env) == {"X": "1"}
+    assert machine.labels[POOL_LABEL] == "abc"
     assert pool.take(env) == machine.spec.machine_id
     await pool.close()
 

@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from podbay.control.metrics import Metrics
 from podbay.control.services.deletions import withdraw_deleted
 from podbay.control.services.transitions import Transitions
+from podbay.dataplane.metrics import Metrics
 from podbay.domain import Deployment, Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.store.sqlite import SqliteStore
@@ -84,7 +84,8 @@ async def test_each_node_withdraws_the_deleted_deployments_routes(tmp_path):
         await store.remove_deployment("dep_doomed")
         missed = await withdraw_deleted(store, Hosts(a, b, quiet), "dep_doomed")  # type: ignore[arg-type]
         assert missed == ["quiet"]
-        assert a.withdrawn == ["sb-dep_doomed-s1"] and b.withdrawn == ["sb-dep_doomed-s2"]
+        assert a.withdrawn == ["sb-dep_doomed-s1"]
+        assert b.withdrawn == ["sb-dep_doomed-s2"]
     finally:
         await store.close()
 
@@ -119,13 +120,15 @@ async def test_a_withdrawal_forgets_a_route_mark_written_since_the_row_was_read(
         row = sandbox_record("s", state=SandboxState.RUNNING, node="a")
         await store.insert_sandbox(row, deployment_cap=9, account_cap=9)
         stale = await store.get_sandbox(row.deployment_id, "s")
-        assert stale is not None and await store.mark_routed(stale, "boot-1")
+        assert stale is not None
+        assert await store.mark_routed(stale, "boot-1")
         transitions = _transitions(store, node)
         with pytest.raises(RuntimeError):
             await transitions.suspend(stale, "idle")
         assert node.withdrawn == [row.id]
         again = await store.get_sandbox(row.deployment_id, "s")
-        assert again is not None and again.state is SandboxState.RUNNING
+        assert again is not None
+        assert again.state is SandboxState.RUNNING
         assert again.routed_on is None
     finally:
         await store.close()

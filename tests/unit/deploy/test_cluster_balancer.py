@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from podbay.testing.cluster import LoadBalancer
+from podbay.testing.local_cluster import LoadBalancer
 from podbay.testing.platform import free_port
 
 

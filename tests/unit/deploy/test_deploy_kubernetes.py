@@ -97,7 +97,8 @@ def test_control_plane_is_replicated_unprivileged_and_probed() -> None:
     assert control["args"][0] == "control"
     for probe in ("readinessProbe", "livenessProbe"):
         assert control[probe]["httpGet"]["path"] == "/healthz"
-    assert control["resources"]["requests"]["cpu"] and control["resources"]["requests"]["memory"]
+    assert control["resources"]["requests"]["cpu"]
+    assert control["resources"]["requests"]["memory"]
     assert control["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in control["securityContext"]
     pod = deployment["spec"]["template"]["spec"]
@@ -128,7 +129,8 @@ def test_node_is_privileged_with_its_data_dir_and_the_hosts_dev_on_the_host() ->
     assert volumes[mounts["/dev"]["name"]]["hostPath"]["path"] == "/dev"
     for probe in ("startupProbe", "readinessProbe"):
         assert node[probe]["httpGet"]["path"] == "/healthz"
-    assert node["resources"]["requests"]["cpu"] and node["resources"]["requests"]["memory"]
+    assert node["resources"]["requests"]["cpu"]
+    assert node["resources"]["requests"]["memory"]
     # The advertised URL is the host's address on the port the node listens on.
     env = {e["name"]: e for e in node["env"]}
     port = node["args"][node["args"].index("--listen") + 1].rpartition(":")[2]
@@ -163,7 +165,8 @@ def test_postgres_statefulset_keeps_its_data_on_a_volume_claim() -> None:
     claim = statefulset["spec"]["volumeClaimTemplates"][0]
     (postgres,) = containers("StatefulSet", "podbay-postgres")
     assert claim["metadata"]["name"] in {m["name"] for m in postgres["volumeMounts"]}
-    assert postgres["readinessProbe"] and postgres["resources"]["requests"]
+    assert postgres["readinessProbe"]
+    assert postgres["resources"]["requests"]
     # The store URL the control plane gets names this service.
     (cluster,) = [s for s in resources("Secret") if s["metadata"]["name"] == "podbay-cluster"]
     assert "@podbay-postgres:5432/" in cluster["stringData"]["store-url"]

@@ -58,7 +58,8 @@ def units(tmp_path: Path) -> list[Path]:
 
 def test_unit_files_verify_cleanly(units: list[Path]) -> None:
     result = verify(units)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
 
 
 def test_verify_complains_about_a_broken_unit(units: list[Path]) -> None:
@@ -79,7 +80,8 @@ def test_units_start_their_roles_with_their_env_files() -> None:
     assert "PODBAY_STORE_URL=postgresql://" in control
     assert "PODBAY_STORE_URL" not in node  # nodes never touch the store
     for both in ("PODBAY_CLUSTER_ENROLLMENT_TOKEN=",):
-        assert both in control and both in node
+        assert both in control
+        assert both in node
     for name in ("PODBAY_NODE_CONTROL_URL=", "PODBAY_NODE_ADVERTISE_URL="):
         assert name in node
 
@@ -139,7 +141,8 @@ def _on_loopback(config: str, port: int, replicas: list[int]) -> str:
     out = config.replace("bind :8700", f"bind 127.0.0.1:{port}")
     for i, replica in enumerate(replicas, 1):
         out = out.replace(f"pb{i}.example.internal:8700", f"127.0.0.1:{replica}")
-    assert "example.internal:8700 check" not in out and f"127.0.0.1:{port}" in out
+    assert "example.internal:8700 check" not in out
+    assert f"127.0.0.1:{port}" in out
     return out
 
 
@@ -188,6 +191,8 @@ def test_haproxy_example_starts_and_balances_under_its_shipped_descriptor_limit(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
 
 
 def test_haproxy_refuses_to_start_when_maxconn_outgrows_the_limit(
@@ -200,4 +205,5 @@ def test_haproxy_refuses_to_start_when_maxconn_outgrows_the_limit(
     config.write_text(re.sub(r"maxconn \d+", "maxconn 20000", text))
     proc = _start(config, _shipped_nofile())
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "Cannot raise FD limit" in out
+    assert proc.returncode != 0
+    assert "Cannot raise FD limit" in out

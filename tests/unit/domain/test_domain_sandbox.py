@@ -45,7 +45,7 @@ def test_every_state_has_a_way_out_but_deleting():
     ],
 )
 def test_illegal_moves_refused(old, new):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is not a transition"):
         _row(old).moved(new)
 
 

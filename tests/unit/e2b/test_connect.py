@@ -11,7 +11,8 @@ from podbay.e2b import connect
 
 def test_envelope_is_flag_length_message() -> None:
     framed = connect.envelope({"event": {"start": {"pid": 7}}})
-    assert framed[0] == 0 and int.from_bytes(framed[1:5], "big") == len(framed) - 5
+    assert framed[0] == 0
+    assert int.from_bytes(framed[1:5], "big") == len(framed) - 5
     assert json.loads(framed[5:]) == {"event": {"start": {"pid": 7}}}
 
 

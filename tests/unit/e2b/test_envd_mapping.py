@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from podbay.e2b import connect, filesystem, processes, relay
+from podbay.e2b import connect, filesystem, keys, processes, relay
+from podbay.e2b import pty as podbay_pty
 
 
 def _request(authorization: str | None = None) -> Request:
@@ -42,7 +43,8 @@ def test_entry_is_envds_entry_info() -> None:
         "group": "1000",
     }
     directory = filesystem.entry({**info, "type": "directory", "mode": 0o755, "owner": None})
-    assert directory["permissions"] == "drwxr-xr-x" and "owner" not in directory
+    assert directory["permissions"] == "drwxr-xr-x"
+    assert "owner" not in directory
     assert filesystem.entry({**info, "type": "other"})["type"] == "FILE_TYPE_UNSPECIFIED"
 
 
@@ -83,7 +85,6 @@ def test_spawn_body_merges_envs_and_keeps_what_list_reports() -> None:
         ({"process": {"cmd": "x", "envs": {"A": 1}}}, "invalid_argument"),
         ({"process": {"cmd": "x", "cwd": 5}}, "invalid_argument"),
         ({"process": {"cmd": "x"}, "tag": 5}, "invalid_argument"),
-        ({"process": {"cmd": "x"}, "pty": {"size": {"cols": 80, "rows": 24}}}, "unimplemented"),
     ],
 )
 def test_bad_start_messages(message: dict[str, Any], code: str) -> None:
@@ -108,12 +109,40 @@ def test_refusals_become_connect_codes(status: int, body: dict[str, str], code: 
     assert (error.code, error.message) == (code, body["error"])
 
 
-def test_stdin_input_is_base64_and_pty_is_not_served() -> None:
+@pytest.mark.parametrize(
+    "pty",
+    [None, {}, {"size": {"rows": 0, "cols": 80}}, {"size": {"rows": 24, "cols": 10_001}}],
+)
+def test_bad_pty_sizes(pty: Any) -> None:
+    with pytest.raises(connect.ConnectError) as refused:
+        podbay_pty._size({"pty": pty})
+    assert refused.value.code == "invalid_argument"
+
+
+def test_stdin_input_is_base64_and_pty_input_is_a_terminals() -> None:
     assert processes._stdin_bytes({"stdin": "aGk="}) == b"hi"
     for bad, code in [(None, "invalid_argument"), ({"stdin": "!"}, "invalid_argument")]:
         with pytest.raises(connect.ConnectError) as refused:
             processes._stdin_bytes(bad)
         assert refused.value.code == code
     with pytest.raises(connect.ConnectError) as pty:
-        processes._stdin_bytes({"pty": "aGk="})
-    assert pty.value.code == "unimplemented"
+        processes._stdin_bytes({"pty": "aGk="})  # a command without a terminal
+    assert pty.value.code == "invalid_argument"
+
+
+def test_no_user_is_e2bs_default_user_in_its_home() -> None:
+    assert relay.user_of(_request()) == "user"
+    assert relay.user_of(_request("Basic cm9vdDo=")) == "root"
+    assert relay.in_home("user", "a/b.txt") == "/home/user/a/b.txt"
+    assert relay.in_home("root", "x") == "/root/x"
+    assert relay.in_home("user", "/tmp/x") == "/tmp/x"
+    assert relay.in_home("other", "x") == "x"  # the agent's default directory
+
+
+@pytest.mark.parametrize("seconds", [None, 100])
+@pytest.mark.parametrize("user", [None, "root"])
+def test_file_signatures_are_the_sdks(seconds: int | None, user: str | None) -> None:
+    signature = pytest.importorskip("e2b.sandbox.signature")
+    made = signature.get_signature("/tmp/a b", "write", user, "tok", seconds)
+    mine = keys.file_signature("/tmp/a b", "write", user or "", "tok", made["expiration"])
+    assert mine == made["signature"]

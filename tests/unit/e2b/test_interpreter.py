@@ -47,7 +47,8 @@ def test_an_answer_becomes_e2b_lines() -> None:
         "number_of_executions",
         "end_of_execution",
     ]
-    assert lines[0]["text"] == "out\n" and lines[0]["timestamp"] > 0
+    assert lines[0]["text"] == "out\n"
+    assert lines[0]["timestamp"] > 0
     assert lines[1] == {
         "type": "result",
         "text": "2",
@@ -55,7 +56,8 @@ def test_an_answer_becomes_e2b_lines() -> None:
         "is_main_result": True,
         "extra": None,
     }
-    assert lines[2]["png"] == "iVBO" and lines[2]["extra"] == {"x/custom": 1}
+    assert lines[2]["png"] == "iVBO"
+    assert lines[2]["extra"] == {"x/custom": 1}
     assert lines[3] == {"type": "error", "name": "ValueError", "value": "bad", "traceback": "tb"}
     assert lines[4]["execution_count"] == 3
 
@@ -157,7 +159,8 @@ def test_the_kernel_streams_writes_then_the_answer(kernel: tuple[int, str]) -> N
     for stream, text in (("stdout", "a\n"), ("stderr", "b\n")):
         assert "".join(i["text"] for i in items[:-1] if i["stream"] == stream) == text
     done = items[-1]["done"]
-    assert done["stdout"] == "a\n" and done["results"][0]["formats"]["text/plain"] == "42"
+    assert done["stdout"] == "a\n"
+    assert done["results"][0]["formats"]["text/plain"] == "42"
 
 
 def test_the_kernel_sets_env_for_one_cell(kernel: tuple[int, str]) -> None:

@@ -33,14 +33,16 @@ def test_toolchain_auto_tries_prebuilt_then_builds() -> None:
     steps = plan(parse_section({"toolchain": "auto", "python": {"packages": ["six"]}}))
     py = next(s for s in steps if s.name.startswith("install Python packages"))
     assert "--only-binary" in py.argv
-    assert py.fallback is not None and "--only-binary" not in py.fallback.argv
+    assert py.fallback is not None
+    assert "--only-binary" not in py.fallback.argv
     assert any(set(TOOLCHAIN_PACKAGES) <= set(s.argv) for s in py.before_fallback)
 
 
 def test_toolchain_never_has_no_fallback() -> None:
     steps = plan(parse_section({"toolchain": "never", "python": {"packages": ["six"]}}))
     py = next(s for s in steps if s.name.startswith("install Python packages"))
-    assert py.fallback is None and "--only-binary" not in py.argv
+    assert py.fallback is None
+    assert "--only-binary" not in py.argv
     assert not any(set(TOOLCHAIN_PACKAGES) <= set(s.argv) for s in steps)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podbay.control.services.deployments import parse_astropods
+from podbay.domain.egress import EgressPolicy
 from podbay.environment.spec import (
     SandboxSection,
     SpecError,
@@ -94,8 +95,10 @@ def test_names_real_ecosystems_use_pass() -> None:
             "node": {"version": "22", "packages": ["@angular/cli", "typescript@5", "left-pad"]},
         }
     )
-    assert section.python is not None and "uvicorn[standard]" in section.python.packages
-    assert section.node is not None and section.node.packages[0] == "@angular/cli"
+    assert section.python is not None
+    assert "uvicorn[standard]" in section.python.packages
+    assert section.node is not None
+    assert section.node.packages[0] == "@angular/cli"
 
 
 def test_every_problem_is_reported_with_its_index() -> None:
@@ -201,10 +204,23 @@ def test_only_the_sandbox_section_of_astropods_yml_is_read() -> None:
     assert parse_astropods("name: agent\nmodel: x\n") is None
     assert parse_astropods("") is None
     raw = parse_astropods("name: agent\nsandbox:\n  toolchain: auto\n  packages: [jq]\n")
-    assert raw is not None and parse_section(raw).packages == ("jq",)
+    assert raw is not None
+    assert parse_section(raw).packages == ("jq",)
     with pytest.raises(SpecError):
         parse_section(parse_astropods("sandbox: {}\n"))
     with pytest.raises(DeploymentError):
         parse_astropods("sandbox: [unclosed\n")
     with pytest.raises(DeploymentError):
         parse_astropods("- a list\n")
+
+
+def test_network_is_the_deployments_default_egress_policy() -> None:
+    section = parse_section({"toolchain": "never", "network": {"allow": ["PyPI.org"]}})
+    assert section.network == EgressPolicy(allow=("pypi.org",))
+    # Not installed: a changed policy rebuilds no layer.
+    assert section.layer_key() == parse_section({"toolchain": "never"}).layer_key()
+    assert (
+        "pypi.org"
+        in problems({"toolchain": "never", "network": {"deny": ["pypi.org;x"]}})["sandbox.network"]
+    )
+    assert "sandbox.network" in problems({"toolchain": "never", "network": {"internet": "no"}})

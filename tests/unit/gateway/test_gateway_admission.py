@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from podbay.dataplane.admission import Admission
 from podbay.errors import ApiError
-from podbay.gateway.admission import Admission
 from podbay.wire.codes import ErrorCode
 
 
@@ -33,7 +33,8 @@ def test_waiters_get_slots_in_order_and_one_past_the_queue_is_refused() -> None:
         admission.release(streams=False)
         admission.release(streams=False)
         await asyncio.gather(*waiters)
-        assert order == [0, 1] and admission.waiting == 0
+        assert order == [0, 1]
+        assert admission.waiting == 0
 
     asyncio.run(main())
 

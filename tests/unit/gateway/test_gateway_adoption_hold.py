@@ -10,11 +10,11 @@ import pytest
 from test_gateway_proxy import OK, _agent, _receive, _Sink
 
 from podbay.control.keys import KeyRing
+from podbay.dataplane.activity import ActivityTracker
+from podbay.dataplane.credentials import CredentialVerifier, mint_credential
+from podbay.dataplane.routes import RouteTable
 from podbay.gateway import app as gateway_app
-from podbay.gateway.activity import ActivityTracker
 from podbay.gateway.app import Gateway
-from podbay.gateway.credentials import CredentialVerifier, mint_credential
-from podbay.gateway.routes import RouteTable
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 pytestmark = pytest.mark.anyio
@@ -48,11 +48,13 @@ async def test_a_call_is_held_until_its_sandbox_is_taken_back(tmp_path):  # type
     sink = _Sink()
     call = asyncio.ensure_future(gateway(scope, _receive([]), sink))
     await asyncio.sleep(0.05)
-    assert not call.done() and not sink.messages  # held, not refused
+    assert not call.done()
+    assert not sink.messages
     routes.add("sb-1", "m-1", 3, tmp_path / "a.sock")
     routes.settle()
     await call
     assert sink.status == 200
+    await routes.close()  # its kept agent connections
     server.close()
 
 
@@ -65,7 +67,8 @@ async def test_a_sandbox_not_taken_back_is_refused_once_settled(tmp_path):  # ty
     assert not call.done()
     routes.settle()
     await call
-    assert sink.status == 401 and b"SANDBOX_NOT_RUNNING" in sink.body
+    assert sink.status == 401
+    assert b"SANDBOX_NOT_RUNNING" in sink.body
 
 
 async def test_past_the_hold_the_answer_is_503_with_retry_after(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
@@ -74,7 +77,8 @@ async def test_past_the_hold_the_answer_is_503_with_retry_after(tmp_path, monkey
     routes.hold()
     sink = _Sink()
     await gateway(scope, _receive([]), sink)
-    assert sink.status == 503 and b"SANDBOXES_UNAVAILABLE" in sink.body
+    assert sink.status == 503
+    assert b"SANDBOXES_UNAVAILABLE" in sink.body
     assert sink.headers[b"retry-after"] == b"1"
 
 

@@ -14,9 +14,9 @@ from podbay.control.tokens import (
     issue_identity_token,
     verify_identity_token,
 )
+from podbay.dataplane.activity import ActivityTracker
+from podbay.dataplane.credentials import AUDIENCE, Credential, CredentialVerifier, mint_credential
 from podbay.errors import ApiError
-from podbay.gateway.activity import ActivityTracker
-from podbay.gateway.credentials import AUDIENCE, Credential, CredentialVerifier, mint_credential
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ def test_keys_stored_0600_in_a_0700_directory(ring, tmp_path):
 def test_identity_token_claims(ring):
     token = issue_identity_token(ring, deployment_id="dep_1", issuer="http://x:1")
     claims = jwt.decode(token, options={"verify_signature": False})
-    assert claims["sub"] == "dep_1" and claims["iss"] == "http://x:1" and "iat" in claims
+    assert claims["sub"] == "dep_1"
+    assert claims["iss"] == "http://x:1"
+    assert "iat" in claims
     assert "exp" not in claims
     assert jwt.get_unverified_header(token)["alg"] == "EdDSA"
     assert verify_identity_token(ring, token, issuer="http://x:1") == "dep_1"
@@ -81,7 +83,8 @@ def test_rotation_keeps_old_tokens_until_removed(ring, tmp_path):
     old = issue_identity_token(ring, deployment_id="d", issuer="i")
     old_kid = ring.active().kid
     new_kid = ring.rotate()
-    assert new_kid > old_kid and ring.active().kid == new_kid
+    assert new_kid > old_kid
+    assert ring.active().kid == new_kid
     new = issue_identity_token(ring, deployment_id="d", issuer="i")
     assert jwt.get_unverified_header(new)["kid"] == new_kid
     # a second process (the server) sees both
@@ -113,7 +116,8 @@ def test_a_verified_identity_token_is_remembered_until_its_key_is_removed(
     old_kid = ring.active().kid
     ring.rotate()
     server = IdentityTokens(KeyRing.open(tmp_path / "keys"), "i")
-    assert server.verify(old) == "d" and server.verify(old) == "d"
+    assert server.verify(old) == "d"
+    assert server.verify(old) == "d"
     assert checks == ["full"]
     assert _code(lambda: IdentityTokens(ring, "elsewhere").verify(old)) == "IDENTITY_TOKEN_INVALID"
     ring.remove(old_kid)
@@ -215,14 +219,15 @@ def test_activity_drain_and_restore():
     t = ActivityTracker()
     t.touch("a")
     seen = t.drain()
-    assert set(seen) == {"a"} and t.drain() == {}
+    assert set(seen) == {"a"}
+    assert t.drain() == {}
     t.restore(seen)
     assert set(t.drain()) == {"a"}
 
 
 def test_a_remembered_credential_is_taken_without_a_signature_check(ring):
     # What this process minted itself needs no check; anything else still gets one.
-    from podbay.gateway.credentials import Credential
+    from podbay.dataplane.credentials import Credential
 
     verifier = CredentialVerifier(ring)
     token, expires = mint_credential(ring, sandbox_id="sb-1", incarnation=3, ttl_seconds=60)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_gateway_proxy import OK, _agent, _receive, _scope, _Sink
 
-from podbay.gateway.agentpool import AgentPool
+from podbay.dataplane.agentpool import AgentPool
 from podbay.gateway.proxy import relay
 
 pytestmark = pytest.mark.anyio

@@ -6,15 +6,45 @@ import asyncio
 import contextlib
 import gc
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from podbay.asgi import RESPONSE_GATHER
-from podbay.gateway.agentpool import AgentPool
+from podbay.dataplane.agentpool import AgentPool
 from podbay.gateway.proxy import relay
 
 pytestmark = pytest.mark.anyio
+
+# Pools and agent connections the tests made, closed after each test: a
+# transport left open is a leaked socket (and a warning, an error here).
+_pools: list[AgentPool] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_pools() -> AsyncIterator[None]:
+    yield
+    while _pools:
+        _pools.pop().close()
+    await asyncio.sleep(0)  # the transports' own closing, on this loop
+
+
+def _pool(path):  # type: ignore[no-untyped-def]
+    pool = AgentPool(path)
+    _pools.append(pool)
+    return pool
+
+
+async def _serve(handle, path):  # type: ignore[no-untyped-def]
+    """A unix server whose connections are closed however ``handle`` ends."""
+
+    async def closing(reader, writer):  # type: ignore[no-untyped-def]
+        try:
+            await handle(reader, writer)
+        finally:
+            writer.close()
+
+    return await asyncio.start_unix_server(closing, path=str(path))
 
 
 @pytest.fixture
@@ -23,7 +53,8 @@ def anyio_backend() -> str:
 
 
 async def _agent(path, answers, seen):  # type: ignore[no-untyped-def]
-    """Serve ``answers`` (raw bytes, or None to hang up) one per request, in order."""
+    """Serve ``answers`` (raw bytes, or None to hang up) one per request, in order;
+    a request past them is hung up on."""
 
     async def handle(reader, writer):  # type: ignore[no-untyped-def]
         try:
@@ -42,7 +73,8 @@ async def _agent(path, answers, seen):  # type: ignore[no-untyped-def]
                             break
                         body += chunk[:-2]
                 seen.append((head, body, id(writer)))
-                answer = answers.pop(0)
+                # Another connection may have taken the last answer meanwhile.
+                answer = answers.pop(0) if answers else None
                 if answer is None:
                     writer.close()
                     return
@@ -52,7 +84,7 @@ async def _agent(path, answers, seen):  # type: ignore[no-untyped-def]
             pass
         writer.close()
 
-    return await asyncio.start_unix_server(handle, path=str(path))
+    return await _serve(handle, path)
 
 
 def _scope(method="POST", headers=()):  # type: ignore[no-untyped-def]
@@ -99,7 +131,7 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\
 async def test_length_body_keepalive_reuse(tmp_path):
     seen: list = []
     server = await _agent(tmp_path / "a.sock", [OK, OK], seen)
-    pool = AgentPool(tmp_path / "a.sock")
+    pool = _pool(tmp_path / "a.sock")
     for _ in range(2):
         sink = _Sink()
         status = await relay(
@@ -116,11 +148,14 @@ async def test_length_body_keepalive_reuse(tmp_path):
             b"/v1/exec?a=1",
             "rid",
         )
-        assert status == 200 and sink.body == b"{}"
+        assert status == 200
+        assert sink.body == b"{}"
         assert sink.headers[b"x-request-id"] == b"rid"
     head, body, _ = seen[0]
     assert head.startswith(b"POST /v1/exec?a=1 HTTP/1.1\r\n")
-    assert b"secret" not in head and b"x-custom: 1" in head and body == b"hello"
+    assert b"secret" not in head
+    assert b"x-custom: 1" in head
+    assert body == b"hello"
     assert seen[0][2] == seen[1][2]  # one connection, kept alive
     server.close()
 
@@ -133,14 +168,15 @@ async def test_chunked_both_ways(tmp_path):
     server = await _agent(tmp_path / "a.sock", [answer], seen)
     sink = _Sink()
     status = await relay(
-        AgentPool(tmp_path / "a.sock"),
+        _pool(tmp_path / "a.sock"),
         _scope("PUT", [(b"transfer-encoding", b"chunked")]),
         _receive([b"x" * 10, b"y" * 5]),
         sink,
         b"/v1/files",
         "r",
     )
-    assert status == 200 and sink.body == b"abcdefg"
+    assert status == 200
+    assert sink.body == b"abcdefg"
     assert b"transfer-encoding" not in sink.headers
     assert seen[0][1] == b"x" * 10 + b"y" * 5
     server.close()
@@ -150,25 +186,27 @@ async def test_agent_hangs_up_before_answering(tmp_path):
     server = await _agent(tmp_path / "a.sock", [None], [])
     sink = _Sink()
     status = await relay(
-        AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
+        _pool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
     )
-    assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
+    assert status == 502
+    assert b"AGENT_UNREACHABLE" in sink.body
     server.close()
 
 
 async def test_no_agent_socket(tmp_path):
     sink = _Sink()
     status = await relay(
-        AgentPool(tmp_path / "none.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
+        _pool(tmp_path / "none.sock"), _scope("GET"), _receive([]), sink, b"/v1/info", "r"
     )
-    assert status == 502 and b"AGENT_UNREACHABLE" in sink.body
+    assert status == 502
+    assert b"AGENT_UNREACHABLE" in sink.body
 
 
 async def test_connection_close_answer_is_not_reused(tmp_path):
     seen: list = []
     closing = b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
     server = await _agent(tmp_path / "a.sock", [closing], seen)
-    pool = AgentPool(tmp_path / "a.sock")
+    pool = _pool(tmp_path / "a.sock")
     sink = _Sink()
     assert await relay(pool, _scope("DELETE"), _receive([]), sink, b"/v1/processes/1", "r") == 204
     assert pool._idle == []
@@ -180,11 +218,10 @@ async def test_large_response_streams_in_chunks(tmp_path):
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"z" * size
     server = await _agent(tmp_path / "a.sock", [answer], [])
     sink = _Sink()
-    await relay(
-        AgentPool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/files", "r"
-    )
+    await relay(_pool(tmp_path / "a.sock"), _scope("GET"), _receive([]), sink, b"/v1/files", "r")
     sizes = [len(m.get("body", b"")) for m in sink.messages[1:]]
-    assert sum(sizes) == size and max(sizes) <= 1 << 20
+    assert sum(sizes) == size
+    assert max(sizes) <= 1 << 20
     assert sink.headers[b"content-length"] == str(size).encode()
     server.close()
 
@@ -210,15 +247,16 @@ async def test_kept_connection_shut_by_the_agent_is_replaced(tmp_path, body):
             await asyncio.sleep(5)
         writer.close()
 
-    server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
-    pool = AgentPool(tmp_path / "a.sock")
+    server = await _serve(handle, tmp_path / "a.sock")
+    pool = _pool(tmp_path / "a.sock")
     method = "POST" if body else "GET"
     headers = [(b"content-length", str(len(body)).encode())] if body else []
     for n in range(2):
         sink = _Sink()
         scope = _scope(method, headers)
         status = await relay(pool, scope, _receive([body]), sink, b"/v1/info", f"r{n}")
-        assert status == 200 and sink.body == b"{}"
+        assert status == 200
+        assert sink.body == b"{}"
         await shut.wait()
     first = f"{method} /v1/info HTTP/1.1".encode()
     assert [head.split(b"\r\n")[0] for head, _, _ in seen] == [first] * 2
@@ -232,6 +270,7 @@ class _CountingPool(AgentPool):
 
     def __init__(self, socket_path):  # type: ignore[no-untyped-def]
         super().__init__(socket_path)
+        _pools.append(self)
         self.writes: list[bytes] = []
         self.connects = 0
 
@@ -258,7 +297,8 @@ async def test_a_small_body_goes_out_in_one_write_with_its_head(tmp_path):
     sink = _Sink()
     headers = [(b"content-length", str(len(body)).encode())]
     status = await relay(pool, _scope(headers=headers), _receive([body]), sink, b"/v1/exec", "r")
-    assert status == 200 and sink.body == b"{}"
+    assert status == 200
+    assert sink.body == b"{}"
     assert len(pool.writes) == 1, pool.writes
     assert pool.writes[0].startswith(b"POST /v1/exec HTTP/1.1\r\n")
     assert pool.writes[0].endswith(b"\r\n\r\n" + body)
@@ -276,7 +316,8 @@ async def test_a_client_gone_before_its_body_never_reaches_the_agent(tmp_path):
     headers = [(b"content-length", b"20")]
     sink = _Sink()
     assert await relay(pool, _scope(headers=headers), receive, sink, b"/v1/exec", "r") == 499
-    assert pool.connects == 0 and sink.messages == []
+    assert pool.connects == 0
+    assert sink.messages == []
     server.close()
 
 
@@ -292,18 +333,19 @@ async def test_an_answer_before_the_body_is_relayed(tmp_path):
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_unix_server(handle, path=str(tmp_path / "a.sock"))
+    server = await _serve(handle, tmp_path / "a.sock")
     size = 64 * 1024 * 1024
     sink = _Sink()
     status = await relay(
-        AgentPool(tmp_path / "a.sock"),
+        _pool(tmp_path / "a.sock"),
         _scope("PUT", [(b"content-length", str(size).encode())]),
         _receive([b"z" * (1024 * 1024)] * 64),
         sink,
         b"/v1/files?path=big",
         "r",
     )
-    assert status == 507 and sink.body == body
+    assert status == 507
+    assert sink.body == body
     server.close()
 
 
@@ -325,10 +367,9 @@ async def test_a_large_body_is_offered_for_splicing_unless_too_many_are(
     scope = _scope("PUT", [(b"content-length", b"200000")])
     scope["extensions"] = {BODY_TAKEOVER: lambda: asked.append(True)}
     sink = _Sink()
-    status = await relay(
-        AgentPool(tmp_path / "a.sock"), scope, _receive(body), sink, b"/v1/files", "r"
-    )
-    assert status == 200 and seen[0][1] == b"".join(body)
+    status = await relay(_pool(tmp_path / "a.sock"), scope, _receive(body), sink, b"/v1/files", "r")
+    assert status == 200
+    assert seen[0][1] == b"".join(body)
     assert asked == ([] if busy else [True])
     server.close()
 
@@ -355,10 +396,12 @@ async def test_an_answer_in_hand_is_sent_gathered_into_one_write(tmp_path):
     sink = _Sink()
     gather = _Gather(sink)
     scope = {**_scope(), "extensions": {RESPONSE_GATHER: gather}}
-    status = await relay(AgentPool(tmp_path / "a.sock"), scope, _receive([]), sink, b"/x", "r")
-    assert status == 200 and sink.body == b"{}"
+    status = await relay(_pool(tmp_path / "a.sock"), scope, _receive([]), sink, b"/x", "r")
+    assert status == 200
+    assert sink.body == b"{}"
     # Head, body and end: all sent while gathered (the listener writes them as one).
-    assert gather.spans == [(0, len(sink.messages))] and len(sink.messages) == 3
+    assert gather.spans == [(0, len(sink.messages))]
+    assert len(sink.messages) == 3
     server.close()
 
     # An answer whose body comes later is relayed as it comes: not gathered.
@@ -371,12 +414,14 @@ async def test_an_answer_in_hand_is_sent_gathered_into_one_write(tmp_path):
         await writer.drain()
         writer.close()
 
-    slow = await asyncio.start_unix_server(handle, path=str(tmp_path / "b.sock"))
+    slow = await _serve(handle, tmp_path / "b.sock")
     sink = _Sink()
     gather = _Gather(sink)
     scope = {**_scope(), "extensions": {RESPONSE_GATHER: gather}}
-    status = await relay(AgentPool(tmp_path / "b.sock"), scope, _receive([]), sink, b"/x", "r")
-    assert status == 200 and sink.body == b"{}" and gather.spans == []
+    status = await relay(_pool(tmp_path / "b.sock"), scope, _receive([]), sink, b"/x", "r")
+    assert status == 200
+    assert sink.body == b"{}"
+    assert gather.spans == []
     slow.close()
 
 
@@ -392,7 +437,7 @@ async def test_a_relayed_answer_leaves_no_garbage_cycle(tmp_path):
     gc.disable()
     try:
         status = await relay(
-            AgentPool(tmp_path / "a.sock"), _scope(), _receive([]), _Sink(), b"/x", "r"
+            _pool(tmp_path / "a.sock"), _scope(), _receive([]), _Sink(), b"/x", "r"
         )
         assert status == 200
         assert not [o for o in gc.get_objects() if isinstance(o, proxy._Response)]

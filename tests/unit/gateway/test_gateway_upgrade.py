@@ -54,14 +54,16 @@ def _answering(data: bytes, close: bool = True) -> Answer:
 )
 def test_hostile_answers_are_agent_unreachable(tmp_path: Path, data: bytes) -> None:
     refusal = asyncio.run(_with_agent(tmp_path, _answering(data)))
-    assert refusal is not None and refusal.code.value == "AGENT_UNREACHABLE"
+    assert refusal is not None
+    assert refusal.code.value == "AGENT_UNREACHABLE"
 
 
 def test_a_refusal_in_the_contracts_shape_keeps_its_code(tmp_path: Path) -> None:
     body = b'{"error": "nothing on port 1", "code": "PORT_UNREACHABLE"}'
     data = b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
     refusal = asyncio.run(_with_agent(tmp_path, _answering(data)))
-    assert refusal is not None and refusal.code.value == "PORT_UNREACHABLE"
+    assert refusal is not None
+    assert refusal.code.value == "PORT_UNREACHABLE"
     assert refusal.message == "nothing on port 1"
 
 
@@ -74,7 +76,8 @@ def test_no_agent_is_agent_unreachable(tmp_path: Path) -> None:
         return None
 
     refusal = asyncio.run(main())
-    assert refusal is not None and refusal.code.value == "AGENT_UNREACHABLE"
+    assert refusal is not None
+    assert refusal.code.value == "AGENT_UNREACHABLE"
 
 
 @pytest.mark.parametrize(

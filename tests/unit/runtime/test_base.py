@@ -36,7 +36,7 @@ def test_anything_that_could_escape_a_path_or_cgroup_is_refused(machine_id: str)
 
 
 def test_a_spec_cannot_be_made_with_a_bad_id() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid machine id"):
         MachineSpec(machine_id="../x", hostname="h", limits=LIMITS)
     spec = MachineSpec(machine_id="ok-1", hostname="h", limits=LIMITS)
     assert (spec.env, spec.layers, spec.labels) == ({}, (), {})

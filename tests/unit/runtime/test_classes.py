@@ -76,10 +76,11 @@ def test_gvisor_gets_its_own_data_and_run_directories_over_the_shared_image():
     assert gvisor.runtime.run_dir == "/run/podbay-x-gvisor"
     assert gvisor.runtime.image_dir == "/srv/podbay/images"
     assert gvisor.runtime.oci_runtime == "runsc"
-    assert base.runtime.oci_runtime == "runc" and base.data_dir == Path("/srv/podbay")
+    assert base.runtime.oci_runtime == "runc"
+    assert base.data_dir == Path("/srv/podbay")
     assert classes.class_settings(base, "container") is base
     # Default run directories differ too: they hash the data directory.
-    from podbay.runtime.oci.layout import Layout
+    from podbay.host.layout import Layout
 
     plain = settings()
     layouts = [
@@ -109,7 +110,8 @@ def test_probe_answers_of_every_shape():
 def test_vm_without_its_driver_is_unavailable_with_the_reason(monkeypatch):
     monkeypatch.setattr(classes, "VM_PROBE", "podbay.runtime.no_such_vm:probe")
     check = asyncio.run(classes.host_check(settings(), "vm"))
-    assert not check.works and "not installed" in check.detail
+    assert not check.works
+    assert "not installed" in check.detail
 
 
 def test_a_missing_runtime_binary_says_what_to_install():
@@ -127,7 +129,8 @@ def test_a_probe_that_hangs_is_cut_off(monkeypatch):
     monkeypatch.setattr(classes, "CHECK_TIMEOUT_S", 0.05)
     monkeypatch.setattr(classes, "_vm_check", hang)
     check = asyncio.run(classes.host_check(settings(), "vm"))
-    assert not check.works and "took over" in check.detail
+    assert not check.works
+    assert "took over" in check.detail
 
 
 @pytest.mark.parametrize(

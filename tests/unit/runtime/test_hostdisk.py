@@ -11,4 +11,5 @@ def test_reserve_shortfall(tmp_path: Path) -> None:
     assert reserve_shortfall(tmp_path, 0) is None
     assert reserve_shortfall(tmp_path / "not" / "yet", 1) is None  # nearest existing parent
     short = reserve_shortfall(tmp_path, free + 1024**4)
-    assert short is not None and "runtime.disk_reserve_bytes" in short
+    assert short is not None
+    assert "runtime.disk_reserve_bytes" in short

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from podbay.domain.egress import EgressPolicy
+from podbay.host import records
+from podbay.host.layout import MachineDirs
 from podbay.runtime.base import DriverError, Limits, MachineSpec, MachineState
 from podbay.runtime.machines import RecordKeepingDriver
-from podbay.runtime.oci import records
-from podbay.runtime.oci.layout import MachineDirs
 
 SPEC = MachineSpec(
     machine_id="m1",
@@ -149,7 +150,8 @@ def test_suspend_and_resume_wait_for_no_record_write_and_the_next_other_call_doe
         assert SPEC.machine_id in driver.frozen
         # A start needs the record as the last call left it: it waits for the writes.
         start = asyncio.ensure_future(driver.start(SPEC.machine_id))
-        assert not await settled(start) and SPEC.machine_id in driver.frozen
+        assert not await settled(start)
+        assert SPEC.machine_id in driver.frozen
         driver.gate.set()
         await start
         assert SPEC.machine_id not in driver.frozen
@@ -160,3 +162,26 @@ def test_suspend_and_resume_wait_for_no_record_write_and_the_next_other_call_doe
     # it could start; the newest state last.
     assert driver.written == [MachineState.SUSPENDED, MachineState.SUSPENDED, MachineState.RUNNING]
     assert driver._record(SPEC.machine_id).commanded is MachineState.RUNNING
+
+
+class _NoNetwork:
+    """A machine whose network is down (stopped): nothing to swap."""
+
+    def active(self, machine_id: str) -> bool:
+        return False
+
+    async def set_egress(self, machine_id: str, egress: object) -> None:
+        raise AssertionError("a stopped machine's rules are loaded at its start")
+
+
+def test_a_stopped_machines_new_egress_policy_is_recorded_for_its_next_start(
+    tmp_path: Path,
+) -> None:
+    driver = Booting(tmp_path, fail=False)
+    driver.network = _NoNetwork()  # type: ignore[assignment]
+    made(driver)
+    policy = EgressPolicy.parse({"internet": False})
+    asyncio.run(driver.set_egress(SPEC.machine_id, policy))
+    record = driver._record(SPEC.machine_id)
+    assert record.spec.egress == policy
+    assert record.commanded is MachineState.STOPPED

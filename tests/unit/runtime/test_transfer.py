@@ -82,5 +82,6 @@ def test_a_disk_without_room_is_refused_before_anything_is_written(tmp_path: Pat
     with pytest.raises(DriverError, match="no room"):
         asyncio.run(receive(feed(chunks), tmp_path / "copy", room))
     # The bytes its extents hold (whole file-system blocks), not its 64 MiB size.
-    assert len(asked) == 1 and 4096 + 3 * CHUNK + 17 + 3 <= asked[0] < 4 * MIB
+    assert len(asked) == 1
+    assert 4096 + 3 * CHUNK + 17 + 3 <= asked[0] < 4 * MIB
     assert not (tmp_path / "copy").exists()

@@ -44,7 +44,8 @@ def _sb(name, dep="dep_d", account="acct", state=SandboxState.CREATING) -> Sandb
 
 async def test_migrations_numbered_and_recorded(tmp_path):
     versions = [v for v, _ in migrations()]
-    assert versions == sorted(set(versions)) and versions[0] == 1
+    assert versions == sorted(set(versions))
+    assert versions[0] == 1
     conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
     assert migrate(conn) == versions[-1]
     assert migrate(conn) == versions[-1]  # idempotent
@@ -94,13 +95,16 @@ async def test_sandbox_options_roundtrip(store):
         await store.insert_sandbox(row, deployment_cap=5, account_cap=5) is InsertOutcome.INSERTED
     )
     got = await store.get_sandbox("dep_d", "o")
-    assert got is not None and got.options == options
+    assert got is not None
+    assert got.options == options
     moved = await store.replace_sandbox(got, got.moved(SandboxState.RUNNING))
-    assert moved is not None and moved.options == options
+    assert moved is not None
+    assert moved.options == options
     plain = _sb("p")
     await store.insert_sandbox(plain, deployment_cap=5, account_cap=5)
     got_plain = await store.get_sandbox("dep_d", "p")
-    assert got_plain is not None and got_plain.options == SandboxOptions()
+    assert got_plain is not None
+    assert got_plain.options == SandboxOptions()
 
 
 async def test_insert_unique_and_caps(store):
@@ -196,7 +200,8 @@ async def test_exactly_one_racing_transition_wins(new_store):
         *((first if i % 2 else second).replace_sandbox(row, new) for i, new in enumerate(wanted))
     )
     winners = [r for r in results if r is not None]
-    assert len(winners) == 1 and winners[0].version == row.version + 1
+    assert len(winners) == 1
+    assert winners[0].version == row.version + 1
     assert await first.get_sandbox("dep_d", "a") == winners[0]
 
 
@@ -205,8 +210,10 @@ async def test_compare_and_set(store):
     row = await store.get_sandbox("dep_d", "a")
     assert row.version == 0
     running = await store.replace_sandbox(row, row.started(T0, timedelta(hours=8)))
-    assert running is not None and running.version == 1
-    assert running.ceiling_at == T0 + timedelta(hours=8) and running.incarnation == 1
+    assert running is not None
+    assert running.version == 1
+    assert running.ceiling_at == T0 + timedelta(hours=8)
+    assert running.incarnation == 1
     # a writer holding the old version loses
     assert await store.replace_sandbox(row, row.moved(SandboxState.DELETING)) is None
     assert not await store.delete_sandbox(row)
@@ -235,15 +242,18 @@ async def test_a_route_mark_holds_only_for_the_running_version_it_names(store):
     running = await store.replace_sandbox(creating, creating.started(T0, timedelta(hours=1)))
     assert await store.mark_routed(running, "boot-1")
     marked = await store.get_sandbox("dep_d", "a")
-    assert marked.routed_on == "boot-1" and marked.version == running.version
+    assert marked.routed_on == "boot-1"
+    assert marked.version == running.version
     await store.clear_routed(running.id)
     assert (await store.get_sandbox("dep_d", "a")).routed_on is None
     assert await store.mark_routed(running, "boot-2")
     # Every compare-and-set write forgets it; a mark of an older version is refused.
     suspended = await store.replace_sandbox(marked, marked.released(SandboxState.SUSPENDED, T0))
-    assert suspended is not None and suspended.routed_on is None
+    assert suspended is not None
+    assert suspended.routed_on is None
     resumed = await store.replace_sandbox(suspended, suspended.moved(SandboxState.RUNNING))
-    assert resumed is not None and resumed.routed_on is None
+    assert resumed is not None
+    assert resumed.routed_on is None
     assert not await store.mark_routed(running, "boot-2")
     assert (await store.get_sandbox("dep_d", "a")).routed_on is None
 
@@ -274,12 +284,21 @@ async def test_sandboxes_from_before_classes_are_containers(new_store, store_kin
     _rewind(store_kind, store_target, 2)  # the schema before classes
     upgraded = new_store()
     row = await upgraded.get_sandbox("dep_d", "a")
-    assert row is not None and row.class_ == "container"
+    assert row is not None
+    assert row.class_ == "container"
 
 
 #: What undoes each migration after the classes one, newest first, so that
 #: rewinding the recorded version lets the later migrations run again.
 _UNDO = [
+    (
+        10,
+        [
+            "ALTER TABLE e2b_sandboxes DROP COLUMN paused_at",
+            "ALTER TABLE e2b_sandboxes DROP COLUMN on_timeout",
+        ],
+    ),
+    (9, ["DROP TABLE sandbox_events"]),
     (8, ["DROP TABLE e2b_sandboxes", "DROP TABLE e2b_keys"]),
     (7, ["ALTER TABLE sandboxes DROP COLUMN options"]),
     (6, ["ALTER TABLE sandboxes DROP COLUMN asked_class"]),
@@ -391,7 +410,8 @@ async def test_sub_second_timestamps_survive(store):
         replace(_sb("a"), created_at=when, last_active_at=when), deployment_cap=9, account_cap=9
     )
     row = await store.get_sandbox("dep_d", "a")
-    assert row.created_at == when and row.last_active_at == when
+    assert row.created_at == when
+    assert row.last_active_at == when
 
 
 async def _until_a_transaction_waits_for_a_lock(url: str) -> None:
@@ -456,7 +476,8 @@ async def test_a_transaction_in_flight_when_the_database_shuts_down_runs_again(p
         call = asyncio.create_task(store._tx(attachish))
         assert await asyncio.to_thread(in_flight.wait, 60)
         await asyncio.to_thread(postgres_cluster.restart)
-        assert await call == 1 and runs == [0, 1]  # one row: the first run left nothing
+        assert await call == 1
+        assert runs == [0, 1]
         assert await store.get_meta("k") == "v"
     finally:
         await store.close()
@@ -475,7 +496,8 @@ async def test_a_store_that_stays_away_is_a_503_with_retry_after(postgres_cluste
         with pytest.raises(ApiError) as refused:
             await store._tx(cut)
         assert refused.value.code is ErrorCode.STORE_UNAVAILABLE
-        assert refused.value.code.status == 503 and refused.value.retry_after == 2
+        assert refused.value.code.status == 503
+        assert refused.value.retry_after == 2
         assert "AdminShutdown" in str(refused.value)
         assert await store.get_meta("k") is None  # and the store serves on
     finally:

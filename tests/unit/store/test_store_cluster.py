@@ -25,9 +25,11 @@ async def test_nodes_enroll_heartbeat_drain_forget(store):
     assert (await store.node_by_credential("hash-1")).name == "n1"
     assert await store.node_by_credential("hash-x") is None
     before = await store.heartbeat_node("n1", {"running": 3}, T0 + timedelta(seconds=5))
-    assert before is not None and before.report == {"classes": ["container"]}
+    assert before is not None
+    assert before.report == {"classes": ["container"]}
     n1, n2 = await store.list_nodes()
-    assert n1.report == {"running": 3} and n1.heartbeat_at == T0 + timedelta(seconds=5)
+    assert n1.report == {"running": 3}
+    assert n1.heartbeat_at == T0 + timedelta(seconds=5)
     assert n1.state(T0 + timedelta(seconds=10), 30) == "ready"
     assert n2.state(T0 + timedelta(seconds=30), 30) == "lost"
     assert await store.drain_node("n1")
@@ -37,7 +39,9 @@ async def test_nodes_enroll_heartbeat_drain_forget(store):
     assert not await store.enroll_node("n1", "http://n1b", "hash-3", {}, T0)
     assert await store.node_by_credential("hash-3") is None
     kept = await store.node_by_credential("hash-1")
-    assert kept is not None and kept.drained and kept.url == "http://n1"
+    assert kept is not None
+    assert kept.drained
+    assert kept.url == "http://n1"
     assert kept.credential_hash == "hash-1"
     # Rows remember their node; forgetting a node forgets its sandboxes.
     for name, node in (("a", "n1"), ("b", "n2"), ("c", "n2")):
@@ -80,7 +84,8 @@ async def test_node_survives_a_sandbox_write(store):
     await store.insert_sandbox(_sb("a", "n7"), deployment_cap=9, account_cap=9)
     row = await store.get_sandbox("dep_d", "a")
     new = await store.replace_sandbox(row, replace(row.moved(SandboxState.SUSPENDED)))
-    assert new is not None and new.node == "n7"
+    assert new is not None
+    assert new.node == "n7"
 
 
 async def test_a_new_boot_of_a_node_forgets_the_routes_of_the_last_one(store):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
@@ -48,3 +49,26 @@ async def test_sandbox_rows_by_deployment_and_end(store: object) -> None:
     await rows.delete_e2b_sandbox("s1")
     assert await rows.get_e2b_sandbox("s1") is None
     assert not await rows.set_e2b_end("s1", NOW)
+
+
+async def test_a_paused_sandbox_is_past_no_timeout_until_it_runs_again(store: object) -> None:
+    rows = cast(E2BStore, store)
+    await rows.add_e2b_sandbox(replace(_row("s1", "dep_a", 10), on_timeout="pause"))
+    assert (await rows.get_e2b_sandbox("s1")) == replace(
+        _row("s1", "dep_a", 10), on_timeout="pause"
+    )
+    later = NOW + timedelta(seconds=50)
+    assert [r.sandbox_id for r in await rows.list_e2b_sandboxes(ended_by=later)] == ["s1"]
+    assert await rows.set_e2b_paused("s1", later)
+    found = await rows.get_e2b_sandbox("s1")
+    assert found is not None
+    assert found.paused_at == later
+    assert await rows.list_e2b_sandboxes(ended_by=later) == []  # the sweep passes it over
+    assert await rows.set_e2b_paused("s1", None, later + timedelta(seconds=300))
+    found = await rows.get_e2b_sandbox("s1")
+    assert found is not None
+    assert (found.paused_at, found.end_at) == (
+        None,
+        later + timedelta(seconds=300),
+    )
+    assert not await rows.set_e2b_paused("s2", later)

@@ -19,9 +19,9 @@ def test_times_are_rfc3339_utc_with_z() -> None:
     assert format_time(NOW) == "2026-11-29T12:00:00.123Z"
     assert parse_time("2026-11-29T13:00:00.123+01:00") == NOW
     assert parse_time("2026-11-29T12:00:00.123Z") == NOW
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="naive datetime"):
         format_time(datetime(2026, 1, 1))  # naive
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="time without an offset"):
         parse_time("2026-11-29T12:00:00")  # no offset
     assert format_time(NOW.astimezone(timezone(timedelta(hours=-5)))).endswith("Z")
 
@@ -31,7 +31,8 @@ def test_class_travels_under_its_wire_name() -> None:
         name="a", class_="default", state="running", created_at=NOW, last_active_at=NOW
     )
     data = encode(record)
-    assert data["class"] == "default" and "class_" not in data
+    assert data["class"] == "default"
+    assert "class_" not in data
     assert "ceiling_at" not in data  # absent, not null
     assert decode(SandboxRecord, data) == record
     assert decode(AttachRequest, {}) == AttachRequest(class_="default")
@@ -74,7 +75,8 @@ def test_literals_and_nested_models() -> None:
         decode(ProcessOutput, {**base, "state": "zombie"})
     assert "running" in str(info.value)
     out = decode(ProcessOutput, {**base, "state": "exited", "exit_code": 3})
-    assert out.exit_code == 3 and out.stdout == ""
+    assert out.exit_code == 3
+    assert out.stdout == ""
 
 
 def test_handle_round_trip_and_json_bytes() -> None:
@@ -131,4 +133,5 @@ def test_nesting_past_the_recursion_limit_is_a_wire_error(opening: bytes) -> Non
             parse(deep)
     with pytest.raises(WireError, match="must be a JSON object"):
         codec.parse_object(b"[1]")
-    assert codec.parse_object(b"") == {} and codec.parse_object(b'{"a": [1]}') == {"a": [1]}
+    assert codec.parse_object(b"") == {}
+    assert codec.parse_object(b'{"a": [1]}') == {"a": [1]}

@@ -32,6 +32,13 @@ def test_contract_statuses() -> None:
         ErrorCode.CREDENTIAL_WRONG_SANDBOX,
         # Answered only on /internal/v1 (control plane and nodes), never to a client.
         ErrorCode.NODE_CREDENTIAL_INVALID,
+        # Answered only to the console (a session cookie) and the operator's
+        # admin API, never to an SDK's identity-token call.
+        ErrorCode.TOKEN_INVALID,
+        ErrorCode.SESSION_INVALID,
+        ErrorCode.CSRF_INVALID,
+        ErrorCode.OPERATOR_REQUIRED,
+        ErrorCode.DEPLOYMENT_FORBIDDEN,
     }
 
 
@@ -41,7 +48,8 @@ def test_error_body_and_api_error() -> None:
         "code": "SANDBOX_NOT_FOUND",
     }
     err = ApiError(ErrorCode.SANDBOX_CLASS_UNKNOWN, "only default")
-    assert err.status == 409 and err.body()["code"] == "SANDBOX_CLASS_UNKNOWN"
+    assert err.status == 409
+    assert err.body()["code"] == "SANDBOX_CLASS_UNKNOWN"
 
 
 def test_not_enabled_only_for_its_two_codes() -> None:

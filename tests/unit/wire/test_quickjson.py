@@ -16,7 +16,7 @@ from podbay.wire.quickjson import dumps, loads
 def outcome(call: Any, value: Any) -> tuple[str, Any]:
     try:
         result = call(value)
-    except Exception as exc:  # the type and words are what must agree
+    except Exception as exc:  # noqa: BLE001 - the type and words are what must agree
         return type(exc).__name__, str(exc)
     if isinstance(result, float) and math.isnan(result):
         return "nan", None

@@ -31,14 +31,9 @@ def command(
     as_json: bool,
 ) -> None:
     """Run the control plane only (a replica behind a load balancer)."""
-    from podbay.cli.commands.serve import (
-        listening_socket,
-        run_server,
-        section_validator,
-        server_settings,
-    )
-    from podbay.control.cluster import ControlPlane
+    from podbay.cli.commands.serve import listening_socket, run_server, server_settings
     from podbay.control.keys import StoreKeyRing
+    from podbay.serve.build import control_app
     from podbay.store.opening import POSTGRES_SCHEMES, open_store
     from podbay.store.postgres import PostgresStore
 
@@ -65,9 +60,10 @@ def command(
     assert isinstance(store, PostgresStore)
     try:
         keys = asyncio.run(StoreKeyRing.open(store))
-    except Exception as exc:
+    # Any store or key failure ends the command with its words.
+    except Exception as exc:  # noqa: BLE001
         fail(f"cannot read the signing keys from the store: {exc}")
-    app = ControlPlane(settings, store, keys, validate_section=section_validator())
+    app = control_app(settings, store, keys)
     listening = f"http://{settings.server.host}:{settings.server.port}"
     Output(as_json=as_json).value(
         {"listen": listening, "public_url": settings.server.base_url()},

@@ -44,7 +44,6 @@ def with_service(
     Tokens name ``issuer``, else the public URL the server recorded, else the
     settings' (a server checks that ``iss`` is its own URL).
     """
-    from podbay.cli.commands.serve import section_validator
     from podbay.control.keys import open_keys
     from podbay.control.services.deletions import marker_path
     from podbay.control.services.deployments import (
@@ -52,6 +51,7 @@ def with_service(
         DeploymentError,
         DeploymentService,
     )
+    from podbay.environment.spec import parse_section
     from podbay.settings import Settings
 
     settings = Settings.load(data_dir=data_dir)
@@ -68,7 +68,7 @@ def with_service(
             keys,
             issuer=named,
             identity_ttl_seconds=settings.credentials.identity_ttl_seconds,
-            validate_section=section_validator(),
+            validate_section=parse_section,
             deleted_marker=marker,
             after_delete=None if nodes is None else functools.partial(withdraw, store, nodes),
         )
@@ -127,7 +127,7 @@ def read_spec(spec: str | None) -> str:
         fail(f"cannot read {spec}: {exc.strerror}")
 
 
-# Alike in shape to podbay.internal's deployment_doc by nature (a deployment's
+# Alike in shape to podbay.dataplane.nodeapi's deployment_doc by nature (a deployment's
 # fields as a dict), for another reader: this one is what an operator sees.
 def _row(d: Any) -> dict[str, Any]:
     return {

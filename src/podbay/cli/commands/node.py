@@ -37,14 +37,8 @@ def command(
     ctx.obj["as_json"] = as_json
     if ctx.invoked_subcommand is not None:
         return
-    from podbay.cli.commands.serve import (
-        build_drivers,
-        class_hooks,
-        listening_socket,
-        run_server,
-        server_settings,
-    )
-    from podbay.node.server import NodeServer
+    from podbay.cli.commands.serve import listening_socket, run_server, server_settings
+    from podbay.serve.build import build_drivers, class_hooks, node_app
 
     settings = server_settings(listen, with_classes=True, data_dir=data_dir, log_level=log_level)
     if not settings.node.control_url:
@@ -52,12 +46,8 @@ def command(
     out = Output(as_json=as_json)
     sock = listening_socket(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    drivers, missing = build_drivers(settings, out)
-    app = NodeServer(
-        settings,
-        drivers,
-        **class_hooks(settings, drivers, missing),
-    )
+    drivers, missing = build_drivers(settings, out.info)
+    app = node_app(settings, drivers, class_hooks(settings, drivers, missing))
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value(
         {"listen": listening, "name": app.name, "advertise_url": app.url},

@@ -17,12 +17,9 @@ others answer 404 for a name that does not exist.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -30,7 +27,8 @@ import click
 from podbay.cli.completion import completing_names
 from podbay.cli.output import Output, fail
 from podbay.cli.quick_exec import local_stdin, print_exec_result
-from podbay.client._config import TOKEN_ENV
+
+from .sandbox_group import Connection, _options, _session, command
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -40,90 +38,6 @@ if TYPE_CHECKING:
     from podbay.wire.data import ProcessOutput
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@click.group()
-def command() -> None:
-    """Use sandboxes: exec, run, cp, ls, list..."""
-
-
-@dataclass(frozen=True)
-class Connection:
-    """Where and as whom every subcommand talks (--token, --server), and how it prints (--json)."""
-
-    token: str | None
-    server: str | None
-    as_json: bool
-
-
-def _options(func: Callable[..., None]) -> Callable[..., None]:
-    """--token, --server and --json on every subcommand, handed to it as one
-    ``conn`` (:class:`Connection`)."""
-
-    @functools.wraps(func)
-    def with_connection(
-        *args: Any, token: str | None, server: str | None, as_json: bool, **kwargs: Any
-    ) -> None:
-        func(*args, conn=Connection(token, server, as_json), **kwargs)
-
-    wrapped: Callable[..., None] = with_connection
-    wrapped = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")(
-        wrapped
-    )
-    # Alike in shape to dev.py's options by nature (click declarations).
-    wrapped = click.option(
-        "--server",
-        envvar="PODBAY_SERVER_URL",
-        default=None,
-        metavar="URL",
-        help="Control plane URL (default: the token's iss).",
-    )(wrapped)
-    wrapped = click.option(
-        "--token",
-        envvar="ASTRO_AUTHZ_TOKEN",
-        default=None,
-        help="Identity token (default: $ASTRO_AUTHZ_TOKEN).",
-    )(wrapped)
-    return wrapped
-
-
-@contextlib.contextmanager
-def _session(conn: Connection, **options: Any) -> Iterator[tuple[SandboxClient, Output]]:
-    """A client and an output; every expected failure becomes one line and an exit code."""
-    import httpx
-
-    from podbay.cli.progress import preparing_lines
-    from podbay.client import SandboxClient
-    from podbay.errors import SandboxRequestError, SandboxUnavailableError, shell_exit_code
-
-    out = Output(as_json=conn.as_json)
-    if not conn.token:
-        fail(f"no identity token: pass --token or set {TOKEN_ENV}", 2)
-    server = conn.server
-    # On a terminal, an attach waiting for the declared environment shows its build.
-    options.setdefault("on_preparing", preparing_lines(conn.as_json))
-    try:
-        with SandboxClient(identity_token=conn.token, server_url=conn.server, **options) as client:
-            server = client.server_url
-            yield client, out
-    except SandboxRequestError as exc:
-        # A command that could not start exits as in a shell (127 not found, 126 unusable).
-        fail(str(exc), shell_exit_code(exc) or 1)
-    except SandboxUnavailableError as exc:
-        # A refused connection is the newcomer's usual case: nothing listens there.
-        hint = (
-            f" (is the server running at {server}? start it with `podbay serve` or `podbay dev up`)"
-            if isinstance(exc.cause, httpx.ConnectError)
-            else ""
-        )
-        fail(f"unavailable: {exc.message}{hint}", 2)
-    except ValueError as exc:  # configuration: bad token, bad URL
-        # The SDK names its own parameter; here the option is --server.
-        fail(str(exc).replace("pass server_url=", "pass --server URL"), 2)
-    except OSError as exc:  # local files for cp
-        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), 1)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
 
 
 def _existing(client: SandboxClient, name: str) -> None:
@@ -189,6 +103,48 @@ def get(name: str, conn: Connection) -> None:
         record = client.get(name)
         shown = {**_row(record), **_options_shown(record)}
         out.value(record, "\n".join(f"{k}: {v}" for k, v in shown.items()))
+
+
+@command.command()
+@click.argument("name")
+@click.option(
+    "--internet/--no-internet",
+    default=None,
+    help="--no-internet: no egress at all. --internet alone: open (no lists).",
+)
+@click.option("--allow", multiple=True, metavar="CIDR|NAME", help="Allow only these (repeatable).")
+@click.option("--deny", multiple=True, metavar="CIDR|NAME", help="Refuse these (repeatable).")
+@_options
+def network(
+    name: str,
+    internet: bool | None,
+    allow: tuple[str, ...],
+    deny: tuple[str, ...],
+    conn: Connection,
+) -> None:
+    """Show sandbox NAME's egress policy, or set it (in force when this returns).
+
+    CIDRs, domain names and *.wildcards; deny wins over allow, and an allow
+    list refuses what it does not name (docs/network.md).
+    """
+    with _session(conn) as (client, out):
+        if internet is None and not allow and not deny:
+            policy = client.network(name)
+        else:
+            policy = client.set_network(
+                name,
+                internet=internet is not False,
+                allow=list(allow) or None,
+                deny=list(deny) or None,
+            )
+        if not policy.internet:
+            text = "internet: no (no egress at all)"
+        elif not policy.allow and not policy.deny:
+            text = "open"
+        else:
+            lists = {"allow": policy.allow, "deny": policy.deny}
+            text = "\n".join(f"{key}: {' '.join(v)}" for key, v in lists.items() if v)
+        out.value(policy, text)
 
 
 def _options_shown(record: SandboxRecord) -> dict[str, Any]:
@@ -682,6 +638,10 @@ def url(name: str, port: int, path: str, share_seconds: int | None, conn: Connec
             link = client.url(name, port, path)
         out.value({"url": link}, link)
 
+
+# ``top`` and ``logs`` live in their own module, which adds them to ``command``
+# (before the names are given their completion).
+from . import observe as _observe  # noqa: E402, F401
 
 completing_names(command)
 

@@ -11,9 +11,9 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,10 +23,6 @@ from podbay.cli.output import Output, fail
 if TYPE_CHECKING:  # the CLI imports the server's modules only when a command runs
     import uvicorn
 
-    from podbay.control.services.classes import ClassCheck, ClassProof
-    from podbay.control.services.deployments import SectionValidator
-    from podbay.control.services.environment import EnvironmentService
-    from podbay.runtime.base import Driver
     from podbay.settings import Settings
 
 
@@ -111,30 +107,6 @@ def listening_socket(settings: Settings) -> socket.socket:
     return sock
 
 
-class ClassHooks(TypedDict):
-    """What a server (``serve``'s app, a node) gets to run its sandbox classes."""
-
-    environment: EnvironmentService
-    missing: Mapping[str, str]
-    check: ClassCheck
-    prove: ClassProof
-
-
-def class_hooks(
-    settings: Settings, drivers: Mapping[str, Driver], missing: Mapping[str, str]
-) -> ClassHooks:
-    """Declared environments on ``drivers``, why a class has no driver, and how a
-    class is checked on this host and proved with a throwaway sandbox."""
-    from podbay.runtime import classes
-
-    return ClassHooks(
-        environment=environment_service(settings, drivers),
-        missing=missing,
-        check=lambda name, driver: classes.check_class(settings, name, driver),
-        prove=lambda name, driver: classes.prove_class(settings, name, driver),
-    )
-
-
 def _server_class() -> type[uvicorn.Server]:
     import uvicorn
 
@@ -199,67 +171,9 @@ def shared_keys(settings: Settings, store: Any) -> Any:
         return None
     try:
         return asyncio.run(open_keys(settings, store))
-    except Exception as exc:
+    # Any store or key failure ends the command with its words.
+    except Exception as exc:  # noqa: BLE001
         fail(f"cannot read the signing keys from the store: {exc}")
-
-
-def environment_service(settings: Settings, drivers: Mapping[str, Driver]) -> EnvironmentService:
-    """Declared environments: layers built once, cached in ``<data_dir>/layers``.
-
-    A layer is built by the ``container`` class's driver whenever it stands on
-    the same base image as the class that needs it (runc builds fastest, and
-    its files carry the shared uid shift every OCI class reads); otherwise by
-    the class's own driver. Classes on one base image share one cache key, so
-    a layer is built once for all of them."""
-    from podbay.control.services.environment import PlainEnvironment
-
-    if not drivers:
-        return PlainEnvironment()
-    from podbay.environment.build import Environments, LayerBuilder, LayerCache
-    from podbay.environment.service import DeclaredEnvironment
-    from podbay.runtime.base import Limits
-    from podbay.runtime.classes import CONTAINER
-
-    rt = settings.runtime
-    limits = Limits(
-        memory_bytes=rt.memory_bytes, cpus=rt.cpus, pids=rt.pids, disk_bytes=rt.disk_bytes
-    )
-    cache = LayerCache(settings.layer_dir)
-    builders: dict[int, Environments] = {}  # id of the building driver -> its Environments
-    by_class: dict[str, Environments] = {}
-    for name, driver in drivers.items():
-        container = drivers.get(CONTAINER)
-        builder = (
-            container
-            if container is not None and container.base_image == driver.base_image
-            else driver
-        )
-        if id(builder) not in builders:
-            builders[id(builder)] = Environments(LayerBuilder(builder, cache, limits))
-        by_class[name] = builders[id(builder)]
-    return DeclaredEnvironment(by_class)
-
-
-def build_drivers(settings: Settings, out: Output) -> tuple[dict[str, Driver], dict[str, str]]:
-    """Every enabled class's driver, and why any could not be built."""
-    from podbay.runtime import classes
-
-    drivers: dict[str, Driver] = {}
-    missing: dict[str, str] = {}
-    for name in classes.enabled_classes(settings):
-        try:
-            drivers[name] = classes.build_driver(settings, name)
-        except Exception as exc:  # e.g. the vm driver's module is absent
-            missing[name] = f"its driver could not be built: {exc}"
-            out.info(f"podbay: sandbox class {name} unavailable: {exc}")
-    return drivers, missing
-
-
-def section_validator() -> SectionValidator:
-    """Checks a deployment's ``sandbox`` section (raises naming every bad field)."""
-    from podbay.environment.spec import parse_section
-
-    return parse_section
 
 
 @click.command()
@@ -283,7 +197,7 @@ def command(
     as_json: bool,
 ) -> None:
     """Run the whole platform on this machine."""
-    from podbay.control.app import create_app
+    from podbay.serve.build import build_drivers, class_hooks, serve_app
     from podbay.store.opening import open_store
 
     settings = server_settings(
@@ -302,15 +216,8 @@ def command(
         fail(str(exc), 2)
     keys = shared_keys(settings, store)
     # A host that can run no class still serves the API (503s, /healthz says why).
-    drivers, missing = build_drivers(settings, out)
-    app = create_app(
-        settings,
-        store,
-        drivers,
-        keys=keys,
-        validate_section=section_validator(),
-        **class_hooks(settings, drivers, missing),
-    )
+    drivers, missing = build_drivers(settings, out.info)
+    app = serve_app(settings, store, drivers, class_hooks(settings, drivers, missing), keys=keys)
     listening = f"http://{settings.server.host}:{settings.server.port}"
     out.value(
         {

@@ -27,6 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
@@ -42,7 +43,7 @@ from podbay.wire import paths
 from podbay.wire.codec import dumps, loads
 from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import Preparing, SandboxHandle, SandboxRecord
+from podbay.wire.control import NetworkPolicy, Preparing, SandboxHandle, SandboxRecord
 from podbay.wire.data import (
     ChmodRequest,
     DirListing,
@@ -56,6 +57,7 @@ from podbay.wire.data import (
     ProcessStatus,
 )
 from podbay.wire.limits import BASE64_WRITE_CHUNK, POLL_WAIT_MAX_MS
+from podbay.wire.observe import CommandList, EventList, Metrics
 
 from .. import _files, _interpreter
 from .._core import (
@@ -237,13 +239,16 @@ class AsyncSandboxClient:
         cpus: float | None = None,
         memory_mib: int | None = None,
         idle_timeout_seconds: int | None = None,
+        network: NetworkPolicy | None = None,
     ) -> SandboxHandle:
         """Create, resume or reuse the sandbox ``name`` and return its handle.
 
         Beyond the reference, a new sandbox may get ``labels`` (shown in its
         record, matched by ``list(labels=...)``), ``env`` (variables for every
         command; a call's own ``env`` wins), ``cpus``, ``memory_mib`` and an
-        ``idle_timeout_seconds``, each within the server's bounds. They apply at
+        ``idle_timeout_seconds``, each within the server's bounds, and a
+        ``network`` egress policy (instead of the deployment's; see
+        :meth:`set_network`). They apply at
         creation: an existing sandbox created with others is refused
         (``SANDBOX_OPTIONS_CONFLICT``); one attached without them is reused.
 
@@ -265,6 +270,7 @@ class AsyncSandboxClient:
             cpus=cpus,
             memory_mib=memory_mib,
             idle_timeout_seconds=idle_timeout_seconds,
+            network=network,
         )
         async with self._lock(name):
             return await self._attach(name, sandbox_class, options)
@@ -1248,11 +1254,58 @@ class AsyncSandboxClient:
         """
         return self._core.parse_records(await self._control(self._core.list_request(labels)))
 
+    async def metrics(self, name: str, *, since: datetime | None = None) -> Metrics:
+        """The sandbox's resource samples (CPU, memory, disk, network), oldest
+        first, over the last minutes (or after ``since``): docs/observability.md.
+
+        >>> latest = (await client.metrics("thread-42")).samples[-1]  # doctest: +SKIP
+        >>> latest.cpu_percent, latest.memory_bytes  # doctest: +SKIP
+        """
+        request = self._core.observe_request(name, "metrics", since)
+        return self._core.parse_metrics(await self._control(request))
+
+    async def events(self, name: str, *, since: datetime | None = None) -> EventList:
+        """What happened to the sandbox (created, suspended, resumed, ...), oldest first."""
+        request = self._core.observe_request(name, "events", since)
+        return self._core.parse_events(await self._control(request))
+
+    async def commands(self, name: str, *, since: datetime | None = None) -> CommandList:
+        """Each exec and spawn's argv, user, exit code and duration, oldest first
+        (``enabled`` false when the deployment's command log is off)."""
+        request = self._core.observe_request(name, "commands", since)
+        return self._core.parse_commands(await self._control(request))
+
     async def stop(self, name: str) -> None:
         """Suspend the sandbox's compute early; the next call resumes it."""
         response = await self._control(self._core.stop_request(name))
         self._core.forget(name)
         self._core.check(response, 200, 202, 204)
+
+    async def network(self, name: str) -> NetworkPolicy:
+        """The sandbox's egress policy in force (``NetworkPolicy()``: open)."""
+        return self._core.parse_network(await self._control(self._core.network_request(name)))
+
+    async def set_network(
+        self,
+        name: str,
+        *,
+        internet: bool = True,
+        allow: builtins.list[str] | None = None,
+        deny: builtins.list[str] | None = None,
+    ) -> NetworkPolicy:
+        """Change the sandbox's egress policy; in force when this returns.
+
+        ``internet=False``: no egress at all. ``allow``/``deny``: CIDRs, domain
+        names and ``*.`` wildcards; deny wins, and an allow list refuses what it
+        does not name. The platform's own refusals (host, private ranges,
+        metadata) stay whatever the policy says. See docs/network.md for what
+        each class enforces.
+
+        >>> await client.set_network("thread-42", allow=["203.0.113.0/24"])  # doctest: +SKIP
+        """
+        policy = NetworkPolicy(internet=internet, allow=allow, deny=deny)
+        request = self._core.network_request(name, policy)
+        return self._core.parse_network(await self._control(request))
 
     async def delete(self, name: str) -> None:
         """Drop the sandbox and its files."""
@@ -1621,6 +1674,9 @@ class AsyncSandbox:
     download = for_the_sandbox(AsyncSandboxClient.download)
     run_code = for_the_sandbox(AsyncSandboxClient.run_code)
     get = for_the_sandbox(AsyncSandboxClient.get)
+    metrics = for_the_sandbox(AsyncSandboxClient.metrics)
+    events = for_the_sandbox(AsyncSandboxClient.events)
+    commands = for_the_sandbox(AsyncSandboxClient.commands)
     stop = for_the_sandbox(AsyncSandboxClient.stop)
     delete = for_the_sandbox(AsyncSandboxClient.delete)
     pty = for_the_sandbox(AsyncSandboxClient.pty)

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..metrics import CONTENT_TYPE
+from podbay.dataplane.metrics import CONTENT_TYPE
 
 
 async def healthz(request: Request) -> Response:

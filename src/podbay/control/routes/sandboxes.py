@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from podbay.dataplane.credentials import MAX_SHARE_SECONDS, mint_share
+from podbay.dataplane.environment_seam import Building
 from podbay.domain import Deployment
 from podbay.errors import ApiError
-from podbay.gateway.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import AttachRequest, Preparing, SandboxList, ShareRequest, ShareUrl
+from podbay.wire.control import (
+    AttachRequest,
+    NetworkPolicy,
+    Preparing,
+    SandboxList,
+    ShareRequest,
+    ShareUrl,
+)
 from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 
 from .. import views
-from ..services.environment import Building
-from ..services.options import label_filter, options_of
+from ..services.options import egress_of, label_filter, network_doc, options_of
 from ..services.sandboxes import check_name
 from ..tokens import bearer
 
@@ -49,28 +55,17 @@ async def attach(request: Request) -> Response:
         raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid attach body: {exc}") from None
     check_name(request.path_params["name"])  # refused before its options, as documented
     options = options_of(body, platform.settings)
-    result = await platform.sandboxes.attach(
-        deployment, request.path_params["name"], body.class_, options
-    )
-    # A client that predates 202 (the reference's) only knows 200: wait for the
-    # build a while, so one finishing meanwhile is answered 200. A client that
-    # says it handles 202 (Prefer: respond-async) gets it at once.
+    # A client that predates 202 (the reference's) only knows 200: the build is
+    # waited for a while, so one finishing meanwhile is answered 200. A client
+    # that says it handles 202 (Prefer: respond-async) gets it at once.
     hold = (
         0.0
         if PREFER_ASYNC in request.headers.get(PREFER_HEADER, "").lower()
         else platform.settings.server.attach_hold_seconds
     )
-    hold_until = time.monotonic() + hold
-    while isinstance(result, Building) and result.done is not None:
-        left = hold_until - time.monotonic()
-        if left <= 0:
-            break
-        await asyncio.wait({result.done}, timeout=left)
-        if not result.done.done():
-            break
-        result = await platform.sandboxes.attach(
-            deployment, request.path_params["name"], body.class_, options
-        )
+    result = await platform.sandboxes.attach_holding(
+        deployment, request.path_params["name"], body.class_, options, hold
+    )
     if isinstance(result, Building):
         return _json(
             Preparing(name=request.path_params["name"], progress=result.progress),
@@ -109,6 +104,28 @@ async def delete(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def get_network(request: Request) -> Response:
+    platform = request.app.state.platform
+    policy = await platform.sandboxes.network(
+        await _deployment(request), request.path_params["name"]
+    )
+    return _json(network_doc(policy))
+
+
+async def put_network(request: Request) -> Response:
+    """Change the sandbox's egress policy; answered once it is in force."""
+    platform = request.app.state.platform
+    deployment = await _deployment(request)
+    check_name(request.path_params["name"])
+    try:
+        body = loads(NetworkPolicy, await request.body())
+    except WireError as exc:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid network body: {exc}") from None
+    policy = egress_of(body)
+    await platform.sandboxes.set_network(deployment, request.path_params["name"], policy)
+    return _json(network_doc(policy))
+
+
 async def share(request: Request) -> Response:
     """A signed, expiring URL for one port of the sandbox, for a person to open."""
     platform = request.app.state.platform
@@ -142,5 +159,7 @@ routes = [
     Route(SANDBOXES + "/{name}", get_one, methods=["GET"]),
     Route(SANDBOXES + "/{name}", delete, methods=["DELETE"]),
     Route(SANDBOXES + "/{name}/stop", stop, methods=["POST"]),
+    Route(SANDBOXES + "/{name}/network", get_network, methods=["GET"]),
+    Route(SANDBOXES + "/{name}/network", put_network, methods=["PUT"]),
     Route(SANDBOXES + "/{name}/ports/{port}/share", share, methods=["POST"]),
 ]

@@ -61,8 +61,8 @@ def parse_astropods(text: str) -> dict[str, Any] | None:
 
 
 class DeploymentService:
-    # Takes its collaborators in and keeps them by name, as every service and
-    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
+    # Collaborators come in built (the composition root wires them), so a test
+    # hands in fakes and no service builds another behind the caller's back.
     def __init__(
         self,
         store: Store,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from podbay.dataplane.nodeapi import POOL_LABEL
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, ObservedMachine
@@ -40,11 +41,10 @@ from podbay.store.base import Store
 
 from ..nodes import Node, Nodes
 from .locks import NameLocks
-from .pool import POOL_LABEL
 from .transitions import Transitions
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from podbay.dataplane.metrics import Metrics
 
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
@@ -52,8 +52,8 @@ M = MachineState
 
 
 class Lifecycle:
-    # Takes its collaborators in and keeps them by name, as every service and
-    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
+    # Collaborators come in built (the composition root wires them), so a test
+    # hands in fakes and no service builds another behind the caller's back.
     def __init__(
         self,
         *,
@@ -70,11 +70,17 @@ class Lifecycle:
         self.locks = locks
         self.settings = settings
         self.clock = clock
+        #: OOM kills reported by nodes, not yet written as events: id → (when, how many).
+        self._ooms: dict[str, tuple[datetime, int]] = {}
         #: Moves after a ceiling under way, by sandbox id.
         self._moves: dict[str, asyncio.Task[None]] = {}
 
     async def flush_activity(self) -> None:
         for node in self.nodes.all():
+            try:
+                self._ooms.update(await node.new_oom_kills())
+            except Exception:  # an event is worth less than the activity below
+                log.exception("lifecycle: no OOM kills from node %s", node.name)
             seen = await node.drain_activity()
             if not seen:
                 continue
@@ -91,6 +97,14 @@ class Lifecycle:
         await self.flush_activity()
         changed = 0
         for row in await self.store.list_sandboxes():
+            if row.id in self._ooms:
+                at, count = self._ooms.pop(row.id)
+                killed = "a process" if count == 1 else f"{count} processes"
+                await self.transitions.events.add(
+                    row,
+                    "oom_killed",
+                    f"the out-of-memory killer ended {killed} (seen {at:%H:%M:%S})",
+                )
             if (
                 self._due(row) is None
                 or not self.nodes.reachable(row)
@@ -102,6 +116,7 @@ class Lifecycle:
                     changed += 1
             except Exception:
                 log.exception("lifecycle: sandbox %s failed; next pass retries", row.id)
+        self._ooms.clear()  # those left have no row any more: nobody to tell
         return changed
 
     def _due(self, row: Sandbox) -> str | None:
@@ -177,10 +192,6 @@ class Lifecycle:
                 self._moves.pop(row.id, None)
 
         self._moves[row.id] = asyncio.get_running_loop().create_task(move())
-
-    async def moves_done(self) -> None:
-        """Wait for the moves under way (tests; shutdown cancels them instead)."""
-        await asyncio.gather(*self._moves.values(), return_exceptions=True)
 
     async def loop(self, on_pass: Callable[[], None] | None = None) -> None:
         try:
@@ -296,8 +307,6 @@ def build_lifecycle(
     transitions = Transitions(
         store, nodes, metrics, clock, timedelta(seconds=settings.max_age_seconds)
     )
-    # Keyword arguments passed by like names: alike in shape to other such calls
-    # (the client's exec body, the CLI's shell) by coincidence only.
     lifecycle = Lifecycle(
         store=store,
         transitions=transitions,

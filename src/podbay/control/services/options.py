@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
-from podbay.domain import Sandbox, SandboxOptions
+from podbay.domain import Deployment, Sandbox, SandboxOptions
+from podbay.domain.egress import OPEN, EgressPolicy
 from podbay.errors import ApiError
 from podbay.settings import Settings
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import AttachRequest
+from podbay.wire.control import AttachRequest, NetworkPolicy
 
 MAX_LABELS = 32
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
@@ -130,13 +132,54 @@ def options_of(body: AttachRequest, settings: Settings) -> SandboxOptions:
         cpus=body.cpus,
         memory_mib=body.memory_mib,
         idle_timeout_seconds=body.idle_timeout_seconds,
+        network=None if body.network is None else egress_of(body.network),
     )
+
+
+def egress_of(body: NetworkPolicy) -> EgressPolicy:
+    """The policy of a ``network`` object, checked (a bad entry names itself)."""
+    doc: dict[str, object] = {"internet": body.internet}
+    if body.allow is not None:
+        doc["allow"] = body.allow
+    if body.deny is not None:
+        doc["deny"] = body.deny
+    return EgressPolicy.parse(doc)
+
+
+def network_doc(policy: EgressPolicy) -> NetworkPolicy:
+    doc = policy.to_doc()
+    return NetworkPolicy(
+        internet=doc.get("internet", True), allow=doc.get("allow"), deny=doc.get("deny")
+    )
+
+
+def with_default_network(options: SandboxOptions, deployment: Deployment) -> SandboxOptions:
+    """``options`` for a new sandbox: the sandbox section's ``network`` (checked
+    when the deployment was registered) when attach named none."""
+    if options.network is not None:
+        return options
+    section = deployment.sandbox_section or {}
+    raw = section.get("network") if isinstance(section, dict) else None
+    try:
+        network = OPEN if raw is None else EgressPolicy.parse(raw)
+    except ApiError as exc:
+        # Registered before egress policies existed, or edited by hand.
+        raise ApiError(
+            ErrorCode.SANDBOX_PREPARE_FAILED, f"the sandbox section's network: {exc.message}"
+        ) from None
+    return replace(options, network=network)
 
 
 def check_same(row: Sandbox, asked: SandboxOptions) -> None:
     """Refuse (409) options an existing sandbox was not created with; options
     not named (empty, None) are not compared."""
     have = row.options
+    if asked.network is not None and asked.network != (have.network or OPEN):
+        raise ApiError(
+            ErrorCode.SANDBOX_OPTIONS_CONFLICT,
+            f"sandbox {row.name!r} exists with another network policy than asked: "
+            "change it with PUT /api/v1/sandboxes/{name}/network, or attach without it",
+        )
     for field in ("labels", "env", "cpus", "memory_mib", "idle_timeout_seconds"):
         wanted = getattr(asked, field)
         if wanted in (None, {}):

@@ -18,27 +18,32 @@ same rule (:mod:`.options`).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from podbay.dataplane.environment_seam import Building
+from podbay.dataplane.orders import Launch
 from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState, StartKind
+from podbay.domain.egress import OPEN, EgressPolicy
 from podbay.domain.options import NO_OPTIONS
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
-from podbay.errors import ApiError
+from podbay.errors import ApiError, DriverError
 from podbay.runtime.classes import is_class_name
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
 
-from ..nodes import Launch, Node, Nodes
-from .environment import Building
+from ..nodes import Node, Nodes
 from .locks import NameLocks
-from .options import check_same
+from .options import check_same, with_default_network
 from .transitions import Transitions
 
 T = TypeVar("T")
@@ -84,8 +89,8 @@ def check_name(name: str) -> None:
 
 
 class SandboxService:
-    # Takes its collaborators in and keeps them by name, as every service and
-    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
+    # Collaborators come in built (the composition root wires them), so a test
+    # hands in fakes and no service builds another behind the caller's back.
     def __init__(
         self,
         *,
@@ -147,6 +152,30 @@ class SandboxService:
         return row
 
     # -- attach ------------------------------------------------------------------
+    async def attach_holding(
+        self,
+        deployment: Deployment,
+        name: str,
+        class_: str,
+        options: SandboxOptions,
+        hold_seconds: float,
+    ) -> Attached | Building:
+        """:meth:`attach`, held up to ``hold_seconds`` while the sandbox's
+        environment builds: a build that ends meanwhile is attached again, so
+        its caller hears "ready" rather than "building" (a client that predates
+        202 knows only 200). Building is returned once the hold is over."""
+        result = await self.attach(deployment, name, class_, options)
+        hold_until = time.monotonic() + hold_seconds
+        while isinstance(result, Building) and result.done is not None:
+            left = hold_until - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.wait({result.done}, timeout=left)
+            if not result.done.done():
+                break
+            result = await self.attach(deployment, name, class_, options)
+        return result
+
     async def attach(
         self,
         deployment: Deployment,
@@ -314,7 +343,8 @@ class SandboxService:
         if isinstance(prepared, Building):
             return prepared
         now = self.clock()
-        # A pooled machine was made with the server's limits and variables.
+        options = with_default_network(options, deployment)
+        # A pooled machine was made with the server's limits, variables and open rules.
         pooled = None if options.machine else await node.take_warm(class_, prepared)
         row = Sandbox(
             id=new_sandbox_id(),
@@ -343,6 +373,8 @@ class SandboxService:
             if outcome is InsertOutcome.EXISTS:
                 return None
             raise self._cap_refusal(outcome)
+        assert self.transitions is not None
+        await self.transitions.events.add(row, "created", f"class {class_} on node {node.name}")
         labels = {LABEL_SANDBOX: row.id, LABEL_DEPLOYMENT: deployment.id, LABEL_NAME: name}
         order = Launch(
             class_,
@@ -353,6 +385,7 @@ class SandboxService:
             env=dict(options.env),
             cpus=options.cpus,
             memory_bytes=None if options.memory_mib is None else options.memory_mib << 20,
+            egress=options.network or OPEN,
         )
         try:
             await node.launch(order, prepared, deployment)
@@ -369,9 +402,9 @@ class SandboxService:
         if new is None:  # the deployment was deleted meanwhile
             await self._undo_create(row, node)
             raise not_found(name)
-        assert self.transitions is not None
         await self.transitions.add_route(new)
         self.transitions.metrics.transition("none", "running")
+        await self.transitions.events.add(new, "ready", "pooled machine" if pooled else "booted")
         return self._attached(new, "created", node)
 
     async def _undo_create(self, row: Sandbox, node: Node) -> None:
@@ -409,6 +442,41 @@ class SandboxService:
             if row.state is S.RUNNING:
                 await self._checked(transitions.suspend(row, "stop"))
 
+    async def network(self, deployment: Deployment, name: str) -> EgressPolicy:
+        """The sandbox's egress policy in force."""
+        return (await self.get(deployment, name)).options.network or OPEN
+
+    async def set_network(self, deployment: Deployment, name: str, policy: EgressPolicy) -> None:
+        """Put ``policy`` in force: recorded (every later start, carry-over and
+        move loads it), then swapped into the machine's rules, in force when
+        this returns. A machine that failed to take it keeps the record's
+        policy for its next start; the caller hears the failure and repeats."""
+        check_name(name)
+        async with self.locks.hold(deployment.id, name):
+            row = await self.store.get_sandbox(deployment.id, name)
+            if row is None or not row.state.visible:
+                raise not_found(name)
+            node = self.nodes.of(row)  # refuses a sandbox whose node is lost
+            new = await self.store.replace_sandbox(
+                row, replace(row, options=replace(row.options, network=policy))
+            )
+            if new is None:  # changed meanwhile (a reconcile): the caller repeats
+                raise ApiError(
+                    ErrorCode.SANDBOX_NETWORK_NOT_APPLIED,
+                    f"sandbox {name!r} changed while its network was set; try again",
+                    retry_after=1.0,
+                )
+            try:
+                await node.set_egress(row.class_, row.machine_id, policy)
+            except DriverError as exc:
+                log.warning("sandbox %s: its machine did not take the policy: %s", row.id, exc)
+                raise ApiError(
+                    ErrorCode.SANDBOX_NETWORK_NOT_APPLIED,
+                    f"the policy is recorded but sandbox {name!r} did not take it yet: {exc}",
+                    retry_after=1.0,
+                ) from None
+            await self._runtime().events.add(new, "policy_changed", _policy_reason(policy))
+
     async def delete(self, deployment: Deployment, name: str) -> None:
         check_name(name)
         transitions = self._runtime()
@@ -442,3 +510,10 @@ class SandboxService:
             await step
         except Exception:
             log.exception("cleanup failed")
+
+
+def _policy_reason(policy: EgressPolicy) -> str:
+    """The egress policy now in force, as the event log words it."""
+    if policy.open:
+        return "egress open"
+    return "egress " + json.dumps(policy.to_doc(), separators=(",", ":"), sort_keys=True)

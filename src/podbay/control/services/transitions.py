@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from podbay.dataplane.environment_seam import Building
+from podbay.dataplane.metrics import Metrics
 from podbay.domain import Sandbox, SandboxState
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState
@@ -42,17 +44,16 @@ from podbay.runtime.transfer import Received
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
 
-from ..metrics import Metrics
 from ..nodes import Node, Nodes
-from .environment import Building
+from .events import EventLog
 
 log = logging.getLogger("podbay.lifecycle")
 S = SandboxState
 
 
 class Transitions:
-    # Takes its collaborators in and keeps them by name, as every service and
-    # the gateway do: alike in shape by nature (explicit wiring), nothing shared.
+    # Collaborators come in built (the composition root wires them), so a test
+    # hands in fakes and no service builds another behind the caller's back.
     def __init__(
         self,
         store: Store,
@@ -66,9 +67,11 @@ class Transitions:
         self.metrics = metrics
         self.clock = clock
         self.max_age = max_age
+        self.events = EventLog(store, clock)
 
-    def _moved(self, old: Sandbox, new: Sandbox | None, why: str) -> Sandbox | None:
+    async def _moved(self, old: Sandbox, new: Sandbox | None, why: str) -> Sandbox | None:
         if new is not None:
+            await self.events.moved(old, new, why)
             self.metrics.transition(old.state.value, new.state.value)
             log.info(
                 "sandbox %s: %s -> %s (%s)",
@@ -113,7 +116,7 @@ class Transitions:
         await self._withdraw(node, row)
         await node.suspend(row.class_, row.machine_id)
         new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
-        return self._moved(row, new, why)
+        return await self._moved(row, new, why)
 
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
         """→ stopped: compute released, files kept, no ceiling while nothing runs."""
@@ -123,7 +126,7 @@ class Transitions:
         new = await self.store.replace_sandbox(
             row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None)
         )
-        return self._moved(row, new, why)
+        return await self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
         await self.node(row).resume(row.class_, row.machine_id)
@@ -132,7 +135,7 @@ class Transitions:
         )
         if new is not None:
             await self.add_route(new)
-        return self._moved(row, new, why)
+        return await self._moved(row, new, why)
 
     async def start_fresh_compute(self, row: Sandbox, why: str) -> Sandbox | None:
         """stopped → running on new compute with the files kept: a new
@@ -150,7 +153,7 @@ class Transitions:
         new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
         if new is not None:
             await self.add_route(new)
-        return self._moved(row, new, why)
+        return await self._moved(row, new, why)
 
     async def relocate(
         self, row: Sandbox, why: str, target: Node | None = None
@@ -205,6 +208,7 @@ class Transitions:
         except Exception:  # its reconcile destroys it: no row names it there now
             log.exception("sandbox %s: the old copy on %s stays an orphan", row.id, source.name)
         seconds = time.monotonic() - started
+        await self.events.add(new, "moved", f"from node {source.name} to {target.name} ({why})")
         log.info(
             "sandbox %s: moved from %s to %s (%s): %d bytes in %.2f s, sha256 %s at both ends",
             row.id,
@@ -242,7 +246,7 @@ class Transitions:
         new = await self.store.replace_sandbox(row, moved)
         if new is not None and state is S.RUNNING:
             await self.add_route(new)
-        return self._moved(row, new, why)
+        return await self._moved(row, new, why)
 
     async def destroy(self, row: Sandbox, why: str) -> bool:
         """Anything → gone: row marked ``deleting`` first, so a crash mid-way
@@ -251,7 +255,7 @@ class Transitions:
             marked = await self.store.replace_sandbox(row, row.moved(S.DELETING))
             if marked is None:
                 return False
-            self._moved(row, marked, why)
+            await self._moved(row, marked, why)
             row = marked
         node = self.node(row)
         await self._withdraw(node, row)

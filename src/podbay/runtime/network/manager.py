@@ -25,10 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...domain.egress import OPEN, EgressPolicy
 from ...errors import NetworkError
 from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp
-from .policy import DISABLED_RESOLV_CONF, RESOLV_CONF, build_ruleset, build_tap_ruleset
+from .policy import (
+    DISABLED_RESOLV_CONF,
+    RESOLV_CONF,
+    build_ruleset,
+    build_tap_ruleset,
+    resolved_batch,
+)
+from .resolver import Resolver
 from .watch import AddressWatch
 
 __all__ = ["NetworkHandle", "NetworkManager"]
@@ -36,9 +44,19 @@ __all__ = ["NetworkHandle", "NetworkManager"]
 log = logging.getLogger("podbay.runtime.network")
 
 _NETNS_FILE = "netns"
+#: The machine's egress policy (absent: open), read whenever its rules reload
+#: (a refresh, an adoption after the node restarted), so they keep it.
+_EGRESS_FILE = "egress.json"
 #: Everything of a network in a machine's directory (slirp's log is opened
 #: before slirp4netns starts, so a started one always left that).
-_STATE_FILES = (_NETNS_FILE, slirp.PID_FILE, f".{slirp.PID_FILE}.tmp", slirp.LOG_FILE)
+_STATE_FILES = (
+    _NETNS_FILE,
+    slirp.PID_FILE,
+    f".{slirp.PID_FILE}.tmp",
+    slirp.LOG_FILE,
+    _EGRESS_FILE,
+    f".{_EGRESS_FILE}.tmp",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +96,7 @@ class NetworkManager:
         slirp_sandbox: bool = True,
         ready_timeout: float = 5.0,
         slirp_limits: slirp.SlirpLimits | None = None,
+        dns_upstream: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
@@ -89,6 +108,10 @@ class NetworkManager:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._watch: AddressWatch | None = None
+        #: Where podbay's resolvers ask (None: the host's first IPv4 nameserver).
+        self.dns_upstream = dns_upstream
+        #: Per machine whose policy names domains: the resolver serving it.
+        self._resolvers: dict[str, Resolver] = {}
 
     # -- paths
 
@@ -124,8 +147,12 @@ class NetworkManager:
         netns_source: Path | None = None,
         filtered: asyncio.Event | None = None,
         tapped: asyncio.Event | None = None,
+        egress: EgressPolicy = OPEN,
     ) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
+
+        ``egress``: the sandbox's own policy, in its rules from the first packet
+        on (an adopted network keeps the one it has: :meth:`set_egress` changes it).
 
         ``netns_source``: a namespace made elsewhere (a ``/proc/PID/ns/net``) to
         use instead of a new one (the OCI driver's comes with the sandbox's own
@@ -140,7 +167,7 @@ class NetworkManager:
         slirp4netns's budget (:class:`~.slirp.SlirpLimits`) may still be being
         applied: a sandbox whose netstack takes ``tap0`` over (runsc) may start
         from then on, under the same condition. (A cgroup move costs the start
-        an RCU grace period, ~10 ms.)
+        an RCU grace period.)
 
         Idempotent: a complete network that already exists is adopted and
         returned; a partial one is removed and built again. On failure nothing is
@@ -161,10 +188,16 @@ class NetworkManager:
                 # its root filesystem.
                 await self._teardown(machine_id, keep_directory=True)
             try:
+                self._write_egress(machine_id, egress)
                 pid = await self._create(machine_id, netns_source, filtered, tapped)
+                await self._serve_names(machine_id, egress)
             except BaseException as exc:
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.shield(self._teardown(machine_id))
+                except Exception:
+                    # The create's own failure is the one raised below; this one
+                    # (what it may have left behind) is logged.
+                    log.exception("network of %s: teardown after a failed create", machine_id)
                 if isinstance(exc, NetworkError | asyncio.CancelledError):
                     raise
                 if isinstance(exc, Exception):
@@ -192,13 +225,87 @@ class NetworkManager:
         async with self._lock(machine_id):
             return await self._adopt(machine_id)
 
+    def active(self, machine_id: str) -> bool:
+        """Whether the machine's namespace exists (its rules are in force)."""
+        return netns.is_mounted(self.netns_path(machine_id))
+
+    def egress(self, machine_id: str) -> EgressPolicy:
+        """The machine's egress policy (open when it never got one)."""
+        try:
+            text = (self.machine_dir(machine_id) / _EGRESS_FILE).read_text()
+        except FileNotFoundError:
+            return OPEN
+        return EgressPolicy.from_json(text)
+
+    async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
+        """Put ``egress`` in force for a running machine: its rules are swapped in
+        one transaction (no packet sees none), and kept by later reloads."""
+        async with self._lock(machine_id):
+            path = self.netns_path(machine_id)
+            if not netns.is_mounted(path):
+                raise NetworkError(f"{machine_id} has no network namespace")
+            before = self.egress(machine_id)
+            self._write_egress(machine_id, egress)
+            resolver = self._resolvers.get(machine_id)
+            if resolver is not None:
+                # What the old policy let it resolve is not the new one's to keep.
+                resolver.answered.clear()
+            if not self.enabled:
+                return  # loopback only: nothing leaves whatever the policy says
+            try:
+                await self._apply_rules(machine_id, tap=self._has_tap(machine_id))
+            except BaseException:
+                self._write_egress(machine_id, before)
+                raise
+            await self._serve_names(machine_id, egress)
+
+    async def _serve_names(self, machine_id: str, egress: EgressPolicy) -> None:
+        """Start, update or stop the machine's resolver for ``egress``."""
+        resolver = self._resolvers.get(machine_id)
+        if not self.enabled or not egress.has_names:
+            if resolver is not None:
+                del self._resolvers[machine_id]
+                await resolver.close()
+            return
+        if resolver is not None:
+            resolver.policy = egress
+            return
+        path = self.netns_path(machine_id)
+        tap = self._has_tap(machine_id)
+
+        async def allow(records: list[tuple[str, int]]) -> None:
+            await self._load(path, resolved_batch(records, tap=tap))
+
+        resolver = Resolver(path, egress, (self._upstream(), 53), allow)
+        await resolver.start()
+        self._resolvers[machine_id] = resolver
+
+    def _upstream(self) -> str:
+        if self.dns_upstream is not None:
+            return self.dns_upstream
+        for line in Path("/etc/resolv.conf").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == "nameserver" and "." in fields[1]:
+                return fields[1]
+        raise NetworkError("no IPv4 nameserver in /etc/resolv.conf for podbay's resolver")
+
+    def _write_egress(self, machine_id: str, egress: EgressPolicy) -> None:
+        target = self.machine_dir(machine_id) / _EGRESS_FILE
+        if egress.open:
+            target.unlink(missing_ok=True)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        temporary = target.with_name(f".{_EGRESS_FILE}.tmp")
+        temporary.write_text(egress.to_json())
+        temporary.replace(target)
+
     async def refresh(self, machine_id: str) -> None:
         """Reload the machine's rules, e.g. after the host gained an address."""
         path = self.netns_path(machine_id)
         if not netns.is_mounted(path):
             raise NetworkError(f"{machine_id} has no network namespace")
         if self.enabled:
-            await self._apply_rules(path)
+            await self._apply_rules(machine_id)
 
     def watch_addresses(self) -> None:
         """From now on, reload every machine's rules whenever the host's addresses
@@ -215,9 +322,7 @@ class NetworkManager:
             async with self._lock(machine_id):
                 if netns.is_mounted(self.netns_path(machine_id)):
                     try:
-                        await self._apply_rules(
-                            self.netns_path(machine_id), tap=self._has_tap(machine_id)
-                        )
+                        await self._apply_rules(machine_id, tap=self._has_tap(machine_id))
                     except OSError as exc:
                         log.warning("machine %s: reloading its rules failed: %s", machine_id, exc)
 
@@ -241,7 +346,11 @@ class NetworkManager:
         )
 
     async def close(self) -> None:
-        """Forget child processes without stopping them (slirps outlive the node)."""
+        """Forget child processes without stopping them (slirps outlive the node).
+        The resolvers stop: a sandbox's lookups fail until :meth:`adopt` (or a
+        new process's) serves them again, never reaching slirp's forwarder."""
+        for machine_id in list(self._resolvers):
+            await self._resolvers.pop(machine_id).close()
         if self._watch is not None:
             await self._watch.close()
             self._watch = None
@@ -265,9 +374,12 @@ class NetworkManager:
             enabled=self.enabled,
         )
 
-    def _ruleset(self, *, replace: bool = False, inet: bool = True, tap: bool = False) -> str:
+    def _ruleset(
+        self, machine_id: str, *, replace: bool = False, inet: bool = True, tap: bool = False
+    ) -> str:
         v4, v6 = hostcheck.host_addresses()
-        return _rulesets(tuple(v4), tuple(v6), self.extra_blocked, replace, inet, tap)
+        egress = self.egress(machine_id)
+        return _rulesets(tuple(v4), tuple(v6), self.extra_blocked, egress, replace, inet, tap)
 
     async def _create(
         self,
@@ -280,7 +392,7 @@ class NetworkManager:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         directory.mkdir(mode=0o700, exist_ok=True)
         path = directory / _NETNS_FILE
-        rules = self._ruleset() if self.enabled else None
+        rules = self._ruleset(machine_id) if self.enabled else None
         loop = asyncio.get_running_loop()
         mounted: asyncio.Future[None] = loop.create_future()
 
@@ -330,7 +442,7 @@ class NetworkManager:
                 await built
                 await until_set(up, started)
                 # tap0 exists now (slirp made it): its egress hook can be bound.
-                await self._load(path, self._ruleset(inet=False, tap=True))
+                await self._load(path, self._ruleset(machine_id, inet=False, tap=True))
             except BaseException:
                 started.cancel()
                 with contextlib.suppress(BaseException):
@@ -346,10 +458,16 @@ class NetworkManager:
                 await asyncio.shield(built)
             raise
 
-    async def _apply_rules(self, path: Path, *, tap: bool = True) -> None:
+    async def _apply_rules(self, machine_id: str, *, tap: bool = True) -> None:
         """Reload the policy with the host's current addresses (both tables, or
         only ``inet`` while there is no ``tap0`` to bind to)."""
-        await self._load(path, self._ruleset(replace=True, tap=tap))
+        rules = self._ruleset(machine_id, replace=True, tap=tap)
+        resolver = self._resolvers.get(machine_id)
+        if resolver is not None and self.egress(machine_id).has_names:
+            # The swap empties resolved_v4: what was answered goes back in the
+            # same transaction, so no allowed connection meets a moment without.
+            rules += resolved_batch(resolver.live(), tap=tap)
+        await self._load(self.netns_path(machine_id), rules)
 
     @staticmethod
     async def _load(path: Path, rules: str) -> None:
@@ -373,13 +491,14 @@ class NetworkManager:
             return self._handle(machine_id, None)
         try:
             if pid is None:
-                await self._apply_rules(path, tap=False)
+                await self._apply_rules(machine_id, tap=False)
                 # Died (or never recorded): stop any unrecorded one, start afresh.
                 for stray in slirp.find(path):
                     await self.slirps.stop(stray)
                 pid = await self.slirps.start(directory, path)
             # A new tap0 needs its hook bound again; a live one gets fresh addresses.
-            await self._apply_rules(path)
+            await self._apply_rules(machine_id)
+            await self._serve_names(machine_id, self.egress(machine_id))
         except (OSError, NetworkError) as exc:
             raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
         return self._handle(machine_id, pid)
@@ -392,6 +511,9 @@ class NetworkManager:
         return any((directory / name).exists() for name in _STATE_FILES)
 
     async def _teardown(self, machine_id: str, *, keep_directory: bool = False) -> None:
+        resolver = self._resolvers.pop(machine_id, None)
+        if resolver is not None:
+            await resolver.close()
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
         pids: set[int] = set()
@@ -418,7 +540,6 @@ class NetworkManager:
             directory.rmdir()  # kept if the driver stored its own files here
 
 
-@functools.lru_cache(maxsize=16)
 async def until_set(event: asyncio.Event, task: asyncio.Future[Any]) -> None:
     """Return once ``event`` is set (see :meth:`NetworkManager.setup`); raise what
     ``task`` failed with if it fails first."""
@@ -431,16 +552,18 @@ async def until_set(event: asyncio.Event, task: asyncio.Future[Any]) -> None:
         task.result()
 
 
+@functools.lru_cache(maxsize=16)
 def _rulesets(
     v4: tuple[ipaddress.IPv4Network, ...],
     v6: tuple[ipaddress.IPv6Network, ...],
     extra_blocked: tuple[str, ...],
+    egress: EgressPolicy,
     replace: bool,
     inet: bool,
     tap: bool,
 ) -> str:
     """The batch for these host addresses: the same for every machine until the
     host's addresses change (merging the ranges costs each start a millisecond)."""
-    return (build_ruleset(v4, v6, extra_blocked, replace=replace) if inet else "") + (
-        build_tap_ruleset(v4, v6, extra_blocked, replace=replace) if tap else ""
+    return (build_ruleset(v4, v6, extra_blocked, egress, replace=replace) if inet else "") + (
+        build_tap_ruleset(v4, v6, extra_blocked, egress, replace=replace) if tap else ""
     )

@@ -148,7 +148,8 @@ def in_fresh_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
     def run() -> None:
         try:
             result = fn()
-        except BaseException as exc:
+        # Handed to the awaiting caller, which raises it.
+        except BaseException as exc:  # noqa: BLE001
             loop.call_soon_threadsafe(settle, None, exc)
         else:
             loop.call_soon_threadsafe(settle, result, None)
@@ -164,7 +165,7 @@ def run_in_thread_now(fn: Callable[[], None]) -> None:
     def run() -> None:
         try:
             fn()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
             failure.append(exc)
 
     thread = threading.Thread(target=run, name="podbay-netns-probe", daemon=True)

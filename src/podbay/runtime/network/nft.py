@@ -1,4 +1,4 @@
-"""nftables through libnftables (in process, ~1 ms) or the ``nft`` binary.
+"""nftables through libnftables (in process, no program to start) or the ``nft`` binary.
 
 Either way the batch applies to the *calling thread's* network namespace (a
 child forked from the thread inherits it), so callers run this inside a

@@ -14,6 +14,14 @@ A sandbox's packets leave through a host-owned network namespace. Inside it::
         input   lo and replies to the sandbox's own connections only
         forward drop
 
+A sandbox's own egress policy (:class:`~podbay.domain.egress.EgressPolicy`)
+narrows this further, after the refusals above (which it can never lift):
+``deny_v4`` refused, then with ``internet: false`` everything (DNS to slirp
+too), or with an allow list everything but ``allow_v4``. IPv6 entries need no
+rule: no IPv6 leaves the namespace at all. Domain entries get ``resolved_v4``,
+which podbay's resolver fills with what it answered (:mod:`.resolver`), and
+under any policy that is not open port 53 anywhere else is refused.
+
 The same policy serves a runc container, gVisor's netstack and a QEMU guest:
 packets from the namespace's kernel stack pass ``inet podbay``'s output hook;
 frames a user-space stack writes to ``tap0`` directly (gVisor) pass
@@ -24,6 +32,8 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+
+from ...domain.egress import OPEN, EgressPolicy, networks
 
 __all__ = [
     "BLOCKED_IPV4",
@@ -38,6 +48,7 @@ __all__ = [
     "TAP_NAME",
     "build_ruleset",
     "build_tap_ruleset",
+    "resolved_batch",
 ]
 
 #: slirp4netns's fixed layout (its default ``--cidr=10.0.2.0/24``).
@@ -102,13 +113,84 @@ def _elements(
 
 
 def _set(name: str, kind: str, elements: str) -> str:
+    # An empty set takes no elements line ("elements = { }" is a syntax error).
+    listed = f"\t\telements = {{ {elements} }}\n" if elements else ""
     return f"""\
 \tset {name} {{
 \t\ttype {kind}
 \t\tflags interval
-\t\telements = {{ {elements} }}
-\t}}
+{listed}\t}}
 """
+
+
+def _v4(entries: Iterable[str]) -> str:
+    nets = [n for n in networks(entries) if isinstance(n, ipaddress.IPv4Network)]
+    return ", ".join(str(n) for n in ipaddress.collapse_addresses(nets))
+
+
+def _egress_sets(egress: EgressPolicy) -> str:
+    """The policy's own sets (IPv4 only: no IPv6 leaves the namespace), and for
+    a policy with names, what podbay's resolver answered (:mod:`.resolver`)."""
+    sets = _set("deny_v4", "ipv4_addr", _v4(egress.deny)) + _set(
+        "allow_v4", "ipv4_addr", _v4(egress.allow)
+    )
+    if egress.has_names:
+        sets += "\tset resolved_v4 {\n\t\ttype ipv4_addr\n\t\tflags timeout\n\t}\n"
+    return sets
+
+
+def resolved_batch(records: Iterable[tuple[str, int]], *, tap: bool) -> str:
+    """Adds resolved ``(address, seconds)`` to the ``resolved_v4`` set of both
+    tables (``inet`` only while there is no ``tap0``)."""
+    listed = ", ".join(f"{address} timeout {seconds}s" for address, seconds in records)
+    if not listed:
+        return ""
+    batch = f"add element inet {TABLE} resolved_v4 {{ {listed} }}\n"
+    if tap:
+        batch += f"add element netdev {TABLE}_tap resolved_v4 {{ {listed} }}\n"
+    return batch
+
+
+def _dns(egress: EgressPolicy, indent: str = "\t\t") -> str:
+    """slirp's DNS forwarder answers every name: under a default-deny policy it
+    would be a tunnel out, and under a policy naming domains a way round
+    podbay's resolver (gVisor's lookups, which never meet it, fail instead)."""
+    if egress.default_deny or egress.has_names:
+        return ""
+    return (
+        f'{indent}ip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"\n'
+        f'{indent}ip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-tcp"\n'
+    )
+
+
+def _egress_rules(egress: EgressPolicy, ipv4: str, refusals: tuple[str, ...]) -> str:
+    """The policy's rules after the platform's refusals: ``ipv4`` matches any IPv4
+    packet at the hook; each of ``refusals`` is a verdict that follows a match, in
+    order (one ``counter drop`` at the netdev hook, where ``reject`` does not exist)."""
+
+    def refuse(match: str, comment: str) -> str:
+        return "".join(f'\t\t{match} {verdict} comment "{comment}"\n' for verdict in refusals)
+
+    lines = refuse("ip daddr @deny_v4", "denied")
+    if not egress.open:
+        # A sandbox's lookups go to its own resolver (slirp's, or podbay's on lo,
+        # both accepted before this): one elsewhere, even on an allowed address,
+        # would answer names the policy refuses.
+        lines += refuse("ip protocol { tcp, udp } th dport 53", "other-resolver")
+    if egress.has_names:
+        lines += '\t\tip daddr @resolved_v4 counter accept comment "resolved"\n'
+    if egress.default_deny:
+        lines += '\t\tip daddr @allow_v4 counter accept comment "allowed"\n'
+        lines += refuse(ipv4, "not-allowed")
+    return lines
+
+
+#: The policy's refusal in ``inet``'s output chain, like "blocked": a TCP reset,
+#: otherwise an ICMP error, so a client fails at once instead of timing out.
+_REJECT_V4 = (
+    "meta l4proto tcp counter reject with tcp reset",
+    "counter reject with icmp type admin-prohibited",
+)
 
 
 def _swap(family: str, table: str, replace: bool) -> str:
@@ -123,6 +205,7 @@ def build_ruleset(
     host_v4: Iterable[ipaddress.IPv4Network | str] = (),
     host_v6: Iterable[ipaddress.IPv6Network | str] = (),
     extra_blocked: Iterable[str] = (),
+    egress: EgressPolicy = OPEN,
     *,
     replace: bool = False,
 ) -> str:
@@ -134,24 +217,24 @@ def build_ruleset(
     With ``replace`` it first swaps out an earlier ``inet podbay`` table (create,
     delete, create in one batch), which refreshes the host addresses of a running
     sandbox with no moment unfiltered. Deleting a table makes the kernel wait for
-    an RCU grace period (10-25 ms here), so a fresh namespace loads it without.
+    an RCU grace period, so a fresh namespace loads it without.
     """
     e4, e6 = _elements(host_v4, host_v6, extra_blocked)
     sets = _set("blocked_v4", "ipv4_addr", e4) + _set("blocked_v6", "ipv6_addr", e6)
+    sets += _egress_sets(egress)
+    dns = _dns(egress)
     return f"""\
 {_swap("inet", TABLE, replace)}table inet {TABLE} {{
 {sets}\tchain output {{
 \t\ttype filter hook output priority filter; policy drop;
 \t\toifname "lo" accept
-\t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
-\t\tip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-tcp"
-\t\tip daddr @blocked_v4 meta l4proto tcp counter reject with tcp reset comment "blocked"
+{dns}\t\tip daddr @blocked_v4 meta l4proto tcp counter reject with tcp reset comment "blocked"
 \t\tip daddr @blocked_v4 counter reject with icmp type admin-prohibited comment "blocked"
 \t\tip6 daddr @blocked_v6 meta l4proto tcp counter reject with tcp reset comment "blocked"
 \t\tip6 daddr @blocked_v6 counter reject with icmpv6 type admin-prohibited comment "blocked"
 \t\tmeta nfproto ipv6 meta l4proto tcp counter reject with tcp reset comment "ipv6-off"
 \t\tmeta nfproto ipv6 counter reject with icmpv6 type admin-prohibited comment "ipv6-off"
-\t\tmeta nfproto ipv4 accept
+{_egress_rules(egress, "meta nfproto ipv4", _REJECT_V4)}\t\tmeta nfproto ipv4 accept
 \t\tcounter drop comment "other"
 \t}}
 \tchain input {{
@@ -171,6 +254,7 @@ def build_tap_ruleset(
     host_v4: Iterable[ipaddress.IPv4Network | str] = (),
     host_v6: Iterable[ipaddress.IPv6Network | str] = (),
     extra_blocked: Iterable[str] = (),
+    egress: EgressPolicy = OPEN,
     *,
     replace: bool = False,
 ) -> str:
@@ -188,13 +272,11 @@ def build_tap_ruleset(
     # No IPv6 set: every IPv6 frame is dropped ("other").
     return f"""\
 {_swap("netdev", name, replace)}table netdev {name} {{
-{_set("blocked_v4", "ipv4_addr", e4)}\tchain egress {{
+{_set("blocked_v4", "ipv4_addr", e4)}{_egress_sets(egress)}\tchain egress {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter; policy drop;
 \t\tether type arp accept
-\t\tip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-udp"
-\t\tip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-tcp"
-\t\tip daddr @blocked_v4 counter drop comment "blocked"
-\t\tether type ip accept
+{_dns(egress)}\t\tip daddr @blocked_v4 counter drop comment "blocked"
+{_egress_rules(egress, "ether type ip", ("counter drop",))}\t\tether type ip accept
 \t\tcounter drop comment "other"
 \t}}
 }}

@@ -19,9 +19,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from podbay.host.cgroups import Cgroups
+from podbay.host.fdwait import wait_readable
+
 from ...errors import NetworkError
-from ..oci.cgroups import Cgroups
-from ..oci.fdwait import wait_readable
 from . import procscan
 from .policy import MTU, TAP_NAME
 
@@ -91,8 +92,6 @@ def budget(cgroup_parent: str, max_fds: int) -> SlirpLimits:
 class Slirps:
     """Starts, finds and stops the slirp4netns of each namespace file."""
 
-    # Keeps its settings by name, like the control plane's services and the
-    # gateway keep their collaborators: alike in shape by nature, nothing shared.
     def __init__(
         self,
         binary: str = "slirp4netns",

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podbay.agent.hibernate import ENV as HIBERNATE_ENV
-from podbay.agent.staging import AGENT_ENV
+from podbay.agent.protocol import HIBERNATE_ENV
+from podbay.runtime.staging import AGENT_ENV
 
+from ..agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER, NO_PRELOAD
 from . import seccomp
-from .agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER, NO_PRELOAD
 
 ID_RANGE = 65536
 

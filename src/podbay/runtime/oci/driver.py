@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -31,8 +32,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...agent import staging
+from podbay.host import records, storage, userns
+from podbay.host.cgroups import Cgroups, node_pids
+from podbay.host.image import Image, ImageCache, Recipe, local_ca_certificates
+from podbay.host.layout import NODE_CGROUP, RUN_MODE, Layout, MachinePaths
+from podbay.host.tools import check_tool
+
 from ...settings import Settings
+from .. import agent_bundle, staging
 
 # The vm driver's header (doctest, these names) reads the same on purpose:
 # both drivers implement one interface from the same vocabulary.
@@ -48,12 +55,10 @@ from ..base import (
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager, slirp
 from ..network.manager import until_set
-from ..tools import check_tool
-from . import agent_bundle, bundle, records, runsc, storage, userns
-from .cgroups import Cgroups, node_pids
-from .image import Image, ImageCache, Recipe, local_ca_certificates
-from .layout import NODE_CGROUP, RUN_MODE, Layout, MachinePaths
-from .readiness import wait_ready
+from ..readiness import wait_ready
+from ..usage import Usage, cgroup_cpu_memory, filesystem_used, netns_bytes
+from . import bundle, runsc
+from .namer import Namer
 from .runc import Runc
 
 log = logging.getLogger("podbay.runtime.oci")
@@ -96,12 +101,16 @@ class OciDriver(RecordKeepingDriver):
         )
         self._image: Image | None = None
         self._agent_dir: Path | None = None
-        #: runsc only: the statx shim preloaded in its sandboxes (runsc.build_statx_shim).
+        #: runsc only: the statx shim preloaded in its sandboxes (runsc.stage_statx_shim).
         self._statx_shim: Path | None = None
         self._argv: list[str] | None = None
         self._records: dict[str, records.MachineRecord] = {}
         #: runsc only: hostnames assigned while suspended, set when resumed.
         self._hostname_on_resume: dict[str, str] = {}
+        #: runsc only: a process waiting in each machine named later (:mod:`.namer`).
+        self._namers: dict[str, Namer] = {}
+        #: A process in each machine's network namespace, for its counters (usage).
+        self._net_pid: dict[str, list[int]] = {}
 
     # -- set-up ---------------------------------------------------------------
     async def prepare(self) -> None:
@@ -142,7 +151,7 @@ class OciDriver(RecordKeepingDriver):
             agent_dir = await asyncio.to_thread(
                 runsc.reachable_agent, agent_dir, self.layout.run_dir
             )
-            self._statx_shim = await asyncio.to_thread(runsc.build_statx_shim, self.layout.run_dir)
+            self._statx_shim = await asyncio.to_thread(runsc.stage_statx_shim, self.layout.run_dir)
             if self._statx_shim is not None and (self._statx_shim / "runsc-enter").exists():
                 self.runc.enter = self._statx_shim / "runsc-enter"
         self._image, self._agent_dir = image, agent_dir
@@ -207,13 +216,20 @@ class OciDriver(RecordKeepingDriver):
         finally:
             if owned is not None:
                 await owned.close()  # the sandbox (and the netns file) hold both now
+        machine_id = record.spec.machine_id
+        if record.spec.named_later and isinstance(self.runc, runsc.Runsc):
+            shim = self._statx_shim
+            program = runsc.NAMER_IN_SANDBOX if shim and (shim / "namer").exists() else None
+            self._namers[machine_id] = await self.runc.namer(machine_id, program)
 
     async def _boot_in(
         self, record: records.MachineRecord, owned: userns.OwnedUserNamespace | None
     ) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
-        assert self._image is not None and self._agent_dir is not None and self._argv
+        assert self._image is not None
+        assert self._agent_dir is not None
+        assert self._argv
         image, argv = self._image_for(record)
         if len(str(paths.socket)) > SOCKET_PATH_MAX:
             raise DriverError(
@@ -273,11 +289,16 @@ class OciDriver(RecordKeepingDriver):
         async def make_network() -> NetworkHandle:
             if owned is None:
                 write_config()
-                return await self.network.setup(spec.machine_id, filtered=filtered, tapped=tapped)
+                return await self.network.setup(
+                    spec.machine_id, filtered=filtered, tapped=tapped, egress=spec.egress
+                )
             await owned.open()
             write_config()
             return await self.network.setup(
-                spec.machine_id, netns_source=owned.netns_path, filtered=filtered
+                spec.machine_id,
+                netns_source=owned.netns_path,
+                filtered=filtered,
+                egress=spec.egress,
             )
 
         netns_task = asyncio.create_task(make_network())
@@ -360,7 +381,8 @@ class OciDriver(RecordKeepingDriver):
     def _image_for(self, record: records.MachineRecord) -> tuple[Image, list[str]]:
         """The image the machine's files were made on, while it is cached; else the
         current one (the writable layer then sits on a newer base)."""
-        assert self._image is not None and self._argv is not None
+        assert self._image is not None
+        assert self._argv is not None
         if not record.image or record.image == self._image.key:
             return self._image, self._argv
         old = Image(record.image, self.layout.image_dir / record.image)
@@ -399,6 +421,7 @@ class OciDriver(RecordKeepingDriver):
                 log.info("machine %s stopped", machine_id)
 
     async def destroy(self, machine_id: str) -> None:
+        self._net_pid.pop(machine_id, None)
         async with self._lock(machine_id):
             paths = self._paths(machine_id)
             await self.release(machine_id, discard=True)
@@ -422,6 +445,7 @@ class OciDriver(RecordKeepingDriver):
             # Runsc.delete).
             self.cgroups.thaw_if_frozen(paths.cgroup)
             await self.runc.delete(machine_id, discard=discard)
+            await self._end_namer(machine_id)  # its runsc exec ends with the sandbox
         elif (state := await self.runc.query(machine_id)) is not None:
             frozen = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
             if self.runc.is_runc:
@@ -486,9 +510,21 @@ class OciDriver(RecordKeepingDriver):
             # Paused by the runtime (crun, or runsc under an older podbay).
             await self.runc.call("resume", machine_id, check=False)
         hostname = self._hostname_on_resume.pop(machine_id, None)
-        if hostname is not None and isinstance(self.runc, runsc.Runsc):
+        if hostname is not None:
             with contextlib.suppress(DriverError):  # e.g. thawed only to be killed
-                await self.runc.set_hostname(machine_id, hostname)
+                await self._name_runsc(machine_id, hostname)
+
+    async def _name_runsc(self, machine_id: str, hostname: str) -> None:
+        """Through the process waiting for it when there is one, else ``runsc exec``."""
+        assert isinstance(self.runc, runsc.Runsc)
+        namer = self._namers.pop(machine_id, None)
+        if namer is None or not await namer.name(hostname):
+            await self.runc.set_hostname(machine_id, hostname)
+
+    async def _end_namer(self, machine_id: str) -> None:
+        namer = self._namers.pop(machine_id, None)
+        if namer is not None:
+            await namer.close()
 
     async def export_layer(self, machine_id: str, dest: Path) -> None:
         """Copy a stopped machine's writable layer (deletions included, as overlay
@@ -510,25 +546,61 @@ class OciDriver(RecordKeepingDriver):
             record = self._record(machine_id)
             spec = record.spec
             new = dataclasses.replace(
-                record, spec=dataclasses.replace(spec, hostname=hostname, labels=dict(labels))
+                record,
+                spec=dataclasses.replace(
+                    spec, hostname=hostname, labels=dict(labels), named_later=False
+                ),
             )
-            state = await self.runc.query(machine_id)
-            if state is not None and state.status in ("running", "paused"):
-                paths = self._paths(machine_id)
-                suspended = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
-                name = uts_name(hostname)
-                for file, text in (("hostname", name + "\n"), ("hosts", hosts_file(name))):
-                    _rewrite_in_place(paths.files / file, text)
-                if isinstance(self.runc, runsc.Runsc):
-                    if suspended:  # nothing runs in it: set on resume
-                        self._hostname_on_resume[machine_id] = name
-                    else:
-                        await self.runc.set_hostname(machine_id, name)
-                else:
-                    await _set_hostname(state.pid, name)
-            self._save(new)
+            # Written (fsync'd: a restart must not take the sandbox for a pool's
+            # machine) in a thread while the name is set, not on the loop after it.
+            saving = asyncio.ensure_future(asyncio.to_thread(self._save, new))
+            try:
+                await self._rename(machine_id, uts_name(hostname))
+            finally:
+                await _settle(saving)
+            await saving
+
+    async def _rename(self, machine_id: str, name: str) -> None:
+        state = await self.runc.query(machine_id)
+        if state is None or state.status not in ("running", "paused"):
+            return
+        paths = self._paths(machine_id)
+        suspended = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
+        for file, text in (("hostname", name + "\n"), ("hosts", hosts_file(name))):
+            _rewrite_in_place(paths.files / file, text)
+        if isinstance(self.runc, runsc.Runsc):
+            if suspended:  # nothing runs in it: set on resume
+                self._hostname_on_resume[machine_id] = name
+            else:
+                await self._name_runsc(machine_id, name)
+        else:
+            await _set_hostname(state.pid, name)
 
     # -- observation ----------------------------------------------------------
+    async def usage(self, machine_id: str) -> Usage | None:
+        """The machine's cgroup (runc's container; runsc's sentry, gofer and
+        stubs), its disk and its network namespace (:mod:`..usage`)."""
+        try:
+            record = self._record(machine_id)
+        except MachineNotFound:
+            return None
+        paths = self._paths(machine_id)
+        read = cgroup_cpu_memory(self.cgroups, paths.cgroup)
+        if read is None:
+            return None
+        hint = self._net_pid.setdefault(machine_id, [])
+        procs = functools.partial(self.cgroups.procs, paths.cgroup)
+        net = netns_bytes(procs, self.network.netns_path(machine_id), hint)
+        return Usage(
+            cpu_seconds=read[0],
+            memory_bytes=read[1],
+            memory_limit_bytes=record.spec.limits.memory_bytes,
+            disk_bytes=filesystem_used(paths.disk_mount),
+            net_rx_bytes=net[0],
+            net_tx_bytes=net[1],
+            oom_kills=read[2],
+        )
+
     async def _observe_alive(self, machine_id: str) -> bool:
         return await self._observe(machine_id) is not MachineState.STOPPED
 
@@ -555,6 +627,8 @@ class OciDriver(RecordKeepingDriver):
         return found
 
     async def close(self) -> None:
+        for machine_id in list(self._namers):
+            await self._end_namer(machine_id)
         await self._writes_done()
         self._records.clear()
         await self.network.close()

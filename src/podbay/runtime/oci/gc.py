@@ -14,10 +14,11 @@ import shutil
 import time
 from collections.abc import Iterable
 
+from podbay.host import records, storage
+from podbay.host.layout import SHARED_RUN_ENTRIES
+
 from ..machines import INCOMING_PREFIX, STALE_INCOMING_SECONDS, adopt_for_gc
-from . import records, storage
 from .driver import OciDriver
-from .layout import SHARED_RUN_ENTRIES
 
 
 async def collect(

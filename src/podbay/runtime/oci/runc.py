@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podbay.host.fdwait import wait_readable
+from podbay.host.tools import run_tool
+
 from ..base import DriverError
 from ..network import procscan
-from ..tools import run_tool
-from .fdwait import wait_readable
 
 #: The fd the container's first process finds the agent socket on.
 AGENT_FD = 3

@@ -14,9 +14,9 @@
   starts inside the machine's namespace (``nsenter --net``) and in a mount
   namespace of its own where a read-only empty tmpfs covers that directory
   (``/proc/sys/net`` is per network namespace, so the cover applies there
-  only). ``ip netns exec`` would remount /sys and hide the cgroups. Where the
-  host's C compiler built it, ``runsc_enter.c`` does all of that in one exec
-  (nsenter, unshare, sh and two mounts otherwise: ~3 ms of CPU per start).
+  only). ``ip netns exec`` would remount /sys and hide the cgroups.
+  ``runsc_enter.c`` (built at install: :mod:`..native`) does all of that in
+  one exec (nsenter, unshare, sh and two mounts otherwise).
 - **The agent's socket.** runsc hands the container only stdio, and an
   imported listening socket cannot ``accept`` inside gVisor, so the agent
   binds ``/.podbay/run/agent.sock`` in a directory bound from the host
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -52,13 +51,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from podbay.host.fdwait import close_watch, drain, wait_readable, watch_created
+from podbay.host.layout import AGENT_COPY_DIR, SHIM_DIR
+from podbay.host.tools import check_tool
+
 from ..base import DriverError
+from ..native import NATIVE_DIR, STAMP, built
 from ..network import procscan
 from ..network.netns import enter_argv, is_mounted
-from ..tools import check_tool
-from .fdwait import close_watch, drain, wait_readable, watch_created
-from .layout import AGENT_COPY_DIR, SHIM_DIR
-from .readiness import wait_ready
+from ..readiness import wait_ready
+from .namer import SCRIPT as NAMER_SCRIPT
+from .namer import Namer
 from .runc import ContainerState, Runc
 
 #: Where the agent's socket directory is bound inside a gVisor sandbox.
@@ -104,7 +107,7 @@ class Runsc(Runc):
     ) -> None:
         super().__init__(binary, root)
         self.platform = platform
-        #: runsc_enter.c built (:func:`build_statx_shim`): starts runsc in one exec.
+        #: runsc_enter.c built (:func:`stage_statx_shim`): starts runsc in one exec.
         self.enter: Path | None = None
         #: The machine's network namespace file. runsc reaches a sandbox through
         #: an abstract unix socket, which exists only in the sandbox's network
@@ -150,10 +153,10 @@ class Runsc(Runc):
             *run,
         ]
 
-    async def set_hostname(self, container_id: str, hostname: str) -> None:
-        """gVisor keeps the sandbox's UTS namespace in its own kernel: set it from
-        a process started inside (``runsc exec``), with the one capability it needs."""
-        argv = [
+    def privileged(self, container_id: str, *command: str) -> list[str]:
+        """``runsc exec`` of ``command`` as root with the one capability a
+        hostname needs (gVisor keeps the sandbox's UTS namespace in its own kernel)."""
+        return [
             *self.command(container_id)[:-1],
             "exec",
             "--user",
@@ -161,10 +164,26 @@ class Runsc(Runc):
             "--cap",
             "CAP_SYS_ADMIN",
             container_id,
-            "/bin/hostname",
-            hostname,
+            *command,
         ]
+
+    async def set_hostname(self, container_id: str, hostname: str) -> None:
+        """Set it from a process started inside."""
+        argv = self.privileged(container_id, "/bin/hostname", hostname)
         await check_tool(*argv, failed="setting hostname failed")
+
+    async def namer(self, container_id: str, program: str | None) -> Namer:
+        """The same, started now and named later (:mod:`.namer`): by ``program``
+        (:data:`NAMER_IN_SANDBOX`) where the sandbox has it, else the image's
+        shell and ``hostname``."""
+        command = [program] if program else ["/bin/sh", "-c", NAMER_SCRIPT]
+        process = await asyncio.create_subprocess_exec(
+            *self.privileged(container_id, *command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        return Namer(process)
 
     async def _end(self, container_id: str, *, paused_only: bool) -> bool:
         """End the container here: its sandbox, then its gofer, are killed through
@@ -312,94 +331,35 @@ def _publish(tmp: Path, target: Path) -> Path:
 
 #: Where the statx shim (statx_shim.c) appears inside a gvisor sandbox.
 SHIM_IN_SANDBOX = "/.podbay/statx-shim.so"
-SHIM_SOURCE = Path(__file__).with_name("statx_shim.c")
-#: The agent's launcher of commands as a static program (podbay/agent/launcher.c),
-#: built beside the shim, and where it appears inside a gvisor sandbox.
-LAUNCHER_SOURCE = Path(__file__).parent.parent.parent / "agent" / "launcher.c"
+#: Where the agent's launcher of commands (podbay/agent/launcher.c, built
+#: statically) appears inside a gvisor sandbox.
 LAUNCHER_IN_SANDBOX = "/.podbay/launcher"
-#: What starts ``runsc run`` in the machine's namespaces in one exec (on the host).
-ENTER_SOURCE = Path(__file__).with_name("runsc_enter.c")
+#: Where the program that names a pooled sandbox (namer.c) appears inside one.
+NAMER_IN_SANDBOX = "/.podbay/namer"
+#: The programs a gvisor run directory gets a copy of (runsc-enter: host only).
+STAGED_PROGRAMS = ("statx-shim.so", "launcher", "namer", "runsc-enter")
 
 
-#: Where the shim and the programs beside it are built, once per set of sources
-#: for the whole host (~1 s of compiling), before each run directory gets a copy.
-BUILD_CACHE = Path("/run/podbay/gvisor-shim")
-
-
-def build_statx_shim(run_dir: Path, *, cache: Path = BUILD_CACHE) -> Path | None:
-    """The directory holding the compiled statx shim and an ``ld.so.preload``
-    naming it, the agent's launcher (``launcher``, linked statically, so that
-    the image's libc does not matter) when the host can link it, and
-    ``runsc-enter`` (host only: :meth:`Runsc.launch_argv`), made once per set
-    of sources (in ``cache``, copied from there), under the traverse-only
-    ``run_dir`` runsc's gofer can reach; None when the host has no C compiler,
-    and then coreutils' ``ls``/``stat`` fail in gvisor sandboxes (logged)."""
-    sources = [SHIM_SOURCE.read_bytes(), LAUNCHER_SOURCE.read_bytes(), ENTER_SOURCE.read_bytes()]
-    digest = hashlib.sha256(b"".join(sources)).hexdigest()[:16]
+def stage_statx_shim(run_dir: Path, *, native: Path = NATIVE_DIR) -> Path:
+    """The directory holding the statx shim and an ``ld.so.preload`` naming
+    it, the agent's launcher and ``runsc-enter`` (:meth:`Runsc.launch_argv`),
+    copied once per build from the prebuilt programs (:mod:`..native`) under
+    the traverse-only ``run_dir`` runsc's gofer can reach. A missing or stale
+    build is a :class:`DriverError` naming the step that builds it."""
+    source = built(native)
+    digest = (source / STAMP).read_text().strip()
     target = run_dir / SHIM_DIR / digest
     if (target / "complete").exists():
         return target
-    built = cache / digest
-    if not (built / "complete").exists():
-        compiler = shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            log.warning(
-                "no C compiler (apt-get install gcc): gvisor sandboxes run without the statx "
-                "shim, and coreutils' ls, stat, du and find fail there with EINVAL"
-            )
-            return None
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = built.with_name(f".{digest}.{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(mode=0o755)
-        _compile(compiler, tmp, *sources)
-        _publish(tmp, built)
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(built, tmp)  # modes kept: the directory 0755, as made
-    return _publish(tmp, target)
-
-
-def _compile(compiler: str, tmp: Path, shim: bytes, launcher: bytes, enter: bytes) -> None:
-    """Build :func:`build_statx_shim`'s files in ``tmp``."""
-    built = _cc(compiler, ["-shared", "-fPIC"], shim, tmp / "statx-shim.so")
-    if built.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DriverError(f"building the statx shim failed: {built.stderr.decode()[-800:]}")
-    os.chmod(tmp / "statx-shim.so", 0o755)  # noqa: S103 - loaded by every sandbox user
-    # Each optional: without it, its Python or shell equivalent serves.
-    _build_optional(
-        compiler,
-        ["-static", "-Wall"],  # static: whatever the image's libc
-        launcher,
-        tmp / "launcher",
-        0o755,  # run by the agent's launcher, as the sandbox's user
-        "the launcher of commands",  # e.g. no static libc (libc6-dev): the agent's own serves
-    )
-    _build_optional(compiler, ["-Wall"], enter, tmp / "runsc-enter", 0o700, "runsc-enter")
+    tmp.mkdir(mode=0o755)
+    for name in STAGED_PROGRAMS:
+        shutil.copy2(source / name, tmp / name)  # modes kept: as the build made them
     (tmp / "ld.so.preload").write_text(SHIM_IN_SANDBOX + "\n")
     os.chmod(tmp / "ld.so.preload", 0o644)
-
-
-def _cc(
-    compiler: str, flags: list[str], source: bytes, output: Path
-) -> subprocess.CompletedProcess[bytes]:
-    """``compiler`` on C ``source`` from standard input, optimised, into ``output``."""
-    argv = [compiler, *flags, "-O2", "-o", str(output), "-x", "c", "-"]
-    return subprocess.run(argv, input=source, capture_output=True, check=False)
-
-
-def _build_optional(
-    compiler: str, flags: list[str], source: bytes, output: Path, mode: int, what: str
-) -> None:
-    """``output`` built with ``mode``, or absent (and logged) when it cannot be."""
-    made = _cc(compiler, flags, source, output)
-    if made.returncode != 0:
-        log.warning("%s was not built: %s", what, made.stderr.decode()[-800:])
-        output.unlink(missing_ok=True)
-    else:
-        os.chmod(output, mode)
+    return _publish(tmp, target)
 
 
 def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:
@@ -408,7 +368,7 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
     gVisor's sysfs and cgroupfs are its own, so /sys is not bound from the host;
     the agent's socket directory is bound read-write. Read-only binds are
     marked as the sandbox's alone (:func:`exclusive_hints`). ``shim``: the
-    statx shim's directory (:func:`build_statx_shim`), preloaded everywhere."""
+    statx shim's directory (:func:`stage_statx_shim`), preloaded everywhere."""
     mounts: list[dict[str, Any]] = []
     for mount in cfg["mounts"]:
         if mount["destination"] == "/sys":
@@ -432,6 +392,7 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
             ("statx-shim.so", SHIM_IN_SANDBOX),
             ("ld.so.preload", "/etc/ld.so.preload"),
             ("launcher", LAUNCHER_IN_SANDBOX),
+            ("namer", NAMER_IN_SANDBOX),
         ):
             if not (shim / name).exists():
                 continue

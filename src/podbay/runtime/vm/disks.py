@@ -29,7 +29,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from ..tools import check_tool
+from podbay.host.tools import check_tool
 
 ID_RANGE = 65536
 

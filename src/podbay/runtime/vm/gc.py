@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ..machines import adopt_for_gc
 from . import disks, templates
-from .driver import VmDriver, VmPaths
+from .driver import VmDriver
+from .qemu import VmPaths
 
 
 async def collect(

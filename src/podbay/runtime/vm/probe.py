@@ -21,7 +21,9 @@ from pathlib import Path
 
 from ...settings import Settings
 from ..base import DriverError
+from . import qemu
 from .initramfs import find_busybox, newc
+from .qemu import KERNEL_DIR, QEMU, QEMU_BARE, host_tsc_khz
 
 MARKER = "podbay-vm-probe-ok"
 TCG_BOUND_SECONDS = 60.0
@@ -44,8 +46,6 @@ class VmProbe:
 async def boot_marker(kernel: Path, initrd: Path, accel: str, within: float) -> float:
     """Boot the probe guest; seconds until it printed the marker. Raises
     ``TimeoutError`` (QEMU killed) or :class:`DriverError`."""
-    from .driver import QEMU, QEMU_BARE, host_tsc_khz
-
     append = "console=ttyS0 quiet panic=-1 tsc=reliable"
     khz = host_tsc_khz()
     if accel == "tcg" and khz:
@@ -94,14 +94,12 @@ def has_kvm_device() -> bool:
 
 async def probe(settings: Settings) -> VmProbe:
     del settings  # the probe needs nothing configured
-    from .driver import KERNEL_DIR, QEMU, kernel_release
-
     if os.geteuid() != 0:
         return VmProbe(False, False, "needs root")
     if shutil.which(QEMU) is None:
         return VmProbe(False, False, f"{QEMU} not found (apt-get install qemu-system-x86)")
     try:
-        release = kernel_release()
+        release = qemu.kernel_release()
         busybox = find_busybox()
     except DriverError as e:
         return VmProbe(False, False, str(e))

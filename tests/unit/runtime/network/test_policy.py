@@ -5,8 +5,14 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+from podbay.domain.egress import OPEN, EgressPolicy
 from podbay.runtime.network.hostcheck import host_addresses, resolver_problems
-from podbay.runtime.network.policy import BLOCKED_IPV4, BLOCKED_IPV6, build_ruleset
+from podbay.runtime.network.policy import (
+    BLOCKED_IPV4,
+    BLOCKED_IPV6,
+    build_ruleset,
+    build_tap_ruleset,
+)
 
 
 def _elements(ruleset: str, name: str) -> str:
@@ -32,7 +38,8 @@ def test_host_addresses_are_merged_into_the_set() -> None:
         ["198.51.100.7/32", "10.1.2.3/32"], ["2001:db8::5/128"], ["203.0.113.0/25"]
     )
     v4 = _elements(rules, "blocked_v4")
-    assert "198.51.100.7" in v4 and "203.0.113.0/25" in v4
+    assert "198.51.100.7" in v4
+    assert "203.0.113.0/25" in v4
     assert "10.1.2.3" not in v4  # inside 10/8 already: merged, no overlap for nft
     assert "2001:db8::5" in _elements(rules, "blocked_v6")
 
@@ -65,3 +72,44 @@ def testresolver_problems(tmp_path: Path) -> None:
     # With slirp4netns's sandbox only /etc and /run are visible to it.
     [problem] = resolver_problems(good, slirp_sandbox=True)
     assert "make it a regular file or a link into /run" in problem
+
+
+def test_an_open_policy_adds_no_rule() -> None:
+    assert build_ruleset(egress=OPEN) == build_ruleset()
+    assert "@allow_v4" not in build_ruleset()
+    assert "not-allowed" not in build_ruleset()
+
+
+def test_a_policy_comes_after_the_platform_refusals_at_both_hooks() -> None:
+    egress = EgressPolicy.parse(
+        {"allow": ["203.0.113.0/24", "2001:db8::/32", "pypi.org"], "deny": ["203.0.113.9"]}
+    )
+    for rules in (build_ruleset(egress=egress), build_tap_ruleset(egress=egress)):
+        assert "203.0.113.0/24" in _elements(rules, "allow_v4")
+        assert "203.0.113.9" in _elements(rules, "deny_v4")
+        assert "2001:db8" not in rules
+        assert "pypi" not in rules
+        order = [rules.index(m) for m in ("@blocked_v4", "@deny_v4", "@allow_v4", "not-allowed")]
+        assert order == sorted(order)
+        assert "dns-udp" not in rules  # slirp's forwarder would answer any name
+        assert "other-resolver" in rules
+        assert "@resolved_v4" in rules
+
+
+def test_no_internet_refuses_every_packet_but_loopback() -> None:
+    rules = build_ruleset(egress=EgressPolicy.parse({"internet": False}))
+    assert "dns-udp" not in rules
+    assert "dns-tcp" not in rules
+    assert "set allow_v4 {\n\t\ttype ipv4_addr\n\t\tflags interval\n\t}" in rules  # empty
+    output = rules[rules.index("chain output") :]
+    assert output.index("not-allowed") < output.index("meta nfproto ipv4 accept")
+
+
+def test_a_deny_list_of_names_closes_slirps_forwarder_too() -> None:
+    egress = EgressPolicy.parse({"deny": ["evil.org"]})
+    for rules in (build_ruleset(egress=egress), build_tap_ruleset(egress=egress)):
+        assert "dns-udp" not in rules
+        assert "other-resolver" in rules
+        assert "not-allowed" not in rules  # the rest stays open
+    cidrs = EgressPolicy.parse({"deny": ["192.0.2.0/24"]})
+    assert "dns-udp" in build_tap_ruleset(egress=cidrs)  # no names: slirp's lookups as before

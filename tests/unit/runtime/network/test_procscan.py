@@ -11,7 +11,8 @@ from podbay.runtime.network import procscan
 
 def test_own_process_has_a_stable_start_time() -> None:
     start = procscan.start_time(os.getpid())
-    assert start is not None and start.isdigit()
+    assert start is not None
+    assert start.isdigit()
     assert procscan.alive(os.getpid(), start)
     assert not procscan.alive(os.getpid(), str(int(start) + 1))  # a reused pid
 
@@ -31,7 +32,8 @@ def test_a_command_name_with_spaces_and_parentheses() -> None:
         with open(f"/proc/{child.pid}/comm", "rb") as comm:
             assert b") b (c" in comm.read()
         found = procscan.stat(child.pid)
-        assert found is not None and found.state in "RS"
+        assert found is not None
+        assert found.state in "RS"
         assert procscan.cmdline(child.pid)[0] == sys.executable
         assert child.pid in procscan.find(lambda pid: pid == child.pid)
     finally:
@@ -45,4 +47,5 @@ def test_zombies_and_missing_pids_are_not_alive() -> None:
     assert not procscan.alive(child.pid)
     child.wait()
     assert procscan.stat(child.pid) is None
-    assert procscan.stat(0) is None and not procscan.alive(-1)
+    assert procscan.stat(0) is None
+    assert not procscan.alive(-1)

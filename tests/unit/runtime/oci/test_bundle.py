@@ -44,7 +44,8 @@ def test_every_namespace_and_an_unprivileged_root() -> None:
     assert sorted(kinds) == sorted(["pid", "ipc", "uts", "mount", "user", "cgroup", "network"])
     # Root inside is uid_base outside, for exactly the image's id range.
     mapping = [{"containerID": 0, "hostID": 1_000_000, "size": bundle.ID_RANGE}]
-    assert cfg["linux"]["uidMappings"] == mapping and cfg["linux"]["gidMappings"] == mapping
+    assert cfg["linux"]["uidMappings"] == mapping
+    assert cfg["linux"]["gidMappings"] == mapping
     assert cfg["process"]["user"] == {"uid": 0, "gid": 0}
 
 
@@ -175,7 +176,8 @@ def test_a_host_made_network_namespace_is_joined() -> None:
     mounts = by_destination(cfg)
     # sysfs cannot be mounted from a user namespace that does not own the network
     # namespace: the host's is bound read-only instead.
-    assert mounts["/sys"]["type"] == "bind" and "ro" in mounts["/sys"]["options"]
+    assert mounts["/sys"]["type"] == "bind"
+    assert "ro" in mounts["/sys"]["options"]
     assert mounts["/etc/resolv.conf"]["source"] == "/run/x/m1/files/resolv.conf"
 
 

@@ -41,8 +41,10 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
 def test_the_command_line_always_names_this_installations_state(tmp_path: Path) -> None:
     runc = Runc("runc", tmp_path / "state")
     assert runc.argv("pause", "m1") == ["runc", "--root", str(tmp_path / "state"), "pause", "m1"]
-    assert runc.is_runc and Runc("/usr/sbin/runc", tmp_path).is_runc
-    assert not Runc("crun", tmp_path).is_runc and not Runc("runsc", tmp_path).is_runc
+    assert runc.is_runc
+    assert Runc("/usr/sbin/runc", tmp_path).is_runc
+    assert not Runc("crun", tmp_path).is_runc
+    assert not Runc("runsc", tmp_path).is_runc
 
 
 def test_no_state_file_is_no_container(tmp_path: Path) -> None:

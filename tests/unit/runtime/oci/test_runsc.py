@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from podbay.errors import DriverError
+from podbay.runtime import native_build
 from podbay.runtime.oci import bundle, runsc
 
 
@@ -41,7 +45,8 @@ def test_run_starts_inside_the_machine_namespace_with_the_root_test_covered(tmp_
     argv = _runsc(tmp_path).launch_argv("m1", tmp_path / "bundle", netns)
     assert argv[:3] == ["nsenter", f"--net={netns}", "--"]
     script = argv[argv.index("-c") + 1]
-    assert "/proc/sys/net/core" in script and "mount -t proc" in script
+    assert "/proc/sys/net/core" in script
+    assert "mount -t proc" in script
     assert argv[argv.index("-c") + 2] == str(tmp_path / "bundle" / runsc.PROC_DIR)
     assert argv[-4:] == ["--detach", "--bundle", str(tmp_path / "bundle"), "m1"]
 
@@ -143,7 +148,8 @@ def test_the_guests_pids_limit_is_what_its_memory_holds() -> None:
     }
     adapted = runsc.guest_pids(cfg)
     cap = runsc.guest_pids_cap(512 << 20)
-    assert cap < 256 and cap * runsc.HOST_BYTES_PER_GUEST + runsc.HOST_BYTES_BASE <= 512 << 20
+    assert cap < 256
+    assert cap * runsc.HOST_BYTES_PER_GUEST + runsc.HOST_BYTES_BASE <= 512 << 20
     assert adapted["process"]["args"][-2:] == ["--pids-max", str(cap)]
     assert adapted["linux"]["resources"]["pids"] == {"limit": runsc.host_pids(cap)}
 
@@ -176,20 +182,33 @@ def test_end_leaves_what_its_state_cannot_name_to_runsc_delete(tmp_path: Path) -
     state.with_suffix(".lock").touch()
     assert asyncio.run(r._end("m1", paused_only=True)) is False  # running: runsc delete
     assert asyncio.run(r._end("m1", paused_only=False)) is True
-    assert not state.exists() and not state.with_suffix(".lock").exists()
+    assert not state.exists()
+    assert not state.with_suffix(".lock").exists()
 
 
-def test_the_shim_and_programs_are_compiled_once_per_host_and_copied(
+def test_the_prebuilt_programs_are_copied_to_each_run_directory_without_a_compiler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = runsc.build_statx_shim(tmp_path / "run1", cache=tmp_path / "cache")
-    assert first is not None and (first / "launcher").exists()
-    # A second run directory gets a copy: no compiler is looked for.
-    monkeypatch.setattr(runsc.shutil, "which", lambda name: None)
-    second = runsc.build_statx_shim(tmp_path / "run2", cache=tmp_path / "cache")
-    assert second is not None and second.parent.parent == tmp_path / "run2"
-    names = ("statx-shim.so", "launcher", "runsc-enter", "ld.so.preload")
-    assert all((second / name).read_bytes() == (first / name).read_bytes() for name in names)
+    native = native_build.build(tmp_path / "native")
+    # The daemon's side never compiles: with no compiler and no subprocess, it stages.
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", None)
+    first = runsc.stage_statx_shim(tmp_path / "run1", native=native)
+    second = runsc.stage_statx_shim(tmp_path / "run2", native=native)
+    assert second.parent.parent == tmp_path / "run2"
+    for name in ("statx-shim.so", "launcher", "namer", "runsc-enter"):
+        assert (
+            (second / name).read_bytes()
+            == (native / name).read_bytes()
+            == (first / name).read_bytes()
+        )
+    assert (second / "runsc-enter").stat().st_mode & 0o777 == 0o700
+    assert (second / "ld.so.preload").read_text() == runsc.SHIM_IN_SANDBOX + "\n"
+
+
+def test_without_a_build_the_gvisor_class_says_which_step_builds_it(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match=r"not built .*\./run serve"):
+        runsc.stage_statx_shim(tmp_path / "run", native=tmp_path / "never-built")
 
 
 def _agent_later(directory: Path, bound: Path) -> threading.Thread:
@@ -240,5 +259,6 @@ def test_the_agents_socket_is_watched_for_not_polled(
     agent = _agent_later(directory, bound)
     asyncio.run(runsc.wait_bound(bound, final, 10, alive=alive))
     agent.join(10)
-    assert final.is_socket() and not bound.exists()
+    assert final.is_socket()
+    assert not bound.exists()
     assert (sleeps == []) is watched, sleeps

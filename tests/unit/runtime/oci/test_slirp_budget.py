@@ -19,9 +19,11 @@ def driver(data_dir: Path, **environ: str) -> OciDriver:
 
 def test_each_slirp_gets_the_configured_budget(tmp_path: Path) -> None:
     default = driver(tmp_path).network.slirps.limits
-    assert default is not None and default.max_fds == 4096
+    assert default is not None
+    assert default.max_fds == 4096
     lowered = driver(tmp_path, PODBAY_RUNTIME_SLIRP_MAX_FDS="256").network.slirps.limits
-    assert lowered is not None and lowered.max_fds == 256
+    assert lowered is not None
+    assert lowered.max_fds == 256
     assert lowered.memory_bytes < default.memory_bytes
 
 
@@ -48,4 +50,5 @@ def test_a_budget_out_of_range_is_refused_naming_the_setting(tmp_path: Path, val
 def test_the_bounds_themselves_are_accepted(tmp_path: Path) -> None:
     for value in (MIN_FDS, MAX_FDS):
         limits = driver(tmp_path, PODBAY_RUNTIME_SLIRP_MAX_FDS=str(value)).network.slirps.limits
-        assert limits is not None and limits.max_fds == value
+        assert limits is not None
+        assert limits.max_fds == value

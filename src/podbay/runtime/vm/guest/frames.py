@@ -127,9 +127,6 @@ class Parser:
         self._buf.clear()
         self.synced = False
 
-    def lost_sync(self) -> None:
-        self.synced = False
-
     def frames(self) -> list[tuple[int, int, bytes]]:
         out: list[tuple[int, int, bytes]] = []
         buf = self._buf
