@@ -54,16 +54,25 @@ class Store(Protocol):
     ) -> list[Sandbox]: ...
 
     async def insert_sandbox(
-        self, sandbox: Sandbox, *, deployment_cap: int, account_cap: int
+        self,
+        sandbox: Sandbox,
+        *,
+        deployment_cap: int,
+        account_cap: int,
+        event: SandboxEvent | None = None,
     ) -> InsertOutcome:
         """Insert unless the name exists or a cap is reached, atomically: two
         racing inserts never both pass a cap, and never both create one name.
-        ``deleting`` rows do not count toward caps."""
+        ``deleting`` rows do not count toward caps. ``event``, if given, is
+        written in the same transaction when the row is."""
 
-    async def replace_sandbox(self, old: Sandbox, new: Sandbox) -> Sandbox | None:
+    async def replace_sandbox(
+        self, old: Sandbox, new: Sandbox, event: SandboxEvent | None = None
+    ) -> Sandbox | None:
         """Write ``new`` if the row still has ``old.version``; returns the stored
         record (version bumped, ``routed_on`` cleared) or ``None`` when the row
-        changed or vanished."""
+        changed or vanished. ``event``, if given, is written in the same
+        transaction when the row is: a transition and its event commit together."""
 
     async def mark_routed(self, sandbox: Sandbox, boot: str) -> bool:
         """Record that node process ``boot`` took the route of ``sandbox`` if the

@@ -35,23 +35,28 @@ class EventQueries:
     async def add_event(
         self, deployment_id: str, name: str, sandbox_id: str, event: SandboxEvent
     ) -> None:
+        await self._tx(lambda conn: self._write_event(conn, deployment_id, name, sandbox_id, event))
+
+    def _write_event(
+        self, conn: Any, deployment_id: str, name: str, sandbox_id: str, event: SandboxEvent
+    ) -> None:
+        """Inside a write transaction: the event, and the oldest beyond the
+        newest MAX_EVENTS of that name gone. A transition writes its event in
+        its own transaction (:meth:`SqlStore.replace_sandbox`), so the event
+        exists exactly when the transition committed."""
         insert = (
             "INSERT INTO sandbox_events (deployment_id, name, sandbox_id, at, kind, reason)"
             " VALUES (?,?,?,?,?,?)"
         )
-        # The oldest beyond the newest MAX_EVENTS go (none while fewer: NULL compares false).
+        # None go while fewer than MAX_EVENTS: the subquery is NULL, which compares false.
         trim = (
             "DELETE FROM sandbox_events WHERE deployment_id=? AND name=? AND at < ("
             "SELECT at FROM sandbox_events WHERE deployment_id=? AND name=?"
             f" ORDER BY at DESC LIMIT 1 OFFSET {MAX_EVENTS - 1})"
         )
         values = (deployment_id, name, sandbox_id, ts(event.at), event.kind, event.reason)
-
-        def run(conn: Any) -> None:
-            self._count(conn, insert, *values)
-            self._count(conn, trim, deployment_id, name, deployment_id, name)
-
-        await self._tx(run)
+        self._count(conn, insert, *values)
+        self._count(conn, trim, deployment_id, name, deployment_id, name)
 
     async def list_events(
         self, deployment_id: str, name: str, since: datetime | None = None

@@ -27,6 +27,7 @@ from importlib import resources
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.wire.observe import SandboxEvent
 
 from .base import InsertOutcome
 from .cluster_queries import ClusterQueries
@@ -208,7 +209,12 @@ class SqlStore(ClusterQueries, E2BQueries, EventQueries, ABC, Generic[C]):
         return [sandbox(r) for r in rows]
 
     async def insert_sandbox(
-        self, sandbox: Sandbox, *, deployment_cap: int, account_cap: int
+        self,
+        sandbox: Sandbox,
+        *,
+        deployment_cap: int,
+        account_cap: int,
+        event: SandboxEvent | None = None,
     ) -> InsertOutcome:
         s = sandbox
         live = "state<>'deleting'"
@@ -237,11 +243,17 @@ class SqlStore(ClusterQueries, E2BQueries, EventQueries, ABC, Generic[C]):
                 " ON CONFLICT (deployment_id, name) DO NOTHING",
                 *sandbox_values(s),
             )
-            return InsertOutcome.INSERTED if inserted == 1 else InsertOutcome.EXISTS
+            if inserted != 1:
+                return InsertOutcome.EXISTS
+            if event is not None:
+                self._write_event(conn, s.deployment_id, s.name, s.id, event)
+            return InsertOutcome.INSERTED
 
         return await self._tx(run)
 
-    async def replace_sandbox(self, old: Sandbox, new: Sandbox) -> Sandbox | None:
+    async def replace_sandbox(
+        self, old: Sandbox, new: Sandbox, event: SandboxEvent | None = None
+    ) -> Sandbox | None:
         if new.id != old.id:
             raise ValueError("replace_sandbox: ids differ")
         sql = (
@@ -252,7 +264,14 @@ class SqlStore(ClusterQueries, E2BQueries, EventQueries, ABC, Generic[C]):
             f" version=version+1 WHERE id=? AND version=? RETURNING {SANDBOX_COLUMNS}"
         )
         params = (*sandbox_values(new)[1:], old.id, old.version)
-        row = await self._tx(lambda conn: self._one(conn, sql, *params))
+
+        def run(conn: C) -> Any:
+            row = self._one(conn, sql, *params)
+            if row is not None and event is not None:
+                self._write_event(conn, new.deployment_id, new.name, new.id, event)
+            return row
+
+        row = await self._tx(run)
         return None if row is None else sandbox(row)
 
     async def mark_routed(self, sandbox: Sandbox, boot: str) -> bool:

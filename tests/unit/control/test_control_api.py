@@ -243,7 +243,7 @@ async def test_a_store_gone_under_a_resume_is_503_with_retry_after(harness, monk
     assert (await harness.call("POST", "/api/v1/sandboxes/s/stop", token)).status_code == 204
     real = harness.store.replace_sandbox
 
-    async def away(old: object, new: object) -> None:
+    async def away(old: object, new: object, event: object = None) -> None:
         raise ApiError(ErrorCode.STORE_UNAVAILABLE, "the database went away", retry_after=2)
 
     monkeypatch.setattr(harness.store, "replace_sandbox", away)

@@ -6,8 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from podbay.domain import Deployment
+from podbay.domain import Deployment, SandboxState
+from podbay.store.base import InsertOutcome
 from podbay.store.observe import MAX_EVENTS
+from podbay.testing.records import sandbox_record
 from podbay.wire.observe import SandboxEvent
 
 pytestmark = pytest.mark.anyio
@@ -46,3 +48,26 @@ async def test_a_removed_deployment_takes_its_events(store):
     await store.add_event(dep.id, "box", "sbx_1", _event(0, "created"))
     assert await store.remove_deployment(dep.id)
     assert await store.list_events(dep.id, "box") == []
+
+
+async def test_a_transition_and_its_event_commit_together_or_not_at_all(store):
+    row = sandbox_record("box", at=T0)
+    exists = sandbox_record("box", at=T0 + timedelta(seconds=1))
+    created = _event(0, "created")
+    assert await store.insert_sandbox(row, deployment_cap=9, account_cap=9, event=created) is (
+        InsertOutcome.INSERTED
+    )
+    # The name is taken: no second row, and no event for it.
+    outcome = await store.insert_sandbox(
+        exists, deployment_cap=9, account_cap=9, event=_event(1, "created")
+    )
+    assert outcome is InsertOutcome.EXISTS
+    stored = await store.get_sandbox(row.deployment_id, "box")
+    ready = _event(2, "ready")
+    running = await store.replace_sandbox(stored, stored.started(T0, timedelta(hours=1)), ready)
+    assert running is not None
+    # A writer holding the old version loses, and its event is not written.
+    lost = await store.replace_sandbox(stored, stored.moved(SandboxState.DELETING), _event(3))
+    assert lost is None
+    kept = await store.list_events(row.deployment_id, "box")
+    assert [(e.kind, e.reason) for e in kept] == [("created", "step 0"), ("ready", "step 2")]

@@ -1,8 +1,11 @@
 """Each sandbox's lifecycle events, written to the store as its transitions
 happen (docs/observability.md): what a person debugging a run reads first.
 
-An event is a record of a transition that already happened: failing to write
-one is logged and never undoes nor fails the transition.
+A transition's event is written in the transition's own store transaction
+(:meth:`~podbay.store.base.Store.replace_sandbox`): it exists exactly when the
+transition committed, and costs no second commit. Events that record no state
+change (a policy change, an OOM kill, a move) are written on their own: failing
+to write one of those is logged and fails nothing.
 """
 
 from __future__ import annotations
@@ -42,14 +45,17 @@ class EventLog:
         self.store = store
         self.clock = clock
 
+    def event(self, kind: EventKind, reason: str = "") -> SandboxEvent:
+        return SandboxEvent(at=on_the_wire(self.clock()), kind=kind, reason=reason[:MAX_REASON])
+
+    def of_move(self, old: SandboxState, new: SandboxState, why: str) -> SandboxEvent | None:
+        """The event a move from ``old`` to ``new`` writes with it, or None."""
+        kind = kind_of(old, new)
+        return None if kind is None else self.event(kind, why)
+
     async def add(self, row: Sandbox, kind: EventKind, reason: str = "") -> None:
-        event = SandboxEvent(at=on_the_wire(self.clock()), kind=kind, reason=reason[:MAX_REASON])
+        event = self.event(kind, reason)
         try:
             await self.store.add_event(row.deployment_id, row.name, row.id, event)
         except Exception:
             log.exception("sandbox %s: its %s event was not recorded", row.id, kind)
-
-    async def moved(self, old: Sandbox, new: Sandbox, why: str) -> None:
-        kind = kind_of(old.state, new.state)
-        if kind is not None:
-            await self.add(new, kind, why)

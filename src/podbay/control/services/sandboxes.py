@@ -362,10 +362,13 @@ class SandboxService:
             asked_class=asked,
             options=options,
         )
+        assert self.transitions is not None
+        events = self.transitions.events
         outcome = await self.store.insert_sandbox(
             row,
             deployment_cap=self.settings.caps.per_deployment,
             account_cap=self.settings.caps.per_account,
+            event=events.event("created", f"class {class_} on node {node.name}"),
         )
         if outcome is not InsertOutcome.INSERTED:
             if pooled is not None:
@@ -373,8 +376,6 @@ class SandboxService:
             if outcome is InsertOutcome.EXISTS:
                 return None
             raise self._cap_refusal(outcome)
-        assert self.transitions is not None
-        await self.transitions.events.add(row, "created", f"class {class_} on node {node.name}")
         labels = {LABEL_SANDBOX: row.id, LABEL_DEPLOYMENT: deployment.id, LABEL_NAME: name}
         order = Launch(
             class_,
@@ -398,13 +399,13 @@ class SandboxService:
             raise ApiError(
                 ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be started: {exc}"
             ) from None
-        new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
+        ready = events.event("ready", "pooled machine" if pooled else "booted")
+        new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age), ready)
         if new is None:  # the deployment was deleted meanwhile
             await self._undo_create(row, node)
             raise not_found(name)
         await self.transitions.add_route(new)
         self.transitions.metrics.transition("none", "running")
-        await self.transitions.events.add(new, "ready", "pooled machine" if pooled else "booted")
         return self._attached(new, "created", node)
 
     async def _undo_create(self, row: Sandbox, node: Node) -> None:

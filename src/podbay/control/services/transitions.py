@@ -69,9 +69,14 @@ class Transitions:
         self.max_age = max_age
         self.events = EventLog(store, clock)
 
+    async def _replace(self, row: Sandbox, new: Sandbox, why: str) -> Sandbox | None:
+        """``new`` written over ``row`` (None when the row changed meanwhile),
+        with the event the move is, in one transaction."""
+        event = self.events.of_move(row.state, new.state, why)
+        return await self.store.replace_sandbox(row, new, event)
+
     async def _moved(self, old: Sandbox, new: Sandbox | None, why: str) -> Sandbox | None:
         if new is not None:
-            await self.events.moved(old, new, why)
             self.metrics.transition(old.state.value, new.state.value)
             log.info(
                 "sandbox %s: %s -> %s (%s)",
@@ -115,7 +120,7 @@ class Transitions:
             return await self.stop(row, why)
         await self._withdraw(node, row)
         await node.suspend(row.class_, row.machine_id)
-        new = await self.store.replace_sandbox(row, row.released(S.SUSPENDED, self.clock()))
+        new = await self._replace(row, row.released(S.SUSPENDED, self.clock()), why)
         return await self._moved(row, new, why)
 
     async def stop(self, row: Sandbox, why: str) -> Sandbox | None:
@@ -123,16 +128,14 @@ class Transitions:
         node = self.node(row)
         await self._withdraw(node, row)
         await node.stop(row.class_, row.machine_id)
-        new = await self.store.replace_sandbox(
-            row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None)
+        new = await self._replace(
+            row, row.released(S.STOPPED, self.clock(), ceiling_at=None, started_at=None), why
         )
         return await self._moved(row, new, why)
 
     async def resume(self, row: Sandbox, why: str) -> Sandbox | None:
         await self.node(row).resume(row.class_, row.machine_id)
-        new = await self.store.replace_sandbox(
-            row, row.moved(S.RUNNING, last_active_at=self.clock())
-        )
+        new = await self._replace(row, row.moved(S.RUNNING, last_active_at=self.clock()), why)
         if new is not None:
             await self.add_route(new)
         return await self._moved(row, new, why)
@@ -150,7 +153,7 @@ class Transitions:
             if moved is not None:
                 row = moved[0]
         await self.node(row).start(row.class_, row.machine_id)
-        new = await self.store.replace_sandbox(row, row.started(self.clock(), self.max_age))
+        new = await self._replace(row, row.started(self.clock(), self.max_age), why)
         if new is not None:
             await self.add_route(new)
         return await self._moved(row, new, why)
@@ -193,7 +196,7 @@ class Transitions:
             received = await target.receive(transfer, prepared)
             if received.sha256 != received.sent_sha256:  # the target refuses it too
                 raise ApiError(ErrorCode.INTERNAL, "the disk arrived damaged")
-            new = await self.store.replace_sandbox(row, replace(row, node=target.name))
+            new = await self._replace(row, replace(row, node=target.name), why)
         except BaseException:
             try:
                 await target.destroy(c, mid)
@@ -243,7 +246,7 @@ class Transitions:
             if state in (S.SUSPENDED, S.STOPPED)
             else row.moved(state, **changes)
         )
-        new = await self.store.replace_sandbox(row, moved)
+        new = await self._replace(row, moved, why)
         if new is not None and state is S.RUNNING:
             await self.add_route(new)
         return await self._moved(row, new, why)
@@ -252,7 +255,7 @@ class Transitions:
         """Anything → gone: row marked ``deleting`` first, so a crash mid-way
         is finished by the next pass. False when somebody else changed the row."""
         if row.state is not S.DELETING:
-            marked = await self.store.replace_sandbox(row, row.moved(S.DELETING))
+            marked = await self._replace(row, row.moved(S.DELETING), why)
             if marked is None:
                 return False
             await self._moved(row, marked, why)
