@@ -1,8 +1,9 @@
 """E2B's REST API (``E2B_API_URL``), the calls ``e2b``'s ``Sandbox`` makes:
 create, connect, get info, list (v1 and v2), kill, set timeout, pause,
-resume and a sandbox's metrics (:mod:`.metrics`). Authenticated by
-``X-API-Key``; a key reaches its deployment's sandboxes only. Anything else
-under E2B's paths answers 501 in E2B's shape.
+resume, a sandbox's metrics (:mod:`.metrics`) and its network
+(:mod:`.network`). Authenticated by ``X-API-Key``; a key reaches its
+deployment's sandboxes only. Anything else under E2B's paths answers 501 in
+E2B's shape.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from podbay.domain import Deployment, Sandbox, SandboxState
+from podbay.domain.egress import OPEN
 from podbay.store.e2b import E2BSandbox
 
 from . import hosts
 from .error_responses import E2BError, handlers, not_implemented
 from .metrics import metric, unix_param
+from .network import e2b_view, policy_of, update_policy
 from .service import DEFAULT_TIMEOUT, MAX_TIMEOUT, E2BService, adopted
 
 #: Paths of E2B's API (none is podbay's own: that lives under /api/v1).
@@ -149,9 +152,10 @@ async def create(request: Request) -> Response:
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise E2BError(400, "REQUEST_INVALID", "templateID is required")
-    for field in ("volumeMounts", "mcp", "network", "iam"):
+    for field in ("volumeMounts", "mcp", "iam"):
         if body.get(field):
             raise not_implemented(field)
+    network = policy_of(body.get("allow_internet_access"), body.get("network"))
     row = await service.create(
         deployment,
         template=template,
@@ -159,6 +163,7 @@ async def create(request: Request) -> Response:
         metadata=_strings(body, "metadata"),
         env_vars=_strings(body, "envVars"),
         on_timeout=_on_timeout(body),
+        network=network,
     )
     return _json(await _sandbox_json(service, row, request), 201)
 
@@ -200,7 +205,24 @@ async def get_info(request: Request) -> Response:
     detail["envdAccessToken"] = await service.access_token(sandbox_id)
     detail["domain"] = _domain(request)
     detail["lifecycle"] = {"onTimeout": row.on_timeout, "autoResume": True}
+    internet, network = e2b_view(sandbox.options.network or OPEN)
+    detail["allowInternetAccess"] = internet
+    if network is not None:
+        detail["network"] = network
     return _json(detail)
+
+
+async def set_network(request: Request) -> Response:
+    """E2B's ``update_network``: the whole egress configuration replaced, in
+    force when this answers (podbay's ``PUT .../network``)."""
+    service = _service(request)
+    deployment = await _deployment(request)
+    sandbox_id = request.path_params["sandbox_id"]
+    policy = update_policy(await _body(request))
+    await service.row(deployment, sandbox_id)
+    await _podbay_sandbox(service, deployment, sandbox_id)  # one gone meanwhile: 404
+    await service.sandboxes.set_network(deployment, sandbox_id, policy)
+    return Response(status_code=204)
 
 
 async def _podbay_sandbox(service: E2BService, deployment: Deployment, sandbox_id: str) -> Sandbox:
@@ -354,6 +376,7 @@ routes = [
     Route("/sandboxes" + _ID + "/refreshes", refresh, methods=["POST"]),
     Route("/sandboxes" + _ID + "/resume", resume, methods=["POST"]),
     Route("/sandboxes" + _ID + "/metrics", sandbox_metrics, methods=["GET"]),
+    Route("/sandboxes" + _ID + "/network", set_network, methods=["PUT"]),
     Route("/{rest:path}", unsupported, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ]
 

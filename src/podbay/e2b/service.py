@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import secrets
@@ -25,6 +26,7 @@ from podbay.control.services.options import check_env, check_labels
 from podbay.control.services.sandboxes import Attached, SandboxService
 from podbay.dataplane.environment_seam import Building
 from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState
+from podbay.domain.egress import EgressPolicy
 from podbay.domain.options import NO_OPTIONS
 from podbay.errors import ApiError
 from podbay.store.e2b import E2BSandbox, E2BStore
@@ -201,6 +203,7 @@ class E2BService:
         metadata: dict[str, str],
         env_vars: dict[str, str],
         on_timeout: str = "kill",
+        network: EgressPolicy | None = None,
     ) -> E2BSandbox:
         sandbox_id = new_sandbox_id()
         now = self.clock()
@@ -216,6 +219,8 @@ class E2BService:
         )
         seen = await self.template_view(deployment, template)
         options = create_options(metadata, env_vars)  # refuses bad env names first
+        if network is not None:  # None: the deployment's default (its sandbox section)
+            options = dataclasses.replace(options, network=network)
         await self.rows.add_e2b_sandbox(row)
         try:
             attached = await self.attach(seen, sandbox_id, options)

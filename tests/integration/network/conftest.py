@@ -34,13 +34,13 @@ from _nethelpers import (
     remove_stale,
     remove_workdir,
     sh,
-    spawn_server,
     stop,
     wait_listening,
 )
 
 from podbay.runtime.network import NetworkManager
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
+from podbay.testing.upstream import upstream
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,52 +68,39 @@ def testnet() -> Iterator[NetLab]:
     workdir = Path(f"/tmp/{TMP_PREFIX}{pid}")
     workdir.mkdir(mode=0o700)
     k = 1 + pid % 60  # a /30 of 203.0.113.0/24 of our own, so parallel runs don't clash
-    net = NetLab(
-        pid=pid,
-        workdir=workdir,
-        testhost_netns=workdir / "testhost",
-        testhost_address=f"203.0.113.{4 * k + 2}",
-        host_side_address=f"203.0.113.{4 * k + 1}",
-        host_link=f"{PREFIX}{pid}h",
-    )
-    peer = f"{PREFIX}{pid}t"
+    link = f"{PREFIX}{pid}h"
     try:
-        net.testhost_netns.touch()
-        sh("unshare", f"--net={net.testhost_netns}", "true")
-        sh("ip", "link", "add", net.host_link, "type", "veth", "peer", "name", peer)
-        sh("ip", "link", "set", peer, "netns", str(net.testhost_netns))
-        for address in (
-            f"{net.host_side_address}/30",
-            f"{PRIVATE_HOST_ADDRESS}/32",
-            f"{METADATA_ADDRESS}/32",
-            f"{PUBLIC_HOST_ADDRESS}/32",
-        ):
-            sh("ip", "addr", "add", address, "dev", net.host_link)
-        sh("ip", "link", "set", net.host_link, "up")
-        inside = ["nsenter", f"--net={net.testhost_netns}", "--", "ip"]
-        sh(*inside, "link", "set", "lo", "up")
-        sh(*inside, "link", "set", peer, "name", "eth0")
-        sh(*inside, "addr", "add", f"{net.testhost_address}/30", "dev", "eth0")
-        sh(*inside, "link", "set", "eth0", "up")
-        sh(*inside, "route", "add", "default", "via", net.host_side_address)
-        net.processes.append(spawn_server(net.testhost_netns, net.testhost_port, "testhost\n"))
-        # Servers on the host: loopback, the addresses added above, and every
-        # address the host already had (its own public address, e.g. eth0's).
-        for address in host_addresses():
-            net.servers[address] = TcpServer(address, f"host {address}\n".encode())
-        net.udp = UdpServer(PUBLIC_HOST_ADDRESS)
-        for server in net.servers.values():
-            wait_listening(server.host, server.port)  # positive control from the host
-        wait_listening(net.testhost_address, net.testhost_port)
-        yield net
+        # The test host itself is podbay.testing.upstream's, which the E2B
+        # suite's egress tests use too; this suite adds the host's own side.
+        with upstream(workdir, link, f"203.0.113.{4 * k}/30") as host:
+            net = NetLab(
+                pid=pid,
+                workdir=workdir,
+                testhost_netns=host.netns,
+                testhost_address=host.address,
+                host_side_address=host.host_side_address,
+                host_link=link,
+                testhost_port=host.port,
+            )
+            try:
+                for address in (PRIVATE_HOST_ADDRESS, METADATA_ADDRESS, PUBLIC_HOST_ADDRESS):
+                    sh("ip", "addr", "add", f"{address}/32", "dev", link)
+                # Servers on the host: loopback, the addresses added above, and every
+                # address the host already had (its own public address, e.g. eth0's).
+                for address in host_addresses():
+                    net.servers[address] = TcpServer(address, f"host {address}\n".encode())
+                net.udp = UdpServer(PUBLIC_HOST_ADDRESS)
+                for server in net.servers.values():
+                    wait_listening(server.host, server.port)  # positive control from the host
+                yield net
+            finally:
+                for proc in net.processes:
+                    stop(proc)
+                for server in net.servers.values():
+                    server.close()
+                if net.udp:
+                    net.udp.close()
     finally:
-        for proc in net.processes:
-            stop(proc)
-        for server in net.servers.values():
-            server.close()
-        if net.udp:
-            net.udp.close()
-        sh("ip", "link", "del", net.host_link, check=False)
         remove_workdir(workdir)
 
 
