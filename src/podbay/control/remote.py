@@ -344,7 +344,13 @@ class ClusterNodes:
         self._read_at = 0.0
 
     async def refresh(self, *, force: bool = False) -> None:
-        if not force and time.monotonic() - self._read_at < self.STALE_SECONDS:
+        """Read the nodes again if the view is older than :attr:`STALE_SECONDS`,
+        or (``force``) at once. A view in which no node runs any class yet is
+        read again every time: nodes that enrolled and are starting become
+        ready any moment, and a request should not be refused (:meth:`require`,
+        :meth:`resolve`) on a look taken just before."""
+        fresh = time.monotonic() - self._read_at < self.STALE_SECONDS
+        if not force and fresh and self._classes(drained=True):
             return
         records = await self.store.list_nodes()
         nodes: dict[str, RemoteNode] = {}
@@ -475,10 +481,15 @@ class ClusterNodes:
         running = self._classes(drained=True)
         if class_ in running:
             return class_
-        if not running and not self._nodes:
-            raise ApiError(
-                ErrorCode.SANDBOXES_UNAVAILABLE, "no node is enrolled yet", retry_after=2
+        if not running:
+            # Nothing runs anywhere yet (no node enrolled, or the nodes are still
+            # starting or all lost): a state that passes, not a class refused.
+            why = (
+                "no node is ready to run sandboxes now"
+                if self._nodes
+                else "no node is enrolled yet"
             )
+            raise ApiError(ErrorCode.SANDBOXES_UNAVAILABLE, why, retry_after=2)
         raise ApiError(
             ErrorCode.SANDBOX_CLASS_UNAVAILABLE,
             f"sandbox class {class_!r} is not available on any node; they can run: "

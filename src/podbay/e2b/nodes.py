@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast, get_args
@@ -193,13 +194,7 @@ class NodeE2BService(E2BService):
         if answer.status_code != 200:
             code = body.get("error_code") or body.get("code") or "E2B_CONTROL_REFUSED"
             message = body.get("message") or body.get("error") or "refused"
-            retry = body.get("retry_after")
-            raise E2BError(
-                answer.status_code,
-                str(code),
-                str(message),
-                retry if isinstance(retry, int) else None,
-            )
+            raise E2BError(answer.status_code, str(code), str(message), _retry_after(answer, body))
         return body
 
     async def authorize(
@@ -236,6 +231,18 @@ class NodeE2BService(E2BService):
         for closer in self.closers:
             closer()
         await self.http.aclose()
+
+
+def _retry_after(answer: httpx.Response, body: dict[str, Any]) -> int | None:
+    """The wait a refusal of the control plane names: E2B's body carries it as
+    ``retry_after``, podbay's own refusals (``SANDBOXES_UNAVAILABLE`` while the
+    nodes start) as ``Retry-After``; whole seconds, rounded up."""
+    raw = body.get("retry_after", answer.headers.get("retry-after"))
+    try:
+        wait = float(raw) if isinstance(raw, int | float | str) else None
+    except ValueError:
+        return None
+    return None if wait is None or wait < 0 else math.ceil(wait)
 
 
 def _when(value: Any) -> datetime:

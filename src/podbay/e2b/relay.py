@@ -4,10 +4,12 @@ codes, and Connect's unary answers."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import posixpath
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -102,20 +104,55 @@ def refusal(status: int, raw: bytes) -> connect.ConnectError:
     return connect.ConnectError(_BY_ERROR_CODE.get(code, CODES.get(status, "unavailable")), message)
 
 
+#: A data plane that answers 503 ``SANDBOXES_UNAVAILABLE`` with ``Retry-After``
+#: (a restarted node's gateway still taking back its sandboxes: nothing reached
+#: the sandbox, so the call may be sent again) is asked again after the wait it
+#: names, as podbay's client does, at most this many times and this long in all.
+RETRIES = 3
+RETRY_SECONDS = 30.0
+
+
+def retry_after(answer: httpx.Response) -> float | None:
+    """The wait a temporary refusal of the data plane names, or None: the
+    refusal stands (any other answer, or no ``Retry-After`` in seconds)."""
+    if answer.status_code != 503:
+        return None
+    try:
+        code = answer.json().get("code")
+        wait = float(answer.headers.get("retry-after", ""))
+    except (ValueError, AttributeError):
+        return None
+    return max(0.0, wait) if code == "SANDBOXES_UNAVAILABLE" else None
+
+
 async def call(
     service: E2BService, attached: Attached, method: str, path: str, **kwargs: Any
 ) -> httpx.Response:
-    """One data-plane call; a transport failure or a refusal is a ``ConnectError``."""
-    try:
-        answer = await service.http.request(
-            method, attached.endpoint + path, headers=headers(attached), **kwargs
-        )
-    except httpx.HTTPError as exc:
-        raise connect.ConnectError(
-            "unavailable", f"the sandbox's data plane failed: {exc}"
-        ) from None
+    """One data-plane call; a transport failure or a refusal is a ``ConnectError``
+    (a temporary refusal once asked again within :data:`RETRIES` and
+    :data:`RETRY_SECONDS`)."""
+    deadline = time.monotonic() + RETRY_SECONDS
+    for attempt in range(RETRIES + 1):
+        try:
+            answer = await service.http.request(
+                method, attached.endpoint + path, headers=headers(attached), **kwargs
+            )
+        except httpx.HTTPError as exc:
+            raise connect.ConnectError(
+                "unavailable", f"the sandbox's data plane failed: {exc}"
+            ) from None
+        wait = retry_after(answer)
+        if wait is None or attempt == RETRIES or time.monotonic() + wait > deadline:
+            break
+        await asyncio.sleep(wait)
     if answer.status_code >= 300:
-        raise refusal(answer.status_code, answer.content)
+        refused = refusal(answer.status_code, answer.content)
+        if wait is None:
+            raise refused
+        # Still temporary: Connect's error has no Retry-After, its message says it.
+        raise connect.ConnectError(
+            refused.code, f"{refused.message} (asked {attempt + 1} times; retry in {wait:g} s)"
+        )
     return answer
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,6 +181,24 @@ class Cgroups:
                 if not keep(child.name) and not self.remove(f"{parent}/{child.name}"):
                     removed.append(f"removed cgroup {child}")
         return removed
+
+    def kill(self, path: str) -> list[int]:
+        """SIGKILL every process of the cgroup and its children, each cgroup
+        thawed first: a process of a frozen cgroup takes no signal until it is
+        thawed, and nothing thaws a cgroup whose owner is gone (a node killed
+        while the machine was suspended). The pids signalled."""
+        rel = path.strip("/")
+        top = self.root / rel if self.version == 2 else self.root / "freezer" / rel
+        if top.is_dir():
+            base = top.parents[len(Path(rel).parts) - 1]
+            for directory in [top, *(p for p in top.rglob("*") if p.is_dir())]:
+                with contextlib.suppress(DriverError, OSError):  # gone meanwhile
+                    self.thaw_if_frozen("/" + str(directory.relative_to(base)))
+        pids = self.procs(path)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
 
     def procs(self, path: str) -> list[int]:
         pids: set[int] = set()

@@ -322,11 +322,16 @@ class RecordKeepingDriver(ABC):
         except FileNotFoundError:
             homes = []
         for home in homes:
-            record = records.read(home)
-            if record is None:
+            listed = records.read(home)
+            if listed is None:
                 continue  # a create that never finished: gc removes it
-            machine_id = record.spec.machine_id
+            machine_id = listed.spec.machine_id
             async with self._lock(machine_id):
+                # Read again under the lock: a destroy that held it meanwhile
+                # removed the machine (whose files the steps below would miss).
+                record = records.read(home)
+                if record is None:
+                    continue
                 observed = await self._observe(machine_id)
                 if observed is not MachineState.STOPPED and not await self._adopt_network(
                     machine_id

@@ -159,13 +159,28 @@ def cleanup(settings: Settings) -> None:
             failures.append(exc)
     for name in (CONTAINER, GVISOR):
         derived = class_settings(settings, name)
-        if name == CONTAINER or derived.data_dir.exists():
+        if name == CONTAINER or _has_machines(derived):
             try:
                 DriverSession(derived).close()
             except Exception as exc:  # noqa: BLE001 - raised below with the others' as a group
                 failures.append(exc)
     if failures:
         raise ExceptionGroup(f"cleaning up {settings.data_dir}", failures)
+
+
+def _has_machines(settings: Settings) -> bool:
+    """Whether a class may have left machines: its data directory, or, that
+    gone (a killed session's, removed by pytest's tmp_path retention), its run
+    directory or cgroups, where its sandboxes may still run, suspended too."""
+    from podbay.host.cgroups import Cgroups
+    from podbay.host.layout import Layout
+
+    layout = Layout.from_settings(settings)
+    return (
+        settings.data_dir.exists()
+        or layout.run_dir.exists()
+        or bool(Cgroups().existing(layout.cgroup_parent))
+    )
 
 
 def _destroy_vms(settings: Settings) -> None:

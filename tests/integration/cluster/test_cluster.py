@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from podbay.client import NetworkPolicy, SandboxClient
+from podbay.testing.console import run_in_terminal, terminal_refused, terminal_url
 from podbay.testing.local_cluster import LocalCluster, PortCounters, process_io
 
 pytestmark = pytest.mark.root
@@ -248,9 +249,6 @@ def test_the_console_reaches_a_sandbox_on_its_node_through_a_replica(
     """The console's data plane on a control replica: files, exec and the
     terminal relayed to the node that holds the sandbox (a replica has no
     gateway), with the session's checks first."""
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
-
     assert cluster.attach(token, "console-relay").status_code == 200
     browser = httpx.Client(base_url=cluster.url, timeout=120, headers={"Origin": cluster.url})
     doc = browser.post("/console/session", json={"token": token}).json()
@@ -285,26 +283,11 @@ def test_the_console_reaches_a_sandbox_on_its_node_through_a_replica(
         refusal = (answer.status, json.loads(answer.read())["code"])
         conn.close()
         assert refusal == (404, "ROUTE_NOT_FOUND"), sneaky
-    ws_url = cluster.url.replace("http://", "ws://") + f"{base}/v1/pty"
-    cookie = {"Cookie": f"podbay_session={browser.cookies['podbay_session']}"}
-    with pytest.raises(InvalidStatus) as refused:
-        connect(ws_url, additional_headers=cookie, origin="http://evil.example")  # type: ignore[arg-type]
-    assert refused.value.response.status_code == 403
-    with connect(ws_url, additional_headers=cookie, origin=cluster.url) as ws:  # type: ignore[arg-type]
-        ws.send(json.dumps({"command": ["sh"], "rows": 24, "cols": 80}))
-        ws.send(b"echo h''i\n")
-        seen = b""
-        while b"hi\r\n" not in seen:
-            message = ws.recv(timeout=60)
-            assert isinstance(message, bytes)
-            seen += message
-        ws.send(b"exit 3\n")
-        while isinstance(message := ws.recv(timeout=60), bytes):
-            pass
-        assert json.loads(message) == {"type": "exit", "exit_code": 3}
-    with pytest.raises(InvalidStatus) as refused:  # no session
-        connect(ws_url, origin=cluster.url)  # type: ignore[arg-type]
-    assert refused.value.response.status_code == 401
+    ws_url = terminal_url(cluster.url, base)
+    session = browser.cookies["podbay_session"]
+    assert terminal_refused(ws_url, session, "http://evil.example")[0] == 403
+    run_in_terminal(ws_url, session, cluster.url, exit_code=3)
+    assert terminal_refused(ws_url, None, cluster.url)[0] == 401  # no session
     httpx.delete(
         f"{cluster.url}/api/v1/sandboxes/console-relay",
         headers={"Authorization": f"Bearer {token}"},

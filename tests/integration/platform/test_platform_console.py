@@ -18,10 +18,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from websockets.exceptions import InvalidStatus
-from websockets.sync.client import connect
 
 from podbay.console.static import STATIC
+from podbay.testing.console import run_in_terminal, terminal_refused, terminal_url
 from podbay.testing.platform import PlatformServer
 
 pytestmark = pytest.mark.root
@@ -346,26 +345,13 @@ def test_data_plane_through_the_console(server: PlatformServer, tokens: dict[str
     r = client.get("/console/sandboxes/console-a/no-such/v1/info")
     assert (r.status_code, r.json()["code"]) == (404, "SANDBOX_NOT_FOUND")
     # The terminal: the cookie authenticates, the Origin must be this one.
-    ws_url = server.base_url.replace("http://", "ws://") + f"{base}/v1/pty"
-    cookie = {"Cookie": f"podbay_session={client.cookies['podbay_session']}"}
+    ws_url = terminal_url(server.base_url, base)
+    session = client.cookies["podbay_session"]
     for origin in ("http://evil.example", None):
-        headers = dict(cookie) if origin is None else {**cookie, "Origin": origin}
-        with pytest.raises(InvalidStatus) as refused:
-            connect(ws_url, additional_headers=headers, origin=None)
-        assert refused.value.response.status_code == 403
-        assert b"CSRF_INVALID" in refused.value.response.body
-    with connect(ws_url, additional_headers=cookie, origin=server.base_url) as ws:  # type: ignore[arg-type]
-        ws.send(json.dumps({"command": ["sh"], "rows": 24, "cols": 80}))
-        ws.send(b"echo h''i\n")
-        seen = b""
-        while b"hi\r\n" not in seen:
-            message = ws.recv(timeout=60)
-            assert isinstance(message, bytes)
-            seen += message
-        ws.send(b"exit 0\n")
-        while isinstance(message := ws.recv(timeout=60), bytes):
-            pass
-        assert json.loads(message) == {"type": "exit", "exit_code": 0}
+        status, body = terminal_refused(ws_url, session, origin)
+        assert status == 403
+        assert b"CSRF_INVALID" in body
+    run_in_terminal(ws_url, session, server.base_url)
     server.api("DELETE", "/api/v1/sandboxes/dp", token)
 
 

@@ -8,6 +8,7 @@ hierarchy, where ``cgroup.freeze`` works all the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import uuid
@@ -69,3 +70,37 @@ def test_freeze_and_thaw_a_busy_process(version: int) -> None:
         busy.wait()
         groups.remove(path)
     assert not groups.existing(path)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_kill_ends_the_processes_of_a_frozen_cgroup(version: int) -> None:
+    # A SIGKILL to a frozen process waits for a thaw that, for a cgroup whose
+    # owner is gone (a node killed while its machine was suspended), never comes.
+    if os.geteuid() != 0:
+        host_cannot("needs root")
+    root = v2_root() if version == 2 else (ROOT if (ROOT / "freezer").is_dir() else None)
+    if root is None:
+        host_cannot(f"no cgroup v{version} freezer on this host")
+    groups = Cgroups(root)
+    path = f"/podbay-test-{uuid.uuid4().hex[:8]}"
+    top = root / path.strip("/") if version == 2 else root / "freezer" / path.strip("/")
+    (top / "child").mkdir(parents=True)  # a frozen child of its own too
+    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    try:
+        (top / "cgroup.procs").write_text(str(busy[0].pid))
+        (top / "child" / "cgroup.procs").write_text(str(busy[1].pid))
+        asyncio.run(groups.freeze(f"{path}/child", within=5))
+        asyncio.run(groups.freeze(path, within=5))
+        assert sorted(groups.kill(path)) == sorted(p.pid for p in busy)
+        for process in busy:
+            assert process.wait(5) == -9
+        assert not groups.remove(path)
+    finally:
+        for process in busy:
+            process.kill()
+        for frozen in (f"{path}/child", path):
+            with contextlib.suppress(Exception):
+                groups.thaw(frozen)
+        for process in busy:
+            process.wait()
+        groups.remove(path)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,40 @@ def test_a_stopped_machines_new_egress_policy_is_recorded_for_its_next_start(
     record = driver._record(SPEC.machine_id)
     assert record.spec.egress == policy
     assert record.commanded is MachineState.STOPPED
+
+
+class Destroyed(Booting):
+    """Running machines a destroy removes: it holds the machine's lock until a
+    listing (:meth:`_adopt_records`) has read the record and waits for it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fail=False)
+        self.listing_waits = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, machine_id: str, *, written: bool = True) -> AsyncIterator[None]:
+        self.listing_waits.set()  # only the listing asks for it here
+        async with super()._lock(machine_id, written=written):
+            yield
+
+    async def destroy(self, machine_id: str) -> None:
+        async with super()._lock(machine_id):
+            await self.listing_waits.wait()
+            await self.release(machine_id)
+            shutil.rmtree(self._paths(machine_id).home)
+
+
+def test_a_machine_destroyed_while_the_machines_are_listed_is_left_out(tmp_path: Path) -> None:
+    driver = Destroyed(tmp_path)
+    home = driver._paths(SPEC.machine_id).home
+    home.mkdir(parents=True)
+    records.write(home, records.MachineRecord(SPEC, MachineState.RUNNING))
+    driver.running.add(SPEC.machine_id)
+
+    async def run() -> list[object]:
+        # The destroy takes the lock first; the listing reads the record, then waits.
+        _, found = await asyncio.gather(driver.destroy(SPEC.machine_id), driver._adopt_records())
+        return list(found)
+
+    assert asyncio.run(run()) == []
+    assert not home.exists()

@@ -26,7 +26,6 @@ import functools
 import json
 import logging
 import os
-import signal
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -462,9 +461,7 @@ class OciDriver(RecordKeepingDriver):
             # cgroup and its charges. What is left in it is this machine's own.
             if not leftover or self.runc.is_runc:
                 break
-            for pid in self.cgroups.procs(paths.cgroup):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            self.cgroups.kill(paths.cgroup)  # thawed first, should it be frozen again
             await asyncio.sleep(0.05)
             leftover = self.cgroups.remove(paths.cgroup)
         if leftover:

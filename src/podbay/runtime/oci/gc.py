@@ -8,6 +8,7 @@ no machine record. With ``everything=True`` it destroys every machine too
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -55,12 +56,17 @@ async def collect(
             storage.unmount_machine(leftover.rootfs, leftover.disk_mount)
             storage.remove_tree(run)
             done.append(f"removed leftovers of machine {run.name}")
-    # Cgroups without a container.
+    # Cgroups without a container. Processes left in one that no machine owns (its
+    # record and run directory gone: a killed node's whose data directory was
+    # removed) are killed, thawed first, or the cgroup could never go.
     for directory in driver.cgroups.existing(layout.cgroup_parent):
         for child in sorted(p for p in directory.iterdir() if p.is_dir()):
             if child.name in known and await driver.runc.query(child.name) is not None:
                 continue
-            if not driver.cgroups.remove(f"{layout.cgroup_parent}/{child.name}"):
+            path = f"{layout.cgroup_parent}/{child.name}"
+            if everything or child.name not in known:
+                await _end_processes(driver, path)
+            if not driver.cgroups.remove(path):
                 done.append(f"removed cgroup {child}")
     # The slirp4netns cgroups (``<parent>-net/<id>``) of machines that are gone.
     slirp_limits = driver.network.slirps.limits
@@ -88,6 +94,14 @@ async def collect(
         with contextlib.suppress(OSError):
             layout.run_dir.rmdir()
     return done
+
+
+async def _end_processes(driver: OciDriver, cgroup: str) -> None:
+    """Kill what runs in ``cgroup`` and wait (briefly) until it has exited."""
+    for _ in range(40):
+        if not driver.cgroups.kill(cgroup):
+            return
+        await asyncio.sleep(0.05)
 
 
 def _old_images(driver: OciDriver, keep: set[str]) -> list[str]:
