@@ -158,7 +158,9 @@ def test_the_kernel_stack_is_held_to_the_bandwidth_cap(
 def test_new_connections_over_the_rate_are_refused_at_once(
     run_dir: Path, runner: asyncio.Runner, sink: Sink
 ) -> None:
-    manager = NetworkManager(run_dir, True, budgets=Budgets(new_connections_per_second=RATE))
+    manager = NetworkManager(
+        run_dir / "capped", True, budgets=Budgets(new_connections_per_second=RATE)
+    )
     try:
         netns = runner.run(manager.setup("sbx")).netns_path
         argv = ["connect", sink.address, str(SINK_PORT), "40", "0.8"]
@@ -170,6 +172,16 @@ def test_new_connections_over_the_rate_are_refused_at_once(
         assert 5 <= result["connected"] <= 5 + RATE, result
         assert result["refused"] == 40 - result["connected"], result  # a reset, not a timeout
         assert _counters(netns)["connection-rate"] == result["refused"]
+        # Without the budget all 40 get through (the test host takes them).
+        free = NetworkManager(run_dir / "free", True)
+        try:
+            unlimited = in_netns(
+                runner.run(free.setup("sbx")).netns_path,
+                *(PROBE_PYTHON, "-I", "-c", CLIENT, *argv),
+            )
+        finally:
+            runner.run(free.teardown("sbx"))
+        assert json.loads(unlimited.stdout)["connected"] == 40, unlimited
         # A new policy, swapped in live, keeps the budget (a fresh bucket, the
         # same rule), as does a reload.
         other = EgressPolicy.parse({"deny": ["198.51.100.0/24"]})
@@ -228,11 +240,12 @@ def held_to_budgets(agent: AgentClient, netns: Path, sink: Sink, name: str) -> N
     over = 40 - result["connected"]
     if name == "gvisor":
         # tap0's hook can only drop: the attempts over the rate go unanswered.
-        # (The netstack had not sent every SYN when the window closed: ~80 %
-        # of them met the hook in a run here.)
+        # Not every one is a SYN dropped there: with the machine busy, the
+        # netstack had sent only 17 of its 35 when the window closed (all 35
+        # when it was not), and the others never left.
         assert result["unanswered"] == over, result
         dropped = _counters(netns, "netdev podbay_tap")["connection-rate"]
-        assert over - RATE <= dropped <= over, (dropped, result)
+        assert 0 < dropped <= over, (dropped, result)
     else:
         assert result["refused"] == over, result
         assert _counters(netns)["connection-rate"] == over
