@@ -186,18 +186,23 @@ def _connection_limit(budgets: Budgets) -> str:
 
 def _inet_budget(budgets: Budgets) -> str:
     """After the policy's output chain (what it refused never gets here): a new
-    connection over the rate is refused as the policy refuses, at once."""
+    connection over the rate is refused as the policy refuses, at once.
+
+    A connection's first packet only: conntrack calls every packet of a flow
+    ``new`` until an answer comes back (a one-way UDP stream never has one),
+    but its entry is confirmed once that first packet has left."""
     if not budgets.new_connections_per_second:
         return ""
+    first = "ct state new ct status & confirmed == 0"
     over = 'limit name "new_connections" counter'
-    why = 'comment "connection-rate"'
     return f"""\
 \tchain budget {{
 \t\ttype filter hook output priority filter + 10; policy accept;
 \t\toifname "lo" accept
 \t\tmeta mark set {KERNEL_MARK:#x}
-\t\tct state new meta l4proto tcp {over} reject with tcp reset {why}
-\t\tct state new meta l4proto != tcp {over} reject with icmpx type admin-prohibited {why}
+\t\t{first} meta l4proto tcp {over} reject with tcp reset comment "connection-rate"
+\t\t{first} meta l4proto != tcp {over} reject with icmpx type admin-prohibited \
+comment "flow-rate"
 \t}}
 """
 
@@ -209,7 +214,7 @@ def _tap_budget(budgets: Budgets) -> str:
     if not budgets.new_connections_per_second:
         return ""
     flow = "ip daddr . udp sport . udp dport"
-    over = 'limit name "new_connections" counter drop comment "connection-rate"'
+    over = 'limit name "new_connections" counter drop comment'
     return f"""\
 \tset udp_flows {{
 \t\ttype ipv4_addr . inet_service . inet_service
@@ -221,8 +226,8 @@ def _tap_budget(budgets: Budgets) -> str:
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter + 10; policy accept;
 \t\tmeta mark {KERNEL_MARK:#x} accept
 \t\tip protocol udp {flow} @udp_flows update @udp_flows {{ {flow} }} accept
-\t\ttcp flags & (syn | ack) == syn {over}
-\t\tip protocol udp {over}
+\t\ttcp flags & (syn | ack) == syn {over} "connection-rate"
+\t\tip protocol udp {over} "flow-rate"
 \t\tip protocol udp update @udp_flows {{ {flow} }}
 \t}}
 """

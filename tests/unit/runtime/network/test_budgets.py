@@ -90,9 +90,13 @@ def test_the_connection_rate_has_a_chain_of_its_own_after_the_policy() -> None:
         # packet the policy refused ends there), and it survives every swap.
         assert "hook output priority filter + 10; policy accept;" in budget
         assert budget.index('oifname "lo" accept') < budget.index("ct state new")
-        assert 'ct state new meta l4proto tcp limit name "new_connections"' in budget
-        assert "reject with tcp reset" in budget
-        assert 'ct state new meta l4proto != tcp limit name "new_connections"' in budget
+        # A flow's first packet only: later ones of a flow not yet answered
+        # are "new" to conntrack too, but their entry is confirmed.
+        first = "ct state new ct status & confirmed == 0"
+        assert f'{first} meta l4proto tcp limit name "new_connections"' in budget
+        assert 'reject with tcp reset comment "connection-rate"' in budget
+        assert f'{first} meta l4proto != tcp limit name "new_connections"' in budget
+        assert 'admin-prohibited comment "flow-rate"' in budget
         assert build_ruleset(**kw, budgets=budgets, replace=True).endswith(rules)  # type: ignore[arg-type]
     assert Budgets(new_connections_per_second=1000).connection_burst == 100
 
@@ -107,6 +111,7 @@ def test_tap0_counts_only_what_a_user_space_stack_wrote() -> None:
     # The kernel stack's packets were counted by inet's chain already.
     assert budget.index(f"meta mark {mark} accept") < budget.index("limit name")
     assert "tcp flags & (syn | ack) == syn limit name" in budget
+    assert 'ip protocol udp limit name "new_connections" counter drop comment "flow-rate"' in budget
     # A UDP flow seen in the last minute is no new one; a new one is counted.
     assert budget.index("@udp_flows update @udp_flows") < budget.index("ip protocol udp limit")
     assert "drop" in budget
