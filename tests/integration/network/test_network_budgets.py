@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import select
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,14 +175,34 @@ def test_the_kernel_stack_is_held_to_the_bandwidth_cap(
     capped = NetworkManager(run_dir / "capped", True, budgets=Budgets(bandwidth_mbit=CAP_MBIT))
     free = NetworkManager(run_dir / "free", True)
     try:
-        held = send_from(runner.run(capped.setup("sbx")).netns_path, sink)
+        handle = runner.run(capped.setup("sbx"))
+        held = send_from(handle.netns_path, sink)
         unheld = send_from(runner.run(free.setup("sbx")).netns_path, sink)
+        # A live policy change leaves the cap; slirp4netns dying takes tap0 and
+        # its queue along, and adopt's new one gets the cap again.
+        other = EgressPolicy.parse({"deny": ["198.51.100.0/24"]})
+        runner.run(capped.set_egress("sbx", other))
+        assert handle.slirp_pid is not None
+        gone = os.pidfd_open(handle.slirp_pid)
+        try:
+            os.kill(handle.slirp_pid, signal.SIGKILL)
+            assert select.select([gone], [], [], 10)[0], "slirp4netns outlived SIGKILL"
+        finally:
+            os.close(gone)
+        adopted = runner.run(capped.adopt("sbx"))
+        assert adopted is not None
+        assert adopted.slirp_pid != handle.slirp_pid
+        held_again = send_from(handle.netns_path, sink)
     finally:
         runner.run(capped.teardown("sbx"))
         runner.run(free.teardown("sbx"))
-    print(f"kernel stack: {held:.1f} Mbit/s capped at {CAP_MBIT}, {unheld:.1f} without")
+    print(
+        f"kernel stack: {held:.1f} Mbit/s capped at {CAP_MBIT}, {unheld:.1f} without, "
+        f"{held_again:.1f} after a policy change and a new slirp4netns"
+    )
     assert within_cap(held), held
     assert unheld > 1.5 * CAP_MBIT, unheld
+    assert within_cap(held_again), held_again
 
 
 def test_new_connections_over_the_rate_are_refused_at_once(
