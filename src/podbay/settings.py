@@ -107,6 +107,15 @@ class RuntimeSettings:
     #: hold, its RLIMIT_NOFILE: every connection the sandbox has open is one, so
     #: this caps them (docs/network.md). 64 to 1048576.
     slirp_max_fds: int = 4096
+    #: Each sandbox's outgoing bandwidth in Mbit/s, all its connections together
+    #: (a token bucket on its network device, docs/network.md "Budgets"), so
+    #: one sandbox cannot fill the host's link. 0: no cap; else 1 to 100000.
+    egress_bandwidth_mbit: int = 0
+    #: New outgoing connections (TCP, UDP flows) one sandbox may open per
+    #: second (a burst of a tenth of that, at least 5, on top); the ones over it
+    #: are refused, so one sandbox cannot fill the host's connection tracking
+    #: or its network helper. 0: no cap; else 1 to 100000.
+    egress_new_connections_per_second: int = 0
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
     #: A sandbox's agent (``container`` class) that has had nothing to do for this

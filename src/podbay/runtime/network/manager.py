@@ -20,6 +20,8 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +33,13 @@ from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp
 from .policy import (
     DISABLED_RESOLV_CONF,
+    NO_BUDGETS,
     RESOLV_CONF,
+    Budgets,
     build_ruleset,
     build_tap_ruleset,
     resolved_batch,
+    shaping_argv,
 )
 from .resolver import Resolver
 from .watch import AddressWatch
@@ -84,6 +89,9 @@ class NetworkManager:
 
     ``extra_blocked`` adds destinations (CIDRs) no sandbox may reach, e.g. a
     control plane or database on a public address elsewhere.
+
+    ``budgets`` caps every machine's outgoing bandwidth and new connections
+    (the operator's settings, :func:`.policy.budgets`), whatever its policy.
     """
 
     def __init__(
@@ -97,10 +105,15 @@ class NetworkManager:
         ready_timeout: float = 5.0,
         slirp_limits: slirp.SlirpLimits | None = None,
         dns_upstream: str | None = None,
+        budgets: Budgets = NO_BUDGETS,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.extra_blocked = tuple(extra_blocked)
+        self.budgets = budgets
+        if budgets.bandwidth_mbit and enabled and shutil.which("tc") is None:
+            # Refused at start, not at the first sandbox's.
+            raise NetworkError("runtime.egress_bandwidth_mbit needs tc (apt-get install iproute2)")
         for item in self.extra_blocked:
             ipaddress.ip_network(item, strict=False)  # fail early on a typo
         self.slirps = slirp.Slirps(
@@ -379,7 +392,9 @@ class NetworkManager:
     ) -> str:
         v4, v6 = hostcheck.host_addresses()
         egress = self.egress(machine_id)
-        return _rulesets(tuple(v4), tuple(v6), self.extra_blocked, egress, replace, inet, tap)
+        return _rulesets(
+            tuple(v4), tuple(v6), self.extra_blocked, egress, self.budgets, replace, inet, tap
+        )
 
     async def _create(
         self,
@@ -441,8 +456,10 @@ class NetworkManager:
             try:
                 await built
                 await until_set(up, started)
-                # tap0 exists now (slirp made it): its egress hook can be bound.
+                # tap0 exists now (slirp made it): its egress hook can be bound,
+                # and its queue shaped.
                 await self._load(path, self._ruleset(machine_id, inet=False, tap=True))
+                await self._shape(path)
             except BaseException:
                 started.cancel()
                 with contextlib.suppress(BaseException):
@@ -468,6 +485,23 @@ class NetworkManager:
             # same transaction, so no allowed connection meets a moment without.
             rules += resolved_batch(resolver.live(), tap=tap)
         await self._load(self.netns_path(machine_id), rules)
+
+    async def _shape(self, path: Path) -> None:
+        """Put the bandwidth cap on ``tap0`` (with none, one that is there stays
+        until the machine is set up again: a fresh tap0 has none)."""
+        if not self.budgets.bandwidth_mbit:
+            return
+        argv = shaping_argv(self.budgets)
+
+        def enter_and_shape() -> None:
+            netns.enter(path)
+            # A child forked from this thread starts in its namespace.
+            done = subprocess.run(argv, capture_output=True, check=False, timeout=30)
+            if done.returncode != 0:
+                message = done.stderr.decode(errors="replace").strip()
+                raise OSError(f"{' '.join(argv)}: {message}")
+
+        await netns.in_fresh_thread(enter_and_shape)
 
     @staticmethod
     async def _load(path: Path, rules: str) -> None:
@@ -496,7 +530,9 @@ class NetworkManager:
                 for stray in slirp.find(path):
                     await self.slirps.stop(stray)
                 pid = await self.slirps.start(directory, path)
-            # A new tap0 needs its hook bound again; a live one gets fresh addresses.
+            # A new tap0 needs its cap and hook again; a live one gets fresh
+            # addresses, and the cap the node now has.
+            await self._shape(path)
             await self._apply_rules(machine_id)
             await self._serve_names(machine_id, self.egress(machine_id))
         except (OSError, NetworkError) as exc:
@@ -558,12 +594,14 @@ def _rulesets(
     v6: tuple[ipaddress.IPv6Network, ...],
     extra_blocked: tuple[str, ...],
     egress: EgressPolicy,
+    budgets: Budgets,
     replace: bool,
     inet: bool,
     tap: bool,
 ) -> str:
     """The batch for these host addresses: the same for every machine until the
     host's addresses change (merging the ranges costs each start a millisecond)."""
-    return (build_ruleset(v4, v6, extra_blocked, egress, replace=replace) if inet else "") + (
-        build_tap_ruleset(v4, v6, extra_blocked, egress, replace=replace) if tap else ""
+    args = (v4, v6, extra_blocked, egress)
+    return (build_ruleset(*args, replace=replace, budgets=budgets) if inet else "") + (
+        build_tap_ruleset(*args, replace=replace, budgets=budgets) if tap else ""
     )

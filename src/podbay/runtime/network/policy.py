@@ -26,29 +26,44 @@ The same policy serves a runc container, gVisor's netstack and a QEMU guest:
 packets from the namespace's kernel stack pass ``inet podbay``'s output hook;
 frames a user-space stack writes to ``tap0`` directly (gVisor) pass
 ``netdev podbay_tap``'s egress hook on that device.
+
+The operator's budgets (:class:`Budgets`, the same for every sandbox) sit in
+both tables too, in a chain of their own after the policy's, so they hold
+whatever the policy and survive its swaps: new connections beyond a rate are
+refused (``inet``: a TCP reset or ICMP error; ``netdev``: dropped). The
+bandwidth cap is no nftables rule but a token bucket qdisc on ``tap0``
+(:func:`shaping_argv`), which every class's packets pass on their way to
+slirp4netns: a policer that drops lets TCP overshoot its rate (docs/network.md,
+"Budgets").
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ...domain.egress import OPEN, EgressPolicy, networks
+from ...errors import NetworkError
 
 __all__ = [
     "BLOCKED_IPV4",
     "BLOCKED_IPV6",
     "DISABLED_RESOLV_CONF",
     "MTU",
+    "NO_BUDGETS",
     "RESOLV_CONF",
     "SANDBOX_ADDRESS",
     "SLIRP_DNS",
     "SLIRP_GATEWAY",
     "TABLE",
     "TAP_NAME",
+    "Budgets",
+    "budgets",
     "build_ruleset",
     "build_tap_ruleset",
     "resolved_batch",
+    "shaping_argv",
 ]
 
 #: slirp4netns's fixed layout (its default ``--cidr=10.0.2.0/24``).
@@ -88,6 +103,134 @@ BLOCKED_IPV6: tuple[str, ...] = (
     "fe80::/10",  # link-local
     "ff00::/8",  # multicast
 )
+
+
+#: Bounds of ``runtime.egress_bandwidth_mbit`` (0: no cap): 1 Mbit/s to 100 Gbit/s.
+MAX_BANDWIDTH_MBIT = 100_000
+#: Bounds of ``runtime.egress_new_connections_per_second`` (0: no cap).
+MAX_NEW_CONNECTIONS_PER_SECOND = 100_000
+#: Marks what the namespace's kernel stack sent (it passed ``inet podbay``'s
+#: budget already), so ``tap0``'s hook counts only what a user-space stack wrote.
+KERNEL_MARK = 0x706F6462
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What one sandbox may use of the host's network, whatever its policy
+    (the operator's settings; 0: no cap)."""
+
+    #: Outgoing bandwidth in Mbit/s (10^6 bits), every connection together.
+    bandwidth_mbit: int = 0
+    #: New outgoing connections (TCP connections, UDP flows) per second.
+    new_connections_per_second: int = 0
+
+    @property
+    def connection_burst(self) -> int:
+        """New connections allowed at once beyond the rate: a tenth of a
+        second's worth, at least 5 (a client opening a few in parallel)."""
+        return max(5, self.new_connections_per_second // 10)
+
+    @property
+    def bandwidth_burst_bytes(self) -> int:
+        """The token bucket's depth: 20 ms at the rate, at least two of tap0's
+        largest packets (GSO makes them up to 64 KiB; a packet larger than the
+        bucket would never leave)."""
+        return max(2 * (MTU + 1024), self.bandwidth_mbit * 1_000_000 // 8 // 50)
+
+
+NO_BUDGETS = Budgets()
+
+
+def budgets(bandwidth_mbit: int, new_connections_per_second: int) -> Budgets:
+    """The budgets of ``runtime.egress_bandwidth_mbit`` and
+    ``runtime.egress_new_connections_per_second``, refused out of range."""
+    for name, value, top in (
+        ("runtime.egress_bandwidth_mbit", bandwidth_mbit, MAX_BANDWIDTH_MBIT),
+        (
+            "runtime.egress_new_connections_per_second",
+            new_connections_per_second,
+            MAX_NEW_CONNECTIONS_PER_SECOND,
+        ),
+    ):
+        if not 0 <= value <= top:
+            raise NetworkError(f"{name} must be 0 (no cap) or 1 to {top}, not {value}")
+    return Budgets(bandwidth_mbit, new_connections_per_second)
+
+
+def shaping_argv(budgets: Budgets) -> list[str]:
+    """The ``tc`` command (run inside the sandbox's namespace once ``tap0``
+    exists) that puts the bandwidth cap on ``tap0``.
+
+    A token bucket queues what is over the rate instead of dropping it: the
+    sender's TCP (the namespace's, gVisor's, or QEMU's guest's behind libslirp)
+    is held back by its own socket buffer and stays at the rate."""
+    if not budgets.bandwidth_mbit:
+        raise ValueError("no bandwidth cap to put on tap0")
+    return [
+        "tc", "qdisc", "replace", "dev", TAP_NAME, "root", "tbf",
+        "rate", f"{budgets.bandwidth_mbit}mbit",
+        "burst", str(budgets.bandwidth_burst_bytes),
+        "latency", "50ms",
+    ]  # fmt: skip
+
+
+def _connection_limit(budgets: Budgets) -> str:
+    """A named limit, so that one bucket counts every kind of new connection."""
+    if not budgets.new_connections_per_second:
+        return ""
+    return (
+        f"\tlimit new_connections {{\n\t\trate over {budgets.new_connections_per_second}"
+        f"/second burst {budgets.connection_burst} packets\n\t}}\n"
+    )
+
+
+def _inet_budget(budgets: Budgets) -> str:
+    """After the policy's output chain (what it refused never gets here): a new
+    connection over the rate is refused as the policy refuses, at once.
+
+    A connection's first packet only: conntrack calls every packet of a flow
+    ``new`` until an answer comes back (a one-way UDP stream never has one),
+    but its entry is confirmed once that first packet has left."""
+    if not budgets.new_connections_per_second:
+        return ""
+    first = "ct state new ct status & confirmed == 0"
+    over = 'limit name "new_connections" counter'
+    return f"""\
+\tchain budget {{
+\t\ttype filter hook output priority filter + 10; policy accept;
+\t\toifname "lo" accept
+\t\tmeta mark set {KERNEL_MARK:#x}
+\t\t{first} meta l4proto tcp {over} reject with tcp reset comment "connection-rate"
+\t\t{first} meta l4proto != tcp {over} reject with icmpx type admin-prohibited \
+comment "flow-rate"
+\t}}
+"""
+
+
+def _tap_budget(budgets: Budgets) -> str:
+    """The same cap on what a user-space stack (gVisor's) writes to ``tap0``,
+    with no connection tracking at this hook: a TCP connection is its first
+    SYN, a UDP flow (address, ports) is new when not seen for a minute."""
+    if not budgets.new_connections_per_second:
+        return ""
+    flow = "ip daddr . udp sport . udp dport"
+    over = 'limit name "new_connections" counter drop comment'
+    return f"""\
+\tset udp_flows {{
+\t\ttype ipv4_addr . inet_service . inet_service
+\t\tflags dynamic,timeout
+\t\ttimeout 60s
+\t\tsize 65536
+\t}}
+\tchain budget {{
+\t\ttype filter hook egress device "{TAP_NAME}" priority filter + 10; policy accept;
+\t\tmeta mark {KERNEL_MARK:#x} accept
+\t\tip protocol udp {flow} @udp_flows update @udp_flows {{ {flow} }} accept
+\t\ttcp flags & (syn | ack) == syn {over} "connection-rate"
+\t\tip protocol udp {over} "flow-rate"
+\t\tip protocol udp update @udp_flows {{ {flow} }}
+\t}}
+"""
 
 
 def _elements(
@@ -208,6 +351,7 @@ def build_ruleset(
     egress: EgressPolicy = OPEN,
     *,
     replace: bool = False,
+    budgets: Budgets = NO_BUDGETS,
 ) -> str:
     """The nftables batch loaded inside a sandbox's namespace, as one atomic transaction.
 
@@ -225,7 +369,7 @@ def build_ruleset(
     dns = _dns(egress)
     return f"""\
 {_swap("inet", TABLE, replace)}table inet {TABLE} {{
-{sets}\tchain output {{
+{_connection_limit(budgets)}{sets}\tchain output {{
 \t\ttype filter hook output priority filter; policy drop;
 \t\toifname "lo" accept
 {dns}\t\tip daddr @blocked_v4 meta l4proto tcp counter reject with tcp reset comment "blocked"
@@ -246,7 +390,7 @@ def build_ruleset(
 \tchain forward {{
 \t\ttype filter hook forward priority filter; policy drop;
 \t}}
-}}
+{_inet_budget(budgets)}}}
 """
 
 
@@ -257,6 +401,7 @@ def build_tap_ruleset(
     egress: EgressPolicy = OPEN,
     *,
     replace: bool = False,
+    budgets: Budgets = NO_BUDGETS,
 ) -> str:
     """The same policy at ``tap0``'s egress hook: ``netdev podbay_tap`` (the
     same parameters as :func:`build_ruleset` on purpose: one policy).
@@ -270,14 +415,15 @@ def build_tap_ruleset(
     e4, _ = _elements(host_v4, host_v6, extra_blocked)
     name = f"{TABLE}_tap"
     # No IPv6 set: every IPv6 frame is dropped ("other").
+    sets = _connection_limit(budgets) + _set("blocked_v4", "ipv4_addr", e4) + _egress_sets(egress)
     return f"""\
 {_swap("netdev", name, replace)}table netdev {name} {{
-{_set("blocked_v4", "ipv4_addr", e4)}{_egress_sets(egress)}\tchain egress {{
+{sets}\tchain egress {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter; policy drop;
 \t\tether type arp accept
 {_dns(egress)}\t\tip daddr @blocked_v4 counter drop comment "blocked"
 {_egress_rules(egress, "ether type ip", ("counter drop",))}\t\tether type ip accept
 \t\tcounter drop comment "other"
 \t}}
-}}
+{_tap_budget(budgets)}}}
 """

@@ -54,6 +54,7 @@ from ..base import (
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager, slirp
 from ..network.manager import until_set
+from ..network.policy import budgets
 from ..readiness import wait_ready
 from ..usage import Usage, cgroup_cpu_memory, filesystem_used, netns_bytes
 from . import bundle, runsc
@@ -78,6 +79,9 @@ class OciDriver(RecordKeepingDriver):
             self.layout.run_dir,
             enabled=self.rt.network,
             slirp_limits=slirp.budget(f"{self.layout.cgroup_parent}-net", self.rt.slirp_max_fds),
+            budgets=budgets(
+                self.rt.egress_bandwidth_mbit, self.rt.egress_new_connections_per_second
+            ),
         )
         self.runc: Runc = (
             runsc.Runsc(

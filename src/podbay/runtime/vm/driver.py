@@ -59,6 +59,7 @@ from ..base import (
 )
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkManager, slirp
+from ..network.policy import budgets
 from ..readiness import wait_ready
 from ..usage import Usage, cgroup_cpu_memory
 from . import disks, initramfs, qmp, templates
@@ -118,6 +119,9 @@ class VmDriver(RecordKeepingDriver):
             self.run_root / "net",
             enabled=self.rt.network,
             slirp_limits=slirp.budget(f"{self.layout.cgroup_parent}-vm-net", self.rt.slirp_max_fds),
+            budgets=budgets(
+                self.rt.egress_bandwidth_mbit, self.rt.egress_new_connections_per_second
+            ),
         )
         self.cgroups = Cgroups()
         #: ``<this>/<machine id>``: the cgroup of a machine's QEMU.
