@@ -317,10 +317,14 @@ def sweep_dead_sessions() -> None:
 def session_for(settings: Settings) -> Iterator[DriverSession]:
     """The body of ``oci_session``: a prepared driver on ``settings``."""
     session = DriverSession(settings)
-    session.run(session.driver.prepare())
-    yield session
-    session.run(session.driver.close())
-    session.runner.close()
+    # The loop is closed however the driver's prepare or close ends: a loop
+    # left open is a ResourceWarning in whichever later test collects it.
+    try:
+        session.run(session.driver.prepare())
+        yield session
+        session.run(session.driver.close())
+    finally:
+        session.runner.close()
 
 
 @pytest.fixture(scope="session")

@@ -196,6 +196,11 @@ class CountAttaches(httpx.BaseTransport):
         self.execs += request.url.path.endswith("/v1/exec")
         return self.inner.handle_request(request)
 
+    def close(self) -> None:
+        # httpx closes the transport it was given, not the one inside it: without
+        # this, the inner pool's connections are left to the collector.
+        self.inner.close()
+
 
 def test_401_reattaches_once(platform: Any, name: str) -> None:
     """A forged credential is refused by the real gateway; the client re-attaches once."""
@@ -228,6 +233,10 @@ class LoseAnswers(httpx.BaseTransport):
             raise httpx.ReadError("connection reset after the request was sent", request=request)
         return response
 
+    def close(self) -> None:
+        # As CountAttaches.close.
+        self.inner.close()
+
 
 class ALoseAnswers(httpx.AsyncBaseTransport):
     def __init__(self) -> None:
@@ -242,6 +251,9 @@ class ALoseAnswers(httpx.AsyncBaseTransport):
             self.sent.append(request.url.path)
             raise httpx.ReadError("connection reset after the request was sent", request=request)
         return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def test_transport_failure_is_not_retried(

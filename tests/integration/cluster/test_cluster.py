@@ -250,44 +250,46 @@ def test_the_console_reaches_a_sandbox_on_its_node_through_a_replica(
     terminal relayed to the node that holds the sandbox (a replica has no
     gateway), with the session's checks first."""
     assert cluster.attach(token, "console-relay").status_code == 200
-    browser = httpx.Client(base_url=cluster.url, timeout=120, headers={"Origin": cluster.url})
-    doc = browser.post("/console/session", json={"token": token}).json()
-    csrf = {"X-CSRF-Token": doc["csrf"]}
-    base = f"/console/sandboxes/{doc['deployment']}/console-relay"
-    payload = os.urandom(3 * MIB)
-    digest = {"X-Podbay-Sha256": hashlib.sha256(payload).hexdigest()}
-    r = browser.put(
-        f"{base}/v1/files?path=/workspace/blob", content=payload, headers={**csrf, **digest}
-    )
-    assert r.status_code in (200, 201, 204), r.text
-    r = browser.get(f"{base}/v1/files?path=/workspace/blob")
-    assert r.status_code == 200
-    assert hashlib.sha256(r.content).digest() == hashlib.sha256(payload).digest()
-    assert r.headers["content-disposition"] == "attachment"
-    r = browser.post(f"{base}/v1/exec", json={"command": ["hostname"]}, headers=csrf)
-    assert r.status_code == 200
-    assert r.json()["exit_code"] == 0
-    r = browser.get(f"{base}/v1/files?path=/no/such")
-    assert (r.status_code, r.json()["code"]) == (404, "PATH_NOT_FOUND")
-    # Dot segments, sent raw: the relay's URL library would resolve them into a
-    # port's relay (a sandbox's page in the console's origin).
-    parts = urlsplit(cluster.url)
-    for sneaky in ("/v1/files/../ports/8080/", "/v1/files/%2e%2e/ports/8080/"):
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
-        conn.request(
-            "GET",
-            base + sneaky,
-            headers={"Cookie": f"podbay_session={browser.cookies['podbay_session']}"},
+    with httpx.Client(
+        base_url=cluster.url, timeout=120, headers={"Origin": cluster.url}
+    ) as browser:
+        doc = browser.post("/console/session", json={"token": token}).json()
+        csrf = {"X-CSRF-Token": doc["csrf"]}
+        base = f"/console/sandboxes/{doc['deployment']}/console-relay"
+        payload = os.urandom(3 * MIB)
+        digest = {"X-Podbay-Sha256": hashlib.sha256(payload).hexdigest()}
+        r = browser.put(
+            f"{base}/v1/files?path=/workspace/blob", content=payload, headers={**csrf, **digest}
         )
-        answer = conn.getresponse()
-        refusal = (answer.status, json.loads(answer.read())["code"])
-        conn.close()
-        assert refusal == (404, "ROUTE_NOT_FOUND"), sneaky
-    ws_url = terminal_url(cluster.url, base)
-    session = browser.cookies["podbay_session"]
-    assert terminal_refused(ws_url, session, "http://evil.example")[0] == 403
-    run_in_terminal(ws_url, session, cluster.url, exit_code=3)
-    assert terminal_refused(ws_url, None, cluster.url)[0] == 401  # no session
+        assert r.status_code in (200, 201, 204), r.text
+        r = browser.get(f"{base}/v1/files?path=/workspace/blob")
+        assert r.status_code == 200
+        assert hashlib.sha256(r.content).digest() == hashlib.sha256(payload).digest()
+        assert r.headers["content-disposition"] == "attachment"
+        r = browser.post(f"{base}/v1/exec", json={"command": ["hostname"]}, headers=csrf)
+        assert r.status_code == 200
+        assert r.json()["exit_code"] == 0
+        r = browser.get(f"{base}/v1/files?path=/no/such")
+        assert (r.status_code, r.json()["code"]) == (404, "PATH_NOT_FOUND")
+        # Dot segments, sent raw: the relay's URL library would resolve them into a
+        # port's relay (a sandbox's page in the console's origin).
+        parts = urlsplit(cluster.url)
+        for sneaky in ("/v1/files/../ports/8080/", "/v1/files/%2e%2e/ports/8080/"):
+            conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
+            conn.request(
+                "GET",
+                base + sneaky,
+                headers={"Cookie": f"podbay_session={browser.cookies['podbay_session']}"},
+            )
+            answer = conn.getresponse()
+            refusal = (answer.status, json.loads(answer.read())["code"])
+            conn.close()
+            assert refusal == (404, "ROUTE_NOT_FOUND"), sneaky
+        ws_url = terminal_url(cluster.url, base)
+        session = browser.cookies["podbay_session"]
+        assert terminal_refused(ws_url, session, "http://evil.example")[0] == 403
+        run_in_terminal(ws_url, session, cluster.url, exit_code=3)
+        assert terminal_refused(ws_url, None, cluster.url)[0] == 401  # no session
     httpx.delete(
         f"{cluster.url}/api/v1/sandboxes/console-relay",
         headers={"Authorization": f"Bearer {token}"},

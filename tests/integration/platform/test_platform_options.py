@@ -294,8 +294,10 @@ def test_cli_create_list_ports_url(server: PlatformServer, token: str, name: str
     url = _podbay(server, token, "sandbox", "url", name, "8123", "/index.html").stdout.strip()
     assert url.startswith(server.base_url)
     assert url.endswith("/v1/ports/8123/index.html")
-    with SandboxClient(identity_token=token, server_url=server.base_url) as client:
-        http = httpx.Client(transport=client.port_transport(name))
+    with (
+        SandboxClient(identity_token=token, server_url=server.base_url) as client,
+        httpx.Client(transport=client.port_transport(name)) as http,
+    ):
         assert http.get(url).text == "served\n"
     shared = _podbay(server, token, "sandbox", "url", name, "8123", "--share", "60").stdout.strip()
     assert httpx.get(shared + "index.html").text == "served\n"
