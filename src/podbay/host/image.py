@@ -210,22 +210,23 @@ def _mmdebstrap(recipe: Recipe, rootfs: Path) -> None:
         str(rootfs),
         *recipe.sources(),
     ]
-    proc = subprocess.Popen(
+    tail: list[str] = []
+    # As a context manager: its output pipe is closed however the loop ends.
+    with subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
-    for line in proc.stdout:
-        line = line.rstrip()
-        if line:
-            log.info("mmdebstrap: %s", line)
-            tail = [*tail[-19:], line]
-    if proc.wait() != 0:
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                log.info("mmdebstrap: %s", line)
+                tail = [*tail[-19:], line]
+    if proc.returncode != 0:
         raise DriverError(
             "building the base image failed (mmdebstrap exit "
             f"{proc.returncode}): " + " | ".join(tail[-3:])
