@@ -295,7 +295,9 @@ def held_to_budgets(agent: AgentClient, netns: Path, sink: Sink, name: str) -> N
         # when it was not), and the others never left.
         assert result["unanswered"] == over, result
         dropped = _counters(netns, "netdev podbay_tap")["connection-rate"]
-        assert 0 < dropped <= over, (dropped, result)
+        # A SYN the netstack sent again before the window closed is dropped
+        # (and counted) again: at most one retransmission each in 0.8 s.
+        assert 0 < dropped <= 2 * over, (dropped, result)
     else:
         assert result["refused"] == over, result
         assert _counters(netns)["connection-rate"] == over
