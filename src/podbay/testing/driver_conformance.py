@@ -344,26 +344,7 @@ class DriverConformance(DriverContract):
         specs = {"running": h.spec(), "suspended": h.spec(), "stopped": h.spec()}
         if not h.driver.capabilities.suspend:
             del specs["suspended"]
-        payload = pickle.dumps((h.factory, h.settings, specs))
-        # The with closes the child's pipes, which outlive its kill otherwise.
-        with subprocess.Popen(
-            [sys.executable, "-m", "podbay.testing.adopt_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        ) as child:
-            assert child.stdin is not None
-            assert child.stdout is not None
-            child.stdin.write(payload)
-            child.stdin.close()
-            line = child.stdout.readline()
-            if not line:
-                child.wait(10)
-                assert child.stderr is not None
-                raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
-            assert json.loads(line) == {"ready": True}
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(10)
+        node_killed_once_ready(h.factory, h.settings, specs)
 
         observed = {m.machine_id: m.state for m in h.run(h.driver.adopt())}
         for want, spec in specs.items():
@@ -379,3 +360,29 @@ class DriverConformance(DriverContract):
         stopped = specs["stopped"].machine_id
         h.run(h.driver.start(stopped))
         assert h.sh(stopped, "cat /workspace/mark").strip() == "stopped"
+
+
+def node_killed_once_ready(factory: str, settings: object, specs: dict[str, Any]) -> None:
+    """A node process (:mod:`podbay.testing.adopt_child`) builds ``factory``'s
+    driver on ``settings``, brings each machine of ``specs`` to its state, and
+    is killed with SIGKILL once it says it is ready."""
+    payload = pickle.dumps((factory, settings, specs))
+    # The with closes the child's pipes, which outlive its kill otherwise.
+    with subprocess.Popen(
+        [sys.executable, "-m", "podbay.testing.adopt_child"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as child:
+        assert child.stdin is not None
+        assert child.stdout is not None
+        child.stdin.write(payload)
+        child.stdin.close()
+        line = child.stdout.readline()
+        if not line:
+            child.wait(10)
+            assert child.stderr is not None
+            raise AssertionError("child node failed: " + child.stderr.read().decode()[-2000:])
+        assert json.loads(line) == {"ready": True}
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)

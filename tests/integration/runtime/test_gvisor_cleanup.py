@@ -6,13 +6,9 @@ no SIGKILL until it is thawed, so every path that kills one thaws first."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import pickle
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +17,7 @@ import pytest
 from podbay.host.cgroups import Cgroups
 from podbay.host.layout import Layout
 from podbay.runtime.classes import GVISOR, class_settings
+from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import (
     cleanup,
     host_cannot,
@@ -63,25 +60,7 @@ def gone(layout: Layout, within: float = 15.0) -> list[int]:
 
 def suspended_by_a_killed_node(settings: object, spec: object) -> None:
     """A node process starts the machine, suspends it, and is killed with SIGKILL."""
-    payload = pickle.dumps(("podbay.runtime.oci.driver:OciDriver", settings, {"suspended": spec}))
-    with subprocess.Popen(
-        [sys.executable, "-m", "podbay.testing.adopt_child"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as child:
-        assert child.stdin is not None
-        assert child.stdout is not None
-        child.stdin.write(payload)
-        child.stdin.close()
-        line = child.stdout.readline()
-        if not line:
-            child.wait(10)
-            assert child.stderr is not None
-            raise AssertionError("the node failed: " + child.stderr.read().decode()[-2000:])
-        assert json.loads(line) == {"ready": True}
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
+    node_killed_once_ready("podbay.runtime.oci.driver:OciDriver", settings, {"suspended": spec})
 
 
 @pytest.mark.parametrize("data_dir_removed", [False, True], ids=["kept", "removed"])
