@@ -26,7 +26,7 @@ from podbay.settings import Settings
 from podbay.testing.fixtures import DriverSession, Machines, session_for, settings_for
 from podbay.testing.flood import HOLDING_SERVER, flood
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.alone]
 
 PID = os.getpid()
 #: A /30 of TEST-NET-3 above the ones the network suite uses (4k+1, 4k+2 <= 242).

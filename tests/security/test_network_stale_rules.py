@@ -30,12 +30,13 @@ from podbay.testing.fixtures import (
     session_for,
     settings_for,
 )
+from podbay.testing.upstream import own_slot
 
 pytestmark = pytest.mark.root
 
 #: Documentation range, not in the policy's fixed ranges: only "it is the host's"
 #: can make the sandbox refuse it. One per test process.
-NEW_ADDRESS = f"198.51.100.{200 + os.getpid() % 50}"
+NEW_ADDRESS = f"198.51.100.{200 + own_slot(50)}"
 LINK = f"pbst{os.getpid()}"
 
 CONNECT = r"""

@@ -19,7 +19,7 @@ import pytest
 from podbay.testing.fixtures import DriverSession, Machines
 from podbay.testing.platform import PlatformServer
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.root, pytest.mark.alone, pytest.mark.timeout(180)]
 MIB = 1024 * 1024
 
 

@@ -24,7 +24,7 @@ from podbay.settings import Settings
 from podbay.testing.fixtures import DriverSession, Machines, session_for, settings_for
 from podbay.wire import paths
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.root, pytest.mark.alone, pytest.mark.timeout(240)]
 
 #: Leaves the exec's session, then forks for ever (each child too).
 BOMB = (

@@ -19,7 +19,7 @@ import pytest
 
 from podbay.testing.platform import PlatformServer
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.root, pytest.mark.alone, pytest.mark.timeout(300)]
 
 MEMORY = 128 << 20
 #: 24 awk processes holding 6 MB each (~7.5 MiB resident, the agent ~14 MiB):

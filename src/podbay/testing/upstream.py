@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Upstream", "own_subnet", "remove_stale_links", "upstream"]
+__all__ = ["Upstream", "own_slot", "own_subnet", "remove_stale_links", "upstream"]
 
 #: The system interpreter, which the server runs on inside the namespace.
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
@@ -129,9 +129,18 @@ def remove_stale_links(prefix: str) -> None:
             _sh("ip", "link", "del", name, check=False)
 
 
+def own_slot(count: int, pid: int | None = None) -> int:
+    """One of ``count`` slots (an even number) for this test process: chosen by
+    the process id, so two runs side by side most likely differ, and by the
+    pytest-xdist worker (``gw0``, ``gw1``: even slots for one, odd for the
+    other), so the two workers of one run (``./run test``) always differ."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    parity = int(worker) % 2 if worker.isdigit() else 0
+    return 2 * ((os.getpid() if pid is None else pid) % (count // 2)) + parity
+
+
 def own_subnet(base: str, pid: int | None = None) -> str:
-    """A /29 of the /24 ``base`` (``192.0.2.0``) chosen by the process id, so
-    two runs side by side use different ones."""
-    slot = (os.getpid() if pid is None else pid) % 32
+    """A /29 of the /24 ``base`` (``192.0.2.0``) of this test process's own
+    (:func:`own_slot`)."""
     prefix = base.rsplit(".", 1)[0]
-    return f"{prefix}.{8 * slot}/29"
+    return f"{prefix}.{8 * own_slot(32, pid)}/29"

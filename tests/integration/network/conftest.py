@@ -40,7 +40,7 @@ from _nethelpers import (
 
 from podbay.runtime.network import NetworkManager
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
-from podbay.testing.upstream import upstream
+from podbay.testing.upstream import own_slot, upstream
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -67,7 +67,7 @@ def testnet() -> Iterator[NetLab]:
     pid = os.getpid()
     workdir = Path(f"/tmp/{TMP_PREFIX}{pid}")
     workdir.mkdir(mode=0o700)
-    k = 1 + pid % 60  # a /30 of 203.0.113.0/24 of our own, so parallel runs don't clash
+    k = 1 + own_slot(60)  # a /30 of 203.0.113.0/24 of our own: parallel runs don't clash
     link = f"{PREFIX}{pid}h"
     try:
         # The test host itself is podbay.testing.upstream's, which the E2B

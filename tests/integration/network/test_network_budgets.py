@@ -32,6 +32,9 @@ from podbay.settings import Settings
 from podbay.testing.fixtures import OCI_RUNTIMES, Machines, settings_for, small_spec
 from podbay.testing.vm import VmSession
 
+# Rates are measured: nothing else runs beside them (./run test).
+pytestmark = pytest.mark.alone
+
 CAP_MBIT = 40
 #: New connections per second (a burst of 5 on top: Budgets.connection_burst).
 RATE = 10
