@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from _nethelpers import PROBE_PYTHON, NetLab, in_netns, probe
+from _nethelpers import DNS_PROBE, PROBE_PYTHON, REFUSED_RCODE, NetLab, in_netns, probe
 from test_network_isolation import DNS_QUERY, _counters
 
 from podbay.domain.egress import OPEN, EgressPolicy
@@ -127,39 +127,6 @@ def test_the_platform_refusals_stay_whatever_the_policy_allows(
 
 # --------------------------------------------------------------------------- domain rules
 
-#: Runs inside a namespace: asks argv[2]:53 for argv[1]'s A records over UDP;
-#: prints [rcode, [addresses]] or ["error", name].
-DNS_PROBE = r"""
-import json, socket, struct, sys
-name, server = sys.argv[1], sys.argv[2]
-query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
-query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
-query += struct.pack("!HH", 1, 1)
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(3)
-try:
-    s.sendto(query, (server, 53))
-    data = s.recv(4096)
-except OSError as e:
-    print(json.dumps(["error", type(e).__name__]))
-    sys.exit()
-count = struct.unpack("!H", data[6:8])[0]
-offset, found = len(query), []
-for _ in range(count):
-    if data[offset] & 0xC0 == 0xC0:
-        offset += 2
-    else:
-        while data[offset]:
-            offset += data[offset] + 1
-        offset += 1
-    rtype, _, _, length = struct.unpack("!HHIH", data[offset : offset + 10])
-    offset += 10
-    if rtype == 1:
-        found.append(socket.inet_ntoa(data[offset : offset + 4]))
-    offset += length
-print(json.dumps([data[3] & 15, found]))
-"""
-REFUSED_RCODE = 5
 T = TypeVar("T")
 
 

@@ -12,8 +12,10 @@ the connection that follows passes. An address no allowed name gave stays
 refused by the policy's default-deny.
 
 gVisor's netstack sends on ``tap0`` itself and never meets the namespace's
-``lo``: its lookups keep going to slirp's forwarder, which default-deny
-refuses (docs/network.md says so).
+``lo``: its lookups go to slirp's forwarder, which for such a sandbox asks a
+per-sandbox address on the host's loopback (:mod:`.slirpdns`). There the
+resolver listens instead (``host_address``), in the host's namespace, and
+serves every policy, forwarding any name under an open one.
 """
 
 from __future__ import annotations
@@ -67,9 +69,18 @@ class _Protocol(asyncio.DatagramProtocol):
 
 class Resolver:
     def __init__(
-        self, netns_path: Path, policy: EgressPolicy, upstream: tuple[str, int], allow: Allow
+        self,
+        netns_path: Path,
+        policy: EgressPolicy,
+        upstream: tuple[str, int],
+        allow: Allow,
+        *,
+        host_address: str | None = None,
     ) -> None:
         self.netns_path = netns_path
+        #: Where it listens in the host's namespace (slirp4netns's forwarder asks
+        #: there); ``None``: at 10.0.2.3 on the sandbox namespace's ``lo``.
+        self.host_address = host_address
         self.policy = policy
         self.upstream = upstream
         self.allow = allow
@@ -80,6 +91,23 @@ class Resolver:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        """Listen; :class:`NetworkError` if the address is taken (``EADDRINUSE``:
+        its ``__cause__``) or cannot be had."""
+        if self.host_address is not None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the host's namespace
+            try:
+                # No SO_REUSEADDR: the address is this sandbox's alone.
+                sock.bind((self.host_address, 53))
+            except OSError as exc:
+                sock.close()
+                raise NetworkError(
+                    f"podbay's resolver for {self.netns_path} cannot listen on "
+                    f"{self.host_address}:53: {exc}"
+                ) from exc
+            sock.setblocking(False)
+            await self._serve(sock)
+            return
+
         def make() -> socket.socket:
             _address(self.netns_path, "replace")
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # in the namespace
@@ -91,6 +119,9 @@ class Resolver:
             sock = await netns.in_fresh_thread(make)
         except (OSError, subprocess.CalledProcessError) as exc:
             raise NetworkError(f"podbay's resolver cannot serve {self.netns_path}: {exc}") from exc
+        await self._serve(sock)
+
+    async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self._transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(self), sock=sock)
 
@@ -100,6 +131,8 @@ class Resolver:
             self._transport = None
         for task in list(self._tasks):
             task.cancel()
+        if self.host_address is not None:
+            return  # nothing was put in the namespace
         with contextlib.suppress(OSError):
             await netns.in_fresh_thread(lambda: _address(self.netns_path, "del"))
 
