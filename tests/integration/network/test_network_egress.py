@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +20,7 @@ from _nethelpers import DNS_PROBE, PROBE_PYTHON, REFUSED_RCODE, NetLab, in_netns
 from test_network_isolation import DNS_QUERY, _counters
 
 from podbay.domain.egress import OPEN, EgressPolicy
-from podbay.runtime.network import NetworkManager
+from podbay.runtime.network import NetworkManager, slirpdns
 from podbay.runtime.network.policy import SLIRP_DNS
 
 #: What a refused attempt looks like from inside (IPv6 has no route at all).
@@ -196,3 +197,28 @@ def test_a_changed_policy_forgets_what_the_old_one_resolved(
     # Back to CIDRs only: no resolver, no DNS (default-deny).
     runner.run(resolving.set_egress("sbx", EgressPolicy.parse({"allow": ["192.0.2.0/24"]})))
     assert serving(runner, lookup, netns, "allowed.test")[0] == "error"
+
+
+def test_a_sandbox_with_its_own_stack_gets_a_loopback_address_of_its_own(
+    resolving: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """``own_stack`` (gVisor): the machine's slirp4netns sees, as its
+    /etc/resolv.conf, an address of the host's loopback that nothing else held,
+    where podbay's resolver listens until teardown."""
+    first, second = slirpdns.candidates("sbx")[:2]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
+        held.bind((first, 53))  # something else on the host has the first one
+        handle = runner.run(resolving.setup("sbx", own_stack=True))
+    recorded = resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE
+    assert slirpdns.address_in(recorded.read_text()) == second
+    # What slirp4netns itself reads (after --enable-sandbox's pivot_root).
+    seen = Path(f"/proc/{handle.slirp_pid}/root/etc/resolv.conf").read_text()
+    assert slirpdns.address_in(seen) == second
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as taken, pytest.raises(OSError, match="in use"):
+            taken.bind((second, 53))
+    runner.run(resolving.teardown("sbx"))
+    assert not recorded.exists()
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as free:
+            free.bind((second, 53))

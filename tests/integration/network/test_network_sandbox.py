@@ -192,13 +192,10 @@ def test_domain_rules_in_a_real_sandbox(
     testhost = ("tcp", testnet.testhost_address, testnet.testhost_port, "")
     other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
 
-    def lookup(name: str, server: str = SLIRP_DNS) -> list[object]:
+    def lookup(name: str, server: str = SLIRP_DNS, *over: str) -> list[object]:
         # The loop serves the resolver: the lookup runs beside it.
-        done = oci_session.run(
-            asyncio.to_thread(
-                m.agent.exec, ["python3", "-c", DNS_PROBE, name, server], timeout_ms=30_000
-            )
-        )
+        argv = ["python3", "-c", DNS_PROBE, name, server, *over]
+        done = oci_session.run(asyncio.to_thread(m.agent.exec, argv, timeout_ms=30_000))
         assert done.ok, done.stderr
         return list(json.loads(done.stdout))
 
@@ -210,8 +207,10 @@ def test_domain_rules_in_a_real_sandbox(
     address = slirpdns.address_in(resolv_file.read_text()) if gvisor else None
     assert (address is not None) == gvisor  # runc's slirp4netns asks the host's resolver
     if gvisor:
-        # Open (no policy yet): podbay's resolver forwards every name.
+        # Open (no policy yet): podbay's resolver forwards every name, over
+        # UDP and TCP.
         assert lookup("other.test") == [0, [other]]
+        assert lookup("other.test", SLIRP_DNS, "tcp") == [0, [other]]
 
     oci_session.run(
         network.set_egress(m.id, EgressPolicy.parse({"allow": ["allowed.test", "*.wild.test"]}))
@@ -223,6 +222,9 @@ def test_domain_rules_in_a_real_sandbox(
     assert lookup("allowed.test") == [0, [testnet.testhost_address]]
     assert reach() == "connected:testhost\n"
     assert lookup("sub.wild.test") == [0, [testnet.testhost_address]]
+    if gvisor:  # runc's resolver on lo is UDP only
+        assert lookup("other.test", SLIRP_DNS, "tcp")[0] == REFUSED_RCODE
+        assert lookup("allowed.test", SLIRP_DNS, "tcp") == [0, [testnet.testhost_address]]
     # The sandbox's own libc, through its resolv.conf (10.0.2.3).
     done = oci_session.run(
         asyncio.to_thread(m.sh, "getent ahostsv4 sub.wild.test | head -n1", timeout_ms=30_000)
@@ -230,6 +232,7 @@ def test_domain_rules_in_a_real_sandbox(
     assert done.stdout.split()[:1] == [testnet.testhost_address]
     # Another resolver answers nothing, even on an address an allowed name gave.
     assert lookup("other.test", dnsmasq)[0] == "error"
+    assert lookup("other.test", dnsmasq, "tcp")[0] == "error"
 
     # A live change: a deny list of names under an open default.
     oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["other.test"]})))

@@ -300,14 +300,16 @@ def _dns(egress: EgressPolicy, indent: str = "\t\t", *, podbay_dns: bool = False
     podbay's resolver.
 
     With ``podbay_dns`` the forwarder asks podbay's resolver for this sandbox
-    (:mod:`.slirpdns`), which answers what the policy allows: its lookups pass
-    whenever a name may be resolved. UDP only: over TCP slirp4netns would
-    connect to that host-loopback address's port 53, where the resolver does
-    not listen and another server on the host's wildcard address might."""
+    (:mod:`.slirpdns`), which answers what the policy allows, over UDP and TCP:
+    its lookups pass whenever a name may be resolved. Port 53 only: libslirp
+    sends any port of 10.0.2.3 on to that host-loopback address."""
     if podbay_dns:
         if egress.default_deny and not egress.has_names:
             return ""  # no name is the policy's to answer
-        return f'{indent}ip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-podbay"\n'
+        return (
+            f'{indent}ip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-podbay"\n'
+            f'{indent}ip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-podbay"\n'
+        )
     if egress.default_deny or egress.has_names:
         return ""
     return (

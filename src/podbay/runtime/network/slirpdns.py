@@ -7,7 +7,7 @@ forwarder at 10.0.2.3, which sends them on to the first ``nameserver`` of the
 ``/etc/resolv.conf`` *it* sees. That slirp4netns is started in a mount
 namespace of its own where a file naming a per-sandbox address on the host's
 loopback is bind-mounted over ``/etc/resolv.conf``; podbay's resolver for that
-sandbox listens there (UDP port 53, in the host's namespace), so every lookup
+sandbox listens there (port 53, UDP and TCP, in the host's namespace), so every lookup
 the sandbox makes is answered, or refused, by podbay.
 
 The file never changes while slirp4netns runs (libslirp re-reads it only when

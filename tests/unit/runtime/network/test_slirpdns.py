@@ -52,12 +52,15 @@ def _tap_dns(egress: EgressPolicy) -> list[str]:
 
 
 def test_the_tap_hook_passes_lookups_to_podbays_resolver_when_a_name_may_resolve() -> None:
-    udp = [f'ip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-podbay"']
+    port_53 = [
+        f'ip daddr {SLIRP_DNS} {proto} dport 53 counter accept comment "dns-podbay"'
+        for proto in ("udp", "tcp")
+    ]
     names = EgressPolicy.parse({"allow": ["pypi.org", "*.pypi.org"]})
     for egress in (OPEN, names, EgressPolicy.parse({"deny": ["evil.test"]})):
-        # UDP only: over TCP slirp would connect to the host-loopback address's
-        # port 53, where podbay does not listen and another server might.
-        assert _tap_dns(egress) == udp
+        # Port 53 only: libslirp sends any port of 10.0.2.3 on to the
+        # host-loopback address, where only podbay's resolver is to answer.
+        assert _tap_dns(egress) == port_53
     # No name is the policy's to answer: slirp's forwarder stays closed.
     for egress in (
         EgressPolicy.parse({"internet": False}),
