@@ -21,9 +21,11 @@ from _nethelpers import (
 )
 
 from podbay.domain.egress import EgressPolicy
+from podbay.runtime.base import MachineState
 from podbay.runtime.network import slirpdns
 from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY
 from podbay.settings import Settings
+from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import (
     OCI_RUNTIMES,
     DriverSession,
@@ -271,3 +273,38 @@ def test_domain_rules_in_a_real_sandbox(
     if address is not None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
             free.bind((address, 53))
+
+
+def test_domain_rules_hold_after_a_killed_node_is_adopted(
+    oci_machines: Machines, oci_session: DriverSession, testnet: NetLab, dnsmasq: str
+) -> None:
+    """A node process starts a sandbox with names in its policy and is killed
+    with SIGKILL: its resolver dies with it, so the sandbox's lookups fail
+    (closed, never through to the host's resolver); this node's adopt serves
+    them again, the policy's way (gVisor: at the same host-loopback address,
+    which its slirp4netns, still running, asks)."""
+    driver, network = oci_session.driver, oci_session.driver.network
+    network.dns_upstream = dnsmasq
+    policy = EgressPolicy.parse({"allow": ["allowed.test"]})
+    spec = dataclasses.replace(small_spec(), egress=policy)
+    oci_machines.ids.append(spec.machine_id)
+    node_killed_once_ready(
+        "podbay.runtime.oci.driver:OciDriver", oci_session.settings, {"running": spec}
+    )
+    m = Machine(spec.machine_id, oci_session)
+    testhost = ("tcp", testnet.testhost_address, testnet.testhost_port, "")
+
+    def lookup(name: str) -> list[object]:
+        argv = ["python3", "-c", DNS_PROBE, name, SLIRP_DNS]
+        done = oci_session.run(asyncio.to_thread(m.agent.exec, argv, timeout_ms=30_000))
+        assert done.ok, done.stderr
+        return list(json.loads(done.stdout))
+
+    assert lookup("allowed.test")[0] == "error"
+    assert lookup("other.test")[0] == "error"
+    observed = {o.machine_id: o.state for o in oci_session.run(driver.adopt())}
+    assert observed[spec.machine_id] == MachineState.RUNNING
+    assert lookup("other.test")[0] == REFUSED_RCODE
+    assert lookup("allowed.test") == [0, [testnet.testhost_address]]
+    [(result, _)] = oci_session.run(asyncio.to_thread(probe_inside, m, [testhost]))
+    assert result == "connected:testhost\n"
