@@ -330,9 +330,9 @@ class NetworkManager:
         """The host-loopback address the machine's slirp4netns sends its lookups
         to (``None``: it asks the host's resolver, the sandbox has none of its own)."""
         try:
-            text = (self.machine_dir(machine_id) / slirpdns.RESOLV_FILE).read_text()
+            text = (self.run_dir / machine_id / slirpdns.RESOLV_FILE).read_text()
         except FileNotFoundError:
-            return None
+            return None  # also one torn down meanwhile
         return slirpdns.address_in(text)
 
     async def _serve_slirp_dns(self, machine_id: str, egress: EgressPolicy) -> Path:
@@ -344,7 +344,7 @@ class NetworkManager:
         taken = [
             a
             for file in self.run_dir.glob(f"*/{slirpdns.RESOLV_FILE}")
-            if file.parent.name != machine_id and (a := slirpdns.address_in(file.read_text()))
+            if file.parent.name != machine_id and (a := self._slirp_dns(file.parent.name))
         ]
         self.machine_dir(machine_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         failures: list[str] = []
