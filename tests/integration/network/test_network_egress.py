@@ -22,6 +22,7 @@ from test_network_isolation import DNS_QUERY, _counters
 from podbay.domain.egress import OPEN, EgressPolicy
 from podbay.runtime.network import NetworkManager, slirpdns
 from podbay.runtime.network.policy import SLIRP_DNS
+from podbay.runtime.network.resolver import MAX_STREAMS
 
 #: What a refused attempt looks like from inside (IPv6 has no route at all).
 REFUSED = {"ECONNREFUSED", "EPERM", "EHOSTUNREACH", "EACCES", "ENETUNREACH"}
@@ -222,3 +223,36 @@ def test_a_sandbox_with_its_own_stack_gets_a_loopback_address_of_its_own(
     for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
         with socket.socket(socket.AF_INET, kind) as free:
             free.bind((second, 53))
+
+
+def test_a_sandbox_holds_a_bounded_number_of_dns_connections(
+    resolving: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """A gVisor sandbox's resolver serves DNS over TCP, at most MAX_STREAMS
+    connections at once: one more is closed at once, the others still answer."""
+    runner.run(
+        resolving.setup("sbx", own_stack=True, egress=EgressPolicy.parse({"allow": ["a.test"]}))
+    )
+    address = slirpdns.address_in((resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE).read_text())
+    assert address is not None
+    query = bytes.fromhex(DNS_QUERY)  # example.com: not allowed
+
+    def connect_all() -> list[bytes]:
+        held = [socket.create_connection((address, 53), timeout=10) for _ in range(MAX_STREAMS)]
+        try:
+            # The resolver has taken them all once each answers a query.
+            answers = []
+            for conn in held:
+                conn.sendall(len(query).to_bytes(2, "big") + query)
+                answers.append(conn.recv(512))
+            with socket.create_connection((address, 53), timeout=10) as extra:
+                answers.append(extra.recv(512))  # closed at once: EOF
+            return answers
+        finally:
+            for conn in held:
+                conn.close()
+
+    *answers, extra = serving(runner, connect_all)
+    assert extra == b""
+    for answer in answers:
+        assert answer[5] & 15 == REFUSED_RCODE  # after the length and the id
