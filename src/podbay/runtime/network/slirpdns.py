@@ -23,7 +23,15 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable
 
-__all__ = ["ADDRESSES", "RESOLV_FILE", "address_in", "candidates", "choose", "resolv_conf"]
+__all__ = [
+    "ADDRESSES",
+    "RESOLV_FILE",
+    "address_in",
+    "candidates",
+    "choose",
+    "resolv_conf",
+    "wildcard_port_53",
+]
 
 #: In the machine's directory: what slirp4netns sees as ``/etc/resolv.conf``.
 RESOLV_FILE = "slirp.resolv.conf"
@@ -73,3 +81,15 @@ def address_in(text: str) -> str | None:
                 return None
             return str(address) if address in ADDRESSES else None
     return None
+
+
+def wildcard_port_53(proc_net: str, *, tcp: bool) -> bool:
+    """Whether a ``/proc/net/udp`` (``tcp``: ``/proc/net/tcp``) table holds a
+    socket bound to 0.0.0.0:53 (TCP: listening), which keeps every address of
+    :data:`ADDRESSES` from podbay's resolvers (doctor says so)."""
+    for line in proc_net.splitlines()[1:]:
+        fields = line.split()
+        bound = len(fields) > 3 and fields[1] == "00000000:0035"
+        if bound and (not tcp or fields[3] == "0A"):  # 0A: TCP_LISTEN
+            return True
+    return False

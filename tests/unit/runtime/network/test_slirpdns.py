@@ -88,3 +88,20 @@ def test_slirp4netns_sees_the_file_in_a_mount_namespace_of_its_own() -> None:
     assert "--disable-host-loopback" in argv
     assert "--enable-sandbox" not in Slirps("slirp4netns", sandbox=False).argv(netns, 7, resolv)
     assert "sh" not in Slirps("slirp4netns").argv(netns, 7)  # every other sandbox: as before
+
+
+UDP_TABLE = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
+ 1: 3500007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000   101
+ 2: 00000000:0044 00000000:0000 07 00000000:00000000 00:00000000 00000000     0
+"""
+
+
+def test_doctor_sees_a_dns_server_on_the_wildcard_address() -> None:
+    # systemd-resolved's 127.0.0.53 and a DHCP client's 0.0.0.0:68: no conflict.
+    assert not slirpdns.wildcard_port_53(UDP_TABLE, tcp=False)
+    wildcard = UDP_TABLE + " 3: 00000000:0035 00000000:0000 07 0 0 0 0\n"
+    assert slirpdns.wildcard_port_53(wildcard, tcp=False)
+    tcp = UDP_TABLE.replace("3500007F:0035", "00000000:0035")
+    assert not slirpdns.wildcard_port_53(tcp.replace(" 07 ", " 01 ", 1), tcp=True)  # a connection
+    assert slirpdns.wildcard_port_53(tcp.replace(" 07 ", " 0A ", 1), tcp=True)  # listening
