@@ -308,3 +308,49 @@ def host_addresses() -> list[str]:
                 continue
             found.append(info["local"])
     return found
+
+
+#: Runs inside a namespace: asks argv[2]:53 for argv[1]'s A records over UDP
+#: (over TCP with a third argument "tcp"); prints [rcode, [addresses]] or
+#: ["error", name].
+DNS_PROBE = r"""
+import json, socket, struct, sys
+name, server = sys.argv[1], sys.argv[2]
+tcp = sys.argv[3:] == ["tcp"]
+query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+query += struct.pack("!HH", 1, 1)
+try:
+    if tcp:
+        s = socket.create_connection((server, 53), timeout=3)
+        s.sendall(struct.pack("!H", len(query)) + query)
+        f = s.makefile("rb")
+        head = f.read(2)
+        if len(head) < 2:
+            raise ConnectionResetError("closed")
+        data = f.read(struct.unpack("!H", head)[0])
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(3)
+        s.sendto(query, (server, 53))
+        data = s.recv(4096)
+except OSError as e:
+    print(json.dumps(["error", type(e).__name__]))
+    sys.exit()
+count = struct.unpack("!H", data[6:8])[0]
+offset, found = len(query), []
+for _ in range(count):
+    if data[offset] & 0xC0 == 0xC0:
+        offset += 2
+    else:
+        while data[offset]:
+            offset += data[offset] + 1
+        offset += 1
+    rtype, _, _, length = struct.unpack("!HHIH", data[offset : offset + 10])
+    offset += 10
+    if rtype == 1:
+        found.append(socket.inet_ntoa(data[offset : offset + 4]))
+    offset += length
+print(json.dumps([data[3] & 15, found]))
+"""
+REFUSED_RCODE = 5

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from _nethelpers import PROBE_PYTHON, NetLab, in_netns, probe
+from _nethelpers import DNS_PROBE, PROBE_PYTHON, REFUSED_RCODE, NetLab, in_netns, probe
 from test_network_isolation import DNS_QUERY, _counters
 
 from podbay.domain.egress import OPEN, EgressPolicy
-from podbay.runtime.network import NetworkManager
+from podbay.runtime.network import NetworkManager, slirpdns
 from podbay.runtime.network.policy import SLIRP_DNS
+from podbay.runtime.network.resolver import MAX_STREAMS
 
 #: What a refused attempt looks like from inside (IPv6 has no route at all).
 REFUSED = {"ECONNREFUSED", "EPERM", "EHOSTUNREACH", "EACCES", "ENETUNREACH"}
@@ -127,39 +129,6 @@ def test_the_platform_refusals_stay_whatever_the_policy_allows(
 
 # --------------------------------------------------------------------------- domain rules
 
-#: Runs inside a namespace: asks argv[2]:53 for argv[1]'s A records over UDP;
-#: prints [rcode, [addresses]] or ["error", name].
-DNS_PROBE = r"""
-import json, socket, struct, sys
-name, server = sys.argv[1], sys.argv[2]
-query = struct.pack("!HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
-query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
-query += struct.pack("!HH", 1, 1)
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(3)
-try:
-    s.sendto(query, (server, 53))
-    data = s.recv(4096)
-except OSError as e:
-    print(json.dumps(["error", type(e).__name__]))
-    sys.exit()
-count = struct.unpack("!H", data[6:8])[0]
-offset, found = len(query), []
-for _ in range(count):
-    if data[offset] & 0xC0 == 0xC0:
-        offset += 2
-    else:
-        while data[offset]:
-            offset += data[offset] + 1
-        offset += 1
-    rtype, _, _, length = struct.unpack("!HHIH", data[offset : offset + 10])
-    offset += 10
-    if rtype == 1:
-        found.append(socket.inet_ntoa(data[offset : offset + 4]))
-    offset += length
-print(json.dumps([data[3] & 15, found]))
-"""
-REFUSED_RCODE = 5
 T = TypeVar("T")
 
 
@@ -229,3 +198,61 @@ def test_a_changed_policy_forgets_what_the_old_one_resolved(
     # Back to CIDRs only: no resolver, no DNS (default-deny).
     runner.run(resolving.set_egress("sbx", EgressPolicy.parse({"allow": ["192.0.2.0/24"]})))
     assert serving(runner, lookup, netns, "allowed.test")[0] == "error"
+
+
+def test_a_sandbox_with_its_own_stack_gets_a_loopback_address_of_its_own(
+    resolving: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """``own_stack`` (gVisor): the machine's slirp4netns sees, as its
+    /etc/resolv.conf, an address of the host's loopback that nothing else held,
+    where podbay's resolver listens until teardown."""
+    first, second = slirpdns.candidates("sbx")[:2]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
+        held.bind((first, 53))  # something else on the host has the first one
+        handle = runner.run(resolving.setup("sbx", own_stack=True))
+    recorded = resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE
+    assert slirpdns.address_in(recorded.read_text()) == second
+    # What slirp4netns itself reads (after --enable-sandbox's pivot_root).
+    seen = Path(f"/proc/{handle.slirp_pid}/root/etc/resolv.conf").read_text()
+    assert slirpdns.address_in(seen) == second
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as taken, pytest.raises(OSError, match="in use"):
+            taken.bind((second, 53))
+    runner.run(resolving.teardown("sbx"))
+    assert not recorded.exists()
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as free:
+            free.bind((second, 53))
+
+
+def test_a_sandbox_holds_a_bounded_number_of_dns_connections(
+    resolving: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """A gVisor sandbox's resolver serves DNS over TCP, at most MAX_STREAMS
+    connections at once: one more is closed at once, the others still answer."""
+    runner.run(
+        resolving.setup("sbx", own_stack=True, egress=EgressPolicy.parse({"allow": ["a.test"]}))
+    )
+    address = slirpdns.address_in((resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE).read_text())
+    assert address is not None
+    query = bytes.fromhex(DNS_QUERY)  # example.com: not allowed
+
+    def connect_all() -> list[bytes]:
+        held = [socket.create_connection((address, 53), timeout=10) for _ in range(MAX_STREAMS)]
+        try:
+            # The resolver has taken them all once each answers a query.
+            answers = []
+            for conn in held:
+                conn.sendall(len(query).to_bytes(2, "big") + query)
+                answers.append(conn.recv(512))
+            with socket.create_connection((address, 53), timeout=10) as extra:
+                answers.append(extra.recv(512))  # closed at once: EOF
+            return answers
+        finally:
+            for conn in held:
+                conn.close()
+
+    *answers, extra = serving(runner, connect_all)
+    assert extra == b""
+    for answer in answers:
+        assert answer[5] & 15 == REFUSED_RCODE  # after the length and the id

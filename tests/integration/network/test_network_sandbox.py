@@ -5,16 +5,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _nethelpers import METADATA_ADDRESS, PROBE, PUBLIC_HOST_ADDRESS, NetLab
+from _nethelpers import (
+    DNS_PROBE,
+    METADATA_ADDRESS,
+    PROBE,
+    PUBLIC_HOST_ADDRESS,
+    REFUSED_RCODE,
+    NetLab,
+)
 
 from podbay.domain.egress import EgressPolicy
-from podbay.runtime.network.policy import SLIRP_GATEWAY
+from podbay.runtime.base import MachineState
+from podbay.runtime.network import slirpdns
+from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY
 from podbay.settings import Settings
+from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import (
     OCI_RUNTIMES,
     DriverSession,
@@ -166,36 +177,134 @@ def test_the_egress_policy_is_kept_across_stop_and_start(
 def test_domain_rules_in_a_real_sandbox(
     oci_machines: Machines, oci_session: DriverSession, testnet: NetLab, dnsmasq: str
 ) -> None:
-    """runc's lookups reach podbay's resolver (10.0.2.3 on the namespace's lo):
-    an allowed name resolves and opens its address, another name is refused.
-    gVisor's netstack sends its lookups on tap0 to slirp's forwarder, which an
-    allow list refuses: nothing resolves there (closed, not bypassed)."""
+    """Every lookup a sandbox makes is podbay's resolver's to answer: runc's
+    reach it at 10.0.2.3 on the namespace's lo; gVisor's netstack sends its own
+    on tap0 to slirp's forwarder, which for a runsc sandbox asks podbay's
+    resolver on a host-loopback address of that sandbox's (slirp.resolv.conf).
+    Allowed names (and a wildcard's) resolve and open their addresses, others
+    are REFUSED, a literal address no allowed name gave and another resolver
+    stay closed; a live change applies; a restarted node serves it again
+    (closed, not open, while it is down)."""
     gvisor = Path(oci_session.settings.runtime.oci_runtime).name == "runsc"
+    refused = {"ECONNREFUSED", "timeout"} if gvisor else {"ECONNREFUSED"}
     network = oci_session.driver.network
     network.dns_upstream = dnsmasq
     m = oci_machines.up()
+    run_dir = Path(oci_session.settings.runtime.run_dir)
+    testhost = ("tcp", testnet.testhost_address, testnet.testhost_port, "")
+    other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
+
+    def lookup(name: str, server: str = SLIRP_DNS, *over: str) -> list[object]:
+        # The loop serves the resolver: the lookup runs beside it.
+        argv = ["python3", "-c", DNS_PROBE, name, server, *over]
+        done = oci_session.run(asyncio.to_thread(m.agent.exec, argv, timeout_ms=30_000))
+        assert done.ok, done.stderr
+        return list(json.loads(done.stdout))
+
+    def reach() -> str:
+        [(result, _)] = oci_session.run(asyncio.to_thread(probe_inside, m, [testhost]))
+        return str(result)
+
+    resolv_file = run_dir / m.id / slirpdns.RESOLV_FILE
+    address = slirpdns.address_in(resolv_file.read_text()) if gvisor else None
+    assert (address is not None) == gvisor  # runc's slirp4netns asks the host's resolver
+    if gvisor:
+        # Open (no policy yet): podbay's resolver forwards every name, over
+        # UDP and TCP.
+        assert lookup("other.test") == [0, [other]]
+        assert lookup("other.test", SLIRP_DNS, "tcp") == [0, [other]]
+
+    oci_session.run(
+        network.set_egress(m.id, EgressPolicy.parse({"allow": ["allowed.test", "*.wild.test"]}))
+    )
+    # No allowed name gave the test host's address yet: the literal is refused.
+    assert reach() in refused
+    assert lookup("other.test")[0] == REFUSED_RCODE
+    assert lookup("wild.test")[0] == REFUSED_RCODE  # "*." is under it, not it
+    assert lookup("allowed.test") == [0, [testnet.testhost_address]]
+    assert reach() == "connected:testhost\n"
+    assert lookup("sub.wild.test") == [0, [testnet.testhost_address]]
+    if gvisor:  # runc's resolver on lo is UDP only
+        assert lookup("other.test", SLIRP_DNS, "tcp")[0] == REFUSED_RCODE
+        assert lookup("allowed.test", SLIRP_DNS, "tcp") == [0, [testnet.testhost_address]]
+    # The sandbox's own libc, through its resolv.conf (10.0.2.3).
+    done = oci_session.run(
+        asyncio.to_thread(m.sh, "getent ahostsv4 sub.wild.test | head -n1", timeout_ms=30_000)
+    )
+    assert done.stdout.split()[:1] == [testnet.testhost_address]
+    # Another resolver answers nothing, even on an address an allowed name gave.
+    assert lookup("other.test", dnsmasq)[0] == "error"
+    assert lookup("other.test", dnsmasq, "tcp")[0] == "error"
+
+    # A live change: a deny list of names under an open default.
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["other.test"]})))
+    assert lookup("other.test")[0] == REFUSED_RCODE
+    assert lookup("allowed.test") == [0, [testnet.testhost_address]]
+    if gvisor:
+        # And back to open: runc's lookups go to the host's resolver again, which
+        # knows no *.test; gVisor's still to podbay's, which forwards them all.
+        oci_session.run(network.set_egress(m.id, EgressPolicy()))
+        assert lookup("other.test") == [0, [other]]
+
+    # The node restarts: its resolvers stop with it, and lookups fail (closed)
+    # until it adopts the machine and serves them again.
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"allow": ["allowed.test"]})))
+    watching = network._watch is not None
+
+    async def restart() -> None:
+        assert await network.adopt(m.id) is not None
+        if watching:
+            network.watch_addresses()  # the driver's prepare, in a new node
+
+    oci_session.run(network.close())
+    try:
+        assert lookup("allowed.test")[0] == "error"
+        assert lookup("other.test")[0] == "error"
+    finally:
+        oci_session.run(restart())
+    if gvisor:
+        assert slirpdns.address_in(resolv_file.read_text()) == address  # the same one
+    assert lookup("other.test")[0] == REFUSED_RCODE
+    assert lookup("allowed.test") == [0, [testnet.testhost_address]]
+    assert reach() == "connected:testhost\n"
+
+    # Destroyed: its resolver's address is free again.
+    oci_session.run(oci_session.driver.destroy(m.id))
+    if address is not None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+            free.bind((address, 53))
+
+
+def test_domain_rules_hold_after_a_killed_node_is_adopted(
+    oci_machines: Machines, oci_session: DriverSession, testnet: NetLab, dnsmasq: str
+) -> None:
+    """A node process starts a sandbox with names in its policy and is killed
+    with SIGKILL: its resolver dies with it, so the sandbox's lookups fail
+    (closed, never through to the host's resolver); this node's adopt serves
+    them again, the policy's way (gVisor: at the same host-loopback address,
+    which its slirp4netns, still running, asks)."""
+    driver, network = oci_session.driver, oci_session.driver.network
+    network.dns_upstream = dnsmasq
     policy = EgressPolicy.parse({"allow": ["allowed.test"]})
-    oci_session.run(network.set_egress(m.id, policy))
+    spec = dataclasses.replace(small_spec(), egress=policy)
+    oci_machines.ids.append(spec.machine_id)
+    node_killed_once_ready(
+        "podbay.runtime.oci.driver:OciDriver", oci_session.settings, {"running": spec}
+    )
+    m = Machine(spec.machine_id, oci_session)
     testhost = ("tcp", testnet.testhost_address, testnet.testhost_port, "")
 
-    def resolve(name: str) -> str:
-        # The loop serves the resolver: the lookup runs beside it.
-        done = oci_session.run(
-            asyncio.to_thread(m.sh, f"getent ahostsv4 {name} | head -n1", timeout_ms=30_000)
-        )
-        return done.stdout.split()[0] if done.stdout.strip() else ""
+    def lookup(name: str) -> list[object]:
+        argv = ["python3", "-c", DNS_PROBE, name, SLIRP_DNS]
+        done = oci_session.run(asyncio.to_thread(m.agent.exec, argv, timeout_ms=30_000))
+        assert done.ok, done.stderr
+        return list(json.loads(done.stdout))
 
-    if gvisor:
-        assert resolve("allowed.test") == ""
-        [(result, _)] = probe_inside(m, [testhost])
-        assert result in {"ECONNREFUSED", "timeout"}
-    else:
-        assert resolve("other.test") == ""
-        assert resolve("allowed.test") == testnet.testhost_address
-        [(result, _)] = oci_session.run(asyncio.to_thread(probe_inside, m, [testhost]))
-        assert result == "connected:testhost\n"
-    # A deny list of names under an open default: a denied name never resolves
-    # (gVisor: no lookup does, rather than one round podbay's resolver).
-    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["other.test"]})))
-    assert resolve("other.test") == ""
-    assert resolve("allowed.test") == ("" if gvisor else testnet.testhost_address)
+    assert lookup("allowed.test")[0] == "error"
+    assert lookup("other.test")[0] == "error"
+    observed = {o.machine_id: o.state for o in oci_session.run(driver.adopt())}
+    assert observed[spec.machine_id] == MachineState.RUNNING
+    assert lookup("other.test")[0] == REFUSED_RCODE
+    assert lookup("allowed.test") == [0, [testnet.testhost_address]]
+    [(result, _)] = oci_session.run(asyncio.to_thread(probe_inside, m, [testhost]))
+    assert result == "connected:testhost\n"

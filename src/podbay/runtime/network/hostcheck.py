@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import netns, nft, slirp
+from . import netns, nft, slirp, slirpdns
 from .policy import build_ruleset
 
 __all__ = ["host_addresses", "problems", "resolver_problems"]
@@ -91,7 +91,24 @@ def problems(
             )
     if not os.path.exists("/dev/net/tun"):
         found.append("network: /dev/net/tun missing: modprobe tun")
+    if _wildcard_dns_server():
+        found.append(
+            "network: a server holds port 53 on 0.0.0.0, so gVisor sandboxes get no "
+            "address for podbay's resolver (127.112.0.0/12) and do not start: bind "
+            "it to its own addresses (dnsmasq: --bind-interfaces)"
+        )
     return found + resolver_problems(Path("/etc/resolv.conf"), slirp_sandbox)
+
+
+def _wildcard_dns_server() -> bool:
+    for table, tcp in (("/proc/net/udp", False), ("/proc/net/tcp", True)):
+        try:
+            text = Path(table).read_text()
+        except OSError:
+            continue
+        if slirpdns.wildcard_port_53(text, tcp=tcp):
+            return True
+    return False
 
 
 def _probe_namespace(batch: str | None) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from ...domain.egress import OPEN, EgressPolicy
 from ...errors import NetworkError
 from ..base import check_machine_id
-from . import hostcheck, netns, nft, slirp
+from . import hostcheck, netns, nft, slirp, slirpdns
 from .policy import (
     DISABLED_RESOLV_CONF,
     NO_BUDGETS,
@@ -61,6 +61,8 @@ _STATE_FILES = (
     slirp.LOG_FILE,
     _EGRESS_FILE,
     f".{_EGRESS_FILE}.tmp",
+    slirpdns.RESOLV_FILE,
+    f".{slirpdns.RESOLV_FILE}.tmp",
 )
 
 
@@ -161,6 +163,7 @@ class NetworkManager:
         filtered: asyncio.Event | None = None,
         tapped: asyncio.Event | None = None,
         egress: EgressPolicy = OPEN,
+        own_stack: bool = False,
     ) -> NetworkHandle:
         """Create the machine's namespace, load its rules, start slirp4netns.
 
@@ -182,6 +185,12 @@ class NetworkManager:
         from then on, under the same condition. (A cgroup move costs the start
         an RCU grace period.)
 
+        ``own_stack``: the sandbox writes to ``tap0`` with a network stack of its
+        own (gVisor's netstack), so its lookups reach slirp4netns's forwarder
+        rather than the namespace's ``lo``: that forwarder is pointed at a
+        resolver podbay serves for it from now on, whatever the policy
+        (:mod:`.slirpdns`), so that domain rules hold for it too.
+
         Idempotent: a complete network that already exists is adopted and
         returned; a partial one is removed and built again. On failure nothing is
         left behind and :class:`NetworkError` is raised.
@@ -202,7 +211,11 @@ class NetworkManager:
                 await self._teardown(machine_id, keep_directory=True)
             try:
                 self._write_egress(machine_id, egress)
-                pid = await self._create(machine_id, netns_source, filtered, tapped)
+                resolv_conf = None
+                if own_stack and self.enabled:
+                    # Listening before slirp4netns may forward its first lookup.
+                    resolv_conf = await self._serve_slirp_dns(machine_id, egress)
+                pid = await self._create(machine_id, netns_source, filtered, tapped, resolv_conf)
                 await self._serve_names(machine_id, egress)
             except BaseException as exc:
                 try:
@@ -261,20 +274,35 @@ class NetworkManager:
             self._write_egress(machine_id, egress)
             resolver = self._resolvers.get(machine_id)
             if resolver is not None:
-                # What the old policy let it resolve is not the new one's to keep.
+                # What the old policy let it resolve is not the new one's to keep;
+                # and from now on it answers by the new one (before the rules
+                # swap: an answer the old one allowed must not land in the new
+                # set; one the new allows landing in the old set is lost with it).
                 resolver.answered.clear()
+                resolver.policy = egress
             if not self.enabled:
                 return  # loopback only: nothing leaves whatever the policy says
             try:
                 await self._apply_rules(machine_id, tap=self._has_tap(machine_id))
             except BaseException:
                 self._write_egress(machine_id, before)
+                if resolver is not None:
+                    resolver.policy = before
                 raise
             await self._serve_names(machine_id, egress)
 
     async def _serve_names(self, machine_id: str, egress: EgressPolicy) -> None:
         """Start, update or stop the machine's resolver for ``egress``."""
         resolver = self._resolvers.get(machine_id)
+        address = self._slirp_dns(machine_id)
+        if address is not None and self.enabled:
+            # slirp4netns's forwarder asks there whatever the policy.
+            if resolver is None:
+                resolver = self._resolver(machine_id, egress, host_address=address)
+                await resolver.start()  # an adoption: the address is this machine's
+                self._resolvers[machine_id] = resolver
+            resolver.policy = egress
+            return
         if not self.enabled or not egress.has_names:
             if resolver is not None:
                 del self._resolvers[machine_id]
@@ -283,15 +311,60 @@ class NetworkManager:
         if resolver is not None:
             resolver.policy = egress
             return
-        path = self.netns_path(machine_id)
-        tap = self._has_tap(machine_id)
-
-        async def allow(records: list[tuple[str, int]]) -> None:
-            await self._load(path, resolved_batch(records, tap=tap))
-
-        resolver = Resolver(path, egress, (self._upstream(), 53), allow)
+        resolver = self._resolver(machine_id, egress)
         await resolver.start()
         self._resolvers[machine_id] = resolver
+
+    def _resolver(
+        self, machine_id: str, egress: EgressPolicy, *, host_address: str | None = None
+    ) -> Resolver:
+        path = self.netns_path(machine_id)
+
+        async def allow(records: list[tuple[str, int]]) -> None:
+            # Both tables once tap0 is there (gVisor's frames meet the netdev one).
+            await self._load(path, resolved_batch(records, tap=self._has_tap(machine_id)))
+
+        return Resolver(path, egress, (self._upstream(), 53), allow, host_address=host_address)
+
+    def _slirp_dns(self, machine_id: str) -> str | None:
+        """The host-loopback address the machine's slirp4netns sends its lookups
+        to (``None``: it asks the host's resolver, the sandbox has none of its own)."""
+        try:
+            text = (self.run_dir / machine_id / slirpdns.RESOLV_FILE).read_text()
+        except FileNotFoundError:
+            return None  # also one torn down meanwhile
+        return slirpdns.address_in(text)
+
+    async def _serve_slirp_dns(self, machine_id: str, egress: EgressPolicy) -> Path:
+        """Start the machine's resolver on a host-loopback address no other
+        machine holds, and write the file slirp4netns will see as its
+        ``/etc/resolv.conf`` (:mod:`.slirpdns`)."""
+        # Every machine directory's, also one still being set up or whose
+        # resolver is down until the node adopts it again.
+        taken = [
+            a
+            for file in self.run_dir.glob(f"*/{slirpdns.RESOLV_FILE}")
+            if file.parent.name != machine_id and (a := self._slirp_dns(file.parent.name))
+        ]
+        self.machine_dir(machine_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        failures: list[str] = []
+        for address in slirpdns.choose(machine_id, taken):
+            resolver = self._resolver(machine_id, egress, host_address=address)
+            try:
+                await resolver.start()
+            except NetworkError as exc:
+                failures.append(str(exc.__cause__ or exc))
+                continue  # held by something else on the host: the next one
+            self._resolvers[machine_id] = resolver
+            target = self.machine_dir(machine_id) / slirpdns.RESOLV_FILE
+            temporary = target.with_name(f".{slirpdns.RESOLV_FILE}.tmp")
+            temporary.write_text(slirpdns.resolv_conf(address))
+            temporary.replace(target)
+            return target
+        raise NetworkError(
+            f"no address on the host's loopback for {machine_id}'s resolver "
+            f"(is a DNS server bound to 0.0.0.0:53?): {'; '.join(failures[-2:])}"
+        )
 
     def _upstream(self) -> str:
         if self.dns_upstream is not None:
@@ -392,8 +465,17 @@ class NetworkManager:
     ) -> str:
         v4, v6 = hostcheck.host_addresses()
         egress = self.egress(machine_id)
+        podbay_dns = self._slirp_dns(machine_id) is not None
         return _rulesets(
-            tuple(v4), tuple(v6), self.extra_blocked, egress, self.budgets, replace, inet, tap
+            tuple(v4),
+            tuple(v6),
+            self.extra_blocked,
+            egress,
+            self.budgets,
+            replace,
+            inet,
+            tap,
+            podbay_dns,
         )
 
     async def _create(
@@ -402,6 +484,7 @@ class NetworkManager:
         source: Path | None = None,
         filtered: asyncio.Event | None = None,
         tapped: asyncio.Event | None = None,
+        resolv_conf: Path | None = None,
     ) -> int | None:
         directory = self.machine_dir(machine_id)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -452,7 +535,9 @@ class NetworkManager:
             if built.done() and built.exception() is not None:
                 await built  # raises
             up = asyncio.Event()
-            started = asyncio.ensure_future(self.slirps.start(directory, path, up=up))
+            started = asyncio.ensure_future(
+                self.slirps.start(directory, path, up=up, resolv_conf=resolv_conf)
+            )
             try:
                 await built
                 await until_set(up, started)
@@ -529,7 +614,10 @@ class NetworkManager:
                 # Died (or never recorded): stop any unrecorded one, start afresh.
                 for stray in slirp.find(path):
                     await self.slirps.stop(stray)
-                pid = await self.slirps.start(directory, path)
+                resolv_conf = directory / slirpdns.RESOLV_FILE
+                pid = await self.slirps.start(
+                    directory, path, resolv_conf=resolv_conf if resolv_conf.exists() else None
+                )
             # A new tap0 needs its cap and hook again; a live one gets fresh
             # addresses, and the cap the node now has.
             await self._shape(path)
@@ -598,10 +686,13 @@ def _rulesets(
     replace: bool,
     inet: bool,
     tap: bool,
+    podbay_dns: bool = False,
 ) -> str:
     """The batch for these host addresses: the same for every machine until the
     host's addresses change (merging the ranges costs each start a millisecond)."""
     args = (v4, v6, extra_blocked, egress)
     return (build_ruleset(*args, replace=replace, budgets=budgets) if inet else "") + (
-        build_tap_ruleset(*args, replace=replace, budgets=budgets) if tap else ""
+        build_tap_ruleset(*args, replace=replace, budgets=budgets, podbay_dns=podbay_dns)
+        if tap
+        else ""
     )

@@ -294,10 +294,22 @@ def resolved_batch(records: Iterable[tuple[str, int]], *, tap: bool) -> str:
     return batch
 
 
-def _dns(egress: EgressPolicy, indent: str = "\t\t") -> str:
+def _dns(egress: EgressPolicy, indent: str = "\t\t", *, podbay_dns: bool = False) -> str:
     """slirp's DNS forwarder answers every name: under a default-deny policy it
     would be a tunnel out, and under a policy naming domains a way round
-    podbay's resolver (gVisor's lookups, which never meet it, fail instead)."""
+    podbay's resolver.
+
+    With ``podbay_dns`` the forwarder asks podbay's resolver for this sandbox
+    (:mod:`.slirpdns`), which answers what the policy allows, over UDP and TCP:
+    its lookups pass whenever a name may be resolved. Port 53 only: libslirp
+    sends any port of 10.0.2.3 on to that host-loopback address."""
+    if podbay_dns:
+        if egress.default_deny and not egress.has_names:
+            return ""  # no name is the policy's to answer
+        return (
+            f'{indent}ip daddr {SLIRP_DNS} udp dport 53 counter accept comment "dns-podbay"\n'
+            f'{indent}ip daddr {SLIRP_DNS} tcp dport 53 counter accept comment "dns-podbay"\n'
+        )
     if egress.default_deny or egress.has_names:
         return ""
     return (
@@ -402,9 +414,12 @@ def build_tap_ruleset(
     *,
     replace: bool = False,
     budgets: Budgets = NO_BUDGETS,
+    podbay_dns: bool = False,
 ) -> str:
     """The same policy at ``tap0``'s egress hook: ``netdev podbay_tap`` (the
-    same parameters as :func:`build_ruleset` on purpose: one policy).
+    same parameters as :func:`build_ruleset` on purpose: one policy; and
+    ``podbay_dns`` when slirp4netns's DNS forwarder asks podbay's resolver,
+    :mod:`.slirpdns`).
 
     A sandbox with a network stack of its own (gVisor's netstack) sends through
     a packet socket on ``tap0``, which no ``inet`` hook sees; every frame still
@@ -421,7 +436,7 @@ def build_tap_ruleset(
 {sets}\tchain egress {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter; policy drop;
 \t\tether type arp accept
-{_dns(egress)}\t\tip daddr @blocked_v4 counter drop comment "blocked"
+{_dns(egress, podbay_dns=podbay_dns)}\t\tip daddr @blocked_v4 counter drop comment "blocked"
 {_egress_rules(egress, "ether type ip", ("counter drop",))}\t\tether type ip accept
 \t\tcounter drop comment "other"
 \t}}

@@ -109,7 +109,9 @@ class Slirps:
         self.ready_timeout = ready_timeout
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
-    def argv(self, netns: Path, ready_fd: int) -> list[str]:
+    def argv(self, netns: Path, ready_fd: int, resolv_conf: Path | None = None) -> list[str]:
+        """``resolv_conf``: a file slirp4netns is to see as ``/etc/resolv.conf``
+        (its DNS forwarder asks that file's first nameserver, :mod:`.slirpdns`)."""
         argv = [
             self.binary,
             "--configure",
@@ -118,6 +120,22 @@ class Slirps:
             "--netns-type=path",
             f"--ready-fd={ready_fd}",
         ]
+        if resolv_conf is not None:
+            # A mount namespace of its own (private throughout, so nothing
+            # propagates back to the host) with the file over /etc/resolv.conf
+            # (over its target, if a link); --enable-sandbox then binds /etc and
+            # /run recursively, the file with them. sh and mount exec in place:
+            # the pid stays slirp4netns's.
+            options = ("--enable-sandbox", "--enable-seccomp") if self.sandbox else ()
+            return [
+                *("unshare", "--mount", "--propagation", "private", "--"),
+                *("sh", "-c", 'mount --bind -- "$0" /etc/resolv.conf && exec "$@"'),
+                str(resolv_conf),
+                *argv,
+                *options,
+                str(netns),
+                TAP_NAME,
+            ]
         if not self.sandbox:
             return [*argv, str(netns), TAP_NAME]
         # --enable-sandbox makes "/" private (not recursively) in a mount namespace
@@ -135,16 +153,24 @@ class Slirps:
             TAP_NAME,
         ]
 
-    async def start(self, directory: Path, netns: Path, *, up: asyncio.Event | None = None) -> int:
+    async def start(
+        self,
+        directory: Path,
+        netns: Path,
+        *,
+        up: asyncio.Event | None = None,
+        resolv_conf: Path | None = None,
+    ) -> int:
         """Start one for ``netns``, record it in ``directory``, wait until tap0 is up
-        (then ``up`` is set) and its budget is applied."""
+        (then ``up`` is set) and its budget is applied. ``resolv_conf``: see
+        :meth:`argv`."""
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             with open(directory / LOG_FILE, "ab", buffering=0) as log:  # noqa: ASYNC230
                 # Its own session: no terminal signal or process-group kill of the
                 # node reaches it, and it outlives a node killed with SIGKILL.
                 proc = subprocess.Popen(  # noqa: ASYNC220 - must not be an asyncio child
-                    self.argv(netns, write_end),
+                    self.argv(netns, write_end, resolv_conf),
                     pass_fds=(write_end,),
                     stdin=subprocess.DEVNULL,
                     stdout=log,

@@ -293,7 +293,13 @@ class OciDriver(RecordKeepingDriver):
             if owned is None:
                 write_config()
                 return await self.network.setup(
-                    spec.machine_id, filtered=filtered, tapped=tapped, egress=spec.egress
+                    spec.machine_id,
+                    filtered=filtered,
+                    tapped=tapped,
+                    egress=spec.egress,
+                    # runsc's --network=sandbox: gVisor's netstack sends its
+                    # lookups on tap0, to slirp's forwarder.
+                    own_stack=not self.runc.passes_fds,
                 )
             await owned.open()
             write_config()
