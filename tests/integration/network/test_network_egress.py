@@ -225,6 +225,33 @@ def test_a_sandbox_with_its_own_stack_gets_a_loopback_address_of_its_own(
             free.bind((second, 53))
 
 
+def test_a_host_dns_server_on_every_address_leaves_names_closed_not_the_sandbox_down(
+    resolving: NetworkManager, runner: asyncio.Runner
+) -> None:
+    """With no host-loopback address free for its resolver (as when a DNS
+    server listens on 0.0.0.0:53), a gVisor sandbox's network still comes up:
+    its lookups stay with slirp's forwarder, which a policy naming domains
+    refuses at ``tap0`` (closed, never open), and an open one lets through."""
+    held = []
+    try:
+        for address in slirpdns.candidates("sbx"):
+            taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held.append(taken)
+            taken.bind((address, 53))
+        names = EgressPolicy.parse({"allow": ["allowed.test"]})
+        netns = runner.run(resolving.setup("sbx", own_stack=True, egress=names)).netns_path
+        assert not (resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE).exists()
+        tap = in_netns(netns, "nft", "list", "table", "netdev", "podbay_tap", sandbox=False)
+        assert tap.returncode == 0, tap.stderr
+        assert "dns-podbay" not in tap.stdout and "dns-udp" not in tap.stdout
+        runner.run(resolving.set_egress("sbx", OPEN))
+        tap = in_netns(netns, "nft", "list", "table", "netdev", "podbay_tap", sandbox=False)
+        assert "dns-udp" in tap.stdout, tap.stdout
+    finally:
+        for taken in held:
+            taken.close()
+
+
 def test_a_sandbox_holds_a_bounded_number_of_dns_connections(
     resolving: NetworkManager, runner: asyncio.Runner
 ) -> None:

@@ -94,8 +94,9 @@ def problems(
     if _wildcard_dns_server():
         found.append(
             "network: a server holds port 53 on 0.0.0.0, so gVisor sandboxes get no "
-            "address for podbay's resolver (127.112.0.0/12) and do not start: bind "
-            "it to its own addresses (dnsmasq: --bind-interfaces)"
+            "address for podbay's resolver (127.112.0.0/12): under a policy that "
+            "names domains no name resolves for them; bind that server to its own "
+            "addresses (dnsmasq: --bind-interfaces)"
         )
     return found + resolver_problems(Path("/etc/resolv.conf"), slirp_sandbox)
 

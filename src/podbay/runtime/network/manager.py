@@ -214,7 +214,7 @@ class NetworkManager:
                 resolv_conf = None
                 if own_stack and self.enabled:
                     # Listening before slirp4netns may forward its first lookup.
-                    resolv_conf = await self._serve_slirp_dns(machine_id, egress)
+                    resolv_conf = await self._slirp_dns_or_none(machine_id, egress)
                 pid = await self._create(machine_id, netns_source, filtered, tapped, resolv_conf)
                 await self._serve_names(machine_id, egress)
             except BaseException as exc:
@@ -334,6 +334,18 @@ class NetworkManager:
         except FileNotFoundError:
             return None  # also one torn down meanwhile
         return slirpdns.address_in(text)
+
+    async def _slirp_dns_or_none(self, machine_id: str, egress: EgressPolicy) -> Path | None:
+        """:meth:`_serve_slirp_dns`, or ``None`` when the host leaves it no
+        address (a DNS server listening on ``0.0.0.0:53``): the sandbox still
+        starts, its lookups go to slirp's own forwarder as before, and under a
+        policy that names domains the tap rules refuse that forwarder, so its
+        names stay closed rather than open (``check_host`` says why)."""
+        try:
+            return await self._serve_slirp_dns(machine_id, egress)
+        except NetworkError as exc:
+            log.warning("network of %s: domain rules closed for it: %s", machine_id, exc)
+            return None
 
     async def _serve_slirp_dns(self, machine_id: str, egress: EgressPolicy) -> Path:
         """Start the machine's resolver on a host-loopback address no other
