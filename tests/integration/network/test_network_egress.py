@@ -243,7 +243,8 @@ def test_a_host_dns_server_on_every_address_leaves_names_closed_not_the_sandbox_
         assert not (resolving.machine_dir("sbx") / slirpdns.RESOLV_FILE).exists()
         tap = in_netns(netns, "nft", "list", "table", "netdev", "podbay_tap", sandbox=False)
         assert tap.returncode == 0, tap.stderr
-        assert "dns-podbay" not in tap.stdout and "dns-udp" not in tap.stdout
+        assert "dns-podbay" not in tap.stdout
+        assert "dns-udp" not in tap.stdout
         runner.run(resolving.set_egress("sbx", OPEN))
         tap = in_netns(netns, "nft", "list", "table", "netdev", "podbay_tap", sandbox=False)
         assert "dns-udp" in tap.stdout, tap.stdout
