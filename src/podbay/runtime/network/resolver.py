@@ -45,6 +45,8 @@ _MAX_MESSAGE = 4096
 
 #: Adds ``[(address, seconds)]`` to the sandbox's set; returns once in force.
 Allow = Callable[[list[tuple[str, int]]], Awaitable[None]]
+#: Told which allowed name an answer gave which IPv4 addresses (the audit's names).
+Named = Callable[[str, list[str]], None]
 
 
 def _address(path: Path, verb: str) -> None:
@@ -67,12 +69,18 @@ class _Protocol(asyncio.DatagramProtocol):
 
 class Resolver:
     def __init__(
-        self, netns_path: Path, policy: EgressPolicy, upstream: tuple[str, int], allow: Allow
+        self,
+        netns_path: Path,
+        policy: EgressPolicy,
+        upstream: tuple[str, int],
+        allow: Allow,
+        named: Named | None = None,
     ) -> None:
         self.netns_path = netns_path
         self.policy = policy
         self.upstream = upstream
         self.allow = allow
+        self.named = named
         #: Addresses answered, with when they expire (monotonic): what a
         #: reload of the rules puts back into the fresh set.
         self.answered: dict[str, float] = {}
@@ -126,6 +134,8 @@ class Resolver:
             log.info("resolver %s: upstream failed for %s: %s", self.netns_path, asked.name, exc)
             return
         records = [(a, min(max(ttl, MIN_TTL), MAX_TTL)) for a, ttl in dnswire.a_records(answer)]
+        if records and self.named is not None:
+            self.named(asked.name, [address for address, _ in records])
         if records and self.policy.default_deny:  # an open default lets them out anyway
             await self.allow(records)
             now = time.monotonic()
