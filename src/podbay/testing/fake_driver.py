@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.runtime.base import (
     Capabilities,
     DriverError,
@@ -196,6 +196,11 @@ class FakeDriver:
         self.calls.append(("set_egress", machine_id))
         m = self._get(machine_id)
         m.spec = replace(m.spec, egress=egress)
+
+    async def egress_audit(self, machine_id: str) -> list[EgressDestination]:
+        self.calls.append(("egress_audit", machine_id))
+        self._get(machine_id)
+        return []
 
     async def state(self, machine_id: str) -> MachineState:
         m = self.machines.get(machine_id)

@@ -16,6 +16,7 @@ from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    EgressAudit,
     NetworkPolicy,
     Preparing,
     SandboxList,
@@ -25,7 +26,7 @@ from podbay.wire.control import (
 from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 
 from .. import views
-from ..services.options import egress_of, label_filter, network_doc, options_of
+from ..services.options import egress_of, egress_row, label_filter, network_doc, options_of
 from ..services.sandboxes import check_name
 from ..tokens import bearer
 
@@ -126,6 +127,15 @@ async def put_network(request: Request) -> Response:
     return _json(network_doc(policy))
 
 
+async def get_egress(request: Request) -> Response:
+    """The sandbox's egress audit: destinations reached or refused lately."""
+    platform = request.app.state.platform
+    rows = await platform.sandboxes.egress_audit(
+        await _deployment(request), request.path_params["name"]
+    )
+    return _json(EgressAudit(destinations=[egress_row(row) for row in rows]))
+
+
 async def share(request: Request) -> Response:
     """A signed, expiring URL for one port of the sandbox, for a person to open."""
     platform = request.app.state.platform
@@ -161,5 +171,6 @@ routes = [
     Route(SANDBOXES + "/{name}/stop", stop, methods=["POST"]),
     Route(SANDBOXES + "/{name}/network", get_network, methods=["GET"]),
     Route(SANDBOXES + "/{name}/network", put_network, methods=["PUT"]),
+    Route(SANDBOXES + "/{name}/egress", get_egress, methods=["GET"]),
     Route(SANDBOXES + "/{name}/ports/{port}/share", share, methods=["POST"]),
 ]

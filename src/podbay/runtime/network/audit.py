@@ -35,8 +35,9 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from ...domain.egress import EgressDestination as Destination
 from .policy import KERNEL_MARK, TAP_NAME
 
 __all__ = [
@@ -63,7 +64,6 @@ SIZE = 4096
 NAMES = 4096
 
 Key = tuple[str, str, int]
-Verdict = Literal["reached", "refused"]
 
 
 def _set(name: str) -> str:
@@ -177,21 +177,6 @@ def parse_sets(text: str) -> dict[str, dict[Key, Counted]]:
     return found
 
 
-@dataclass(frozen=True)
-class Destination:
-    address: str
-    port: int
-    protocol: str
-    #: What podbay's resolver last answered with this address; None when it
-    #: answered none (an open policy has no resolver).
-    name: str | None
-    verdict: Verdict
-    packets: int
-    bytes: int
-    #: Unix time of the last packet to this destination (any verdict), to the second.
-    last_seen: float
-
-
 def _sum(tables: Iterable[Mapping[Key, Counted]]) -> dict[Key, Counted]:
     total: dict[Key, Counted] = {}
     for table in tables:
@@ -223,21 +208,19 @@ def destinations(
         address, protocol, port = key
         tried = attempted.get(key, Counted(0, 0, 0))
         passed = reached.get(key, Counted(0, 0, 0))
-        seen = now - TIMEOUT + max(tried.expires, passed.expires)
-
-        def row(verdict: Verdict, packets: int, size: int) -> Destination:
-            return Destination(
-                address, port, protocol, names.get(address), verdict, packets, size, round(seen)
-            )
-
+        seen = round(now - TIMEOUT + max(tried.expires, passed.expires))
+        name = names.get(address)
         if passed.packets:
-            rows.append(row("reached", passed.packets, passed.bytes))
+            rows.append(
+                Destination(
+                    address, port, protocol, name, "reached", passed.packets, passed.bytes, seen
+                )
+            )
         # A reached set that was full while the attempted one had room (or the
         # other way round) makes the difference negative: nothing refused then.
         if tried.packets > passed.packets:
-            rows.append(
-                row("refused", tried.packets - passed.packets, max(0, tried.bytes - passed.bytes))
-            )
+            packets, size = tried.packets - passed.packets, max(0, tried.bytes - passed.bytes)
+            rows.append(Destination(address, port, protocol, name, "refused", packets, size, seen))
     rows.sort(key=lambda d: (-d.bytes, d.address, d.port, d.protocol, d.verdict))
     return rows
 
