@@ -119,6 +119,8 @@ class FakeDriver:
         self.start_delay = 0.0
         self.calls: list[tuple[str, str]] = []
         self.prepared = False
+        #: What egress_audit answers, per machine id (the fake sends nothing).
+        self.audits: dict[str, list[EgressDestination]] = {}
 
     async def prepare(self) -> None:
         self.prepared = True
@@ -200,7 +202,7 @@ class FakeDriver:
     async def egress_audit(self, machine_id: str) -> list[EgressDestination]:
         self.calls.append(("egress_audit", machine_id))
         self._get(machine_id)
-        return []
+        return list(self.audits.get(machine_id, []))
 
     async def state(self, machine_id: str) -> MachineState:
         m = self.machines.get(machine_id)

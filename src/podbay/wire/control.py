@@ -41,7 +41,7 @@ class EgressDestination:
     port: int
     #: ``tcp``, ``udp``, ``icmp``, or the protocol's number.
     protocol: str
-    #: The name podbay's resolver last answered with this address; null when
+    #: The name podbay's resolver last answered with this address; absent when
     #: none did (a policy without domain names has no resolver; gVisor's
     #: lookups never meet it).
     name: str | None = None

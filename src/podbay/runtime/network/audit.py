@@ -208,7 +208,7 @@ def destinations(
         address, protocol, port = key
         tried = attempted.get(key, Counted(0, 0, 0))
         passed = reached.get(key, Counted(0, 0, 0))
-        seen = round(now - TIMEOUT + max(tried.expires, passed.expires))
+        seen = float(round(now - TIMEOUT + max(tried.expires, passed.expires)))
         name = names.get(address)
         if passed.packets:
             rows.append(
