@@ -452,9 +452,10 @@ class SandboxService:
         self, deployment: Deployment, name: str
     ) -> builtins.list[EgressDestination]:
         """Where the sandbox sent lately (docs/network.md, "Audit"): kept in its
-        running machine's network, so none while it does not run."""
+        machine's network namespace, which a suspended machine keeps and a
+        stopped one has not (none then)."""
         row = await self.get(deployment, name)
-        if row.state is not S.RUNNING:
+        if row.state not in (S.RUNNING, S.SUSPENDED):
             return []
         node = self.nodes.of(row)  # refuses a sandbox whose node is lost
         try:
