@@ -223,6 +223,13 @@ def _matches(name: str, entries: Iterable[str]) -> bool:
 OPEN = EgressPolicy()
 
 
+#: Seconds a destination stays in a sandbox's egress audit after its last packet.
+AUDIT_SECONDS = 3600
+#: Destinations (address, protocol, port) the audit holds at each hook; once
+#: full, new ones go unrecorded until old ones expire.
+AUDIT_SIZE = 4096
+
+
 @dataclass(frozen=True)
 class EgressDestination:
     """One row of a sandbox's egress audit (docs/network.md, "Audit"): a

@@ -59,6 +59,9 @@ class EgressAudit:
     busiest first; empty while it does not run."""
 
     destinations: list[EgressDestination] = field(default_factory=list)
+    #: As many destinations as the audit holds (4096 at a hook): newer ones
+    #: may be missing until older ones expire (an hour after their last packet).
+    full: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _nethelpers import NetLab, probe
+from _nethelpers import PROBE_PYTHON, NetLab, in_netns, probe
 from test_network_egress import REFUSED, lookup, serving, to_testhost
 
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network import NetworkManager
-from podbay.runtime.network.audit import Destination
+from podbay.runtime.network.audit import SIZE, Destination
 
 
 @pytest.fixture
@@ -65,3 +65,42 @@ def test_reached_and_refused_destinations_are_audited_with_their_names(
     assert _row(adopted, other, 81, "refused").packets == refused.packets
     runner.run(audited.teardown("sbx"))
     assert runner.run(audited.audit("sbx")) == []
+
+
+FLOOD = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+address, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+refused = 0
+for port in range(first, first + count):
+    try:
+        s.sendto(b"x", (address, port))
+    except OSError:
+        refused += 1
+print(refused)
+"""
+
+
+def test_a_full_audit_records_no_more_and_refuses_as_before(
+    audited: NetworkManager, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    """A sandbox that tries more destinations than the audit holds fills it:
+    later refused ones go unrecorded, while what it reaches still is (the
+    reached set has its own room), and the policy refuses and allows exactly
+    as before (the audit's rules carry no verdict)."""
+    other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
+    policy = EgressPolicy.parse({"allow": [testnet.testhost_address]})
+    netns = runner.run(audited.setup("sbx", egress=policy)).netns_path
+    done = in_netns(netns, PROBE_PYTHON, "-I", "-c", FLOOD, other, "1024", str(SIZE + 100))
+    assert done.returncode == 0, done.stderr
+    rows = runner.run(audited.audit("sbx"))
+    assert len(rows) == SIZE
+    assert {r.verdict for r in rows} == {"refused"}
+    results = probe(netns, [("tcp", other, 81, ""), to_testhost(testnet)])
+    assert results[0][0] in REFUSED
+    assert results[1][0] == "connected:testhost\n"
+    after = runner.run(audited.audit("sbx"))
+    assert not [r for r in after if r.port == 81]
+    [reached] = [r for r in after if r.verdict == "reached"]
+    assert reached.address == testnet.testhost_address
+    assert len(after) == SIZE + 1

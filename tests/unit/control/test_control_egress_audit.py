@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from platform_harness import build_harness, make_settings
 
-from podbay.domain.egress import EgressDestination
+from podbay.domain.egress import AUDIT_SIZE, EgressDestination
 
 pytestmark = pytest.mark.anyio
 EGRESS = "/api/v1/sandboxes/{}/egress"
@@ -51,7 +51,8 @@ async def test_a_running_sandbox_answers_its_machines_audit(h):
                 "bytes": 84,
                 "last_seen": "2023-11-14T22:13:22.000Z",
             },
-        ]
+        ],
+        "full": False,
     }
 
 
@@ -74,3 +75,17 @@ async def test_a_suspended_sandbox_answers_its_audit_an_unknown_one_is_404(h):
     r = await h.call("GET", EGRESS.format("Bad_Name!"), token)
     assert r.status_code in (400, 404)
     assert r.json()["code"]
+
+
+async def test_an_audit_that_holds_its_size_says_it_is_full(h):
+    token = await h.deployment()
+    assert (await h.attach(token, "s")).status_code == 200
+    (machine,) = h.driver.machines.values()
+    h.driver.audits[machine.spec.machine_id] = [
+        EgressDestination("203.0.113.5", port, "udp", None, "refused", 1, 29, 1.7e9)
+        for port in range(AUDIT_SIZE)
+    ]
+    r = await h.call("GET", EGRESS.format("s"), token)
+    assert r.status_code == 200, r.text
+    assert r.json()["full"] is True
+    assert len(r.json()["destinations"]) == AUDIT_SIZE

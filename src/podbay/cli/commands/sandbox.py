@@ -174,6 +174,8 @@ def egress(name: str, conn: Connection) -> None:
             ["VERDICT", "NAME", "ADDRESS", "PORT", "PROTOCOL", "PACKETS", "BYTES", "LAST SEEN"],
             data=audit,
         )
+        if audit.full and not out.as_json:
+            out.info("the audit is full: newer destinations may be missing until older ones expire")
 
 
 def _options_shown(record: SandboxRecord) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from starlette.routing import Route
 from podbay.dataplane.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.dataplane.environment_seam import Building
 from podbay.domain import Deployment
+from podbay.domain.egress import AUDIT_SIZE
 from podbay.errors import ApiError
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
@@ -133,7 +134,10 @@ async def get_egress(request: Request) -> Response:
     rows = await platform.sandboxes.egress_audit(
         await _deployment(request), request.path_params["name"]
     )
-    return _json(EgressAudit(destinations=[egress_row(row) for row in rows]))
+    # Any set that is full holds AUDIT_SIZE destinations, so at least as many
+    # distinct ones are listed (a sandbox's packets meet one hook or the other).
+    full = len({(r.address, r.protocol, r.port) for r in rows}) >= AUDIT_SIZE
+    return _json(EgressAudit(destinations=[egress_row(row) for row in rows], full=full))
 
 
 async def share(request: Request) -> Response:

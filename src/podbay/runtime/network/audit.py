@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...domain.egress import AUDIT_SECONDS, AUDIT_SIZE
 from ...domain.egress import EgressDestination as Destination
 from .policy import KERNEL_MARK, TAP_NAME
 
@@ -57,9 +58,9 @@ __all__ = [
 TABLE = "podbay_audit"
 TAP_TABLE = "podbay_audit_tap"
 #: Seconds a destination stays in the audit after its last packet.
-TIMEOUT = 3600
+TIMEOUT = AUDIT_SECONDS
 #: Destinations (address, protocol, port) a set holds at most per hook.
-SIZE = 4096
+SIZE = AUDIT_SIZE
 #: Addresses the resolver's answers are remembered for, per sandbox.
 NAMES = 4096
 
