@@ -5,6 +5,9 @@ sandboxes of every class are in test_network_audit_sandbox.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import select
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +107,62 @@ def test_a_full_audit_records_no_more_and_refuses_as_before(
     [reached] = [r for r in after if r.verdict == "reached"]
     assert reached.address == testnet.testhost_address
     assert len(after) == SIZE + 1
+
+
+#: What gVisor's netstack does: an Ethernet frame written to tap0 through a
+#: packet socket, which no inet hook sees (only tap0's egress hook does).
+RAW_FRAME = """
+import socket, struct, sys
+address, port = sys.argv[1], int(sys.argv[2])
+def checksum(data):
+    total = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+udp = struct.pack("!HHHH", 40000, port, 13, 0) + b"frame"
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0,
+                 socket.inet_aton("10.0.2.100"), socket.inet_aton(address))
+ip = ip[:10] + struct.pack("!H", checksum(ip)) + ip[12:]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("tap0", 0))
+try:
+    s.send(b"\\xff" * 6 + b"\\x02\\x00\\x00\\x00\\x00\\x01" + b"\\x08\\x00" + ip + udp)
+except OSError:
+    pass  # ENOBUFS: dropped at tap0's egress hook (a refusal)
+"""
+
+
+def send_frame(netns: Path, address: str, port: int) -> None:
+    done = in_netns(netns, PROBE_PYTHON, "-I", "-c", RAW_FRAME, address, str(port), sandbox=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_frames_on_tap0_are_audited_also_after_slirp_restarted(
+    audited: NetworkManager, runner: asyncio.Runner, testnet: NetLab
+) -> None:
+    """A user-space stack's frames (gVisor's) meet ``netdev podbay_audit_tap``;
+    when slirp4netns died and ``adopt`` started a new one (a new tap0), the
+    audit's chains hold on the new device and its sets kept their counts."""
+    handle = runner.run(audited.setup("sbx"))
+    blocked = "10.0.0.1"  # private: refused by the platform at tap0 too
+    send_frame(handle.netns_path, testnet.testhost_address, 9001)
+    send_frame(handle.netns_path, blocked, 9001)
+    rows = runner.run(audited.audit("sbx"))
+    assert _row(rows, testnet.testhost_address, 9001, "reached").packets == 1
+    assert _row(rows, blocked, 9001, "refused").packets == 1
+    assert handle.slirp_pid is not None
+    pidfd = os.pidfd_open(handle.slirp_pid)
+    try:
+        os.kill(handle.slirp_pid, signal.SIGKILL)
+        # Readable once it has exited (its tap0 gone with it).
+        assert select.select([pidfd], [], [], 30)[0]
+    finally:
+        os.close(pidfd)
+    again = runner.run(audited.adopt("sbx"))
+    assert again is not None
+    assert again.slirp_pid != handle.slirp_pid
+    send_frame(handle.netns_path, testnet.testhost_address, 9002)
+    send_frame(handle.netns_path, blocked, 9002)
+    rows = runner.run(audited.audit("sbx"))
+    assert _row(rows, testnet.testhost_address, 9001, "reached").packets == 1
+    assert _row(rows, testnet.testhost_address, 9002, "reached").packets == 1
+    assert _row(rows, blocked, 9002, "refused").packets == 1
