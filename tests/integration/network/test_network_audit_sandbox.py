@@ -86,7 +86,7 @@ def test_a_real_sandbox_audits_what_it_reached_and_was_refused(
     results = oci_session.run(
         asyncio.to_thread(probe_inside, m, [testhost, ("tcp", other, 81, "")])
     )
-    assert results[0][0] == "connected:testhost\n"
+    assert results[0][0] == "connected:testhost\n", results
     assert results[1][0] in {"ECONNREFUSED", "timeout"}
     rows = oci_session.run(driver.egress_audit(m.id))
     reached = one(rows, testnet.testhost_address, testnet.testhost_port, "reached")
