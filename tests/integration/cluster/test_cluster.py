@@ -324,7 +324,7 @@ def test_the_egress_audit_is_read_on_the_sandboxs_node(
     cluster: LocalCluster, client: SandboxClient
 ) -> None:
     """``GET .../egress`` through a control replica asks the node that holds the
-    sandbox (``GET /node/v1/machines/{class}/{machine}/egress``)."""
+    sandbox (``GET /internal/v1/machines/{class}/{machine}/egress``)."""
     name = f"c-audit-{uuid.uuid4().hex[:8]}"
     connect = "import socket, sys; socket.create_connection((sys.argv[1], 80), timeout=5)"
     client.attach(name, network=NetworkPolicy(deny=["192.0.2.0/24"]))
