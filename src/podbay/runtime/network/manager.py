@@ -276,7 +276,10 @@ class NetworkManager:
                     continue
             return listed
 
-        texts = await netns.in_fresh_thread(enter_and_list)
+        try:
+            texts = await netns.in_fresh_thread(enter_and_list)
+        except OSError:
+            return []  # torn down meanwhile (a stop): no namespace, no audit
         book = self._names.get(machine_id)
         names = book.names() if book is not None else {}
         return destinations([parse_sets(t) for t in texts], names, time.time())
