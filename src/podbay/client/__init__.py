@@ -67,6 +67,8 @@ _EXPORTS: dict[str, str] = {
     "SandboxHandle": "podbay.client._models",
     "SandboxRecord": "podbay.client._models",
     "NetworkPolicy": "podbay.client._models",
+    "EgressAudit": "podbay.client._models",
+    "EgressDestination": "podbay.client._models",
     "Preparing": "podbay.client._models",
     "BuildStep": "podbay.client._models",
     "Metrics": "podbay.client._models",

@@ -31,6 +31,7 @@ from podbay.wire import codec, paths
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    EgressAudit,
     NetworkPolicy,
     Preparing,
     SandboxHandle,
@@ -233,6 +234,10 @@ class Core:
         if policy is None:
             return self._control("GET", paths.sandbox_network_path(name))
         return self._control("PUT", paths.sandbox_network_path(name), json=codec.encode(policy))
+
+    def egress_request(self, name: str) -> httpx.Request:
+        """``GET`` the sandbox's egress audit."""
+        return self._control("GET", paths.sandbox_egress_path(name))
 
     # Its parameters are the face's _data's on purpose: _data (each face, I/O)
     # re-attaches and retries, this builds the one request it sends.
@@ -530,6 +535,9 @@ class Core:
 
     def parse_network(self, response: httpx.Response) -> NetworkPolicy:
         return self.expect(response, NetworkPolicy, 200)
+
+    def parse_egress(self, response: httpx.Response) -> EgressAudit:
+        return self.expect(response, EgressAudit, 200)
 
     def parse_records(self, response: httpx.Response) -> list[SandboxRecord]:
         return self.expect(response, SandboxList, 200).sandboxes

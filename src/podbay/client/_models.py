@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from podbay.wire.control import BuildStep, NetworkPolicy, Preparing, SandboxHandle, SandboxRecord
+from podbay.wire.control import (
+    BuildStep,
+    EgressAudit,
+    EgressDestination,
+    NetworkPolicy,
+    Preparing,
+    SandboxHandle,
+    SandboxRecord,
+)
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 from podbay.wire.observe import (
     CommandEntry,
@@ -91,6 +99,8 @@ __all__ = [
     "CommandEntry",
     "CommandList",
     "DirEntry",
+    "EgressAudit",
+    "EgressDestination",
     "EventList",
     "ExecEvent",
     "ExecResult",

@@ -29,7 +29,7 @@ from podbay.dataplane.classes import ClassRuntimes
 from podbay.dataplane.environment_seam import Building, Prepared
 from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Deployment, Sandbox
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.runtime.base import MachineState, ObservedMachine
 from podbay.runtime.transfer import Received
 from podbay.wire.observe import CommandEntry, MetricSample
@@ -93,6 +93,11 @@ class Node(Protocol):
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         """Change where the machine may send packets: recorded for its later
         starts and, while it runs, in force when this returns."""
+        ...
+
+    async def egress_audit(self, class_: str, machine_id: str) -> list[EgressDestination]:
+        """The machine's egress audit (docs/network.md, "Audit"); none while
+        its network is down."""
         ...
 
     async def adopt(self) -> dict[str, list[ObservedMachine]]:

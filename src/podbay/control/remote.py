@@ -30,7 +30,7 @@ from podbay.dataplane.environment_seam import Building, Prepared
 from podbay.dataplane.oom import OomTally
 from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Deployment, Sandbox
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.domain.node import NodeRecord
 from podbay.errors import ApiError
 from podbay.runtime.base import MachineState, ObservedMachine
@@ -196,6 +196,10 @@ class RemoteNode:
 
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         await self._call("PUT", f"/machines/{class_}/{machine_id}/egress", egress.to_doc())
+
+    async def egress_audit(self, class_: str, machine_id: str) -> list[EgressDestination]:
+        doc = await self._call("GET", f"/machines/{class_}/{machine_id}/egress")
+        return [EgressDestination.from_doc(d) for d in doc["destinations"]]
 
     async def state(self, class_: str, machine_id: str) -> MachineState:
         doc = await self._call("GET", f"/machines/{class_}/{machine_id}")

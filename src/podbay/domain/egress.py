@@ -20,6 +20,7 @@ with a code naming what is wrong (:class:`~podbay.errors.ApiError`).
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -220,3 +221,47 @@ def _matches(name: str, entries: Iterable[str]) -> bool:
 
 
 OPEN = EgressPolicy()
+
+
+#: Seconds a destination stays in a sandbox's egress audit after its last packet.
+AUDIT_SECONDS = 3600
+#: Destinations (address, protocol, port) the audit holds at each hook; once
+#: full, new ones go unrecorded until old ones expire.
+AUDIT_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class EgressDestination:
+    """One row of a sandbox's egress audit (docs/network.md, "Audit"): a
+    destination it reached, or was refused, lately."""
+
+    address: str
+    port: int
+    #: ``tcp``, ``udp``, ``icmp``, or the protocol's number.
+    protocol: str
+    #: What podbay's resolver last answered with this address; None when it
+    #: answered none (no resolver under a policy without names, or on gVisor).
+    name: str | None
+    #: ``reached`` or ``refused``.
+    verdict: str
+    packets: int
+    bytes: int
+    #: Unix time of the last packet to this destination (whichever verdict).
+    last_seen: float
+
+    def to_doc(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> EgressDestination:
+        name = doc.get("name")
+        return cls(
+            address=str(doc["address"]),
+            port=int(doc["port"]),
+            protocol=str(doc["protocol"]),
+            name=None if name is None else str(name),
+            verdict=str(doc["verdict"]),
+            packets=int(doc["packets"]),
+            bytes=int(doc["bytes"]),
+            last_seen=float(doc["last_seen"]),
+        )

@@ -190,6 +190,14 @@ async def machine_egress(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def machine_egress_audit(request: Request) -> Response:
+    node = await _authorized(request)
+    class_ = _class(node, request.path_params["class_"])
+    machine = _machine(request.path_params["machine"])
+    rows = await node.node.egress_audit(class_, machine)
+    return JSONResponse({"destinations": [row.to_doc() for row in rows]})
+
+
 async def machine_state(request: Request) -> Response:
     node = await _authorized(request)
     class_ = _class(node, request.path_params["class_"])
@@ -339,6 +347,7 @@ routes = [
     Route(f"{P}/machines", machines, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}", machine_state, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/egress", machine_egress, methods=["PUT"]),
+    Route(f"{P}/machines/{{class_}}/{{machine}}/egress", machine_egress_audit, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/{{action}}", machine_action, methods=["POST"]),
     Route(f"{P}/moves/receive", receive, methods=["POST"]),
     Route(f"{nodeapi.DISKS}/{{class_}}/{{machine}}", disk, methods=["GET"]),

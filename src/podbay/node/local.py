@@ -24,7 +24,7 @@ from podbay.dataplane.oom import OomTally
 from podbay.dataplane.orders import Launch, Transfer
 from podbay.dataplane.routes import RouteTable
 from podbay.domain import Deployment, Sandbox
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.errors import ApiError, DriverError, PodbayError
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import (
@@ -160,6 +160,9 @@ class LocalNode:
 
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         await self.driver(class_).set_egress(machine_id, egress)
+
+    async def egress_audit(self, class_: str, machine_id: str) -> list[EgressDestination]:
+        return await self.driver(class_).egress_audit(machine_id)
 
     async def adopt(self) -> dict[str, list[ObservedMachine]]:
         return {name: await driver.adopt() for name, driver in self.classes.running().items()}

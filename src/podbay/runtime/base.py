@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.errors import DriverError as DriverError  # re-exported: defined in the one tree
 from podbay.errors import MachineNotFound as MachineNotFound
 from podbay.host.machine import MACHINE_ID_PATTERN as MACHINE_ID_PATTERN
@@ -93,6 +93,11 @@ class Driver(Protocol):
     async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
         """Change where the machine may send packets: kept for every later start
         and, while it runs, in force when this returns."""
+
+    async def egress_audit(self, machine_id: str) -> list[EgressDestination]:
+        """The destinations the machine reached or was refused lately
+        (docs/network.md, "Audit"); none while its network is down."""
+        ...
 
     async def export_layer(self, machine_id: str, dest: Path) -> None:
         """Copy a stopped machine's own changes (its writable layer, deletions

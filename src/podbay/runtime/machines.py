@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.host import records, storage
 from podbay.host.image import Recipe
 from podbay.host.layout import Layout, MachineDirs
@@ -201,6 +201,9 @@ class RecordKeepingDriver(ABC):
             await asyncio.to_thread(self._save, dataclasses.replace(record, spec=spec))
             if self.network.active(machine_id):
                 await self.network.set_egress(machine_id, egress)
+
+    async def egress_audit(self, machine_id: str) -> list[EgressDestination]:
+        return await self.network.audit(machine_id)
 
     async def suspend(self, machine_id: str) -> None:
         await self._flip(machine_id, MachineState.RUNNING, MachineState.SUSPENDED)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from podbay.domain.egress import EgressPolicy
+from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.runtime.base import (
     Capabilities,
     DriverError,
@@ -119,6 +119,8 @@ class FakeDriver:
         self.start_delay = 0.0
         self.calls: list[tuple[str, str]] = []
         self.prepared = False
+        #: What egress_audit answers, per machine id (the fake sends nothing).
+        self.audits: dict[str, list[EgressDestination]] = {}
 
     async def prepare(self) -> None:
         self.prepared = True
@@ -196,6 +198,11 @@ class FakeDriver:
         self.calls.append(("set_egress", machine_id))
         m = self._get(machine_id)
         m.spec = replace(m.spec, egress=egress)
+
+    async def egress_audit(self, machine_id: str) -> list[EgressDestination]:
+        self.calls.append(("egress_audit", machine_id))
+        self._get(machine_id)
+        return list(self.audits.get(machine_id, []))
 
     async def state(self, machine_id: str) -> MachineState:
         m = self.machines.get(machine_id)

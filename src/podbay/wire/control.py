@@ -32,6 +32,39 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EgressDestination:
+    """One destination of a sandbox's egress audit (docs/network.md, "Audit")."""
+
+    #: IPv4 address (no IPv6 leaves a sandbox).
+    address: str
+    #: Destination port; 0 for a protocol without ports (ICMP).
+    port: int
+    #: ``tcp``, ``udp``, ``icmp``, or the protocol's number.
+    protocol: str
+    #: The name podbay's resolver last answered with this address; absent when
+    #: none did (a policy without domain names has no resolver; gVisor's
+    #: lookups never meet it).
+    name: str | None = None
+    verdict: Literal["reached", "refused"]
+    #: Packets and bytes the sandbox sent there (outbound only).
+    packets: int
+    bytes: int
+    #: The last packet to this destination, whichever verdict (to the second).
+    last_seen: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class EgressAudit:
+    """``GET /api/v1/sandboxes/{name}/egress``: where the sandbox sent lately,
+    busiest first; empty while it does not run."""
+
+    destinations: list[EgressDestination] = field(default_factory=list)
+    #: As many destinations as the audit holds (4096 at a hook): newer ones
+    #: may be missing until older ones expire (an hour after their last packet).
+    full: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttachRequest:
     """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""
 

@@ -284,6 +284,20 @@ def control_plane(server_url: str) -> dict[str, Any]:
                     params=name,
                 ),
             },
+            f"{one}/egress": {
+                "get": _op(
+                    "Destinations it reached or was refused lately, busiest first; empty "
+                    "while it does not run (docs/network.md, Audit)",
+                    {
+                        "200": {
+                            "description": "the audit",
+                            **_json(s.ref(control.EgressAudit)),
+                        }
+                    },
+                    [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOX_NODE_LOST],
+                    params=name,
+                ),
+            },
             f"{one}/stop": {
                 "post": _op(
                     "Suspend its compute early",

@@ -29,6 +29,10 @@ def sandbox_network_path(name: str) -> str:
     return f"{sandbox_path(name)}/network"
 
 
+def sandbox_egress_path(name: str) -> str:
+    return f"{sandbox_path(name)}/egress"
+
+
 # -- data plane (base URL = the handle's ``endpoint``) ------------------------
 INFO: Final = "/v1/info"
 #: The host's own call (``vm`` figures the host cannot read): not a client route.

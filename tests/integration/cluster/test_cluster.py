@@ -318,3 +318,24 @@ def test_an_egress_policy_travels_to_the_node_and_changes_there(
         assert "refused" in cut.stderr or "timed out" in cut.stderr, cut.stderr
     finally:
         client.delete(name)
+
+
+def test_the_egress_audit_is_read_on_the_sandboxs_node(
+    cluster: LocalCluster, client: SandboxClient
+) -> None:
+    """``GET .../egress`` through a control replica asks the node that holds the
+    sandbox (``GET /internal/v1/machines/{class}/{machine}/egress``)."""
+    name = f"c-audit-{uuid.uuid4().hex[:8]}"
+    connect = "import socket, sys; socket.create_connection((sys.argv[1], 80), timeout=5)"
+    client.attach(name, network=NetworkPolicy(deny=["192.0.2.0/24"]))
+    try:
+        assert client.exec(name, ["python3", "-c", connect, "192.0.2.1"]).exit_code != 0
+        rows = client.egress(name).destinations
+        refused = [
+            d for d in rows if (d.address, d.port, d.verdict) == ("192.0.2.1", 80, "refused")
+        ]
+        assert len(refused) == 1, rows
+        assert refused[0].protocol == "tcp"
+        assert refused[0].packets >= 1
+    finally:
+        client.delete(name)

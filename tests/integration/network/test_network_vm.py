@@ -145,6 +145,46 @@ def test_the_guest_resolves_only_allowed_names(
         session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
 
 
+def test_the_guests_egress_is_audited_with_names(
+    booted: Booted, testnet: NetLab, dnsmasq: str
+) -> None:
+    """QEMU's sockets are the namespace's kernel stack: ``inet podbay_audit``
+    counts them, and the names come from podbay's resolver, which QEMU's
+    forwarding of the guest's lookups meets."""
+    guest = AgentClient(booted.session.driver.agent_socket(booted.machine_id))
+    driver = booted.session.driver
+    driver.network.dns_upstream = dnsmasq
+    session = booted.session
+    other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
+    try:
+        session.run(
+            driver.set_egress(booted.machine_id, EgressPolicy.parse({"allow": ["allowed.test"]}))
+        )
+        looked_up = session.run(
+            asyncio.to_thread(
+                guest.exec,
+                ["sh", "-c", "getent ahostsv4 allowed.test | head -n1"],
+                timeout_ms=30_000,
+            )
+        )
+        assert looked_up.stdout.split()[0] == testnet.testhost_address
+        reached = session.run(
+            asyncio.to_thread(connect, guest, testnet.testhost_address, testnet.testhost_port)
+        )
+        assert reached == "testhost"
+        assert connect(guest, other, 81).startswith("failed")
+        rows = session.run(driver.egress_audit(booted.machine_id))
+        by_key = {(r.address, r.port, r.verdict): r for r in rows}
+        hit = by_key[(testnet.testhost_address, testnet.testhost_port, "reached")]
+        assert (hit.protocol, hit.name) == ("tcp", "allowed.test")
+        assert hit.bytes > 0
+        miss = by_key[(other, 81, "refused")]
+        assert miss.packets >= 1
+        assert miss.name is None
+    finally:
+        session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+
+
 def cgroups_of(pid: int) -> dict[str, str]:
     """Each controller's cgroup path of a process (``""``: the unified hierarchy)."""
     paths = {}

@@ -147,6 +147,37 @@ def network(
         out.value(policy, text)
 
 
+@command.command()
+@click.argument("name")
+@_options
+def egress(name: str, conn: Connection) -> None:
+    """Show where sandbox NAME sent lately: each destination it reached or was
+    refused, busiest first (kept an hour after its last packet; none while it
+    does not run; docs/network.md, "Audit")."""
+    with _session(conn) as (client, out):
+        audit = client.egress(name)
+        rows = [
+            [
+                d.verdict,
+                d.name or "-",
+                d.address,
+                d.port,
+                d.protocol,
+                d.packets,
+                d.bytes,
+                d.last_seen.strftime("%Y-%m-%d %H:%M:%S"),
+            ]
+            for d in audit.destinations
+        ]
+        out.table(
+            rows,
+            ["VERDICT", "NAME", "ADDRESS", "PORT", "PROTOCOL", "PACKETS", "BYTES", "LAST SEEN"],
+            data=audit,
+        )
+        if audit.full and not out.as_json:
+            out.info("the audit is full: newer destinations may be missing until older ones expire")
+
+
 def _options_shown(record: SandboxRecord) -> dict[str, Any]:
     """The create-time options the record has, for ``get``'s text."""
     shown: dict[str, Any] = {}

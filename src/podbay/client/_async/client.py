@@ -43,7 +43,13 @@ from podbay.wire import paths
 from podbay.wire.codec import dumps, loads
 from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import NetworkPolicy, Preparing, SandboxHandle, SandboxRecord
+from podbay.wire.control import (
+    EgressAudit,
+    NetworkPolicy,
+    Preparing,
+    SandboxHandle,
+    SandboxRecord,
+)
 from podbay.wire.data import (
     ChmodRequest,
     DirListing,
@@ -1284,6 +1290,17 @@ class AsyncSandboxClient:
     async def network(self, name: str) -> NetworkPolicy:
         """The sandbox's egress policy in force (``NetworkPolicy()``: open)."""
         return self._core.parse_network(await self._control(self._core.network_request(name)))
+
+    async def egress(self, name: str) -> EgressAudit:
+        """Where the sandbox sent lately: each destination it reached or was
+        refused (address, port, protocol, the name podbay's resolver gave it,
+        packets, bytes, last seen), busiest first; empty while it does not run.
+        See docs/network.md, "Audit".
+
+        >>> for d in (await client.egress("thread-42")).destinations:  # doctest: +SKIP
+        ...     print(d.verdict, d.name or d.address, d.port, d.bytes)
+        """
+        return self._core.parse_egress(await self._control(self._core.egress_request(name)))
 
     async def set_network(
         self,

@@ -11,11 +11,13 @@ from starlette.routing import Route
 from podbay.dataplane.credentials import MAX_SHARE_SECONDS, mint_share
 from podbay.dataplane.environment_seam import Building
 from podbay.domain import Deployment
+from podbay.domain.egress import AUDIT_SIZE
 from podbay.errors import ApiError
 from podbay.wire.codec import WireError, dumps, loads
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
+    EgressAudit,
     NetworkPolicy,
     Preparing,
     SandboxList,
@@ -25,7 +27,7 @@ from podbay.wire.control import (
 from podbay.wire.paths import PREFER_ASYNC, PREFER_HEADER, SANDBOXES
 
 from .. import views
-from ..services.options import egress_of, label_filter, network_doc, options_of
+from ..services.options import egress_of, egress_row, label_filter, network_doc, options_of
 from ..services.sandboxes import check_name
 from ..tokens import bearer
 
@@ -126,6 +128,18 @@ async def put_network(request: Request) -> Response:
     return _json(network_doc(policy))
 
 
+async def get_egress(request: Request) -> Response:
+    """The sandbox's egress audit: destinations reached or refused lately."""
+    platform = request.app.state.platform
+    rows = await platform.sandboxes.egress_audit(
+        await _deployment(request), request.path_params["name"]
+    )
+    # Any set that is full holds AUDIT_SIZE destinations, so at least as many
+    # distinct ones are listed (a sandbox's packets meet one hook or the other).
+    full = len({(r.address, r.protocol, r.port) for r in rows}) >= AUDIT_SIZE
+    return _json(EgressAudit(destinations=[egress_row(row) for row in rows], full=full))
+
+
 async def share(request: Request) -> Response:
     """A signed, expiring URL for one port of the sandbox, for a person to open."""
     platform = request.app.state.platform
@@ -161,5 +175,6 @@ routes = [
     Route(SANDBOXES + "/{name}/stop", stop, methods=["POST"]),
     Route(SANDBOXES + "/{name}/network", get_network, methods=["GET"]),
     Route(SANDBOXES + "/{name}/network", put_network, methods=["PUT"]),
+    Route(SANDBOXES + "/{name}/egress", get_egress, methods=["GET"]),
     Route(SANDBOXES + "/{name}/ports/{port}/share", share, methods=["POST"]),
 ]

@@ -18,13 +18,15 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from podbay.domain import Deployment, Sandbox, SandboxOptions
-from podbay.domain.egress import OPEN, EgressPolicy
+from podbay.domain.egress import OPEN, EgressDestination, EgressPolicy
 from podbay.errors import ApiError
 from podbay.settings import Settings
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import AttachRequest, NetworkPolicy
+from podbay.wire.control import EgressDestination as WireEgressDestination
 
 MAX_LABELS = 32
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
@@ -144,6 +146,20 @@ def egress_of(body: NetworkPolicy) -> EgressPolicy:
     if body.deny is not None:
         doc["deny"] = body.deny
     return EgressPolicy.parse(doc)
+
+
+def egress_row(row: EgressDestination) -> WireEgressDestination:
+    """One audit row as the wire has it."""
+    return WireEgressDestination(
+        address=row.address,
+        port=row.port,
+        protocol=row.protocol,
+        name=row.name,
+        verdict="reached" if row.verdict == "reached" else "refused",
+        packets=row.packets,
+        bytes=row.bytes,
+        last_seen=datetime.fromtimestamp(row.last_seen, UTC),
+    )
 
 
 def network_doc(policy: EgressPolicy) -> NetworkPolicy:

@@ -19,6 +19,7 @@ same rule (:mod:`.options`).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import re
@@ -31,10 +32,10 @@ from typing import TypeVar
 from podbay.dataplane.environment_seam import Building
 from podbay.dataplane.orders import Launch
 from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState, StartKind
-from podbay.domain.egress import OPEN, EgressPolicy
+from podbay.domain.egress import OPEN, EgressDestination, EgressPolicy
 from podbay.domain.options import NO_OPTIONS
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
-from podbay.errors import ApiError, DriverError
+from podbay.errors import ApiError, DriverError, MachineNotFound
 from podbay.runtime.classes import is_class_name
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
@@ -446,6 +447,21 @@ class SandboxService:
     async def network(self, deployment: Deployment, name: str) -> EgressPolicy:
         """The sandbox's egress policy in force."""
         return (await self.get(deployment, name)).options.network or OPEN
+
+    async def egress_audit(
+        self, deployment: Deployment, name: str
+    ) -> builtins.list[EgressDestination]:
+        """Where the sandbox sent lately (docs/network.md, "Audit"): kept in its
+        machine's network namespace, which a suspended machine keeps and a
+        stopped one has not (none then)."""
+        row = await self.get(deployment, name)
+        if row.state not in (S.RUNNING, S.SUSPENDED):
+            return []
+        node = self.nodes.of(row)  # refuses a sandbox whose node is lost
+        try:
+            return await node.egress_audit(row.class_, row.machine_id)
+        except MachineNotFound:
+            return []  # gone meanwhile (a stop): nothing runs, nothing to show
 
     async def set_network(self, deployment: Deployment, name: str, policy: EgressPolicy) -> None:
         """Put ``policy`` in force: recorded (every later start, carry-over and

@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ from ...domain.egress import OPEN, EgressPolicy
 from ...errors import NetworkError
 from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp, slirpdns
+from .audit import TABLE as AUDIT_TABLE
+from .audit import TAP_TABLE as AUDIT_TAP_TABLE
+from .audit import Destination, NameBook, audit_ruleset, destinations, parse_sets
 from .policy import (
     DISABLED_RESOLV_CONF,
     NO_BUDGETS,
@@ -127,6 +131,9 @@ class NetworkManager:
         self.dns_upstream = dns_upstream
         #: Per machine whose policy names domains: the resolver serving it.
         self._resolvers: dict[str, Resolver] = {}
+        #: Per machine: which name the resolver gave which address (the audit's
+        #: names; in memory: a node restart forgets them).
+        self._names: dict[str, NameBook] = {}
 
     # -- paths
 
@@ -263,6 +270,33 @@ class NetworkManager:
             return OPEN
         return EgressPolicy.from_json(text)
 
+    async def audit(self, machine_id: str) -> list[Destination]:
+        """The destinations the machine reached or was refused lately (see
+        :mod:`.audit`); none while it has no network (stopped, suspended with its
+        network gone, or loopback only)."""
+        path = self.netns_path(machine_id)
+        if not self.enabled or not netns.is_mounted(path):
+            return []
+
+        def enter_and_list() -> list[str]:
+            netns.enter(path)
+            listed = []
+            for family, table in (("inet", AUDIT_TABLE), ("netdev", AUDIT_TAP_TABLE)):
+                try:
+                    listed.append(nft.query(f"list table {family} {table}"))
+                except OSError:
+                    # Not there (yet): no tap0, or set up before the audit existed.
+                    continue
+            return listed
+
+        try:
+            texts = await netns.in_fresh_thread(enter_and_list)
+        except OSError:
+            return []  # torn down meanwhile (a stop): no namespace, no audit
+        book = self._names.get(machine_id)
+        names = book.names() if book is not None else {}
+        return destinations([parse_sets(t) for t in texts], names, time.time())
+
     async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
         """Put ``egress`` in force for a running machine: its rules are swapped in
         one transaction (no packet sees none), and kept by later reloads."""
@@ -324,7 +358,15 @@ class NetworkManager:
             # Both tables once tap0 is there (gVisor's frames meet the netdev one).
             await self._load(path, resolved_batch(records, tap=self._has_tap(machine_id)))
 
-        return Resolver(path, egress, (self._upstream(), 53), allow, host_address=host_address)
+        book = self._names.setdefault(machine_id, NameBook())
+        return Resolver(
+            path,
+            egress,
+            (self._upstream(), 53),
+            allow,
+            named=book.answered,
+            host_address=host_address,
+        )
 
     def _slirp_dns(self, machine_id: str) -> str | None:
         """The host-loopback address the machine's slirp4netns sends its lookups
@@ -502,7 +544,7 @@ class NetworkManager:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         directory.mkdir(mode=0o700, exist_ok=True)
         path = directory / _NETNS_FILE
-        rules = self._ruleset(machine_id) if self.enabled else None
+        rules = self._ruleset(machine_id) + audit_ruleset() if self.enabled else None
         loop = asyncio.get_running_loop()
         mounted: asyncio.Future[None] = loop.create_future()
 
@@ -555,7 +597,11 @@ class NetworkManager:
                 await until_set(up, started)
                 # tap0 exists now (slirp made it): its egress hook can be bound,
                 # and its queue shaped.
-                await self._load(path, self._ruleset(machine_id, inet=False, tap=True))
+                await self._load(
+                    path,
+                    self._ruleset(machine_id, inet=False, tap=True)
+                    + audit_ruleset(inet=False, tap=True),
+                )
                 await self._shape(path)
             except BaseException:
                 started.cancel()
@@ -634,6 +680,9 @@ class NetworkManager:
             # addresses, and the cap the node now has.
             await self._shape(path)
             await self._apply_rules(machine_id)
+            # Kept with its elements when there; made for a machine set up before
+            # the audit existed; bound again to a new tap0.
+            await self._load(path, audit_ruleset(inet=True, tap=True))
             await self._serve_names(machine_id, self.egress(machine_id))
         except (OSError, NetworkError) as exc:
             raise NetworkError(f"cannot adopt the network of {machine_id}: {exc}") from exc
@@ -650,6 +699,7 @@ class NetworkManager:
         resolver = self._resolvers.pop(machine_id, None)
         if resolver is not None:
             await resolver.close()
+        self._names.pop(machine_id, None)
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
         pids: set[int] = set()

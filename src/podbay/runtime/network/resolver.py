@@ -54,6 +54,8 @@ _STREAM_IDLE = 10.0
 
 #: Adds ``[(address, seconds)]`` to the sandbox's set; returns once in force.
 Allow = Callable[[list[tuple[str, int]]], Awaitable[None]]
+#: Told which allowed name an answer gave which IPv4 addresses (the audit's names).
+Named = Callable[[str, list[str]], None]
 
 
 def _address(path: Path, verb: str) -> None:
@@ -82,6 +84,7 @@ class Resolver:
         upstream: tuple[str, int],
         allow: Allow,
         *,
+        named: Named | None = None,
         host_address: str | None = None,
     ) -> None:
         self.netns_path = netns_path
@@ -91,6 +94,7 @@ class Resolver:
         self.policy = policy
         self.upstream = upstream
         self.allow = allow
+        self.named = named
         #: Addresses answered, with when they expire (monotonic): what a
         #: reload of the rules puts back into the fresh set.
         self.answered: dict[str, float] = {}
@@ -191,6 +195,8 @@ class Resolver:
             log.info("resolver %s: upstream failed for %s: %s", self.netns_path, asked.name, exc)
             return None
         records = [(a, min(max(ttl, MIN_TTL), MAX_TTL)) for a, ttl in dnswire.a_records(answer)]
+        if records and self.named is not None:
+            self.named(asked.name, [address for address, _ in records])
         if records and self.policy.default_deny:  # an open default lets them out anyway
             await self.allow(records)
             now = time.monotonic()
