@@ -258,12 +258,18 @@ class Slirps:
         return pid
 
     def reap(self) -> None:
-        for pid, proc in list(self._children.items()):
-            if proc.poll() is not None:
-                del self._children[pid]
+        for children in (self._children, _LEFT_RUNNING):
+            for pid, proc in list(children.items()):
+                if proc.poll() is not None:
+                    del children[pid]
 
     def forget(self) -> None:
-        """Drop the child handles without stopping anything (slirps outlive the node)."""
+        """Let go of the children without stopping anything (slirps outlive the
+        node). Their handles stay with this process (:data:`_LEFT_RUNNING`): a
+        handle collected while its child runs is a ResourceWarning, and a child
+        that ends later must still be reaped, by whichever manager of this
+        process (a node started again in it, a test) adopts or stops it."""
+        _LEFT_RUNNING.update(self._children)
         self._children.clear()
 
     async def stop(self, pid: int) -> None:
@@ -282,9 +288,13 @@ class Slirps:
                 await wait_readable(pidfd, 5.0)
         finally:
             os.close(pidfd)
-        proc = self._children.pop(pid, None)
+        proc = self._children.pop(pid, None) or _LEFT_RUNNING.pop(pid, None)
         if proc is not None:
             proc.wait()
+
+
+#: slirp4netns children of this process that a closed manager let go of.
+_LEFT_RUNNING: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def serves(pid: int, netns: Path) -> bool:
