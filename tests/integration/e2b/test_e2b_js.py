@@ -173,3 +173,28 @@ def test_js_code_interpreter(scenarios: Path, e2b_server: PlatformServer, key: s
     assert seen["bash"] == ["42\n"]
     assert (seen["contextCwd"], seen["contextOwnState"]) == ("'/tmp'", "False")
     assert (seen["contexts"], seen["contextsAfterRemove"]) == (True, False)
+
+
+def test_js_client_class_and_extras(scenarios: Path, e2b_server: PlatformServer, key: str) -> None:
+    seen = run_scenario(scenarios, "extras", e2b_server, key, "e2b-js")
+    first, second = seen["ids"]
+    assert seen["list"] == {
+        "default": [second, first],  # newest first, as E2B's API
+        "asc": [first, second],
+        "base": [first],
+        "own": [second],
+        "startedAfter": [second],
+    }
+    assert seen["gzip"] is True
+    assert seen["bodies"] == ["from a blob", "from a stream"]
+    # Signed URLs as the SDK hands them out, fetched without any header.
+    assert (seen["upload"], seen["uploaded"]) == (200, "uploaded by url")
+    assert seen["download"] == {"status": 200, "body": "uploaded by url"}
+    assert seen["tampered"] == 401  # a signature names its path
+    assert seen["commandTimeout"]["name"] == "TimeoutError"
+    assert seen["metrics"] == {
+        "timestamp": True,
+        "cpuCount": True,
+        "memTotal": True,
+        "diskTotal": True,
+    }
