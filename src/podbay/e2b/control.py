@@ -24,6 +24,7 @@ from podbay.store.e2b import E2BSandbox
 
 from . import hosts
 from .error_responses import E2BError, handlers, not_implemented
+from .list_query import ListQuery, list_query
 from .metrics import metric, unix_param
 from .network import e2b_view, policy_of, update_policy
 from .service import DEFAULT_TIMEOUT, MAX_TIMEOUT, E2BService, adopted
@@ -247,7 +248,9 @@ def _metadata_filter(raw: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
 
 
-async def _matching(request: Request, states: set[str]) -> list[dict[str, Any]]:
+async def _matching(
+    request: Request, states: set[str], query: ListQuery | None = None
+) -> list[dict[str, Any]]:
     service = _service(request)
     deployment = await _deployment(request)
     wanted = _metadata_filter(request.query_params.get("metadata"))
@@ -260,9 +263,12 @@ async def _matching(request: Request, states: set[str]) -> list[dict[str, Any]]:
     # when E2B's API first names it); one deleted there is gone here too.
     made = [rows.get(s.name) or adopted(s, now) for s in podbay.values()]
     out = []
-    for row in sorted(made, key=lambda r: (r.started_at, r.sandbox_id)):
+    newest_first = query is not None and query.newest_first
+    for row in sorted(made, key=lambda r: (r.started_at, r.sandbox_id), reverse=newest_first):
         sandbox = podbay[row.sandbox_id]
         if any(row.metadata.get(k) != v for k, v in wanted.items()):
+            continue
+        if query is not None and not query.admits(row):
             continue
         listed = _listed(row, sandbox, request)
         if listed["state"] in states:
@@ -283,7 +289,7 @@ async def list_v2(request: Request) -> Response:
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
         raise E2BError(400, "REQUEST_INVALID", "limit must be 1 to 1000")
     limit = int(raw_limit)
-    found = await _matching(request, states)
+    found = await _matching(request, states, list_query(request.query_params))
     token = request.query_params.get("nextToken")
     if token:  # the id the previous page ended before
         ids = [s["sandboxID"] for s in found]

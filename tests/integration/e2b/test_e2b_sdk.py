@@ -133,6 +133,47 @@ def test_revoked_key_is_refused(server: PlatformServer) -> None:
         e2b.Sandbox.create(**_opts(server, key))
 
 
+def test_list_filters_by_template_start_and_order(server: PlatformServer, key: str) -> None:
+    """``SandboxQuery(template=, started_after=)`` and ``order=``, which both E2B
+    SDKs send as ``template``, ``startedAfter`` and ``order``: newest first unless
+    ``asc``, as E2B's API."""
+    opts = _opts(server, key)
+    marked = {"suite": "list-filters"}
+    first = e2b.Sandbox.create(template="base", metadata=marked, **opts)
+    # The deployment's own name is a template too (the same environment as base).
+    second = e2b.Sandbox.create(template="e2b-a", metadata=marked, **opts)
+    try:
+        ids = (first.sandbox_id, second.sandbox_id)
+
+        def listed(order: Any = None, **query: Any) -> list[str]:
+            found = e2b.Sandbox.list(
+                query=e2b.SandboxQuery(metadata=marked, **query), order=order, **opts
+            )
+            return [s.sandbox_id for s in found.next_items()]
+
+        assert listed() == listed(order="desc") == [ids[1], ids[0]]
+        assert listed(order="asc") == list(ids)
+        assert listed(template="base") == [ids[0]]
+        assert listed(template="e2b-a") == [ids[1]]
+        assert listed(template="other") == []
+        started = second.get_info().started_at
+        assert listed(started_after=started) == [ids[1]]
+        # A page boundary holds in either order.
+        page = e2b.Sandbox.list(
+            query=e2b.SandboxQuery(metadata=marked), order="asc", limit=1, **opts
+        )
+        assert [s.sandbox_id for s in page.next_items()] == [ids[0]]
+        assert [s.sandbox_id for s in page.next_items()] == [ids[1]]
+        assert not page.has_next
+        for bad in ({"order": "sideways"}, {"startedAfter": "yesterday"}):
+            answer = server.http.get("/v2/sandboxes", headers={"X-API-Key": key}, params=bad)
+            assert answer.status_code == 400
+            assert answer.json()["error_code"] == "REQUEST_INVALID"
+    finally:
+        first.kill()
+        second.kill()
+
+
 def test_unsupported_calls_answer_e2b_errors(server: PlatformServer, key: str) -> None:
     answer = server.http.post("/templates", headers={"X-API-Key": key}, json={"alias": "x"})
     assert answer.status_code == 501
