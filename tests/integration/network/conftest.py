@@ -38,7 +38,9 @@ from _nethelpers import (
     wait_listening,
 )
 
+from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network import NetworkManager
+from podbay.runtime.network.decoy import Decoy, decoy_host
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
 from podbay.testing.upstream import upstream
 
@@ -156,3 +158,22 @@ def manager(run_dir: Path, runner: asyncio.Runner) -> Iterator[NetworkManager]:
     yield m
     for machine_id in m.machines():
         runner.run(m.teardown(machine_id))
+
+
+@pytest.fixture(scope="session")
+def decoy() -> Iterator[Decoy]:
+    """``podbay doctor``'s decoy (TEST-NET-1, servers on the ports a bypass
+    uses, a witness of what arrived), for the bypass tests of every class."""
+    with decoy_host() as found:
+        yield found
+
+
+def restrictive_policies(decoy: Decoy) -> dict[str, EgressPolicy]:
+    """The policies that are not open, each of which must hold every bypass:
+    an allow list (the decoy's allowed address and a name), a deny list alone
+    (the decoy's other address), no internet."""
+    return {
+        "allow list": EgressPolicy.parse({"allow": [decoy.allowed, "allowed.test"]}),
+        "deny list": EgressPolicy.parse({"deny": [decoy.refused]}),
+        "no internet": EgressPolicy.parse({"internet": False}),
+    }

@@ -1,0 +1,70 @@
+"""Bypasses of an egress policy, tried from real runc and gVisor sandboxes
+against the decoy (``podbay doctor``'s): DNS to another resolver over UDP and
+TCP, DNS over TLS/QUIC, a direct connection, ICMP echo, GRE/SCTP/UDP-Lite.
+Every policy that is not open refuses them all; an open one lets through what
+the platform itself carries, which shows the probe sees a bypass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import restrictive_policies
+
+from podbay.domain.egress import EgressPolicy
+from podbay.runtime.network.decoy import Decoy
+from podbay.runtime.probes import BYPASSES, egress_bypasses
+from podbay.settings import Settings
+from podbay.testing.fixtures import (
+    OCI_RUNTIMES,
+    DriverSession,
+    Machines,
+    session_for,
+    settings_for,
+)
+
+
+@pytest.fixture(scope="module", params=OCI_RUNTIMES)
+def oci_settings(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Settings]:
+    yield from settings_for(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
+    yield from session_for(oci_settings)
+
+
+def test_no_policy_that_is_not_open_lets_a_bypass_through(
+    oci_machines: Machines, oci_session: DriverSession, decoy: Decoy
+) -> None:
+    m = oci_machines.up()
+    network = oci_session.driver.network
+    w = decoy.witness
+    for label, policy in restrictive_policies(decoy).items():
+        oci_session.run(network.set_egress(m.id, policy))
+        outcome = egress_bypasses(m.agent, decoy.allowed, decoy.refused, w.counts, w.reset)
+        assert outcome.reached == dict.fromkeys(BYPASSES), (label, outcome)
+        # The allowed address still answers (the policy is not merely closed).
+        if policy.internet:
+            assert outcome.control == "connected", (label, outcome)
+
+
+def test_an_open_policy_shows_the_probe_sees_a_bypass(
+    oci_machines: Machines, oci_session: DriverSession, decoy: Decoy
+) -> None:
+    """Without the rules (an open policy) the same probe reports what reached
+    the decoy: DNS anywhere, DNS over TLS, a direct connection; gVisor's ping
+    too (slirp4netns sends it on). A container cannot ping at all (no
+    CAP_NET_RAW, and its namespace's ping_group_range lets no group use ping
+    sockets), and no user-mode network helper carries GRE, SCTP or UDP-Lite."""
+    gvisor = Path(oci_session.settings.runtime.oci_runtime).name == "runsc"
+    m = oci_machines.up()
+    oci_session.run(oci_session.driver.network.set_egress(m.id, EgressPolicy()))
+    w = decoy.witness
+    outcome = egress_bypasses(m.agent, decoy.allowed, decoy.refused, w.counts, w.reset)
+    through = {name for name, what in outcome.reached.items() if what}
+    expected = {"direct", "dns_udp", "dns_tcp", "dot"} | ({"icmp"} if gvisor else set())
+    assert through == expected, outcome
