@@ -6,6 +6,9 @@ the platform itself carries, which shows the probe sees a bypass."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from conftest import restrictive_policies
 
 from podbay.domain.egress import EgressPolicy
-from podbay.runtime.network.decoy import Decoy
+from podbay.runtime.network.decoy import LINK_PREFIX, WORKDIR_PREFIX, Decoy, remove_stale
 from podbay.runtime.probes import BYPASSES, egress_bypasses
 from podbay.settings import Settings
 from podbay.testing.fixtures import (
@@ -68,3 +71,31 @@ def test_an_open_policy_shows_the_probe_sees_a_bypass(
     through = {name for name, what in outcome.reached.items() if what}
     expected = {"direct", "dns_udp", "dns_tcp", "dot"} | ({"icmp"} if gvisor else set())
     assert through == expected, outcome
+
+
+def test_a_killed_doctors_decoy_is_removed_by_the_next() -> None:
+    """A doctor killed mid-run leaves its decoy (link, namespace mount,
+    directory); the next decoy removes it first."""
+    script = (
+        "import sys\nfrom podbay.runtime.network.decoy import decoy_host\n"
+        "with decoy_host() as d:\n    print(d.allowed, flush=True)\n    sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdin is not None
+    assert holder.stdout.readline().strip()
+    link = f"{LINK_PREFIX}{holder.pid}"
+    left = list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{holder.pid}-*"))
+    assert left
+    holder.kill()
+    holder.wait(timeout=10)
+    holder.stdin.close()
+    holder.stdout.close()
+    assert link in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    remove_stale()
+    assert link not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(path.exists() for path in left)
+    with open("/proc/self/mountinfo") as f:
+        assert str(left[0]) not in f.read()

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["COUNTED", "Decoy", "Witness", "decoy_host", "witness"]
+__all__ = ["COUNTED", "Decoy", "Witness", "decoy_host", "remove_stale"]
 
 #: Where decoys go: the documentation ranges of RFC 5737 (TEST-NET-2, -3, -1),
 #: whose /29s are taken from the top down (a host may sit in one: some do).
@@ -34,6 +34,10 @@ DECOY_RANGES = tuple(
     ipaddress.IPv4Network(n) for n in ("198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24")
 )
 WITNESS_TABLE = "podbay_witness"
+#: The host's end of a decoy's veth pair is ``pbdc<pid>``; its directory
+#: ``<tmp>/podbay-decoy-<pid>-…`` (the pid: what :func:`remove_stale` checks).
+LINK_PREFIX = "pbdc"
+WORKDIR_PREFIX = "podbay-decoy-"
 PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
 #: TCP ports the decoy serves (DNS over TCP, DNS over TLS, HTTPS as DoH).
 TCP_PORTS = (53, 853, 443)
@@ -141,17 +145,6 @@ class Witness:
             self._nft("delete", "table", "inet", WITNESS_TABLE)
 
 
-@contextlib.contextmanager
-def witness(netns: Path, addresses: tuple[str, ...]) -> Iterator[Witness]:
-    """A witness in an existing namespace (a test host's), removed on exit."""
-    found = Witness(netns, addresses)
-    found.load()
-    try:
-        yield found
-    finally:
-        found.remove()
-
-
 @dataclass(frozen=True)
 class Decoy:
     #: A policy allows this one: what it serves there must still be refused.
@@ -188,11 +181,12 @@ def free_subnet() -> ipaddress.IPv4Network:
 def decoy_host() -> Iterator[Decoy]:
     """A decoy of its own (namespace, veth ``pbdc<pid>``, servers, witness),
     undone on exit, even half made."""
+    remove_stale()
     subnet = free_subnet()
     host_side, allowed, refused = (str(a) for a in list(subnet.hosts())[:3])
-    workdir = Path(tempfile.mkdtemp(prefix="podbay-decoy-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     netns = workdir / "netns"
-    link = f"pbdc{os.getpid()}"
+    link = f"{LINK_PREFIX}{os.getpid()}"
     inside = ["nsenter", f"--net={netns}", "--", "ip"]
     server: subprocess.Popen[str] | None = None
     try:
@@ -230,6 +224,25 @@ def decoy_host() -> Iterator[Decoy]:
         if netns.exists():
             _run_quietly("umount", "-l", str(netns))
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def remove_stale() -> None:
+    """Undo what a decoy of a process that is gone (a killed doctor) left:
+    its link, its namespace's mount, its directory."""
+    for line in _run("ip", "-o", "link", "show").splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        digits = name.removeprefix(LINK_PREFIX)
+        if name.startswith(LINK_PREFIX) and digits.isdigit() and not _alive(int(digits)):
+            _run_quietly("ip", "link", "del", name)
+    for entry in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        digits = entry.name.removeprefix(WORKDIR_PREFIX).split("-")[0]
+        if digits.isdigit() and not _alive(int(digits)):
+            _run_quietly("umount", "-l", str(entry / "netns"))
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 def _run_quietly(*argv: str) -> None:
