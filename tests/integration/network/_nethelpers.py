@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podbay.domain.egress import EgressPolicy
+from podbay.runtime.network.decoy import Decoy
+
 PREFIX = "pbnt"
 TMP_PREFIX = "podbay-nettest-"
 #: Addresses the tests put on the host (on the host end of the veth pair).
@@ -308,3 +311,14 @@ def host_addresses() -> list[str]:
                 continue
             found.append(info["local"])
     return found
+
+
+def restrictive_policies(decoy: Decoy) -> dict[str, EgressPolicy]:
+    """The policies that are not open, each of which must hold every bypass:
+    an allow list (the decoy's allowed address and a name), a deny list alone
+    (the decoy's other address), no internet."""
+    return {
+        "allow list": EgressPolicy.parse({"allow": [decoy.allowed, "allowed.test"]}),
+        "deny list": EgressPolicy.parse({"deny": [decoy.refused]}),
+        "no internet": EgressPolicy.parse({"internet": False}),
+    }

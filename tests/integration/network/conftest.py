@@ -38,7 +38,6 @@ from _nethelpers import (
     wait_listening,
 )
 
-from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network import NetworkManager
 from podbay.runtime.network.decoy import Decoy, decoy_host
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
@@ -166,14 +165,3 @@ def decoy() -> Iterator[Decoy]:
     uses, a witness of what arrived), for the bypass tests of every class."""
     with decoy_host() as found:
         yield found
-
-
-def restrictive_policies(decoy: Decoy) -> dict[str, EgressPolicy]:
-    """The policies that are not open, each of which must hold every bypass:
-    an allow list (the decoy's allowed address and a name), a deny list alone
-    (the decoy's other address), no internet."""
-    return {
-        "allow list": EgressPolicy.parse({"allow": [decoy.allowed, "allowed.test"]}),
-        "deny list": EgressPolicy.parse({"deny": [decoy.refused]}),
-        "no internet": EgressPolicy.parse({"internet": False}),
-    }

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import restrictive_policies
+from _nethelpers import restrictive_policies
 
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network.decoy import LINK_PREFIX, WORKDIR_PREFIX, Decoy, remove_stale
