@@ -6,16 +6,21 @@ the platform itself carries, which shows the probe sees a bypass."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import tempfile
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from _nethelpers import restrictive_policies
 
+from podbay.cli.commands.doctor import Report, egress_bypass_probes
+from podbay.cli.output import Output
 from podbay.domain.egress import EgressPolicy
+from podbay.runtime.base import Driver
 from podbay.runtime.network.decoy import LINK_PREFIX, WORKDIR_PREFIX, Decoy, remove_stale
 from podbay.runtime.probes import BYPASSES, egress_bypasses
 from podbay.settings import Settings
@@ -73,6 +78,31 @@ def test_an_open_policy_shows_the_probe_sees_a_bypass(
     assert through == expected, outcome
 
 
+class RulesNeverLoad:
+    """A driver whose ``set_egress`` does nothing: the sandbox stays open, as
+    if the policy's rules were missing."""
+
+    async def set_egress(self, machine_id: str, egress: EgressPolicy) -> None:
+        return None
+
+
+def test_the_doctor_reports_each_bypass_when_the_rules_are_missing(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
+    """``podbay doctor``'s own probe (its decoy, its lines) FAILs what gets
+    through: DNS, DoT and the direct connection, and gVisor's ping."""
+    gvisor = Path(oci_session.settings.runtime.oci_runtime).name == "runsc"
+    m = oci_machines.up()
+    report = Report(Output(as_json=True, out=io.StringIO()))
+    driver = typing.cast(Driver, RulesNeverLoad())
+    oci_session.run(egress_bypass_probes(driver, m.id, m.agent, report))
+    failed = {c.name.removeprefix("egress policy holds: ") for c in report.checks if not c.ok}
+    expected = {"direct", "dns_udp", "dns_tcp", "dot"} | ({"icmp"} if gvisor else set())
+    assert failed == {BYPASSES[name] for name in expected}, report.checks
+    assert report.checks[0].name == "egress policy probes reach their decoy where allowed"
+    assert report.checks[0].ok, report.checks[0]
+
+
 def test_a_killed_doctors_decoy_is_removed_by_the_next() -> None:
     """A doctor killed mid-run leaves its decoy (link, namespace mount,
     directory); the next decoy removes it first."""
@@ -86,7 +116,7 @@ def test_a_killed_doctors_decoy_is_removed_by_the_next() -> None:
     assert holder.stdout is not None
     assert holder.stdin is not None
     assert holder.stdout.readline().strip()
-    link = f"{LINK_PREFIX}{holder.pid}"
+    link = f"{LINK_PREFIX}{holder.pid}x"
     left = list(Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}{holder.pid}-*"))
     assert left
     holder.kill()

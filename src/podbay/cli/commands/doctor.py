@@ -7,10 +7,10 @@ on first run with progress on stderr), one PASS or FAIL line each, a FAIL
 saying what to install or change. Then, for each class ``runtime.classes``
 enables, in order: its host check (the OCI runtime; for ``vm``, a guest
 that boots, under KVM or TCG), two throwaway sandboxes of that class, the
-isolation probes against them (the egress policy's bypasses among them, against
-a decoy on a documentation address: see docs/network.md), and their
-destruction; its lines start with
-the class's name. Classes not enabled are listed as such (no FAIL). The end
+isolation probes against them (the egress policy's bypasses among them,
+against a decoy on a documentation address: see docs/network.md), and their
+destruction; its lines start with the class's name. Classes not enabled are
+listed as such (no FAIL). The end
 says which classes work here and what attach's ``default`` means, with
 create-to-ready and resume times per class. Exit status 0 only if
 everything enabled passed.

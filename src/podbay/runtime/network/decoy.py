@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ DECOY_RANGES = tuple(
     ipaddress.IPv4Network(n) for n in ("198.51.100.0/24", "203.0.113.0/24", "192.0.2.0/24")
 )
 WITNESS_TABLE = "podbay_witness"
-#: The host's end of a decoy's veth pair is ``pbdc<pid>``; its directory
+#: The host's end of a decoy's veth pair is ``pbdc<pid>x<n>``; its directory
 #: ``<tmp>/podbay-decoy-<pid>-…`` (the pid: what :func:`remove_stale` checks).
 LINK_PREFIX = "pbdc"
 WORKDIR_PREFIX = "podbay-decoy-"
@@ -154,6 +155,10 @@ class Decoy:
     witness: Witness
 
 
+#: Tells a process's decoys apart (one a test holds, one a doctor makes).
+_serials = itertools.count()
+
+
 def _taken() -> list[ipaddress.IPv4Network]:
     """IPv4 networks the host has addresses or routes in."""
     found = []
@@ -186,7 +191,7 @@ def decoy_host() -> Iterator[Decoy]:
     host_side, allowed, refused = (str(a) for a in list(subnet.hosts())[:3])
     workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     netns = workdir / "netns"
-    link = f"{LINK_PREFIX}{os.getpid()}"
+    link = f"{LINK_PREFIX}{os.getpid()}x{next(_serials) % 10}"
     inside = ["nsenter", f"--net={netns}", "--", "ip"]
     server: subprocess.Popen[str] | None = None
     try:
@@ -231,7 +236,7 @@ def remove_stale() -> None:
     its link, its namespace's mount, its directory."""
     for line in _run("ip", "-o", "link", "show").splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        digits = name.removeprefix(LINK_PREFIX)
+        digits = name.removeprefix(LINK_PREFIX).split("x")[0]
         if name.startswith(LINK_PREFIX) and digits.isdigit() and not _alive(int(digits)):
             _run_quietly("ip", "link", "del", name)
     for entry in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
