@@ -257,8 +257,8 @@ def test_no_policy_that_is_not_open_lets_a_guests_bypass_through(
     """The guest's kernel sends what it likes (GRE, SCTP, raw ICMP): QEMU's
     user networking carries TCP, UDP and ICMP echo only, and each of those
     meets the policy in ``inet podbay`` as QEMU's own sockets. After the flood
-    test: the UDP flows it leaves in slirp4netns (until they expire) would
-    take the few descriptors that test's last connection needs."""
+    test: the flows it leaves in slirp4netns until they expire (a few
+    descriptors) should not count against that test's cap."""
     driver, w = booted.session.driver, decoy.witness
     try:
         for label, policy in restrictive_policies(decoy).items():
