@@ -385,7 +385,7 @@ def outbound(agent: AgentClient, url: str, hint: str = "") -> str | None:
 #: error), as a JSON object. Judged with what reached the decoy (its witness).
 BYPASS_ATTEMPTS = r"""
 import errno, json, os, socket, struct, sys, threading
-allowed, refused = sys.argv[1], sys.argv[2]
+allowed, refused, ipv6 = sys.argv[1], sys.argv[2], sys.argv[3]
 QUERY = bytes.fromhex("123401000001000000000000076578616d706c6503636f6d0000010001")
 out = {}
 
@@ -396,7 +396,8 @@ def tcp(host, port, send=b""):
         return "connected" if s.recv(100) else "closed"
 
 def udp(host, port, payload, proto=0):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM, proto) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM, proto) as s:
         s.settimeout(4)
         s.sendto(payload, (host, port))
         try:
@@ -454,6 +455,8 @@ attempts = {
     "gre": lambda: raw(47),
     "sctp": sctp,
     "udplite": lambda: udp(allowed, 9, b"podbay-bypass", 136),
+    "ipv6_tcp": lambda: tcp(ipv6, 443),
+    "ipv6_udp": lambda: udp(ipv6, 53, QUERY),
 }
 
 def run(name):
@@ -482,6 +485,7 @@ BYPASSES: dict[str, str] = {
     "dot": "DNS over TLS or QUIC (port 853) to an allowed address",
     "icmp": "ICMP echo (ping tunnels) to an allowed address",
     "other": "other IP protocols (GRE, SCTP, UDP-Lite) to an allowed address",
+    "ipv6": "IPv6 (TCP and UDP to the decoy's IPv6 address, which the host reaches)",
 }
 #: Which in-sandbox attempts (of BYPASS_ATTEMPTS) and witness counters judge each.
 _JUDGED_BY: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -491,6 +495,7 @@ _JUDGED_BY: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "dot": (("dot", "doq"), ("dot",)),
     "icmp": (("icmp",), ("icmp", "udp_echo")),
     "other": (("gre", "sctp", "udplite"), ("other",)),
+    "ipv6": (("ipv6_tcp", "ipv6_udp"), ("ipv6",)),
 }
 
 
@@ -509,15 +514,17 @@ def egress_bypasses(
     agent: AgentClient,
     allowed: str,
     refused: str,
+    ipv6: str,
     arrived: Callable[[], dict[str, int]],
     reset: Callable[[], None],
 ) -> BypassOutcome:
     """Each bypass tried from inside the sandbox against the decoy (its
-    ``allowed`` and ``refused`` addresses), under whatever policy the sandbox
+    ``allowed`` and ``refused`` addresses, and ``ipv6``), under whatever policy the sandbox
     has now, judged by what the sandbox saw *and* what ``arrived`` at the
     decoy (its witness's counters since ``reset``)."""
     reset()
-    result = agent.exec(["python3", "-c", BYPASS_ATTEMPTS, allowed, refused], timeout_ms=60_000)
+    argv = ["python3", "-c", BYPASS_ATTEMPTS, allowed, refused, ipv6]
+    result = agent.exec(argv, timeout_ms=60_000)
     if result.exit_code != 0:
         raise RuntimeError(f"the bypass script failed: {result.stderr.strip()[-300:]}")
     seen = {str(k): str(v) for k, v in json.loads(result.stdout).items()}

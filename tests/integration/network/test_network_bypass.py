@@ -53,7 +53,9 @@ def test_no_policy_that_is_not_open_lets_a_bypass_through(
     w = decoy.witness
     for label, policy in restrictive_policies(decoy).items():
         oci_session.run(network.set_egress(m.id, policy))
-        outcome = egress_bypasses(m.agent, decoy.allowed, decoy.refused, w.counts, w.reset)
+        outcome = egress_bypasses(
+            m.agent, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
+        )
         assert outcome.reached == dict.fromkeys(BYPASSES), (label, outcome)
         # The allowed address still answers (the policy is not merely closed).
         if policy.internet:
@@ -72,7 +74,7 @@ def test_an_open_policy_shows_the_probe_sees_a_bypass(
     m = oci_machines.up()
     oci_session.run(oci_session.driver.network.set_egress(m.id, EgressPolicy()))
     w = decoy.witness
-    outcome = egress_bypasses(m.agent, decoy.allowed, decoy.refused, w.counts, w.reset)
+    outcome = egress_bypasses(m.agent, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset)
     through = {name for name, what in outcome.reached.items() if what}
     expected = {"direct", "dns_udp", "dns_tcp", "dot"} | ({"icmp"} if gvisor else set())
     assert through == expected, outcome

@@ -263,13 +263,17 @@ def test_no_policy_that_is_not_open_lets_a_guests_bypass_through(
     try:
         for label, policy in restrictive_policies(decoy).items():
             booted.session.run(driver.set_egress(booted.machine_id, policy))
-            outcome = egress_bypasses(guest, decoy.allowed, decoy.refused, w.counts, w.reset)
+            outcome = egress_bypasses(
+                guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
+            )
             assert outcome.reached == dict.fromkeys(BYPASSES), (label, outcome)
             if policy.internet:
                 assert outcome.control == "connected", (label, outcome)
         # Without the rules (an open policy) the same probe sees them through.
         booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
-        outcome = egress_bypasses(guest, decoy.allowed, decoy.refused, w.counts, w.reset)
+        outcome = egress_bypasses(
+            guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
+        )
         through = {name for name, what in outcome.reached.items() if what}
         assert through == {"direct", "dns_udp", "dns_tcp", "dot", "icmp"}, outcome
     finally:

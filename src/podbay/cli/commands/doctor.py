@@ -426,6 +426,7 @@ async def egress_bypass_probes(
                         agent,
                         decoy.allowed,
                         decoy.refused,
+                        decoy.ipv6,
                         witness.counts,
                         witness.reset,
                     )

@@ -53,6 +53,8 @@ COUNTED: dict[str, tuple[str, ...]] = {
     "icmp": ("ip protocol icmp",),
     "udp_echo": ("udp dport 7",),
     "other": ("ip protocol != { tcp, udp, icmp }",),
+    # Neighbour discovery and the like (ICMPv6) come from the host itself.
+    "ipv6": ("meta nfproto ipv6 meta l4proto { tcp, udp }",),
 }
 
 #: Run in the decoy's namespace: answers on UDP 53 (the query sent back as a
@@ -60,16 +62,23 @@ COUNTED: dict[str, tuple[str, ...]] = {
 SERVER = r"""
 import socket, sys, threading
 
+def dual(kind):
+    # One socket for IPv4 and IPv6.
+    s = socket.socket(socket.AF_INET6, kind)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return s
+
 def udp(port, answer):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("0.0.0.0", port))
+    s = dual(socket.SOCK_DGRAM)
+    s.bind(("::", port))
     while True:
         data, peer = s.recvfrom(4096)
         s.sendto(answer(data), peer)
 
 def tcp(port):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port)); s.listen(64)
+    s = dual(socket.SOCK_STREAM)
+    s.bind(("::", port)); s.listen(64)
     while True:
         c, _ = s.accept()
         try:
@@ -152,6 +161,9 @@ class Decoy:
     allowed: str
     #: No policy allows this one (no allowed name gave it).
     refused: str
+    #: An IPv6 address of the decoy, which the host reaches: no IPv6 leaves a
+    #: sandbox, so nothing may arrive there from one.
+    ipv6: str
     witness: Witness
 
 
@@ -206,6 +218,12 @@ def decoy_host() -> Iterator[Decoy]:
             _run(*inside, "addr", "add", f"{address}/{subnet.prefixlen}", "dev", f"{link}p")
         _run(*inside, "link", "set", f"{link}p", "up")
         _run(*inside, "route", "add", "default", "via", host_side)
+        # A /64 of 2001:db8::/32 (documentation) named after the IPv4 /29.
+        v4 = int(subnet.network_address)
+        prefix = f"2001:db8:{v4 >> 16:x}:{v4 & 0xFFFF:x}"
+        ipv6 = f"{prefix}::2"
+        _run("ip", "-6", "addr", "add", f"{prefix}::1/64", "dev", link, "nodad")
+        _run(*inside, "-6", "addr", "add", f"{ipv6}/64", "dev", f"{link}p", "nodad")
         found = Witness(netns, (allowed, refused))
         found.load()
         server = subprocess.Popen(
@@ -217,7 +235,8 @@ def decoy_host() -> Iterator[Decoy]:
         if server.stdout.readline() != "ready\n":
             raise RuntimeError("the egress probes' decoy server did not start")
         _wait_reachable(allowed)
-        yield Decoy(allowed, refused, found)
+        _wait_reachable(ipv6)
+        yield Decoy(allowed, refused, ipv6, found)
     finally:
         if server is not None:
             server.kill()
