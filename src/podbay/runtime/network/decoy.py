@@ -200,7 +200,7 @@ def decoy_host() -> Iterator[Decoy]:
     undone on exit, even half made."""
     remove_stale()
     subnet = free_subnet()
-    host_side, allowed, refused = (str(a) for a in list(subnet.hosts())[:3])
+    allowed, refused = (str(a) for a in list(subnet.hosts())[1:3])
     workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     netns = workdir / "netns"
     link = f"{LINK_PREFIX}{os.getpid()}x{next(_serials) % 10}"
@@ -211,14 +211,20 @@ def decoy_host() -> Iterator[Decoy]:
         _run("unshare", f"--net={netns}", "true")
         _run("ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p")
         _run("ip", "link", "set", f"{link}p", "netns", str(netns))
-        _run("ip", "addr", "add", f"{host_side}/{subnet.prefixlen}", "dev", link)
+        # No IPv4 address on the host's end, only a route: an address there
+        # would be a new host address, which a running sandbox whose rules
+        # are not refreshed on address changes (a vm's) could reach the host
+        # by. The host talks to the decoy from an address it already has, and
+        # the decoy answers through the link (the host answers its ARP).
         _run("ip", "link", "set", link, "up")
+        _run("ip", "route", "add", str(subnet), "dev", link)
         _run(*inside, "link", "set", "lo", "up")
         for address in (allowed, refused):
             _run(*inside, "addr", "add", f"{address}/{subnet.prefixlen}", "dev", f"{link}p")
         _run(*inside, "link", "set", f"{link}p", "up")
-        _run(*inside, "route", "add", "default", "via", host_side)
-        # A /64 of 2001:db8::/32 (documentation) named after the IPv4 /29.
+        _run(*inside, "route", "add", "default", "dev", f"{link}p")
+        # A /64 of 2001:db8::/32 (documentation) named after the IPv4 /29; the
+        # host's end has an address in it (no IPv6 leaves a sandbox at all).
         v4 = int(subnet.network_address)
         prefix = f"2001:db8:{v4 >> 16:x}:{v4 & 0xFFFF:x}"
         ipv6 = f"{prefix}::2"
