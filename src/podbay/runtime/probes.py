@@ -519,9 +519,9 @@ def egress_bypasses(
     reset: Callable[[], None],
 ) -> BypassOutcome:
     """Each bypass tried from inside the sandbox against the decoy (its
-    ``allowed`` and ``refused`` addresses, and ``ipv6``), under whatever policy the sandbox
-    has now, judged by what the sandbox saw *and* what ``arrived`` at the
-    decoy (its witness's counters since ``reset``)."""
+    ``allowed`` and ``refused`` addresses, and ``ipv6``), under whatever
+    policy the sandbox has now, judged by what the sandbox saw *and* what
+    ``arrived`` at the decoy (its witness's counters since ``reset``)."""
     reset()
     argv = ["python3", "-c", BYPASS_ATTEMPTS, allowed, refused, ipv6]
     result = agent.exec(argv, timeout_ms=60_000)

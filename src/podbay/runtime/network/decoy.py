@@ -3,13 +3,14 @@
 
 The decoy is a network namespace joined to the host by a veth pair, with two
 addresses of a documentation range (RFC 5737's TEST-NETs, 198.51.100.0/24
-first: never routed on the internet), so a sandbox reaches it as it reaches any internet
-address (through its slirp4netns and the host's routing) and nothing leaves
-the machine. It serves what a bypass would use: DNS-shaped answers on UDP 53,
-TCP on 53, 853 (DNS over TLS) and 443 (DNS over HTTPS), UDP echo on port 7;
-its kernel answers ICMP echo. The witness, an nftables table in its namespace,
-counts every packet that arrives by kind, so a bypass is judged by what
-reached the server, also when the sandbox cannot see an answer (GRE, SCTP).
+first: never routed on the internet) and one of 2001:db8::/32, so a sandbox
+reaches it as it reaches any internet address (through its slirp4netns and
+the host's routing) and nothing leaves the machine. It serves what a bypass
+would use: DNS-shaped answers on UDP 53, TCP on 53, 853 (DNS over TLS) and
+443 (DNS over HTTPS), UDP echo on port 7; its kernel answers ICMP echo. The
+witness, an nftables table in its namespace, counts every packet that arrives
+by kind, so a bypass is judged by what reached the server, also when the
+sandbox cannot see an answer (GRE, SCTP).
 """
 
 from __future__ import annotations
