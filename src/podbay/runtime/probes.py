@@ -377,3 +377,162 @@ def outbound(agent: AgentClient, url: str, hint: str = "") -> str | None:
     if result.exit_code != 0:
         return f"curl {url} failed: {result.stderr.strip()[:200]}" + (f"; {hint}" if hint else "")
     return None
+
+
+#: Run inside a sandbox (as root, on the image's python3) with the decoy's
+#: allowed and refused addresses: each bypass of an egress policy tried side by
+#: side, and what the sandbox saw (``connected``/``answered``/``sent`` or the
+#: error), as a JSON object. Judged with what reached the decoy (its witness).
+BYPASS_ATTEMPTS = r"""
+import errno, json, os, socket, struct, sys, threading
+allowed, refused, ipv6 = sys.argv[1], sys.argv[2], sys.argv[3]
+QUERY = bytes.fromhex("123401000001000000000000076578616d706c6503636f6d0000010001")
+out = {}
+
+def tcp(host, port, send=b""):
+    with socket.create_connection((host, port), timeout=4) as s:
+        s.settimeout(4)
+        s.sendall(send)
+        return "connected" if s.recv(100) else "closed"
+
+def udp(host, port, payload, proto=0):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM, proto) as s:
+        s.settimeout(4)
+        s.sendto(payload, (host, port))
+        try:
+            s.recv(4096)
+            return "answered"
+        except socket.timeout:
+            return "sent"
+
+def ping():
+    echo = struct.pack("!BBHHH", 8, 0, 0, os.getpid() & 0xFFFF, 1) + b"podbay-bypass"
+    padded = echo + b"\0" * (len(echo) % 2)
+    total = sum(struct.unpack("!%dH" % (len(padded) // 2), padded))
+    total = (total >> 16) + (total & 0xFFFF)
+    echo = echo[:2] + struct.pack("!H", ~(total + (total >> 16)) & 0xFFFF) + echo[4:]
+    try:
+        s, raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP), False
+    except OSError:
+        s, raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), True
+    with s:
+        s.settimeout(4)
+        s.sendto(echo, (allowed, 0))
+        # A raw socket gets every ICMP message (an error from a gateway too):
+        # only an echo reply from the address is an answer.
+        while True:
+            try:
+                data, peer = s.recvfrom(4096)
+            except socket.timeout:
+                return "sent"
+            if raw:
+                data = data[(data[0] & 0x0F) * 4:]
+            if peer[0] == allowed and data[:1] == b"\0":
+                return "answered"
+            if data[:1] == b"\3":
+                return "unreachable"
+
+def raw(proto):
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, proto) as s:
+        s.sendto(b"\0" * 24, (allowed, 0))
+        return "sent"
+
+def sctp():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132) as s:
+        s.settimeout(4)
+        s.connect((allowed, 443))
+        return "connected"
+
+attempts = {
+    "control": lambda: tcp(allowed, 443),
+    "direct": lambda: tcp(refused, 443),
+    "dns_udp": lambda: udp(allowed, 53, QUERY),
+    "dns_tcp": lambda: tcp(allowed, 53, struct.pack("!H", len(QUERY)) + QUERY),
+    "dot": lambda: tcp(allowed, 853),
+    "doq": lambda: udp(allowed, 853, QUERY),
+    "icmp": ping,
+    "gre": lambda: raw(47),
+    "sctp": sctp,
+    "udplite": lambda: udp(allowed, 9, b"podbay-bypass", 136),
+    "ipv6_tcp": lambda: tcp(ipv6, 443),
+    "ipv6_udp": lambda: udp(ipv6, 53, QUERY),
+}
+
+def run(name):
+    try:
+        out[name] = attempts[name]()
+    except socket.timeout:
+        out[name] = "timeout"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e)) if e.errno else type(e).__name__
+    except Exception as e:
+        out[name] = "failed: %s: %s" % (type(e).__name__, e)
+
+threads = [threading.Thread(target=run, args=(n,)) for n in attempts]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(out))
+"""
+
+#: The bypasses an egress policy that is not open must hold: name → what it is.
+BYPASSES: dict[str, str] = {
+    "direct": "direct connection to an address no allowed name gave",
+    "dns_udp": "DNS over UDP to another resolver (an allowed address)",
+    "dns_tcp": "DNS over TCP to another resolver (an allowed address)",
+    "dot": "DNS over TLS or QUIC (port 853) to an allowed address",
+    "icmp": "ICMP echo (ping tunnels) to an allowed address",
+    "other": "other IP protocols (GRE, SCTP, UDP-Lite) to an allowed address",
+    "ipv6": "IPv6 (TCP and UDP to the decoy's IPv6 address, which the host reaches)",
+}
+#: Which in-sandbox attempts (of BYPASS_ATTEMPTS) and witness counters judge each.
+_JUDGED_BY: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "direct": (("direct",), ("https_1",)),
+    "dns_udp": (("dns_udp",), ("dns_udp",)),
+    "dns_tcp": (("dns_tcp",), ("dns_tcp",)),
+    "dot": (("dot", "doq"), ("dot",)),
+    "icmp": (("icmp",), ("icmp", "udp_echo")),
+    "other": (("gre", "sctp", "udplite"), ("other",)),
+    "ipv6": (("ipv6_tcp", "ipv6_udp"), ("ipv6",)),
+}
+
+
+@dataclass(frozen=True)
+class BypassOutcome:
+    #: Whether the decoy's allowed address answered a plain TCP connection (a
+    #: probe that reaches nothing at all proves nothing).
+    control: str
+    #: Each of :data:`BYPASSES` → ``None`` when held, else what got through.
+    reached: dict[str, str | None]
+    #: What the sandbox saw of each attempt.
+    seen: dict[str, str]
+
+
+def egress_bypasses(
+    agent: AgentClient,
+    allowed: str,
+    refused: str,
+    ipv6: str,
+    arrived: Callable[[], dict[str, int]],
+    reset: Callable[[], None],
+) -> BypassOutcome:
+    """Each bypass tried from inside the sandbox against the decoy (its
+    ``allowed`` and ``refused`` addresses, and ``ipv6``), under whatever
+    policy the sandbox has now, judged by what the sandbox saw *and* what
+    ``arrived`` at the decoy (its witness's counters since ``reset``)."""
+    reset()
+    argv = ["python3", "-c", BYPASS_ATTEMPTS, allowed, refused, ipv6]
+    result = agent.exec(argv, timeout_ms=60_000)
+    if result.exit_code != 0:
+        raise RuntimeError(f"the bypass script failed: {result.stderr.strip()[-300:]}")
+    seen = {str(k): str(v) for k, v in json.loads(result.stdout).items()}
+    counts = arrived()
+    through = {"connected", "answered"}
+    reached: dict[str, str | None] = {}
+    for name, (attempts, counters) in _JUDGED_BY.items():
+        saw = [f"{a}: {seen[a]}" for a in attempts if seen.get(a) in through]
+        got = [f"{counts[c]} packets arrived ({c})" for c in counters if counts.get(c, 0)]
+        reached[name] = "; ".join(saw + got) or None
+    return BypassOutcome(seen.get("control", "?"), reached, seen)

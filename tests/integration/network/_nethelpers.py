@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podbay.domain.egress import EgressPolicy
+from podbay.runtime.network.decoy import Decoy
+
 PREFIX = "pbnt"
 TMP_PREFIX = "podbay-nettest-"
 #: Addresses the tests put on the host (on the host end of the veth pair).
@@ -354,3 +357,14 @@ for _ in range(count):
 print(json.dumps([data[3] & 15, found]))
 """
 REFUSED_RCODE = 5
+
+
+def restrictive_policies(decoy: Decoy) -> dict[str, EgressPolicy]:
+    """The policies that are not open, each of which must hold every bypass:
+    an allow list (the decoy's allowed address and a name), a deny list alone
+    (the decoy's other address), no internet."""
+    return {
+        "allow list": EgressPolicy.parse({"allow": [decoy.allowed, "allowed.test"]}),
+        "deny list": EgressPolicy.parse({"deny": [decoy.refused]}),
+        "no internet": EgressPolicy.parse({"internet": False}),
+    }

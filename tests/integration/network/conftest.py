@@ -39,6 +39,7 @@ from _nethelpers import (
 )
 
 from podbay.runtime.network import NetworkManager
+from podbay.runtime.network.decoy import Decoy, decoy_host
 from podbay.testing.fixtures import oci_machines, oci_session, oci_settings  # noqa: F401
 from podbay.testing.upstream import own_slot, upstream
 
@@ -156,3 +157,11 @@ def manager(run_dir: Path, runner: asyncio.Runner) -> Iterator[NetworkManager]:
     yield m
     for machine_id in m.machines():
         runner.run(m.teardown(machine_id))
+
+
+@pytest.fixture(scope="session")
+def decoy() -> Iterator[Decoy]:
+    """``podbay doctor``'s decoy (TEST-NET-1, servers on the ports a bypass
+    uses, a witness of what arrived), for the bypass tests of every class."""
+    with decoy_host() as found:
+        yield found

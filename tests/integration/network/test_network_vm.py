@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _nethelpers import PROBE_PYTHON, NetLab, stop
+from _nethelpers import PROBE_PYTHON, NetLab, restrictive_policies, stop
 
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.agent_client import AgentClient
+from podbay.runtime.network.decoy import Decoy
 from podbay.runtime.network.policy import SLIRP_GATEWAY
+from podbay.runtime.probes import BYPASSES, egress_bypasses
 from podbay.runtime.vm.budget import QEMU_OVERHEAD_MIB, QEMU_OWN_FDS
 from podbay.runtime.vm.qemu import GUEST_GATEWAY
 from podbay.testing.fixtures import small_spec
@@ -287,6 +289,35 @@ def test_adopt_puts_qemu_back_under_its_budget(booted: Booted) -> None:
     booted.session.run(driver.adopt())
     assert limits(booted.qemu)["cgroup"] == driver.cgroup(booted.machine_id).strip("/")
     assert int(limits(booted.qemu)["memory"]) == (GUEST_MIB + QEMU_OVERHEAD_MIB) << 20
+
+
+def test_no_policy_that_is_not_open_lets_a_guests_bypass_through(
+    booted: Booted, guest: AgentClient, decoy: Decoy
+) -> None:
+    """The guest's kernel sends what it likes (GRE, SCTP, raw ICMP): QEMU's
+    user networking carries TCP, UDP and ICMP echo only, and each of those
+    meets the policy in ``inet podbay`` as QEMU's own sockets. After the flood
+    test: the flows it leaves in slirp4netns until they expire (a few
+    descriptors) should not count against that test's cap."""
+    driver, w = booted.session.driver, decoy.witness
+    try:
+        for label, policy in restrictive_policies(decoy).items():
+            booted.session.run(driver.set_egress(booted.machine_id, policy))
+            outcome = egress_bypasses(
+                guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
+            )
+            assert outcome.reached == dict.fromkeys(BYPASSES), (label, outcome)
+            if policy.internet:
+                assert outcome.control == "connected", (label, outcome)
+        # Without the rules (an open policy) the same probe sees them through.
+        booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+        outcome = egress_bypasses(
+            guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
+        )
+        through = {name for name, what in outcome.reached.items() if what}
+        assert through == {"direct", "dns_udp", "dns_tcp", "dot", "icmp"}, outcome
+    finally:
+        booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
 
 
 def test_destroy_leaves_no_cgroup(booted: Booted) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from podbay.runtime.probes import BYPASSES
 from podbay.testing.fixtures import cleanup, require_host, sandbox_settings
 
 pytestmark = pytest.mark.root
@@ -41,6 +42,17 @@ def doctor(tmp_path: Path, **env: str) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
+def assert_egress_bypasses_held(report: dict[str, Any], name: str) -> None:
+    """Each bypass probe of the egress policy ran for class ``name`` and held,
+    with its decoy answering where allowed (so the probes proved something)."""
+    checks = {c["name"]: c for c in report["checks"]}
+    expected = [f"{name}: egress policy probes reach their decoy where allowed"]
+    expected += [f"{name}: egress policy holds: {what}" for what in BYPASSES.values()]
+    for check in expected:
+        assert check in checks, (check, sorted(checks))
+        assert checks[check]["ok"], checks[check]
+
+
 def test_doctor_reports_each_class_and_what_default_means(tmp_path: Path) -> None:
     returncode, report = doctor(
         tmp_path,
@@ -59,6 +71,7 @@ def test_doctor_reports_each_class_and_what_default_means(tmp_path: Path) -> Non
     assert all(c["ok"] for c in container), container
     assert "container: outbound internet" in checks
     assert "container: destroy leaves nothing" in checks
+    assert_egress_bypasses_held(report, "container")
     assert report["enabled"] == ["gvisor", "container"]
     assert report["working"] == ["container"]
     assert "not found" in report["why_not"]["gvisor"]
@@ -80,5 +93,6 @@ def test_doctor_passes_every_gvisor_probe(tmp_path: Path) -> None:
     names = [c["name"] for c in report["checks"]]
     assert "gvisor: no path to the host, private ranges or metadata" in names
     assert "gvisor: fork bomb contained" in names
+    assert_egress_bypasses_held(report, "gvisor")
     assert report["working"] == ["gvisor"]
     assert report["default"] == "gvisor"

@@ -7,8 +7,10 @@ on first run with progress on stderr), one PASS or FAIL line each, a FAIL
 saying what to install or change. Then, for each class ``runtime.classes``
 enables, in order: its host check (the OCI runtime; for ``vm``, a guest
 that boots, under KVM or TCG), two throwaway sandboxes of that class, the
-isolation probes against them, and their destruction; its lines start with
-the class's name. Classes not enabled are listed as such (no FAIL). The end
+isolation probes against them (the egress policy's bypasses among them,
+against a decoy on a documentation address: see docs/network.md), and their
+destruction; its lines start with the class's name. Classes not enabled are
+listed as such (no FAIL). The end
 says which classes work here and what attach's ``default`` means, with
 create-to-ready and resume times per class. Exit status 0 only if
 everything enabled passed.
@@ -36,11 +38,16 @@ from podbay.cli.output import Output, fail
 
 if typing.TYPE_CHECKING:
     from podbay.host.storage import DiskCommitment
+    from podbay.runtime.agent_client import AgentClient
+    from podbay.runtime.base import Driver
     from podbay.settings import Settings
 
 GIB = 1024**3
 MIB = 1024**2
 MIN_FREE_BYTES = 2 * GIB
+#: A name in the egress probes' allow list (``.invalid`` never resolves): the
+#: decoy's other address is one no allowed name gave.
+DOCTOR_NAME = "doctor.podbay.invalid"
 
 
 @dataclass
@@ -316,6 +323,7 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                     "runtime.image_extra_ca_dir (the image is rebuilt with it)",
                 ),
             )
+            await egress_bypass_probes(driver, specs[0].machine_id, a, report)
         for name, check in checks:
             await asyncio.to_thread(probe, name, check)
         if gvisor:
@@ -388,6 +396,62 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
         return "n/a"
     resume = f"{statistics.median(resumes) * 1000:.1f} ms" if resumes else "n/a"
     return f"create-to-ready {statistics.median(ready) * 1000:.0f} ms, resume {resume}"
+
+
+async def egress_bypass_probes(
+    driver: Driver, machine_id: str, agent: AgentClient, report: Report
+) -> None:
+    """The bypasses of an egress policy (docs/network.md), tried from the
+    sandbox under an allow list and under a deny list alone, against a decoy
+    this host serves on a documentation address (no internet needed). Each
+    bypass is one check: held under both, or what got through."""
+    from podbay.domain.egress import EgressPolicy
+    from podbay.runtime import probes
+    from podbay.runtime.network.decoy import decoy_host
+
+    try:
+        with decoy_host() as decoy:
+            witness = decoy.witness
+            policies = {
+                "allow list": EgressPolicy.parse({"allow": [decoy.allowed, DOCTOR_NAME]}),
+                "deny list": EgressPolicy.parse({"deny": [decoy.refused]}),
+            }
+            through: dict[str, list[str]] = {name: [] for name in probes.BYPASSES}
+            unanswered: list[str] = []
+            try:
+                for label, policy in policies.items():
+                    await driver.set_egress(machine_id, policy)
+                    outcome = await asyncio.to_thread(
+                        probes.egress_bypasses,
+                        agent,
+                        decoy.allowed,
+                        decoy.refused,
+                        decoy.ipv6,
+                        witness.counts,
+                        witness.reset,
+                    )
+                    if outcome.control != "connected":
+                        unanswered.append(f"{label}: {outcome.control}")
+                    for name, what in outcome.reached.items():
+                        if what:
+                            through[name].append(f"{label}: {what}")
+            finally:
+                await driver.set_egress(machine_id, EgressPolicy())
+    except Exception as e:  # noqa: BLE001 - the doctor reports every failure as a failed check
+        report.add("egress policy probes", False, f"{type(e).__name__}: {e}")
+        return
+    report.add(
+        "egress policy probes reach their decoy where allowed",
+        not unanswered,
+        f"{decoy.allowed} allowed, {decoy.refused} not"
+        if not unanswered
+        else "the allowed address did not answer, so no bypass probe proves anything: "
+        + "; ".join(unanswered),
+    )
+    for name, description in probes.BYPASSES.items():
+        report.add(
+            f"egress policy holds: {description}", not through[name], "; ".join(through[name])
+        )
 
 
 async def class_checks(settings: Settings, report: Report) -> dict[str, object]:

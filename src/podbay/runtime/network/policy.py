@@ -105,6 +105,14 @@ BLOCKED_IPV6: tuple[str, ...] = (
 )
 
 
+#: What IPv4 protocols leave a sandbox whose policy is not open (every other is
+#: refused, ICMP echo included).
+POLICY_PROTOCOLS: tuple[str, ...] = ("tcp", "udp")
+#: Ports of a resolver (DNS 53; DNS over TLS, and over QUIC, 853), refused to
+#: every address under a policy that is not open: the sandbox's own resolver
+#: is the only one it asks.
+RESOLVER_PORTS: tuple[int, ...] = (53, 853)
+
 #: Bounds of ``runtime.egress_bandwidth_mbit`` (0: no cap): 1 Mbit/s to 100 Gbit/s.
 MAX_BANDWIDTH_MBIT = 100_000
 #: Bounds of ``runtime.egress_new_connections_per_second`` (0: no cap).
@@ -323,15 +331,24 @@ def _egress_rules(egress: EgressPolicy, ipv4: str, refusals: tuple[str, ...]) ->
     packet at the hook; each of ``refusals`` is a verdict that follows a match, in
     order (one ``counter drop`` at the netdev hook, where ``reject`` does not exist)."""
 
-    def refuse(match: str, comment: str) -> str:
-        return "".join(f'\t\t{match} {verdict} comment "{comment}"\n' for verdict in refusals)
+    def refuse(match: str, comment: str, verdicts: tuple[str, ...] = refusals) -> str:
+        return "".join(f'\t\t{match} {verdict} comment "{comment}"\n' for verdict in verdicts)
 
     lines = refuse("ip daddr @deny_v4", "denied")
     if not egress.open:
+        # Only TCP and UDP leave under a policy: ICMP echo (ping tunnels), GRE,
+        # SCTP, UDP-Lite... would carry data the policy's rules (ports, the
+        # resolver's answers) never look at, even to an allowed address.
+        # (No TCP among them: the last verdict, an ICMP error or a drop.)
+        others = f"ip protocol != {{ {', '.join(POLICY_PROTOCOLS)} }}"
+        lines += refuse(others, "not-tcp-udp", refusals[-1:])
         # A sandbox's lookups go to its own resolver (slirp's, or podbay's on lo,
         # both accepted before this): one elsewhere, even on an allowed address,
-        # would answer names the policy refuses.
-        lines += refuse("ip protocol { tcp, udp } th dport 53", "other-resolver")
+        # would answer names the policy refuses. 853 is DNS over TLS (TCP) and
+        # over QUIC (UDP); DNS over HTTPS is HTTPS, refused only where its
+        # address is (an allow list that does not name it, a deny list that does).
+        ports = ", ".join(str(p) for p in RESOLVER_PORTS)
+        lines += refuse(f"ip protocol {{ tcp, udp }} th dport {{ {ports} }}", "other-resolver")
     if egress.has_names:
         lines += '\t\tip daddr @resolved_v4 counter accept comment "resolved"\n'
     if egress.default_deny:

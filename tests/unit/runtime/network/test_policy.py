@@ -113,3 +113,20 @@ def test_a_deny_list_of_names_closes_slirps_forwarder_too() -> None:
         assert "not-allowed" not in rules  # the rest stays open
     cidrs = EgressPolicy.parse({"deny": ["192.0.2.0/24"]})
     assert "dns-udp" in build_tap_ruleset(egress=cidrs)  # no names: slirp's lookups as before
+
+
+def test_a_policy_that_is_not_open_lets_only_tcp_and_udp_leave() -> None:
+    """ICMP echo (ping tunnels), GRE, SCTP... and DNS over TCP, UDP or TLS to
+    any resolver but the sandbox's own are refused before an allowed address
+    is accepted, at both hooks; an open policy leaves them to the platform."""
+    for doc in ({"allow": ["203.0.113.9"]}, {"deny": ["192.0.2.0/24"]}, {"internet": False}):
+        egress = EgressPolicy.parse(doc)
+        for rules in (build_ruleset(egress=egress), build_tap_ruleset(egress=egress)):
+            assert "ip protocol != { tcp, udp }" in rules, doc
+            assert "th dport { 53, 853 }" in rules, doc
+            allowed = rules.index("@allow_v4 counter accept") if "allow" in doc else len(rules)
+            assert rules.index("not-tcp-udp") < allowed
+            assert rules.index("other-resolver") < allowed
+    for rules in (build_ruleset(), build_tap_ruleset()):
+        assert "not-tcp-udp" not in rules
+        assert "853" not in rules
