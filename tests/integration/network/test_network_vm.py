@@ -12,13 +12,16 @@ from the guest exhaust the budget.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _nethelpers import PROBE_PYTHON, NetLab, restrictive_policies, stop
+from _nethelpers import PROBE_PYTHON, NetLab, in_netns, restrictive_policies, stop
 
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.agent_client import AgentClient
@@ -29,6 +32,7 @@ from podbay.runtime.vm.budget import QEMU_OVERHEAD_MIB, QEMU_OWN_FDS
 from podbay.runtime.vm.qemu import GUEST_GATEWAY
 from podbay.testing.fixtures import small_spec
 from podbay.testing.flood import HOLDING_SERVER, flood
+from podbay.testing.upstream import own_slot
 from podbay.testing.vm import VmSession
 
 MAX_FDS = 256
@@ -81,6 +85,39 @@ def connect(agent: AgentClient, host: str, port: int) -> str:
 
 def test_guest_reaches_the_test_host(guest: AgentClient, testnet: NetLab) -> None:
     assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+
+
+def test_an_address_the_host_gains_after_the_guest_started_is_refused(
+    booted: Booted, guest: AgentClient
+) -> None:
+    """The vm driver watches the host's addresses as the OCI one does: QEMU's
+    sockets meet the namespace's rules, reloaded when the host gains one."""
+    link = f"pbvw{os.getpid()}"
+    address = f"198.51.100.{150 + own_slot(50)}"
+    netns = booted.session.driver.network.netns_path(booted.machine_id)
+
+    def blocked() -> bool:
+        listed = in_netns(netns, "nft", "-j", "list", "set", "inet", "podbay", "blocked_v4",
+                          sandbox=False)  # fmt: skip
+        return address in listed.stdout
+
+    assert not blocked()
+    subprocess.run(["ip", "link", "add", link, "type", "veth", "peer", "name", f"{link}p"],
+                   check=True)  # fmt: skip
+    try:
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", link], check=True)
+        for name in (link, f"{link}p"):
+            subprocess.run(["ip", "link", "set", name, "up"], check=True)
+        with socket.create_server((address, 0)) as server:
+            deadline = time.monotonic() + 10
+            while not blocked():
+                assert time.monotonic() < deadline, "the running guest's rules went stale"
+                # The driver lives on this loop (as in the server): let it run.
+                booted.session.run(asyncio.sleep(0.1))
+            got = connect(guest, address, server.getsockname()[1])
+            assert got.startswith("failed"), got
+    finally:
+        subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
 def test_guest_reaches_no_host_address(guest: AgentClient, testnet: NetLab) -> None:
@@ -273,7 +310,15 @@ def test_a_connection_flood_from_the_guest_stops_at_the_cap(
     assert booted.session.driver.qemu_pid(booted.machine_id) == qemu
     assert booted.slirp == slirp
     assert Path(f"/proc/{slirp}").exists()
-    assert connect(guest, testnet.testhost_address, testnet.testhost_port) == "testhost"
+    # QEMU closes a flood connection's socket only once the guest's kernel
+    # (emulated: slow on a busy machine) has taken the far end's FIN; until
+    # then its descriptors are still at the cap and a new connect gets
+    # "Network is unreachable" (slirp's answer to a socket it could not make).
+    deadline = time.monotonic() + 60
+    while (got := connect(guest, testnet.testhost_address, testnet.testhost_port)) != "testhost":
+        assert "unreachable" in got, got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.5)
 
 
 def test_adopt_puts_qemu_back_under_its_budget(booted: Booted) -> None:

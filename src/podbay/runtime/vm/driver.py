@@ -180,6 +180,9 @@ class VmDriver(RecordKeepingDriver):
             KERNEL_DIR / f"vmlinuz-{release}",
         )
         self._initramfs = built
+        # A guest must not reach an address the host gains after it started
+        # (QEMU's sockets meet the same per-namespace rules as a container's).
+        self.network.watch_addresses()
         if self.templates_enabled and self.rt.warm_pool > 0:
             # The shape a default attach asks for, ready before the first one.
             self.template_builder.ensure(
