@@ -135,7 +135,7 @@ def run_server(app: Any, settings: Settings, sock: socket.socket, *, progress: b
 
     from podbay.cli.progress import build_progress
     from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
-    from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
+    from podbay.gateway.portsocket import MAX_MESSAGE as WS_MAX_MESSAGE
 
     descriptors = raise_descriptor_limit()
     cap = connection_cap(settings.server.max_connections, descriptors)
