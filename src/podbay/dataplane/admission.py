@@ -64,9 +64,11 @@ class Admission:
 
         >>> a = Admission(websockets=1)
         >>> a.open_websocket()
-        >>> a.open_websocket()
-        Traceback (most recent call last):
-        podbay.errors.ApiError: ...
+        >>> try:
+        ...     a.open_websocket()
+        ... except ApiError as exc:
+        ...     print(exc.code.value)
+        SANDBOX_BUSY
         >>> a.close_websocket(); a.open_websocket()
         """
         if self.websockets >= self.websockets_limit:

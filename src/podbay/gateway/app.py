@@ -69,9 +69,12 @@ ADOPTION_HOLD_SECONDS = 10.0
 ADOPTION_RETRY_SECONDS = 1.0
 #: Longest the gateway asks a late agent whether it answers at all.
 PROBE_SECONDS = 10.0
-#: Defaults: how long a server in the sandbox may take to answer a WebSocket
-#: upgrade (when no agent deadline is set), and a WebSocket's idle timeout.
-WEBSOCKET_HANDSHAKE_SECONDS = 30.0
+#: How long a server in the sandbox may take to answer a WebSocket upgrade.
+#: uvicorn's WebSocket protocol drops a client whose handshake is not done in
+#: 10 s (its ``open_timeout``, which it does not expose): the refusal must
+#: reach the client before that, also through E2B's ``get_host`` leg.
+WEBSOCKET_HANDSHAKE_SECONDS = 7.0
+#: Default of ``server.port_websocket_idle_seconds``.
 WEBSOCKET_IDLE_SECONDS = 600.0
 
 
@@ -398,7 +401,7 @@ class Gateway:
                 scope,
                 receive,
                 send,
-                handshake_seconds=self.answer_seconds or WEBSOCKET_HANDSHAKE_SECONDS,
+                handshake_seconds=WEBSOCKET_HANDSHAKE_SECONDS,
                 idle_seconds=self.websocket_idle_seconds,
             )
             if refusal is not None:
