@@ -93,23 +93,23 @@ async def _pump(upstream: ClientConnection, receive: Receive, send: Send) -> Non
     outbound = asyncio.ensure_future(_upstream_to_client(upstream, send))
     try:
         await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
-        if inbound.done():
-            # The client left and upstream was told: its close answer, briefly.
+        if not outbound.done():
+            # Upstream was told the client left, or is closing: its close, briefly.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(outbound), 5)
-        elif outbound.done():
+        client_left = (
+            inbound.done()
+            and not inbound.cancelled()
+            and inbound.exception() is None
+            and inbound.result()
+        )
+        if not client_left:
+            # Upstream's close (its code and reason) ends the client's side too.
             rcvd = upstream.protocol.close_rcvd
-            code = rcvd.code if rcvd is not None and rcvd.code != 1005 else 1000
-            if rcvd is None:
-                code = 1011  # the data plane's connection ended without a close
+            code = 1011 if rcvd is None else rcvd.code if rcvd.code != 1005 else 1000
+            reason = "" if rcvd is None else rcvd.reason
             with contextlib.suppress(Exception):
-                await send(
-                    {
-                        "type": "websocket.close",
-                        "code": code,
-                        "reason": rcvd.reason if rcvd is not None else "",
-                    }
-                )
+                await send({"type": "websocket.close", "code": code, "reason": reason})
     finally:
         for task in (inbound, outbound):
             task.cancel()
@@ -118,21 +118,22 @@ async def _pump(upstream: ClientConnection, receive: Receive, send: Send) -> Non
                 await task
 
 
-async def _client_to_upstream(upstream: ClientConnection, receive: Receive) -> None:
+async def _client_to_upstream(upstream: ClientConnection, receive: Receive) -> bool:
+    """Until the client leaves (True: upstream is told) or upstream closes (False)."""
     while True:
         message = await receive()
         if message["type"] == "websocket.disconnect":
             code = int(message.get("code") or 1000)
             code = code if code == 1000 or 3000 <= code <= 4999 else 1001
             await upstream.close(code, str(message.get("reason") or ""))
-            return
+            return True
         try:
             if message.get("bytes") is not None:
                 await upstream.send(message["bytes"])
             elif message.get("text") is not None:
                 await upstream.send(str(message["text"]))
         except ConnectionClosed:
-            return
+            return False
 
 
 async def _upstream_to_client(upstream: ClientConnection, send: Send) -> None:
