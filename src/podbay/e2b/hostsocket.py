@@ -18,7 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from podbay.asgi import Receive, Scope, Send
-from podbay.gateway.portsocket import MAX_MESSAGE
+from podbay.gateway.portsocket import MAX_MESSAGE, MAX_QUEUE
 
 from .error_responses import E2BError, error_body
 
@@ -66,6 +66,7 @@ async def relay(
             additional_headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
             subprotocols=scope.get("subprotocols") or None,
             max_size=MAX_MESSAGE,
+            max_queue=MAX_QUEUE,
             open_timeout=OPEN_SECONDS,
             # The gateway's server pings this leg; the client's own leg is
             # pinged by this server: a ping here would only add traffic.

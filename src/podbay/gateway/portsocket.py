@@ -45,6 +45,10 @@ log = logging.getLogger("podbay.gateway")
 #: Largest WebSocket message relayed either way (uvicorn's ``ws_max_size``
 #: bounds the client's).
 MAX_MESSAGE = 1024 * 1024
+#: Messages a WebSocket's receiving side holds before the reader takes them
+#: (uvicorn's ``ws_max_queue``, E2B's ``get_host`` leg): with
+#: :data:`MAX_MESSAGE`, what one connection may buffer.
+MAX_QUEUE = 8
 #: How long the server's answer to our close may take once the client left.
 CLOSE_SECONDS = 5.0
 #: Headers the handshake sets itself.
