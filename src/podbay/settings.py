@@ -55,6 +55,12 @@ class ServerSettings:
     sandbox_requests: int = 64
     #: Requests of one sandbox that wait for one of those; one more: 429 SANDBOX_BUSY.
     sandbox_queue: int = 256
+    #: WebSockets to one sandbox's ports open at once (they hold no request
+    #: slot); one more: 429 SANDBOX_BUSY (see ``dataplane.admission``).
+    sandbox_websockets: int = 32
+    #: A WebSocket to a port with no message either way for this long is
+    #: closed (1001) on both sides; pings do not count.
+    port_websocket_idle_seconds: float = 600.0
     #: Longest wait for an agent to start answering a call (after an exec's own
     #: timeout, for an exec): then 504 AGENT_TIMEOUT and the machine is checked.
     agent_answer_seconds: float = 30.0

@@ -13,7 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .admission import DEFAULT_LIMIT, DEFAULT_QUEUE, Admission
+from .admission import DEFAULT_LIMIT, DEFAULT_QUEUE, DEFAULT_WEBSOCKETS, Admission
 from .agentpool import AgentPool
 
 
@@ -35,10 +35,18 @@ class Route:
 
 
 class RouteTable:
-    def __init__(self, *, requests: int = DEFAULT_LIMIT, queue: int = DEFAULT_QUEUE) -> None:
-        #: Each sandbox's slots at its agent and its queue (:class:`.Admission`).
+    def __init__(
+        self,
+        *,
+        requests: int = DEFAULT_LIMIT,
+        queue: int = DEFAULT_QUEUE,
+        websockets: int = DEFAULT_WEBSOCKETS,
+    ) -> None:
+        #: Each sandbox's slots at its agent, its queue and its WebSockets to
+        #: its ports (:class:`.Admission`).
         self.requests = requests
         self.queue = queue
+        self.websockets = websockets
         self._routes: dict[str, Route] = {}
         self._prewarming: set[asyncio.Task[None]] = set()
         #: Clear while a restarted server takes back the machines the last one
@@ -80,7 +88,11 @@ class RouteTable:
         ):
             return
         route = self._routes[sandbox_id] = Route(
-            sandbox_id, machine_id, incarnation, socket, Admission(self.requests, self.queue)
+            sandbox_id,
+            machine_id,
+            incarnation,
+            socket,
+            Admission(self.requests, self.queue, self.websockets),
         )
         if old is not None:
             old.pool.close()

@@ -46,10 +46,12 @@ class E2BApps:
         self.hosts = hosts.HostProxy(service)
 
     def route(self, scope: Scope) -> ASGIApp | None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return None
         if hosts.target(scope["headers"]) is not None:
-            return self.hosts  # get_host(port)'s address
+            return self.hosts  # get_host(port)'s address, HTTP or WebSocket
+        if scope["type"] != "http":
+            return None
         if any(key == _SANDBOX_HEADER for key, _ in scope["headers"]):
             return self.interpreter if interpreter.is_interpreter(scope["headers"]) else self.envd
         path: str = scope["path"]

@@ -9,7 +9,8 @@ such a host must carry the sandbox's access token (``X-Access-Token``, or
 its deployment; without one it is refused (401), as E2B's proxy refuses
 traffic to a secured sandbox. The request is relayed over HTTP to the
 sandbox's data plane (``/v1/ports/{port}/…`` on its gateway, with the minted
-credential), so the port proxy's rules apply: what the server answers is
+credential), a WebSocket likewise (:mod:`.hostsocket`), so the port proxy's
+rules apply: what the server answers is
 bounded and stripped there, and a share URL made through podbay's API
 (``POST /api/v1/sandboxes/{name}/ports/{port}/share``) is the way in without
 a header (a browser).
@@ -24,11 +25,14 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httpx
+from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from podbay.asgi import Receive, Scope, Send
+from podbay.control.services.sandboxes import Attached
 from podbay.wire.paths import CREDENTIAL_HEADER, PORTS
 
+from . import hostsocket
 from .error_responses import E2BError, error_body
 from .interpreter import TRAFFIC_TOKEN_HEADER
 from .relay import ACCESS_TOKEN_HEADER
@@ -36,10 +40,15 @@ from .service import E2BService
 
 #: ``8080-<20 lowercase letters and digits>.<domain>``.
 _HOST = re.compile(rb"^(\d{1,5})-([a-z0-9]{20})\.")
-#: Not relayed: hop-by-hop, the caller's credentials, and what the proxy sets.
+#: Not relayed: hop-by-hop, the caller's credentials, and what the proxy sets
+#: (for a WebSocket, its handshake's own headers too).
 _DROP_REQUEST = frozenset(
     {
         b"host",
+        b"sec-websocket-key",
+        b"sec-websocket-version",
+        b"sec-websocket-extensions",
+        b"sec-websocket-protocol",
         b"connection",
         b"keep-alive",
         b"transfer-encoding",
@@ -106,33 +115,39 @@ class HostProxy:
     def __init__(self, service: E2BService) -> None:
         self.service = service
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def port_url(self, scope: Scope) -> tuple[int, str, Attached]:
+        """The port the request names, the data plane's URL of that port and
+        the path (its query not included), and the sandbox reached; :class:`E2BError` when the
+        request may not reach it (the same checks for HTTP and WebSocket)."""
         found = target(scope["headers"])
         assert found is not None  # routed here by it
         port, sandbox_id = found
-        request = Request(scope)
-        token = request.headers.get(ACCESS_TOKEN_HEADER) or request.headers.get(
-            TRAFFIC_TOKEN_HEADER
-        )
-        try:
-            deployment, row = await self.service.authorize(
-                sandbox_id, token, request.headers.get("x-api-key")
-            )
-            attached = await self.service.reach(deployment, sandbox_id, row)
-        except E2BError as exc:
-            await _error(send, exc)
-            return
+        headers = Headers(scope=scope)  # an HTTP request's or a WebSocket's
+        token = headers.get(ACCESS_TOKEN_HEADER) or headers.get(TRAFFIC_TOKEN_HEADER)
+        deployment, row = await self.service.authorize(sandbox_id, token, headers.get("x-api-key"))
+        attached = await self.service.reach(deployment, sandbox_id, row)
         path = scope.get("raw_path") or scope["path"].encode()
         if not path.startswith(b"/") or any(part in (b".", b"..") for part in path.split(b"/")):
             # The relay's URL would resolve them, out of the port's path on the
             # data plane (to the sandbox's exec and files, with its credential).
-            bad = E2BError(400, "REQUEST_INVALID", "a path with . or .. segments is not relayed")
-            await _error(send, bad)
+            raise E2BError(400, "REQUEST_INVALID", "a path with . or .. segments is not relayed")
+        return port, f"{attached.endpoint}{PORTS}/{port}{path.decode('latin-1')}", attached
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            port, url, attached = await self.port_url(scope)
+        except E2BError as exc:
+            if scope["type"] == "websocket":
+                await hostsocket.deny(send, exc)
+            else:
+                await _error(send, exc)
             return
-        query = scope.get("query_string") or b""
-        url = f"{attached.endpoint}{PORTS}/{port}{path.decode('latin-1')}"
         headers = [(k, v) for k, v in scope["headers"] if k not in _DROP_REQUEST]
         headers.append((CREDENTIAL_HEADER.encode(), attached.credential.encode()))
+        if scope["type"] == "websocket":
+            await hostsocket.relay(url, headers, scope, receive, send)
+            return
+        query = scope.get("query_string") or b""
         outgoing = self.service.http.build_request(
             scope["method"],
             url + ("?" + query.decode("latin-1") if query else ""),

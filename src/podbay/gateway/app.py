@@ -46,7 +46,7 @@ from podbay.wire.paths import (
     SHARE_PREFIX,
 )
 
-from . import ports, terminal
+from . import ports, portsocket, terminal
 from .proxy import relay, send_error
 
 PREFIX = SANDBOX_PREFIX
@@ -69,6 +69,13 @@ ADOPTION_HOLD_SECONDS = 10.0
 ADOPTION_RETRY_SECONDS = 1.0
 #: Longest the gateway asks a late agent whether it answers at all.
 PROBE_SECONDS = 10.0
+#: How long a server in the sandbox may take to answer a WebSocket upgrade.
+#: uvicorn's WebSocket protocol drops a client whose handshake is not done in
+#: 10 s (its ``open_timeout``, which it does not expose): the refusal must
+#: reach the client before that, also through E2B's ``get_host`` leg.
+WEBSOCKET_HANDSHAKE_SECONDS = 7.0
+#: Default of ``server.port_websocket_idle_seconds``.
+WEBSOCKET_IDLE_SECONDS = 600.0
 
 
 async def _send_json(send: Send, document: object) -> None:
@@ -104,6 +111,7 @@ class Gateway:
         default_user: str | None = None,
         answer_seconds: float | None = None,
         on_silent: Callable[[str], Awaitable[None]] | None = None,
+        websocket_idle_seconds: float = WEBSOCKET_IDLE_SECONDS,
     ) -> None:
         self.verifier = verifier
         self.routes = routes
@@ -123,6 +131,8 @@ class Gateway:
         #: 504: the control plane stops the machine, so the next attach starts
         #: it again. When the agent does answer, ``on_unreachable`` is called.
         self.on_silent = on_silent
+        #: A WebSocket to a port with no message either way this long is closed.
+        self.websocket_idle_seconds = websocket_idle_seconds
         #: Awaited before the route is looked up: brings the route table up to
         #: date with deletions made by another process.
         self.before_route = before_route
@@ -358,13 +368,46 @@ class Gateway:
                     await send({"type": "websocket.accept"})
                     await terminal.session(route.socket, receive, send, self.extra_headers)
             else:
-                refusal = await ports.relay_websocket(
-                    route.socket, port, path, prefix, scope, receive, send
-                )
-                if refusal is not None:
-                    await _deny(scope, send, refusal)
+                await self._port_websocket(route, port, path, prefix, scope, receive, send)
         finally:
             self.activity.end(sid)
+
+    async def _port_websocket(
+        self,
+        route: Route,
+        port: int,
+        path: bytes,
+        prefix: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """:func:`portsocket.relay` in one of the sandbox's WebSocket slots (see
+        :mod:`podbay.dataplane.admission`): the same credential or share URL
+        as HTTP to the port got it here; a WebSocket opens nothing more."""
+        try:
+            route.admission.open_websocket()
+        except ApiError as exc:
+            await _deny(scope, send, exc)
+            return
+        try:
+            query = scope.get("query_string") or b""
+            target = (path + b"?" + query if query else path).decode("latin-1")
+            refusal = await portsocket.relay(
+                route.socket,
+                port,
+                target,
+                ports.websocket_headers(scope, prefix),
+                scope,
+                receive,
+                send,
+                handshake_seconds=WEBSOCKET_HANDSHAKE_SECONDS,
+                idle_seconds=self.websocket_idle_seconds,
+            )
+            if refusal is not None:
+                await _deny(scope, send, refusal)
+        finally:
+            route.admission.close_websocket()
 
     def _observe(self, kind: str, status: int, started: float) -> None:
         if self.observe is not None:

@@ -4,16 +4,14 @@ Each request gets a tunnel of its own (:mod:`.upgrade`, ``podbay-tunnel``):
 the agent connects to ``127.0.0.1:{port}`` inside the sandbox and splices.
 Over it the gateway speaks plain HTTP/1.1 with ``Connection: close``
 (``Host: localhost:{port}``; ``X-Forwarded-Host``, ``-Proto`` and
-``-Prefix`` say how the client reached it), or, for a WebSocket, runs the
-client side of the handshake with websockets' sans-I/O protocol and relays
-messages both ways.
+``-Prefix`` say how the client reached it); a WebSocket is
+:mod:`.portsocket`'s, told the same headers (:func:`websocket_headers`).
 
 What the server in the sandbox answers is hostile input: its head is
 bounded in bytes and headers, hop-by-hop headers and ``Set-Cookie`` are
 dropped (the endpoint shares the platform's origin; cookies for one
 sandbox's app must not be set there), as are the client's credential,
-``Authorization`` and cookies on the way in. WebSocket messages are bounded
-by :data:`MAX_MESSAGE` both ways. A ``Location`` is kept only where it
+``Authorization`` and cookies on the way in. A ``Location`` is kept only where it
 stays in the same sandbox's port (see :func:`_location`), and an answer
 whose body ends short of its framing drops the client's connection rather
 than pass as whole.
@@ -21,18 +19,11 @@ than pass as whole.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import httptools
-from websockets.client import ClientProtocol
-from websockets.exceptions import InvalidHandshake, InvalidState, PayloadTooBig, ProtocolError
-from websockets.frames import Frame, Opcode
-from websockets.http11 import Response as WsResponse
-from websockets.uri import parse_uri
 
 from podbay.asgi import Receive, Scope, Send, abort_response
 from podbay.errors import AgentAnswerInvalid, ApiError, BodyTooLarge
@@ -46,8 +37,6 @@ log = logging.getLogger("podbay.gateway")
 
 MAX_RESPONSE_HEAD = 64 * 1024
 MAX_RESPONSE_HEADERS = 100
-#: Largest WebSocket message relayed either way.
-MAX_MESSAGE = 1024 * 1024
 _DROP_RESPONSE = frozenset(
     {
         b"connection",
@@ -96,6 +85,11 @@ def _forwarding(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
 
 def _headers_in(scope: Scope) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in scope["headers"] if k not in _DROP_PORT_REQUEST]
+
+
+def websocket_headers(scope: Scope, prefix: str) -> list[tuple[bytes, bytes]]:
+    """What the server on the port is told of a WebSocket's client: as for HTTP."""
+    return [*_headers_in(scope), *_forwarding(scope, prefix)]
 
 
 async def relay_http(
@@ -279,154 +273,3 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.done = True
-
-
-# -- WebSocket ---------------------------------------------------------------------------
-
-
-async def relay_websocket(
-    socket: Path, port: int, path: bytes, prefix: str, scope: Scope, receive: Receive, send: Send
-) -> ApiError | None:
-    """Connect to the WebSocket server on ``port`` and relay until either side
-    closes. Returns the refusal to answer (before accepting) when the upstream
-    handshake fails."""
-    try:
-        reader, writer = await upgrade(
-            socket, "GET", f"{paths.TUNNEL}?port={port}", paths.UPGRADE_TUNNEL
-        )
-    except ApiError as exc:
-        return exc
-    query = scope.get("query_string") or b""
-    target = (path + b"?" + query if query else path).decode("latin-1")
-    try:
-        protocol = ClientProtocol(
-            parse_uri(f"ws://localhost:{port}{target}"),
-            subprotocols=scope.get("subprotocols") or None,
-            max_size=MAX_MESSAGE,
-        )
-        request = protocol.connect()
-        for key, value in [*_headers_in(scope), *_forwarding(scope, prefix)]:
-            name = key.decode("latin-1")
-            if name not in (
-                "sec-websocket-key",
-                "sec-websocket-version",
-                "upgrade",
-                "connection",
-                "host",
-            ):
-                request.headers[name] = value.decode("latin-1")
-        protocol.send_request(request)
-        writer.write(b"".join(protocol.data_to_send()))
-        response = await _handshake(protocol, reader)
-    except (OSError, InvalidHandshake, ValueError, asyncio.IncompleteReadError):
-        writer.close()
-        return ApiError(
-            ErrorCode.PORT_UNREACHABLE,
-            f"the server on port {port} in the sandbox refused the WebSocket",
-        )
-    if await receive() != {"type": "websocket.connect"}:
-        writer.close()
-        return None
-    await send(
-        {"type": "websocket.accept", "subprotocol": response.headers.get("Sec-WebSocket-Protocol")}
-    )
-    inbound = asyncio.ensure_future(_ws_client_to_server(receive, protocol, writer))
-    outbound = asyncio.ensure_future(_ws_server_to_client(protocol, reader, writer, send))
-    try:
-        await asyncio.wait({inbound, outbound}, return_when=asyncio.FIRST_COMPLETED)
-        if inbound.done() and not outbound.done():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(outbound), 5)
-        if not inbound.done():
-            try:
-                await send({"type": "websocket.close", "code": 1000})
-            except Exception as exc:  # noqa: BLE001 - logged; the client may be gone already
-                log.debug("port websocket: closing the client side failed: %r", exc)
-    finally:
-        inbound.cancel()
-        outbound.cancel()
-        writer.close()
-    return None
-
-
-async def _handshake(protocol: ClientProtocol, reader: asyncio.StreamReader) -> WsResponse:
-    while True:
-        data = await reader.read(READ_LIMIT)
-        if data:
-            protocol.receive_data(data)
-        else:
-            protocol.receive_eof()
-        for event in protocol.events_received():
-            if isinstance(event, WsResponse):
-                if protocol.handshake_exc is not None:
-                    raise protocol.handshake_exc
-                return event
-        if not data:
-            raise ConnectionResetError("closed during the handshake")
-
-
-async def _ws_client_to_server(
-    receive: Receive, protocol: ClientProtocol, writer: asyncio.StreamWriter
-) -> None:
-    while True:
-        message = await receive()
-        try:
-            if message["type"] == "websocket.disconnect":
-                protocol.send_close(1000 if message.get("code", 1000) in (1000, 1001) else 1001)
-                writer.write(b"".join(protocol.data_to_send()))
-                await writer.drain()
-                return
-            if message.get("bytes") is not None:
-                protocol.send_binary(message["bytes"])
-            elif message.get("text") is not None:
-                protocol.send_text(message["text"].encode())
-        except InvalidState:
-            return
-        writer.write(b"".join(protocol.data_to_send()))
-        await writer.drain()
-
-
-async def _ws_server_to_client(
-    protocol: ClientProtocol, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, send: Send
-) -> None:
-    parts: list[bytes] = []
-    size = 0
-    text = False
-    while True:
-        data = await reader.read(READ_LIMIT)
-        try:
-            if data:
-                protocol.receive_data(data)
-            else:
-                protocol.receive_eof()
-        except (PayloadTooBig, ProtocolError):
-            return
-        for event in protocol.events_received():
-            if not isinstance(event, Frame):
-                continue
-            if event.opcode is Opcode.CLOSE:
-                code = protocol.close_code or 1000
-                await send({"type": "websocket.close", "code": code})
-                return
-            if event.opcode in (Opcode.TEXT, Opcode.BINARY):
-                text, parts, size = event.opcode is Opcode.TEXT, [], 0
-            elif event.opcode is not Opcode.CONT:
-                continue  # ping and pong: the protocol answers pings itself
-            parts.append(bytes(event.data))
-            size += len(event.data)
-            if size > MAX_MESSAGE:
-                return
-            if event.fin:
-                payload = b"".join(parts)
-                parts, size = [], 0
-                if text:
-                    await send({"type": "websocket.send", "text": payload.decode()})
-                else:
-                    await send({"type": "websocket.send", "bytes": payload})
-        pending = protocol.data_to_send()
-        if pending:
-            writer.write(b"".join(pending))
-            await writer.drain()
-        if not data:
-            await send({"type": "websocket.close", "code": 1011})
-            return

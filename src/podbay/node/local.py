@@ -324,7 +324,9 @@ def host_node(
         environment=environment,
         pools=pools,
         routes=RouteTable(
-            requests=settings.server.sandbox_requests, queue=settings.server.sandbox_queue
+            requests=settings.server.sandbox_requests,
+            queue=settings.server.sandbox_queue,
+            websockets=settings.server.sandbox_websockets,
         ),
         activity=activity or ActivityTracker(),
         limits=limits,

@@ -84,6 +84,7 @@ class GatewayFactory(Protocol):
         default_user: str | None = None,
         answer_seconds: float | None = None,
         on_silent: Callable[[str], Awaitable[None]] | None = None,
+        websocket_idle_seconds: float = ...,
     ) -> ASGIApp: ...
 
 
@@ -227,6 +228,7 @@ class NodeServer:
             on_unreachable=self._suspect,
             default_user=settings.runtime.default_user or None,
             answer_seconds=settings.server.agent_answer_seconds,
+            websocket_idle_seconds=settings.server.port_websocket_idle_seconds,
             on_silent=functools.partial(self._suspect, silent=True),
         )
         self.boot = secrets.token_hex(8)

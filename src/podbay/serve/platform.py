@@ -163,6 +163,7 @@ class Platform:
             before_route=self.deletions.check,
             default_user=settings.runtime.default_user or None,
             answer_seconds=settings.server.agent_answer_seconds,
+            websocket_idle_seconds=settings.server.port_websocket_idle_seconds,
             on_silent=functools.partial(self._suspect, silent=True),
         )
         self.control = Starlette(
@@ -240,7 +241,9 @@ class Platform:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             gateway = scope["type"] == "websocket" and scope["path"].startswith(GATEWAY_PATHS)
-            await (self.gateway if gateway else self._control)(scope, receive, send)
+            # A WebSocket to a get_host(port) address is E2B's, whatever its path.
+            chosen = self.e2b.route(scope) or (self.gateway if gateway else self._control)
+            await chosen(scope, receive, send)
             return
         started = False
 

@@ -8,12 +8,17 @@ single-server suites: create, commands, files, the code interpreter,
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from podbay.testing.local_cluster import LocalCluster
 
@@ -71,6 +76,14 @@ def opts(cluster: LocalCluster) -> dict[str, Any]:
     return {"api_key": key, "api_url": cluster.url, "sandbox_url": cluster.nodes[0].url}
 
 
+def _websocket(server_url: str, host: str, token: str) -> None:
+    """Open a WebSocket to ``get_host``'s ``host``, sent to ``server_url``."""
+    address = urlsplit(server_url)
+    sock = socket.create_connection((address.hostname, address.port))
+    headers = {"E2B-Traffic-Access-Token": token}
+    connect(f"ws://{host}/page.txt", sock=sock, additional_headers=headers, open_timeout=60)
+
+
 def test_create_run_files_interpreter_host_pause_connect(
     cluster: LocalCluster, opts: dict[str, Any]
 ) -> None:
@@ -97,11 +110,20 @@ def test_create_run_files_interpreter_host_pause_connect(
         assert (answer.status_code, answer.text) == (200, "served\n")
         refused = httpx.get(node + "/page.txt", headers={"Host": host}, timeout=30)
         assert refused.status_code == 401
+        # A WebSocket to that address reaches the port too, through the node's
+        # data plane: here a plain HTTP server, which refuses the upgrade.
+        with pytest.raises(InvalidStatus) as refused_ws:
+            _websocket(node, host, sandbox.traffic_access_token)
+        assert refused_ws.value.response.status_code == 502
+        assert json.loads(refused_ws.value.response.body)["error_code"] == "PORT_UNREACHABLE"
 
         # The control replicas never carry the sandbox's traffic: refused there.
         for url in (cluster.url, *(c.url for c in cluster.controls)):
             misdirected = httpx.get(url + "/page.txt", headers=headers, timeout=30)
             assert misdirected.status_code == 421
+            with pytest.raises(InvalidStatus) as misdirected_ws:
+                _websocket(url, host, sandbox.traffic_access_token)
+            assert misdirected_ws.value.response.status_code == 421
             assert misdirected.json()["error_code"] == "E2B_SANDBOX_URL_MISDIRECTED"
             via_control = e2b.Sandbox.connect(sandbox.sandbox_id, **{**opts, "sandbox_url": url})
             with pytest.raises(e2b.SandboxException):

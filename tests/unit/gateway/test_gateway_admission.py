@@ -54,3 +54,19 @@ def test_streamed_bodies_take_at_most_half_the_slots() -> None:
         await admission.acquire(streams=False)  # a stream's slot, freed, serves anyone
 
     asyncio.run(main())
+
+
+def test_websockets_have_their_own_cap_and_no_queue() -> None:
+    async def main() -> None:
+        admission = Admission(limit=1, queue=0, websockets=2)
+        admission.open_websocket()
+        admission.open_websocket()
+        with pytest.raises(ApiError) as refused:
+            admission.open_websocket()  # refused at once: no queue
+        assert refused.value.code is ErrorCode.SANDBOX_BUSY
+        assert refused.value.retry_after is not None
+        await admission.acquire(streams=False)  # WebSockets hold no request slot
+        admission.close_websocket()
+        admission.open_websocket()
+
+    asyncio.run(main())

@@ -135,7 +135,8 @@ def run_server(app: Any, settings: Settings, sock: socket.socket, *, progress: b
 
     from podbay.cli.progress import build_progress
     from podbay.control.listener import connection_cap, guarded_protocol, raise_descriptor_limit
-    from podbay.gateway.ports import MAX_MESSAGE as WS_MAX_MESSAGE
+    from podbay.gateway.portsocket import MAX_MESSAGE as WS_MAX_MESSAGE
+    from podbay.gateway.portsocket import MAX_QUEUE as WS_MAX_QUEUE
 
     descriptors = raise_descriptor_limit()
     cap = connection_cap(settings.server.max_connections, descriptors)
@@ -154,6 +155,9 @@ def run_server(app: Any, settings: Settings, sock: socket.socket, *, progress: b
         timeout_graceful_shutdown=5,
         ws="websockets",
         ws_max_size=WS_MAX_MESSAGE,
+        # Messages a client's WebSocket holds before the app reads them (then
+        # TCP's flow control): at 1 MiB each, 8 bound a connection's buffer.
+        ws_max_queue=WS_MAX_QUEUE,
         ws_per_message_deflate=False,
     )
     server = _server_class()(config)
