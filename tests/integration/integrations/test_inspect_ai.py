@@ -4,12 +4,14 @@ inspect's own sandbox checks (its ``self_check`` module, pulled in whole), then 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -271,7 +273,13 @@ def test_inspect_eval_runs_bash_in_podbay_sandboxes(
     )
     assert run.returncode == 0, run.stdout + run.stderr
     [path] = logs.glob("*.json")
-    log = read_eval_log(str(path))
+    # Read in a thread of its own: in this one, where the anyio plugin runs
+    # the module's async tests, inspect would take the test for one running
+    # in an asyncio loop and patch asyncio for the rest of the process
+    # (nest_asyncio2), after which every asyncio.run leaves its loop unclosed.
+    with ThreadPoolExecutor(1) as pool:
+        log = pool.submit(read_eval_log, str(path)).result()
+    assert not getattr(asyncio, "_nest_patched", False)
     assert log.status == "success", log.error
     assert log.eval.sandbox is not None
     assert log.eval.sandbox.type == "podbay"
