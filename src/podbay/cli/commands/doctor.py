@@ -308,13 +308,21 @@ async def sandbox_probes(settings: Settings, name: str, report: Report) -> str:
                     ("169.254.169.254", 80),
                     ("10.0.2.2", port),
                 ] + [(addr, port) for addr in addresses]
-                probe(
+                # Beside the loop, as every probe: it serves the sandbox's
+                # resolver (a gVisor sandbox's lookups go through it).
+                await asyncio.to_thread(
+                    probe,
                     "no path to the host, private ranges or metadata",
                     lambda: probes.unreachable(a, targets),
                 )
-            probe("outbound internet", lambda: probes.outbound(a, settings.runtime.image_mirror))
+            await asyncio.to_thread(
+                probe,
+                "outbound internet",
+                lambda: probes.outbound(a, settings.runtime.image_mirror),
+            )
             secure = "https://" + urlsplit(settings.runtime.image_mirror).netloc + "/"
-            probe(
+            await asyncio.to_thread(
+                probe,
                 "outbound HTTPS (certificates trusted)",
                 lambda: probes.outbound(
                     a,
