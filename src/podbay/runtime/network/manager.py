@@ -31,6 +31,7 @@ from ...domain.egress import OPEN, EgressPolicy
 from ...errors import NetworkError
 from ..base import check_machine_id
 from . import hostcheck, netns, nft, slirp
+from .namecheck import NameCheck
 from .policy import (
     DISABLED_RESOLV_CONF,
     NO_BUDGETS,
@@ -38,6 +39,7 @@ from .policy import (
     Budgets,
     build_ruleset,
     build_tap_ruleset,
+    names_redirect_batch,
     resolved_batch,
     shaping_argv,
 )
@@ -125,6 +127,8 @@ class NetworkManager:
         self.dns_upstream = dns_upstream
         #: Per machine whose policy names domains: the resolver serving it.
         self._resolvers: dict[str, Resolver] = {}
+        #: Per machine whose policy names domains: its connections' name check.
+        self._checks: dict[str, NameCheck] = {}
 
     # -- paths
 
@@ -203,7 +207,7 @@ class NetworkManager:
             try:
                 self._write_egress(machine_id, egress)
                 pid = await self._create(machine_id, netns_source, filtered, tapped)
-                await self._serve_names(machine_id, egress)
+                await self._serve_names(machine_id, egress, fresh=True)
             except BaseException as exc:
                 try:
                     await asyncio.shield(self._teardown(machine_id))
@@ -272,8 +276,12 @@ class NetworkManager:
                 raise
             await self._serve_names(machine_id, egress)
 
-    async def _serve_names(self, machine_id: str, egress: EgressPolicy) -> None:
-        """Start, update or stop the machine's resolver for ``egress``."""
+    async def _serve_names(
+        self, machine_id: str, egress: EgressPolicy, *, fresh: bool = False
+    ) -> None:
+        """Start, update or stop the machine's resolver and name check for
+        ``egress`` (``fresh``: a namespace just made, with no redirect yet)."""
+        await self._check_names(machine_id, egress, fresh=fresh)
         resolver = self._resolvers.get(machine_id)
         if not self.enabled or not egress.has_names:
             if resolver is not None:
@@ -292,6 +300,34 @@ class NetworkManager:
         resolver = Resolver(path, egress, (self._upstream(), 53), allow)
         await resolver.start()
         self._resolvers[machine_id] = resolver
+
+    async def _check_names(self, machine_id: str, egress: EgressPolicy, *, fresh: bool) -> None:
+        """Start, update or stop the machine's name check (:mod:`.namecheck`);
+        in force (the redirect loaded) on return."""
+        check = self._checks.get(machine_id)
+        path = self.netns_path(machine_id)
+        if not self.enabled or not egress.has_names:
+            if check is not None:
+                del self._checks[machine_id]
+                # The redirect goes first: without its check it would refuse
+                # every connection.
+                if netns.is_mounted(path):
+                    await self._load(path, names_redirect_batch(None, replace=True))
+                await check.close()
+            return
+        if check is not None:
+            check.policy = egress
+            return
+        check = NameCheck(path, egress, machine_id)
+        await check.start()
+        try:
+            # An adopted namespace may hold a redirect to a check that died with
+            # the last node process: it is swapped for this one's.
+            await self._load(path, names_redirect_batch(check.port, replace=not fresh))
+        except BaseException:
+            await check.close()
+            raise
+        self._checks[machine_id] = check
 
     def _upstream(self) -> str:
         if self.dns_upstream is not None:
@@ -364,6 +400,8 @@ class NetworkManager:
         new process's) serves them again, never reaching slirp's forwarder."""
         for machine_id in list(self._resolvers):
             await self._resolvers.pop(machine_id).close()
+        for machine_id in list(self._checks):
+            await self._checks.pop(machine_id).close()
         if self._watch is not None:
             await self._watch.close()
             self._watch = None
@@ -550,6 +588,9 @@ class NetworkManager:
         resolver = self._resolvers.pop(machine_id, None)
         if resolver is not None:
             await resolver.close()
+        check = self._checks.pop(machine_id, None)
+        if check is not None:
+            await check.close()
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
         pids: set[int] = set()

@@ -1,0 +1,328 @@
+"""The name check podbay runs for one sandbox whose egress policy names domains.
+
+A resolver alone (:mod:`.resolver`) opens addresses, and one address serves
+many names (a CDN, a shared host): a connection to an address an allowed name
+gave may still be meant for a denied one. So every new TCP connection the
+namespace's kernel stack sends off ``lo`` (a runc container's, QEMU's for a
+vm guest) is redirected by ``ip podbay_names`` (:func:`.policy.names_redirect_batch`),
+after ``inet podbay`` let its real destination through, to a socket of this
+check: made by a thread that entered the namespace, on ``127.0.0.1`` and a
+port the kernel chose. For each connection it
+
+1. reads the real destination (``SO_ORIGINAL_DST``); a connection with none
+   other than this socket itself (a sandbox connecting to it straight) is cut:
+   it relays nothing but what was on its way out anyway;
+2. connects there from inside the namespace with :data:`.policy.CHECK_MARK`,
+   which the redirect lets by and the policy's rules judge again, while it
+3. reads the client's first bytes (at most :data:`.sniff.MAX_PEEK`, within
+   :data:`NAME_TIMEOUT` of the first one) and the name they give
+   (:func:`.sniff.sniff`: a TLS ClientHello's SNI, an HTTP/1 request's
+   ``Host``); a protocol whose server speaks first, or that is neither TLS
+   nor HTTP, names nothing;
+4. cuts it (a TCP reset) when a name is one the policy refuses
+   (:meth:`~podbay.domain.egress.EgressPolicy.allows_named`), or the bytes
+   are TLS or HTTP that does not parse; otherwise passes on what it read and
+   relays both ways until either side ends.
+
+The policy it checks against is the sandbox's current one (a live change
+holds for the next connection). It lives in the node process: while that
+restarts, the redirect leads nowhere, so connections are refused (closed,
+not open) until :meth:`~.manager.NetworkManager.adopt` serves them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ...domain.egress import EgressPolicy
+from ...errors import NetworkError
+from . import netns
+from .policy import CHECK_MARK
+from .sniff import MAX_PEEK, MORE, OTHER, Malformed, Named, Sniffed, sniff
+
+__all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "NAME_TIMEOUT", "NameCheck"]
+
+log = logging.getLogger("podbay.runtime.network")
+
+#: Connections one sandbox has through its check at once; beyond, a new one is
+#: cut (each holds two of the node process's descriptors).
+MAX_CONNECTIONS = 1024
+#: From a client's first byte to its name: a trickling client is cut then.
+NAME_TIMEOUT = 10.0
+#: A connection on which neither side sent a byte is ended after this long.
+IDLE_TIMEOUT = 60.0
+_SO_ORIGINAL_DST = 80
+_RELAY_CHUNK = 256 * 1024
+
+
+def _listen(path: Path) -> socket.socket:
+    netns.enter(path)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # in the namespace
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _outgoing() -> socket.socket:
+    """A socket in the namespace (the pool's thread entered it) that the
+    redirect lets by."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, CHECK_MARK)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    return sock
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where a redirected connection was going (its conntrack entry's)."""
+    raw = sock.getsockopt(socket.SOL_IP, _SO_ORIGINAL_DST, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    return socket.inet_ntoa(raw[4:8]), port
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset, as the policy's refusals do: the client fails at once."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class _Cut(Exception):
+    """A connection the check refuses; the message says why (logged)."""
+
+
+class NameCheck:
+    def __init__(self, netns_path: Path, policy: EgressPolicy, label: str) -> None:
+        self.netns_path = netns_path
+        #: The policy the next connection is checked against.
+        self.policy = policy
+        self.label = label
+        #: Connections cut and passed so far (what the log says, counted).
+        self.cut = 0
+        self.passed = 0
+        self._listener: socket.socket | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        if self._listener is None:
+            raise NetworkError("the name check is not listening")
+        return int(self._listener.getsockname()[1])
+
+    async def start(self) -> None:
+        try:
+            self._listener = await netns.in_fresh_thread(lambda: _listen(self.netns_path))
+        except OSError as exc:
+            raise NetworkError(f"the name check cannot serve {self.netns_path}: {exc}") from exc
+        # One thread that stays in the namespace makes the sockets onward: a
+        # socket belongs to the namespace of the thread that made it.
+        self._pool = ThreadPoolExecutor(
+            1,
+            thread_name_prefix="podbay-namecheck",
+            initializer=netns.enter,
+            initargs=(self.netns_path,),
+        )
+        self._serving = asyncio.ensure_future(self._serve())
+
+    async def close(self) -> None:
+        if self._serving is not None:
+            self._serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._serving
+            self._serving = None
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._pool is not None:
+            # Its thread holds the namespace: it ends here, not later.
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+            self._pool = None
+
+    async def _serve(self) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client, _ = await loop.sock_accept(self._listener)
+            except OSError as exc:  # e.g. out of descriptors: the next may work
+                log.warning("name check of %s: accept failed: %s", self.label, exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self.cut += 1
+                _reset(client)
+                continue
+            task = asyncio.ensure_future(self._connection(client))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def _connection(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        destination = ("?", 0)
+        try:
+            client.setblocking(False)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            destination = self._destination(client)
+            loop = asyncio.get_running_loop()
+            upstream = await loop.run_in_executor(self._pool, _outgoing)
+            connected = asyncio.ensure_future(loop.sock_connect(upstream, destination))
+            try:
+                found, sent, answered = await self._first_bytes(client, upstream, connected)
+                self._judge(found, destination[0])
+                await connected
+            except BaseException:
+                connected.cancel()
+                raise
+            self.passed += 1
+            if sent:
+                await loop.sock_sendall(upstream, sent)
+            if answered:
+                await loop.sock_sendall(client, answered)
+            await self._relay(client, upstream)
+        except _Cut as cut:
+            self.cut += 1
+            log.info(
+                "name check of %s: cut a connection to %s:%d: %s", self.label, *destination, cut
+            )
+            _reset(client)
+            if upstream is not None:
+                _reset(upstream)
+            return
+        except (OSError, TimeoutError):
+            # The far end refused or vanished (or the client did): pass it on
+            # as a reset, which is what the client would have met directly.
+            _reset(client)
+            if upstream is not None:
+                _reset(upstream)
+            return
+        except BaseException:
+            _reset(client)
+            if upstream is not None:
+                _reset(upstream)
+            raise
+        client.close()
+        upstream.close()
+
+    def _destination(self, client: socket.socket) -> tuple[str, int]:
+        try:
+            address, port = original_destination(client)
+        except OSError as exc:
+            raise _Cut(f"no original destination ({exc.strerror})") from None
+        if ipaddress.ip_address(address).is_loopback:
+            # Not redirected: a connection to this socket itself (a sandbox, or
+            # a vm guest through QEMU's gateway, reaching 127.0.0.1 straight).
+            raise _Cut("a connection straight to the check, not through it")
+        return address, port
+
+    def _judge(self, found: Sniffed, address: str) -> None:
+        if isinstance(found, Malformed):
+            raise _Cut(f"{found.protocol} that does not parse: {found.why}")
+        if isinstance(found, Named):
+            for name in found.names:
+                if not self.policy.allows_named(name, address):
+                    raise _Cut(f"{found.protocol} names {name!r}, which the policy refuses")
+        elif found is not OTHER:
+            raise _Cut("no name")
+
+    async def _first_bytes(
+        self, client: socket.socket, upstream: socket.socket, connected: asyncio.Future[None]
+    ) -> tuple[Sniffed, bytes, bytes]:
+        """What the client's first bytes name, those bytes, and the server's
+        first bytes if it spoke first (then nothing is named: neither TLS nor
+        HTTP lets a server speak first)."""
+        loop = asyncio.get_running_loop()
+        sent = b""
+        answered = b""
+        client_read = asyncio.ensure_future(loop.sock_recv(client, MAX_PEEK))
+        server_read: asyncio.Future[bytes] | None = None
+        pending: set[asyncio.Future[object]] = {client_read, connected}  # type: ignore[arg-type]
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT) as deadline:
+                while True:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    pending -= done
+                    if client_read in done:
+                        data = client_read.result()
+                        if not data:
+                            raise _Cut("the client ended before naming anything")
+                        if not sent:
+                            when = min(deadline.when() or 0.0, loop.time() + NAME_TIMEOUT)
+                            deadline.reschedule(when)
+                        sent += data
+                        if server_read is not None and not server_read.done():
+                            # The client spoke first: it decides. Cancelled
+                            # before it completed, the read took nothing.
+                            server_read.cancel()
+                            pending.discard(server_read)
+                            server_read = None
+                        found = sniff(sent)
+                        if found is not MORE:
+                            if server_read is not None and server_read in done:
+                                answered = server_read.result()
+                            return found, sent, answered
+                        if len(sent) >= MAX_PEEK:
+                            raise _Cut(f"no name in the first {MAX_PEEK} bytes")
+                        client_read = asyncio.ensure_future(
+                            loop.sock_recv(client, MAX_PEEK - len(sent))
+                        )
+                        pending.add(client_read)  # type: ignore[arg-type]
+                    if connected in done:
+                        connected.result()  # a refused connection raises here
+                        if not sent:
+                            server_read = asyncio.ensure_future(loop.sock_recv(upstream, 65536))
+                            pending.add(server_read)  # type: ignore[arg-type]
+                    if server_read is not None and server_read in done:
+                        answered = server_read.result()
+                        if not sent:
+                            return OTHER, sent, answered
+                        server_read = None  # read with the client's: kept for it
+        except TimeoutError:
+            raise _Cut("no name in time" if sent else "nothing sent in time") from None
+        finally:
+            for future in (client_read, server_read):
+                if future is not None and not future.done():
+                    future.cancel()
+
+    async def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Both ways until both ends are done; a reset on either side resets the other."""
+        pumps = [
+            asyncio.ensure_future(_pump(client, upstream)),
+            asyncio.ensure_future(_pump(upstream, client)),
+        ]
+        try:
+            for pump in asyncio.as_completed(pumps):
+                await pump
+        finally:
+            for pump in pumps:
+                pump.cancel()
+
+
+async def _pump(source: socket.socket, target: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    buffer = bytearray(_RELAY_CHUNK)
+    view = memoryview(buffer)
+    while True:
+        count = await loop.sock_recv_into(source, buffer)
+        if count == 0:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+            return
+        await loop.sock_sendall(target, view[:count])
