@@ -22,6 +22,7 @@ from test_network_egress import lookup, serving
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network import NetworkManager, namecheck
 from podbay.runtime.network.policy import NAMES_TABLE
+from podbay.runtime.network.policy import budgets as policy_budgets
 
 #: How a cut connection looks from inside: a reset (or, had the client's read
 #: begun after it, a plain end).
@@ -240,3 +241,21 @@ def test_a_check_that_died_with_the_node_refuses_until_adopted(
         assert results[1] in CUT, results
     finally:
         runner.run(again.close())
+
+
+def test_a_checked_connection_spends_one_new_connection_of_the_budget(
+    run_dir: Path, runner: asyncio.Runner, testnet: NetLab, named: NamedServers, dnsmasq: str
+) -> None:
+    """The sandbox's connection is counted as it leaves for its real
+    destination; the check's own connection onward is not counted again."""
+    manager = NetworkManager(
+        run_dir, True, dns_upstream=dnsmasq, budgets=policy_budgets(0, 1)
+    )  # burst: 5
+    try:
+        netns = runner.run(
+            manager.setup("sbx", egress=EgressPolicy.parse({"deny": ["denied.test"]}))
+        ).netns_path
+        results = serving(runner, named_probe, netns, [tls(testnet, "allowed.test")] * 5)
+        assert results == ["tls:allowed.test"] * 5
+    finally:
+        runner.run(manager.teardown("sbx"))

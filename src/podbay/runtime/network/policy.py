@@ -196,7 +196,9 @@ def _connection_limit(budgets: Budgets) -> str:
 
 def _inet_budget(budgets: Budgets) -> str:
     """After the policy's output chain (what it refused never gets here): a new
-    connection over the rate is refused as the policy refuses, at once.
+    connection over the rate is refused as the policy refuses, at once. The
+    name check's connection onward (:data:`CHECK_MARK`) is the sandbox's own,
+    counted already on its way to the check: it is let by.
 
     A connection's first packet only: conntrack calls every packet of a flow
     ``new`` until an answer comes back (a one-way UDP stream never has one),
@@ -209,6 +211,7 @@ def _inet_budget(budgets: Budgets) -> str:
 \tchain budget {{
 \t\ttype filter hook output priority filter + 10; policy accept;
 \t\toifname "lo" accept
+\t\tmeta mark {CHECK_MARK:#x} meta mark set {KERNEL_MARK:#x} accept comment "checked"
 \t\tmeta mark set {KERNEL_MARK:#x}
 \t\t{first} meta l4proto tcp {over} reject with tcp reset comment "connection-rate"
 \t\t{first} meta l4proto != tcp {over} reject with icmpx type admin-prohibited \
