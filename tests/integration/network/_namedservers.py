@@ -27,6 +27,32 @@ from podbay.runtime.network import netns
 
 TLS_PORT = 8443
 HTTP_PORT = 8081
+#: Echoes what it reads until the client ends, then ends too.
+ECHO_PORT = 8082
+
+#: argv[1]: address, argv[2]: port, argv[3]: MiB. Sends that much (a pattern)
+#: while reading the echo back; prints "same" when every byte came back.
+ECHO_PROBE = r"""
+import hashlib, socket, sys, threading
+address, port, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+data = hashlib.sha256(b"podbay").digest() * (1 << 15)  # 1 MiB
+s = socket.create_connection((address, port), timeout=60)
+def send():
+    for _ in range(mib):
+        s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=send).start()
+got = hashlib.sha256()
+total = 0
+while True:
+    chunk = s.recv(1 << 16)
+    if not chunk:
+        break
+    got.update(chunk)
+    total += len(chunk)
+want = hashlib.sha256(data * mib).hexdigest()
+print("same" if got.hexdigest() == want else f"differs: {total} bytes")
+"""
 
 #: argv[1]: JSON [[kind, host, port, name-or-payload], ...]; kind "tls" (SNI
 #: = name, none when empty), "http" (Host = name, none when empty), "raw" (hex
@@ -97,20 +123,20 @@ def _certificate(directory: Path) -> tuple[Path, Path]:
 
 class NamedServers:
     def __init__(self, testhost_netns: Path, workdir: Path) -> None:
-        def listen() -> tuple[socket.socket, socket.socket]:
+        def listen() -> tuple[socket.socket, socket.socket, socket.socket]:
             netns.enter(testhost_netns)
             made = []
-            for port in (TLS_PORT, HTTP_PORT):
+            for port in (TLS_PORT, HTTP_PORT, ECHO_PORT):
                 sock = socket.socket()
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("0.0.0.0", port))
                 sock.listen(64)
                 made.append(sock)
-            return made[0], made[1]
+            return made[0], made[1], made[2]
 
-        found: list[tuple[socket.socket, socket.socket]] = []
+        found: list[tuple[socket.socket, socket.socket, socket.socket]] = []
         netns.run_in_thread_now(lambda: found.append(listen()))
-        self.tls_sock, self.http_sock = found[0]
+        self.tls_sock, self.http_sock, self.echo_sock = found[0]
         cert, key = _certificate(workdir)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
@@ -118,7 +144,7 @@ class NamedServers:
         #: Connections each server accepted (a cut one may never be accepted:
         #: the check connects while it reads, and resets on a refusal).
         self.answered: list[str] = []
-        for target in (self._serve_tls, self._serve_http):
+        for target in (self._serve_tls, self._serve_http, self._serve_echo):
             threading.Thread(target=target, daemon=True).start()
 
     @staticmethod
@@ -130,6 +156,15 @@ class NamedServers:
 
     def _serve_http(self) -> None:
         self._accepting(self.http_sock, self._http_one)
+
+    def _serve_echo(self) -> None:
+        self._accepting(self.echo_sock, self._echo_one)
+
+    @staticmethod
+    def _echo_one(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            while chunk := conn.recv(1 << 16):
+                conn.sendall(chunk)
 
     @staticmethod
     def _accepting(sock: socket.socket, handle: object) -> None:
@@ -167,7 +202,7 @@ class NamedServers:
             conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + answer.encode() + b"\n")
 
     def close(self) -> None:
-        for sock in (self.tls_sock, self.http_sock):
+        for sock in (self.tls_sock, self.http_sock, self.echo_sock):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()

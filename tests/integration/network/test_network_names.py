@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _namedservers import HTTP_PORT, NAMED_PROBE, TLS_PORT, NamedServers
+from _namedservers import ECHO_PORT, ECHO_PROBE, HTTP_PORT, NAMED_PROBE, TLS_PORT, NamedServers
 from _nethelpers import PROBE_PYTHON, NetLab, in_netns, sh
 from test_network_egress import lookup, serving
 
@@ -259,3 +259,20 @@ def test_a_checked_connection_spends_one_new_connection_of_the_budget(
         assert results == ["tls:allowed.test"] * 5
     finally:
         runner.run(manager.teardown("sbx"))
+
+
+def test_a_passed_connection_carries_every_byte_both_ways(
+    resolving: NetworkManager, runner: asyncio.Runner, testnet: NetLab, named: NamedServers
+) -> None:
+    """Relayed both ways at once (the echo server writes while the client still
+    sends), and ended in order: the client's end reaches the server, whose
+    end reaches the client."""
+    netns = runner.run(
+        resolving.setup("sbx", egress=EgressPolicy.parse({"deny": ["denied.test"]}))
+    ).netns_path
+    done = serving(
+        runner, in_netns, netns, PROBE_PYTHON, "-I", "-c", ECHO_PROBE,
+        testnet.testhost_address, str(ECHO_PORT), "48",
+    )  # fmt: skip
+    assert done.stdout.strip() == "same", done
+    assert resolving._checks["sbx"].passed == 1
