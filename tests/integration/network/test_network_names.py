@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from _namedservers import ECHO_PORT, ECHO_PROBE, HTTP_PORT, NAMED_PROBE, TLS_PORT, NamedServers
-from _nethelpers import PROBE_PYTHON, NetLab, in_netns, sh
+from _nethelpers import PROBE_PYTHON, NetLab, in_netns, probe, sh
 from test_network_egress import lookup, serving
+from test_network_isolation import _counters
 
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.network import NetworkManager, namecheck
@@ -115,6 +116,20 @@ def test_a_deny_list_of_names_cuts_them_under_an_open_default(
     assert results[1:3] == ["tls:allowed.test", "tls:unlisted.test"], results
     assert results[3] in CUT, results
     assert results[4] == "http:unlisted.test", results
+    # QUIC would carry its name where the check cannot read it: refused, so
+    # HTTP/3 clients fall back to TCP; other UDP stays open.
+    quic, other = serving(
+        runner,
+        probe,
+        netns,
+        [
+            ("udp", testnet.testhost_address, 443, "00"),
+            ("udp", testnet.testhost_address, 4443, "00"),
+        ],
+    )
+    assert quic[0] in {"EPERM", "ECONNREFUSED"}, quic
+    assert other[0] == "ECONNREFUSED", other  # the test host's own answer: no server
+    assert _counters(netns)["quic"] == 1
 
 
 def test_a_connection_straight_to_the_check_is_refused(

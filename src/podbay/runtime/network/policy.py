@@ -359,6 +359,9 @@ def _egress_rules(egress: EgressPolicy, ipv4: str, refusals: tuple[str, ...]) ->
         # would answer names the policy refuses.
         lines += refuse("ip protocol { tcp, udp } th dport 53", "other-resolver")
     if egress.has_names:
+        # QUIC (HTTP/3) carries its name in packets the name check never sees:
+        # refused, clients fall back to TCP, where it is checked.
+        lines += refuse("udp dport 443", "quic")
         lines += '\t\tip daddr @resolved_v4 counter accept comment "resolved"\n'
     if egress.default_deny:
         lines += '\t\tip daddr @allow_v4 counter accept comment "allowed"\n'

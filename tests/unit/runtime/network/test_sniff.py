@@ -95,3 +95,28 @@ def test_a_name_is_judged_by_the_policy() -> None:
     deny = EgressPolicy.parse({"deny": ["*.d.test"]})
     assert deny.allows_named("d.test", "198.51.100.1")
     assert not deny.allows_named("x.d.test.", "198.51.100.1")
+
+
+def test_a_policy_with_names_redirects_tcp_and_refuses_quic() -> None:
+    from podbay.runtime.network.policy import (
+        CHECK_MARK,
+        build_ruleset,
+        build_tap_ruleset,
+        names_redirect_batch,
+    )
+
+    names = EgressPolicy.parse({"deny": ["d.test"]})
+    for rules in (build_ruleset(egress=names), build_tap_ruleset(egress=names)):
+        assert "udp dport 443 counter" in rules
+        assert '"quic"' in rules
+    # The policy's chain runs before the nat chain (-100): it judges the real address.
+    assert "priority filter - 150;" in build_ruleset(egress=names)
+    cidrs = EgressPolicy.parse({"deny": ["192.0.2.0/24"]})
+    assert '"quic"' not in build_ruleset(egress=cidrs)
+    assert "priority filter;" in build_ruleset(egress=cidrs)
+    redirect = names_redirect_batch(40000, replace=False)
+    assert "redirect to :40000" in redirect
+    assert f"meta mark {CHECK_MARK:#x} return" in redirect
+    assert 'oifname "lo" return' in redirect
+    assert "delete table" not in redirect
+    assert names_redirect_batch(None, replace=True).count("delete table ip podbay_names") == 1
