@@ -383,6 +383,9 @@ class _Splice:
         self.ended = False
         self.stopped = False
         loop.add_reader(self.source, self._readable)
+        # What is there already (a server's answer that came while the name
+        # was judged) goes at once, not a turn of the event loop later.
+        self._readable()
 
     def _readable(self) -> None:
         try:

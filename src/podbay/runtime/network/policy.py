@@ -20,7 +20,10 @@ narrows this further, after the refusals above (which it can never lift):
 too), or with an allow list everything but ``allow_v4``. IPv6 entries need no
 rule: no IPv6 leaves the namespace at all. Domain entries get ``resolved_v4``,
 which podbay's resolver fills with what it answered (:mod:`.resolver`), and
-under any policy that is not open port 53 anywhere else is refused.
+under any policy that is not open port 53 anywhere else is refused. Such a
+policy also gets ``ip podbay_names`` (:func:`names_redirect_batch`), which
+sends the namespace's new TCP connections to the name check (:mod:`.namecheck`),
+and refuses UDP port 443 (QUIC, whose name that check cannot read).
 
 The same policy serves a runc container, gVisor's netstack and a QEMU guest:
 packets from the namespace's kernel stack pass ``inet podbay``'s output hook;
