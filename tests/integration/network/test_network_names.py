@@ -165,9 +165,10 @@ def test_hostile_first_bytes_are_cut(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A ClientHello that does not parse, a request head that never ends (a
-    trickling client), more connections than the check takes: each is cut,
-    and the check goes on serving."""
+    trickling client), a client that sends nothing, more connections than the
+    check takes: each is cut, and the check goes on serving."""
     monkeypatch.setattr(namecheck, "NAME_TIMEOUT", 0.5)
+    monkeypatch.setattr(namecheck, "IDLE_TIMEOUT", 1.0)
     netns = runner.run(
         resolving.setup("sbx", egress=EgressPolicy.parse({"deny": ["denied.test"]}))
     ).netns_path
@@ -183,6 +184,8 @@ def test_hostile_first_bytes_are_cut(
             ("raw", testnet.testhost_address, HTTP_PORT, b"GET / HTTP/1.1\r\nHo".hex()),
             ("raw", testnet.testhost_address, HTTP_PORT, b"G".hex()),
             http(testnet, "bad name!"),
+            # Nothing sent, to a server that waits for a request: ended.
+            ("raw", testnet.testhost_address, HTTP_PORT, ""),
         ],
     )
     assert all(result in CUT for result in results), results

@@ -54,7 +54,8 @@ __all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "NAME_TIMEOUT", "NameCheck"]
 log = logging.getLogger("podbay.runtime.network")
 
 #: Connections one sandbox has through its check at once; beyond, a new one is
-#: cut (each holds two of the node process's descriptors).
+#: cut (each holds six of the node process's descriptors: two sockets, and a
+#: pipe each way once relayed).
 MAX_CONNECTIONS = 1024
 #: From a client's first byte to its name: a trickling client is cut then.
 NAME_TIMEOUT = 10.0
@@ -234,6 +235,8 @@ class NameCheck:
                 self._judge(found, destination[0])
                 await connected
             except BaseException:
+                if connected.done() and not connected.cancelled():
+                    connected.exception()  # retrieved: the cut is what is reported
                 connected.cancel()
                 raise
             self.passed += 1
