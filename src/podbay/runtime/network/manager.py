@@ -396,8 +396,10 @@ class NetworkManager:
 
     async def close(self) -> None:
         """Forget child processes without stopping them (slirps outlive the node).
-        The resolvers stop: a sandbox's lookups fail until :meth:`adopt` (or a
-        new process's) serves them again, never reaching slirp's forwarder."""
+        The resolvers and name checks stop: a sandbox's lookups fail, and its
+        redirected TCP connections are refused, until :meth:`adopt` (or a new
+        process's) serves them again, never reaching slirp's forwarder or
+        leaving unchecked."""
         for machine_id in list(self._resolvers):
             await self._resolvers.pop(machine_id).close()
         for machine_id in list(self._checks):
