@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import ipaddress
 import logging
@@ -98,6 +99,40 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     raw = sock.getsockopt(socket.SOL_IP, _SO_ORIGINAL_DST, 16)
     port = struct.unpack("!H", raw[2:4])[0]
     return socket.inet_ntoa(raw[4:8]), port
+
+
+def _connect_now(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int]
+) -> asyncio.Future[None]:
+    """Start connecting at once (the SYN leaves before this returns, not a turn
+    of the event loop later, as with a task); the future settles when done."""
+    done: asyncio.Future[None] = loop.create_future()
+    error = sock.connect_ex(address)
+    if error == 0:
+        done.set_result(None)
+        return done
+    if error != errno.EINPROGRESS:
+        done.set_exception(OSError(error, os.strerror(error)))
+        return done
+    fd = sock.fileno()
+
+    def writable() -> None:
+        loop.remove_writer(fd)
+        if done.done():
+            return
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            done.set_exception(OSError(error, os.strerror(error)))
+        else:
+            done.set_result(None)
+
+    def settled(future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            loop.remove_writer(fd)
+
+    loop.add_writer(fd, writable)
+    done.add_done_callback(settled)
+    return done
 
 
 def _reset(sock: socket.socket) -> None:
@@ -229,7 +264,7 @@ class NameCheck:
             destination = self._destination(client)
             loop = asyncio.get_running_loop()
             upstream = await self._socket_onward()
-            connected = asyncio.ensure_future(loop.sock_connect(upstream, destination))
+            connected = _connect_now(loop, upstream, destination)
             try:
                 found, sent, answered = await self._first_bytes(client, upstream, connected)
                 self._judge(found, destination[0])
