@@ -126,12 +126,40 @@ def _connect_now(
         else:
             done.set_result(None)
 
-    def settled(future: asyncio.Future[None]) -> None:
-        if future.cancelled():
-            loop.remove_writer(fd)
-
+    # Whoever gives it up removes the writer then (synchronously: a done
+    # callback would run a turn later, when the descriptor may be another's).
     loop.add_writer(fd, writable)
-    done.add_done_callback(settled)
+    return done
+
+
+def _recv_now(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
+) -> asyncio.Future[bytes]:
+    """A read whose future is done exactly when bytes were taken from the
+    socket: cancelled before that, it took nothing. (A task around
+    ``loop.sock_recv`` may have read and not yet be done: cancelling it then
+    loses the bytes, e.g. a server's first answer.)"""
+    done: asyncio.Future[bytes] = loop.create_future()
+    fd = sock.fileno()
+
+    def readable() -> None:
+        if done.done():
+            loop.remove_reader(fd)
+            return
+        try:
+            data = sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            loop.remove_reader(fd)
+            done.set_exception(exc)
+            return
+        loop.remove_reader(fd)
+        done.set_result(data)
+
+    # Whoever gives it up removes the reader then (see _first_bytes), not in a
+    # done callback: that runs a turn later, when the relay may have put its own.
+    loop.add_reader(fd, readable)
     return done
 
 
@@ -270,9 +298,11 @@ class NameCheck:
                 self._judge(found, destination[0])
                 await connected
             except BaseException:
-                if connected.done() and not connected.cancelled():
+                if connected.done():
                     connected.exception()  # retrieved: the cut is what is reported
-                connected.cancel()
+                else:
+                    loop.remove_writer(upstream.fileno())
+                    connected.cancel()
                 raise
             self.passed += 1
             if sent:
@@ -334,7 +364,7 @@ class NameCheck:
         loop = asyncio.get_running_loop()
         sent = b""
         answered = b""
-        client_read = asyncio.ensure_future(loop.sock_recv(client, MAX_PEEK))
+        client_read = _recv_now(loop, client, MAX_PEEK)
         server_read: asyncio.Future[bytes] | None = None
         pending: set[asyncio.Future[object]] = {client_read, connected}  # type: ignore[arg-type]
         try:
@@ -351,8 +381,9 @@ class NameCheck:
                             deadline.reschedule(when)
                         sent += data
                         if server_read is not None and not server_read.done():
-                            # The client spoke first: it decides. Cancelled
-                            # before it completed, the read took nothing.
+                            # The client spoke first: it decides. Not done,
+                            # the read took nothing (_recv_now).
+                            loop.remove_reader(upstream.fileno())
                             server_read.cancel()
                             pending.discard(server_read)
                             server_read = None
@@ -363,14 +394,12 @@ class NameCheck:
                             return found, sent, answered
                         if len(sent) >= MAX_PEEK:
                             raise _Cut(f"no name in the first {MAX_PEEK} bytes")
-                        client_read = asyncio.ensure_future(
-                            loop.sock_recv(client, MAX_PEEK - len(sent))
-                        )
+                        client_read = _recv_now(loop, client, MAX_PEEK - len(sent))
                         pending.add(client_read)  # type: ignore[arg-type]
                     if connected in done:
                         connected.result()  # a refused connection raises here
                         if not sent:
-                            server_read = asyncio.ensure_future(loop.sock_recv(upstream, 65536))
+                            server_read = _recv_now(loop, upstream, 65536)
                             pending.add(server_read)  # type: ignore[arg-type]
                     if server_read is not None and server_read in done:
                         answered = server_read.result()
@@ -380,8 +409,9 @@ class NameCheck:
         except TimeoutError:
             raise _Cut("no name in time" if sent else "nothing sent in time") from None
         finally:
-            for future in (client_read, server_read):
+            for future, sock in ((client_read, client), (server_read, upstream)):
                 if future is not None and not future.done():
+                    loop.remove_reader(sock.fileno())
                     future.cancel()
 
     async def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
