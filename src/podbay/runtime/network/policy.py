@@ -222,7 +222,7 @@ def _inet_budget(budgets: Budgets) -> str:
 \tchain budget {{
 \t\ttype filter hook output priority filter + 10; policy accept;
 \t\toifname "lo" accept
-\t\tmeta mark {CHECK_MARK:#x} meta mark set {KERNEL_MARK:#x} accept comment "checked"
+\t\tmeta mark {CHECK_MARK:#x} accept comment "checked"
 \t\tmeta mark set {KERNEL_MARK:#x}
 \t\t{first} meta l4proto tcp {over} reject with tcp reset comment "connection-rate"
 \t\t{first} meta l4proto != tcp {over} reject with icmpx type admin-prohibited \
@@ -248,7 +248,7 @@ def _tap_budget(budgets: Budgets) -> str:
 \t}}
 \tchain budget {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter + 10; policy accept;
-\t\tmeta mark {KERNEL_MARK:#x} accept
+\t\tmeta mark {{ {KERNEL_MARK:#x}, {CHECK_MARK:#x} }} accept
 \t\tip protocol udp {flow} @udp_flows update @udp_flows {{ {flow} }} accept
 \t\ttcp flags & (syn | ack) == syn {over} "connection-rate"
 \t\tip protocol udp {over} "flow-rate"
