@@ -176,6 +176,19 @@ class EgressPolicy:
             return False
         return _matches(name, self.allow) if self.allow else True
 
+    def allows_named(self, name: str, address: str) -> bool:
+        """Whether a connection to ``address`` that names ``name`` (its TLS SNI,
+        its HTTP ``Host``) may go on: not a denied name (deny wins, whatever the
+        address), and under an allow list an allowed name, or an address the
+        list allows as a CIDR (names never narrow what an address entry opens)."""
+        name = name.lower().removesuffix(".")
+        if not self.internet or _matches(name, self.deny):
+            return False
+        if not self.allow or _matches(name, self.allow):
+            return True
+        ip = ipaddress.ip_address(address)
+        return any(ip in net for net in networks(self.allow) if net.version == ip.version)
+
     def to_doc(self) -> dict[str, Any]:
         """The wire form; ``{}`` for an open policy."""
         if not self.internet:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _namedservers import NamedServers
 from _nethelpers import (
     METADATA_ADDRESS,
     NEEDED_TOOLS,
@@ -108,7 +109,8 @@ def testnet() -> Iterator[NetLab]:
 @pytest.fixture(scope="session")
 def dnsmasq(testnet: NetLab) -> Iterator[str]:
     """Debian's dnsmasq on the test host, standing in for the internet's DNS:
-    allowed.test and sub.wild.test are the test host, other.test another address."""
+    allowed.test, denied.test and sub.wild.test are the test host, other.test
+    another address."""
     other = testnet.testhost_address.rsplit(".", 1)[0] + ".250"
     proc = subprocess.Popen(
         ["nsenter", f"--net={testnet.testhost_netns}", "--", "dnsmasq", "--keep-in-foreground",
@@ -116,6 +118,7 @@ def dnsmasq(testnet: NetLab) -> Iterator[str]:
          f"--listen-address={testnet.testhost_address}", "--port=53", "--pid-file=",
          f"--address=/allowed.test/{testnet.testhost_address}",
          f"--address=/wild.test/{testnet.testhost_address}",
+         f"--address=/denied.test/{testnet.testhost_address}",
          f"--address=/other.test/{other}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -125,6 +128,17 @@ def dnsmasq(testnet: NetLab) -> Iterator[str]:
         yield testnet.testhost_address
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="session")
+def named(testnet: NetLab) -> Iterator[NamedServers]:
+    """HTTPS and HTTP servers on the test host that answer with the name (SNI,
+    Host) a connection gave them."""
+    servers = NamedServers(testnet.testhost_netns, testnet.workdir)
+    try:
+        yield servers
+    finally:
+        servers.close()
 
 
 def wait_udp(netns: Path, address: str) -> None:

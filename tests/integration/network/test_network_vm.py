@@ -12,6 +12,8 @@ from the guest exhaust the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _namedservers import HTTP_PORT, NAMED_PROBE, TLS_PORT, NamedServers
 from _nethelpers import PROBE_PYTHON, NetLab, in_netns, restrictive_policies, stop
 
 from podbay.domain.egress import EgressPolicy
@@ -348,9 +351,13 @@ def test_no_policy_that_is_not_open_lets_a_guests_bypass_through(
     try:
         for label, policy in restrictive_policies(decoy).items():
             booted.session.run(driver.set_egress(booted.machine_id, policy))
-            outcome = egress_bypasses(
-                guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts, w.reset
-            )
+            # Beside the driver's loop, which serves the name check meanwhile.
+            outcome = booted.session.run(
+                asyncio.to_thread(
+                    egress_bypasses, guest, decoy.allowed, decoy.refused, decoy.ipv6, w.counts,
+                    w.reset,
+                )
+            )  # fmt: skip
             assert outcome.reached == dict.fromkeys(BYPASSES), (label, outcome)
             if policy.internet:
                 assert outcome.control == "connected", (label, outcome)
@@ -363,6 +370,89 @@ def test_no_policy_that_is_not_open_lets_a_guests_bypass_through(
         assert through == {"direct", "dns_udp", "dns_tcp", "dot", "icmp"}, outcome
     finally:
         booted.session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+
+
+#: A cut connection, seen from inside the guest (behind QEMU's libslirp, a
+#: reset reaches the guest as a reset or an end).
+CUT = {"ECONNRESET", "closed", "ssl:UNEXPECTED_EOF_WHILE_READING", "EPIPE"}
+
+
+def test_the_guest_meets_the_name_check(
+    booted: Booted, testnet: NetLab, dnsmasq: str, named: NamedServers
+) -> None:
+    """QEMU opens the guest's connections from the namespace's kernel stack:
+    they meet the redirect to the name check, so a ClientHello or a request
+    naming denied.test is cut on the address allowed.test (the same) passes
+    on; through QEMU's gateway (the namespace's 127.0.0.1) the check itself
+    relays nothing.
+
+    After the flood test and the adoption (so also a check a new node
+    process serves): run before the flood, the flood's last connection
+    failed (ENETUNREACH from QEMU) in most runs, for a reason not found yet.
+    libslirp holds the sockets of the connections cut here for a few seconds
+    (in QEMU and in its slirp4netns): the test ends once they are let go."""
+    guest = AgentClient(booted.session.driver.agent_socket(booted.machine_id))
+    driver = booted.session.driver
+    driver.network.dns_upstream = dnsmasq
+    session = booted.session
+    host = testnet.testhost_address
+
+    def named_probe(targets: list[tuple[str, str, int, str]]) -> list[str]:
+        done = session.run(
+            asyncio.to_thread(
+                guest.exec,
+                ["python3", "-c", NAMED_PROBE, json.dumps(targets)],
+                timeout_ms=90_000,
+            )
+        )
+        assert done.exit_code == 0, done.stderr
+        return list(json.loads(done.stdout))
+
+    held = (sockets(booted.qemu), sockets(booted.slirp))
+    try:
+        session.run(
+            driver.set_egress(booted.machine_id, EgressPolicy.parse({"deny": ["denied.test"]}))
+        )
+        check = driver.network._checks[booted.machine_id]
+        port = check.port
+        before = len(named.answered)
+        results = named_probe(
+            [
+                ("tls", host, TLS_PORT, "allowed.test"),
+                ("tls", host, TLS_PORT, "denied.test"),
+                ("http", host, HTTP_PORT, "allowed.test"),
+                ("http", host, HTTP_PORT, "denied.test"),
+                ("tls", GUEST_GATEWAY, port, "allowed.test"),
+            ]
+        )
+        assert results[0] == "tls:allowed.test", results
+        assert results[2] == "http:allowed.test", results
+        assert {results[1], results[3]} <= CUT, results
+        # Through the gateway: cut by the check. Its reset may come while
+        # libslirp still completes the guest's handshake: then the guest's
+        # connect is refused instead. Never relayed.
+        assert results[4] in CUT | {"ECONNREFUSED"}, (results, check.cut)
+        assert sorted(named.answered[before:]) == ["http:allowed.test", "tls:allowed.test"]
+        # Live: a policy without names takes the check away.
+        session.run(
+            driver.set_egress(booted.machine_id, EgressPolicy.parse({"deny": ["192.0.2.0/24"]}))
+        )
+        assert named_probe([("tls", host, TLS_PORT, "denied.test")]) == ["tls:denied.test"]
+    finally:
+        session.run(driver.set_egress(booted.machine_id, EgressPolicy()))
+    deadline = time.monotonic() + 60
+    while sockets(booted.qemu) > held[0] or sockets(booted.slirp) > held[1]:
+        assert time.monotonic() < deadline, (held, sockets(booted.qemu), sockets(booted.slirp))
+        time.sleep(0.5)
+
+
+def sockets(pid: int) -> int:
+    """The sockets a process holds."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
 
 
 def test_destroy_leaves_no_cgroup(booted: Booted) -> None:

@@ -5,7 +5,7 @@ namespace's kernel stack: runc, QEMU's user networking) and ``netdev
 podbay_audit_tap`` (frames gVisor's netstack writes to ``tap0``), each with two
 base chains around the policy's and the budget's:
 
-- ``attempted`` (priority ``filter - 10``, before the policy) adds every IPv4
+- ``attempted`` (priority ``filter - 175``, before the policy) adds every IPv4
   packet off ``lo`` to ``attempted_v4``, keyed by destination address,
   protocol and port (0 for a protocol without ports), with a counter;
 - ``reached`` (``filter + 20``, after the policy and the budget) adds what
@@ -39,7 +39,7 @@ from typing import Any
 
 from ...domain.egress import AUDIT_SECONDS, AUDIT_SIZE
 from ...domain.egress import EgressDestination as Destination
-from .policy import KERNEL_MARK, TAP_NAME
+from .policy import CHECK_MARK, KERNEL_MARK, TAP_NAME
 
 __all__ = [
     "NAMES",
@@ -74,19 +74,32 @@ def _set(name: str) -> str:
     )
 
 
-def _updates(ipv4: str, target: str) -> str:
+def _updates(ipv4: str, target: str, *, tracked: bool) -> str:
     # ICMP and others have no ports: "th dport" would read their checksum, so
-    # each datagram would be a destination of its own.
+    # each datagram would be a destination of its own. ``tracked``: keyed by
+    # the connection's original destination (conntrack's), which a connection
+    # the name check's redirect took to 127.0.0.1 still carries.
+    address, port = (
+        ("ct original ip daddr", "ct original proto-dst")
+        if tracked
+        else (
+            "ip daddr",
+            "th dport",
+        )
+    )
     return (
         f"\t\t{ipv4} meta l4proto {{ tcp, udp }} update @{target} "
-        f"{{ ip daddr . meta l4proto . th dport }}\n"
+        f"{{ {address} . meta l4proto . {port} }}\n"
         f"\t\t{ipv4} meta l4proto != {{ tcp, udp }} update @{target} "
-        f"{{ ip daddr . meta l4proto . 0 }}\n"
+        f"{{ {address} . meta l4proto . 0 }}\n"
     )
 
 
-def _table(family: str, name: str, hook: str, skip: str, ipv4: str, mark: str) -> str:
-    chains = {"attempted": "filter - 10", "reached": "filter + 20"}
+def _table(family: str, name: str, hook: str, skips: dict[str, str], ipv4: str, mark: str) -> str:
+    # Before the policy's chain (which runs at "filter - 150" under a policy
+    # naming domains, ahead of the name check's nat redirect) and after the
+    # budget's.
+    chains = {"attempted": "filter - 175", "reached": "filter + 20"}
     # Declared (idempotent), emptied, filled: loaded again (adoption) it keeps
     # its sets' elements and counters, and its rules once.
     head = f"table {family} {name} {{\n{_set('attempted_v4')}{_set('reached_v4')}"
@@ -98,10 +111,10 @@ def _table(family: str, name: str, hook: str, skip: str, ipv4: str, mark: str) -
     head += "".join(f"flush chain {family} {name} {chain}\n" for chain in chains)
     body = f"table {family} {name} {{\n"
     for chain in chains:
-        body += f"\tchain {chain} {{\n\t\t{skip}\n"
+        body += f"\tchain {chain} {{\n{skips[chain]}"
         if chain == "attempted" and mark:
             body += f"\t\t{mark}\n"
-        body += _updates(ipv4, f"{chain}_v4") + "\t}\n"
+        body += _updates(ipv4, f"{chain}_v4", tracked=family == "inet") + "\t}\n"
     return head + body + "}\n"
 
 
@@ -110,20 +123,31 @@ def audit_ruleset(*, inet: bool = True, tap: bool = False) -> str:
     ``inet`` always, ``tap`` once ``tap0`` exists."""
     batch = ""
     if inet:
+        # The name check's own connection onward (CHECK_MARK) is the
+        # sandbox's, counted on its way to the check: skipped, its mark kept
+        # (the redirect lets it by on that mark). What the redirect took to
+        # the check reaches "lo" with its original destination in conntrack.
+        # What the sandbox answers (a reply to a connection made to it) is no
+        # destination of its own.
+        check = f"\t\tmeta mark {CHECK_MARK:#x} accept\n\t\tct direction reply accept\n"
         batch += _table(
             "inet",
             TABLE,
             "output",
-            'oifname "lo" accept',
+            {
+                "attempted": f'{check}\t\toifname "lo" accept\n',
+                "reached": f'{check}\t\toifname "lo" ct status & dnat == 0 accept\n',
+            },
             "meta nfproto ipv4",
             f"meta mark set {KERNEL_MARK:#x}",
         )
     if tap:
+        kernel = f"\t\tmeta mark {{ {KERNEL_MARK:#x}, {CHECK_MARK:#x} }} accept\n"
         batch += _table(
             "netdev",
             TAP_TABLE,
             f'egress device "{TAP_NAME}"',
-            f"meta mark {KERNEL_MARK:#x} accept",
+            {"attempted": kernel, "reached": kernel},
             "ether type ip",
             "",
         )

@@ -35,6 +35,7 @@ from . import hostcheck, netns, nft, slirp, slirpdns
 from .audit import TABLE as AUDIT_TABLE
 from .audit import TAP_TABLE as AUDIT_TAP_TABLE
 from .audit import Destination, NameBook, audit_ruleset, destinations, parse_sets
+from .namecheck import NameCheck
 from .policy import (
     DISABLED_RESOLV_CONF,
     NO_BUDGETS,
@@ -42,6 +43,7 @@ from .policy import (
     Budgets,
     build_ruleset,
     build_tap_ruleset,
+    names_redirect_batch,
     resolved_batch,
     shaping_argv,
 )
@@ -134,6 +136,8 @@ class NetworkManager:
         #: Per machine: which name the resolver gave which address (the audit's
         #: names; in memory: a node restart forgets them).
         self._names: dict[str, NameBook] = {}
+        #: Per machine whose policy names domains: its connections' name check.
+        self._checks: dict[str, NameCheck] = {}
 
     # -- paths
 
@@ -223,7 +227,7 @@ class NetworkManager:
                     # Listening before slirp4netns may forward its first lookup.
                     resolv_conf = await self._slirp_dns_or_none(machine_id, egress)
                 pid = await self._create(machine_id, netns_source, filtered, tapped, resolv_conf)
-                await self._serve_names(machine_id, egress)
+                await self._serve_names(machine_id, egress, fresh=True)
             except BaseException as exc:
                 try:
                     await asyncio.shield(self._teardown(machine_id))
@@ -325,10 +329,17 @@ class NetworkManager:
                 raise
             await self._serve_names(machine_id, egress)
 
-    async def _serve_names(self, machine_id: str, egress: EgressPolicy) -> None:
-        """Start, update or stop the machine's resolver for ``egress``."""
-        resolver = self._resolvers.get(machine_id)
+    async def _serve_names(
+        self, machine_id: str, egress: EgressPolicy, *, fresh: bool = False
+    ) -> None:
+        """Start, update or stop the machine's resolver and name check for
+        ``egress`` (``fresh``: a namespace just made, with no redirect yet)."""
         address = self._slirp_dns(machine_id)
+        # A sandbox with its own network stack (gVisor, the one with that
+        # address) sends frames the namespace's nat hook never sees: no check.
+        checked = egress if address is None else OPEN
+        await self._check_names(machine_id, checked, fresh=fresh)
+        resolver = self._resolvers.get(machine_id)
         if address is not None and self.enabled:
             # slirp4netns's forwarder asks there whatever the policy.
             if resolver is None:
@@ -420,6 +431,34 @@ class NetworkManager:
             f"(is a DNS server bound to 0.0.0.0:53?): {'; '.join(failures[-2:])}"
         )
 
+    async def _check_names(self, machine_id: str, egress: EgressPolicy, *, fresh: bool) -> None:
+        """Start, update or stop the machine's name check (:mod:`.namecheck`);
+        in force (the redirect loaded) on return."""
+        check = self._checks.get(machine_id)
+        path = self.netns_path(machine_id)
+        if not self.enabled or not egress.has_names:
+            if check is not None:
+                del self._checks[machine_id]
+                # The redirect goes first: without its check it would refuse
+                # every connection.
+                if netns.is_mounted(path):
+                    await self._load(path, names_redirect_batch(None, replace=True))
+                await check.close()
+            return
+        if check is not None:
+            check.policy = egress
+            return
+        check = NameCheck(path, egress, machine_id)
+        await check.start()
+        try:
+            # An adopted namespace may hold a redirect to a check that died with
+            # the last node process: it is swapped for this one's.
+            await self._load(path, names_redirect_batch(check.port, replace=not fresh))
+        except BaseException:
+            await check.close()
+            raise
+        self._checks[machine_id] = check
+
     def _upstream(self) -> str:
         if self.dns_upstream is not None:
             return self.dns_upstream
@@ -487,10 +526,14 @@ class NetworkManager:
 
     async def close(self) -> None:
         """Forget child processes without stopping them (slirps outlive the node).
-        The resolvers stop: a sandbox's lookups fail until :meth:`adopt` (or a
-        new process's) serves them again, never reaching slirp's forwarder."""
+        The resolvers and name checks stop: a sandbox's lookups fail, and its
+        redirected TCP connections are refused, until :meth:`adopt` (or a new
+        process's) serves them again, never reaching slirp's forwarder or
+        leaving unchecked."""
         for machine_id in list(self._resolvers):
             await self._resolvers.pop(machine_id).close()
+        for machine_id in list(self._checks):
+            await self._checks.pop(machine_id).close()
         if self._watch is not None:
             await self._watch.close()
             self._watch = None
@@ -700,6 +743,9 @@ class NetworkManager:
         if resolver is not None:
             await resolver.close()
         self._names.pop(machine_id, None)
+        check = self._checks.pop(machine_id, None)
+        if check is not None:
+            await check.close()
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
         pids: set[int] = set()

@@ -20,7 +20,10 @@ narrows this further, after the refusals above (which it can never lift):
 too), or with an allow list everything but ``allow_v4``. IPv6 entries need no
 rule: no IPv6 leaves the namespace at all. Domain entries get ``resolved_v4``,
 which podbay's resolver fills with what it answered (:mod:`.resolver`), and
-under any policy that is not open port 53 anywhere else is refused.
+under any policy that is not open port 53 anywhere else is refused. Such a
+policy also gets ``ip podbay_names`` (:func:`names_redirect_batch`), which
+sends the namespace's new TCP connections to the name check (:mod:`.namecheck`),
+and refuses UDP port 443 (QUIC, whose name that check cannot read).
 
 The same policy serves a runc container, gVisor's netstack and a QEMU guest:
 packets from the namespace's kernel stack pass ``inet podbay``'s output hook;
@@ -49,8 +52,10 @@ from ...errors import NetworkError
 __all__ = [
     "BLOCKED_IPV4",
     "BLOCKED_IPV6",
+    "CHECK_MARK",
     "DISABLED_RESOLV_CONF",
     "MTU",
+    "NAMES_TABLE",
     "NO_BUDGETS",
     "RESOLV_CONF",
     "SANDBOX_ADDRESS",
@@ -62,6 +67,7 @@ __all__ = [
     "budgets",
     "build_ruleset",
     "build_tap_ruleset",
+    "names_redirect_batch",
     "resolved_batch",
     "shaping_argv",
 ]
@@ -120,6 +126,13 @@ MAX_NEW_CONNECTIONS_PER_SECOND = 100_000
 #: Marks what the namespace's kernel stack sent (it passed ``inet podbay``'s
 #: budget already), so ``tap0``'s hook counts only what a user-space stack wrote.
 KERNEL_MARK = 0x706F6462
+#: The name check's own connections onward (``SO_MARK``; a sandbox cannot set
+#: a mark): the redirect lets them by, the policy's rules still hold them.
+CHECK_MARK = 0x706F6463
+#: ``ip podbay_names``: the table that sends a sandbox's TCP connections to its
+#: name check (:mod:`.namecheck`), apart from ``inet podbay`` so that neither's
+#: swap touches the other.
+NAMES_TABLE = f"{TABLE}_names"
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,9 @@ def _connection_limit(budgets: Budgets) -> str:
 
 def _inet_budget(budgets: Budgets) -> str:
     """After the policy's output chain (what it refused never gets here): a new
-    connection over the rate is refused as the policy refuses, at once.
+    connection over the rate is refused as the policy refuses, at once. The
+    name check's connection onward (:data:`CHECK_MARK`) is the sandbox's own,
+    counted already on its way to the check: it is let by.
 
     A connection's first packet only: conntrack calls every packet of a flow
     ``new`` until an answer comes back (a one-way UDP stream never has one),
@@ -207,6 +222,7 @@ def _inet_budget(budgets: Budgets) -> str:
 \tchain budget {{
 \t\ttype filter hook output priority filter + 10; policy accept;
 \t\toifname "lo" accept
+\t\tmeta mark {CHECK_MARK:#x} accept comment "checked"
 \t\tmeta mark set {KERNEL_MARK:#x}
 \t\t{first} meta l4proto tcp {over} reject with tcp reset comment "connection-rate"
 \t\t{first} meta l4proto != tcp {over} reject with icmpx type admin-prohibited \
@@ -232,7 +248,7 @@ def _tap_budget(budgets: Budgets) -> str:
 \t}}
 \tchain budget {{
 \t\ttype filter hook egress device "{TAP_NAME}" priority filter + 10; policy accept;
-\t\tmeta mark {KERNEL_MARK:#x} accept
+\t\tmeta mark {{ {KERNEL_MARK:#x}, {CHECK_MARK:#x} }} accept
 \t\tip protocol udp {flow} @udp_flows update @udp_flows {{ {flow} }} accept
 \t\ttcp flags & (syn | ack) == syn {over} "connection-rate"
 \t\tip protocol udp {over} "flow-rate"
@@ -302,6 +318,31 @@ def resolved_batch(records: Iterable[tuple[str, int]], *, tap: bool) -> str:
     return batch
 
 
+def names_redirect_batch(port: int | None, *, replace: bool) -> str:
+    """The batch that sends every new TCP connection off ``lo`` to the name
+    check listening on ``127.0.0.1:port`` (None: none, the table goes).
+
+    The kernel runs every nat chain at its own hook priority (-100 for output),
+    after ``inet podbay``'s output chain under such a policy (``filter - 150``):
+    the policy judges the connection's real destination first and only what
+    it let through is checked; the check's own connection onward carries
+    :data:`CHECK_MARK` and is not redirected again, but meets the policy again.
+    """
+    batch = _swap("ip", NAMES_TABLE, replace)
+    if port is None:
+        return batch
+    return f"""\
+{batch}table ip {NAMES_TABLE} {{
+\tchain output {{
+\t\ttype nat hook output priority -100; policy accept;
+\t\toifname "lo" return
+\t\tmeta mark {CHECK_MARK:#x} return
+\t\tmeta l4proto tcp counter redirect to :{port} comment "name-check"
+\t}}
+}}
+"""
+
+
 def _dns(egress: EgressPolicy, indent: str = "\t\t", *, podbay_dns: bool = False) -> str:
     """slirp's DNS forwarder answers every name: under a default-deny policy it
     would be a tunnel out, and under a policy naming domains a way round
@@ -350,6 +391,9 @@ def _egress_rules(egress: EgressPolicy, ipv4: str, refusals: tuple[str, ...]) ->
         ports = ", ".join(str(p) for p in RESOLVER_PORTS)
         lines += refuse(f"ip protocol {{ tcp, udp }} th dport {{ {ports} }}", "other-resolver")
     if egress.has_names:
+        # QUIC (HTTP/3) carries its name in packets the name check never sees:
+        # refused, clients fall back to TCP, where it is checked.
+        lines += refuse("udp dport 443", "quic")
         lines += '\t\tip daddr @resolved_v4 counter accept comment "resolved"\n'
     if egress.default_deny:
         lines += '\t\tip daddr @allow_v4 counter accept comment "allowed"\n'
@@ -396,10 +440,14 @@ def build_ruleset(
     sets = _set("blocked_v4", "ipv4_addr", e4) + _set("blocked_v6", "ipv6_addr", e6)
     sets += _egress_sets(egress)
     dns = _dns(egress)
+    # Under a policy with names the name check's redirect (a nat chain, which
+    # the kernel runs at its own priority, -100) follows: this chain runs first,
+    # so it judges a connection's real destination, not the check's address.
+    priority = "filter - 150" if egress.has_names else "filter"
     return f"""\
 {_swap("inet", TABLE, replace)}table inet {TABLE} {{
 {_connection_limit(budgets)}{sets}\tchain output {{
-\t\ttype filter hook output priority filter; policy drop;
+\t\ttype filter hook output priority {priority}; policy drop;
 \t\toifname "lo" accept
 {dns}\t\tip daddr @blocked_v4 meta l4proto tcp counter reject with tcp reset comment "blocked"
 \t\tip daddr @blocked_v4 counter reject with icmp type admin-prohibited comment "blocked"

@@ -16,7 +16,7 @@ from podbay.runtime.network.audit import (
     destinations,
     parse_sets,
 )
-from podbay.runtime.network.policy import KERNEL_MARK
+from podbay.runtime.network.policy import CHECK_MARK, KERNEL_MARK
 
 
 def _listing(sets: dict[str, list[tuple[str, object, int, int, int, float]]]) -> str:
@@ -49,12 +49,22 @@ def test_the_audit_chains_sit_around_the_policy_and_carry_no_verdict() -> None:
     inet = audit_ruleset()
     assert "table inet podbay_audit" in inet
     assert "netdev" not in inet
-    assert "hook output priority filter - 10" in inet
+    # Before the policy's chain, which runs at "filter - 150" under names.
+    assert "hook output priority filter - 175" in inet
     assert "hook output priority filter + 20" in inet
     assert f"size {SIZE}" in inet
     assert f"timeout {TIMEOUT}s" in inet
-    # Marked before the policy, so tap0's chains skip the kernel stack's packets.
+    # Marked before the policy, so tap0's chains skip the kernel stack's packets;
+    # the name check's own connection keeps its mark (the redirect reads it)
+    # and is not counted (the sandbox's connection to the check is, by its
+    # original destination), nor is what the sandbox answers.
     assert f"meta mark set {KERNEL_MARK:#x}" in inet
+    assert inet.index(f"meta mark {CHECK_MARK:#x} accept") < inet.index("meta mark set")
+    assert "ct direction reply accept" in inet
+    assert (
+        "update @reached_v4 { ct original ip daddr . meta l4proto . ct original proto-dst }" in inet
+    )
+    assert 'oifname "lo" ct status & dnat == 0 accept' in inet
     # Loaded again (adoption) it keeps its sets and its rules once.
     assert "flush chain inet podbay_audit attempted" in inet
     assert "delete" not in inet
@@ -65,8 +75,8 @@ def test_the_audit_chains_sit_around_the_policy_and_carry_no_verdict() -> None:
             assert not line.rstrip().endswith(("accept", "drop", "reset", "prohibited")), line
     tap = audit_ruleset(inet=False, tap=True)
     assert "table netdev podbay_audit_tap" in tap
-    assert 'hook egress device "tap0" priority filter - 10' in tap
-    assert f"meta mark {KERNEL_MARK:#x} accept" in tap
+    assert 'hook egress device "tap0" priority filter - 175' in tap
+    assert f"meta mark {{ {KERNEL_MARK:#x}, {CHECK_MARK:#x} }} accept" in tap
     assert "table inet" not in tap
     # No ports outside TCP and UDP: an ICMP "port" would be its checksum.
     assert "meta l4proto != { tcp, udp } update @reached_v4 { ip daddr . meta l4proto . 0 }" in tap

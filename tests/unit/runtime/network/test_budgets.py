@@ -11,6 +11,7 @@ import pytest
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.base import DriverError
 from podbay.runtime.network.policy import (
+    CHECK_MARK,
     MAX_BANDWIDTH_MBIT,
     MAX_NEW_CONNECTIONS_PER_SECOND,
     MTU,
@@ -109,7 +110,9 @@ def test_tap0_counts_only_what_a_user_space_stack_wrote() -> None:
     budget = tap[tap.index("chain budget") :]
     assert 'hook egress device "tap0" priority filter + 10; policy accept;' in budget
     # The kernel stack's packets were counted by inet's chain already.
-    assert budget.index(f"meta mark {mark} accept") < budget.index("limit name")
+    assert budget.index(f"meta mark {{ {mark}, {CHECK_MARK:#x} }} accept") < budget.index(
+        "limit name"
+    )
     assert "tcp flags & (syn | ack) == syn limit name" in budget
     assert 'ip protocol udp limit name "new_connections" counter drop comment "flow-rate"' in budget
     # A UDP flow seen in the last minute is no new one; a new one is counted.
