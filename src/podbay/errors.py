@@ -29,6 +29,7 @@
     ├── DriverError                      a machine operation failed (for an operator)
     │   ├── MachineNotFound              no machine with that id
     │   └── NetworkError                 a sandbox's network (podbay.runtime.network)
+    │       └── ConnectionCut            the name check refuses a connection (why: its message)
     │
     │   gateway
     ├── AgentAnswerInvalid               an agent's answer breaks the relay's limits
@@ -225,6 +226,11 @@ class MachineNotFound(DriverError):
 
 class NetworkError(DriverError):
     """Setting up, adopting or tearing down a sandbox's network failed."""
+
+
+class ConnectionCut(NetworkError):
+    """The name check refuses a sandbox's connection; the message says why
+    (logged, never shown to the sandbox, which sees a reset)."""
 
 
 class AgentAnswerInvalid(PodbayError):

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ...domain.egress import EgressPolicy
-from ...errors import NetworkError
+from ...errors import ConnectionCut, NetworkError
 from . import netns
 from .policy import CHECK_MARK
 from .sniff import MAX_PEEK, MORE, OTHER, Malformed, Named, Sniffed, sniff
@@ -168,10 +168,6 @@ def _reset(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
-
-
-class _Cut(Exception):
-    """A connection the check refuses; the message says why (logged)."""
 
 
 class NameCheck:
@@ -310,7 +306,7 @@ class NameCheck:
             if answered:
                 await loop.sock_sendall(client, answered)
             await self._relay(client, upstream)
-        except _Cut as cut:
+        except ConnectionCut as cut:
             self.cut += 1
             log.info(
                 "name check of %s: cut a connection to %s:%d: %s", self.label, *destination, cut
@@ -338,22 +334,24 @@ class NameCheck:
         try:
             address, port = original_destination(client)
         except OSError as exc:
-            raise _Cut(f"no original destination ({exc.strerror})") from None
+            raise ConnectionCut(f"no original destination ({exc.strerror})") from None
         if ipaddress.ip_address(address).is_loopback:
             # Not redirected: a connection to this socket itself (a sandbox, or
             # a vm guest through QEMU's gateway, reaching 127.0.0.1 straight).
-            raise _Cut("a connection straight to the check, not through it")
+            raise ConnectionCut("a connection straight to the check, not through it")
         return address, port
 
     def _judge(self, found: Sniffed, address: str) -> None:
         if isinstance(found, Malformed):
-            raise _Cut(f"{found.protocol} that does not parse: {found.why}")
+            raise ConnectionCut(f"{found.protocol} that does not parse: {found.why}")
         if isinstance(found, Named):
             for name in found.names:
                 if not self.policy.allows_named(name, address):
-                    raise _Cut(f"{found.protocol} names {name!r}, which the policy refuses")
+                    raise ConnectionCut(
+                        f"{found.protocol} names {name!r}, which the policy refuses"
+                    )
         elif found is not OTHER:
-            raise _Cut("no name")
+            raise ConnectionCut("no name")
 
     async def _first_bytes(
         self, client: socket.socket, upstream: socket.socket, connected: asyncio.Future[None]
@@ -375,7 +373,7 @@ class NameCheck:
                     if client_read in done:
                         data = client_read.result()
                         if not data:
-                            raise _Cut("the client ended before naming anything")
+                            raise ConnectionCut("the client ended before naming anything")
                         if not sent:
                             when = min(deadline.when() or 0.0, loop.time() + NAME_TIMEOUT)
                             deadline.reschedule(when)
@@ -393,7 +391,7 @@ class NameCheck:
                                 answered = server_read.result()
                             return found, sent, answered
                         if len(sent) >= MAX_PEEK:
-                            raise _Cut(f"no name in the first {MAX_PEEK} bytes")
+                            raise ConnectionCut(f"no name in the first {MAX_PEEK} bytes")
                         client_read = _recv_now(loop, client, MAX_PEEK - len(sent))
                         pending.add(client_read)  # type: ignore[arg-type]
                     if connected in done:
@@ -407,7 +405,7 @@ class NameCheck:
                             return OTHER, sent, answered
                         server_read = None  # read with the client's: kept for it
         except TimeoutError:
-            raise _Cut("no name in time" if sent else "nothing sent in time") from None
+            raise ConnectionCut("no name in time" if sent else "nothing sent in time") from None
         finally:
             for future, sock in ((client_read, client), (server_read, upstream)):
                 if future is not None and not future.done():
