@@ -24,7 +24,9 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from podbay.testing.platform import PlatformServer
 from podbay.wire.openapi import control_plane, data_plane
 
-pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
+# Alone: its last test counts what the fuzzing before it reached, which a
+# second worker's run does not see whole (46 control cases of 50 under xdist).
+pytestmark = [pytest.mark.root, pytest.mark.alone, pytest.mark.timeout(600)]
 
 #: Examples per operation: about two minutes for both documents on 2 cores.
 EXAMPLES = 30

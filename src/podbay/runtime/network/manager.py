@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import ipaddress
 import logging
@@ -335,30 +336,43 @@ class NetworkManager:
         """Start, update or stop the machine's resolver and name check for
         ``egress`` (``fresh``: a namespace just made, with no redirect yet)."""
         address = self._slirp_dns(machine_id)
+        if not await self._serve_resolver(machine_id, egress, address):
+            # Its address is held: another live process serves this machine's
+            # names (its node, beside `podbay gc` or a second driver adopting
+            # to look): the resolver and the name check stay that process's.
+            log.info("network of %s: its names are served by another process", machine_id)
+            return
         # A sandbox with its own network stack (gVisor, the one with that
         # address) sends frames the namespace's nat hook never sees: no check.
         checked = egress if address is None else OPEN
         await self._check_names(machine_id, checked, fresh=fresh)
+
+    async def _serve_resolver(
+        self, machine_id: str, egress: EgressPolicy, address: str | None
+    ) -> bool:
+        """Start, update or stop the machine's resolver; ``False`` when its
+        address is held by another process (``EADDRINUSE``)."""
         resolver = self._resolvers.get(machine_id)
-        if address is not None and self.enabled:
-            # slirp4netns's forwarder asks there whatever the policy.
-            if resolver is None:
-                resolver = self._resolver(machine_id, egress, host_address=address)
-                await resolver.start()  # an adoption: the address is this machine's
-                self._resolvers[machine_id] = resolver
-            resolver.policy = egress
-            return
-        if not self.enabled or not egress.has_names:
+        # slirp4netns's forwarder asks a gVisor sandbox's whatever the policy.
+        wanted = self.enabled and (address is not None or egress.has_names)
+        if not wanted:
             if resolver is not None:
                 del self._resolvers[machine_id]
                 await resolver.close()
-            return
+            return True
         if resolver is not None:
             resolver.policy = egress
-            return
-        resolver = self._resolver(machine_id, egress)
-        await resolver.start()
+            return True
+        resolver = self._resolver(machine_id, egress, host_address=address)
+        try:
+            await resolver.start()
+        except NetworkError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+                return False
+            raise
         self._resolvers[machine_id] = resolver
+        return True
 
     def _resolver(
         self, machine_id: str, egress: EgressPolicy, *, host_address: str | None = None
