@@ -6,6 +6,7 @@ they are checked here against a known upload."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -80,7 +81,12 @@ def test_counters_carry_the_bytes_each_replica_received(balancer, replicas):
         port = http.put("/upload", content=upload).text
     (name,) = [n for n, s in replicas.items() if str(s.server_address[1]) == port]
     (other,) = set(replicas) - {name}
-    after = balancer.counters()
+    # haproxy adds a session's bytes to its counters when the session ends,
+    # which may be just after the client has its answer and has closed.
+    deadline = time.monotonic() + 10
+    while (after := balancer.counters())[name].bytes_in - before[name].bytes_in < len(upload):
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
     assert after[name].bytes_in - before[name].bytes_in >= len(upload)
     # The other replica saw health checks only (a few hundred bytes), no upload.
     assert after[other].bytes_in - before[other].bytes_in < 64 << 10
