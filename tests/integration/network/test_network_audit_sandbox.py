@@ -6,43 +6,20 @@ the API and the CLI in test_network_egress_api.py."""
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from _nethelpers import PROBE, NetLab
+from _nethelpers import NetLab
+from test_network_sandbox import oci_session as oci_session  # the fixtures, per runtime
+from test_network_sandbox import oci_settings as oci_settings
+from test_network_sandbox import probe_inside
 
 from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.runtime.network import netns, nft
 from podbay.runtime.network.audit import Counted, parse_sets
-from podbay.settings import Settings
 from podbay.testing.fixtures import (
-    OCI_RUNTIMES,
     DriverSession,
-    Machine,
     Machines,
-    session_for,
-    settings_for,
 )
-
-
-@pytest.fixture(scope="module", params=OCI_RUNTIMES)
-def oci_settings(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Settings]:
-    yield from settings_for(tmp_path_factory, request.param)
-
-
-@pytest.fixture(scope="module")
-def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
-    yield from session_for(oci_settings)
-
-
-def probe_inside(machine: Machine, targets: list[tuple[str, str, int, str]]) -> list[list]:
-    done = machine.agent.exec(["python3", "-c", PROBE, json.dumps(targets)], timeout_ms=30_000)
-    assert done.ok, done.stderr
-    return json.loads(done.stdout)
 
 
 def listing(path: Path) -> dict[str, dict[str, dict[tuple[str, str, int], Counted]]]:

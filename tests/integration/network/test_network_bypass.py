@@ -12,11 +12,11 @@ import subprocess
 import sys
 import tempfile
 import typing
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from _nethelpers import restrictive_policies
+from test_network_sandbox import oci_session as oci_session  # the fixtures, per runtime
+from test_network_sandbox import oci_settings as oci_settings
 
 from podbay.cli.commands.doctor import Report, egress_bypass_probes
 from podbay.cli.output import Output
@@ -24,26 +24,10 @@ from podbay.domain.egress import EgressPolicy
 from podbay.runtime.base import Driver
 from podbay.runtime.network.decoy import LINK_PREFIX, WORKDIR_PREFIX, Decoy, remove_stale
 from podbay.runtime.probes import BYPASSES, egress_bypasses
-from podbay.settings import Settings
 from podbay.testing.fixtures import (
-    OCI_RUNTIMES,
     DriverSession,
     Machines,
-    session_for,
-    settings_for,
 )
-
-
-@pytest.fixture(scope="module", params=OCI_RUNTIMES)
-def oci_settings(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Settings]:
-    yield from settings_for(tmp_path_factory, request.param)
-
-
-@pytest.fixture(scope="module")
-def oci_session(oci_settings: Settings) -> Iterator[DriverSession]:
-    yield from session_for(oci_settings)
 
 
 def test_no_policy_that_is_not_open_lets_a_bypass_through(
