@@ -122,6 +122,12 @@ class RuntimeSettings:
     #: are refused, so one sandbox cannot fill the host's connection tracking
     #: or its network helper. 0: no cap; else 1 to 100000.
     egress_new_connections_per_second: int = 0
+    #: Classes whose suspend writes the sandbox's memory and processes to its
+    #: disk area and releases its host memory (attach restores them running);
+    #: the others, and a machine a class cannot checkpoint, keep the freezer
+    #: (memory stays resident). Comma-separated; empty: none
+    #: (docs/runtime.md, "Checkpoints").
+    checkpoint_classes: str = ""
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
     #: A sandbox's agent (``container`` class) that has had nothing to do for this

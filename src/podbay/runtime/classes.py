@@ -118,7 +118,22 @@ def enabled_classes(settings: Settings) -> tuple[str, ...]:
         raise ValueError(
             f"runtime.default_class={pin!r} is not enabled by runtime.classes ({', '.join(raw)})"
         )
+    checkpointing(settings)
     return tuple(raw)
+
+
+def checkpointing(settings: Settings) -> frozenset[str]:
+    """``runtime.checkpoint_classes``: the classes whose suspend checkpoints to
+    disk; ``ValueError`` naming an unknown class."""
+    raw = {part.strip() for part in settings.runtime.checkpoint_classes.split(",")}
+    raw.discard("")
+    unknown = sorted(raw - set(CLASSES))
+    if unknown:
+        raise ValueError(
+            f"runtime.checkpoint_classes: unknown class {unknown[0]!r}"
+            f" (known: {', '.join(CLASSES)})"
+        )
+    return frozenset(raw)
 
 
 def resolve_default(
