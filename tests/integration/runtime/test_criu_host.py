@@ -13,6 +13,7 @@ here may be skipped: a host without runc, busybox or the build fails with why.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -26,7 +27,10 @@ from typing import Any
 
 import pytest
 
+from podbay.errors import DriverError
 from podbay.host.criu import criu_env, criu_path
+from podbay.runtime.oci import criu_checkpoint
+from podbay.runtime.oci.runc import Runc
 
 pytestmark = pytest.mark.root
 
@@ -228,3 +232,60 @@ def _log(path: Path) -> str:
     if not path.is_file():
         return ""
     return "\n".join(line for line in path.read_text().splitlines() if "Error" in line)
+
+
+def test_criu_checkpoint_module_suspends_and_resumes_the_counter(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The same through podbay.runtime.oci.criu_checkpoint, as the driver will call
+    it: the images are root's alone, and the counter carries on."""
+    shipped_criu()
+    runc = Runc(need("runc"), tmp_path / "runc")
+    container = f"criu-test-{uuid.uuid4().hex[:8]}"
+    images = tmp_path / "images"
+    try:
+        before = start([*runc.argv("run", "-d", "--bundle", str(bundle), container)])
+        last = [before.next() for _ in range(2)][-1]
+        asyncio.run(criu_checkpoint.checkpoint(runc, container, images))
+        last = [last, *before.until_closed()][-1]
+        before.close()
+        assert runc.state(container) is None  # ended: its memory is released
+        assert_root_alone(images)
+
+        read, write = os.pipe()
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            asyncio.run(
+                criu_checkpoint.restore(
+                    runc,
+                    container,
+                    bundle,
+                    images,
+                    stdio=(null, write, write),
+                )
+            )
+        finally:
+            os.close(write)
+            os.close(null)
+        after = Lines(read)
+        assert [after.next() for _ in range(2)] == [last + 1, last + 2]
+        after.close()
+        assert_root_alone(images)  # handed back after the restore
+    finally:
+        subprocess.run([*runc.argv("delete", "--force", container)], capture_output=True)
+
+
+def assert_root_alone(images: Path) -> None:
+    """Nothing of a sandbox's may reach a checkpoint image: its gate is root's, 0700."""
+    assert images.stat().st_uid == 0
+    assert images.stat().st_mode & 0o777 == 0o700
+    assert (images / criu_checkpoint.IMAGES / "inventory.img").is_file()
+    assert all(p.stat().st_uid == 0 for p in (images / criu_checkpoint.IMAGES).iterdir())
+
+
+def test_criu_checkpoint_failure_quotes_criu(tmp_path: Path) -> None:
+    """A container that is not there: a DriverError, not a hang or a crash."""
+    shipped_criu()
+    runc = Runc(need("runc"), tmp_path / "runc")
+    with pytest.raises(DriverError, match="checkpoint of nothing-here failed"):
+        asyncio.run(criu_checkpoint.checkpoint(runc, "nothing-here", tmp_path / "images"))
