@@ -205,6 +205,18 @@ def test_the_image_is_outside_every_sandbox(
     assert "checkpoint.img\n" not in probe.stdout.split("\n", 1)[1]
 
 
+def test_a_hostname_given_while_checkpointed_holds_after_restore(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
+    driver = oci_session.driver
+    m = oci_machines.up()
+    oci_session.run(driver.suspend(m.id))
+    assert_checkpointed(oci_session, m)
+    oci_session.run(driver.assign(m.id, hostname="while-on-disk", labels={}))
+    oci_session.run(driver.resume(m.id))
+    assert m.sh("hostname; cat /etc/hostname").stdout == "while-on-disk\nwhile-on-disk\n"
+
+
 def test_a_checkpointed_machine_stops_and_is_destroyed(
     oci_machines: Machines, oci_session: DriverSession
 ) -> None:

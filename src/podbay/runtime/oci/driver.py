@@ -565,6 +565,7 @@ class OciDriver(RecordKeepingDriver):
         (socket_dir / checkpoint.RESUMED).unlink(missing_ok=True)
         try:
             await checkpoint.park_agent(paths.socket)
+            parked = time.perf_counter()
         except (DriverError, TimeoutError) as exc:
             log.warning("machine %s: no checkpoint, freezing instead: %s", machine_id, exc)
             await asyncio.to_thread(checkpoint.discard, paths.home)
@@ -587,12 +588,17 @@ class OciDriver(RecordKeepingDriver):
             await asyncio.to_thread(checkpoint.discard, paths.home)
             await self._unpark(machine_id)
             return False
+        saved = time.perf_counter()
         sealed = await asyncio.to_thread(checkpoint.seal, paths.home)
         await self.release(machine_id)
         log.info(
-            "machine %s checkpointed in %.0f ms: %d bytes",
+            "machine %s checkpointed in %.0f ms (park %.0f, runsc %.0f, digest and release"
+            " %.0f): %d bytes",
             machine_id,
             (time.perf_counter() - started) * 1000,
+            (parked - started) * 1000,
+            (saved - parked) * 1000,
+            (time.perf_counter() - saved) * 1000,
             sealed.bytes,
         )
         return True
@@ -691,6 +697,9 @@ class OciDriver(RecordKeepingDriver):
     async def _rename(self, machine_id: str, name: str) -> None:
         state = await self.runc.query(machine_id)
         if state is None or state.status not in ("running", "paused"):
+            if self._checkpointed(machine_id):
+                # Its kernel's name is in the image: set once it is restored.
+                self._hostname_on_resume[machine_id] = name
             return
         paths = self._paths(machine_id)
         suspended = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
