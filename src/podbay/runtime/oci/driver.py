@@ -590,6 +590,9 @@ class OciDriver(RecordKeepingDriver):
             return False
         saved = time.perf_counter()
         sealed = await asyncio.to_thread(checkpoint.seal, paths.home)
+        # Its state is on disk and its sentry exits: the fast end (runsc delete
+        # polls for the exit, a second and more), then the rest of the release.
+        await self.runc.delete(machine_id, discard=True)
         await self.release(machine_id)
         log.info(
             "machine %s checkpointed in %.0f ms (park %.0f, runsc %.0f, digest and release"
