@@ -272,8 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         if os.getpid() == 1:
             retitle()  # after configure, which reads the command line to execute on waking
         if hibernation is None:
-            server = Server(listener, app, protocol_refusal, reopen=_reopener(args))
-            app.park = server.park
+            reopen = _reopener(args)
+            server = Server(listener, app, protocol_refusal, reopen=reopen)
+            if reopen is not None:
+                watch = park.TcpWatch()
+                watch.start()
+                app.park, app.park_refusal = server.park, watch.refusal
             server.serve_forever()
         else:
             Server(

@@ -159,6 +159,8 @@ class App:
         self.relayed = False
         #: Parks the server for a checkpoint (:mod:`.park`); None: it cannot.
         self.park: Callable[[], bool] | None = None
+        #: Why the sandbox cannot be checkpointed now (:class:`.park.TcpWatch`).
+        self.park_refusal: Callable[[], str | None] | None = None
         self.routes: dict[str, dict[str, Route]] = {
             paths.INFO: {"GET": self.info},
             paths.EXEC: {"POST": self.exec},
@@ -233,7 +235,12 @@ class App:
         gateway relayed it (a client's: it would leave its sandbox unreachable
         until a restore) or when the agent serves on a socket it cannot bind
         again. The answer may be cut by the park itself."""
-        if _REQUEST_ID in req.headers or self.park is None or not self.park():
+        if _REQUEST_ID in req.headers or self.park is None:
+            raise ApiError(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
+        refusal = self.park_refusal() if self.park_refusal is not None else None
+        if refusal is not None:
+            raise ApiError(ErrorCode.SANDBOX_BUSY, f"cannot checkpoint now: {refusal}")
+        if not self.park():
             raise ApiError(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
         return json_response({"parking": True}, status=202)
 

@@ -11,12 +11,18 @@ socket's directory (bound from the host, so a new gofer shows the host's
 file after a restore). The agent then binds the socket again and serves on,
 with every process and its memory as they were. The host deletes the file
 before it parks the agent, so a park is never undone by a stale one.
+
+A park is refused (the host then freezes the sandbox as without
+checkpoints) while a TCP connection may be open or in TIME_WAIT
+(:class:`TcpWatch`): gVisor cannot save one, and its failed checkpoint ends
+the whole sandbox.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 #: The file whose appearance, beside the socket, tells a parked agent it runs again.
@@ -41,3 +47,78 @@ def wait_until_resumed(marker: str, *, poll: Callable[[float], object] | None = 
     wait = poll or threading.Event().wait
     while not os.path.exists(marker):
         wait(POLL_SECONDS)
+
+
+#: gVisor's netstack (2022) keeps a closed TCP connection in TIME_WAIT this
+#: long, and cannot save one that is connected or in TIME_WAIT: a checkpoint
+#: then fails and runsc ends the sandbox. Loopback ones save, but are not told
+#: apart in the counters below, so they count too.
+TIME_WAIT_SECONDS = 60.0
+#: How often :class:`TcpWatch` reads the counters.
+SAMPLE_SECONDS = 5.0
+SNMP = "/proc/net/snmp"
+
+
+def tcp_counters(text: str) -> tuple[int, int]:
+    """``(ActiveOpens + PassiveOpens, CurrEstab)`` from ``/proc/net/snmp``'s text.
+
+    >>> tcp_counters("Tcp: ActiveOpens PassiveOpens CurrEstab\\nTcp: 3 1 2\\n")
+    (4, 2)
+    """
+    rows = [line.split()[1:] for line in text.splitlines() if line.startswith("Tcp:")]
+    if len(rows) < 2:
+        return 0, 0
+    values = dict(zip(rows[0], rows[1], strict=False))
+    opens = int(values.get("ActiveOpens", 0)) + int(values.get("PassiveOpens", 0))
+    return opens, int(values.get("CurrEstab", 0))
+
+
+class TcpWatch:
+    """When the sandbox last opened a TCP connection, sampled every
+    :data:`SAMPLE_SECONDS` (a read of gVisor's own procfs), so that a park can
+    be refused while a connection may still be open or in TIME_WAIT: the host
+    then freezes the sandbox instead of checkpointing it."""
+
+    def __init__(self, read: Callable[[], str] | None = None) -> None:
+        self._read = read or _read_snmp
+        self._opens: int | None = None
+        self._changed = 0.0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.sample()
+        threading.Thread(target=self._run, name="tcp-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            threading.Event().wait(SAMPLE_SECONDS)
+            self.sample()
+
+    def sample(self, now: float | None = None) -> tuple[int, int]:
+        opens, established = tcp_counters(self._read())
+        with self._lock:
+            if opens != self._opens:
+                if self._opens is not None or opens > 0:
+                    self._changed = time.monotonic() if now is None else now
+                self._opens = opens
+        return opens, established
+
+    def refusal(self, now: float | None = None) -> str | None:
+        """Why the sandbox cannot be checkpointed now, or None."""
+        _, established = self.sample(now)
+        if established:
+            return f"{established} TCP connection(s) open"
+        current = time.monotonic() if now is None else now
+        with self._lock:
+            changed = self._changed
+        if changed and current - changed < TIME_WAIT_SECONDS + SAMPLE_SECONDS:
+            return "a TCP connection was opened lately and may be in TIME_WAIT"
+        return None
+
+
+def _read_snmp() -> str:
+    try:
+        with open(SNMP) as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -580,13 +580,22 @@ class OciDriver(RecordKeepingDriver):
                 break
             await asyncio.sleep(0.05)
         if code != 0:
-            log.warning(
-                "machine %s: runsc checkpoint failed, freezing instead: %s",
-                machine_id,
-                text.strip().splitlines()[0] if text.strip() else code,
-            )
+            first = text.strip().splitlines()[0][:300] if text.strip() else f"exit {code}"
             await asyncio.to_thread(checkpoint.discard, paths.home)
-            await self._unpark(machine_id)
+            try:
+                await self._unpark(machine_id)
+            except DriverError:
+                # This runsc ends the sandbox after a failed save (a TCP
+                # connection the agent's watch missed, say): its files stay.
+                if await self._observe_alive(machine_id):
+                    raise
+                await self.release(machine_id)
+                raise DriverError(
+                    f"runsc checkpoint failed and ended the sandbox (its files are kept): {first}"
+                ) from None
+            log.warning(
+                "machine %s: runsc checkpoint failed, freezing instead: %s", machine_id, first
+            )
             return False
         saved = time.perf_counter()
         sealed = await asyncio.to_thread(checkpoint.seal, paths.home)
