@@ -91,10 +91,12 @@ def test_a_park_closes_every_socket_and_a_marker_binds_it_again(
     assert relayed.status_code == 404
     assert client.get(paths.INFO).status_code == 200  # served on, kept connection too
     kept = socket.socket(socket.AF_UNIX)
+    kept.settimeout(30)
     kept.connect(sock_path)
+    kept.sendall(b"GET /v1/info HTTP/1.1\r\nHost: a\r\n\r\n")  # accepted: its thread holds it
+    assert kept.recv(4096).startswith(b"HTTP/1.1 200")
     answer = raw(sock_path, f"POST {paths.PARK} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
     assert answer == b"" or b" 202 " in answer.split(b"\r\n", 1)[0]
-    kept.settimeout(30)
     assert kept.recv(1) == b""  # the other connections are shut too
     kept.close()
     with pytest.raises(ConnectionRefusedError):  # no listener: nothing to save
@@ -103,13 +105,14 @@ def test_a_park_closes_every_socket_and_a_marker_binds_it_again(
     deadline = time.monotonic() + 30
     while True:
         try:
-            fresh = httpx.Client(transport=httpx.HTTPTransport(uds=sock_path), base_url="http://a")
-            clients.append(fresh)
-            listed = fresh.get("/v1/processes").json()["processes"]
+            raw(sock_path, "GET /v1/info HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
             break
-        except httpx.TransportError:
+        except (ConnectionRefusedError, FileNotFoundError):
             assert time.monotonic() < deadline, "the agent did not bind again"
             time.sleep(0.02)
+    fresh = httpx.Client(transport=httpx.HTTPTransport(uds=sock_path), base_url="http://a")
+    clients.append(fresh)
+    listed = fresh.get("/v1/processes").json()["processes"]
     assert [p["state"] for p in listed if p["process_id"] == spawned["process_id"]] == ["running"]
 
 
