@@ -306,6 +306,7 @@ def _reopener(args: Options) -> Callable[[], socket.socket] | None:
         return None
 
     def reopen() -> socket.socket:
+        park.announce_parked(path)
         park.wait_until_resumed(park.resumed_marker(path))
         return make_listener(args)
 

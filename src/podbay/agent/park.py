@@ -21,12 +21,17 @@ the whole sandbox.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 #: The file whose appearance, beside the socket, tells a parked agent it runs again.
 RESUMED = "resumed"
+#: The file the agent makes beside the socket once it holds no socket of the
+#: host's any more: only then may the host checkpoint (a failed checkpoint
+#: ends the sandbox).
+PARKED = "parked"
 
 #: How often a parked agent looks for :data:`RESUMED`: a restored agent answers
 #: within this (each look is one gofer request; nothing else runs meanwhile).
@@ -40,6 +45,15 @@ def resumed_marker(socket_path: str) -> str:
     '/.podbay/run/resumed'
     """
     return os.path.join(os.path.dirname(socket_path), RESUMED)
+
+
+def announce_parked(socket_path: str) -> None:
+    """Tell the host every socket of its is closed (:data:`PARKED`)."""
+    marker = os.path.join(os.path.dirname(socket_path), PARKED)
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+    except OSError as exc:  # the host then times out and freezes the sandbox
+        print(f"podbay-agent: cannot announce the park: {exc}", file=sys.stderr, flush=True)
 
 
 def wait_until_resumed(marker: str, *, poll: Callable[[float], object] | None = None) -> None:

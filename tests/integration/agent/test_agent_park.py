@@ -98,6 +98,11 @@ def test_a_park_closes_every_socket_and_a_marker_binds_it_again(
     answer = raw(sock_path, f"POST {paths.PARK} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
     assert answer == b"" or b" 202 " in answer.split(b"\r\n", 1)[0]
     assert kept.recv(1) == b""  # the other connections are shut too
+    parked = Path(sock_path).with_name(park.PARKED)  # said once every socket is closed
+    deadline = time.monotonic() + 30
+    while not parked.exists():
+        assert time.monotonic() < deadline, "the agent did not say it parked"
+        time.sleep(0.01)
     kept.close()
     with pytest.raises(ConnectionRefusedError):  # no listener: nothing to save
         raw(sock_path, "GET /v1/info HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -37,7 +37,10 @@ def probe_inside(machine: Machine, targets: list[tuple[str, str, int, str]]) -> 
 
 
 def test_the_network_after_a_restore_and_the_freezer_after_a_connection(
-    oci_machines: Machines, oci_session: DriverSession, testnet: NetLab
+    oci_machines: Machines,
+    oci_session: DriverSession,
+    testnet: NetLab,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     driver = oci_session.driver
     m = oci_machines.up()
@@ -55,6 +58,7 @@ def test_the_network_after_a_restore_and_the_freezer_after_a_connection(
     assert oci_session.run(driver.state(m.id)) is MachineState.SUSPENDED
     assert not checkpoint.sealed(home)
     assert driver.cgroups.frozen(driver._paths(m.id).cgroup)
+    assert "SANDBOX_BUSY" in caplog.text  # the agent's refusal, not a timeout
     oci_session.run(driver.resume(m.id))
     [(result, _)] = probe_inside(m, [testhost])
     assert result == "connected:testhost\n"

@@ -292,5 +292,5 @@ def _mounts_under(directory: Path) -> list[str]:
 def test_the_resumed_marker_names_agree() -> None:
     from podbay.agent import park
 
-    assert checkpoint.RESUMED == park.RESUMED
+    assert (checkpoint.RESUMED, checkpoint.PARKED) == (park.RESUMED, park.PARKED)
     assert os.path.basename(park.resumed_marker("/x/agent.sock")) == checkpoint.RESUMED

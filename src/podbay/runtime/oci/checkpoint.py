@@ -41,12 +41,22 @@ MANIFEST = "checkpoint.json"
 #: The file that ends the agent's park (the same name as podbay.agent.park.RESUMED,
 #: which the sandbox's side reads; a unit test keeps the two equal).
 RESUMED = "resumed"
+#: The file the parked agent makes there once it holds no host socket
+#: (podbay.agent.park.PARKED).
+PARKED = "parked"
+#: How often the host looks for :data:`PARKED`.
+PARKED_POLL_S = 0.005
 #: The agent's route that parks it (podbay.wire.paths.PARK).
 PARK_PATH = "/v1/park"
 #: How long the agent may take to close its connections after a park.
 PARK_TIMEOUT_S = 10.0
 
 _CHUNK = 1 << 20
+
+
+class ParkRefused(DriverError):
+    """The agent did not take the park (it refused, or could not be asked):
+    it serves on as before."""
 
 
 @dataclass(frozen=True)
@@ -158,11 +168,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-async def park_agent(socket_path: Path, within: float = PARK_TIMEOUT_S) -> None:
-    """Ask the agent to let go of its host socket and wait until it has shut
-    this connection (it shuts every one before it parks). A refusal or a
-    closed socket is a :class:`DriverError`."""
-    await asyncio.wait_for(asyncio.to_thread(_park, socket_path), within)
+async def park_agent(socket_path: Path, socket_dir: Path, within: float = PARK_TIMEOUT_S) -> None:
+    """Ask the agent to let go of its host sockets and wait until it says it
+    holds none (:data:`PARKED` in ``socket_dir``). A refusal, a closed socket
+    or no word in time is a :class:`DriverError`."""
+    parked = socket_dir / PARKED
+    parked.unlink(missing_ok=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    try:
+        await asyncio.wait_for(asyncio.to_thread(_park, socket_path), within)
+    except TimeoutError:
+        raise DriverError("the agent did not answer the park in time") from None
+    while not os.path.lexists(parked):  # noqa: ASYNC240 - one lstat on tmpfs
+        if loop.time() > deadline:
+            raise DriverError(f"the agent did not park within {within:.0f} s")
+        await asyncio.sleep(PARKED_POLL_S)
+    parked.unlink(missing_ok=True)
 
 
 def _park(socket_path: Path) -> None:
@@ -171,14 +193,15 @@ def _park(socket_path: Path) -> None:
             conn.settimeout(PARK_TIMEOUT_S)
             conn.connect(str(socket_path))
             conn.sendall(
-                f"POST {PARK_PATH} HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\n\r\n".encode()
+                f"POST {PARK_PATH} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
             )
             answer = b""
             with contextlib.suppress(ConnectionResetError):
                 while chunk := conn.recv(4096):
                     answer += chunk
     except OSError as exc:
-        raise DriverError(f"the agent could not be parked: {exc}") from None
+        raise ParkRefused(f"the agent could not be parked: {exc}") from None
     status = answer.split(b" ", 2)[1:2]
     if status and status[0] != b"202":
-        raise DriverError(f"the agent refused to park: {answer[:200]!r}")
+        raise ParkRefused(f"the agent refused to park: {answer[:300]!r}")

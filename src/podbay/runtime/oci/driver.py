@@ -69,8 +69,6 @@ from .runc import Runc
 log = logging.getLogger("podbay.runtime.oci")
 
 SOCKET_PATH_MAX = 107
-#: runsc checkpoint attempts while the parked agent's last socket closes.
-CHECKPOINT_TRIES = 5
 
 
 class OciDriver(RecordKeepingDriver):
@@ -564,21 +562,18 @@ class OciDriver(RecordKeepingDriver):
         image = await asyncio.to_thread(checkpoint.fresh_image_dir, paths.home)
         (socket_dir / checkpoint.RESUMED).unlink(missing_ok=True)
         try:
-            await checkpoint.park_agent(paths.socket)
+            await checkpoint.park_agent(paths.socket, socket_dir)
             parked = time.perf_counter()
-        except (DriverError, TimeoutError) as exc:
+        except DriverError as exc:
             log.warning("machine %s: no checkpoint, freezing instead: %s", machine_id, exc)
             await asyncio.to_thread(checkpoint.discard, paths.home)
+            if not isinstance(exc, checkpoint.ParkRefused):
+                await self._unpark(machine_id)  # it took the park, maybe late
             return False
-        code, text = 1, ""
-        for _ in range(CHECKPOINT_TRIES):
-            # A connection thread may still be closing its socket: tried again.
-            code, text = await self.runc.call(
-                "checkpoint", "--image-path", str(image), machine_id, check=False
-            )
-            if code == 0 or "bound host socket" not in text:
-                break
-            await asyncio.sleep(0.05)
+        # Once: this runsc ends the sandbox after a failed save.
+        code, text = await self.runc.call(
+            "checkpoint", "--image-path", str(image), machine_id, check=False
+        )
         if code != 0:
             first = text.strip().splitlines()[0][:300] if text.strip() else f"exit {code}"
             await asyncio.to_thread(checkpoint.discard, paths.home)
