@@ -628,6 +628,7 @@ class OciDriver(RecordKeepingDriver):
         paths = self._paths(machine_id)
         started = time.perf_counter()
         await asyncio.to_thread(checkpoint.verify, paths.home)
+        verified = time.perf_counter()
         await self.prepare()
         record = self._record(machine_id)
         await self.release(machine_id)  # whatever a dead incarnation left
@@ -642,9 +643,10 @@ class OciDriver(RecordKeepingDriver):
         if hostname is not None:
             await self._name_runsc(machine_id, hostname)
         log.info(
-            "machine %s restored in %.0f ms",
+            "machine %s restored in %.0f ms (digest check %.0f)",
             machine_id,
             (time.perf_counter() - started) * 1000,
+            (verified - started) * 1000,
         )
 
     async def _adopt_network(self, machine_id: str) -> bool:
