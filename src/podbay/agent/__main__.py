@@ -20,13 +20,14 @@ import socket
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
 from podbay.errors import UsageError as UsageError  # re-exported: defined in the one tree
 from podbay.wire import limits
 
-from . import VERSION, guard, guestpids, launcher, oom
+from . import VERSION, guard, guestpids, launcher, oom, park
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
 from .hibernate import Hibernation, no_children
@@ -271,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         if os.getpid() == 1:
             retitle()  # after configure, which reads the command line to execute on waking
         if hibernation is None:
-            Server(listener, app, protocol_refusal).serve_forever()
+            reopen = _reopener(args)
+            server = Server(listener, app, protocol_refusal, reopen=reopen)
+            if reopen is not None:
+                watch = park.TcpWatch()
+                watch.start()
+                app.park, app.park_refusal = server.park, watch.refusal
+            server.serve_forever()
         else:
             Server(
                 listener,
@@ -289,6 +296,21 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(args.socket)
     return 0
+
+
+def _reopener(args: Options) -> Callable[[], socket.socket] | None:
+    """For an agent on a socket it bound itself (gVisor's): after a park, wait
+    for the host's word that the sandbox was restored, then bind it again."""
+    path = args.socket
+    if path is None:
+        return None
+
+    def reopen() -> socket.socket:
+        park.announce_parked(path)
+        park.wait_until_resumed(park.resumed_marker(path))
+        return make_listener(args)
+
+    return reopen
 
 
 #: Signals a command expects at their default action when it starts.

@@ -157,6 +157,10 @@ class App:
         #: Whether a request relayed by the gateway (which names its request id)
         #: came in: the sandbox is in use, not waiting in a warm pool.
         self.relayed = False
+        #: Parks the server for a checkpoint (:mod:`.park`); None: it cannot.
+        self.park: Callable[[], bool] | None = None
+        #: Why the sandbox cannot be checkpointed now (:class:`.park.TcpWatch`).
+        self.park_refusal: Callable[[], str | None] | None = None
         self.routes: dict[str, dict[str, Route]] = {
             paths.INFO: {"GET": self.info},
             paths.EXEC: {"POST": self.exec},
@@ -184,6 +188,7 @@ class App:
             paths.TUNNEL: {"GET": self.tunnel},
             paths.STATS: {"GET": self.stats},
             paths.COMMANDS: {"GET": self.command_log},
+            paths.PARK: {"POST": self.park_for_checkpoint},
         }
 
     def __call__(self, req: Request) -> Response:
@@ -224,6 +229,20 @@ class App:
             return resp
         req.params = {"process_id": process_id} if process_id else {}
         return handler(req)
+
+    def park_for_checkpoint(self, req: Request) -> Response:
+        """The host's call before a checkpoint (:mod:`.park`). Refused when the
+        gateway relayed it (a client's: it would leave its sandbox unreachable
+        until a restore) or when the agent serves on a socket it cannot bind
+        again. The answer may be cut by the park itself."""
+        if _REQUEST_ID in req.headers or self.park is None:
+            raise ApiError(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
+        refusal = self.park_refusal() if self.park_refusal is not None else None
+        if refusal is not None:
+            raise ApiError(ErrorCode.SANDBOX_BUSY, f"cannot checkpoint now: {refusal}")
+        if not self.park():
+            raise ApiError(ErrorCode.ROUTE_NOT_FOUND, f"no route {req.path}")
+        return json_response({"parking": True}, status=202)
 
     # -- info and exec -------------------------------------------------------
     def info(self, req: Request) -> Response:

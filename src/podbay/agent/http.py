@@ -20,6 +20,7 @@ contract) and the connection closed.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import struct
@@ -651,8 +652,15 @@ class Server:
         refuse: Refuse,
         on_idle: Callable[[Connections], None] | None = None,
         idle_poll_seconds: float = 1.0,
+        reopen: Callable[[], socket.socket] | None = None,
     ) -> None:
         self.listener = listener
+        #: Parking (:mod:`.park`): blocks until the sandbox runs again, then
+        #: returns a new listener. None: this server cannot park.
+        self.reopen = reopen
+        self._wake_r, self._wake_w = os.pipe() if reopen is not None else (-1, -1)
+        #: Accepted connections, closed ones pruned at each accept: what a park shuts.
+        self._accepted: set[socket.socket] = set()
         self.handler = handler
         self.refuse = refuse
         self.on_idle = on_idle
@@ -693,10 +701,21 @@ class Server:
         on_idle, connections = self.on_idle, self.connections
         waiting = select.poll()
         waiting.register(self.listener, select.POLLIN)
+        parkable = self.reopen is not None
+        if parkable:
+            waiting.register(self._wake_r, select.POLLIN)
         while True:
-            if on_idle and connections and not waiting.poll(self.idle_poll_ms):
-                on_idle(connections)
-                continue
+            if parkable or (on_idle and connections):
+                events = waiting.poll(self.idle_poll_ms if on_idle and connections else None)
+                if not events and on_idle and connections:
+                    on_idle(connections)
+                    continue
+                if any(fd == self._wake_r for fd, _ in events):
+                    os.read(self._wake_r, 64)
+                    waiting.unregister(self.listener)
+                    self._park()
+                    waiting.register(self.listener, select.POLLIN)
+                    continue
             try:
                 sock, _ = self.listener.accept()
             except (ConnectionAbortedError, InterruptedError):
@@ -706,6 +725,9 @@ class Server:
                     threading.Event().wait(0.1)
                     continue
                 raise
+            if parkable:
+                self._accepted = {s for s in self._accepted if s.fileno() != -1}
+                self._accepted.add(sock)
             # A blocking socket with a kernel receive timeout: no poll per recv.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
             if tcp:
@@ -729,6 +751,37 @@ class Server:
                         connections.closed(sock)
                     sock.close()
                     threading.Event().wait(0.05)
+
+    def park(self) -> bool:
+        """Ask the accepting thread to park (:mod:`.park`); False when this
+        server cannot. Returns at once: the connection that asked is shut too."""
+        if self.reopen is None:
+            return False
+        os.write(self._wake_w, b"p")
+        return True
+
+    def _park(self) -> None:
+        """Close the listener and every connection, wait until each thread closed
+        its own (then no socket of the host's is left in the sandbox), and serve
+        on the listener :attr:`reopen` returns once the sandbox runs again."""
+        assert self.reopen is not None
+        self.listener.close()
+        for sock in self._accepted:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for _ in range(PARK_CLOSE_POLLS):
+            if all(sock.fileno() == -1 for sock in self._accepted):
+                break
+            threading.Event().wait(0.01)
+        self._accepted.clear()
+        print("podbay-agent: parked for a checkpoint", file=sys.stderr, flush=True)
+        self.listener = self.reopen()
+        print("podbay-agent: serving again after a restore", file=sys.stderr, flush=True)
+
+
+#: How many 10 ms waits a park gives connection threads to close their sockets
+#: (a thread writing a large answer notices the shutdown at its next send).
+PARK_CLOSE_POLLS = 500
 
 
 def _timeval(seconds: int) -> bytes:

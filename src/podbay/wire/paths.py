@@ -39,6 +39,8 @@ INFO: Final = "/v1/info"
 STATS: Final = "/v1/stats"
 #: The host's own call: the command log (docs/observability.md).
 COMMANDS: Final = "/v1/commands"
+#: The host's own call before a checkpoint (podbay.agent.park): not a client route.
+PARK: Final = "/v1/park"
 EXEC: Final = "/v1/exec"
 PROCESSES: Final = "/v1/processes"
 FILES: Final = "/v1/files"  # GET read, PUT write, DELETE remove; ?path=

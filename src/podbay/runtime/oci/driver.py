@@ -3,7 +3,10 @@
 create  = sparse ext4 file for the writable layer, record written → stopped
 start   = loop-mount + overlay, bundle, host-made agent socket, ``runc run -d``,
           ``GET /v1/info`` answers → running
-suspend = cgroup freezer (memory and files intact; runsc's too); resume = thaw
+suspend = cgroup freezer (memory and files intact; runsc's too); resume = thaw;
+          or, for gVisor with ``runtime.checkpoint_classes`` naming ``gvisor``:
+          checkpoint to the machine's data area, nothing left running, and
+          resume = restore (:mod:`.checkpoint`)
 stop    = ``runc delete --force``, unmount; the ext4 file stays → stopped
 destroy = all of stop, then the machine's directories → absent
 
@@ -27,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -51,13 +55,14 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..classes import GVISOR, checkpointing
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkHandle, NetworkManager, slirp
 from ..network.manager import until_set
 from ..network.policy import budgets
 from ..readiness import wait_ready
 from ..usage import Usage, cgroup_cpu_memory, filesystem_used, netns_bytes
-from . import bundle, runsc
+from . import bundle, checkpoint, runsc
 from .namer import Namer
 from .runc import Runc
 
@@ -93,6 +98,8 @@ class OciDriver(RecordKeepingDriver):
             if Path(self.rt.oci_runtime).name == "runsc"
             else Runc(self.rt.oci_runtime, self.layout.runc_root)
         )
+        #: Suspend checkpoints to disk (runsc, when the operator asks it for gvisor).
+        self.checkpoints = isinstance(self.runc, runsc.Runsc) and GVISOR in checkpointing(settings)
         self.cgroups = Cgroups()
         self.recipe = Recipe(
             mirror=self.rt.image_mirror,
@@ -210,12 +217,13 @@ class OciDriver(RecordKeepingDriver):
         self._records[record.spec.machine_id] = record
 
     # -- lifecycle ------------------------------------------------------------
-    async def _boot(self, record: records.MachineRecord) -> None:
+    async def _boot(self, record: records.MachineRecord, image: Path | None = None) -> None:
+        """Start the machine; ``image``: restored from that checkpoint (runsc)."""
         owned = None
         if self.runc.shares_host_kernel:
             owned = self._owned_userns(self._paths(record.spec.machine_id))
         try:
-            await self._boot_in(record, owned)
+            await self._boot_in(record, owned, image)
         finally:
             if owned is not None:
                 await owned.close()  # the sandbox (and the netns file) hold both now
@@ -226,7 +234,10 @@ class OciDriver(RecordKeepingDriver):
             self._namers[machine_id] = await self.runc.namer(machine_id, program)
 
     async def _boot_in(
-        self, record: records.MachineRecord, owned: userns.OwnedUserNamespace | None
+        self,
+        record: records.MachineRecord,
+        owned: userns.OwnedUserNamespace | None,
+        image_path: Path | None = None,
     ) -> None:
         spec = record.spec
         paths = self._paths(spec.machine_id)
@@ -318,6 +329,8 @@ class OciDriver(RecordKeepingDriver):
                 await asyncio.to_thread(storage.remove_tree, socket_dir)
                 socket_dir.mkdir(mode=0o700)
                 os.chown(socket_dir, self.rt.uid_base, self.rt.uid_base)  # sandbox root
+                if image_path is not None:  # the restored agent, parked, binds again
+                    (socket_dir / checkpoint.RESUMED).touch(mode=0o444)
         except BaseException:
             await _settle(mounted, netns_task)
             raise
@@ -335,7 +348,7 @@ class OciDriver(RecordKeepingDriver):
                     raise result
             if listener is None:
                 await self.runc.run_detached(
-                    spec.machine_id, paths.run, None, paths.console, netns=netns
+                    spec.machine_id, paths.run, None, paths.console, netns=netns, image=image_path
                 )
                 ready = asyncio.create_task(
                     runsc.wait_bound(
@@ -425,6 +438,8 @@ class OciDriver(RecordKeepingDriver):
         async with self._lock(machine_id):
             record = self._record(machine_id)
             await self.release(machine_id)
+            # Its processes end with the stop: a checkpoint of them is stale now.
+            await asyncio.to_thread(checkpoint.discard, self._paths(machine_id).home)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
                 log.info("machine %s stopped", machine_id)
@@ -503,12 +518,17 @@ class OciDriver(RecordKeepingDriver):
         return self.runc.is_runc or isinstance(self.runc, runsc.Runsc)
 
     async def _freeze(self, machine_id: str) -> None:
+        if self.checkpoints and await self._checkpoint(machine_id):
+            return
         if self._freezes_cgroup:
             await self.cgroups.freeze(self._paths(machine_id).cgroup)
         else:
             await self.runc.call("pause", machine_id)
 
     async def _thaw(self, machine_id: str) -> None:
+        if self._checkpointed(machine_id):
+            await self._restore(machine_id)
+            return
         cgroup = self._paths(machine_id).cgroup
         if self.runc.is_runc:
             self.cgroups.thaw(cgroup)
@@ -520,6 +540,122 @@ class OciDriver(RecordKeepingDriver):
         if hostname is not None:
             with contextlib.suppress(DriverError):  # e.g. thawed only to be killed
                 await self._name_runsc(machine_id, hostname)
+
+    # -- checkpoint to disk (runsc) ------------------------------------------
+    def _checkpointed(self, machine_id: str) -> bool:
+        """A complete checkpoint image is kept for the machine (then, with no
+        container running, it is suspended)."""
+        return checkpoint.sealed(self._paths(machine_id).home)
+
+    async def _checkpoint(self, machine_id: str) -> bool:
+        """Write the machine's memory and processes to its data area and end
+        everything of it on the host (sentry, gofer, stubs, slirp4netns, cgroup,
+        mounts, network namespace). ``False`` when runsc could not checkpoint
+        it: the machine then runs on as it was (the caller freezes it)."""
+        assert isinstance(self.runc, runsc.Runsc)
+        paths = self._paths(machine_id)
+        started = time.perf_counter()
+        socket_dir = paths.run / "agent"
+        # The pooled machine's naming process is a runsc exec, with host pipes
+        # gVisor cannot save: ended now, the name comes by runsc exec on restore.
+        await self._end_namer(machine_id)
+        image = await asyncio.to_thread(checkpoint.fresh_image_dir, paths.home)
+        (socket_dir / checkpoint.RESUMED).unlink(missing_ok=True)
+        try:
+            await checkpoint.park_agent(paths.socket, socket_dir)
+            parked = time.perf_counter()
+        except DriverError as exc:
+            log.warning("machine %s: no checkpoint, freezing instead: %s", machine_id, exc)
+            await asyncio.to_thread(checkpoint.discard, paths.home)
+            if not isinstance(exc, checkpoint.ParkRefused):
+                await self._unpark(machine_id)  # it took the park, maybe late
+            return False
+        # Once: this runsc ends the sandbox after a failed save.
+        code, text = await self.runc.call(
+            "checkpoint", "--image-path", str(image), machine_id, check=False
+        )
+        if code != 0:
+            first = text.strip().splitlines()[0][:300] if text.strip() else f"exit {code}"
+            await asyncio.to_thread(checkpoint.discard, paths.home)
+            try:
+                await self._unpark(machine_id)
+            except DriverError:
+                # This runsc ends the sandbox after a failed save (a TCP
+                # connection the agent's watch missed, say): its files stay.
+                if await self._observe_alive(machine_id):
+                    raise
+                await self.release(machine_id)
+                raise DriverError(
+                    f"runsc checkpoint failed and ended the sandbox (its files are kept): {first}"
+                ) from None
+            log.warning(
+                "machine %s: runsc checkpoint failed, freezing instead: %s", machine_id, first
+            )
+            return False
+        saved = time.perf_counter()
+        sealed = await asyncio.to_thread(checkpoint.seal, paths.home)
+        # Its state is on disk and its sentry exits: the fast end (runsc delete
+        # polls for the exit, a second and more), then the rest of the release.
+        await self.runc.delete(machine_id, discard=True)
+        await self.release(machine_id)
+        log.info(
+            "machine %s checkpointed in %.0f ms (park %.0f, runsc %.0f, digest and release"
+            " %.0f): %d bytes",
+            machine_id,
+            (time.perf_counter() - started) * 1000,
+            (parked - started) * 1000,
+            (saved - parked) * 1000,
+            (time.perf_counter() - saved) * 1000,
+            sealed.bytes,
+        )
+        return True
+
+    async def _unpark(self, machine_id: str) -> None:
+        """A parked agent of a machine still running binds its socket again."""
+        paths = self._paths(machine_id)
+        socket_dir = paths.run / "agent"
+        (socket_dir / checkpoint.RESUMED).touch(mode=0o444)
+        await runsc.wait_bound(
+            socket_dir / runsc.SOCKET_NAME,
+            paths.socket,
+            self.rt.start_timeout_seconds,
+            alive=lambda: self._observe_alive(machine_id),
+        )
+
+    async def _restore(self, machine_id: str) -> None:
+        """Start the machine from its checkpoint, once its digest holds; returns
+        when the agent answers. A failure leaves it suspended, image kept."""
+        paths = self._paths(machine_id)
+        started = time.perf_counter()
+        await asyncio.to_thread(checkpoint.verify, paths.home)
+        verified = time.perf_counter()
+        await self.prepare()
+        record = self._record(machine_id)
+        await self.release(machine_id)  # whatever a dead incarnation left
+        try:
+            await self._boot(record, checkpoint.image_dir(paths.home))
+        except BaseException as e:
+            log.warning("machine %s: restore failed, still suspended: %s", machine_id, e)
+            await self.release(machine_id)
+            raise
+        await asyncio.to_thread(checkpoint.discard, paths.home)
+        hostname = self._hostname_on_resume.pop(machine_id, None)
+        if hostname is not None:
+            await self._name_runsc(machine_id, hostname)
+        log.info(
+            "machine %s restored in %.0f ms (digest check %.0f)",
+            machine_id,
+            (time.perf_counter() - started) * 1000,
+            (verified - started) * 1000,
+        )
+
+    async def _adopt_network(self, machine_id: str) -> bool:
+        # A checkpointed machine has no network until it is restored.
+        if self._checkpointed(machine_id) and await self._observe(machine_id) is not (
+            MachineState.RUNNING
+        ):
+            return True
+        return await super()._adopt_network(machine_id)
 
     async def _name_runsc(self, machine_id: str, hostname: str) -> None:
         """Through the process waiting for it when there is one, else ``runsc exec``."""
@@ -570,6 +706,9 @@ class OciDriver(RecordKeepingDriver):
     async def _rename(self, machine_id: str, name: str) -> None:
         state = await self.runc.query(machine_id)
         if state is None or state.status not in ("running", "paused"):
+            if self._checkpointed(machine_id):
+                # Its kernel's name is in the image: set once it is restored.
+                self._hostname_on_resume[machine_id] = name
             return
         paths = self._paths(machine_id)
         suspended = state.status == "paused" or self.cgroups.frozen(paths.cgroup)
@@ -614,6 +753,8 @@ class OciDriver(RecordKeepingDriver):
     async def _observe(self, machine_id: str) -> MachineState:
         state = await self.runc.query(machine_id)
         if state is None or state.status not in ("running", "paused"):
+            if self._checkpointed(machine_id):
+                return MachineState.SUSPENDED
             return MachineState.STOPPED
         if state.status == "paused" or self.cgroups.frozen(self._paths(machine_id).cgroup):
             return MachineState.SUSPENDED

@@ -62,9 +62,14 @@ class Runc:
     #: the agent can serve on a socket the host made (fd 3).
     passes_fds = True
 
-    def launch_argv(self, container_id: str, bundle: Path, netns: Path | None) -> list[str]:
+    def launch_argv(
+        self, container_id: str, bundle: Path, netns: Path | None, image: Path | None = None
+    ) -> list[str]:
         """The command that starts the container detached (``netns`` is named in
-        the bundle for runc, which joins it itself)."""
+        the bundle for runc, which joins it itself); ``image``: restored from that
+        checkpoint (runsc only, today)."""
+        if image is not None:
+            raise DriverError(f"{self.binary}: restoring a checkpoint is not supported")
         # --no-new-keyring: every sandbox's root is the same host uid, and the kernel
         # allows one uid 200 keys (kernel.keys.maxkeys), so a session keyring per
         # container would stop the 201st sandbox. The seccomp profile refuses every
@@ -89,12 +94,13 @@ class Runc:
         inherit_rlimits: list[dict[str, Any]] | None = None,
         *,
         netns: Path | None = None,
+        image: Path | None = None,
     ) -> None:
         """Start the container detached, with ``agent_fd`` (if any) passed as fd 3;
         the container's own stdout and stderr (and the runtime's errors) go to
         ``log_path``. ``inherit_rlimits`` (OCI ``rlimits`` entries) are set on the
         runtime itself, through ``prlimit(1)``, so that the container inherits them."""
-        argv = self.launch_argv(container_id, bundle, netns)
+        argv = self.launch_argv(container_id, bundle, netns, image)
         exe = shutil.which(argv[0])
         if exe is None:
             raise DriverError(f"{argv[0]!r} not found on PATH")
@@ -134,7 +140,8 @@ class Runc:
             text = log_path.read_text(errors="replace")  # noqa: ASYNC240 - small, local
             tail = text.strip().splitlines()[-3:]
             raise DriverError(
-                f"{self.binary} run {container_id} failed (exit {code}): " + " | ".join(tail)
+                f"{self.binary} {'restore' if image else 'run'} {container_id} failed "
+                f"(exit {code}): " + " | ".join(tail)
             )
 
     def state(self, container_id: str) -> ContainerState | None:

@@ -131,8 +131,11 @@ class Runsc(Runc):
             *args,
         ]
 
-    def launch_argv(self, container_id: str, bundle: Path, netns: Path | None) -> list[str]:
-        run = self.argv("run", "--detach", "--bundle", str(bundle), container_id)
+    def launch_argv(
+        self, container_id: str, bundle: Path, netns: Path | None, image: Path | None = None
+    ) -> list[str]:
+        start = ["run"] if image is None else ["restore", "--image-path", str(image)]
+        run = self.argv(*start, "--detach", "--bundle", str(bundle), container_id)
         if netns is None:
             return run
         visible_proc = bundle / PROC_DIR
