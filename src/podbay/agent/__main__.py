@@ -29,7 +29,7 @@ from podbay.wire import limits
 from . import VERSION, guard, guestpids, launcher, oom
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
-from .hibernate import Hibernation, no_children
+from .hibernate import Hibernation, alone
 from .http import Server
 from .reaper import Reaper, become_subreaper
 
@@ -266,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         hibernation = Hibernation.configure(
             listener,
             from_fd=args.fd is not None,
-            may_sleep=lambda: app.relayed and not app.processes.list() and no_children(),
+            may_sleep=lambda: (
+                app.relayed and not app.processes.list() and alone(launcher.current_pid())
+            ),
+            before_sleep=lambda: launcher.retire(reaper) and alone(None),
         )
         if os.getpid() == 1:
             retitle()  # after configure, which reads the command line to execute on waking
