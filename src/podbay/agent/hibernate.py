@@ -5,7 +5,10 @@ modules, its threads) of an interpreter that has imported nothing and only
 waits (figures: docs/performance.md). So once the agent has had nothing to do for
 ``PODBAY_AGENT_HIBERNATE_SECONDS`` (the runtime sets it; unset or 0: never)
 it *hibernates*: it closes its idle connections and executes :data:`WAITER`
-with the same loader and interpreter, keeping only the listening socket. The
+with the same loader and interpreter, keeping only the listening socket (under gVisor, where
+the runtime passes ``--waiter``, the static program ``waiter.c`` instead:
+there the sandbox's every touched page is the sentry's memory, and the
+interpreter touches megabytes where that program touches kilobytes). The
 first connection that comes in wakes it: the waiter executes the agent's own
 command line again, and the new agent accepts that connection, which waited
 in the socket's backlog meanwhile. The waiter is the same process (PID 1 of the
@@ -66,20 +69,27 @@ while True:
 """
 
 
-def waiter_argv(cmdline: list[str], fd: int) -> list[str] | None:
+def waiter_argv(cmdline: list[str], fd: int, program: str | None = None) -> list[str] | None:
     """The waiter's command line for an agent started as ``cmdline`` (loader and
     interpreter options up to ``-c``, then the agent's program and options),
-    serving the socket ``fd``; None when ``cmdline`` is not of that shape.
+    serving the socket ``fd``; None when ``cmdline`` is not of that shape. The
+    waiter is :data:`WAITER` on the agent's own interpreter, or ``program``
+    (``waiter.c``: the same arguments, a fraction of the memory).
 
     >>> waiter_argv(["/ld.so", "/py", "-I", "-c", "main()", "--fd", "3"], 3)[:4]
     ['/ld.so', '/py', '-I', '-c']
+    >>> waiter_argv(["/py", "-c", "main()", "--fd", "3"], 3, "/w")
+    ['/w', '3', '/py', '-c', 'main()', '--fd', '3']
     >>> waiter_argv(["/py", "-m", "podbay.agent"], 3) is None
     True
     """
     if "-c" not in cmdline:
         return None
     start = cmdline.index("-c")
-    return [*cmdline[:start], "-c", WAITER, str(fd), *waking_argv(cmdline, start + 2, fd)]
+    woken = waking_argv(cmdline, start + 2, fd)
+    if program is not None:
+        return [program, str(fd), *woken]
+    return [*cmdline[:start], "-c", WAITER, str(fd), *woken]
 
 
 def waking_argv(cmdline: list[str], options: int, fd: int) -> list[str]:
@@ -140,8 +150,10 @@ class Hibernation:
         from_fd: bool,
         may_sleep: Callable[[], bool],
         before_sleep: Callable[[], bool] = lambda: True,
+        program: str | None = None,
     ) -> Hibernation | None:
-        """The agent's hibernation as its environment asks; None when off.
+        """The agent's hibernation as its environment asks, into the waiter
+        ``program`` if given (else :data:`WAITER`); None when off.
         Only a socket handed over (``from_fd``) or the sandbox's own (the agent
         is PID 1): a socket path of another agent's would be left behind."""
         raw = os.environ.get(ENV, "")
@@ -154,7 +166,7 @@ class Hibernation:
             return None
         if not from_fd and os.getpid() != 1:
             return None
-        argv = waiter_argv(own_cmdline(), listener.fileno())
+        argv = waiter_argv(own_cmdline(), listener.fileno(), program)
         if argv is None:
             return None
         return cls(seconds, listener, argv, may_sleep, before_sleep)
