@@ -127,3 +127,26 @@ def test_a_gvisor_sandbox_hibernates_wakes_guarded_and_hibernates_again(make_ser
     _wait_for_lines(console, HIBERNATING, 2)
     again = server.exec(handle, "sh", "-c", "cat /workspace/f; ps -e -o pid= | wc -l").json()
     assert again["stdout"].split()[0] == "kept"
+
+
+def test_a_gvisor_sandbox_with_a_process_left_stays_awake_until_it_ends(make_server):
+    """A command's orphan keeps the gVisor agent awake (read from the sandbox's
+    /proc: it may belong to the launcher or to PID 1); once it ends, the agent
+    hibernates."""
+    server = make_server(
+        {
+            "PODBAY_RUNTIME_CLASSES": "gvisor",
+            "PODBAY_RUNTIME_WARM_POOL": "0",
+            "PODBAY_RUNTIME_AGENT_HIBERNATE_SECONDS": "1",
+        }
+    )
+    token = server.create_deployment("busy-gvisor")
+    handle = server.attach(token, "busy").json()
+    started = server.exec(handle, "sh", "-c", "sleep 1000 > /dev/null 2>&1 &").json()
+    assert started["exit_code"] == 0
+    console = _console(server, _machine_of(server, handle))
+    time.sleep(4)  # four times the delay, as the runc case's stays_awake
+    assert HIBERNATING not in console.read_text(errors="replace")
+    assert server.exec(handle, "pkill", "-x", "sleep").json()["exit_code"] == 0
+    _wait_for_lines(console, HIBERNATING, 1)
+    assert server.exec(handle, "true").json()["exit_code"] == 0
