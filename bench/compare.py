@@ -496,12 +496,15 @@ class Podbay:
         kind of host process apart (``pss <kind>``: ``agent`` under runc,
         ``runsc-sandbox`` (the sentry, which holds the agent), ``runsc-gofer``
         and ``stub`` (ptrace's) under gVisor, ``qemu`` for a vm)."""
+        # Looked up first: an API call after the pause would go out on a kept
+        # connection the server's 5-s keep-alive may be closing (a reset).
+        machine_ids = {n: self.machine_id(n) for n in names}
         for n in names:
             self.client.exec(n, ["true"])
         time.sleep(settle)
         parts: dict[str, list[float]] = {}
         for n in names:
-            machine_id = self.machine_id(n)
+            machine_id = machine_ids[n]
             kinds: dict[str, float] = {}
             for pid in machine_pids(machine_id):
                 kind = process_kind(pid)
