@@ -227,6 +227,8 @@ def process_kind(pid: int) -> str:
         return "qemu"
     if name.startswith("runsc"):
         return name.split()[0]
+    if name.startswith("slirp4netns"):
+        return "slirp4netns"  # in the machine's cgroup too: counted as ``slirp`` alone
     return "agent"
 
 
@@ -494,15 +496,20 @@ class Podbay:
         kind of host process apart (``pss <kind>``: ``agent`` under runc,
         ``runsc-sandbox`` (the sentry, which holds the agent), ``runsc-gofer``
         and ``stub`` (ptrace's) under gVisor, ``qemu`` for a vm)."""
+        # Looked up first: an API call after the pause would go out on a kept
+        # connection the server's 5-s keep-alive may be closing (a reset).
+        machine_ids = {n: self.machine_id(n) for n in names}
         for n in names:
             self.client.exec(n, ["true"])
         time.sleep(settle)
         parts: dict[str, list[float]] = {}
         for n in names:
-            machine_id = self.machine_id(n)
+            machine_id = machine_ids[n]
             kinds: dict[str, float] = {}
             for pid in machine_pids(machine_id):
                 kind = process_kind(pid)
+                if kind == "slirp4netns":
+                    continue  # its slirp4netns, found below whichever cgroup it is in
                 kinds[kind] = kinds.get(kind, 0) + pss_kib(pid)
             kinds["sandbox"] = sum(kinds.values())
             found = pids_matching(
@@ -518,7 +525,9 @@ class Podbay:
     def awake_agent_kib(self, names: list[str]) -> float:
         """Median PSS of a sandbox's host processes, KiB, each measured right after
         an exec (before its agent could hibernate)."""
-        pids = {n: self.sandbox_pids(n) for n in names}
+        pids = {
+            n: [p for p in self.sandbox_pids(n) if process_kind(p) != "slirp4netns"] for n in names
+        }
         totals = []
         for n in names:
             self.client.exec(n, ["true"])

@@ -130,9 +130,11 @@ class RuntimeSettings:
     checkpoint_classes: str = ""
     #: Ready sandboxes kept per environment so that a new attach need not boot one.
     warm_pool: int = 2
-    #: A sandbox's agent (``container`` class) that has had nothing to do for this
-    #: long hands over to a waiter of ~2.3 MiB until its next request, which then
-    #: pays the agent's start-up (see docs/performance.md); 0: never.
+    #: A sandbox's agent (``container`` and ``gvisor`` classes) that has had
+    #: nothing to do for this long hands over to a waiter (a bare interpreter of
+    #: ~2.3 MiB under runc, the static ``waiter.c`` under gVisor) until its next
+    #: request, which then pays the agent's start-up (see docs/performance.md);
+    #: 0: never.
     agent_hibernate_seconds: float = 300.0
     #: Base image cache; empty means ``<data_dir>/images`` (tests share one across runs).
     image_dir: str = ""

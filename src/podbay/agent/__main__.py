@@ -30,7 +30,7 @@ from podbay.wire import limits
 from . import VERSION, guard, guestpids, launcher, oom, park
 from .app import App, protocol_refusal
 from .environment import EnvFileError, load_env_file
-from .hibernate import Hibernation, no_children
+from .hibernate import Hibernation, alone
 from .http import Server
 from .reaper import Reaper, become_subreaper
 
@@ -40,7 +40,7 @@ THREAD_STACK_BYTES = 1024 * 1024
 
 USAGE = """usage: podbay agent (--socket PATH | --listen HOST:PORT | --fd N)
                     [--workspace DIR] [--env-file PATH] [--guard-uid N] [--oom-fd N]
-                    [--launcher PATH] [--pids-max N]
+                    [--launcher PATH] [--pids-max N] [--waiter PATH]
 
 Run the sandbox agent (inside a sandbox).
 
@@ -56,6 +56,8 @@ Run the sandbox agent (inside a sandbox).
                       start commands with (default: the launcher in Python)
   --pids-max N        under --guard-uid, confine commands to a pids cgroup of
                       the sandbox's kernel that holds at most N (gVisor)
+  --waiter PATH       the program (waiter.c) an idle agent hibernates into
+                      (default: a bare Python interpreter; see hibernate.py)
 """
 
 
@@ -72,6 +74,7 @@ class Options:
     oom_fd: int | None = None
     launcher: str | None = None
     pids_max: int | None = None
+    waiter: str | None = None
 
 
 def parse_args(argv: list[str]) -> Options:
@@ -80,7 +83,7 @@ def parse_args(argv: list[str]) -> Options:
 
     >>> parse_args(["--fd", "3", "--env-file=/e.json"])  # doctest: +NORMALIZE_WHITESPACE
     Options(socket=None, listen=None, fd=3, workspace='/workspace', env_file='/e.json',
-            guard_uid=None, oom_fd=None, launcher=None, pids_max=None)
+            guard_uid=None, oom_fd=None, launcher=None, pids_max=None, waiter=None)
     """
     opts = Options()
     names = {
@@ -93,6 +96,7 @@ def parse_args(argv: list[str]) -> Options:
         "--oom-fd",
         "--launcher",
         "--pids-max",
+        "--waiter",
     }
     args = list(argv)
     while args:
@@ -267,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         hibernation = Hibernation.configure(
             listener,
             from_fd=args.fd is not None,
-            may_sleep=lambda: app.relayed and not app.processes.list() and no_children(),
+            may_sleep=lambda: (
+                app.relayed and not app.processes.list() and alone(launcher.current_pid())
+            ),
+            before_sleep=lambda: launcher.retire(reaper) and alone(None),
+            program=args.waiter,
         )
         if os.getpid() == 1:
             retitle()  # after configure, which reads the command line to execute on waking

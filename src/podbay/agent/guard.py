@@ -183,6 +183,46 @@ def _take_back(libc: Any, header: Any, data: Any, effective: list[int]) -> None:
         os._exit(70)
 
 
+@contextlib.contextmanager
+def as_root_for_exec() -> Iterator[None]:
+    """Around an exec of the agent's own command line (hibernation): this
+    thread's ids back to root's, so that the program starts as the sandbox's
+    first process did, with root's capabilities, and guards itself again. As
+    uid ``N`` it would keep none across the exec (this gVisor has no ambient
+    capabilities) and could no longer guard anything. Only the calling thread
+    changes (the exec takes its credentials); if the exec fails, the block's
+    end gives it the agent's ids and capabilities back. Nothing when not guarded.
+
+    Root only in the instant before the exec, with no other process in the
+    sandbox (the caller makes sure of that): no command can reach it then."""
+    if _uid is None:
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = capabilities(libc)
+    keep = [half.effective for half in data]
+    root = ctypes.c_uint(0)
+    try:
+        _ids_call(libc, "setresgid", root, root, root)
+        _ids_call(libc, "setresuid", root, root, root)
+        yield
+    finally:
+        own = ctypes.c_uint(_uid)
+        try:
+            # The gid first, while root may. To non-zero uids from root: the
+            # kernel keeps the permitted set (keep-caps) and empties the
+            # effective one, which comes back after.
+            _ids_call(libc, "setresgid", own, own, own)
+            _ids_call(libc, "setresuid", own, own, own)
+            for half, caps in zip(data, keep, strict=True):
+                half.effective = caps
+            set_capabilities(libc, header, data)
+        except OSError:
+            os._exit(70)  # never left as root with sandbox code about
+
+
 def foreign_caps() -> int:
     """The capabilities the agent does not have, as a mask (bit N: capability
     N), for the launcher program to drop from its bounding set."""

@@ -146,6 +146,35 @@ def spawn(
     raise AssertionError("unreachable")
 
 
+def current_pid() -> int | None:
+    """The launcher's pid while one may be running, None when there is none."""
+    if _current is None or _current.reaped.is_set():
+        return None
+    return _current.pid
+
+
+def retire(reaper: Reaper) -> bool:
+    """End the launcher before the agent hibernates (the exec would leave it
+    running with no one to ask it anything; the woken agent starts another at
+    its first command). True when none is left; False when it still has a
+    command of its own to report, or was not seen gone in time."""
+    global _current
+    with reaper.lock:
+        current = _current
+        if current is None:
+            return True
+        if current.running:
+            return False
+        current.kill()
+    if not current.reaped.wait(ANSWER_SECONDS):
+        return False
+    with reaper.lock:
+        if _current is current:
+            current.close()
+            _current = None
+    return True
+
+
 class Launcher:
     """The agent's side of one launcher process."""
 

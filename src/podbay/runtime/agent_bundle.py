@@ -131,6 +131,7 @@ def sandbox_argv(
     private_loader: bool = True,
     socket: str | None = None,
     launcher: str | None = None,
+    waiter: str | None = None,
 ) -> list[str]:
     """The sandbox's first process: the agent on the image's python (see
     :func:`image_python`), serving the socket on fd 3 (or binding the path
@@ -139,11 +140,14 @@ def sandbox_argv(
     Without the private loader (a kernel of the sandbox's own: gVisor) the
     agent guards itself instead: it runs as :data:`~podbay.agent.protocol.DEFAULT_UID` and
     starts commands in user namespaces without that id (:mod:`podbay.agent.guard`),
-    through the program ``launcher`` when one is given (``launcher.c``)."""
+    through the program ``launcher`` when one is given (``launcher.c``), and
+    hibernates into the program ``waiter`` when one is given (``waiter.c``)."""
     listen = ["--socket", socket] if socket else ["--fd", "3"]
     guarded = [] if private_loader else ["--guard-uid", str(DEFAULT_UID)]
     if guarded and launcher:
         guarded += ["--launcher", launcher]
+    if guarded and waiter:
+        guarded += ["--waiter", waiter]
     agent = staging.agent_argv(
         image_python(image_rootfs, inside=True, private_loader=private_loader),
         AGENT_DIR,

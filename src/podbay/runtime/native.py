@@ -43,6 +43,8 @@ PROGRAMS = (
     Program("statx-shim.so", "runtime/oci/statx_shim.c", ("-shared", "-fPIC"), 0o755),
     # The agent's launcher of commands under gVisor; static: whatever the image's libc.
     Program("launcher", "agent/launcher.c", ("-static",), 0o755),
+    # Waits for a hibernating gvisor agent's next connection (agent/hibernate.py).
+    Program("waiter", "agent/waiter.c", ("-static",), 0o755),
     # Sets a pooled gvisor machine's hostname at hand-out (runtime/oci/namer.py).
     Program("namer", "runtime/oci/namer.c", ("-static",), 0o755),
     # Starts `runsc run` in a machine's namespaces in one exec (host only).

@@ -70,6 +70,16 @@ def test_without_the_private_loader_the_images_own_is_used(tmp_path: Path) -> No
     assert shared[0] == f"/.podbay/image/{LIB}/ld-linux-x86-64.so.2"
     # Without the host kernel's protection the agent guards itself (agent.guard).
     assert shared[1:] == [*private[1:], "--guard-uid", "65535"]
+    # And hibernates into the static waiter the runtime binds in (waiter.c).
+    programs = agent_bundle.sandbox_argv(
+        root, private_loader=False, launcher="/.podbay/launcher", waiter="/.podbay/waiter"
+    )
+    assert programs[len(shared) :] == [
+        "--launcher",
+        "/.podbay/launcher",
+        "--waiter",
+        "/.podbay/waiter",
+    ]
 
 
 def test_the_newest_real_python_is_chosen(tmp_path: Path) -> None:

@@ -187,8 +187,9 @@ class OciDriver(RecordKeepingDriver):
         socket = None if self.runc.passes_fds else f"{runsc.SOCKET_DIR}/{runsc.SOCKET_NAME}"
         shim = self._statx_shim
         launcher = runsc.LAUNCHER_IN_SANDBOX if shim and (shim / "launcher").exists() else None
+        waiter = runsc.WAITER_IN_SANDBOX if shim and (shim / "waiter").exists() else None
         return agent_bundle.sandbox_argv(
-            image.rootfs, private_loader=private, socket=socket, launcher=launcher
+            image.rootfs, private_loader=private, socket=socket, launcher=launcher, waiter=waiter
         )
 
     @property

@@ -339,8 +339,10 @@ SHIM_IN_SANDBOX = "/.podbay/statx-shim.so"
 LAUNCHER_IN_SANDBOX = "/.podbay/launcher"
 #: Where the program that names a pooled sandbox (namer.c) appears inside one.
 NAMER_IN_SANDBOX = "/.podbay/namer"
+#: Where the hibernating agent's waiter (podbay/agent/waiter.c) appears inside one.
+WAITER_IN_SANDBOX = "/.podbay/waiter"
 #: The programs a gvisor run directory gets a copy of (runsc-enter: host only).
-STAGED_PROGRAMS = ("statx-shim.so", "launcher", "namer", "runsc-enter")
+STAGED_PROGRAMS = ("statx-shim.so", "launcher", "namer", "waiter", "runsc-enter")
 
 
 def stage_statx_shim(run_dir: Path, *, native: Path = NATIVE_DIR) -> Path:
@@ -396,6 +398,7 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
             ("ld.so.preload", "/etc/ld.so.preload"),
             ("launcher", LAUNCHER_IN_SANDBOX),
             ("namer", NAMER_IN_SANDBOX),
+            ("waiter", WAITER_IN_SANDBOX),
         ):
             if not (shim / name).exists():
                 continue

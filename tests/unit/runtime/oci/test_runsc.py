@@ -196,7 +196,7 @@ def test_the_prebuilt_programs_are_copied_to_each_run_directory_without_a_compil
     first = runsc.stage_statx_shim(tmp_path / "run1", native=native)
     second = runsc.stage_statx_shim(tmp_path / "run2", native=native)
     assert second.parent.parent == tmp_path / "run2"
-    for name in ("statx-shim.so", "launcher", "namer", "runsc-enter"):
+    for name in ("statx-shim.so", "launcher", "namer", "waiter", "runsc-enter"):
         assert (
             (second / name).read_bytes()
             == (native / name).read_bytes()
