@@ -9,6 +9,7 @@ a simulated reboot (the run directory, cgroup and network namespace gone).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from podbay.agent.protocol import HIBERNATE_ENV
 from podbay.runtime.base import DriverError, MachineState
 from podbay.runtime.oci import checkpoint
 from podbay.runtime.oci.driver import OciDriver
@@ -41,7 +43,9 @@ COUNTER = (
 
 @pytest.fixture(scope="module")
 def oci_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    yield from settings_for(tmp_path_factory, "runsc", checkpoint_classes="gvisor")
+    yield from settings_for(
+        tmp_path_factory, "runsc", checkpoint_classes="gvisor", agent_hibernate_seconds=0.5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +121,16 @@ def test_a_counter_keeps_counting_across_checkpoint_and_restore(
     log = [int(v) for v in m.sh("cat /workspace/log").stdout.split()]
     assert log == list(range(1, len(log) + 1))
     assert len(log) >= after - 1
+
+
+def test_a_checkpointing_machine_s_agent_does_not_hibernate(
+    oci_machines: Machines, oci_session: DriverSession
+) -> None:
+    """Its agent parks for a checkpoint instead (a hibernated one could not):
+    it is started without a hibernation delay, whatever the setting."""
+    m = oci_machines.up()
+    config = json.loads((oci_session.driver._paths(m.id).run / "config.json").read_text())
+    assert not [e for e in config["process"]["env"] if e.startswith(f"{HIBERNATE_ENV}=")]
 
 
 def test_a_second_checkpoint_of_a_restored_machine(

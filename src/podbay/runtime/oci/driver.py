@@ -293,7 +293,10 @@ class OciDriver(RecordKeepingDriver):
                 loader=(
                     image_view / agent_bundle.LOADER_COPY if self.runc.shares_host_kernel else None
                 ),
-                hibernate_seconds=self.rt.agent_hibernate_seconds,
+                # A parked agent (checkpoint) and a hibernated one hold the
+                # socket each its own way; a checkpointing class releases the
+                # whole sandbox's memory at suspend instead.
+                hibernate_seconds=0 if self.checkpoints else self.rt.agent_hibernate_seconds,
                 userns=None if owned is None else owned.userns_path,
             )
             config = bundle.config(facts)
