@@ -100,7 +100,11 @@ class OciDriver(RecordKeepingDriver):
             extra_cas=local_ca_certificates(self.rt.image_extra_ca_dir),
         )
         self.capabilities = Capabilities(
-            suspend=True, stop_keeps_files=True, network=self.network.enabled, move=True
+            suspend=True,
+            stop_keeps_files=True,
+            network=self.network.enabled,
+            move=True,
+            fork=True,
         )
         self._image: Image | None = None
         self._agent_dir: Path | None = None
@@ -520,6 +524,15 @@ class OciDriver(RecordKeepingDriver):
         if hostname is not None:
             with contextlib.suppress(DriverError):  # e.g. thawed only to be killed
                 await self._name_runsc(machine_id, hostname)
+
+    async def _hold_still(self, machine_id: str, observed: MachineState) -> None:
+        """Frozen, then the host's cache of its disk's filesystem written into
+        the disk file: a copy of the file then holds every write the sandbox
+        made (the ext4 journal replays on the copy's first mount)."""
+        await super()._hold_still(machine_id, observed)
+        mount = self._paths(machine_id).disk_mount
+        if storage.holds_own_mount(mount):
+            await asyncio.to_thread(storage.syncfs, mount)
 
     async def _name_runsc(self, machine_id: str, hostname: str) -> None:
         """Through the process waiting for it when there is one, else ``runsc exec``."""
