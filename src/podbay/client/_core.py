@@ -32,6 +32,8 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
     EgressAudit,
+    ForkRequest,
+    ForkResult,
     NetworkPolicy,
     Preparing,
     SandboxHandle,
@@ -234,6 +236,12 @@ class Core:
         if policy is None:
             return self._control("GET", paths.sandbox_network_path(name))
         return self._control("PUT", paths.sandbox_network_path(name), json=codec.encode(policy))
+
+    def fork_request(self, name: str, new_names: list[str]) -> httpx.Request:
+        """``POST`` a fork of the sandbox into ``new_names``."""
+        one = len(new_names) == 1
+        body = ForkRequest(name=new_names[0]) if one else ForkRequest(names=new_names)
+        return self._control("POST", paths.sandbox_fork_path(name), json=codec.encode(body))
 
     def egress_request(self, name: str) -> httpx.Request:
         """``GET`` the sandbox's egress audit."""
@@ -535,6 +543,13 @@ class Core:
 
     def parse_network(self, response: httpx.Response) -> NetworkPolicy:
         return self.expect(response, NetworkPolicy, 200)
+
+    def parse_fork(self, response: httpx.Response) -> ForkResult:
+        """The fork's answer; each new sandbox's handle is kept for its calls."""
+        result = self.expect(response, ForkResult, 200)
+        for handle in result.sandboxes:
+            self.store(handle.name, handle)
+        return result
 
     def parse_egress(self, response: httpx.Response) -> EgressAudit:
         return self.expect(response, EgressAudit, 200)
