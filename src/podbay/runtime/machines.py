@@ -321,10 +321,10 @@ class RecordKeepingDriver(ABC):
     async def fork(self, source_id: str, copies: Sequence[ForkCopy]) -> float:
         """Make each of ``copies`` here, stopped, with the files ``source_id``
         holds now (:class:`~.base.ForkingDriver`). A running source is held
-        still (:meth:`_hold_still`) while its disk is copied, once for every
-        copy, and runs on after; a suspended one stays suspended. The seconds
-        it was held are returned. Each copy appears whole (one rename) or not
-        at all; on failure none is left."""
+        still (:meth:`_hold_still`) while its disk is copied once, and runs on
+        after (further copies are made from the first); a suspended one stays
+        suspended. The seconds it was held are returned. Each copy appears
+        whole (one rename) or not at all; on failure none is left."""
         for copy in copies:
             check_machine_id(copy.machine_id)
             if self._paths(copy.machine_id).home.exists():
@@ -374,30 +374,31 @@ class RecordKeepingDriver(ABC):
         return held
 
     async def _copy_disk(self, source_id: str, disk: Path, targets: list[Path]) -> float:
-        """``disk`` copied to each of ``targets``; the seconds the source was held."""
+        """``disk`` copied to each of ``targets``; the seconds the source was held.
+        A live source is held for one copy only: the others are made from that
+        one once it runs again."""
+        first, rest = targets[0], targets[1:]
 
-        def copy_all(sync: bool) -> None:
-            for target in targets:
-                storage.sparse_copy(disk, target, sync=sync)
-
-        def sync_all() -> None:
-            for target in targets:
-                storage.sync_file(target)
+        def copy_rest() -> None:
+            for target in rest:
+                storage.sparse_copy(first, target)
 
         observed = await self._observe(source_id)
         if observed is MachineState.STOPPED:
             await self.release(source_id)  # whatever a dead incarnation left
-            await asyncio.to_thread(copy_all, True)
+            await asyncio.to_thread(storage.sparse_copy, disk, first)
+            await asyncio.to_thread(copy_rest)
             return 0.0
         started = time.perf_counter()
         await self._hold_still(source_id, observed)
         try:
-            # Not synced while the source is held: the copies' fsync comes after.
-            await asyncio.to_thread(copy_all, False)
+            # Not synced while the source is held: the copy's fsync comes after.
+            await asyncio.to_thread(storage.sparse_copy, disk, first, sync=False)
         finally:
             await self._let_go(source_id, observed)
         held = time.perf_counter() - started
-        await asyncio.to_thread(sync_all)
+        await asyncio.to_thread(storage.sync_file, first)
+        await asyncio.to_thread(copy_rest)
         return held
 
     async def _hold_still(self, machine_id: str, observed: MachineState) -> None:

@@ -472,7 +472,7 @@ class SandboxService:
                 return await self._fork_into(transitions, row, node, new_names, made)
             except BaseException as exc:
                 for new in made.values():
-                    await node.withdraw(new.id)
+                    await self._quietly(node.withdraw(new.id))
                     await self._undo_create(new, node)
                 if isinstance(exc, ApiError | asyncio.CancelledError):
                     raise
