@@ -238,10 +238,17 @@ class Core:
         return self._control("PUT", paths.sandbox_network_path(name), json=codec.encode(policy))
 
     def fork_request(self, name: str, new_names: list[str]) -> httpx.Request:
-        """``POST`` a fork of the sandbox into ``new_names``."""
+        """``POST`` a fork of the sandbox into ``new_names``. It is answered once
+        every copy runs, so it waits the request timeout once per copy and once
+        more (a vm copy boots a guest; several boot side by side)."""
         one = len(new_names) == 1
         body = ForkRequest(name=new_names[0]) if one else ForkRequest(names=new_names)
-        return self._control("POST", paths.sandbox_fork_path(name), json=codec.encode(body))
+        request = self._control("POST", paths.sandbox_fork_path(name), json=codec.encode(body))
+        wait = self.config.timeout_seconds * (len(new_names) + 1)
+        request.extensions["timeout"] = httpx.Timeout(
+            self.config.timeout_seconds, read=wait
+        ).as_dict()
+        return request
 
     def egress_request(self, name: str) -> httpx.Request:
         """``GET`` the sandbox's egress audit."""
