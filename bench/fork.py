@@ -55,6 +55,8 @@ def measure(client: SandboxClient, class_: str, rounds: int, mib: int, copies: i
         first.append((time.perf_counter() - started) * 1000)
         one_paused.append(result.paused_ms)
         client.delete(name)
+        if copies < 2:
+            continue
         names = [f"{source}-m{i}-{uuid.uuid4().hex[:4]}" for i in range(copies)]
         started = time.perf_counter()
         result = client.fork(source, *names)
@@ -63,7 +65,7 @@ def measure(client: SandboxClient, class_: str, rounds: int, mib: int, copies: i
         for name in names:
             client.delete(name)
     client.delete(source)
-    return {
+    found: dict = {
         "class": class_,
         "mib": mib,
         "rounds": rounds,
@@ -72,8 +74,10 @@ def measure(client: SandboxClient, class_: str, rounds: int, mib: int, copies: i
             "fork_ms": median(one_fork),
             "first_command_ms": median(first),
         },
-        f"{copies}_copies": {"paused_ms": median(many_paused), "fork_ms": median(many_fork)},
     }
+    if many_fork:
+        found[f"{copies}_copies"] = {"paused_ms": median(many_paused), "fork_ms": median(many_fork)}
+    return found
 
 
 def main() -> None:
@@ -81,7 +85,7 @@ def main() -> None:
     parser.add_argument("--classes", default="container,gvisor")
     parser.add_argument("-n", type=int, default=5)
     parser.add_argument("--mib", type=int, default=100)
-    parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument("--copies", type=int, default=4, help="below 2: one copy only")
     args = parser.parse_args()
     classes = args.classes.split(",")
     env = {"PODBAY_RUNTIME_CLASSES": ",".join(classes), "PODBAY_CAPS_PER_DEPLOYMENT": "40"}
