@@ -455,6 +455,12 @@ class SandboxService:
             row = await self.store.get_sandbox(deployment.id, name)
             if row is None or not row.state.visible:
                 raise not_found(name)
+            if row.state is S.CREATING:
+                raise ApiError(
+                    ErrorCode.SANDBOX_FORK_UNSUPPORTED,
+                    f"sandbox {name!r} is still being made; fork it once it runs",
+                    retry_after=1.0,
+                )
             node = self.nodes.of(row)  # refuses a sandbox whose node is lost
             if not node.can_fork(row.class_):
                 raise ApiError(
