@@ -76,6 +76,9 @@ RESTART_WAIT_SECONDS = 30.0
 FIRST_CONTACT_WAIT_SECONDS = 3.0
 #: A cached handle with less than this left before ``expires_at`` is renewed first.
 HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
+#: What a fork's answer may take per copy beyond the request timeout: the
+#: server's longest start (a vm guest under TCG, 120 s) and its copy.
+FORK_START_SECONDS = 150.0
 #: ``"auto"`` uses the native files API where ``/v1/info`` advertises it;
 #: ``"native"`` insists on it; ``"base64"`` forces the reference's exec path.
 FilesMode = Literal["auto", "native", "base64"]
@@ -239,15 +242,15 @@ class Core:
 
     def fork_request(self, name: str, new_names: list[str]) -> httpx.Request:
         """``POST`` a fork of the sandbox into ``new_names``. It is answered once
-        every copy runs, so it waits the request timeout once per copy and once
-        more (a vm copy boots a guest; several boot side by side)."""
+        every copy runs, and the copies start one after another, each within
+        the server's start timeout (a vm guest under TCG: 120 s), so the
+        answer is waited for that long per copy beyond the request timeout."""
         one = len(new_names) == 1
         body = ForkRequest(name=new_names[0]) if one else ForkRequest(names=new_names)
         request = self._control("POST", paths.sandbox_fork_path(name), json=codec.encode(body))
-        wait = self.config.timeout_seconds * (len(new_names) + 1)
-        request.extensions["timeout"] = httpx.Timeout(
-            self.config.timeout_seconds, read=wait
-        ).as_dict()
+        timeout = self.config.timeout_seconds
+        wait = timeout + FORK_START_SECONDS * len(new_names)
+        request.extensions["timeout"] = httpx.Timeout(timeout, read=wait).as_dict()
         return request
 
     def egress_request(self, name: str) -> httpx.Request:
