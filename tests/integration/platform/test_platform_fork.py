@@ -43,7 +43,7 @@ for target in sys.argv[1:]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
-    classes = [*CLASSES, "vm"] if os.environ.get("PODBAY_TEST_FORK_VM") else CLASSES
+    classes = [*CLASSES, "vm"]
     env = {"PODBAY_RUNTIME_CLASSES": ",".join(classes), "PODBAY_CAPS_PER_DEPLOYMENT": "40"}
     with PlatformServer.start(tmp_path_factory.mktemp("fork"), env=env) as s:
         deadline = time.monotonic() + 900
@@ -233,7 +233,6 @@ def _refusals(
     assert refused.value.code == "SANDBOX_NAME_TAKEN"
 
 
-@pytest.mark.skipif(not os.environ.get("PODBAY_TEST_FORK_VM"), reason="vm: PODBAY_TEST_FORK_VM=1")
 def test_a_vm_fork_has_the_files_and_diverges(client: SandboxClient) -> None:
     source, copy = _name("src-vm"), _name("fork-vm")
     client.attach(source, "vm")
