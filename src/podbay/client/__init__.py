@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "SandboxRecord": "podbay.client._models",
     "NetworkPolicy": "podbay.client._models",
     "EgressAudit": "podbay.client._models",
+    "ForkResult": "podbay.client._models",
     "EgressDestination": "podbay.client._models",
     "Preparing": "podbay.client._models",
     "BuildStep": "podbay.client._models",

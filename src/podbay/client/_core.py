@@ -32,6 +32,8 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
     EgressAudit,
+    ForkRequest,
+    ForkResult,
     NetworkPolicy,
     Preparing,
     SandboxHandle,
@@ -74,6 +76,9 @@ RESTART_WAIT_SECONDS = 30.0
 FIRST_CONTACT_WAIT_SECONDS = 3.0
 #: A cached handle with less than this left before ``expires_at`` is renewed first.
 HANDLE_REFRESH_MARGIN = timedelta(seconds=60)
+#: What a fork's answer may take per copy beyond the request timeout: the
+#: server's longest start (a vm guest under TCG, 120 s) and its copy.
+FORK_START_SECONDS = 150.0
 #: ``"auto"`` uses the native files API where ``/v1/info`` advertises it;
 #: ``"native"`` insists on it; ``"base64"`` forces the reference's exec path.
 FilesMode = Literal["auto", "native", "base64"]
@@ -234,6 +239,19 @@ class Core:
         if policy is None:
             return self._control("GET", paths.sandbox_network_path(name))
         return self._control("PUT", paths.sandbox_network_path(name), json=codec.encode(policy))
+
+    def fork_request(self, name: str, new_names: list[str]) -> httpx.Request:
+        """``POST`` a fork of the sandbox into ``new_names``. It is answered once
+        every copy runs, and the copies start one after another, each within
+        the server's start timeout (a vm guest under TCG: 120 s), so the
+        answer is waited for that long per copy beyond the request timeout."""
+        one = len(new_names) == 1
+        body = ForkRequest(name=new_names[0]) if one else ForkRequest(names=new_names)
+        request = self._control("POST", paths.sandbox_fork_path(name), json=codec.encode(body))
+        timeout = self.config.timeout_seconds
+        wait = timeout + FORK_START_SECONDS * len(new_names)
+        request.extensions["timeout"] = httpx.Timeout(timeout, read=wait).as_dict()
+        return request
 
     def egress_request(self, name: str) -> httpx.Request:
         """``GET`` the sandbox's egress audit."""
@@ -535,6 +553,13 @@ class Core:
 
     def parse_network(self, response: httpx.Response) -> NetworkPolicy:
         return self.expect(response, NetworkPolicy, 200)
+
+    def parse_fork(self, response: httpx.Response) -> ForkResult:
+        """The fork's answer; each new sandbox's handle is kept for its calls."""
+        result = self.expect(response, ForkResult, 200)
+        for handle in result.sandboxes:
+            self.store(handle.name, handle)
+        return result
 
     def parse_egress(self, response: httpx.Response) -> EgressAudit:
         return self.expect(response, EgressAudit, 200)

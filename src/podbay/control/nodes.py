@@ -30,7 +30,7 @@ from podbay.dataplane.environment_seam import Building, Prepared
 from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Deployment, Sandbox
 from podbay.domain.egress import EgressDestination, EgressPolicy
-from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.runtime.base import ForkCopy, MachineState, ObservedMachine
 from podbay.runtime.transfer import Received
 from podbay.wire.observe import CommandEntry, MetricSample
 
@@ -61,6 +61,10 @@ class Node(Protocol):
 
     def can_suspend(self, class_: str) -> bool: ...
 
+    def can_fork(self, class_: str) -> bool:
+        """Whether the driver of ``class_`` here copies machines (a fork)."""
+        ...
+
     # -- machines ----------------------------------------------------------------------
     async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         """The declared environment's layers on this node (built once), or "building"."""
@@ -89,6 +93,13 @@ class Node(Protocol):
     async def destroy(self, class_: str, machine_id: str) -> None: ...
 
     async def state(self, class_: str, machine_id: str) -> MachineState: ...
+
+    async def fork(self, class_: str, source_id: str, copies: list[ForkCopy]) -> float:
+        """Make each of ``copies`` on this node, stopped, with the files of
+        machine ``source_id`` now (its driver's :meth:`fork`); the seconds a
+        running source was held still. Raises ApiError
+        ``SANDBOX_FORK_UNSUPPORTED`` when the class's driver cannot copy."""
+        ...
 
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         """Change where the machine may send packets: recorded for its later

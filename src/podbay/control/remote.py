@@ -33,7 +33,7 @@ from podbay.domain import Deployment, Sandbox
 from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.domain.node import NodeRecord
 from podbay.errors import ApiError
-from podbay.runtime.base import MachineState, ObservedMachine
+from podbay.runtime.base import ForkCopy, MachineState, ObservedMachine
 from podbay.runtime.classes import CLASSES
 from podbay.runtime.transfer import Received
 from podbay.signing import SigningKeys
@@ -136,6 +136,9 @@ class RemoteNode:
     def can_suspend(self, class_: str) -> bool:
         return True  # every class suspends; a node that cannot stops instead
 
+    def can_fork(self, class_: str) -> bool:
+        return True  # the node refuses a class whose driver cannot (SANDBOX_FORK_UNSUPPORTED)
+
     # -- machines ------------------------------------------------------------------------
     async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         doc = await self._call(
@@ -193,6 +196,20 @@ class RemoteNode:
 
     async def destroy(self, class_: str, machine_id: str) -> None:
         await self._act("destroy", class_, machine_id)
+
+    async def fork(self, class_: str, source_id: str, copies: list[ForkCopy]) -> float:
+        doc = await self._call(
+            "POST",
+            f"/machines/{class_}/{source_id}/fork",
+            {
+                "copies": [
+                    {"machine_id": c.machine_id, "hostname": c.hostname, "labels": dict(c.labels)}
+                    for c in copies
+                ]
+            },
+            limit=httpx.Timeout(None, connect=5.0),
+        )
+        return float(doc["held_seconds"])
 
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         await self._call("PUT", f"/machines/{class_}/{machine_id}/egress", egress.to_doc())

@@ -236,8 +236,10 @@ def data_extents(fd: int) -> list[tuple[int, int]]:
         position = end
 
 
-def _sparse_copy(source: Path, target: Path, size: int) -> None:
-    """Copy only ``source``'s data extents."""
+def _sparse_copy(source: Path, target: Path, size: int, *, sync: bool = True) -> None:
+    """Copy only ``source``'s data extents (``sync``: to stable storage before
+    returning; a caller that holds something still, such as a frozen sandbox,
+    syncs once it let go: :func:`sparse_copy`)."""
     src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -250,11 +252,41 @@ def _sparse_copy(source: Path, target: Path, size: int) -> None:
                     if copied == 0:
                         raise DriverError(f"short copy of {source}")
                     offset += copied
-            os.fsync(dst)
+            if sync:
+                os.fsync(dst)
         finally:
             os.close(dst)
     finally:
         os.close(src)
+
+
+def sparse_copy(source: Path, target: Path, *, sync: bool = True) -> None:
+    """A copy of the sparse file ``source`` at ``target`` (holes kept; the
+    kernel copies, and shares blocks where the filesystem can)."""
+    _sparse_copy(source, target, source.stat().st_size, sync=sync)
+
+
+def sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def syncfs(directory: Path) -> None:
+    """Write everything cached for the filesystem holding ``directory`` to its
+    device (for a loop-mounted disk: into its file), that filesystem alone."""
+    import ctypes  # here: only a fork of a running machine needs it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(directory))
+    finally:
+        os.close(fd)
 
 
 def attach_loop(image: Path) -> tuple[str, int]:

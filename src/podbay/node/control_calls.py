@@ -23,10 +23,11 @@ from podbay.dataplane.orders import Launch, Transfer
 from podbay.domain import Sandbox, SandboxState
 from podbay.domain.egress import EgressPolicy
 from podbay.errors import ApiError
-from podbay.runtime.base import MachineState, check_machine_id
+from podbay.runtime.base import ForkCopy, MachineState, check_machine_id
 from podbay.signing import VerifyingKeys
 from podbay.wire import codec
 from podbay.wire.codes import ErrorCode
+from podbay.wire.limits import MAX_FORK_COPIES
 
 from .local import LocalNode
 
@@ -190,6 +191,30 @@ async def machine_egress(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def machine_fork(request: Request) -> Response:
+    """Copy a machine into new ones here (a sandbox's fork); the body's
+    ``copies``: each new machine's id, hostname and labels."""
+    node = await _authorized(request)
+    class_ = _class(node, request.path_params["class_"])
+    machine = _machine(request.path_params["machine"])
+    listed = (await _body(request)).get("copies")
+    if not isinstance(listed, list) or not listed or len(listed) > MAX_FORK_COPIES:
+        raise _invalid(f"copies must list 1 to {MAX_FORK_COPIES} machines")
+    copies = []
+    for doc in listed:
+        if not isinstance(doc, dict):
+            raise _invalid("each copy must be an object")
+        copies.append(
+            ForkCopy(
+                machine_id=_machine(_str(doc, "machine_id")),
+                hostname=_str(doc, "hostname"),
+                labels=_strings(doc, "labels"),
+            )
+        )
+    held = await node.node.fork(class_, machine, copies)
+    return JSONResponse({"held_seconds": held})
+
+
 async def machine_egress_audit(request: Request) -> Response:
     node = await _authorized(request)
     class_ = _class(node, request.path_params["class_"])
@@ -348,6 +373,7 @@ routes = [
     Route(f"{P}/machines/{{class_}}/{{machine}}", machine_state, methods=["GET"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/egress", machine_egress, methods=["PUT"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/egress", machine_egress_audit, methods=["GET"]),
+    Route(f"{P}/machines/{{class_}}/{{machine}}/fork", machine_fork, methods=["POST"]),
     Route(f"{P}/machines/{{class_}}/{{machine}}/{{action}}", machine_action, methods=["POST"]),
     Route(f"{P}/moves/receive", receive, methods=["POST"]),
     Route(f"{nodeapi.DISKS}/{{class_}}/{{machine}}", disk, methods=["GET"]),

@@ -29,6 +29,8 @@ from podbay.errors import ApiError, DriverError, PodbayError
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import (
     Driver,
+    ForkCopy,
+    ForkingDriver,
     Limits,
     MachineSpec,
     MachineState,
@@ -104,6 +106,10 @@ class LocalNode:
     def can_suspend(self, class_: str) -> bool:
         return self.driver(class_).capabilities.suspend
 
+    def can_fork(self, class_: str) -> bool:
+        driver = self.driver(class_)
+        return driver.capabilities.fork and isinstance(driver, ForkingDriver)
+
     # -- machines -------------------------------------------------------------------
     async def prepare(self, deployment: Deployment, class_: str) -> Prepared | Building:
         return await self.environment.prepare(deployment, class_)
@@ -157,6 +163,21 @@ class LocalNode:
 
     async def state(self, class_: str, machine_id: str) -> MachineState:
         return await self.driver(class_).state(machine_id)
+
+    async def fork(self, class_: str, source_id: str, copies: list[ForkCopy]) -> float:
+        driver = self.driver(class_)
+        if not driver.capabilities.fork or not isinstance(driver, ForkingDriver):
+            raise ApiError(
+                ErrorCode.SANDBOX_FORK_UNSUPPORTED,
+                f"class {class_!r} cannot copy its sandboxes on node {self.name}",
+            )
+        short = self._shortfall()
+        if short is not None:
+            raise ApiError(ErrorCode.HOST_DISK_FULL, short)
+        held = await driver.fork(source_id, copies)
+        # Their first route warms their agent connection, as a launch's does.
+        self._launched.update(copy.machine_id for copy in copies)
+        return held
 
     async def set_egress(self, class_: str, machine_id: str, egress: EgressPolicy) -> None:
         await self.driver(class_).set_egress(machine_id, egress)

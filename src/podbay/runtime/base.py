@@ -16,7 +16,7 @@ Every call is idempotent: repeating one that already took effect succeeds.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -44,6 +44,9 @@ class Capabilities:
     #: A stopped machine's disk can be exported here and imported on another
     #: node (:class:`MovableDriver`), so it can carry over there.
     move: bool = False
+    #: A machine's disk can be copied into new machines of this driver while
+    #: it runs, is suspended or stopped (:class:`ForkingDriver`).
+    fork: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,4 +139,26 @@ class MovableDriver(Protocol):
         room: Callable[[int], str | None] | None = None,
     ) -> Received:
         """The machine made here, stopped, from another node's export."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkCopy:
+    """One new machine a fork makes: its own id, hostname and labels; the rest
+    of its spec (limits, environment, layers, egress policy) is the source's."""
+
+    machine_id: str
+    hostname: str
+    labels: Mapping[str, str]
+
+
+@runtime_checkable
+class ForkingDriver(Protocol):
+    """A driver that copies a machine into new ones (``capabilities.fork``)."""
+
+    async def fork(self, source_id: str, copies: Sequence[ForkCopy]) -> float:
+        """Make each of ``copies`` here, stopped, with the files ``source_id``
+        holds now: a running source is held still while its disk is copied
+        (the seconds it was held are returned; 0 for a stopped one) and runs
+        on after. Nothing of a copy is left when this raises."""
         ...

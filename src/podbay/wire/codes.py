@@ -63,6 +63,12 @@ class ErrorCode(StrEnum):
     #: sandbox is not recreated elsewhere until an operator drains or forgets
     #: that node (``podbay node drain|forget``).
     SANDBOX_NODE_LOST = "SANDBOX_NODE_LOST"
+    # Fork (issue 27): a new name another sandbox of the deployment holds; more
+    # copies than one call makes, or none, or a name twice; a class whose
+    # driver cannot copy a machine.
+    SANDBOX_NAME_TAKEN = "SANDBOX_NAME_TAKEN"
+    SANDBOX_FORK_INVALID = "SANDBOX_FORK_INVALID"
+    SANDBOX_FORK_UNSUPPORTED = "SANDBOX_FORK_UNSUPPORTED"
     #: The host's free disk is below the operator's reserve: no new sandbox.
     HOST_DISK_FULL = "HOST_DISK_FULL"
     #: The server shut down while the request was in flight (past its grace):
@@ -184,6 +190,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.SANDBOX_START_FAILED: 502,
     ErrorCode.SANDBOXES_UNAVAILABLE: 503,
     ErrorCode.SANDBOX_NODE_LOST: 409,
+    ErrorCode.SANDBOX_NAME_TAKEN: 409,
+    ErrorCode.SANDBOX_FORK_INVALID: 400,
+    ErrorCode.SANDBOX_FORK_UNSUPPORTED: 409,
     ErrorCode.TOKEN_INVALID: 401,
     ErrorCode.SESSION_INVALID: 401,
     ErrorCode.CSRF_INVALID: 403,

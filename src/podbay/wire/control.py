@@ -151,6 +151,28 @@ class ErrorBody:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ForkRequest:
+    """Body of ``POST /api/v1/sandboxes/{name}/fork`` (docs/fork.md): one new
+    sandbox (``name``) or several (``names``, at most 16), each a copy of it."""
+
+    name: str | None = None
+    names: list[str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkResult:
+    """The fork's 200: each new sandbox, running, in the order asked."""
+
+    sandboxes: list[SandboxHandle]
+    #: How long a running source was held still while its disk was copied
+    #: (0 for a suspended or stopped one, which runs nothing).
+    paused_ms: float
+    #: Whether the copies run the source's processes (false: they start with
+    #: its files and fresh processes; memory follows once checkpoints land).
+    processes: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class ShareRequest:
     """``POST /api/v1/sandboxes/{name}/ports/{port}/share``."""
 

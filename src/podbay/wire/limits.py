@@ -58,6 +58,10 @@ MAX_CONTROL_BODY: Final = 64 * 1024
 #: (base64 of 48 KiB stays far below Linux's 128 KiB per-argument limit).
 BASE64_WRITE_CHUNK: Final = 48 * 1024
 
+#: New sandboxes one fork call makes at most (each copies the source's disk
+#: while it is held still, so the pause grows with the count).
+MAX_FORK_COPIES: Final = 16
+
 #: Sandbox names: what the reference accepts, nothing more.
 SANDBOX_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")

@@ -36,7 +36,8 @@ def bounded_argv(argv: list[str]) -> list[str]:
 METRICS_INTERVAL_SECONDS = 2.0
 
 #: What happened to a sandbox (``policy_changed``: its egress policy was
-#: changed through ``PUT .../network``, in force from then on).
+#: changed through ``PUT .../network``, in force from then on; ``forked``: it
+#: was copied into new sandboxes, ``POST .../fork``).
 EventKind = Literal[
     "created",
     "ready",
@@ -48,6 +49,7 @@ EventKind = Literal[
     "removed",
     "policy_changed",
     "oom_killed",
+    "forked",
 ]
 
 

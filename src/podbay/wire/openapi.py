@@ -164,7 +164,14 @@ def _name_param() -> dict[str, Any]:
 
 def control_plane(server_url: str) -> dict[str, Any]:
     """The control plane's document (``/api/v1/sandboxes``)."""
-    s = _Schemas(closed={control.AttachRequest, control.ShareRequest, control.NetworkPolicy})
+    s = _Schemas(
+        closed={
+            control.AttachRequest,
+            control.ShareRequest,
+            control.NetworkPolicy,
+            control.ForkRequest,
+        }
+    )
     handle = {
         "200": {
             "description": "the sandbox, running, and how to reach it",
@@ -297,6 +304,32 @@ def control_plane(server_url: str) -> dict[str, Any]:
                     [*_IDENTITY, C.SANDBOX_NOT_FOUND, C.SANDBOX_NODE_LOST],
                     params=name,
                 ),
+            },
+            f"{one}/fork": {
+                "post": _op(
+                    "Copy it into new running sandboxes: its files now, class, options "
+                    "and egress policy; each its own credentials and network (docs/fork.md)",
+                    {
+                        "200": {
+                            "description": "the new sandboxes, running, in the order asked",
+                            **_json(s.ref(control.ForkResult)),
+                        }
+                    },
+                    [
+                        *_IDENTITY,
+                        C.SANDBOX_NOT_FOUND,
+                        C.SANDBOX_NAME_TAKEN,
+                        C.SANDBOX_FORK_INVALID,
+                        C.SANDBOX_FORK_UNSUPPORTED,
+                        C.SANDBOX_LIMIT_REACHED,
+                        C.HOST_DISK_FULL,
+                        C.SANDBOX_NODE_LOST,
+                        C.SANDBOX_START_FAILED,
+                        C.SANDBOXES_UNAVAILABLE,
+                    ],
+                    body=_json(s.ref(control.ForkRequest)),
+                    params=name,
+                )
             },
             f"{one}/stop": {
                 "post": _op(

@@ -29,6 +29,11 @@ def sandbox_network_path(name: str) -> str:
     return f"{sandbox_path(name)}/network"
 
 
+def sandbox_fork_path(name: str) -> str:
+    """``POST``: copy the sandbox into new ones (:class:`~.control.ForkRequest`)."""
+    return f"{sandbox_path(name)}/fork"
+
+
 def sandbox_egress_path(name: str) -> str:
     return f"{sandbox_path(name)}/egress"
 

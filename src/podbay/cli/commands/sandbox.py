@@ -149,6 +149,26 @@ def network(
 
 @command.command()
 @click.argument("name")
+@click.argument("new_names", nargs=-1, required=True)
+@_options
+def fork(name: str, new_names: tuple[str, ...], conn: Connection) -> None:
+    """Copy sandbox NAME into new running sandboxes NEW_NAMES (at most 16):
+    its files as they are now, its class, options and egress policy; each a
+    sandbox of its own from then on (docs/fork.md). Processes are not copied."""
+    with _session(conn) as (client, out):
+        result = client.fork(name, *new_names)
+        lines = [f"{h.name}  {h.state}" for h in result.sandboxes]
+        lines.append(f"{name} paused {result.paused_ms:.0f} ms while its files were copied")
+        shown = {
+            "sandboxes": [_handle_json(h) for h in result.sandboxes],
+            "paused_ms": result.paused_ms,
+            "processes": result.processes,
+        }
+        out.value(shown, "\n".join(lines))
+
+
+@command.command()
+@click.argument("name")
 @_options
 def egress(name: str, conn: Connection) -> None:
     """Show where sandbox NAME sent lately: each destination it reached or was

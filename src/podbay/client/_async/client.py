@@ -45,6 +45,7 @@ from podbay.wire.codec import encode as codec_encode
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     EgressAudit,
+    ForkResult,
     NetworkPolicy,
     Preparing,
     SandboxHandle,
@@ -1287,6 +1288,22 @@ class AsyncSandboxClient:
         self._core.forget(name)
         self._core.check(response, 200, 202, 204)
 
+    async def fork(self, name: str, *new_names: str) -> ForkResult:
+        """Copy the sandbox into new running sandboxes, one per name (at most
+        16): each has its files as they are now, its class, options and egress
+        policy, and is a sandbox of its own (credentials, hostname, network)
+        from then on. Processes are not copied yet: each copy starts afresh.
+        A running source pauses while its disk is copied (``paused_ms``).
+        See docs/fork.md.
+
+        >>> result = await client.fork("thread-42", "try-a", "try-b")  # doctest: +SKIP
+        >>> await client.exec("try-a", ["cat", "plan.md"])  # doctest: +SKIP
+        """
+        if not new_names:
+            raise ValueError("fork needs at least one new sandbox name")
+        request = self._core.fork_request(name, list(new_names))
+        return self._core.parse_fork(await self._control(request))
+
     async def network(self, name: str) -> NetworkPolicy:
         """The sandbox's egress policy in force (``NetworkPolicy()``: open)."""
         return self._core.parse_network(await self._control(self._core.network_request(name)))
@@ -1695,6 +1712,7 @@ class AsyncSandbox:
     events = for_the_sandbox(AsyncSandboxClient.events)
     commands = for_the_sandbox(AsyncSandboxClient.commands)
     stop = for_the_sandbox(AsyncSandboxClient.stop)
+    fork = for_the_sandbox(AsyncSandboxClient.fork)
     delete = for_the_sandbox(AsyncSandboxClient.delete)
     pty = for_the_sandbox(AsyncSandboxClient.pty)
     url = for_the_sandbox(AsyncSandboxClient.url)

@@ -18,6 +18,8 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.control import (
     AttachRequest,
     EgressAudit,
+    ForkRequest,
+    ForkResult,
     NetworkPolicy,
     Preparing,
     SandboxList,
@@ -128,6 +130,30 @@ async def put_network(request: Request) -> Response:
     return _json(network_doc(policy))
 
 
+async def fork(request: Request) -> Response:
+    """Copy the sandbox into new running ones (docs/fork.md)."""
+    platform = request.app.state.platform
+    deployment = await _deployment(request)
+    check_name(request.path_params["name"])
+    try:
+        body = loads(ForkRequest, await request.body())
+    except WireError as exc:
+        raise ApiError(ErrorCode.REQUEST_INVALID, f"invalid fork body: {exc}") from None
+    if (body.name is None) == (body.names is None):
+        raise ApiError(
+            ErrorCode.SANDBOX_FORK_INVALID, 'give the new sandbox\'s "name" or a list of "names"'
+        )
+    names = [body.name] if body.name is not None else list(body.names or [])
+    attached, held = await platform.sandboxes.fork(deployment, request.path_params["name"], names)
+    source_class = attached[0].sandbox.asked_class if attached else "default"
+    return _json(
+        ForkResult(
+            sandboxes=[views.handle(a, source_class) for a in attached],
+            paused_ms=round(held * 1000, 1),
+        )
+    )
+
+
 async def get_egress(request: Request) -> Response:
     """The sandbox's egress audit: destinations reached or refused lately."""
     platform = request.app.state.platform
@@ -176,5 +202,6 @@ routes = [
     Route(SANDBOXES + "/{name}/network", get_network, methods=["GET"]),
     Route(SANDBOXES + "/{name}/network", put_network, methods=["PUT"]),
     Route(SANDBOXES + "/{name}/egress", get_egress, methods=["GET"]),
+    Route(SANDBOXES + "/{name}/fork", fork, methods=["POST"]),
     Route(SANDBOXES + "/{name}/ports/{port}/share", share, methods=["POST"]),
 ]

@@ -24,7 +24,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -36,11 +37,12 @@ from podbay.domain.egress import OPEN, EgressDestination, EgressPolicy
 from podbay.domain.options import NO_OPTIONS
 from podbay.domain.sandbox import new_machine_id, new_sandbox_id
 from podbay.errors import ApiError, DriverError, MachineNotFound
+from podbay.runtime.base import ForkCopy
 from podbay.runtime.classes import is_class_name
 from podbay.settings import Settings
 from podbay.store.base import InsertOutcome, Store
 from podbay.wire.codes import ErrorCode
-from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, is_valid_sandbox_name
+from podbay.wire.limits import DEFAULT_SANDBOX_CLASS, MAX_FORK_COPIES, is_valid_sandbox_name
 
 from ..nodes import Node, Nodes
 from .locks import NameLocks
@@ -431,6 +433,137 @@ class SandboxService:
             " sandboxes; delete one first",
         )
 
+    # -- fork --------------------------------------------------------------------------
+    async def fork(
+        self, deployment: Deployment, name: str, new_names: Sequence[str]
+    ) -> tuple[builtins.list[Attached], float]:
+        """Copy sandbox ``name`` into a new running sandbox per name in
+        ``new_names`` (docs/fork.md): its files now, its class, options and
+        egress policy; each its own id, machine, hostname, credentials and
+        network. The new sandboxes in order, and how long a running source
+        was held still. Either all of them are made or none is left."""
+        check_name(name)
+        for new_name in new_names:
+            check_name(new_name)
+        check_fork_names(name, new_names)
+        transitions = self._runtime()
+        await self.nodes.refresh()
+        async with AsyncExitStack() as held_locks:
+            # Sorted: two forks naming each other's sandboxes take them in one order.
+            for locked in sorted({name, *new_names}):
+                await held_locks.enter_async_context(self.locks.hold(deployment.id, locked))
+            row = await self.store.get_sandbox(deployment.id, name)
+            if row is None or not row.state.visible:
+                raise not_found(name)
+            if row.state is S.CREATING:
+                raise ApiError(
+                    ErrorCode.SANDBOX_FORK_UNSUPPORTED,
+                    f"sandbox {name!r} is still being made; fork it once it runs",
+                    retry_after=1.0,
+                )
+            node = self.nodes.of(row)  # refuses a sandbox whose node is lost
+            if not node.can_fork(row.class_):
+                raise ApiError(
+                    ErrorCode.SANDBOX_FORK_UNSUPPORTED,
+                    f"sandboxes of class {row.class_!r} cannot be forked here",
+                )
+            for new_name in new_names:
+                if await self.store.get_sandbox(deployment.id, new_name) is not None:
+                    raise _name_taken(new_name)
+            short = await node.shortfall()
+            if short is not None:
+                raise ApiError(ErrorCode.HOST_DISK_FULL, short)
+            made: dict[str, Sandbox] = {}
+            try:
+                return await self._fork_into(transitions, row, node, new_names, made)
+            except BaseException as exc:
+                for new in made.values():
+                    await self._quietly(node.withdraw(new.id))
+                    await self._undo_create(new, node)
+                if isinstance(exc, ApiError | asyncio.CancelledError):
+                    raise
+                if not isinstance(exc, Exception):
+                    raise
+                log.exception("sandbox %s: fork failed", row.id)
+                raise ApiError(
+                    ErrorCode.SANDBOX_START_FAILED, f"the sandbox could not be forked: {exc}"
+                ) from None
+
+    async def _fork_into(
+        self,
+        transitions: Transitions,
+        row: Sandbox,
+        node: Node,
+        new_names: Sequence[str],
+        made: dict[str, Sandbox],
+    ) -> tuple[builtins.list[Attached], float]:
+        """:meth:`fork`'s steps, under the locks; ``made`` holds each new row as
+        it last was written, for the caller to remove on failure."""
+        now = self.clock()
+        for new_name in new_names:
+            new = replace(
+                row,
+                id=new_sandbox_id(),
+                name=new_name,
+                state=S.CREATING,
+                machine_id=new_machine_id(),
+                created_at=now,
+                last_active_at=now,
+                started_at=None,
+                ceiling_at=None,
+                incarnation=0,
+                version=0,
+                suspended_at=None,
+                routed_on=None,
+            )
+            outcome = await self.store.insert_sandbox(
+                new,
+                deployment_cap=self.settings.caps.per_deployment,
+                account_cap=self.settings.caps.per_account,
+                event=transitions.events.event(
+                    "created", f"forked from {row.name!r}, class {row.class_} on node {node.name}"
+                ),
+            )
+            if outcome is InsertOutcome.EXISTS:
+                raise _name_taken(new_name)
+            if outcome is not InsertOutcome.INSERTED:
+                raise self._cap_refusal(outcome)
+            made[new_name] = new
+        copies = [
+            ForkCopy(
+                machine_id=new.machine_id,
+                hostname=hostname_for(new.name),
+                labels={
+                    LABEL_SANDBOX: new.id,
+                    LABEL_DEPLOYMENT: new.deployment_id,
+                    LABEL_NAME: new.name,
+                },
+            )
+            for new in made.values()
+        ]
+        held = await node.fork(row.class_, row.machine_id, copies)
+        for new in made.values():
+            # One after another: four vm guests booting side by side under TCG
+            # outlasted the start timeout on a loaded 2-core host (bench/fork.py).
+            await node.start(new.class_, new.machine_id)
+        attached: builtins.list[Attached] = []
+        for new_name, new in list(made.items()):
+            ready = transitions.events.event("ready", f"forked from {row.name!r}")
+            started = await self.store.replace_sandbox(
+                new, new.started(self.clock(), self.max_age), ready
+            )
+            if started is None:  # the deployment was deleted meanwhile
+                raise not_found(new_name)
+            made[new_name] = started
+            await transitions.add_route(started)
+            transitions.metrics.transition("none", "running")
+            attached.append(self._attached(started, "created", node))
+        names = ", ".join(repr(n) for n in new_names)
+        await transitions.events.add(
+            row, "forked", f"into {names}; held still {held * 1000:.0f} ms"
+        )
+        return attached, held
+
     # -- stop, delete ------------------------------------------------------------------
     async def stop(self, deployment: Deployment, name: str) -> None:
         """Suspend compute early; a sandbox that runs nothing is left as it is."""
@@ -527,6 +660,26 @@ class SandboxService:
             await step
         except Exception:
             log.exception("cleanup failed")
+
+
+def check_fork_names(name: str, new_names: Sequence[str]) -> None:
+    """One to MAX_FORK_COPIES new names, none twice, none the source's."""
+    if not 1 <= len(new_names) <= MAX_FORK_COPIES:
+        raise ApiError(
+            ErrorCode.SANDBOX_FORK_INVALID,
+            f"a fork makes 1 to {MAX_FORK_COPIES} sandboxes; {len(new_names)} were asked for",
+        )
+    if len(set(new_names)) != len(new_names):
+        raise ApiError(ErrorCode.SANDBOX_FORK_INVALID, "a fork's new names must differ")
+    if name in new_names:
+        raise _name_taken(name)
+
+
+def _name_taken(name: str) -> ApiError:
+    return ApiError(
+        ErrorCode.SANDBOX_NAME_TAKEN,
+        f"a sandbox named {name!r} exists already; fork into a new name",
+    )
 
 
 def _policy_reason(policy: EgressPolicy) -> str:

@@ -131,7 +131,11 @@ class VmDriver(RecordKeepingDriver):
         # A stopped machine's disk is a sparse ext4 file as the OCI driver's
         # is: it moves with the same stream (RecordKeepingDriver.export_disk).
         self.capabilities = Capabilities(
-            suspend=True, stop_keeps_files=True, network=self.network.enabled, move=True
+            suspend=True,
+            stop_keeps_files=True,
+            network=self.network.enabled,
+            move=True,
+            fork=True,
         )
         self._image: Image | None = None
         self._base_disk: Path | None = None
@@ -447,6 +451,18 @@ class VmDriver(RecordKeepingDriver):
             await asyncio.to_thread(shutil.rmtree, paths.home, True)
             await asyncio.to_thread(shutil.rmtree, paths.run, True)
         self._locks.pop(machine_id, None)
+
+    async def _hold_still(self, machine_id: str, observed: MachineState) -> None:
+        """The guest writes its page cache to its disk (a suspended one is let
+        run for that, as :meth:`stop` does), then QEMU stops it, which also
+        flushes QEMU's own writes to the disk file."""
+        await self._flush(machine_id)
+        await qmp.execute(self._paths(machine_id).qmp, "stop")
+
+    async def _let_go(self, machine_id: str, observed: MachineState) -> None:
+        if observed is MachineState.RUNNING:
+            await self._thaw(machine_id)
+        # A suspended source stays stopped, as it was found.
 
     async def _flush(self, machine_id: str) -> None:
         """Before QEMU is killed: the guest writes its page cache to its disk (a
