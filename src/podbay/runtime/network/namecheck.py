@@ -71,8 +71,9 @@ _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _SPARES = 8
 
 
-def _listen(path: Path) -> socket.socket:
-    netns.enter(path)
+def _listen(path: Path | None) -> socket.socket:
+    if path is not None:
+        netns.enter(path)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # in the namespace
     try:
         sock.bind(("127.0.0.1", 0))
@@ -84,11 +85,12 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
-def _outgoing() -> socket.socket:
+def _outgoing(marked: bool = True) -> socket.socket:
     """A socket in the namespace (the pool's thread entered it) that the
-    redirect lets by."""
+    redirect lets by (``marked``; on the host, being the node's is enough)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, CHECK_MARK)
+    if marked:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, CHECK_MARK)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
@@ -171,7 +173,13 @@ def _reset(sock: socket.socket) -> None:
 
 
 class NameCheck:
-    def __init__(self, netns_path: Path, policy: EgressPolicy, label: str) -> None:
+    """``netns_path``: the namespace whose kernel stack is redirected here; ``None``:
+    the host's own, for a gVisor sandbox, whose TCP leaves as sockets of its
+    slirp4netns (:func:`.policy.slirp_names_redirect_batch`). Then the check
+    listens on the host's ``127.0.0.1`` and connects onward from the host, to
+    the destination gVisor's frame named, which ``tap0``'s rules let through."""
+
+    def __init__(self, netns_path: Path | None, policy: EgressPolicy, label: str) -> None:
         self.netns_path = netns_path
         #: The policy the next connection is checked against.
         self.policy = policy
@@ -199,12 +207,15 @@ class NameCheck:
             raise NetworkError(f"the name check cannot serve {self.netns_path}: {exc}") from exc
         # One thread that stays in the namespace makes the sockets onward: a
         # socket belongs to the namespace of the thread that made it.
-        self._pool = ThreadPoolExecutor(
-            1,
-            thread_name_prefix="podbay-namecheck",
-            initializer=netns.enter,
-            initargs=(self.netns_path,),
-        )
+        if self.netns_path is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="podbay-namecheck")
+        else:
+            self._pool = ThreadPoolExecutor(
+                1,
+                thread_name_prefix="podbay-namecheck",
+                initializer=netns.enter,
+                initargs=(self.netns_path,),
+            )
         self._refill()
         self._serving = asyncio.ensure_future(self._serve())
 
@@ -227,7 +238,10 @@ class NameCheck:
             self._spares += future.result()
 
         loop = asyncio.get_running_loop()
-        refill = loop.run_in_executor(self._pool, lambda: [_outgoing() for _ in range(wanted)])
+        marked = self.netns_path is not None
+        refill = loop.run_in_executor(
+            self._pool, lambda: [_outgoing(marked) for _ in range(wanted)]
+        )
         refill.add_done_callback(made)
         self._refilling = refill
 
@@ -238,7 +252,10 @@ class NameCheck:
                 self._refill()
             return sock
         self._refill()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _outgoing)
+        marked = self.netns_path is not None
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: _outgoing(marked)
+        )
 
     async def close(self) -> None:
         if self._serving is not None:

@@ -25,6 +25,7 @@ from podbay.host.fdwait import wait_readable
 from ...errors import NetworkError
 from . import procscan
 from .policy import MTU, TAP_NAME
+from .slirpgroup import SlirpGroup
 
 __all__ = [
     "LOG_FILE",
@@ -160,10 +161,13 @@ class Slirps:
         *,
         up: asyncio.Event | None = None,
         resolv_conf: Path | None = None,
+        group: SlirpGroup | None = None,
     ) -> int:
         """Start one for ``netns``, record it in ``directory``, wait until tap0 is up
         (then ``up`` is set) and its budget is applied. ``resolv_conf``: see
-        :meth:`argv`."""
+        :meth:`argv`. ``group``: a v2 cgroup it is in before ``up`` is set, so
+        that every socket it makes for the sandbox is that group's
+        (:mod:`.slirpgroup`)."""
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             with open(directory / LOG_FILE, "ab", buffering=0) as log:  # noqa: ASYNC230
@@ -189,9 +193,15 @@ class Slirps:
         # grace period), and before this returns: no sandbox command runs before,
         # so it has served nothing of theirs (a sandbox may be booting, see ``up``).
         confined = asyncio.ensure_future(asyncio.to_thread(self._confine, directory.name, proc.pid))
+        joined = asyncio.ensure_future(
+            asyncio.to_thread(group.join, proc.pid) if group is not None else asyncio.sleep(0)
+        )
         try:
             self._write_pidfile(directory, proc.pid)
             ready = await self._read_ready(read_end)
+            # Before the sandbox may send: a socket made outside the group
+            # would escape the name check's redirect.
+            await joined
             if ready and up is not None:
                 up.set()
             await confined
@@ -199,6 +209,8 @@ class Slirps:
             # A thread cannot be cancelled: it finishes before the process is stopped.
             with contextlib.suppress(BaseException):
                 await asyncio.shield(confined)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(joined)
             await self.stop(proc.pid)
             raise
         finally:
