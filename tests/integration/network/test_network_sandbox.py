@@ -24,7 +24,7 @@ from _nethelpers import (
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.base import MachineState
 from podbay.runtime.network import slirpdns
-from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY
+from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY, slirp_names_table
 from podbay.settings import Settings
 from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import (
@@ -385,3 +385,87 @@ def test_sni_and_host_are_checked_in_a_real_sandbox(
     # A policy without names: no check any more.
     oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["192.0.2.0/24"]})))
     assert named_inside(m, oci_session, targets[1:2]) == ["tls:denied.test"]
+
+
+def _host_table(table: str) -> str | None:
+    """``nft list table ip <table>`` in the host's namespace (None: not there)."""
+    done = subprocess.run(
+        ["nft", "list", "table", "ip", table], capture_output=True, text=True, check=False
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+def _named_on_host(targets: list[tuple[str, str, int, str]]) -> list[str]:
+    """NAMED_PROBE from the host's namespace (outside any sandbox's cgroup)."""
+    done = subprocess.run(
+        ["python3", "-c", NAMED_PROBE, json.dumps(targets)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return list(json.loads(done.stdout))
+
+
+def test_gvisor_names_are_checked_on_the_host_across_a_restart(
+    oci_machines: Machines,
+    oci_session: DriverSession,
+    testnet: NetLab,
+    dnsmasq: str,
+    named: NamedServers,
+) -> None:
+    """gVisor's check lives in the host's namespace: its slirp4netns is in a v2
+    cgroup of its own, and only that cgroup's TCP is redirected (the host's
+    own connection to the same server is not). While the node is down its
+    connections are refused (closed, not unchecked); adopt serves them again;
+    a policy without names and teardown take the redirect (and the cgroup) away."""
+    if Path(oci_session.settings.runtime.oci_runtime).name != "runsc":
+        pytest.skip("the host-side check is gVisor's (runc's: the test above)")
+    network = oci_session.driver.network
+    network.dns_upstream = dnsmasq
+    m = oci_machines.up()
+    host = testnet.testhost_address
+    denied = [("tls", host, TLS_PORT, "denied.test")]
+    allowed = [("tls", host, TLS_PORT, "allowed.test")]
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["denied.test"]})))
+    table = slirp_names_table(m.id)
+    listed = _host_table(table)
+    assert listed is not None
+    assert "cgroupv2" in listed, listed
+    assert "dnat to" in listed, listed
+    group = network._slirp_group(m.id)
+    assert group is not None
+    slirp_pid = network.slirps.recorded(network.machine_dir(m.id), network.netns_path(m.id))
+    assert str(slirp_pid) in (group.directory / "cgroup.procs").read_text().split()
+    # The host's own connection to the same server names denied.test and
+    # passes: the redirect is that slirp4netns's only.
+    assert _named_on_host(denied) == ["tls:denied.test"]
+
+    watching = network._watch is not None
+
+    async def restart() -> None:
+        assert await network.adopt(m.id) is not None
+        if watching:
+            network.watch_addresses()
+
+    oci_session.run(network.close())
+    try:
+        # No check: the redirect leads to no socket, so nothing passes unchecked.
+        [down] = named_inside(m, oci_session, allowed)
+        assert down in {*CUT, "ECONNREFUSED"}, down
+    finally:
+        oci_session.run(restart())
+    [cut, passed] = named_inside(m, oci_session, [*denied, *allowed])
+    assert cut in CUT, cut
+    assert passed == "tls:allowed.test", passed
+
+    # A policy without names: the host's table goes, names pass unchecked.
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["192.0.2.0/24"]})))
+    assert _host_table(table) is None
+    assert named_inside(m, oci_session, denied) == ["tls:denied.test"]
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["denied.test"]})))
+    assert _host_table(table) is not None
+    # Destroyed: the table and the cgroup go with it.
+    oci_session.run(oci_session.driver.destroy(m.id))
+    assert _host_table(table) is None
+    assert not group.directory.exists()

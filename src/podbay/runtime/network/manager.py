@@ -478,13 +478,18 @@ class NetworkManager:
         if check is not None:
             check.policy = egress
             return
-        check = NameCheck(None if on_host else path, egress, machine_id)
+        address = self._slirp_dns(machine_id) if on_host else None
+        if address is not None:
+            check = NameCheck(None, egress, machine_id, address)
+        else:
+            check = NameCheck(path, egress, machine_id)
         await check.start()
         try:
             # An adopted namespace may hold a redirect to a check that died with
             # the last node process: it is swapped for this one's.
-            if group is not None:
-                await self._load_host(self._host_redirect(machine_id, group, check.port))
+            if group is not None and address is not None:
+                batch = self._host_redirect(machine_id, group, (address, check.port))
+                await self._load_host(batch)
             else:
                 await self._load(path, names_redirect_batch(check.port, replace=not fresh))
         except BaseException:
@@ -498,9 +503,11 @@ class NetworkManager:
         return SlirpGroup.of(limits.cgroup_parent if limits else None, machine_id)
 
     @staticmethod
-    def _host_redirect(machine_id: str, group: SlirpGroup | None, port: int | None) -> str:
+    def _host_redirect(
+        machine_id: str, group: SlirpGroup | None, check: tuple[str, int] | None
+    ) -> str:
         match = group.match() if group is not None else None
-        return slirp_names_redirect_batch(slirp_names_table(machine_id), match, port, replace=True)
+        return slirp_names_redirect_batch(slirp_names_table(machine_id), match, check, replace=True)
 
     @staticmethod
     async def _load_host(rules: str) -> None:

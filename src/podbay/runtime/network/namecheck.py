@@ -71,12 +71,12 @@ _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _SPARES = 8
 
 
-def _listen(path: Path | None) -> socket.socket:
+def _listen(path: Path | None, address: str) -> socket.socket:
     if path is not None:
         netns.enter(path)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # in the namespace
     try:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         sock.listen(512)
         sock.setblocking(False)
     except BaseException:
@@ -176,11 +176,21 @@ class NameCheck:
     """``netns_path``: the namespace whose kernel stack is redirected here; ``None``:
     the host's own, for a gVisor sandbox, whose TCP leaves as sockets of its
     slirp4netns (:func:`.policy.slirp_names_redirect_batch`). Then the check
-    listens on the host's ``127.0.0.1`` and connects onward from the host, to
-    the destination gVisor's frame named, which ``tap0``'s rules let through."""
+    listens on ``address``, the host-loopback address that sandbox's resolver
+    holds (no other machine's, and no port of it another process's while
+    the node is down, unless one listens on the wildcard address), and
+    connects onward from the host, to the destination gVisor's frame named,
+    which ``tap0``'s rules let through."""
 
-    def __init__(self, netns_path: Path | None, policy: EgressPolicy, label: str) -> None:
+    def __init__(
+        self,
+        netns_path: Path | None,
+        policy: EgressPolicy,
+        label: str,
+        address: str = "127.0.0.1",
+    ) -> None:
         self.netns_path = netns_path
+        self.address = address
         #: The policy the next connection is checked against.
         self.policy = policy
         self.label = label
@@ -202,7 +212,9 @@ class NameCheck:
 
     async def start(self) -> None:
         try:
-            self._listener = await netns.in_fresh_thread(lambda: _listen(self.netns_path))
+            self._listener = await netns.in_fresh_thread(
+                lambda: _listen(self.netns_path, self.address)
+            )
         except OSError as exc:
             raise NetworkError(f"the name check cannot serve {self.netns_path}: {exc}") from exc
         # One thread that stays in the namespace makes the sockets onward: a

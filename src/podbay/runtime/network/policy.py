@@ -354,12 +354,13 @@ def slirp_names_table(machine_id: str) -> str:
 
 
 def slirp_names_redirect_batch(
-    table: str, socket_match: str | None, port: int | None, *, replace: bool
+    table: str, socket_match: str | None, check: tuple[str, int] | None, *, replace: bool
 ) -> str:
     """The batch, for the *host's* namespace, that sends every new TCP
     connection of one slirp4netns (its sockets matched by ``socket_match``,
-    their cgroup: :mod:`.slirpgroup`) to the name check listening on the host's
-    ``127.0.0.1:port`` (None: none, the table goes).
+    their cgroup: :mod:`.slirpgroup`) to the name check listening on
+    ``check``, an address of the host's loopback and a port (None: none, the
+    table goes).
 
     gVisor's frames met the policy at ``tap0`` before slirp4netns made its
     socket, so what reaches this hook was let through already. Loopback
@@ -369,14 +370,15 @@ def slirp_names_redirect_batch(
     the node process's, outside the group: not redirected again.
     """
     batch = _swap("ip", table, replace)
-    if port is None or socket_match is None:
+    if check is None or socket_match is None:
         return batch
+    address, port = check
     return f"""\
 {batch}table ip {table} {{
 \tchain output {{
 \t\ttype nat hook output priority -100; policy accept;
 \t\t{socket_match} ip daddr != 127.0.0.0/8 meta l4proto tcp \\
-\t\t\tcounter redirect to :{port} comment "name-check"
+\t\t\tcounter dnat to {address}:{port} comment "name-check"
 \t}}
 }}
 """
