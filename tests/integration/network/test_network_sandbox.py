@@ -387,6 +387,29 @@ def test_sni_and_host_are_checked_in_a_real_sandbox(
     assert named_inside(m, oci_session, targets[1:2]) == ["tls:denied.test"]
 
 
+#: In a sandbox: argv[1] is [address, port, n]; n connections closed at once,
+#: then n that read the server's first bytes; prints the failures.
+CUT_THEN_BANNERS = r"""
+import json, socket, sys
+host, port, n = json.loads(sys.argv[1])
+failures = []
+for i in range(n):
+    try:
+        with socket.create_connection((host, port), timeout=10):
+            pass
+    except OSError as e:
+        failures.append(f"closed {i}: {e!r}")
+for i in range(n):
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            if not s.recv(64):
+                failures.append(f"banner {i}: nothing")
+    except OSError as e:
+        failures.append(f"banner {i}: {e!r}")
+print(json.dumps(failures))
+"""
+
+
 def _host_table(table: str) -> str | None:
     """``nft list table ip <table>`` in the host's namespace (None: not there)."""
     done = subprocess.run(
@@ -440,6 +463,19 @@ def test_gvisor_names_are_checked_on_the_host_across_a_restart(
     # The host's own connection to the same server names denied.test and
     # passes: the redirect is that slirp4netns's only.
     assert _named_on_host(denied) == ["tls:denied.test"]
+    # Connections cut one after another (each ends before naming anything),
+    # then ones whose server speaks first: every later one still meets the
+    # check (its connections onward once left conntrack entries that later
+    # connections of slirp4netns joined, past the redirect: reset or refused).
+    burst = oci_session.run(
+        asyncio.to_thread(
+            m.agent.exec,
+            ["python3", "-c", CUT_THEN_BANNERS, json.dumps([host, testnet.testhost_port, 50])],
+            timeout_ms=120_000,
+        )
+    )
+    assert burst.ok, burst.stderr
+    assert json.loads(burst.stdout) == [], burst.stdout
 
     watching = network._watch is not None
 
