@@ -77,6 +77,12 @@ class SlirpGroup:
         relative = os.path.relpath(self.directory, NFT_ROOT)
         return f'socket cgroupv2 level {self.level} "{relative}"'
 
+    def prepare(self) -> Path:
+        """Make it; its ``cgroup.procs`` (a process that writes its pid there
+        is in it from then on)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self.directory / "cgroup.procs"
+
     def join(self, pid: int) -> None:
         """Make it and move ``pid`` in (its later sockets are the group's)."""
         self.directory.mkdir(parents=True, exist_ok=True)

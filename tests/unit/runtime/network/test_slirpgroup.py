@@ -52,3 +52,16 @@ def test_the_host_redirect_takes_only_the_groups_tcp_off_loopback() -> None:
     gone = slirp_names_redirect_batch(table, match, None, replace=True)
     assert gone == f"table ip {table}\ndelete table ip {table}\n"
     assert slirp_names_redirect_batch(table, None, ("127.112.0.9", 1), replace=False) == ""
+
+
+def test_slirp4netns_joins_the_cgroup_before_it_execs() -> None:
+    from podbay.runtime.network.slirp import Slirps
+
+    netns, resolv = Path("/run/x/netns"), Path("/run/x/slirp.resolv.conf")
+    procs = Path("/sys/fs/cgroup/unified/p-net/m1/cgroup.procs")
+    argv = Slirps("slirp4netns").argv(netns, 7, resolv, procs)
+    assert argv[5:7] == ["sh", "-c"]
+    assert argv[7].startswith('echo $$ > "$0" && ')  # the shell's pid is slirp4netns's
+    assert argv[8:10] == [str(procs), str(resolv)]  # $0 and $1: never interpolated
+    assert argv[10] == "slirp4netns"
+    assert argv[-2:] == [str(netns), "tap0"]
