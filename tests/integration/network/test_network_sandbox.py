@@ -463,6 +463,15 @@ def test_gvisor_names_are_checked_on_the_host_across_a_restart(
     # The host's own connection to the same server names denied.test and
     # passes: the redirect is that slirp4netns's only.
     assert _named_on_host(denied) == ["tls:denied.test"]
+    # Straight to the check (a host process, on the sandbox's loopback
+    # address): no destination but the check itself, so cut, no relay.
+    check = network._checks[m.id]
+    assert check.address == network._slirp_dns(m.id)
+    assert check.address.startswith("127.")
+    # (beside the session's loop, which serves the check)
+    straight_to_check = [("http", check.address, check.port, "allowed.test")]
+    [straight] = oci_session.run(asyncio.to_thread(_named_on_host, straight_to_check))
+    assert straight in CUT, straight
     # Connections cut one after another (each ends before naming anything),
     # then ones whose server speaks first: every later one still meets the
     # check (its connections onward once left conntrack entries that later
