@@ -24,7 +24,7 @@ from _nethelpers import (
 from podbay.domain.egress import EgressPolicy
 from podbay.runtime.base import MachineState
 from podbay.runtime.network import slirpdns
-from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY
+from podbay.runtime.network.policy import SLIRP_DNS, SLIRP_GATEWAY, slirp_names_table
 from podbay.settings import Settings
 from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import (
@@ -339,10 +339,11 @@ def test_sni_and_host_are_checked_in_a_real_sandbox(
     named: NamedServers,
 ) -> None:
     """allowed.test and denied.test are the same address. runc's connections
-    meet the redirect to the name check: a TLS ClientHello or an HTTP request
-    naming denied.test is cut, one naming allowed.test passes, live. gVisor's
-    netstack writes its frames to tap0 and never meets it: names go unchecked
-    there (docs/network.md says so)."""
+    meet the redirect to the name check in the sandbox's namespace; gVisor's
+    leave as sockets of its slirp4netns, which a redirect in the host's
+    namespace (matched by that slirp4netns's cgroup) sends to the check. In
+    both a TLS ClientHello or an HTTP request naming denied.test is cut, one
+    naming allowed.test passes, live."""
     gvisor = Path(oci_session.settings.runtime.oci_runtime).name == "runsc"
     network = oci_session.driver.network
     network.dns_upstream = dnsmasq
@@ -356,18 +357,19 @@ def test_sni_and_host_are_checked_in_a_real_sandbox(
     ]
     oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["denied.test"]})))
     results = named_inside(m, oci_session, targets)
-    if gvisor:
-        unchecked = ["tls:allowed.test", "tls:denied.test", "http:allowed.test", "http:denied.test"]
-        assert results == unchecked, results
-        return
     assert results[0] == "tls:allowed.test", results
     assert results[1] in CUT, results
     assert results[2] == "http:allowed.test", results
     assert results[3] in CUT, results
-    # Straight to the check (it listens on the sandbox's own 127.0.0.1): no relay.
-    port = network._checks[m.id].port
-    [straight] = named_inside(m, oci_session, [("tls", "127.0.0.1", port, "allowed.test")])
-    assert straight in CUT, straight
+    check = network._checks[m.id]
+    assert check.cut == 2, (check.cut, check.passed)
+    if not gvisor:
+        # Straight to the check (it listens on the sandbox's own 127.0.0.1): no
+        # relay. (gVisor's listens on the host's 127.0.0.1, which slirp's
+        # gateway does not lead to, --disable-host-loopback, and tap0's rules
+        # drop 10.0.0.0/8 before it: test_real_sandbox_network.)
+        [straight] = named_inside(m, oci_session, [("tls", "127.0.0.1", check.port, "x")])
+        assert straight in CUT, straight
     # An allow list of names: the address opens once allowed.test resolves,
     # and on it only allowed names pass.
     policy = EgressPolicy.parse({"allow": ["allowed.test"], "deny": ["denied.test"]})
@@ -383,3 +385,132 @@ def test_sni_and_host_are_checked_in_a_real_sandbox(
     # A policy without names: no check any more.
     oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["192.0.2.0/24"]})))
     assert named_inside(m, oci_session, targets[1:2]) == ["tls:denied.test"]
+
+
+#: In a sandbox: argv[1] is [address, port, n]; n connections closed at once,
+#: then n that read the server's first bytes; prints the failures.
+CUT_THEN_BANNERS = r"""
+import json, socket, sys
+host, port, n = json.loads(sys.argv[1])
+failures = []
+for i in range(n):
+    try:
+        with socket.create_connection((host, port), timeout=10):
+            pass
+    except OSError as e:
+        failures.append(f"closed {i}: {e!r}")
+for i in range(n):
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            if not s.recv(64):
+                failures.append(f"banner {i}: nothing")
+    except OSError as e:
+        failures.append(f"banner {i}: {e!r}")
+print(json.dumps(failures))
+"""
+
+
+def _host_table(table: str) -> str | None:
+    """``nft list table ip <table>`` in the host's namespace (None: not there)."""
+    done = subprocess.run(
+        ["nft", "list", "table", "ip", table], capture_output=True, text=True, check=False
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
+def _named_on_host(targets: list[tuple[str, str, int, str]]) -> list[str]:
+    """NAMED_PROBE from the host's namespace (outside any sandbox's cgroup)."""
+    done = subprocess.run(
+        ["python3", "-c", NAMED_PROBE, json.dumps(targets)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return list(json.loads(done.stdout))
+
+
+def test_gvisor_names_are_checked_on_the_host_across_a_restart(
+    oci_machines: Machines,
+    oci_session: DriverSession,
+    testnet: NetLab,
+    dnsmasq: str,
+    named: NamedServers,
+) -> None:
+    """gVisor's check lives in the host's namespace: its slirp4netns is in a v2
+    cgroup of its own, and only that cgroup's TCP is redirected (the host's
+    own connection to the same server is not). While the node is down its
+    connections are refused (closed, not unchecked); adopt serves them again;
+    a policy without names and teardown take the redirect (and the cgroup) away."""
+    if Path(oci_session.settings.runtime.oci_runtime).name != "runsc":
+        pytest.skip("the host-side check is gVisor's (runc's: the test above)")
+    network = oci_session.driver.network
+    network.dns_upstream = dnsmasq
+    m = oci_machines.up()
+    host = testnet.testhost_address
+    denied = [("tls", host, TLS_PORT, "denied.test")]
+    allowed = [("tls", host, TLS_PORT, "allowed.test")]
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["denied.test"]})))
+    table = slirp_names_table(m.id)
+    listed = _host_table(table)
+    assert listed is not None
+    assert "cgroupv2" in listed, listed
+    assert "dnat to" in listed, listed
+    group = network._slirp_group(m.id)
+    assert group is not None
+    slirp_pid = network.slirps.recorded(network.machine_dir(m.id), network.netns_path(m.id))
+    assert str(slirp_pid) in (group.directory / "cgroup.procs").read_text().split()
+    # The host's own connection to the same server names denied.test and
+    # passes: the redirect is that slirp4netns's only.
+    assert _named_on_host(denied) == ["tls:denied.test"]
+    # Straight to the check (a host process, on the sandbox's loopback
+    # address): no destination but the check itself, so cut, no relay.
+    check = network._checks[m.id]
+    assert check.address == network._slirp_dns(m.id)
+    assert check.address.startswith("127.")
+    # (beside the session's loop, which serves the check)
+    straight_to_check = [("http", check.address, check.port, "allowed.test")]
+    [straight] = oci_session.run(asyncio.to_thread(_named_on_host, straight_to_check))
+    assert straight in CUT, straight
+    # Connections cut one after another (each ends before naming anything),
+    # then ones whose server speaks first: every later one still meets the
+    # check (its connections onward once left conntrack entries that later
+    # connections of slirp4netns joined, past the redirect: reset or refused).
+    burst = oci_session.run(
+        asyncio.to_thread(
+            m.agent.exec,
+            ["python3", "-c", CUT_THEN_BANNERS, json.dumps([host, testnet.testhost_port, 50])],
+            timeout_ms=120_000,
+        )
+    )
+    assert burst.ok, burst.stderr
+    assert json.loads(burst.stdout) == [], burst.stdout
+
+    watching = network._watch is not None
+
+    async def restart() -> None:
+        assert await network.adopt(m.id) is not None
+        if watching:
+            network.watch_addresses()
+
+    oci_session.run(network.close())
+    try:
+        # No check: the redirect leads to no socket, so nothing passes unchecked.
+        [down] = named_inside(m, oci_session, allowed)
+        assert down in {*CUT, "ECONNREFUSED"}, down
+    finally:
+        oci_session.run(restart())
+    [cut, passed] = named_inside(m, oci_session, [*denied, *allowed])
+    assert cut in CUT, cut
+    assert passed == "tls:allowed.test", passed
+
+    # A policy without names: the host's table goes, names pass unchecked.
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["192.0.2.0/24"]})))
+    assert _host_table(table) is None
+    assert named_inside(m, oci_session, denied) == ["tls:denied.test"]
+    oci_session.run(network.set_egress(m.id, EgressPolicy.parse({"deny": ["denied.test"]})))
+    assert _host_table(table) is not None
+    # Destroyed: the table and the cgroup go with it.
+    oci_session.run(oci_session.driver.destroy(m.id))
+    assert _host_table(table) is None
+    assert not group.directory.exists()

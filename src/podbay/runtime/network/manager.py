@@ -47,8 +47,11 @@ from .policy import (
     names_redirect_batch,
     resolved_batch,
     shaping_argv,
+    slirp_names_redirect_batch,
+    slirp_names_table,
 )
 from .resolver import Resolver
+from .slirpgroup import SlirpGroup
 from .watch import AddressWatch
 
 __all__ = ["NetworkHandle", "NetworkManager"]
@@ -343,9 +346,9 @@ class NetworkManager:
             log.info("network of %s: its names are served by another process", machine_id)
             return
         # A sandbox with its own network stack (gVisor, the one with that
-        # address) sends frames the namespace's nat hook never sees: no check.
-        checked = egress if address is None else OPEN
-        await self._check_names(machine_id, checked, fresh=fresh)
+        # address) sends frames the namespace's nat hook never sees: its TCP is
+        # checked where it leaves as slirp4netns's sockets, on the host.
+        await self._check_names(machine_id, egress, fresh=fresh, on_host=address is not None)
 
     async def _serve_resolver(
         self, machine_id: str, egress: EgressPolicy, address: str | None
@@ -445,33 +448,71 @@ class NetworkManager:
             f"(is a DNS server bound to 0.0.0.0:53?): {'; '.join(failures[-2:])}"
         )
 
-    async def _check_names(self, machine_id: str, egress: EgressPolicy, *, fresh: bool) -> None:
+    async def _check_names(
+        self, machine_id: str, egress: EgressPolicy, *, fresh: bool, on_host: bool = False
+    ) -> None:
         """Start, update or stop the machine's name check (:mod:`.namecheck`);
-        in force (the redirect loaded) on return."""
+        in force (the redirect loaded) on return. ``on_host``: a gVisor
+        sandbox's, redirected from its slirp4netns's sockets in the host's
+        namespace (:func:`.policy.slirp_names_redirect_batch`)."""
         check = self._checks.get(machine_id)
         path = self.netns_path(machine_id)
-        if not self.enabled or not egress.has_names:
+        group = self._slirp_group(machine_id) if on_host else None
+        if on_host and group is None and egress.has_names:
+            log.warning(
+                "network of %s: no cgroup v2 hierarchy on this host: its TLS SNI and "
+                "HTTP Host go unchecked (its lookups still follow the policy)",
+                machine_id,
+            )
+        if not self.enabled or not egress.has_names or (on_host and group is None):
             if check is not None:
                 del self._checks[machine_id]
                 # The redirect goes first: without its check it would refuse
                 # every connection.
-                if netns.is_mounted(path):
+                if on_host:
+                    await self._load_host(self._host_redirect(machine_id, None, None))
+                elif netns.is_mounted(path):
                     await self._load(path, names_redirect_batch(None, replace=True))
                 await check.close()
             return
         if check is not None:
             check.policy = egress
             return
-        check = NameCheck(path, egress, machine_id)
+        address = self._slirp_dns(machine_id) if on_host else None
+        if address is not None:
+            check = NameCheck(None, egress, machine_id, address)
+        else:
+            check = NameCheck(path, egress, machine_id)
         await check.start()
         try:
             # An adopted namespace may hold a redirect to a check that died with
             # the last node process: it is swapped for this one's.
-            await self._load(path, names_redirect_batch(check.port, replace=not fresh))
+            if group is not None and address is not None:
+                batch = self._host_redirect(machine_id, group, (address, check.port))
+                await self._load_host(batch)
+            else:
+                await self._load(path, names_redirect_batch(check.port, replace=not fresh))
         except BaseException:
             await check.close()
             raise
         self._checks[machine_id] = check
+
+    def _slirp_group(self, machine_id: str) -> SlirpGroup | None:
+        """The v2 cgroup a gVisor sandbox's slirp4netns is in (:mod:`.slirpgroup`)."""
+        limits = self.slirps.limits
+        return SlirpGroup.of(limits.cgroup_parent if limits else None, machine_id)
+
+    @staticmethod
+    def _host_redirect(
+        machine_id: str, group: SlirpGroup | None, check: tuple[str, int] | None
+    ) -> str:
+        match = group.match() if group is not None else None
+        return slirp_names_redirect_batch(slirp_names_table(machine_id), match, check, replace=True)
+
+    @staticmethod
+    async def _load_host(rules: str) -> None:
+        """Load ``rules`` in the host's namespace (the node's own)."""
+        await asyncio.to_thread(nft.load, rules)
 
     def _upstream(self) -> str:
         if self.dns_upstream is not None:
@@ -646,8 +687,11 @@ class NetworkManager:
             if built.done() and built.exception() is not None:
                 await built  # raises
             up = asyncio.Event()
+            # A gVisor sandbox's slirp4netns (the one given a resolv.conf) joins
+            # the cgroup its name check's redirect matches before tap0 is up.
+            group = self._slirp_group(machine_id) if resolv_conf is not None else None
             started = asyncio.ensure_future(
-                self.slirps.start(directory, path, up=up, resolv_conf=resolv_conf)
+                self.slirps.start(directory, path, up=up, resolv_conf=resolv_conf, group=group)
             )
             try:
                 await built
@@ -730,8 +774,12 @@ class NetworkManager:
                 for stray in slirp.find(path):
                     await self.slirps.stop(stray)
                 resolv_conf = directory / slirpdns.RESOLV_FILE
+                own_stack = resolv_conf.exists()
                 pid = await self.slirps.start(
-                    directory, path, resolv_conf=resolv_conf if resolv_conf.exists() else None
+                    directory,
+                    path,
+                    resolv_conf=resolv_conf if own_stack else None,
+                    group=self._slirp_group(machine_id) if own_stack else None,
                 )
             # A new tap0 needs its cap and hook again; a live one gets fresh
             # addresses, and the cap the node now has.
@@ -762,6 +810,15 @@ class NetworkManager:
             await check.close()
         directory = self.machine_dir(machine_id)
         path = directory / _NETNS_FILE
+        own_stack = (directory / slirpdns.RESOLV_FILE).exists()
+        if own_stack:
+            # Its slirp4netns's redirect on the host goes with it (also one a
+            # dead node process left).
+            try:
+                await self._load_host(self._host_redirect(machine_id, None, None))
+            except OSError as exc:
+                message = f"cannot remove {machine_id}'s name-check redirect: {exc}"
+                raise NetworkError(message) from exc
         pids: set[int] = set()
         if path.exists() or (directory / slirp.PID_FILE).exists():
             # A slirp4netns is only ever started for a namespace mounted here, and
@@ -774,6 +831,8 @@ class NetworkManager:
             pids.add(recorded)
         await asyncio.gather(*(self.slirps.stop(pid) for pid in pids))
         self.slirps.remove_cgroup(machine_id)
+        if own_stack and (group := self._slirp_group(machine_id)) is not None:
+            group.remove()
         try:
             netns.unmount(path)
         except OSError as exc:

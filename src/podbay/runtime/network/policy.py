@@ -42,6 +42,7 @@ slirp4netns: a policer that drops lets TCP overshoot its rate (docs/network.md,
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ __all__ = [
     "names_redirect_batch",
     "resolved_batch",
     "shaping_argv",
+    "slirp_names_redirect_batch",
+    "slirp_names_table",
 ]
 
 #: slirp4netns's fixed layout (its default ``--cidr=10.0.2.0/24``).
@@ -338,6 +341,44 @@ def names_redirect_batch(port: int | None, *, replace: bool) -> str:
 \t\toifname "lo" return
 \t\tmeta mark {CHECK_MARK:#x} return
 \t\tmeta l4proto tcp counter redirect to :{port} comment "name-check"
+\t}}
+}}
+"""
+
+
+def slirp_names_table(machine_id: str) -> str:
+    """The host's nat table that redirects one gVisor sandbox's slirp4netns
+    (a name of its own per machine: tables are swapped and dropped alone)."""
+    digest = hashlib.sha256(machine_id.encode()).hexdigest()[:16]
+    return f"{NAMES_TABLE}_slirp_{digest}"
+
+
+def slirp_names_redirect_batch(
+    table: str, socket_match: str | None, check: tuple[str, int] | None, *, replace: bool
+) -> str:
+    """The batch, for the *host's* namespace, that sends every new TCP
+    connection of one slirp4netns (its sockets matched by ``socket_match``,
+    their cgroup: :mod:`.slirpgroup`) to the name check listening on
+    ``check``, an address of the host's loopback and a port (None: none, the
+    table goes).
+
+    gVisor's frames met the policy at ``tap0`` before slirp4netns made its
+    socket, so what reaches this hook was let through already. Loopback
+    destinations are left alone: they are slirp's forwarder asking podbay's
+    resolver over TCP (``--disable-host-loopback`` and the tap rules keep the
+    sandbox's own connections from any). The check's connection onward is
+    the node process's, outside the group: not redirected again.
+    """
+    batch = _swap("ip", table, replace)
+    if check is None or socket_match is None:
+        return batch
+    address, port = check
+    return f"""\
+{batch}table ip {table} {{
+\tchain output {{
+\t\ttype nat hook output priority -100; policy accept;
+\t\t{socket_match} ip daddr != 127.0.0.0/8 meta l4proto tcp \\
+\t\t\tcounter dnat to {address}:{port} comment "name-check"
 \t}}
 }}
 """

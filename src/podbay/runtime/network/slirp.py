@@ -25,6 +25,7 @@ from podbay.host.fdwait import wait_readable
 from ...errors import NetworkError
 from . import procscan
 from .policy import MTU, TAP_NAME
+from .slirpgroup import SlirpGroup
 
 __all__ = [
     "LOG_FILE",
@@ -109,9 +110,17 @@ class Slirps:
         self.ready_timeout = ready_timeout
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
-    def argv(self, netns: Path, ready_fd: int, resolv_conf: Path | None = None) -> list[str]:
+    def argv(
+        self,
+        netns: Path,
+        ready_fd: int,
+        resolv_conf: Path | None = None,
+        cgroup_procs: Path | None = None,
+    ) -> list[str]:
         """``resolv_conf``: a file slirp4netns is to see as ``/etc/resolv.conf``
-        (its DNS forwarder asks that file's first nameserver, :mod:`.slirpdns`)."""
+        (its DNS forwarder asks that file's first nameserver, :mod:`.slirpdns`).
+        ``cgroup_procs``: a cgroup's ``cgroup.procs`` it writes its own pid to
+        before it execs slirp4netns (with ``resolv_conf`` only)."""
         argv = [
             self.binary,
             "--configure",
@@ -127,6 +136,22 @@ class Slirps:
             # /run recursively, the file with them. sh and mount exec in place:
             # the pid stays slirp4netns's.
             options = ("--enable-sandbox", "--enable-seccomp") if self.sandbox else ()
+            if cgroup_procs is not None:
+                # In its cgroup before slirp4netns exists: every socket it makes
+                # is the cgroup's (the name check's redirect, :mod:`.slirpgroup`).
+                script = (
+                    'echo $$ > "$0" && mount --bind -- "$1" /etc/resolv.conf && shift && exec "$@"'
+                )
+                return [
+                    *("unshare", "--mount", "--propagation", "private", "--"),
+                    *("sh", "-c", script),
+                    str(cgroup_procs),
+                    str(resolv_conf),
+                    *argv,
+                    *options,
+                    str(netns),
+                    TAP_NAME,
+                ]
             return [
                 *("unshare", "--mount", "--propagation", "private", "--"),
                 *("sh", "-c", 'mount --bind -- "$0" /etc/resolv.conf && exec "$@"'),
@@ -160,17 +185,26 @@ class Slirps:
         *,
         up: asyncio.Event | None = None,
         resolv_conf: Path | None = None,
+        group: SlirpGroup | None = None,
     ) -> int:
         """Start one for ``netns``, record it in ``directory``, wait until tap0 is up
         (then ``up`` is set) and its budget is applied. ``resolv_conf``: see
-        :meth:`argv`."""
+        :meth:`argv`. ``group``: a v2 cgroup it is in before ``up`` is set, so
+        that every socket it makes for the sandbox is that group's
+        (:mod:`.slirpgroup`)."""
+        procs = None
+        if group is not None and resolv_conf is not None:
+            try:
+                procs = group.prepare()
+            except OSError as exc:
+                raise NetworkError(f"cannot make the cgroup {group.directory}: {exc}") from exc
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             with open(directory / LOG_FILE, "ab", buffering=0) as log:  # noqa: ASYNC230
                 # Its own session: no terminal signal or process-group kill of the
                 # node reaches it, and it outlives a node killed with SIGKILL.
                 proc = subprocess.Popen(  # noqa: ASYNC220 - must not be an asyncio child
-                    self.argv(netns, write_end, resolv_conf),
+                    self.argv(netns, write_end, resolv_conf, procs),
                     pass_fds=(write_end,),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -189,9 +223,18 @@ class Slirps:
         # grace period), and before this returns: no sandbox command runs before,
         # so it has served nothing of theirs (a sandbox may be booting, see ``up``).
         confined = asyncio.ensure_future(asyncio.to_thread(self._confine, directory.name, proc.pid))
+        # Joined by its own shell before exec when it has one; otherwise here.
+        joined = asyncio.ensure_future(
+            asyncio.to_thread(group.join, proc.pid)
+            if group is not None and procs is None
+            else asyncio.sleep(0)
+        )
         try:
             self._write_pidfile(directory, proc.pid)
             ready = await self._read_ready(read_end)
+            # Before the sandbox may send: a socket made outside the group
+            # would escape the name check's redirect.
+            await joined
             if ready and up is not None:
                 up.set()
             await confined
@@ -199,6 +242,8 @@ class Slirps:
             # A thread cannot be cancelled: it finishes before the process is stopped.
             with contextlib.suppress(BaseException):
                 await asyncio.shield(confined)
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(joined)
             await self.stop(proc.pid)
             raise
         finally:
