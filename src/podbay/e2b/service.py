@@ -159,10 +159,10 @@ class E2BService:
         if access is not None:
             if not token_matches(await self.secret(), sandbox_id, access):
                 raise E2BError(401, "E2B_ACCESS_TOKEN_INVALID", "invalid access token")
-            row = await self.rows.get_e2b_sandbox(sandbox_id)
-            deployment = None if row is None else await self.store.get_deployment(row.deployment_id)
-            if row is None or deployment is None:
+            found = await self.rows.get_e2b_sandbox_and_deployment(sandbox_id)
+            if found is None:
                 raise sandbox_not_found(sandbox_id)
+            row, deployment = found
             return deployment, row
         if api_key is None:
             raise E2BError(
