@@ -34,6 +34,7 @@ def _raw(
     )
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_gzip_uploads_and_downloads(e2b_server: PlatformServer, e2b_opts: dict[str, Any]) -> None:
     sandbox = e2b.Sandbox.create(**e2b_opts)
     try:
