@@ -47,6 +47,15 @@ e2b = importlib.import_module("e2b")
 MIB = 1024 * 1024
 PAYLOAD = os.urandom(10 * MIB)
 OPERATIONS = ("create", "run", "run_login", "write", "read", "run_code")
+#: What each row compares: podbay's SDK's side, then E2B's.
+COMPARED = {
+    "create": "attach + exec(['echo', 'hi']) | Sandbox.create() + commands.run('echo hi')",
+    "run": "exec(['true']) | commands.run('true') (runs /bin/bash -l -c true)",
+    "run_login": "exec(['/bin/bash', '-l', '-c', 'true']) | commands.run('true')",
+    "write": "write_file_bytes 10 MiB | files.write 10 MiB",
+    "read": "read_file_bytes 10 MiB | files.read 10 MiB (bytes)",
+    "run_code": "run_code('1+1') | run_code('1+1') (e2b-code-interpreter)",
+}
 
 
 def timed(action: Callable[[], object]) -> float:
@@ -139,6 +148,7 @@ def main() -> int:
                 "e2b_p50_ms": round(e2b_ms, 2),
                 "ratio": round(e2b_ms / podbay_ms, 2),
                 "n": len(samples[op]["e2b"]),
+                "compared": COMPARED[op],
             }
         )
     if args.json:
@@ -148,7 +158,7 @@ def main() -> int:
         for row in rows:
             print(
                 f"{row['operation']:10} {row['podbay_p50_ms']:>10} ms {row['e2b_p50_ms']:>9} ms "
-                f"{row['ratio']:>6} {row['n']:>4}"
+                f"{row['ratio']:>6} {row['n']:>4}  {row['compared']}"
             )
     return 0
 

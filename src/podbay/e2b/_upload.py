@@ -9,6 +9,7 @@ refused at :data:`MAX_UPLOAD` bytes rather than expanded.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import zlib
 from collections import deque
@@ -23,6 +24,8 @@ from .error_responses import E2BError
 MAX_UPLOAD = 256 * 1024 * 1024
 #: Inflated bytes produced per step (a gzip bomb never expands past this at once).
 _INFLATE_STEP = 1024 * 1024
+#: Bytes of an upload gathered before they go on to the data plane.
+_SEND_STEP = 256 * 1024
 
 
 async def inflated(stream: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
@@ -56,11 +59,35 @@ async def inflated(stream: AsyncIterator[bytes], encoding: str) -> AsyncIterator
 
 
 async def with_trailing_digest(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``chunks``, then their hex SHA-256: the agent's one-pass (trailing) digest."""
+    """``chunks``, then their hex SHA-256: the agent's one-pass (trailing) digest.
+
+    The bytes go on in blocks of :data:`_SEND_STEP` (the server's reads are
+    far smaller: fewer, larger writes to the data plane), and each block is
+    hashed in a worker thread (``hashlib`` lets go of the GIL) while it is
+    sent, so the hash is not in series with the transfer."""
     hasher = hashlib.sha256()
+    loop = asyncio.get_running_loop()
+    hashing: asyncio.Future[None] | None = None
+    batch: list[bytes] = []
+    size = 0
     async for chunk in chunks:
-        hasher.update(chunk)
-        yield chunk
+        batch.append(chunk)
+        size += len(chunk)
+        if size < _SEND_STEP:
+            continue
+        block = b"".join(batch)
+        batch.clear()
+        size = 0
+        if hashing is not None:  # one block at a time: updates stay in order
+            await hashing
+        hashing = loop.run_in_executor(None, hasher.update, block)
+        yield block
+    if hashing is not None:
+        await hashing
+    if batch:
+        block = b"".join(batch)
+        hasher.update(block)
+        yield block
     yield hasher.hexdigest().encode("ascii")
 
 

@@ -26,9 +26,15 @@ class E2BApps:
     pieces they use, not the platform: the platform builds them)."""
 
     def __init__(
-        self, store: Store, sandboxes: SandboxService, limits: Limits, domain: str = ""
+        self,
+        store: Store,
+        sandboxes: SandboxService,
+        limits: Limits,
+        domain: str = "",
+        *,
+        local_gateway: tuple[str, ASGIApp] | None = None,
     ) -> None:
-        self._serve(E2BService(store, sandboxes), limits, domain)
+        self._serve(E2BService(store, sandboxes, local_gateway=local_gateway), limits, domain)
 
     @classmethod
     def sandbox_api(cls, service: E2BService) -> E2BApps:

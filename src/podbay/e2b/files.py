@@ -25,7 +25,6 @@ with one or several files, or octet-stream), on the agent's native files API.
 
 from __future__ import annotations
 
-import gzip
 import json
 import posixpath
 import time
@@ -33,10 +32,13 @@ import zlib
 from collections.abc import AsyncIterator
 
 import httpx
+from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
+from podbay.client._files import READ_HEADERS, DigestCheck
 from podbay.control.services.sandboxes import Attached
+from podbay.errors import SandboxUnavailableError
 from podbay.wire.paths import DIGEST_HEADER, DIGEST_TRAILING, FILES
 
 from ._upload import MAX_UPLOAD, MultipartFiles, boundary_of, inflated, with_trailing_digest
@@ -113,19 +115,92 @@ async def download(request: Request) -> Response:
     if not path:
         raise E2BError(400, "REQUEST_INVALID", "path is required")
     attached = await _reach_files(request, path, "read")
-    answer = await service_of(request).http.get(
-        attached.endpoint + FILES, params=_file_params(request, path), headers=headers(attached)
+    http = service_of(request).http
+    upstream = await http.send(
+        http.build_request(
+            "GET",
+            attached.endpoint + FILES,
+            params=_file_params(request, path),
+            # One pass over the file in the agent (the digest after the bytes),
+            # as podbay's own SDK reads; asked without, the agent hashes it first.
+            headers={**headers(attached), **READ_HEADERS},
+        ),
+        stream=True,
     )
-    if answer.status_code != 200:
-        return _refusal(answer)
-    data = answer.content
-    if _accepts_gzip(request) and len(data) <= MAX_GZIP_DOWNLOAD and _worth_compressing(data):
-        return Response(
-            gzip.compress(data, compresslevel=1),
+    if upstream.status_code != 200:
+        await upstream.aread()
+        await upstream.aclose()
+        return _refusal(upstream)
+    check = DigestCheck(upstream.headers, path)
+    content = _checked(upstream, check)
+    # The first 64 KiB decide whether gzip is worth it; the rest streams on.
+    head = await _head(content)
+    if (
+        _accepts_gzip(request)
+        and check.total is not None
+        and check.total <= MAX_GZIP_DOWNLOAD
+        and _worth_compressing(head)
+    ):
+        return StreamingResponse(
+            _gzipped(head, content),
             media_type="application/octet-stream",
             headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
+            background=BackgroundTask(upstream.aclose),
         )
-    return Response(data, media_type="application/octet-stream")
+    length = {} if check.total is None else {"Content-Length": str(check.total)}
+    return StreamingResponse(
+        _then(head, content),
+        media_type="application/octet-stream",
+        headers=length,
+        background=BackgroundTask(upstream.aclose),
+    )
+
+
+async def _checked(upstream: httpx.Response, check: DigestCheck) -> AsyncIterator[bytes]:
+    """The file's bytes as the agent sends them, the last piece held back until
+    their SHA-256 matches the agent's: a mismatch (or a short body) raises, so
+    the caller's answer is cut short of its length rather than completed."""
+    held = b""
+    try:
+        async for chunk in upstream.aiter_bytes():
+            for piece in check.update(chunk):
+                if held:
+                    yield held
+                held = bytes(piece)
+        try:
+            check.verify()
+        except SandboxUnavailableError as exc:
+            raise E2BError(502, "SANDBOX_ERROR", str(exc)) from None
+        if held:
+            yield held
+    finally:
+        await upstream.aclose()
+
+
+async def _head(content: AsyncIterator[bytes]) -> bytes:
+    """At least the first :data:`_GZIP_PROBE` bytes of ``content`` (all, if fewer)."""
+    head = bytearray()
+    while len(head) < _GZIP_PROBE:
+        chunk = await anext(content, None)
+        if chunk is None:
+            break
+        head += chunk
+    return bytes(head)
+
+
+async def _then(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in rest:
+        yield chunk
+
+
+async def _gzipped(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    async for chunk in _then(head, rest):
+        if out := compressor.compress(chunk):
+            yield out
+    yield compressor.flush()
 
 
 def _refusal(answer: httpx.Response) -> Response:

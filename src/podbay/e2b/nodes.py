@@ -22,6 +22,7 @@ from typing import Any, cast, get_args
 import httpx
 from starlette.responses import JSONResponse, Response
 
+from podbay.asgi import ASGIApp
 from podbay.control.services.sandboxes import Attached
 from podbay.dataplane import nodeapi
 from podbay.domain import Deployment, Sandbox, SandboxOptions, SandboxState, StartKind
@@ -29,6 +30,7 @@ from podbay.store.e2b import E2BSandbox
 from podbay.store.rows import at, dt, ts
 
 from .error_responses import E2BError
+from .inprocess import InProcessTransport
 from .service import DEFAULT_TIMEOUT, E2BService
 
 REACH = f"{nodeapi.PREFIX}/e2b/reach"
@@ -163,9 +165,19 @@ class NodeE2BService(E2BService):
 
     # E2BService's own __init__ wants the store and the sandbox service, which
     # a node has not: this one sets what the sandbox API's handlers use.
-    def __init__(self, control_url: str, credential: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        control_url: str,
+        credential: Callable[[], str | None],
+        local_gateway: tuple[str, ASGIApp] | None = None,
+    ) -> None:
         self.closers: list[Callable[[], None]] = []
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        # This node's own sandboxes: handed to its gateway in process, as under
+        # ``podbay serve`` (another node's go over HTTP).
+        transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport()
+        if local_gateway is not None:
+            transport = InProcessTransport(*local_gateway, transport)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), transport=transport)
         self._control = control_url.rstrip("/") + REACH
         self._credential = credential
 

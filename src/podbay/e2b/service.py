@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 import httpx
 
+from podbay.asgi import ASGIApp
 from podbay.control.services.options import check_env, check_labels
 from podbay.control.services.sandboxes import Attached, SandboxService
 from podbay.dataplane.environment_seam import Building
@@ -34,6 +35,7 @@ from podbay.wire.codes import ErrorCode
 
 from . import templates
 from .error_responses import E2BError
+from .inprocess import InProcessTransport
 from .keys import KEY_PATTERN, SECRET_META_KEY, key_hash, new_api_key, new_secret, token_matches
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ class E2BService:
         sandboxes: SandboxService,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        local_gateway: tuple[str, ASGIApp] | None = None,
     ) -> None:
         self.store = store
         self.rows = cast(E2BStore, store)
@@ -95,7 +98,12 @@ class E2BService:
         self.closers: list[Callable[[], None]] = []
         #: The data plane is reached over HTTP, as any client reaches it: in a
         #: cluster the endpoint is the sandbox's node, never this process.
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        #: ``local_gateway`` (``podbay serve``: its base URL and its gateway): the
+        #: calls to it are handed to it in process (``podbay.e2b.inprocess``).
+        transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport()
+        if local_gateway is not None:
+            transport = InProcessTransport(*local_gateway, transport)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), transport=transport)
 
     # -- credentials -----------------------------------------------------------------
     async def deployment_for_key(self, key: str | None) -> Deployment:
@@ -159,10 +167,10 @@ class E2BService:
         if access is not None:
             if not token_matches(await self.secret(), sandbox_id, access):
                 raise E2BError(401, "E2B_ACCESS_TOKEN_INVALID", "invalid access token")
-            row = await self.rows.get_e2b_sandbox(sandbox_id)
-            deployment = None if row is None else await self.store.get_deployment(row.deployment_id)
-            if row is None or deployment is None:
+            found = await self.rows.get_e2b_sandbox_and_deployment(sandbox_id)
+            if found is None:
                 raise sandbox_not_found(sandbox_id)
+            row, deployment = found
             return deployment, row
         if api_key is None:
             raise E2BError(

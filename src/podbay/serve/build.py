@@ -102,7 +102,11 @@ def node_app(settings: Settings, drivers: Mapping[str, Driver], hooks: ClassHook
     def e2b_sandbox_api(node: NodeServer) -> E2BApps:
         # E2B's sandbox API (commands, files, ports) enters at the nodes, the
         # data-plane tier; the node asks its control plane who may reach what.
-        return E2BApps.sandbox_api(NodeE2BService(node.control_url, lambda: node.credential))
+        return E2BApps.sandbox_api(
+            NodeE2BService(
+                node.control_url, lambda: node.credential, local_gateway=(node.url, node.gateway)
+            )
+        )
 
     return NodeServer(settings, drivers, gateway=Gateway, surfaces=[e2b_sandbox_api], **hooks)
 

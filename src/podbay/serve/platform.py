@@ -189,7 +189,13 @@ class Platform:
             LatestSamples(self.sandboxes.nodes),
         )
         # E2B's SDKs (docs/e2b.md): its REST paths and requests naming an E2B sandbox.
-        self.e2b = E2BApps(self.store, self.sandboxes, self.limits, settings.server.e2b_domain)
+        self.e2b = E2BApps(
+            self.store,
+            self.sandboxes,
+            self.limits,
+            settings.server.e2b_domain,
+            local_gateway=(self.base_url, self.gateway),
+        )
 
     def _mint(self, sandbox_id: str, incarnation: int, ttl: float) -> tuple[str, datetime]:
         """A data-plane credential, already known to this process's gateway: the

@@ -16,12 +16,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .rows import at, ts
+from podbay.domain import Deployment
+
+from .rows import DEPLOYMENT_COLUMNS, at, deployment, ts
 
 T = TypeVar("T")
 E2B_COLUMNS = (
     "sandbox_id, deployment_id, template, metadata, env_vars, started_at, end_at,"
     " on_timeout, paused_at"
+)
+#: An E2B row and its deployment's, in one statement (the sandbox API's check
+#: of every call: one trip to the store, not two).
+_WITH_DEPLOYMENT = (
+    "SELECT "
+    + ", ".join("e." + c.strip() for c in E2B_COLUMNS.split(","))
+    + ", "
+    + ", ".join("d." + c.strip() for c in DEPLOYMENT_COLUMNS.split(","))
+    + " FROM e2b_sandboxes e JOIN deployments d ON d.id = e.deployment_id WHERE e.sandbox_id=?"
 )
 
 
@@ -68,6 +79,10 @@ class E2BStore(Protocol):
     async def add_e2b_sandbox(self, sandbox: E2BSandbox) -> None: ...
 
     async def get_e2b_sandbox(self, sandbox_id: str) -> E2BSandbox | None: ...
+
+    async def get_e2b_sandbox_and_deployment(
+        self, sandbox_id: str
+    ) -> tuple[E2BSandbox, Deployment] | None: ...
 
     async def list_e2b_sandboxes(
         self, *, deployment_id: str | None = None, ended_by: datetime | None = None
@@ -131,6 +146,16 @@ class E2BQueries:
         sql = f"SELECT {E2B_COLUMNS} FROM e2b_sandboxes WHERE sandbox_id=?"
         row = await self._run(lambda conn: self._one(conn, sql, sandbox_id))
         return None if row is None else _row(row)
+
+    async def get_e2b_sandbox_and_deployment(
+        self, sandbox_id: str
+    ) -> tuple[E2BSandbox, Deployment] | None:
+        """The sandbox's E2B row and its deployment; None if either is gone."""
+        row = await self._run(lambda conn: self._one(conn, _WITH_DEPLOYMENT, sandbox_id))
+        if row is None:
+            return None
+        width = len(E2B_COLUMNS.split(","))
+        return _row(row[:width]), deployment(row[width:])
 
     async def list_e2b_sandboxes(
         self, *, deployment_id: str | None = None, ended_by: datetime | None = None

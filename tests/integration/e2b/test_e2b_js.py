@@ -59,6 +59,7 @@ def run_scenario(
     return observed
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_js_commands(scenarios: Path, e2b_server: PlatformServer, key: str) -> None:
     seen = run_scenario(scenarios, "commands", e2b_server, key)
     assert seen["run"] == {"stdout": "out\n", "stderr": "err\n", "exitCode": 0}
@@ -86,6 +87,7 @@ def test_js_commands(scenarios: Path, e2b_server: PlatformServer, key: str) -> N
     assert seen["cat"] == {"stdout": "typed\nagain\n", "ended": None, "followerWait": None}
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_js_files(scenarios: Path, e2b_server: PlatformServer, key: str) -> None:
     seen = run_scenario(scenarios, "files", e2b_server, key)
     assert seen["written"] == {"path": "/tmp/js/a.txt", "name": "a.txt"}

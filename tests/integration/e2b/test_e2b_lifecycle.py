@@ -11,7 +11,6 @@ import base64
 import http.client
 import re
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ import httpx
 import pytest
 
 from podbay.client import SandboxClient
-from podbay.testing.fixtures import shared_layer_dir
 from podbay.testing.platform import SANDBOX_SPEC, PlatformServer
 
 e2b = pytest.importorskip("e2b")
@@ -32,19 +30,11 @@ pytestmark = pytest.mark.root
 SERVE = "cd /tmp && exec python3 -m http.server 8080 --bind 127.0.0.1"
 
 
-@pytest.fixture(scope="module", params=["gvisor", "container"])
-def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PlatformServer]:
-    with PlatformServer.start(
-        tmp_path_factory.mktemp("e2b-life"),
-        # code-interpreter-v1's layer is built once per machine, not per run.
-        env={
-            "PODBAY_RUNTIME_CLASSES": request.param,
-            "PODBAY_RUNTIME_LAYER_DIR": shared_layer_dir(),
-        },
-    ) as s:
-        yield s
+@pytest.fixture(scope="module")
+def server(e2b_server: PlatformServer) -> PlatformServer:
+    """One ``podbay serve`` per class (``conftest.py``: its layers are in the
+    machine's shared directory, so code-interpreter-v1's is built once)."""
+    return e2b_server
 
 
 def _created(server: PlatformServer, name: str, spec: str = SANDBOX_SPEC) -> tuple[str, str]:
@@ -82,6 +72,7 @@ def _wait_served(server: PlatformServer, host: str, token: str) -> httpx.Respons
         time.sleep(0.2)
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_get_host_reaches_a_server_in_the_sandbox(server: PlatformServer, keys: Any) -> None:
     sandbox = e2b.Sandbox.create(**_opts(server, keys[1]))
     other = e2b.Sandbox.create(**_opts(server, keys[1]))
@@ -267,6 +258,7 @@ def test_traffic_resumes_a_paused_sandbox(server: PlatformServer, keys: Any) -> 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_the_same_sandboxes_through_both_apis(server: PlatformServer, keys: Any) -> None:
     token, key = keys
     opts = _opts(server, key)

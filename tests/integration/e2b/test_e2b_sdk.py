@@ -38,6 +38,7 @@ def _opts(server: PlatformServer, key: str) -> dict[str, Any]:
     return {"api_key": key, "api_url": server.base_url, "sandbox_url": server.base_url}
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_create_run_files_list_kill(server: PlatformServer, key: str) -> None:
     opts = _opts(server, key)
     sandbox = e2b.Sandbox.create(metadata={"suite": "e2b"}, envs={"GREETING": "hello"}, **opts)
@@ -186,6 +187,7 @@ def test_unsupported_calls_answer_e2b_errors(server: PlatformServer, key: str) -
     assert "nope" in unknown.json()["message"]
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_background_commands_outlive_their_stream(server: PlatformServer, key: str) -> None:
     sandbox = e2b.Sandbox.create(envs={"GREETING": "hi"}, **_opts(server, key))
     try:
@@ -261,6 +263,7 @@ def test_async_background_commands(server: PlatformServer, key: str) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("e2b_server", ["gvisor", "container", "vm"], indirect=True)
 def test_filesystem_calls(server: PlatformServer, key: str) -> None:
     sandbox = e2b.Sandbox.create(**_opts(server, key))
     files = sandbox.files

@@ -8,6 +8,8 @@ from typing import cast
 
 import pytest
 
+from podbay.domain import Deployment
+from podbay.store.base import Store
 from podbay.store.e2b import E2BSandbox, E2BStore
 
 pytestmark = pytest.mark.anyio
@@ -72,3 +74,23 @@ async def test_a_paused_sandbox_is_past_no_timeout_until_it_runs_again(store: ob
         later + timedelta(seconds=300),
     )
     assert not await rows.set_e2b_paused("s2", later)
+
+
+async def test_a_row_and_its_deployment_come_in_one_statement(store: Store) -> None:
+    """The sandbox API's check of every call reads both in one trip."""
+    rows = cast(E2BStore, store)
+    dep = Deployment(
+        id="dep_a",
+        name="a",
+        account="acct",
+        spec_text="x: 1",
+        sandbox_section=None,
+        created_at=NOW,
+        updated_at=NOW,
+    )
+    await store.add_deployment(dep)
+    await rows.add_e2b_sandbox(_row("s1", "dep_a", 10))
+    await rows.add_e2b_sandbox(_row("s2", "dep_gone", 10))
+    assert await rows.get_e2b_sandbox_and_deployment("s1") == (_row("s1", "dep_a", 10), dep)
+    assert await rows.get_e2b_sandbox_and_deployment("s2") is None  # its deployment is gone
+    assert await rows.get_e2b_sandbox_and_deployment("nope") is None
