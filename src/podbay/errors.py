@@ -28,6 +28,7 @@
     │   runtime
     ├── DriverError                      a machine operation failed (for an operator)
     │   ├── MachineNotFound              no machine with that id
+    │   ├── ParkRefused                  a gVisor agent kept its socket: no checkpoint
     │   └── NetworkError                 a sandbox's network (podbay.runtime.network)
     │       └── ConnectionCut            the name check refuses a connection (why: its message)
     │
@@ -224,6 +225,12 @@ class MachineNotFound(DriverError):
     """No machine with that id exists (it was never created, or was destroyed)."""
 
 
+class ParkRefused(DriverError):
+    """A gVisor sandbox's agent did not take the park a checkpoint needs (it
+    refused, or could not be asked): it serves on as before, and the sandbox
+    is frozen in memory instead."""
+
+
 class NetworkError(DriverError):
     """Setting up, adopting or tearing down a sandbox's network failed."""
 
@@ -362,6 +369,7 @@ __all__ = [
     "KeyRingError",
     "MachineNotFound",
     "NetworkError",
+    "ParkRefused",
     "PodbayError",
     "PrepareFailed",
     "ProtocolError",

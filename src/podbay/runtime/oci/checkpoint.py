@@ -31,6 +31,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from podbay.errors import ParkRefused as ParkRefused  # raised here; defined in the one tree
 from podbay.host import storage
 
 from ..base import DriverError
@@ -52,11 +53,6 @@ PARK_PATH = "/v1/park"
 PARK_TIMEOUT_S = 10.0
 
 _CHUNK = 1 << 20
-
-
-class ParkRefused(DriverError):
-    """The agent did not take the park (it refused, or could not be asked):
-    it serves on as before."""
 
 
 @dataclass(frozen=True)
