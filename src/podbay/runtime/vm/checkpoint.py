@@ -1,0 +1,212 @@
+"""Checkpoints of a ``vm`` machine: its guest's memory and devices on disk, no QEMU.
+
+When ``vm`` is among ``runtime.checkpoint_classes``, suspending a machine
+stops its guest, has QEMU write the guest's RAM and device state (QMP
+``migrate`` to an ``exec:`` pipe, the one file target QEMU 7.2 has) into the
+machine's own data directory, and kills QEMU: the host keeps no memory of it
+but this directory. Resuming starts a new QEMU with the same command line and
+``-incoming`` from that file; the guest's processes run on where they were.
+
+A checkpoint lives in ``<machine home>/checkpoint/`` (mode 0700, files 0600;
+the data directory is the host's, nothing a guest can reach):
+
+- ``state``: QEMU's migration stream;
+- ``initrd``: the boot archive the guest was started with (the new QEMU is
+  given the same command line; the archive is in the volatile run directory,
+  which a reboot removes);
+- ``manifest.json``: the sha256 and size of ``state`` (computed while QEMU
+  wrote it) and the size and mtime of the machine's disk once QEMU was gone.
+
+The directory is written as ``.checkpoint.partial`` and renamed whole once
+its manifest is on disk: a machine has a checkpoint, or it does not. The guest
+disk is part of the state (the guest's page cache in ``state`` refers to its
+blocks), so a restore refuses a disk whose size or mtime changed, as it
+refuses a ``state`` whose digest differs: with a :class:`DriverError`, before
+anything has started, so the machine stays suspended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shlex
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..base import DriverError
+from . import qmp
+
+#: Bump when what a checkpoint holds changes.
+CHECKPOINT_VERSION = 1
+#: QEMU's migration is throttled to 128 MiB/s by default (meant for a live
+#: guest on a network link); a stopped guest into a local file takes what it can.
+UNTHROTTLED = 64 << 30
+#: How long writing a guest's memory may take.
+SAVE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint files of the machine whose data directory is ``home``."""
+
+    home: Path
+
+    @property
+    def root(self) -> Path:
+        return self.home / "checkpoint"
+
+    @property
+    def partial(self) -> Path:
+        return self.home / ".checkpoint.partial"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def initrd(self) -> Path:
+        return self.root / "initrd"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    def exists(self) -> bool:
+        """Whole (its manifest written and renamed into place)."""
+        return self.manifest.exists()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.partial, ignore_errors=True)
+
+
+def _disk_stamp(disk: Path) -> dict[str, int]:
+    st = disk.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+async def save(qmp_path: Path, checkpoint: Checkpoint, initrd: Path) -> None:
+    """Stop the guest and write its memory and devices to ``checkpoint``'s
+    partial directory (QEMU still runs, paused, when this returns: the caller
+    kills it, then :func:`seal` makes the checkpoint whole)."""
+    partial = checkpoint.partial
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(mode=0o700)
+    state, digest = partial / "state", partial / "state.sha256"
+    # The digest is taken from the stream as QEMU writes it (no second read of
+    # the file); the umask keeps both files the host root's alone.
+    pipe = f"umask 077; tee {shlex.quote(str(state))} | sha256sum > {shlex.quote(str(digest))}"
+    await qmp.execute(qmp_path, "stop")
+    await qmp.execute(qmp_path, "migrate-set-parameters", {"max-bandwidth": UNTHROTTLED})
+    await qmp.execute(qmp_path, "migrate", {"uri": f"exec:{pipe}"})
+    async with asyncio.timeout(SAVE_SECONDS):
+        while True:
+            info = await qmp.execute(qmp_path, "query-migrate")
+            status = info.get("status")
+            if status == "completed":
+                break
+            if status in ("failed", "cancelled"):
+                raise DriverError(f"writing the checkpoint failed: {info.get('error-desc', info)}")
+            await asyncio.sleep(0.02)
+    await asyncio.to_thread(copy_private, initrd, partial / "initrd")
+
+
+def seal(checkpoint: Checkpoint, disk: Path) -> None:
+    """Once QEMU is gone: write the manifest and make the checkpoint whole (on
+    disk, to survive the host's restart)."""
+    partial = checkpoint.partial
+    state = partial / "state"
+    try:
+        written = (partial / "state.sha256").read_text().split()[0]
+    except (OSError, IndexError):
+        raise DriverError("writing the checkpoint failed: no digest of its state") from None
+    manifest = {
+        "version": CHECKPOINT_VERSION,
+        "state": {"sha256": written, "size": state.stat().st_size},
+        "disk": _disk_stamp(disk),
+    }
+    (partial / "state.sha256").unlink()
+    for name in ("state", "initrd"):
+        _fsync(partial / name)
+    target = partial / "manifest.json"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(manifest, out)
+        out.flush()
+        os.fsync(out.fileno())
+    shutil.rmtree(checkpoint.root, ignore_errors=True)
+    os.rename(partial, checkpoint.root)
+    _fsync_dir(checkpoint.home)
+
+
+def verify(checkpoint: Checkpoint, disk: Path) -> None:
+    """Before a restore: the state is the one written (digest, size) and the
+    disk is as the checkpoint left it; else :class:`DriverError`."""
+    try:
+        manifest = json.loads(checkpoint.manifest.read_text())
+        expected = manifest["state"]
+        if manifest["version"] != CHECKPOINT_VERSION:
+            raise DriverError(
+                f"checkpoint of version {manifest['version']}, not {CHECKPOINT_VERSION}"
+            )
+        if checkpoint.state.stat().st_size != expected["size"]:
+            raise DriverError("the checkpoint's state file has the wrong size (damaged)")
+        with open(checkpoint.state, "rb") as f:
+            actual = hashlib.file_digest(f, "sha256").hexdigest()
+        if actual != expected["sha256"]:
+            raise DriverError("the checkpoint's state file fails its sha256 check (damaged)")
+        if not checkpoint.initrd.is_file():
+            raise DriverError("the checkpoint has no boot archive")
+        if _disk_stamp(disk) != manifest["disk"]:
+            raise DriverError("the machine's disk changed since its checkpoint")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DriverError(f"the checkpoint is unreadable: {e}") from None
+
+
+def incoming(checkpoint: Checkpoint) -> list[str]:
+    """QEMU's arguments to load the checkpoint (it then waits, paused)."""
+    return ["-incoming", f"exec:cat {shlex.quote(str(checkpoint.state))}"]
+
+
+async def wait_loaded(qmp_path: Path, alive: Callable[[], bool], within: float = 120.0) -> None:
+    """Until QEMU has loaded the checkpoint (it leaves ``inmigrate``). A QEMU
+    that could not load it exits: :class:`DriverError` then, not a wait."""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                status = await qmp.execute(qmp_path, "query-status")
+            except (OSError, ConnectionError):
+                status = {}
+            if status.get("status") not in (None, "inmigrate"):
+                return
+            if not alive():
+                raise DriverError("QEMU exited while loading the checkpoint")
+            await asyncio.sleep(0.01)
+
+
+def copy_private(source: Path, target: Path) -> None:
+    """Copy ``source`` to a file only root can read."""
+    with open(source, "rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
