@@ -27,12 +27,17 @@ from podbay.runtime.base import DriverError, MachineState
 from podbay.runtime.vm.checkpoint import Checkpoint
 from podbay.runtime.vm.driver import VmDriver
 from podbay.settings import Settings
+from podbay.testing.driver_conformance import node_killed_once_ready
 from podbay.testing.fixtures import small_spec
 from podbay.testing.vm import VmSession
 
 pytestmark = pytest.mark.root
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done"
+# Renamed into place: a reader never meets the file empty, between truncation and write.
+COUNTER = (
+    "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new;"
+    " mv /tmp/counter.new /tmp/counter; sleep 0.1; done"
+)
 # Its descriptor 3 stays open on the file from the first line to the last.
 WRITER = "exec 3>/workspace/log; i=0; while true; do i=$((i+1)); echo $i >&3; sleep 0.1; done"
 # One DNS query to the guest's resolver (through QEMU's network, the machine's
@@ -119,6 +124,8 @@ def guest(session: VmSession) -> Guest:
     machine_id = session.up(small_spec(disk_bytes=256 << 20))
     agent = AgentClient(session.driver.agent_socket(machine_id))
     counter, writer = start_background(agent, COUNTER), start_background(agent, WRITER)
+    counted = agent.sh("while ! test -s /tmp/counter || ! test -s /workspace/log; do :; done")
+    assert counted.exit_code == 0, counted
     return Guest(session, machine_id, counter, writer)
 
 
@@ -224,6 +231,27 @@ def test_a_new_driver_adopts_a_checkpointed_machine_and_restores_it(guest: Guest
         run(fresh.close())
     run(guest.driver.resume(mid))
     guest.carries_on(count, lines)
+
+
+def test_a_machine_a_killed_node_checkpointed_is_adopted_suspended(guest: Guest) -> None:
+    # A real node process: it boots a machine, suspends it to disk and is
+    # killed with SIGKILL (the conformance suite's helper); this driver adopts.
+    session, run = guest.session, guest.session.run
+    spec = small_spec(memory_bytes=256 << 20, disk_bytes=256 << 20)  # no template's shape
+    node_killed_once_ready(
+        "podbay.runtime.vm.driver:VmDriver", session.settings, {"suspended": spec}
+    )
+    mid = spec.machine_id
+    try:
+        adopted = {o.machine_id: o.state for o in run(guest.driver.adopt())}
+        assert adopted[mid] is MachineState.SUSPENDED
+        assert Checkpoint(guest.driver.machines / mid).exists()
+        assert processes_of(mid) == []
+        run(guest.driver.resume(mid))
+        agent = AgentClient(guest.driver.agent_socket(mid))
+        assert agent.sh("cat /workspace/mark").stdout == "suspended\n"
+    finally:
+        run(guest.driver.destroy(mid))
 
 
 def test_a_checkpointed_machine_survives_a_simulated_reboot(guest: Guest) -> None:

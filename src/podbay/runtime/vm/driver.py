@@ -437,9 +437,10 @@ class VmDriver(RecordKeepingDriver):
             await self._restore(machine_id)
             return
         await qmp.execute(paths.qmp, "cont")
-        # A checkpoint beside a live QEMU: a node ended between writing it and
-        # killing that QEMU. The guest runs on from its memory; the file is stale.
-        await asyncio.to_thread(saved.discard)
+        if saved.exists():
+            # Beside a live QEMU: a node ended between writing it and killing
+            # that QEMU. The guest runs on from its memory; the file is stale.
+            await asyncio.to_thread(saved.discard)
         await self._set_clock(machine_id)
 
     async def _checkpoint(self, machine_id: str) -> None:
