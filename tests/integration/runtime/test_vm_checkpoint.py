@@ -24,6 +24,7 @@ import pytest
 
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import DriverError, MachineState
+from podbay.runtime.vm import checkpoint, qmp
 from podbay.runtime.vm.checkpoint import Checkpoint
 from podbay.runtime.vm.driver import VmDriver
 from podbay.settings import Settings
@@ -312,6 +313,46 @@ def test_a_tampered_checkpoint_is_refused_and_the_machine_stays_suspended(guest:
     assert run(driver.state(mid)) is MachineState.SUSPENDED
     os.utime(disk, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     run(driver.resume(mid))
+    guest.carries_on(count, lines)
+
+
+def test_a_failed_save_leaves_the_guest_suspended_in_memory(
+    guest: Guest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Say the data directory is full: the guest stays stopped in its QEMU (the
+    # freezer's way), with a relay again, and resumes from memory.
+    driver, run, mid = guest.driver, guest.session.run, guest.machine_id
+    count, lines = guest.count(), len(guest.log_lines())
+
+    async def failing(qmp_path: Path, saved: Checkpoint, initrd: Path) -> None:
+        await qmp.execute(qmp_path, "stop")
+        saved.partial.mkdir(mode=0o700)
+        raise DriverError("no space left on device")
+
+    monkeypatch.setattr(checkpoint, "save", failing)
+    run(driver.suspend(mid))
+    assert run(driver.state(mid)) is MachineState.SUSPENDED
+    assert driver.qemu_pid(mid) is not None
+    assert not guest.checkpoint.exists()
+    assert not guest.checkpoint.partial.exists()
+    run(driver.resume(mid))
+    guest.carries_on(count, lines)
+
+
+def test_a_checkpoint_beside_a_live_qemu_resumes_from_memory(guest: Guest) -> None:
+    # A node ended after sealing the checkpoint, before killing QEMU: QEMU
+    # waits in ``postmigrate``, which is suspended; resume continues it and the
+    # stale checkpoint goes.
+    driver, run, mid = guest.driver, guest.session.run, guest.machine_id
+    count, lines = guest.count(), len(guest.log_lines())
+    paths, saved = driver._paths(mid), guest.checkpoint
+    run(checkpoint.save(paths.qmp, saved, paths.initrd))
+    checkpoint.seal(saved, paths.disk_image)
+    assert saved.exists()
+    assert driver.qemu_pid(mid) is not None
+    assert run(driver.state(mid)) is MachineState.SUSPENDED
+    run(driver.resume(mid))
+    assert not saved.exists()
     guest.carries_on(count, lines)
 
 

@@ -15,7 +15,8 @@ the data directory is the host's, nothing a guest can reach):
   given the same command line; the archive is in the volatile run directory,
   which a reboot removes);
 - ``manifest.json``: the sha256 and size of ``state`` (computed while QEMU
-  wrote it) and the size and mtime of the machine's disk once QEMU was gone.
+  wrote it), the sha256 of ``initrd``, and the size and mtime of the
+  machine's disk once the guest could write it no more.
 
 The directory is written as ``.checkpoint.partial`` and renamed whole once
 its manifest is on disk: a machine has a checkpoint, or it does not. The guest
@@ -84,6 +85,11 @@ class Checkpoint:
         shutil.rmtree(self.partial, ignore_errors=True)
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _disk_stamp(disk: Path) -> dict[str, int]:
     st = disk.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -127,6 +133,7 @@ def seal(checkpoint: Checkpoint, disk: Path) -> None:
     manifest = {
         "version": CHECKPOINT_VERSION,
         "state": {"sha256": written, "size": state.stat().st_size},
+        "initrd": _sha256(partial / "initrd"),
         "disk": _disk_stamp(disk),
     }
     (partial / "state.sha256").unlink()
@@ -155,12 +162,10 @@ def verify(checkpoint: Checkpoint, disk: Path) -> None:
             )
         if checkpoint.state.stat().st_size != expected["size"]:
             raise DriverError("the checkpoint's state file has the wrong size (damaged)")
-        with open(checkpoint.state, "rb") as f:
-            actual = hashlib.file_digest(f, "sha256").hexdigest()
-        if actual != expected["sha256"]:
+        if _sha256(checkpoint.state) != expected["sha256"]:
             raise DriverError("the checkpoint's state file fails its sha256 check (damaged)")
-        if not checkpoint.initrd.is_file():
-            raise DriverError("the checkpoint has no boot archive")
+        if _sha256(checkpoint.initrd) != manifest["initrd"]:
+            raise DriverError("the checkpoint's boot archive fails its sha256 check (damaged)")
         if _disk_stamp(disk) != manifest["disk"]:
             raise DriverError("the machine's disk changed since its checkpoint")
     except (OSError, ValueError, KeyError, TypeError) as e:
