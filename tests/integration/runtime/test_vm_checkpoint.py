@@ -378,3 +378,32 @@ def test_destroying_a_checkpointed_machine_removes_its_files(guest: Guest) -> No
     assert run(driver.state(mid)) is MachineState.ABSENT
     assert not (driver.machines / mid).exists()
     assert processes_of(mid) == []
+
+
+def test_a_machine_restored_from_a_template_checkpoints(session: VmSession) -> None:
+    # A template-restored machine's QEMU runs from the template's boot archive
+    # (it has none in its run directory): the checkpoint keeps that one.
+    driver, run = session.driver, session.run
+    spec = small_spec(disk_bytes=256 << 20)
+    builder = driver.template_builder
+    driver.templates_enabled = True
+    try:
+        builder.ensure(builder.shape(spec), [])
+        run(driver.wait_templates())
+        assert builder.ensure(builder.shape(spec), []) is not None
+        mid = session.up(spec)
+    finally:
+        driver.templates_enabled = False
+    try:
+        pid = driver.qemu_pid(mid)
+        assert pid is not None
+        assert b"templates/" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        agent = AgentClient(driver.agent_socket(mid))
+        assert agent.sh("echo in-memory > /dev/shm/kept").exit_code == 0
+        run(driver.suspend(mid))
+        assert Checkpoint(driver.machines / mid).exists()
+        assert driver.qemu_pid(mid) is None
+        run(driver.resume(mid))
+        assert agent.sh("cat /dev/shm/kept").stdout == "in-memory\n"
+    finally:
+        run(driver.destroy(mid))

@@ -455,7 +455,7 @@ class VmDriver(RecordKeepingDriver):
         if relay is not None:
             await self.relay_loop.call(relay.close())
         try:
-            await checkpoint.save(paths.qmp, saved, paths.initrd)
+            await checkpoint.save(paths.qmp, saved, self._started_initrd(paths))
             # Sealed before QEMU is killed: once the migration completed QEMU
             # writes the disk no more, and a node ended here leaves a paused
             # QEMU (resumed with ``cont``), never a machine with neither.
@@ -580,6 +580,17 @@ class VmDriver(RecordKeepingDriver):
         await self.network.teardown(machine_id)
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
+
+    def _started_initrd(self, paths: VmPaths) -> Path:
+        """The boot archive the machine's QEMU was started with: its own, or
+        for a machine restored from a template, the template's."""
+        pid = self._qemu_pid(paths)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"-initrd" in argv[:-1]:
+                    return Path(os.fsdecode(argv[argv.index(b"-initrd") + 1]))
+        return paths.initrd
 
     def qemu_pid(self, machine_id: str) -> int | None:
         """The live QEMU of a machine (it holds the guest's memory), if any."""
