@@ -2,8 +2,9 @@
 
 When ``vm`` is among ``runtime.checkpoint_classes``, suspending a machine
 stops its guest, has QEMU write the guest's RAM and device state (QMP
-``migrate`` to an ``exec:`` pipe, the one file target QEMU 7.2 has) into the
-machine's own data directory, and kills QEMU: the host keeps no memory of it
+``migrate`` to an ``exec:`` pipe, the one file target QEMU 7.2 has, read by a
+small writer that hashes and fsyncs it) into the machine's own data
+directory, and kills QEMU: the host keeps no memory of it
 but this directory. Resuming starts a new QEMU with the same command line and
 ``-incoming`` from that file; the guest's processes run on where they were.
 
@@ -34,6 +35,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,17 +97,50 @@ def _disk_stamp(disk: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+#: Writes QEMU's stream to ``argv[1]``, fsynced, taking its sha256 and length
+#: as it goes (no second read); then ``argv[2]`` (renamed into place) holds
+#: "<sha256> <bytes>", or ``argv[3]`` why it failed. A write that fails ends
+#: it at once, so QEMU meets a closed pipe and the migration fails.
+WRITER = """
+import hashlib, os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+state, digest, error = sys.argv[1:4]
+try:
+    h, n = hashlib.sha256(), 0
+    fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    while chunk := sys.stdin.buffer.read1(1 << 20):
+        h.update(chunk)
+        n += len(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
+    os.fsync(fd)
+    os.close(fd)
+    with open(digest + ".tmp", "w") as out:
+        out.write(f"{h.hexdigest()} {n}")
+    os.rename(digest + ".tmp", digest)
+except BaseException as e:
+    with open(error, "w") as out:
+        out.write(repr(e))
+    raise
+"""
+#: How long the writer may take after QEMU's last byte (its fsync, on a busy disk).
+WRITER_SECONDS = 120.0
+
+
 async def save(qmp_path: Path, checkpoint: Checkpoint, initrd: Path) -> None:
     """Stop the guest and write its memory and devices to ``checkpoint``'s
     partial directory (QEMU still runs, paused, when this returns: the caller
-    kills it, then :func:`seal` makes the checkpoint whole)."""
+    seals the checkpoint, then kills QEMU)."""
     partial = checkpoint.partial
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(mode=0o700)
-    state, digest = partial / "state", partial / "state.sha256"
-    # The digest is taken from the stream as QEMU writes it (no second read of
-    # the file); the umask keeps both files the host root's alone.
-    pipe = f"umask 077; tee {shlex.quote(str(state))} | sha256sum > {shlex.quote(str(digest))}"
+    state, digest, error = partial / "state", partial / "state.sha256", partial / "error"
+    # QEMU ends its exec: child when the stream ends (SIGTERM, then SIGKILL 10 ms
+    # later) and reports the migration completed before that: so the writer runs
+    # under a shell (the child, which dies) and says itself when it is done.
+    args = " ".join(shlex.quote(str(a)) for a in (sys.executable, "-I", "-c", WRITER, state))
+    pipe = f"umask 077; {args} {shlex.quote(str(digest))} {shlex.quote(str(error))}; exit"
     await qmp.execute(qmp_path, "stop")
     await qmp.execute(qmp_path, "migrate-set-parameters", {"max-bandwidth": UNTHROTTLED})
     await qmp.execute(qmp_path, "migrate", {"uri": f"exec:{pipe}"})
@@ -118,27 +153,37 @@ async def save(qmp_path: Path, checkpoint: Checkpoint, initrd: Path) -> None:
             if status in ("failed", "cancelled"):
                 raise DriverError(f"writing the checkpoint failed: {info.get('error-desc', info)}")
             await asyncio.sleep(0.02)
+    try:
+        async with asyncio.timeout(WRITER_SECONDS):
+            while not digest.exists():
+                if error.exists():
+                    raise DriverError(f"writing the checkpoint failed: {error.read_text()}")
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise DriverError("writing the checkpoint failed: its writer never finished") from None
     await asyncio.to_thread(copy_private, initrd, partial / "initrd")
 
 
 def seal(checkpoint: Checkpoint, disk: Path) -> None:
-    """Once QEMU is gone: write the manifest and make the checkpoint whole (on
-    disk, to survive the host's restart)."""
+    """Once the stream is written (QEMU, paused, writes the disk no more): write
+    the manifest and make the checkpoint whole, on disk, to survive the host's
+    restart."""
     partial = checkpoint.partial
     state = partial / "state"
     try:
-        written = (partial / "state.sha256").read_text().split()[0]
-    except (OSError, IndexError):
+        written, length = (partial / "state.sha256").read_text().split()
+    except (OSError, ValueError):
         raise DriverError("writing the checkpoint failed: no digest of its state") from None
+    if state.stat().st_size != int(length):
+        raise DriverError("writing the checkpoint failed: its state file is short")
     manifest = {
         "version": CHECKPOINT_VERSION,
-        "state": {"sha256": written, "size": state.stat().st_size},
+        "state": {"sha256": written, "size": int(length)},
         "initrd": _sha256(partial / "initrd"),
         "disk": _disk_stamp(disk),
     }
     (partial / "state.sha256").unlink()
-    for name in ("state", "initrd"):
-        _fsync(partial / name)
+    _fsync(partial / "initrd")  # the state was, by its writer
     target = partial / "manifest.json"
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
