@@ -136,9 +136,10 @@ async def save(qmp_path: Path, checkpoint: Checkpoint, initrd: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(mode=0o700)
     state, digest, error = partial / "state", partial / "state.sha256", partial / "error"
-    # QEMU ends its exec: child when the stream ends (SIGTERM, then SIGKILL 10 ms
-    # later) and reports the migration completed before that: so the writer runs
-    # under a shell (the child, which dies) and says itself when it is done.
+    # Whether the writer has finished when QEMU reports the migration completed
+    # is not QEMU's concern (nor is a child that lingers after the stream: some
+    # versions signal it). So the writer ignores SIGTERM, runs under a shell
+    # (QEMU's child), and says itself when its file is whole.
     args = " ".join(shlex.quote(str(a)) for a in (sys.executable, "-I", "-c", WRITER, state))
     pipe = f"umask 077; {args} {shlex.quote(str(digest))} {shlex.quote(str(error))}; exit"
     await qmp.execute(qmp_path, "stop")
