@@ -279,8 +279,8 @@ class VmDriver(RecordKeepingDriver):
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
         # A save a crash cut short (a whole checkpoint makes the machine
-        # suspended: it is restored, never booted).
-        Checkpoint(paths.home).discard()
+        # suspended: it is restored, never booted, and stays).
+        shutil.rmtree(Checkpoint(paths.home).partial, ignore_errors=True)
         layers = await self._layer_disks(spec)
         template = None
         builder = self.template_builder
