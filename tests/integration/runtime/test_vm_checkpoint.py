@@ -316,6 +316,22 @@ def test_a_tampered_checkpoint_is_refused_and_the_machine_stays_suspended(guest:
     guest.carries_on(count, lines)
 
 
+def test_gc_beside_a_checkpointed_machine_leaves_it_whole(guest: Guest) -> None:
+    # podbay gc adopts first: a checkpointed machine is known (suspended), so
+    # neither its files nor its layers are a leftover.
+    from podbay.runtime.vm import gc
+
+    driver, run, mid = guest.driver, guest.session.run, guest.machine_id
+    count, lines = guest.count(), len(guest.log_lines())
+    run(driver.suspend(mid))
+    run(driver._writes_done())  # as in the adoption test above
+    removed = run(gc.collect(driver))
+    assert not any(mid in line for line in removed), removed
+    assert guest.checkpoint.exists()
+    run(driver.resume(mid))
+    guest.carries_on(count, lines)
+
+
 def test_a_failed_save_leaves_the_guest_suspended_in_memory(
     guest: Guest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
