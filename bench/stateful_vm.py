@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import shutil
 import statistics
 import tempfile
 import time
@@ -104,6 +105,7 @@ async def bench(runs: int) -> dict[str, Any]:
     finally:
         await end_vm_driver(driver)
         forget_run_dir(settings)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def main() -> None:
