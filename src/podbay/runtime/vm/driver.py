@@ -5,11 +5,16 @@ start   = base image and layers as read-only ext4 disks (packed once), this
           boot's configuration appended to the cached initramfs, QEMU started
           (daemonised, so it outlives the node), the relay connected, ``GET
           /v1/info`` answers → running
-suspend = QMP ``stop`` (vCPUs halted, memory kept); resume = QMP ``cont``
-stop    = QEMU killed; the disk stays → stopped
+suspend = QMP ``stop`` (vCPUs halted, memory kept); resume = QMP ``cont``;
+          with ``vm`` in ``runtime.checkpoint_classes``, suspend writes the
+          guest's memory and devices to the machine's data directory and QEMU
+          exits, and resume restores it (``checkpoint.py``)
+stop    = QEMU killed (a checkpointed guest restored first, to flush); the
+          disk stays → stopped
 destroy = all of stop, then the machine's directories → absent
 adopt   = every record; a live QEMU (pid file, its command line, QMP status)
-          gets a new relay, which says hello to the guest again
+          gets a new relay, which says hello to the guest again; a checkpoint
+          without a QEMU is a suspended machine
 
 The guest's init (``initramfs.py``) mounts the overlay and hands over to
 ``guest/init.py``, which execs the agent as PID 1. The agent channel is a
@@ -57,13 +62,15 @@ from ..base import (
     ObservedMachine,
     check_machine_id,
 )
+from ..classes import VM, checkpointing
 from ..machines import RecordKeepingDriver, hosts_file, uts_name
 from ..network import NetworkManager, slirp
 from ..network.policy import budgets
 from ..readiness import wait_ready
 from ..usage import Usage, cgroup_cpu_memory
-from . import disks, initramfs, qmp, templates
+from . import checkpoint, disks, initramfs, qmp, templates
 from .budget import QEMU_MALLOC_ENV, QemuBudget, guest_cpus, guest_mib, qemu_budget
+from .checkpoint import Checkpoint
 from .guest_stats import GuestStats
 from .qemu import (
     AGENT_OPTIONS,
@@ -145,6 +152,8 @@ class VmDriver(RecordKeepingDriver):
         self._relays: dict[str, Relay] = {}
         self.relay_loop = RelayLoop()
         self.template_builder = TemplateBuilder(self)
+        #: Suspend writes the guest to disk and ends its QEMU (see checkpoint.py).
+        self.checkpoints = VM in checkpointing(settings)
 
     @property
     def machines(self) -> Path:
@@ -273,6 +282,9 @@ class VmDriver(RecordKeepingDriver):
             )
         paths.run.mkdir(parents=True, exist_ok=True)
         os.chmod(paths.run, 0o700)
+        # A save a crash cut short (a whole checkpoint makes the machine
+        # suspended: it is restored, never booted, and stays).
+        shutil.rmtree(Checkpoint(paths.home).partial, ignore_errors=True)
         layers = await self._layer_disks(spec)
         template = None
         builder = self.template_builder
@@ -417,11 +429,87 @@ class VmDriver(RecordKeepingDriver):
         return " | ".join(lines[-8:]) or "(empty)"
 
     async def _freeze(self, machine_id: str) -> None:
-        await qmp.execute(self._paths(machine_id).qmp, "stop")
+        if self.checkpoints:
+            await self._checkpoint(machine_id)
+        else:
+            await qmp.execute(self._paths(machine_id).qmp, "stop")
 
     async def _thaw(self, machine_id: str) -> None:
-        await qmp.execute(self._paths(machine_id).qmp, "cont")
+        paths = self._paths(machine_id)
+        saved = Checkpoint(paths.home)
+        if self._qemu_pid(paths) is None and saved.exists():
+            await self._restore(machine_id)
+            return
+        await qmp.execute(paths.qmp, "cont")
+        if saved.exists():
+            # Beside a live QEMU: a node ended between writing it and killing
+            # that QEMU. The guest runs on from its memory; the file is stale.
+            await asyncio.to_thread(saved.discard)
         await self._set_clock(machine_id)
+
+    async def _checkpoint(self, machine_id: str) -> None:
+        """Suspend to disk: the guest's memory and devices into its checkpoint,
+        then QEMU, its relay and its network end (no host memory is left)."""
+        paths = self._paths(machine_id)
+        saved = Checkpoint(paths.home)
+        self.guest_stats.forget(machine_id)
+        # The agent channel closed first, as a template's: the guest saved sees
+        # its host end gone, and the relay of the restore opens it anew.
+        relay = self._relays.pop(machine_id, None)
+        if relay is not None:
+            await self.relay_loop.call(relay.close())
+        try:
+            await checkpoint.save(paths.qmp, saved, self._started_initrd(paths))
+            # Sealed before QEMU is killed: once the migration completed QEMU
+            # writes the disk no more, and a node ended here leaves a paused
+            # QEMU (resumed with ``cont``), never a machine with neither.
+            await asyncio.to_thread(checkpoint.seal, saved, paths.disk_image)
+        except DriverError as e:
+            # The guest is stopped in QEMU: suspended the freezer's way.
+            log.warning("machine %s: no checkpoint, kept in memory: %s", machine_id, e)
+            await asyncio.to_thread(saved.discard)
+            await self._adopt_live(machine_id)  # its relay again
+            return
+        except BaseException:
+            await asyncio.to_thread(saved.discard)
+            raise
+        await self.release(machine_id)
+
+    async def _restore(self, machine_id: str) -> None:
+        """Start QEMU from the machine's checkpoint; the guest runs on where it
+        stood. A checkpoint that fails its check, or a QEMU that cannot load
+        it, raises :class:`DriverError` with the machine left suspended."""
+        spec = self._record(machine_id).spec
+        paths = self._paths(machine_id)
+        saved = Checkpoint(paths.home)
+        await asyncio.to_thread(checkpoint.verify, saved, paths.disk_image)
+        await self.prepare()
+        paths.run.mkdir(parents=True, exist_ok=True)
+        os.chmod(paths.run, 0o700)
+        layers = await self._layer_disks(spec)
+        try:
+            handle = await self.network.setup(machine_id, egress=spec.egress)
+            # Back in the run directory, where the next checkpoint takes it from.
+            await asyncio.to_thread(checkpoint.copy_private, saved.initrd, paths.initrd)
+            argv = self.argv(spec, paths, layers, network=handle.enabled)
+            await self.launch(spec, [*argv, *checkpoint.incoming(saved)])
+            await checkpoint.wait_loaded(paths.qmp, lambda: self._qemu_pid(paths) is not None)
+            relay = await self.start_relay(machine_id, paths)
+            await qmp.execute(paths.qmp, "cont")
+        except BaseException as e:
+            console = await self._console(paths)
+            await self.release(machine_id)
+            if isinstance(e, DriverError | OSError | TimeoutError):
+                raise DriverError(
+                    f"machine {machine_id}: restoring its checkpoint failed: {e};"
+                    f" guest console: {console}"
+                ) from None
+            raise
+        # The guest runs and writes its disk from here: the checkpoint is stale.
+        await asyncio.to_thread(saved.discard)
+        await self.relay_loop.call(relay.set_clock())
+        # A name given while it was on disk (assign recorded it only).
+        await self.relay_loop.call(relay.set_hostname(uts_name(spec.hostname)))
 
     async def _set_clock(self, machine_id: str) -> None:
         """The guest's wall clock stood still while QEMU was stopped: set it to
@@ -435,6 +523,7 @@ class VmDriver(RecordKeepingDriver):
         async with self._lock(machine_id):
             record = self._record(machine_id)
             await self.release(machine_id, flush=True)
+            await asyncio.to_thread(Checkpoint(self._paths(machine_id).home).discard)
             if record.commanded is not MachineState.STOPPED:
                 self._save(record.with_state(MachineState.STOPPED))
 
@@ -467,11 +556,20 @@ class VmDriver(RecordKeepingDriver):
     async def _flush(self, machine_id: str) -> None:
         """Before QEMU is killed: the guest writes its page cache to its disk (a
         suspended guest is resumed for that), so stop keeps every file."""
+        paths = self._paths(machine_id)
+        if self._qemu_pid(paths) is None and Checkpoint(paths.home).exists():
+            # Its page cache is in the checkpoint: restored, it writes it out.
+            try:
+                await self._restore(machine_id)
+            except DriverError as e:
+                log.warning(
+                    "machine %s stops with its disk as its checkpoint left it: %s", machine_id, e
+                )
+                return
         relay = self._relays.get(machine_id)
         observed = await self._observe(machine_id)
         if relay is None or observed is MachineState.STOPPED:
             return
-        paths = self._paths(machine_id)
         if observed is MachineState.SUSPENDED:
             await qmp.execute(paths.qmp, "cont")
         if not await self.relay_loop.call(relay.sync(SYNC_SECONDS)):
@@ -498,6 +596,17 @@ class VmDriver(RecordKeepingDriver):
         await self.network.teardown(machine_id)
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
+
+    def _started_initrd(self, paths: VmPaths) -> Path:
+        """The boot archive the machine's QEMU was started with: its own, or
+        for a machine restored from a template, the template's."""
+        pid = self._qemu_pid(paths)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"-initrd" in argv[:-1]:
+                    return Path(os.fsdecode(argv[argv.index(b"-initrd") + 1]))
+        return paths.initrd
 
     def qemu_pid(self, machine_id: str) -> int | None:
         """The live QEMU of a machine (it holds the guest's memory), if any."""
@@ -586,6 +695,9 @@ class VmDriver(RecordKeepingDriver):
     async def _observe(self, machine_id: str) -> MachineState:
         paths = self._paths(machine_id)
         if self._qemu_pid(paths) is None:
+            # On disk, no QEMU: suspended (after a node's or the host's restart too).
+            if Checkpoint(paths.home).exists():
+                return MachineState.SUSPENDED
             return MachineState.STOPPED
         try:
             status = await qmp.execute(paths.qmp, "query-status", within=10)
@@ -594,7 +706,8 @@ class VmDriver(RecordKeepingDriver):
         state = status.get("status")
         if state == "running":
             return MachineState.RUNNING
-        if state in ("paused", "suspended", "prelaunch"):
+        # postmigrate: a checkpoint written, QEMU not yet killed (see _thaw).
+        if state in ("paused", "suspended", "prelaunch", "postmigrate"):
             return MachineState.SUSPENDED
         return MachineState.STOPPED  # shut down, panicked, internal error
 
@@ -602,11 +715,18 @@ class VmDriver(RecordKeepingDriver):
         await self.template_builder.clear_leftovers()  # a killed node's half-built templates
         return await self._adopt_records()
 
+    async def _adopt_network(self, machine_id: str) -> bool:
+        paths = self._paths(machine_id)
+        if self._qemu_pid(paths) is None and Checkpoint(paths.home).exists():
+            return True  # checkpointed: its network is made again at restore
+        return await super()._adopt_network(machine_id)
+
     async def _adopt_live(self, machine_id: str) -> None:
         paths = self._paths(machine_id)
         pid = self._qemu_pid(paths)
-        if pid is not None:
-            await asyncio.to_thread(self._reconfine, self._record(machine_id).spec, pid)
+        if pid is None:
+            return  # checkpointed: nothing runs to reconnect to
+        await asyncio.to_thread(self._reconfine, self._record(machine_id).spec, pid)
         if machine_id not in self._relays:
             relay = Relay(machine_id, paths.socket, paths.mux, fresh=False)
             self._relays[machine_id] = relay
