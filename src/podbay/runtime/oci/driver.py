@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from podbay.host import records, storage, userns
+from podbay.host import records, storage, userns, volumes
 from podbay.host.cgroups import Cgroups, node_pids
 from podbay.host.image import Image, ImageCache, Recipe, local_ca_certificates
 from podbay.host.layout import NODE_CGROUP, RUN_MODE, Layout, MachinePaths
@@ -242,6 +242,8 @@ class OciDriver(RecordKeepingDriver):
         lowers = [*reversed(spec.layers), image.rootfs]
 
         def storage_and_files() -> None:
+            for bind in spec.volumes:
+                volumes.remount(bind, self.rt.uid_base)
             _mount_storage(paths, lowers, self.rt.uid_base)
             self._write_files(spec, paths)
 
@@ -283,10 +285,16 @@ class OciDriver(RecordKeepingDriver):
                 ),
                 hibernate_seconds=self.rt.agent_hibernate_seconds,
                 userns=None if owned is None else owned.userns_path,
+                volumes=spec.volumes,
             )
             config = bundle.config(facts)
             if not self.runc.passes_fds:
-                config = runsc.adapt_config(config, socket_dir, self._statx_shim)
+                config = runsc.adapt_config(
+                    config,
+                    socket_dir,
+                    self._statx_shim,
+                    volumes=frozenset(v.destination for v in spec.volumes),
+                )
             (paths.run / "config.json").write_text(json.dumps(config))
 
         async def make_network() -> NetworkHandle:
