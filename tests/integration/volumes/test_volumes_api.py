@@ -53,7 +53,9 @@ def test_a_volume_outlives_sandboxes_of_both_classes(server, token):
     r = server.api("POST", VOLUMES, token, json={"name": "shared", "size_mib": 32})
     assert r.status_code == 201, r.text
     assert r.json()["size_bytes"] == 32 << 20
-    writer = attach(server, token, "writer", **{"class": "container", "volumes": {"/data": "shared"}})
+    writer = attach(
+        server, token, "writer", **{"class": "container", "volumes": {"/data": "shared"}}
+    )
     assert writer["volumes"] == {"/data": {"name": "shared", "read_only": False}}
     out = sh(server, writer, "echo hello > /data/f && stat -c %u:%g /data/f && stat -c %u /data")
     assert out["exit_code"] == 0, out
@@ -70,7 +72,8 @@ def test_a_volume_outlives_sandboxes_of_both_classes(server, token):
     assert sh(server, reader, "cat /in/f")["stdout"] == "hello\n"
     # Read-only: refused inside, in gVisor's kernel.
     out = sh(server, reader, "echo x > /in/g")
-    assert out["exit_code"] != 0 and "Read-only" in out["stderr"], out
+    assert out["exit_code"] != 0, out
+    assert "Read-only" in out["stderr"], out
     # Both running: a later write of one class is seen by the other (gVisor
     # revalidates volume binds with its gofer; no exclusive hint on them).
     assert sh(server, writer, "echo second > /data/f2")["exit_code"] == 0
@@ -130,7 +133,8 @@ def test_bad_volumes_are_refused_with_a_code(server, token, body, code):
 
 
 def test_a_volume_name_is_taken_once(server, token):
-    assert server.api("POST", VOLUMES, token, json={"name": "once", "size_mib": 16}).status_code == 201
+    r = server.api("POST", VOLUMES, token, json={"name": "once", "size_mib": 16})
+    assert r.status_code == 201, r.text
     r = server.api("POST", VOLUMES, token, json={"name": "once", "size_mib": 16})
     refused(r, 409, "VOLUME_EXISTS")
     # Another deployment sees none of it.
