@@ -47,6 +47,11 @@ def volume_files_path(name: str) -> str:
     return f"{volume_path(name)}/files"
 
 
+def volume_entries_path(name: str) -> str:
+    """A volume directory's entries without a sandbox (``?path=``)."""
+    return f"{volume_path(name)}/entries"
+
+
 # -- data plane (base URL = the handle's ``endpoint``) ------------------------
 INFO: Final = "/v1/info"
 #: The host's own call (``vm`` figures the host cannot read): not a client route.

@@ -57,9 +57,56 @@ async def delete(request: Request) -> Response:
     return Response(status_code=204)
 
 
+def _path(request: Request) -> str:
+    path = request.query_params.get("path")
+    if path is None:
+        raise ApiError(ErrorCode.VOLUME_PATH_INVALID, "name the file with ?path=")
+    return path
+
+
+async def read_file(request: Request) -> Response:
+    platform = request.app.state.platform
+    body = await platform.volumes.read_file(
+        await _deployment(request), request.path_params["name"], _path(request)
+    )
+    return Response(body, media_type="application/octet-stream")
+
+
+async def write_file(request: Request) -> Response:
+    """The body, as the file's whole content (its directories made)."""
+    platform = request.app.state.platform
+    deployment = await _deployment(request)
+    await platform.volumes.write_file(
+        deployment, request.path_params["name"], _path(request), await request.body()
+    )
+    return Response(status_code=204)
+
+
+async def delete_path(request: Request) -> Response:
+    platform = request.app.state.platform
+    await platform.volumes.delete_path(
+        await _deployment(request), request.path_params["name"], _path(request)
+    )
+    return Response(status_code=204)
+
+
+async def list_dir(request: Request) -> Response:
+    platform = request.app.state.platform
+    listing = await platform.volumes.list_dir(
+        await _deployment(request),
+        request.path_params["name"],
+        request.query_params.get("path", ""),
+    )
+    return _json(listing)
+
+
 routes = [
     Route(VOLUMES, list_all, methods=["GET"]),
     Route(VOLUMES, create, methods=["POST"]),
     Route(VOLUMES + "/{name}", get_one, methods=["GET"]),
     Route(VOLUMES + "/{name}", delete, methods=["DELETE"]),
+    Route(VOLUMES + "/{name}/files", read_file, methods=["GET"]),
+    Route(VOLUMES + "/{name}/files", write_file, methods=["PUT"]),
+    Route(VOLUMES + "/{name}/files", delete_path, methods=["DELETE"]),
+    Route(VOLUMES + "/{name}/entries", list_dir, methods=["GET"]),
 ]

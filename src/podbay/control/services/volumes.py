@@ -13,17 +13,19 @@ or not, since a stopped one would mount it again when resumed.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 from collections.abc import Mapping
 
 from podbay.domain import Deployment
 from podbay.domain.options import SandboxOptions, VolumeMount
 from podbay.errors import ApiError
+from podbay.host import volume_files
 from podbay.host.volumes import MIB, VolumeInfo, VolumeStore, check_volume_name
 from podbay.runtime.classes import CONTAINER, GVISOR
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
-from podbay.wire.control import Volume, VolumeCreate
+from podbay.wire.control import Volume, VolumeCreate, VolumeEntry, VolumeEntryList
 from podbay.wire.control import VolumeMount as WireVolumeMount
 
 #: The classes whose machines bind volumes (a ``vm`` guest has no shared
@@ -156,6 +158,27 @@ class VolumeService:
                 "delete them first",
             )
         await host.delete(deployment.id, name)
+
+    # -- files without a sandbox (E2B's volume content calls) -------------------------
+    async def read_file(self, deployment: Deployment, name: str, path: str) -> bytes:
+        data = await self._host().mounted_data(deployment.id, name)
+        return await asyncio.to_thread(volume_files.read, data, path)
+
+    async def write_file(self, deployment: Deployment, name: str, path: str, body: bytes) -> None:
+        host = self._host()
+        data = await host.mounted_data(deployment.id, name)
+        await asyncio.to_thread(volume_files.write, data, path, body, uid=host.uid_base)
+
+    async def delete_path(self, deployment: Deployment, name: str, path: str) -> None:
+        data = await self._host().mounted_data(deployment.id, name)
+        await asyncio.to_thread(volume_files.delete, data, path)
+
+    async def list_dir(self, deployment: Deployment, name: str, path: str) -> VolumeEntryList:
+        data = await self._host().mounted_data(deployment.id, name)
+        entries = await asyncio.to_thread(volume_files.listing, data, path)
+        return VolumeEntryList(
+            entries=[VolumeEntry(name=e.name, type=e.type, size=e.size) for e in entries]
+        )
 
     def check_attach(self, deployment: Deployment, class_: str, options: SandboxOptions) -> None:
         """A new sandbox's volumes exist and its class can mount them."""
