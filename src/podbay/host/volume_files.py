@@ -73,6 +73,10 @@ class Entry:
 def check_path(path: str) -> str:
     """``path`` relative to the volume's root (a leading ``/`` is the root)."""
     rel = path.strip("/")
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        raise ApiError(ErrorCode.VOLUME_PATH_INVALID, "the path is not UTF-8") from None
     if len(path) > MAX_PATH or "\x00" in path:
         raise ApiError(ErrorCode.VOLUME_PATH_INVALID, f"path {path[:80]!r} is not a path")
     parts = rel.split("/") if rel else []

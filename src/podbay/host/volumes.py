@@ -35,14 +35,13 @@ from pathlib import Path
 from podbay.errors import ApiError, DriverError
 from podbay.settings import Settings
 from podbay.wire.codes import ErrorCode
+from podbay.wire.limits import VOLUME_NAME_PATTERN
 
 from . import storage
 from .layout import Layout
 from .machine import VolumeBind
 from .tools import check_tool
 
-#: Volume names are path components: dull, like machine ids, but readable.
-VOLUME_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _NAME = re.compile(VOLUME_NAME_PATTERN)
 _DEPLOYMENT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MIB = 1 << 20
