@@ -19,6 +19,9 @@ from podbay.wire.control import (
     Preparing,
     SandboxHandle,
     SandboxRecord,
+    Volume,
+    VolumeEntry,
+    VolumeMount,
 )
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 from podbay.wire.observe import (
@@ -117,6 +120,9 @@ __all__ = [
     "SandboxEvent",
     "SandboxHandle",
     "SandboxRecord",
+    "Volume",
+    "VolumeEntry",
+    "VolumeMount",
 ]
 
 
