@@ -37,6 +37,10 @@ def test_the_sdk_creates_mounts_reads_and_deletes_a_volume(server, token):
         client.write_volume_file("sdk", "in/hello.txt", "from the sdk\n")
         client.attach("sdk-box", volumes={"/ro": VolumeMount(name="sdk", read_only=True)})
         assert client.exec("sdk-box", ["cat", "/ro/in/hello.txt"]).stdout == "from the sdk\n"
+        # Read-only in a container too: the bind's ro flag.
+        denied = client.exec("sdk-box", ["sh", "-c", "echo x > /ro/in/new"])
+        assert denied.exit_code != 0
+        assert "Read-only" in denied.stderr
         assert client.get("sdk-box").volumes == {"/ro": VolumeMount(name="sdk", read_only=True)}
         assert [e.name for e in client.list_volume_dir("sdk", "in")] == ["hello.txt"]
         with pytest.raises(SandboxRequestError) as refused:
