@@ -32,7 +32,22 @@ def test_mounts_are_sorted_by_path_in_both_forms() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["x", "/", "/proc", "/sys/x", "/dev", "/etc/ssl", "/.podbay", "/a/..", "/a//b", "/a/"]
+    "path",
+    [
+        "x",
+        "/",
+        "/proc",
+        "/sys/x",
+        "/dev",
+        "/etc/ssl",
+        "/.podbay",
+        "/a/..",
+        "/a//b",
+        "/a/",
+        "/a b",
+        "/a$b",
+        "/a'b",
+    ],
 )
 def test_reserved_and_odd_mount_paths_are_refused(path: str) -> None:
     with pytest.raises(ApiError) as refused:
@@ -53,7 +68,7 @@ def test_the_options_keep_volumes_and_a_volume_machine_is_never_pooled() -> None
     assert SandboxOptions.from_json(SandboxOptions().to_json()).volumes == ()
 
 
-def test_a_vm_is_refused_volumes_before_anything_is_made(tmp_path: Path) -> None:
+def test_every_class_mounts_volumes_that_exist(tmp_path: Path) -> None:
     service = VolumeService(None, VolumeStore(tmp_path / "d", tmp_path / "r", uid_base=1000))  # type: ignore[arg-type]
     now = datetime.now(UTC)
     deployment = Deployment(
@@ -66,12 +81,13 @@ def test_a_vm_is_refused_volumes_before_anything_is_made(tmp_path: Path) -> None
         sandbox_section={},
     )
     options = SandboxOptions(volumes=(VolumeMount("/data", "v"),))
+    for class_ in ("container", "gvisor", "vm"):
+        with pytest.raises(ApiError) as missing:
+            service.check_attach(deployment, class_, options)
+        assert missing.value.code == "VOLUME_NOT_FOUND"
     with pytest.raises(ApiError) as refused:
-        service.check_attach(deployment, "vm", options)
+        service.check_attach(deployment, "some-later-class", options)
     assert refused.value.code == "VOLUME_CLASS_UNSUPPORTED"
-    with pytest.raises(ApiError) as missing:
-        service.check_attach(deployment, "container", options)
-    assert missing.value.code == "VOLUME_NOT_FOUND"
     no_volumes = VolumeService(None, None)  # type: ignore[arg-type]
     with pytest.raises(ApiError) as unavailable:
         no_volumes.check_attach(deployment, "container", options)

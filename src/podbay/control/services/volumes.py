@@ -22,15 +22,14 @@ from podbay.domain.options import SandboxOptions, VolumeMount
 from podbay.errors import ApiError
 from podbay.host import volume_files
 from podbay.host.volumes import MIB, VolumeInfo, VolumeStore, check_volume_name
-from podbay.runtime.classes import CONTAINER, GVISOR
+from podbay.runtime.classes import CONTAINER, GVISOR, VM
 from podbay.store.base import Store
 from podbay.wire.codes import ErrorCode
 from podbay.wire.control import Volume, VolumeCreate, VolumeEntry, VolumeEntryList
 from podbay.wire.control import VolumeMount as WireVolumeMount
 
-#: The classes whose machines bind volumes (a ``vm`` guest has no shared
-#: filesystem here yet: docs/volumes.md).
-VOLUME_CLASSES = frozenset({CONTAINER, GVISOR})
+#: The classes whose machines mount volumes (all of them: docs/volumes.md).
+VOLUME_CLASSES = frozenset({CONTAINER, GVISOR, VM})
 MAX_MOUNTS = 16
 MAX_PATH = 256
 #: Where no volume may go: the sandbox's own system mounts and podbay's files
@@ -46,8 +45,12 @@ def _mount_invalid(message: str) -> ApiError:
 def check_mount_path(path: str) -> str:
     if not path.startswith("/") or len(path) > MAX_PATH:
         raise _mount_invalid(f"mount path {path[:80]!r} must be absolute, at most {MAX_PATH} bytes")
-    if any(ord(c) < 0x20 or c in "\x7f," for c in path):
-        raise _mount_invalid(f"mount path {path[:80]!r} holds a control character or a comma")
+    if any(ord(c) <= 0x20 or c in "\x7f,\"'\\$`" for c in path):
+        # A vm guest's init reads the mounts as words of a shell variable.
+        raise _mount_invalid(
+            f"mount path {path[:80]!r} holds whitespace, a control character, a comma, "
+            "a quote, a backslash, '$' or '`'"
+        )
     if posixpath.normpath(path) != path or path.startswith("//"):
         raise _mount_invalid(
             f"mount path {path!r} is not normal (no '..', '.', '//', trailing '/')"
