@@ -82,3 +82,17 @@ def test_the_cli_acts_for_the_tokens_deployment(server, token):
     assert run_cli(["volume", "cat", "cli", "x.txt"], env).stdout == "via cli\n"
     assert run_cli(["volume", "rm", "cli"], env).returncode == 0
     assert run_cli(["volume", "ls", "--json"], env).stdout.strip() == "[]"
+
+
+def test_a_server_restart_keeps_volumes_and_the_sandboxes_mounting_them(server, token):
+    with SandboxClient(identity_token=token, server_url=server.url) as client:
+        client.create_volume("kept", size_mib=16)
+        client.attach("keeper", volumes={"/k": "kept"})
+        assert client.exec("keeper", ["sh", "-c", "echo before > /k/f"]).exit_code == 0
+    server.restart()
+    with SandboxClient(identity_token=token, server_url=server.url) as client:
+        assert client.exec("keeper", ["cat", "/k/f"]).stdout == "before\n"
+        assert client.read_volume_file("kept", "f") == b"before\n"
+        assert client.get_volume("kept").mounted_by == ["keeper"]
+        client.delete("keeper")
+        client.delete_volume("kept")
