@@ -24,6 +24,7 @@ reboot (:meth:`VolumeStore.mounted_data`) and stays mounted until deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -245,6 +246,19 @@ class VolumeStore:
         async with self._lock(deployment_id, name):
             self.get(deployment_id, name)
             await asyncio.to_thread(self._remove, deployment_id, name)
+
+    async def remove_deployment(self, deployment_id: str) -> tuple[str, ...]:
+        """Every volume of a deleted deployment, unmounted (lazily: its sandboxes,
+        being destroyed, keep what they hold until they end) and removed."""
+        removed = []
+        for info in self.list(deployment_id):
+            async with self._lock(deployment_id, info.name):
+                await asyncio.to_thread(self._remove, deployment_id, info.name)
+            removed.append(info.name)
+        with contextlib.suppress(OSError):
+            (self.data_root / deployment_id).rmdir()
+            (self.mount_root / deployment_id).rmdir()
+        return tuple(removed)
 
     def _remove(self, deployment_id: str, name: str) -> None:
         home = self.home(deployment_id, name)

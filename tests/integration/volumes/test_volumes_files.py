@@ -159,3 +159,18 @@ def test_bad_calls_have_codes(server, token):
     )
     other = server.create_deployment("volfiles-other")
     refused(server.api("GET", FILES, other, params={"path": "a"}), 404, "VOLUME_NOT_FOUND")
+
+
+def test_deleting_a_deployment_removes_its_volumes(server):
+    doomed = server.create_deployment("volfiles-doomed")
+    r = server.api("POST", VOLUMES, doomed, json={"name": "gone", "size_mib": 16})
+    assert r.status_code == 201, r.text
+    deployment_id = next(
+        p.name for p in (server.data_dir / "volumes").iterdir() if (p / "gone").exists()
+    )
+    admin = server.cli("admin", "token").stdout.strip().splitlines()[-1]
+    r = server.http.delete(
+        "/api/v1/deployments/volfiles-doomed", headers={"Authorization": f"Bearer {admin}"}
+    )
+    assert r.status_code == 204, r.text
+    assert not (server.data_dir / "volumes" / deployment_id).exists()

@@ -43,6 +43,20 @@ class ControlServices:
     volumes: VolumeService
 
 
+def _and_remove_volumes(
+    after_delete: Callable[[Deployment], Awaitable[None]] | None, volumes: VolumeStore
+) -> Callable[[Deployment], Awaitable[None]]:
+    """``after_delete``, then the deleted deployment's volumes removed (its id
+    is gone: nothing could reach them again)."""
+
+    async def after(deployment: Deployment) -> None:
+        if after_delete is not None:
+            await after_delete(deployment)
+        await volumes.remove_deployment(deployment.id)
+
+    return after
+
+
 def build_control_services(
     settings: Settings,
     store: Store,
@@ -63,6 +77,8 @@ def build_control_services(
     lifecycle pass are built only then). ``deleted_marker``/``after_delete``:
     how a deleted deployment reaches the gateways (see DeploymentService).
     ``volumes``: the host's volumes (the all-in-one server's node keeps them)."""
+    if volumes is not None:
+        after_delete = _and_remove_volumes(after_delete, volumes)
     transitions, passes = (
         build_lifecycle(store, nodes, metrics, locks, settings.lifecycle, clock)
         if lifecycle
