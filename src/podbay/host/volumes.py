@@ -260,6 +260,16 @@ class VolumeStore:
             (self.mount_root / deployment_id).rmdir()
         return tuple(removed)
 
+    def unmount_all(self) -> tuple[Path, ...]:
+        """Unmount every volume of this data directory (lazily), its files kept:
+        what a test's cleanup does, so no loop device outlives its server."""
+        done = []
+        for point in sorted(storage.mountpoints()):
+            path = Path(point)
+            if path.parent.parent == self.mount_root and storage.sys_umount(path, lazy=True):
+                done.append(path)
+        return tuple(done)
+
     def _remove(self, deployment_id: str, name: str) -> None:
         home = self.home(deployment_id, name)
         (home / META).unlink(missing_ok=True)  # first: it is gone from then on
