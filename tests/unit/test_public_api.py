@@ -48,6 +48,9 @@ CLIENT = [
     "SandboxPreparingError",
     "SandboxRecord",
     "NetworkPolicy",  # set_network / network (docs/network.md)
+    "Volume",  # create_volume, list_volumes ... (docs/volumes.md)
+    "VolumeEntry",
+    "VolumeMount",
     "SandboxRequestError",
     "SandboxUnavailableError",
     "token_issuer",

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run a cluster's sandbox host; list, drain, forget nodes.",
     ),
     "sandbox": ("podbay.cli.commands.sandbox", "Use sandboxes: exec, run, cp, ls..."),
+    "volume": ("podbay.cli.commands.volume", "Persistent volumes: create, ls, rm..."),
     "doctor": ("podbay.cli.commands.doctor", "Check this host can run sandboxes."),
     "gc": ("podbay.cli.commands.gc", "Remove what dead sandboxes left behind."),
     "dev": ("podbay.cli.commands.dev", "Local development: real sandboxes for your agent."),

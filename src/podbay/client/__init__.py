@@ -67,6 +67,9 @@ _EXPORTS: dict[str, str] = {
     "SandboxHandle": "podbay.client._models",
     "SandboxRecord": "podbay.client._models",
     "NetworkPolicy": "podbay.client._models",
+    "Volume": "podbay.client._models",
+    "VolumeEntry": "podbay.client._models",
+    "VolumeMount": "podbay.client._models",
     "EgressAudit": "podbay.client._models",
     "ForkResult": "podbay.client._models",
     "EgressDestination": "podbay.client._models",
@@ -117,6 +120,9 @@ __all__ = [
     "SandboxRequestError",
     "SandboxUnavailableError",
     "Terminal",
+    "Volume",
+    "VolumeEntry",
+    "VolumeMount",
     "token_issuer",
 ]
 
@@ -152,6 +158,9 @@ if TYPE_CHECKING:  # pragma: no cover
         RunResult,
         SandboxHandle,
         SandboxRecord,
+        Volume,
+        VolumeEntry,
+        VolumeMount,
     )
     from ._models import (
         ExecEvent as ExecEvent,

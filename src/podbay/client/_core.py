@@ -41,6 +41,11 @@ from podbay.wire.control import (
     SandboxRecord,
     ShareRequest,
     ShareUrl,
+    Volume,
+    VolumeCreate,
+    VolumeEntry,
+    VolumeEntryList,
+    VolumeList,
 )
 from podbay.wire.data import (
     AgentInfo,
@@ -187,12 +192,27 @@ class Core:
     def user_agent(self) -> str:
         return f"podbay-python/{__version__}"
 
-    def _control(self, method: str, path: str, *, json: Any = None) -> httpx.Request:
+    def _control(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpx.Request:
         headers = {
             "Authorization": f"Bearer {self.config.identity_token}",
             "User-Agent": self.user_agent,
         }
-        return httpx.Request(method, self.config.server_url + path, headers=headers, json=json)
+        return httpx.Request(
+            method,
+            self.config.server_url + path,
+            headers=headers,
+            json=json,
+            params=params,
+            content=content,
+        )
 
     def attach_request(
         self, name: str, class_: str | None = None, options: AttachOptions | None = None
@@ -207,6 +227,7 @@ class Core:
                 memory_mib=o.memory_mib,
                 idle_timeout_seconds=o.idle_timeout_seconds,
                 network=o.network,
+                volumes=None if o.volumes is None else dict(o.volumes),
             )
         )
         request = self._control("PUT", paths.sandbox_path(name), json=body)
@@ -252,6 +273,40 @@ class Core:
         wait = timeout + FORK_START_SECONDS * len(new_names)
         request.extensions["timeout"] = httpx.Timeout(timeout, read=wait).as_dict()
         return request
+
+    # -- volumes (docs/volumes.md) --------------------------------------------------
+    def volume_create_request(
+        self, name: str, size_bytes: int | None, size_mib: int | None
+    ) -> httpx.Request:
+        body = VolumeCreate(name=name, size_bytes=size_bytes, size_mib=size_mib)
+        return self._control("POST", paths.VOLUMES, json=codec.encode(body))
+
+    def volumes_request(self) -> httpx.Request:
+        return self._control("GET", paths.VOLUMES)
+
+    def volume_request(self, method: str, name: str) -> httpx.Request:
+        """``GET`` or ``DELETE`` one volume."""
+        return self._control(method, paths.volume_path(name))
+
+    def volume_file_request(
+        self, method: str, name: str, path: str, content: bytes | None = None
+    ) -> httpx.Request:
+        """``GET``, ``PUT`` (``content``) or ``DELETE`` a path of a volume."""
+        return self._control(
+            method, paths.volume_files_path(name), params={"path": path}, content=content
+        )
+
+    def volume_entries_request(self, name: str, path: str) -> httpx.Request:
+        return self._control("GET", paths.volume_entries_path(name), params={"path": path})
+
+    def parse_volume(self, response: httpx.Response) -> Volume:
+        return self.expect(response, Volume, 200, 201)
+
+    def parse_volumes(self, response: httpx.Response) -> list[Volume]:
+        return self.expect(response, VolumeList, 200).volumes
+
+    def parse_volume_entries(self, response: httpx.Response) -> list[VolumeEntry]:
+        return self.expect(response, VolumeEntryList, 200).entries
 
     def egress_request(self, name: str) -> httpx.Request:
         """``GET`` the sandbox's egress audit."""

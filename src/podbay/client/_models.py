@@ -20,6 +20,9 @@ from podbay.wire.control import (
     Preparing,
     SandboxHandle,
     SandboxRecord,
+    Volume,
+    VolumeEntry,
+    VolumeMount,
 )
 from podbay.wire.data import ExecEvent, ExecResult, FileInfo, ProcessOutput, ProcessStatus
 from podbay.wire.observe import (
@@ -119,6 +122,9 @@ __all__ = [
     "SandboxEvent",
     "SandboxHandle",
     "SandboxRecord",
+    "Volume",
+    "VolumeEntry",
+    "VolumeMount",
 ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from podbay.wire.control import NetworkPolicy
+from podbay.wire.control import NetworkPolicy, VolumeMount
 
 #: Read inside the sandbox by ``listening_ports``: the kernel's TCP sockets
 #: (gVisor's and a vm guest's kernels keep the same files as the host's).
@@ -27,6 +27,8 @@ class AttachOptions:
     memory_mib: int | None = None
     idle_timeout_seconds: int | None = None
     network: NetworkPolicy | None = None
+    #: Volumes by path in the sandbox: a name, or a VolumeMount (read-only).
+    volumes: Mapping[str, str | VolumeMount] | None = None
 
 
 def parse_listening(text: str) -> list[int]:

@@ -44,7 +44,7 @@ from .bodies import BodyLimit
 from .keys import StoreKeyRing
 from .logs import RequestIdMiddleware
 from .remote import ClusterNodes, node_keys_doc
-from .routes import observe, openapi, sandboxes
+from .routes import observe, openapi, sandboxes, volumes
 from .routes.health import metrics as metrics_route
 from .services.assembly import build_control_services
 from .services.deletions import withdraw_deleted
@@ -158,6 +158,7 @@ class ControlPlane:
         assert services.lifecycle is not None
         self.transitions, self.lifecycle = services.transitions, services.lifecycle
         self.deployments, self.sandboxes = services.deployments, services.sandboxes
+        self.volumes = services.volumes
         self.sandboxes.ready = True
         self._tasks: list[asyncio.Task[Any]] = []
         self._reconciling: set[str] = set()
@@ -171,6 +172,7 @@ class ControlPlane:
                 Route(nodeapi.SUSPECTS, self._suspects, methods=["POST"]),
                 *openapi.routes,
                 *sandboxes.routes,
+                *volumes.routes,
                 *observe.routes,
                 *extra_routes,
             ],

@@ -9,6 +9,7 @@ from podbay.wire.control import SandboxHandle, SandboxRecord, SandboxStateName
 from podbay.wire.paths import CREDENTIAL_HEADER
 
 from .services.sandboxes import Attached
+from .services.volumes import wire_mounts
 
 #: Each state's wire name; ``deleting`` has none (a deleting sandbox is gone to callers).
 _SHOWN: dict[SandboxState, SandboxStateName] = {
@@ -42,6 +43,7 @@ def options(o: SandboxOptions) -> dict[str, Any]:
         "cpus": o.cpus,
         "memory_mib": o.memory_mib,
         "idle_timeout_seconds": o.idle_timeout_seconds,
+        "volumes": wire_mounts(o.volumes),
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from podbay.domain.egress import OPEN, EgressPolicy
+from podbay.domain.options import VolumeMount
 from podbay.runtime.base import Limits
 
 
@@ -28,6 +29,8 @@ class Launch:
     memory_bytes: int | None = None
     #: Where it may send packets (a pooled machine's rules are open).
     egress: EgressPolicy = OPEN
+    #: The deployment's volumes to bind (docs/volumes.md); a pooled machine has none.
+    volumes: tuple[VolumeMount, ...] = ()
 
     def limits(self, default: Limits) -> Limits:
         """The machine's limits: the node's ``default`` with the sandbox's own."""

@@ -18,6 +18,15 @@ from typing import Any
 from .egress import EgressPolicy
 
 
+@dataclass(frozen=True)
+class VolumeMount:
+    """One of the deployment's volumes, mounted at ``path`` (absolute) in the sandbox."""
+
+    path: str
+    name: str
+    read_only: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class SandboxOptions:
     #: The owner's string key/values, shown in records and matched by list filters.
@@ -31,13 +40,21 @@ class SandboxOptions:
     #: not named). In a record: the policy in force (the deployment's default
     #: copied at creation, or what attach or ``PUT .../network`` set).
     network: EgressPolicy | None = None
+    #: The deployment's volumes it mounts, sorted by path (docs/volumes.md).
+    volumes: tuple[VolumeMount, ...] = ()
 
     @property
     def machine(self) -> bool:
         """Whether the machine itself differs from the server's default one
         (so a ready machine of the warm pool cannot serve: its rules are open)."""
         closed = self.network is not None and not self.network.open
-        return bool(self.env) or self.cpus is not None or self.memory_mib is not None or closed
+        return (
+            bool(self.env)
+            or self.cpus is not None
+            or self.memory_mib is not None
+            or closed
+            or bool(self.volumes)
+        )
 
     def to_json(self) -> str | None:
         """The stored form; None when nothing is set (the column stays NULL)."""
@@ -52,6 +69,8 @@ class SandboxOptions:
                 doc[key] = value
         if self.network is not None:
             doc["network"] = self.network.to_doc()
+        if self.volumes:
+            doc["volumes"] = [[v.path, v.name, v.read_only] for v in self.volumes]
         return json.dumps(doc, sort_keys=True) if doc else None
 
     @classmethod
@@ -66,6 +85,7 @@ class SandboxOptions:
             memory_mib=doc.get("memory_mib"),
             idle_timeout_seconds=doc.get("idle_timeout_seconds"),
             network=None if doc.get("network") is None else EgressPolicy.parse(doc["network"]),
+            volumes=tuple(VolumeMount(p, n, bool(r)) for p, n, r in doc.get("volumes") or ()),
         )
 
     def matches(self, wanted: Mapping[str, str]) -> bool:

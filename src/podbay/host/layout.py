@@ -6,12 +6,14 @@ Persistent (survives reboots), under ``data_dir``::
     agent/<hash>/podbay/...       the staged agent
     machines/<id>/machine.json    spec + commanded state
     machines/<id>/disk.ext4       the writable layer's filesystem (sparse)
+    volumes/<deployment>/<name>/  a volume: volume.json, disk.ext4 (.volumes)
 
 Volatile (a reboot ends every machine), under ``run_dir`` — by default
 ``/run/podbay/<hash of data_dir>``, short enough for unix socket paths::
 
     runc/                         the OCI runtime's state (``--root``)
     agent/, gvisor-shim/          runsc only: copies its sandboxes can reach
+    volumes/<deployment>/<name>/  a volume's mount point (.volumes)
     neutral/image-<key>/, neutral/agent-<hash>/
                                   read-only views of the image and the agent: the
                                   sandboxes' bind sources (storage.neutral_view)
@@ -45,8 +47,11 @@ RUNC_DIR = "runc"
 AGENT_COPY_DIR = "agent"
 SHIM_DIR = "gvisor-shim"
 NEUTRAL_DIR = "neutral"
+#: Volumes (:mod:`.volumes`): their files under ``data_dir``, their mount
+#: points under ``run_dir``.
+VOLUMES_DIR = "volumes"
 SHARED_RUN_ENTRIES = frozenset(
-    {RUNC_DIR, AGENT_COPY_DIR, SHIM_DIR, NEUTRAL_DIR, *SANDBOX_CLASS_NAMES}
+    {RUNC_DIR, AGENT_COPY_DIR, SHIM_DIR, NEUTRAL_DIR, VOLUMES_DIR, *SANDBOX_CLASS_NAMES}
 )
 
 
@@ -75,6 +80,14 @@ class Layout:
     @property
     def machines(self) -> Path:
         return self.data_dir / "machines"
+
+    @property
+    def volumes(self) -> Path:
+        return self.data_dir / VOLUMES_DIR
+
+    @property
+    def volume_mounts(self) -> Path:
+        return self.run_dir / VOLUMES_DIR
 
     @property
     def runc_root(self) -> Path:

@@ -52,6 +52,19 @@ class Limits:
         )
 
 
+@dataclass(frozen=True)
+class VolumeBind:
+    """A volume's directory on this host (:mod:`.volumes`), bound at
+    ``destination`` (absolute) in the machine, writable unless ``read_only``."""
+
+    source: Path
+    destination: str
+    read_only: bool = False
+    #: The volume's filesystem file: mounted again where a reboot emptied
+    #: ``source``'s mount point (:func:`podbay.host.volumes.remount`).
+    disk: Path | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class MachineSpec:
     """What to build. Stored by the driver with the machine, so a restart can adopt it."""
@@ -68,6 +81,8 @@ class MachineSpec:
     #: Where the sandbox may send packets: in its rules from its first packet on,
     #: at every start (``set_egress`` changes it, running or not).
     egress: EgressPolicy = OPEN
+    #: Volumes bound into it at every start (docs/volumes.md).
+    volumes: tuple[VolumeBind, ...] = ()
     #: Its hostname comes later, through :meth:`Driver.assign` (a warm pool's
     #: machine): a driver may get ready for that while it waits. Not stored.
     named_later: bool = False

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..domain.egress import EgressPolicy
-from .machine import Limits, MachineSpec, MachineState
+from .machine import Limits, MachineSpec, MachineState, VolumeBind
 
 RECORD = "machine.json"
 
@@ -47,6 +47,9 @@ def spec_to_json(spec: MachineSpec) -> dict[str, Any]:
         "layers": [str(p) for p in spec.layers],
         "labels": dict(spec.labels),
         "egress": spec.egress.to_doc(),
+        "volumes": [
+            [str(v.source), v.destination, v.read_only, str(v.disk or "")] for v in spec.volumes
+        ],
     }
 
 
@@ -59,6 +62,10 @@ def spec_from_json(raw: dict[str, Any]) -> MachineSpec:
         layers=tuple(Path(p) for p in raw.get("layers") or ()),
         labels=dict(raw.get("labels") or {}),
         egress=EgressPolicy.parse(raw.get("egress") or {}),
+        volumes=tuple(
+            VolumeBind(Path(v[0]), v[1], bool(v[2]), Path(v[3]) if len(v) > 3 and v[3] else None)
+            for v in raw.get("volumes") or ()
+        ),
     )
 
 

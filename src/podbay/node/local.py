@@ -26,6 +26,8 @@ from podbay.dataplane.routes import RouteTable
 from podbay.domain import Deployment, Sandbox
 from podbay.domain.egress import EgressDestination, EgressPolicy
 from podbay.errors import ApiError, DriverError, PodbayError
+from podbay.host.machine import VolumeBind
+from podbay.host.volumes import VolumeStore
 from podbay.runtime.agent_client import AgentClient
 from podbay.runtime.base import (
     Driver,
@@ -70,6 +72,7 @@ class LocalNode:
         limits: Limits,
         shortfall: Callable[[], str | None],
         room: Callable[[int], str | None] | None = None,
+        volumes: VolumeStore | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -89,6 +92,8 @@ class LocalNode:
         self._oom_tally = OomTally()
         #: Each sandbox's command log as last read from its agent.
         self._commands: dict[str, list[CommandEntry]] = {}
+        #: This host's volumes (docs/volumes.md); None: it keeps none.
+        self.volumes = volumes
 
     def driver(self, class_: str) -> Driver:
         return self.classes.driver(self.classes.require(class_))
@@ -128,6 +133,7 @@ class LocalNode:
         if order.pooled:
             await driver.assign(order.machine_id, hostname=order.hostname, labels=order.labels)
         else:
+            binds = await self._volume_binds(order, deployment)
             await driver.create(
                 MachineSpec(
                     machine_id=order.machine_id,
@@ -137,11 +143,30 @@ class LocalNode:
                     layers=prepared.layers,
                     labels=order.labels,
                     egress=order.egress,
+                    volumes=binds,
                 )
             )
             await driver.start(order.machine_id)
         await self.environment.apply(deployment, driver, order.machine_id)
         self._launched.add(order.machine_id)
+
+    async def _volume_binds(self, order: Launch, deployment: Deployment) -> tuple[VolumeBind, ...]:
+        """The order's volumes as this host's directories, each mounted."""
+        if not order.volumes:
+            return ()
+        if self.volumes is None:
+            raise ApiError(ErrorCode.VOLUMES_UNAVAILABLE, "this node keeps no volumes")
+        return tuple(
+            [
+                VolumeBind(
+                    await self.volumes.mounted_data(deployment.id, v.name),
+                    v.path,
+                    v.read_only,
+                    self.volumes.disk(deployment.id, v.name),
+                )
+                for v in order.volumes
+            ]
+        )
 
     async def start(self, class_: str, machine_id: str) -> None:
         await self.driver(class_).start(machine_id)
@@ -353,4 +378,5 @@ def host_node(
         limits=limits,
         shortfall=shortfall,
         room=shortfall,
+        volumes=VolumeStore.from_settings(settings),
     )

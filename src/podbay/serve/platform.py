@@ -41,7 +41,7 @@ from podbay.control.bodies import BodyLimit
 from podbay.control.keys import KeyRing, StoreKeyRing
 from podbay.control.logs import RequestIdMiddleware
 from podbay.control.nodes import OneNode
-from podbay.control.routes import health, observe, openapi, sandboxes
+from podbay.control.routes import health, observe, openapi, sandboxes, volumes
 from podbay.control.services.assembly import build_control_services
 from podbay.control.services.deletions import DeletionWatch, marker_path
 from podbay.control.services.deployments import PUBLIC_URL_KEY, SectionValidator
@@ -145,7 +145,9 @@ class Platform:
             lifecycle=bool(self.classes.drivers),
             validate_section=validate_section,
             deleted_marker=marker_path(settings.data_dir),
+            volumes=self.node.volumes,
         )
+        self.volumes = services.volumes
         self.transitions, self.lifecycle = services.transitions, services.lifecycle
         self.deployments, self.sandboxes = services.deployments, services.sandboxes
         self.deletions = DeletionWatch(marker_path(settings.data_dir), store, self.nodes)
@@ -171,6 +173,7 @@ class Platform:
                 *health.routes,
                 *openapi.routes,
                 *sandboxes.routes,
+                *volumes.routes,
                 *observe.routes,
                 *admin.routes,
             ],

@@ -164,6 +164,13 @@ def cleanup(settings: Settings) -> None:
                 DriverSession(derived).close()
             except Exception as exc:  # noqa: BLE001 - raised below with the others' as a group
                 failures.append(exc)
+    # The volumes' loop mounts last: no machine binds them any more.
+    try:
+        from podbay.host.volumes import VolumeStore
+
+        VolumeStore.from_settings(settings).unmount_all()
+    except Exception as exc:  # noqa: BLE001 - raised below with the others' as a group
+        failures.append(exc)
     if failures:
         raise ExceptionGroup(f"cleaning up {settings.data_dir}", failures)
 

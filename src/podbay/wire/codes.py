@@ -100,6 +100,21 @@ class ErrorCode(StrEnum):
     NODE_NOT_FOUND = "NODE_NOT_FOUND"
     #: A cluster-only call (drain) made to ``podbay serve``.
     NOT_A_CLUSTER = "NOT_A_CLUSTER"
+    #: Volumes (docs/volumes.md): a name or size that cannot be one, a name
+    #: taken, none of that name, one still named by a sandbox (delete), a
+    #: mount a class cannot make, or a server that keeps no volumes.
+    VOLUME_NAME_INVALID = "VOLUME_NAME_INVALID"
+    VOLUME_SIZE_INVALID = "VOLUME_SIZE_INVALID"
+    VOLUME_EXISTS = "VOLUME_EXISTS"
+    VOLUME_NOT_FOUND = "VOLUME_NOT_FOUND"
+    VOLUME_IN_USE = "VOLUME_IN_USE"
+    VOLUME_MOUNT_INVALID = "VOLUME_MOUNT_INVALID"
+    VOLUME_CLASS_UNSUPPORTED = "VOLUME_CLASS_UNSUPPORTED"
+    VOLUMES_UNAVAILABLE = "VOLUMES_UNAVAILABLE"
+    #: A path of a volume's files API that is not one, or leaves the volume.
+    VOLUME_PATH_INVALID = "VOLUME_PATH_INVALID"
+    VOLUME_PATH_NOT_FOUND = "VOLUME_PATH_NOT_FOUND"
+    VOLUME_FULL = "VOLUME_FULL"
 
     # -- internal API (control plane and nodes) ------------------------------
     #: Missing, unknown or wrong kind of node credential (a data-plane
@@ -201,6 +216,17 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.DEPLOYMENT_NOT_FOUND: 404,
     ErrorCode.DEPLOYMENT_FORBIDDEN: 403,
     ErrorCode.DEPLOYMENT_EXISTS: 409,
+    ErrorCode.VOLUME_NAME_INVALID: 400,
+    ErrorCode.VOLUME_SIZE_INVALID: 400,
+    ErrorCode.VOLUME_EXISTS: 409,
+    ErrorCode.VOLUME_NOT_FOUND: 404,
+    ErrorCode.VOLUME_IN_USE: 409,
+    ErrorCode.VOLUME_MOUNT_INVALID: 400,
+    ErrorCode.VOLUME_CLASS_UNSUPPORTED: 409,
+    ErrorCode.VOLUMES_UNAVAILABLE: 501,
+    ErrorCode.VOLUME_PATH_INVALID: 400,
+    ErrorCode.VOLUME_PATH_NOT_FOUND: 404,
+    ErrorCode.VOLUME_FULL: 507,
     ErrorCode.NODE_NOT_FOUND: 404,
     ErrorCode.NOT_A_CLUSTER: 409,
     ErrorCode.NODE_CREDENTIAL_INVALID: 401,

@@ -65,6 +65,61 @@ class EgressAudit:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VolumeMount:
+    """One mount of attach's ``volumes`` in its long form (docs/volumes.md):
+    the volume's name, and ``read_only`` to refuse the sandbox's writes. The
+    short form is the name alone (read-write)."""
+
+    name: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class VolumeCreate:
+    """Body of ``POST /api/v1/volumes``: a volume named ``name`` holding at most
+    ``size_bytes`` or ``size_mib`` (one of them; a hard limit: writes past it
+    fail with ENOSPC inside the sandbox)."""
+
+    name: str
+    size_bytes: int | None = None
+    size_mib: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Volume:
+    """A named persistent volume of the deployment (``GET``, ``list``, create's 201)."""
+
+    name: str
+    #: Its hard size limit, in bytes (the filesystem's size).
+    size_bytes: int
+    #: Bytes its files take now (the filesystem's own count).
+    used_bytes: int
+    created_at: datetime
+    #: Names of the deployment's sandboxes that mount it (delete is refused
+    #: while any does).
+    mounted_by: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VolumeList:
+    volumes: list[Volume] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VolumeEntry:
+    """One entry of a volume directory's listing (files API, ``GET ...?path=dir``)."""
+
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class VolumeEntryList:
+    entries: list[VolumeEntry] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttachRequest:
     """Body of ``PUT /api/v1/sandboxes/{name}`` (optional)."""
 
@@ -81,6 +136,9 @@ class AttachRequest:
     idle_timeout_seconds: int | None = None
     #: Its egress policy, instead of the sandbox section's ``network`` (then open).
     network: NetworkPolicy | None = None
+    #: The deployment's volumes to mount, by absolute path in the sandbox:
+    #: ``{"/data": "name"}`` or ``{"/data": {"name": "n", "read_only": true}}``.
+    volumes: dict[str, str | VolumeMount] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +162,8 @@ class SandboxRecord:
     cpus: float | None = None
     memory_mib: int | None = None
     idle_timeout_seconds: int | None = None
+    #: The volumes it mounts, by path (absent: none).
+    volumes: dict[str, VolumeMount] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

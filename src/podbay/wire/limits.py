@@ -63,6 +63,8 @@ BASE64_WRITE_CHUNK: Final = 48 * 1024
 MAX_FORK_COPIES: Final = 16
 
 #: Sandbox names: what the reference accepts, nothing more.
+#: A volume's name: a path component on the host (docs/volumes.md).
+VOLUME_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 SANDBOX_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _NAME_REST = _NAME_FIRST | frozenset("._:-")

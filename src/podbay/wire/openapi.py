@@ -30,6 +30,7 @@ from .limits import (
     POLL_WAIT_MAX_MS,
     SANDBOX_NAME_PATTERN,
     SIGNAL_NAMES,
+    VOLUME_NAME_PATTERN,
 )
 
 VERSION = "3.1.0"
@@ -170,6 +171,8 @@ def control_plane(server_url: str) -> dict[str, Any]:
             control.ShareRequest,
             control.NetworkPolicy,
             control.ForkRequest,
+            control.VolumeMount,
+            control.VolumeCreate,
         }
     )
     handle = {
@@ -250,6 +253,7 @@ def control_plane(server_url: str) -> dict[str, Any]:
                         C.SANDBOX_IDLE_TIMEOUT_BELOW_MIN,
                         C.SANDBOX_IDLE_TIMEOUT_ABOVE_MAX,
                         *_NETWORK_INVALID,
+                        *_VOLUME_MOUNT,
                         C.SANDBOX_OPTIONS_CONFLICT,
                         C.SANDBOX_PREPARE_FAILED,
                         C.SANDBOX_APPLY_FAILED,
@@ -393,6 +397,7 @@ def control_plane(server_url: str) -> dict[str, Any]:
             }
         },
     }
+    doc["paths"].update(_volume_paths(s))
     doc["paths"].update(_operator_paths())
     doc["components"]["securitySchemes"]["operatorToken"] = {
         "type": "http",
@@ -402,6 +407,102 @@ def control_plane(server_url: str) -> dict[str, Any]:
     s.ref(control.ErrorBody)
     doc["components"]["schemas"] = s.components
     return doc
+
+
+#: Attach's ``volumes`` that cannot be mounted (docs/volumes.md).
+_VOLUME_MOUNT = [
+    C.VOLUME_MOUNT_INVALID,
+    C.VOLUME_NAME_INVALID,
+    C.VOLUME_NOT_FOUND,
+    C.VOLUME_CLASS_UNSUPPORTED,
+    C.VOLUMES_UNAVAILABLE,
+]
+
+
+def _volume_paths(s: _Schemas) -> dict[str, Any]:
+    """``/api/v1/volumes``: the deployment's volumes and their files (docs/volumes.md)."""
+    refused = [C.IDENTITY_TOKEN_INVALID, C.VOLUMES_UNAVAILABLE, *_ANY]
+    name = [
+        {
+            "name": "name",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": VOLUME_NAME_PATTERN},
+        }
+    ]
+    path = {
+        "name": "path",
+        "in": "query",
+        "required": True,
+        "description": "a path in the volume ('/' or '' is its root); symlinks are never followed",
+        "schema": {"type": "string"},
+    }
+    one = f"{paths.VOLUMES}/{{name}}"
+    volume = {"description": "the volume", **_json(s.ref(control.Volume))}
+    bad_path = [C.VOLUME_NOT_FOUND, C.VOLUME_NAME_INVALID, C.VOLUME_PATH_INVALID]
+    return {
+        paths.VOLUMES: {
+            "get": _op(
+                "This deployment's volumes",
+                {"200": {"description": "the list", **_json(s.ref(control.VolumeList))}},
+                refused,
+            ),
+            "post": _op(
+                "Create a volume of a fixed size (a hard limit)",
+                {"201": volume},
+                [*refused, C.VOLUME_NAME_INVALID, C.VOLUME_SIZE_INVALID, C.VOLUME_EXISTS],
+                body=_json(s.ref(control.VolumeCreate)),
+            ),
+        },
+        one: {
+            "get": _op(
+                "The volume: size, bytes used, the sandboxes that mount it",
+                {"200": volume},
+                [*refused, C.VOLUME_NOT_FOUND, C.VOLUME_NAME_INVALID],
+                params=name,
+            ),
+            "delete": _op(
+                "Delete the volume and its files; refused while a sandbox mounts it",
+                {"204": {"description": "done"}},
+                [*refused, C.VOLUME_NOT_FOUND, C.VOLUME_NAME_INVALID, C.VOLUME_IN_USE],
+                params=name,
+            ),
+        },
+        f"{one}/files": {
+            "get": _op(
+                "A file's content",
+                {
+                    "200": {
+                        "description": "its bytes",
+                        "content": {"application/octet-stream": {"schema": {}}},
+                    }
+                },
+                [*refused, *bad_path, C.VOLUME_PATH_NOT_FOUND],
+                params=[*name, path],
+            ),
+            "put": _op(
+                "Write a file (its directories made); the body is its whole content",
+                {"204": {"description": "written"}},
+                [*refused, *bad_path, C.VOLUME_FULL],
+                body={"content": {"application/octet-stream": {"schema": {}}}},
+                params=[*name, path],
+            ),
+            "delete": _op(
+                "Remove a file, a symlink (not its target) or a directory and all in it",
+                {"204": {"description": "done"}},
+                [*refused, *bad_path, C.VOLUME_PATH_NOT_FOUND],
+                params=[*name, path],
+            ),
+        },
+        f"{one}/entries": {
+            "get": _op(
+                "A directory's entries (path optional: the root)",
+                {"200": {"description": "the entries", **_json(s.ref(control.VolumeEntryList))}},
+                [*refused, *bad_path, C.VOLUME_PATH_NOT_FOUND],
+                params=[*name, {**path, "required": False}],
+            )
+        },
+    }
 
 
 def _operator_paths() -> dict[str, Any]:

@@ -12,6 +12,8 @@ SANDBOXES: Final = f"{API_PREFIX}/sandboxes"
 #: The operator's API (docs/console.md): an operator token, never an identity token.
 DEPLOYMENTS: Final = f"{API_PREFIX}/deployments"
 NODES: Final = f"{API_PREFIX}/nodes"
+#: A deployment's named persistent volumes (docs/volumes.md).
+VOLUMES: Final = f"{API_PREFIX}/volumes"
 
 
 def sandbox_path(name: str) -> str:
@@ -36,6 +38,23 @@ def sandbox_fork_path(name: str) -> str:
 
 def sandbox_egress_path(name: str) -> str:
     return f"{sandbox_path(name)}/egress"
+
+
+def volume_path(name: str) -> str:
+    """``/api/v1/volumes/{name}`` with the name escaped for a path segment."""
+    from urllib.parse import quote
+
+    return f"{VOLUMES}/{quote(name, safe='')}"
+
+
+def volume_files_path(name: str) -> str:
+    """A volume's files without a sandbox (``?path=``)."""
+    return f"{volume_path(name)}/files"
+
+
+def volume_entries_path(name: str) -> str:
+    """A volume directory's entries without a sandbox (``?path=``)."""
+    return f"{volume_path(name)}/entries"
 
 
 # -- data plane (base URL = the handle's ``endpoint``) ------------------------

@@ -12,7 +12,7 @@ from starlette.routing import Route
 from podbay.agent.app import App
 from podbay.agent.reaper import Reaper
 from podbay.console import admin
-from podbay.control.routes import observe, sandboxes
+from podbay.control.routes import observe, sandboxes, volumes
 from podbay.wire import paths
 from podbay.wire.openapi import control_plane, data_plane
 
@@ -24,7 +24,7 @@ def _operations(doc: dict) -> set[tuple[str, str]]:  # type: ignore[type-arg]
 def test_control_plane_document_matches_the_routes() -> None:
     routes = {
         (method, route.path)
-        for route in [*sandboxes.routes, *admin.routes, *observe.routes]
+        for route in [*sandboxes.routes, *volumes.routes, *admin.routes, *observe.routes]
         if isinstance(route, Route)
         for method in (route.methods or ())
         if method != "HEAD"

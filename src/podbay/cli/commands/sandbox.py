@@ -33,7 +33,7 @@ from .sandbox_group import Connection, _options, _session, command
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from podbay.client import SandboxClient
+    from podbay.client import SandboxClient, VolumeMount
     from podbay.wire.control import SandboxHandle, SandboxRecord
     from podbay.wire.data import ProcessOutput
 
@@ -75,6 +75,26 @@ def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str] | None:
     return found or None
 
 
+_volume_option = click.option(
+    "--volume",
+    "volumes",
+    multiple=True,
+    metavar="PATH=VOLUME[:ro]",
+    help="Mount the deployment's VOLUME at PATH (repeatable; :ro read-only; docs/volumes.md).",
+)
+
+
+def _mounts(pairs: tuple[str, ...]) -> dict[str, str | VolumeMount] | None:
+    """``--volume PATH=VOLUME[:ro]`` options as attach's ``volumes``."""
+    from podbay.client import VolumeMount
+
+    mounts: dict[str, str | VolumeMount] = {}
+    for path, volume in (_pairs(pairs, "--volume") or {}).items():
+        base = volume.removesuffix(":ro")
+        mounts[path] = VolumeMount(name=base, read_only=True) if base != volume else base
+    return mounts or None
+
+
 # -- lifecycle ---------------------------------------------------------------------
 
 
@@ -86,11 +106,14 @@ def _pairs(pairs: tuple[str, ...], option: str) -> dict[str, str] | None:
     default=None,
     help="Sandbox class: default, vm, gvisor or container.",
 )
+@_volume_option
 @_options
-def attach(name: str, sandbox_class: str | None, conn: Connection) -> None:
+def attach(
+    name: str, sandbox_class: str | None, volumes: tuple[str, ...], conn: Connection
+) -> None:
     """Create, resume or reuse sandbox NAME."""
     with _session(conn) as (client, out):
-        handle = client.attach(name, sandbox_class)
+        handle = client.attach(name, sandbox_class, volumes=_mounts(volumes))
         out.value(_handle_json(handle), f"{handle.name}  {handle.state}  ({handle.start})")
 
 
@@ -625,6 +648,7 @@ def cp(source: str, destination: str, conn: Connection) -> None:
     metavar="S",
     help="Suspend after S seconds without a call (instead of the server's threshold).",
 )
+@_volume_option
 @_options
 def create(
     name: str,
@@ -634,6 +658,7 @@ def create(
     cpus: float | None,
     memory: int | None,
     idle_timeout: int | None,
+    volumes: tuple[str, ...],
     conn: Connection,
 ) -> None:
     """Create sandbox NAME with these options (an existing one with other
@@ -647,6 +672,7 @@ def create(
             cpus=cpus,
             memory_mib=memory,
             idle_timeout_seconds=idle_timeout,
+            volumes=_mounts(volumes),
         )
         out.value(_handle_json(handle), f"{handle.name}  {handle.state}  ({handle.start})")
 

@@ -50,6 +50,9 @@ from podbay.wire.control import (
     Preparing,
     SandboxHandle,
     SandboxRecord,
+    Volume,
+    VolumeEntry,
+    VolumeMount,
 )
 from podbay.wire.data import (
     ChmodRequest,
@@ -247,6 +250,7 @@ class AsyncSandboxClient:
         memory_mib: int | None = None,
         idle_timeout_seconds: int | None = None,
         network: NetworkPolicy | None = None,
+        volumes: Mapping[str, str | VolumeMount] | None = None,
     ) -> SandboxHandle:
         """Create, resume or reuse the sandbox ``name`` and return its handle.
 
@@ -255,7 +259,9 @@ class AsyncSandboxClient:
         command; a call's own ``env`` wins), ``cpus``, ``memory_mib`` and an
         ``idle_timeout_seconds``, each within the server's bounds, and a
         ``network`` egress policy (instead of the deployment's; see
-        :meth:`set_network`). They apply at
+        :meth:`set_network`), and ``volumes`` of the deployment to mount
+        (``{"/data": "name"}``, or ``VolumeMount(name=..., read_only=True)``;
+        see :meth:`create_volume`). They apply at
         creation: an existing sandbox created with others is refused
         (``SANDBOX_OPTIONS_CONFLICT``); one attached without them is reused.
 
@@ -278,6 +284,7 @@ class AsyncSandboxClient:
             memory_mib=memory_mib,
             idle_timeout_seconds=idle_timeout_seconds,
             network=network,
+            volumes=volumes,
         )
         async with self._lock(name):
             return await self._attach(name, sandbox_class, options)
@@ -1340,6 +1347,52 @@ class AsyncSandboxClient:
         policy = NetworkPolicy(internet=internet, allow=allow, deny=deny)
         request = self._core.network_request(name, policy)
         return self._core.parse_network(await self._control(request))
+
+    # -- volumes (docs/volumes.md) ------------------------------------------------------
+    async def create_volume(
+        self, name: str, *, size_mib: int | None = None, size_bytes: int | None = None
+    ) -> Volume:
+        """A new persistent volume of the deployment, of a fixed size (a hard
+        limit: writes past it fail with ENOSPC), mounted by ``attach(volumes=)``.
+
+        >>> await client.create_volume("datasets", size_mib=1024)  # doctest: +SKIP
+        """
+        request = self._core.volume_create_request(name, size_bytes, size_mib)
+        return self._core.parse_volume(await self._control(request))
+
+    async def list_volumes(self) -> builtins.list[Volume]:
+        return self._core.parse_volumes(await self._control(self._core.volumes_request()))
+
+    async def get_volume(self, name: str) -> Volume:
+        """The volume: its size, bytes used and the sandboxes that mount it."""
+        request = self._core.volume_request("GET", name)
+        return self._core.parse_volume(await self._control(request))
+
+    async def delete_volume(self, name: str) -> None:
+        """Delete the volume and its files (refused while a sandbox mounts it)."""
+        response = await self._control(self._core.volume_request("DELETE", name))
+        self._core.check(response, 204)
+
+    async def read_volume_file(self, name: str, path: str) -> bytes:
+        """A file of the volume, without a sandbox (symlinks are never followed)."""
+        response = await self._control(self._core.volume_file_request("GET", name, path))
+        self._core.check(response, 200)
+        return response.content
+
+    async def write_volume_file(self, name: str, path: str, content: bytes | str) -> None:
+        """Write a file of the volume (its directories made), without a sandbox."""
+        data = content.encode() if isinstance(content, str) else content
+        response = await self._control(self._core.volume_file_request("PUT", name, path, data))
+        self._core.check(response, 204)
+
+    async def remove_volume_path(self, name: str, path: str) -> None:
+        """Remove a file, a symlink or a whole directory of the volume."""
+        response = await self._control(self._core.volume_file_request("DELETE", name, path))
+        self._core.check(response, 204)
+
+    async def list_volume_dir(self, name: str, path: str = "") -> builtins.list[VolumeEntry]:
+        request = self._core.volume_entries_request(name, path)
+        return self._core.parse_volume_entries(await self._control(request))
 
     async def delete(self, name: str) -> None:
         """Drop the sandbox and its files."""

@@ -51,6 +51,9 @@ from podbay.wire.control import (
     Preparing,
     SandboxHandle,
     SandboxRecord,
+    Volume,
+    VolumeEntry,
+    VolumeMount,
 )
 from podbay.wire.data import (
     ChmodRequest,
@@ -248,6 +251,7 @@ class SandboxClient:
         memory_mib: int | None = None,
         idle_timeout_seconds: int | None = None,
         network: NetworkPolicy | None = None,
+        volumes: Mapping[str, str | VolumeMount] | None = None,
     ) -> SandboxHandle:
         """Create, resume or reuse the sandbox ``name`` and return its handle.
 
@@ -256,7 +260,9 @@ class SandboxClient:
         command; a call's own ``env`` wins), ``cpus``, ``memory_mib`` and an
         ``idle_timeout_seconds``, each within the server's bounds, and a
         ``network`` egress policy (instead of the deployment's; see
-        :meth:`set_network`). They apply at
+        :meth:`set_network`), and ``volumes`` of the deployment to mount
+        (``{"/data": "name"}``, or ``VolumeMount(name=..., read_only=True)``;
+        see :meth:`create_volume`). They apply at
         creation: an existing sandbox created with others is refused
         (``SANDBOX_OPTIONS_CONFLICT``); one attached without them is reused.
 
@@ -279,6 +285,7 @@ class SandboxClient:
             memory_mib=memory_mib,
             idle_timeout_seconds=idle_timeout_seconds,
             network=network,
+            volumes=volumes,
         )
         with self._lock(name):
             return self._attach(name, sandbox_class, options)
@@ -1327,6 +1334,52 @@ class SandboxClient:
         policy = NetworkPolicy(internet=internet, allow=allow, deny=deny)
         request = self._core.network_request(name, policy)
         return self._core.parse_network(self._control(request))
+
+    # -- volumes (docs/volumes.md) ------------------------------------------------------
+    def create_volume(
+        self, name: str, *, size_mib: int | None = None, size_bytes: int | None = None
+    ) -> Volume:
+        """A new persistent volume of the deployment, of a fixed size (a hard
+        limit: writes past it fail with ENOSPC), mounted by ``attach(volumes=)``.
+
+        >>> client.create_volume("datasets", size_mib=1024)  # doctest: +SKIP
+        """
+        request = self._core.volume_create_request(name, size_bytes, size_mib)
+        return self._core.parse_volume(self._control(request))
+
+    def list_volumes(self) -> builtins.list[Volume]:
+        return self._core.parse_volumes(self._control(self._core.volumes_request()))
+
+    def get_volume(self, name: str) -> Volume:
+        """The volume: its size, bytes used and the sandboxes that mount it."""
+        request = self._core.volume_request("GET", name)
+        return self._core.parse_volume(self._control(request))
+
+    def delete_volume(self, name: str) -> None:
+        """Delete the volume and its files (refused while a sandbox mounts it)."""
+        response = self._control(self._core.volume_request("DELETE", name))
+        self._core.check(response, 204)
+
+    def read_volume_file(self, name: str, path: str) -> bytes:
+        """A file of the volume, without a sandbox (symlinks are never followed)."""
+        response = self._control(self._core.volume_file_request("GET", name, path))
+        self._core.check(response, 200)
+        return response.content
+
+    def write_volume_file(self, name: str, path: str, content: bytes | str) -> None:
+        """Write a file of the volume (its directories made), without a sandbox."""
+        data = content.encode() if isinstance(content, str) else content
+        response = self._control(self._core.volume_file_request("PUT", name, path, data))
+        self._core.check(response, 204)
+
+    def remove_volume_path(self, name: str, path: str) -> None:
+        """Remove a file, a symlink or a whole directory of the volume."""
+        response = self._control(self._core.volume_file_request("DELETE", name, path))
+        self._core.check(response, 204)
+
+    def list_volume_dir(self, name: str, path: str = "") -> builtins.list[VolumeEntry]:
+        request = self._core.volume_entries_request(name, path)
+        return self._core.parse_volume_entries(self._control(request))
 
     def delete(self, name: str) -> None:
         """Drop the sandbox and its files."""

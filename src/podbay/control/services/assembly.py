@@ -16,6 +16,7 @@ from pathlib import Path
 
 from podbay.dataplane.metrics import Metrics
 from podbay.domain import Deployment
+from podbay.host.volumes import VolumeStore
 from podbay.settings import Settings
 from podbay.store.base import Store
 
@@ -26,6 +27,7 @@ from .lifecycle import Lifecycle, build_lifecycle
 from .locks import NameLocks
 from .sandboxes import SandboxService
 from .transitions import Transitions
+from .volumes import VolumeService
 
 #: Mints a sandbox's data-plane credential: (sandbox id, incarnation) → (token, expiry).
 Mint = Callable[[str, int], tuple[str, datetime]]
@@ -38,6 +40,21 @@ class ControlServices:
     #: None where no node can run a machine (``serve`` without a driver).
     transitions: Transitions | None
     lifecycle: Lifecycle | None
+    volumes: VolumeService
+
+
+def _and_remove_volumes(
+    after_delete: Callable[[Deployment], Awaitable[None]] | None, volumes: VolumeStore
+) -> Callable[[Deployment], Awaitable[None]]:
+    """``after_delete``, then the deleted deployment's volumes removed (its id
+    is gone: nothing could reach them again)."""
+
+    async def after(deployment: Deployment) -> None:
+        if after_delete is not None:
+            await after_delete(deployment)
+        await volumes.remove_deployment(deployment.id)
+
+    return after
 
 
 def build_control_services(
@@ -54,10 +71,14 @@ def build_control_services(
     validate_section: SectionValidator | None = None,
     deleted_marker: Path | None = None,
     after_delete: Callable[[Deployment], Awaitable[None]] | None = None,
+    volumes: VolumeStore | None = None,
 ) -> ControlServices:
     """``lifecycle``: whether machines can run at all (transitions and the
     lifecycle pass are built only then). ``deleted_marker``/``after_delete``:
-    how a deleted deployment reaches the gateways (see DeploymentService)."""
+    how a deleted deployment reaches the gateways (see DeploymentService).
+    ``volumes``: the host's volumes (the all-in-one server's node keeps them)."""
+    if volumes is not None:
+        after_delete = _and_remove_volumes(after_delete, volumes)
     transitions, passes = (
         build_lifecycle(store, nodes, metrics, locks, settings.lifecycle, clock)
         if lifecycle
@@ -85,4 +106,7 @@ def build_control_services(
         clock=clock,
         mint=mint,
     )
-    return ControlServices(deployments, sandboxes, transitions, passes)
+    volume_service = VolumeService(store, volumes)
+    if volumes is not None:
+        sandboxes.check_volumes = volume_service.check_attach
+    return ControlServices(deployments, sandboxes, transitions, passes, volume_service)

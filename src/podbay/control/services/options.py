@@ -28,6 +28,8 @@ from podbay.wire.codes import ErrorCode
 from podbay.wire.control import AttachRequest, NetworkPolicy
 from podbay.wire.control import EgressDestination as WireEgressDestination
 
+from .volumes import mounts_of
+
 MAX_LABELS = 32
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
 MAX_LABEL_VALUE = 256
@@ -135,6 +137,7 @@ def options_of(body: AttachRequest, settings: Settings) -> SandboxOptions:
         memory_mib=body.memory_mib,
         idle_timeout_seconds=body.idle_timeout_seconds,
         network=None if body.network is None else egress_of(body.network),
+        volumes=mounts_of(body.volumes) if body.volumes else (),
     )
 
 
@@ -195,6 +198,12 @@ def check_same(row: Sandbox, asked: SandboxOptions) -> None:
             ErrorCode.SANDBOX_OPTIONS_CONFLICT,
             f"sandbox {row.name!r} exists with another network policy than asked: "
             "change it with PUT /api/v1/sandboxes/{name}/network, or attach without it",
+        )
+    if asked.volumes and asked.volumes != have.volumes:
+        raise ApiError(
+            ErrorCode.SANDBOX_OPTIONS_CONFLICT,
+            f"sandbox {row.name!r} exists with other volumes than asked; volumes are "
+            "mounted when a sandbox is created: attach without them, or delete it first",
         )
     for field in ("labels", "env", "cpus", "memory_mib", "idle_timeout_seconds"):
         wanted = getattr(asked, field)

@@ -119,6 +119,9 @@ class SandboxService:
         #: quiet: the gateway answered 502), True if there was one; set by the app.
         self.settle: Callable[[str], Awaitable[bool]] | None = None
         self.max_age = timedelta(seconds=settings.lifecycle.max_age_seconds)
+        #: Refuses a new sandbox's volumes its class cannot mount or that do not
+        #: exist (VolumeService.check_attach); None: no volume is asked for then.
+        self.check_volumes: Callable[[Deployment, str, SandboxOptions], None] | None = None
 
     # -- reads -------------------------------------------------------------------
     def lost(self, row: Sandbox) -> bool:
@@ -337,6 +340,10 @@ class SandboxService:
         asked: str,
         options: SandboxOptions,
     ) -> Attached | Building | None:
+        if options.volumes:
+            if self.check_volumes is None:
+                raise ApiError(ErrorCode.VOLUMES_UNAVAILABLE, "this server keeps no volumes")
+            self.check_volumes(deployment, class_, options)
         node = await self.nodes.place(class_)
         short = await node.shortfall()
         if short is not None:
@@ -390,6 +397,7 @@ class SandboxService:
             cpus=options.cpus,
             memory_bytes=None if options.memory_mib is None else options.memory_mib << 20,
             egress=options.network or OPEN,
+            volumes=options.volumes,
         )
         try:
             await node.launch(order, prepared, deployment)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from podbay.agent.protocol import HIBERNATE_ENV
+from podbay.host.machine import VolumeBind
 from podbay.runtime.staging import AGENT_ENV
 
 from ..agent_bundle import AGENT_DIR, ENV_FILE, IMAGE_DIR, LOADER, NO_PRELOAD
@@ -105,6 +106,8 @@ class BundleFacts:
     userns: Path | None = None
     #: Seconds before an idle agent hibernates (0: never; see podbay.agent.hibernate).
     hibernate_seconds: float = 0.0
+    #: The deployment's volumes (docs/volumes.md), bound last, parents first.
+    volumes: tuple[VolumeBind, ...] = ()
 
 
 def process_env(facts: BundleFacts) -> list[str]:
@@ -203,6 +206,12 @@ def mounts(facts: BundleFacts) -> list[dict[str, Any]]:
     ]
     if facts.resolv_conf:
         found.append(_bind(facts.files_dir / "resolv.conf", "/etc/resolv.conf", "rw"))
+    # After the system's mounts, so none of theirs is made inside a volume
+    # (attach keeps volumes off /etc, /dev, /proc, /sys and /.podbay anyway).
+    found += [
+        _bind(v.source, v.destination, "ro" if v.read_only else "rw")
+        for v in sorted(facts.volumes, key=lambda v: v.destination)
+    ]
     return found
 
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from podbay.host import records, storage, userns
+from podbay.host import records, storage, userns, volumes
 from podbay.host.cgroups import Cgroups, node_pids
 from podbay.host.image import Image, ImageCache, Recipe, local_ca_certificates
 from podbay.host.layout import NODE_CGROUP, RUN_MODE, Layout, MachinePaths
@@ -258,6 +258,8 @@ class OciDriver(RecordKeepingDriver):
         lowers = [*reversed(spec.layers), image.rootfs]
 
         def storage_and_files() -> None:
+            for bind in spec.volumes:
+                volumes.remount(bind, self.rt.uid_base)
             _mount_storage(paths, lowers, self.rt.uid_base)
             self._write_files(spec, paths)
 
@@ -302,10 +304,16 @@ class OciDriver(RecordKeepingDriver):
                 # whole sandbox's memory at suspend instead.
                 hibernate_seconds=0 if self.checkpoints else self.rt.agent_hibernate_seconds,
                 userns=None if owned is None else owned.userns_path,
+                volumes=spec.volumes,
             )
             config = bundle.config(facts)
             if not self.runc.passes_fds:
-                config = runsc.adapt_config(config, socket_dir, self._statx_shim)
+                config = runsc.adapt_config(
+                    config,
+                    socket_dir,
+                    self._statx_shim,
+                    volumes=frozenset(v.destination for v in spec.volumes),
+                )
             (paths.run / "config.json").write_text(json.dumps(config))
 
         async def make_network() -> NetworkHandle:

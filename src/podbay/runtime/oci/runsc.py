@@ -367,13 +367,22 @@ def stage_statx_shim(run_dir: Path, *, native: Path = NATIVE_DIR) -> Path:
     return _publish(tmp, target)
 
 
-def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None) -> dict[str, Any]:
+def adapt_config(
+    cfg: dict[str, Any],
+    socket_dir: Path,
+    shim: Path | None = None,
+    *,
+    volumes: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """runc's ``config.json`` made right for runsc (pure).
 
     gVisor's sysfs and cgroupfs are its own, so /sys is not bound from the host;
     the agent's socket directory is bound read-write. Read-only binds are
     marked as the sandbox's alone (:func:`exclusive_hints`). ``shim``: the
-    statx shim's directory (:func:`stage_statx_shim`), preloaded everywhere."""
+    statx shim's directory (:func:`stage_statx_shim`), preloaded everywhere.
+    ``volumes``: the destinations of volume binds, never marked the sandbox's
+    alone (another sandbox or the files API may write them: gVisor asks its
+    gofer again, so each sees the others' writes, docs/volumes.md)."""
     mounts: list[dict[str, Any]] = []
     for mount in cfg["mounts"]:
         if mount["destination"] == "/sys":
@@ -410,7 +419,8 @@ def adapt_config(cfg: dict[str, Any], socket_dir: Path, shim: Path | None = None
                     "options": ["bind", "nosuid", "nodev", "ro"],
                 }
             )
-    annotations = {**cfg.get("annotations", {}), **exclusive_hints(mounts)}
+    exclusive = [m for m in mounts if m["destination"] not in volumes]
+    annotations = {**cfg.get("annotations", {}), **exclusive_hints(exclusive)}
     return guest_pids({**cfg, "mounts": mounts, "annotations": annotations})
 
 

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from podbay.host import records, storage
+from podbay.host import volumes as host_volumes
 from podbay.host.cgroups import Cgroups
 from podbay.host.image import Image, ImageCache, Recipe, local_ca_certificates
 from podbay.host.layout import Layout
@@ -69,6 +70,7 @@ from ..network.policy import budgets
 from ..readiness import wait_ready
 from ..usage import Usage, cgroup_cpu_memory
 from . import checkpoint, disks, initramfs, qmp, templates
+from . import volumes as vm_volumes
 from .budget import QEMU_MALLOC_ENV, QemuBudget, guest_cpus, guest_mib, qemu_budget
 from .checkpoint import Checkpoint
 from .guest_stats import GuestStats
@@ -240,6 +242,7 @@ class VmDriver(RecordKeepingDriver):
         *,
         network: bool,
         initrd: Path | None = None,
+        volume_sockets: list[Path] | None = None,
     ) -> list[str]:
         assert self._kernel is not None
         assert self._base_disk is not None
@@ -253,6 +256,7 @@ class VmDriver(RecordKeepingDriver):
             disks=[self._base_disk, *layers],
             paths=paths,
             network=network,
+            volume_sockets=volume_sockets,
         )
 
     async def _layer_disks(self, spec: MachineSpec) -> list[Path]:
@@ -288,7 +292,9 @@ class VmDriver(RecordKeepingDriver):
         layers = await self._layer_disks(spec)
         template = None
         builder = self.template_builder
-        if self.templates_enabled and not paths.booted.exists() and builder.fits(spec):
+        # A guest with volumes shares its memory with their daemons: it boots cold.
+        fits = builder.fits(spec) and not spec.volumes
+        if self.templates_enabled and not paths.booted.exists() and fits:
             template = builder.ensure(builder.shape(spec), layers)
         handle = await self.network.setup(spec.machine_id, egress=spec.egress)
         paths.booted.touch()
@@ -311,6 +317,7 @@ class VmDriver(RecordKeepingDriver):
         resolv_conf: str,
         layers: int,
         network: bool,
+        volumes: str = "",
     ) -> None:
         assert self._initramfs is not None
         run_files = {
@@ -326,6 +333,7 @@ class VmDriver(RecordKeepingDriver):
             variables={
                 "LAYERS": str(layers),
                 "NETWORK": "1" if network else "",
+                "VOLUMES": volumes,
                 "INIT_ENV": shlex.join(f"{k}={v}" for k, v in staging.AGENT_ENV.items()),
             },
             init_argv=self._init_argv,
@@ -406,9 +414,21 @@ class VmDriver(RecordKeepingDriver):
             "agent_options": AGENT_OPTIONS,
         }
         await asyncio.to_thread(
-            self.boot_files, paths, config, spec.env, name, resolv_conf, len(layers), network
+            self.boot_files,
+            paths,
+            config,
+            spec.env,
+            name,
+            resolv_conf,
+            len(layers),
+            network,
+            vm_volumes.guest_spec(spec.volumes),
         )
-        await self.launch(spec, self.argv(spec, paths, layers, network=network))
+        for bind in spec.volumes:
+            await asyncio.to_thread(host_volumes.remount, bind, self.rt.uid_base)
+        sockets = await vm_volumes.serve(spec.volumes, paths.run, self.rt.uid_base)
+        argv = self.argv(spec, paths, layers, network=network, volume_sockets=sockets)
+        await self.launch(spec, argv)
         await self.start_relay(spec.machine_id, paths)
 
     async def start_relay(self, machine_id: str, paths: VmPaths) -> Relay:
@@ -596,6 +616,9 @@ class VmDriver(RecordKeepingDriver):
         await self.network.teardown(machine_id)
         for path in (paths.socket, paths.mux, paths.qmp, paths.pidfile, paths.initrd):
             path.unlink(missing_ok=True)
+        record = records.read(paths.home)
+        binds = record.spec.volumes if record is not None else ()
+        await asyncio.to_thread(vm_volumes.release, paths.run, binds)
 
     def _started_initrd(self, paths: VmPaths) -> Path:
         """The boot archive the machine's QEMU was started with: its own, or

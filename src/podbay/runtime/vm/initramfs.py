@@ -39,6 +39,8 @@ MODULES = (
     "drivers/net/net_failover",
     "drivers/net/virtio_net",
 )
+#: Loaded only when the machine mounts volumes (virtiofs, see .volumes).
+FS_MODULES = ("fs/fuse/fuse", "fs/fuse/virtiofs")
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GUEST_DIR = Path(__file__).with_name("guest")
 STALE_SECONDS = 3600
@@ -84,6 +86,14 @@ for f in hostname hosts resolv.conf; do
     [ -e $N/etc/$f ] || $B touch $N/etc/$f
     $B mount --bind $N/.podbay/run/$f $N/etc/$f
 done
+if [ -n "$VOLUMES" ]; then
+    for m in $($B cat /fs-modules); do $B insmod /lib/modules/$m.ko || fail "insmod $m"; done
+    for v in $VOLUMES; do
+        tag=${v%%,*}; rest=${v#*,}; at=${rest%,*}; mode=${rest##*,}
+        $B mkdir -p "$N$at" && $B mount -t virtiofs -o "$mode,nosuid,nodev" "$tag" "$N$at" \
+            || fail "volume $tag at $at"
+    done
+fi
 $B echo "podbay-vm: switching root at $($B cut -d" " -f1 /proc/uptime)"
 $B mount --move /dev $N/dev
 $B mount --move /proc $N/proc
@@ -197,6 +207,13 @@ def build(dest_dir: Path, *, kernel_release: str, agent_dir: Path) -> Path:
         name = Path(module).name
         names.append(name)
         entries.append((f"lib/modules/{name}.ko", 0o100644, path.read_bytes()))
+    fs_names = []
+    for module in FS_MODULES:
+        path = modules / f"{module}.ko"
+        if path.is_file():  # absent: a volume's mount fails in the guest, saying so
+            fs_names.append(Path(module).name)
+            entries.append((f"lib/modules/{Path(module).name}.ko", 0o100644, path.read_bytes()))
+    entries.append(("fs-modules", 0o100644, (" ".join(fs_names) + "\n").encode()))
     entries.append(("modules", 0o100644, (" ".join(names[:6]) + "\n").encode()))
     entries.append(("net-modules", 0o100644, (" ".join(names[6:]) + "\n").encode()))
     entries.append(("init", 0o100755, INIT.encode()))

@@ -94,9 +94,12 @@ def qemu_argv(
     disks: list[Path],
     paths: VmPaths,
     network: bool,
+    volume_sockets: list[Path] | None = None,
 ) -> list[str]:
     """QEMU's command line for one machine: ``disks`` are the base image and
-    the layers, read-only, before the machine's own disk (``paths``)."""
+    the layers, read-only, before the machine's own disk (``paths``);
+    ``volume_sockets``: a ``virtiofsd`` of each volume (:mod:`.volumes`),
+    whose guest memory must then be shared."""
     append = [
         "console=ttyS0",
         "quiet",
@@ -120,7 +123,7 @@ def qemu_argv(
         "-name",
         f"podbay-{machine_id}",
         "-M",
-        "microvm,x-option-roms=off",
+        "microvm,x-option-roms=off" + (",memory-backend=mem" if volume_sockets else ""),
         "-accel",
         accel,
         "-cpu",
@@ -156,6 +159,21 @@ def qemu_argv(
             options,
             "-device",
             f"virtio-blk-device,drive={serial},serial={serial}",
+        ]
+    if volume_sockets:
+        # vhost-user needs modern virtio (microvm's mmio devices default to legacy).
+        argv += [
+            "-object",
+            f"memory-backend-memfd,id=mem,size={memory_mib}M,share=on",
+            "-global",
+            "virtio-mmio.force-legacy=false",
+        ]
+    for index, sock in enumerate(volume_sockets or ()):
+        argv += [
+            "-chardev",
+            f"socket,id=vol{index},path={sock}",
+            "-device",
+            f"vhost-user-fs-device,chardev=vol{index},tag=podbay-vol{index}",
         ]
     if network:
         argv += [
