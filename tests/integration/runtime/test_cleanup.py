@@ -145,6 +145,33 @@ def test_destroy_leaves_nothing(oci_session: DriverSession) -> None:
     assert holders(inodes, started_before=destroying) == []
 
 
+def test_adopt_beside_a_start_leaves_the_new_machine_running(
+    oci_session: DriverSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adopt whose listing of records came before a machine's create (a
+    control plane reconciling a node while it places sandboxes there) finds
+    that machine's container without a record it listed: it runs on, not
+    removed as an orphan (a cluster test's attach failed with a 500 so)."""
+    driver, run = oci_session.driver, oci_session.run
+    before = footprint(oci_session)
+    spec = small_spec()
+    run(driver.create(spec))
+    run(driver.start(spec.machine_id))
+    try:
+
+        async def listed_before_the_create() -> list[object]:
+            return []
+
+        # The listing as it was before the create: the record is not in it.
+        monkeypatch.setattr(driver, "_adopt_records", listed_before_the_create)
+        run(driver.adopt())
+        monkeypatch.undo()
+        assert run(driver.state(spec.machine_id)) is MachineState.RUNNING
+    finally:
+        run(driver.destroy(spec.machine_id))
+    assert settled(oci_session, before) == before
+
+
 def test_gc_collects_a_crashed_node(oci_session: DriverSession) -> None:
     """Machines of a node killed mid-way are taken back or removed by ``podbay gc``."""
     driver, run, settings = oci_session.driver, oci_session.run, oci_session.settings

@@ -798,11 +798,18 @@ class OciDriver(RecordKeepingDriver):
         found = await self._adopt_records()
         known = {machine.machine_id for machine in found}
         for orphan in set(self.runc.container_ids()) - known:
-            log.warning("removing container %s, which has no machine record", orphan)
-            if self._freezes_cgroup:  # a frozen sentry would never answer runsc's delete
-                with contextlib.suppress(ValueError, DriverError):
-                    self.cgroups.thaw_if_frozen(self._paths(orphan).cgroup)
-            await self.runc.delete(orphan)
+            # Under its lock, read again: a create and start that ran beside
+            # this adopt (a control plane reconciling a node it is already
+            # placing sandboxes on) made the record after the listing above,
+            # and its container is no orphan.
+            async with self._lock(orphan):
+                if records.read(self._paths(orphan).home) is not None:
+                    continue
+                log.warning("removing container %s, which has no machine record", orphan)
+                if self._freezes_cgroup:  # a frozen sentry would never answer runsc's delete
+                    with contextlib.suppress(ValueError, DriverError):
+                        self.cgroups.thaw_if_frozen(self._paths(orphan).cgroup)
+                await self.runc.delete(orphan)
         return found
 
     async def close(self) -> None:
