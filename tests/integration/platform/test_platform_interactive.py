@@ -78,7 +78,10 @@ def _ws_url(handle: dict[str, Any], path: str) -> str:
 def _read_until(ws: ClientConnection, needle: bytes) -> bytes:
     seen = b""
     while needle not in seen:
-        message = ws.recv(timeout=60)
+        try:
+            message = ws.recv(timeout=60)
+        except TimeoutError:
+            raise AssertionError(f"no {needle!r} in 60 s; the terminal showed {seen!r}") from None
         assert isinstance(message, bytes), message
         seen += message
     return seen
