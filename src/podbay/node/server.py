@@ -138,15 +138,24 @@ class ControlKeys:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.credential}"}
 
+    # A fetch counts against the once-a-second bound when it has ended, not
+    # when it began: a token naming a new kid that arrives while a heartbeat's
+    # fetch is still under way must not find the keys "just fetched" (that
+    # fetch may have left the control plane before the kid existed), or the
+    # node refuses the first credentials signed with a rotated key.
     def _get_sync(self) -> Any:
-        self._fetched_at = time.monotonic()
-        r = httpx.get(self.url, headers=self._headers(), timeout=3.0)
+        try:
+            r = httpx.get(self.url, headers=self._headers(), timeout=3.0)
+        finally:
+            self._fetched_at = time.monotonic()
         r.raise_for_status()
         return r.json()
 
     async def fetch(self, client: httpx.AsyncClient) -> None:
-        self._fetched_at = time.monotonic()
-        r = await client.get(self.url, headers=self._headers())
+        try:
+            r = await client.get(self.url, headers=self._headers())
+        finally:
+            self._fetched_at = time.monotonic()
         r.raise_for_status()
         self._apply(r.json())
 
