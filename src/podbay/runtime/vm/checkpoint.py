@@ -144,16 +144,9 @@ async def save(qmp_path: Path, checkpoint: Checkpoint, initrd: Path) -> None:
     pipe = f"umask 077; {args} {shlex.quote(str(digest))} {shlex.quote(str(error))}; exit"
     await qmp.execute(qmp_path, "stop")
     await qmp.execute(qmp_path, "migrate-set-parameters", {"max-bandwidth": UNTHROTTLED})
-    await qmp.execute(qmp_path, "migrate", {"uri": f"exec:{pipe}"})
-    async with asyncio.timeout(SAVE_SECONDS):
-        while True:
-            info = await qmp.execute(qmp_path, "query-migrate")
-            status = info.get("status")
-            if status == "completed":
-                break
-            if status in ("failed", "cancelled"):
-                raise DriverError(f"writing the checkpoint failed: {info.get('error-desc', info)}")
-            await asyncio.sleep(0.02)
+    await qmp.migrate(
+        qmp_path, f"exec:{pipe}", within=SAVE_SECONDS, failure="writing the checkpoint failed"
+    )
     try:
         async with asyncio.timeout(WRITER_SECONDS):
             while not digest.exists():

@@ -42,6 +42,22 @@ async def execute(
             writer.close()
 
 
+async def migrate(socket_path: Path, uri: str, *, within: float, failure: str) -> None:
+    """Start QMP ``migrate`` to ``uri`` and wait until QEMU reports it
+    completed; :class:`DriverError` beginning with ``failure`` when it failed
+    or was cancelled (``TimeoutError`` past ``within`` seconds)."""
+    await execute(socket_path, "migrate", {"uri": uri})
+    async with asyncio.timeout(within):
+        while True:
+            info = await execute(socket_path, "query-migrate")
+            status = info.get("status")
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                raise DriverError(f"{failure}: {info.get('error-desc', info)}")
+            await asyncio.sleep(0.02)
+
+
 async def _answer(reader: asyncio.StreamReader) -> dict[str, Any]:
     """The next message that is not an asynchronous event."""
     while True:

@@ -35,8 +35,6 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base import DriverError
-
 log = logging.getLogger("podbay.runtime.vm")
 
 #: Bump when what a template holds changes.
@@ -123,16 +121,9 @@ async def save(qmp_path: Path, state: Path, within: float = 120.0) -> None:
     from . import qmp
 
     await qmp.execute(qmp_path, "stop")
-    await qmp.execute(qmp_path, "migrate", {"uri": f"exec:cat > {state}"})
-    async with asyncio.timeout(within):
-        while True:
-            info = await qmp.execute(qmp_path, "query-migrate")
-            status = info.get("status")
-            if status == "completed":
-                return
-            if status in ("failed", "cancelled"):
-                raise DriverError(f"saving the template failed: {info.get('error-desc', info)}")
-            await asyncio.sleep(0.05)
+    await qmp.migrate(
+        qmp_path, f"exec:cat > {state}", within=within, failure="saving the template failed"
+    )
 
 
 def kill(pidfile: Path, marker: str) -> None:
