@@ -150,6 +150,15 @@ class PlatformServer:
         )
         log.close()
 
+    def wait_classes(self, *names: str, within: float = 600.0) -> None:
+        """Until every class in ``names`` is available (its proof, a vm guest's
+        boot under TCG included, has passed); ``AssertionError`` with the
+        health document after ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while not set(names) <= set(self.http.get("/healthz").json()["classes"]["available"]):
+            assert time.monotonic() < deadline, self.http.get("/healthz").text
+            time.sleep(0.25)
+
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

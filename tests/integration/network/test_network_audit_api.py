@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, testnet: NetLab) -> Iterato
         "PODBAY_RUNTIME_MEMORY_BYTES": str(512 << 20),
     }
     with PlatformServer.start(tmp_path_factory.mktemp("audit"), env=env) as s:
-        deadline = time.monotonic() + 600
-        while not set(CLASSES) <= set(s.http.get("/healthz").json()["classes"]["available"]):
-            assert time.monotonic() < deadline, s.http.get("/healthz").text
-            time.sleep(0.25)
+        s.wait_classes(*CLASSES)
         yield s
 
 

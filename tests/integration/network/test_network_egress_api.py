@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +28,7 @@ PODBAY = str(Path(sys.executable).parent / "podbay")
 def server(tmp_path_factory: pytest.TempPathFactory, testnet: NetLab) -> Iterator[PlatformServer]:
     env = {"PODBAY_RUNTIME_CLASSES": "gvisor,container"}
     with PlatformServer.start(tmp_path_factory.mktemp("egress"), env=env) as s:
-        deadline = time.monotonic() + 600
-        while not set(CLASSES) <= set(s.http.get("/healthz").json()["classes"]["available"]):
-            assert time.monotonic() < deadline, s.http.get("/healthz").text
-            time.sleep(0.25)
+        s.wait_classes(*CLASSES)
         yield s
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,10 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]
     classes = [*CLASSES, "vm"]
     env = {"PODBAY_RUNTIME_CLASSES": ",".join(classes), "PODBAY_CAPS_PER_DEPLOYMENT": "40"}
     with PlatformServer.start(tmp_path_factory.mktemp("fork"), env=env) as s:
-        deadline = time.monotonic() + 900
-        while not set(classes) <= set(s.http.get("/healthz").json()["classes"]["available"]):
-            assert time.monotonic() < deadline, s.http.get("/healthz").text
-            time.sleep(0.25)
+        s.wait_classes(*classes, within=900)
         yield s
 
 

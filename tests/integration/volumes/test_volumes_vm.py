@@ -5,7 +5,6 @@ mount stays read-only even when the guest's root remounts it."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,13 +17,6 @@ pytestmark = pytest.mark.root
 VOLUMES = "/api/v1/volumes"
 
 
-def wait_for_class(server: PlatformServer, name: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while name not in server.http.get("/healthz").json()["classes"]["available"]:
-        assert time.monotonic() < deadline, f"{name} never became available"
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]:
     with PlatformServer.start(
@@ -35,7 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformServer]
             "PODBAY_RUNTIME_WARM_POOL": "0",
         },
     ) as s:
-        wait_for_class(s, "vm")
+        s.wait_classes("vm")
         yield s
 
 
